@@ -1,0 +1,38 @@
+"""rawgraph: a driver-level CUDA Graph reference library.
+
+The path from array to replay, in the order to read it:
+``memory`` (arrays) -> ``launch`` (packed arguments) -> ``model`` (a launch plan) ->
+``capture`` (graph + node map) -> ``graph`` (exec) -> ``static`` (copy in + replay) or
+``manager`` (re-bind node arguments + replay).
+"""
+
+__version__ = "0.1.0"
+
+from .errors import (  # noqa: E402
+    ArrayError,
+    CaptureError,
+    CaptureRefusedError,
+    ClosedError,
+    CudaError,
+    DTypeError,
+    GraphUpdateError,
+    LayoutError,
+    NoDeviceError,
+    NotOnDeviceError,
+    NvrtcError,
+    RawgraphError,
+    ShapeError,
+)
+from .device import Device, driver_status, get_device, gpu_available  # noqa: E402
+from .memory import DeviceArray, DeviceBuffer, as_device_array  # noqa: E402
+from .stream import Event, Stream  # noqa: E402
+from .compiler import KernelCache, compile_source, nvrtc_version  # noqa: E402
+from .kernels import get_kernel, kernel_dir, kernel_files  # noqa: E402
+from .launch import KernelArgs, Launch, LaunchPlan  # noqa: E402
+from .model import TinyBlock, reference_forward  # noqa: E402
+from .graph import Graph, GraphExec  # noqa: E402
+from .capture import Capture, CaptureMode, capture_plan  # noqa: E402
+from .static import StaticGraph  # noqa: E402
+from .manager import ExecUpdateManager  # noqa: E402
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,143 @@
+"""``rawgraph`` command line: ``info``, ``demo``, ``seed``, ``dot``, ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .compiler import nvrtc_version
+
+    out = {}
+    try:
+        out["cuda-bindings"] = version("cuda-bindings")
+    except PackageNotFoundError:
+        out["cuda-bindings"] = "?"
+    out["nvrtc"] = "%d.%d" % nvrtc_version()
+    return out
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .compiler import default_cache_dir, supported_archs
+    from .device import driver_status, driver_version, get_device
+    from .kernels import kernel_dir
+
+    v = _versions()
+    ok, reason = driver_status()
+    if ok:
+        dev = get_device(args.device)
+        i = dev.info
+        print(f"gpu: {i.name} (device {i.ordinal})")
+        print(f"compute capability: {i.compute_capability[0]}.{i.compute_capability[1]} ({i.arch}), {i.multiprocessors} SMs, "
+              f"{i.total_memory / 2**30:.1f} GiB, L2 {i.l2_bytes / 2**20:.0f} MiB")
+        print(f"driver: CUDA {driver_version()}")
+    else:
+        print(f"gpu: none -- {reason}")
+        print("driver: none (NVRTC still compiles kernels; GPU tests and demos need a driver)")
+    print(f"cuda-bindings: {v['cuda-bindings']}")
+    print(f"nvrtc: {v['nvrtc']} (CUBIN targets: {', '.join('sm_%d' % a for a in supported_archs())})")
+    print(f"kernel sources: {kernel_dir()}")
+    print(f"kernel cache: {default_cache_dir()}")
+    return 0
+
+
+def _need_gpu() -> bool:
+    from .device import driver_status
+
+    ok, reason = driver_status()
+    if not ok:
+        print(f"rawgraph: this command needs a GPU: {reason}", file=sys.stderr)
+    return ok
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    if not _need_gpu():
+        return 2
+    from .device import get_device
+    from .memory import DeviceBuffer
+    from .model import TinyBlock
+    from .stream import Stream
+
+    dev = get_device(args.device)
+    rng = np.random.default_rng()
+    x_host = rng.standard_normal((args.batch, args.width), dtype=np.float32)
+    with Stream() as stream, TinyBlock(args.width, args.batch, args.layers, seed=args.seed, form=args.form) as model, \
+            DeviceBuffer.from_numpy(x_host) as x, DeviceBuffer((args.batch, args.width)) as out:
+        out.poison(stream)
+        model.forward(x, out, stream)
+        stream.synchronize()
+        y = out.to_numpy()
+        ref = model.reference(x_host)
+    err = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
+    print(f"device: {dev.info.name} ({dev.arch})")
+    print(f"TinyBlock width={args.width} batch={args.batch} layers={args.layers} form={args.form}: "
+          f"{args.layers * (4 if args.form == 'unfused' else 2)} kernel launches, eager on one stream")
+    print(f"relative error vs float64 NumPy: {err:.3e} ({'ok' if err < 1e-5 else 'TOO LARGE'})")
+    return 0 if err < 1e-5 else 1
+
+
+def cmd_seed(args: argparse.Namespace) -> int:
+    if not _need_gpu():
+        return 2
+    from .experiment import main
+
+    return main()
+
+
+def cmd_dot(args: argparse.Namespace) -> int:
+    if not _need_gpu():
+        return 2
+    from .capture import capture_plan
+    from .dot import export
+    from .memory import DeviceBuffer
+    from .model import TinyBlock
+    from .stream import Stream
+
+    with Stream() as stream, TinyBlock(args.width, args.batch, args.layers, form=args.form) as model, \
+            DeviceBuffer((args.batch, args.width)) as x, DeviceBuffer((args.batch, args.width)) as out:
+        x.poison(stream)
+        graph = capture_plan(model.plan(x, out), stream)
+        for kind, path in export(graph, args.output).items():
+            print(f"{kind}: {path}")
+        graph.close()
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if not _need_gpu():
+        return 2
+    from .bench.launch_paths import main
+
+    return main(args.rest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rawgraph", description="Driver-level CUDA Graph reference")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("info", help="GPU, driver, cuda-bindings, NVRTC and kernel cache")
+    s.add_argument("--device", type=int, default=0)
+    s.set_defaults(fn=cmd_info)
+    for name, fn, help_ in (("demo", cmd_demo, "run TinyBlock eagerly and check it against NumPy"),
+                            ("dot", cmd_dot, "export a TinyBlock graph as DOT (and PNG with Graphviz)")):
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("--width", type=int, default=128)
+        s.add_argument("--batch", type=int, default=1)
+        s.add_argument("--layers", type=int, default=2)
+        s.add_argument("--form", choices=("unfused", "fused"), default="unfused")
+        s.add_argument("--seed", type=int, default=0)
+        s.add_argument("--device", type=int, default=0)
+        if name == "dot":
+            s.add_argument("--output", default="tinyblock_graph")
+        s.set_defaults(fn=fn)
+    s = sub.add_parser("seed", help="the seed note's static-address experiment at driver level")
+    s.set_defaults(fn=cmd_seed)
+    s = sub.add_parser("bench", help="launch-path benchmark (see benchmarks/); options after --", add_help=False)
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s.set_defaults(fn=cmd_bench)
+    args = p.parse_args(argv)
+    return args.fn(args)

@@ -1,0 +1,181 @@
+"""Driver initialisation and device selection on the primary context.
+
+rawgraph works in each device's *primary* context (``cuDevicePrimaryCtxRetain``), the one the CUDA
+runtime, CuPy and PyTorch use too, so device pointers pass between them unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+
+from cuda.bindings import driver
+
+from .errors import CudaError, NoDeviceError, call
+
+_lock = threading.Lock()
+_init_state: tuple[bool, str] | None = None
+_devices: dict[int, "Device"] = {}
+
+
+def driver_status() -> tuple[bool, str]:
+    """Run ``cuInit`` once; return ``(ok, reason)``. Never raises.
+
+    Without a driver library ``cuda.bindings`` raises (rather than returning an error code); both
+    cases come back as ``(False, reason)``.
+    """
+    global _init_state
+    with _lock:
+        if _init_state is None:
+            try:
+                (err,) = driver.cuInit(0)
+                if err != driver.CUresult.CUDA_SUCCESS:
+                    _init_state = (False, f"cuInit failed: {driver.CUresult(int(err)).name}")
+                else:
+                    err, count = driver.cuDeviceGetCount()
+                    if err != driver.CUresult.CUDA_SUCCESS or count == 0:
+                        _init_state = (False, "the CUDA driver loaded but found no GPU")
+                    else:
+                        _init_state = (True, f"{count} GPU(s)")
+            except Exception as exc:  # DynamicLibNotFoundError and friends: no libcuda.so
+                _init_state = (False, f"no CUDA driver found ({type(exc).__name__}: {exc})")
+        return _init_state
+
+
+def gpu_available() -> bool:
+    """True when the CUDA driver loads and sees at least one GPU."""
+    return driver_status()[0]
+
+
+def driver_version() -> str | None:
+    """The driver's CUDA version as ``"13.0"`` (``cuDriverGetVersion``), or None without one."""
+    if not gpu_available():
+        return None
+    v = call(driver.cuDriverGetVersion)
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    ordinal: int
+    name: str
+    compute_capability: tuple[int, int]
+    multiprocessors: int
+    total_memory: int
+    l2_bytes: int
+
+    @property
+    def arch(self) -> str:
+        """NVRTC's real architecture name for this device, e.g. ``sm_90``."""
+        return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
+
+
+def _release_primary(dev_handle: driver.CUdevice) -> None:
+    try:
+        driver.cuDevicePrimaryCtxRelease(dev_handle)
+    except Exception:  # interpreter exit with the driver already gone: nothing to release
+        pass
+
+
+class Device:
+    """One GPU and its retained primary context.
+
+    Use :func:`get_device` rather than building one: there is one ``Device`` per ordinal.
+    """
+
+    def __init__(self, ordinal: int = 0):
+        ok, reason = driver_status()
+        if not ok:
+            raise NoDeviceError(reason)
+        count = call(driver.cuDeviceGetCount)
+        if not 0 <= ordinal < count:
+            raise NoDeviceError(f"device {ordinal} requested, {count} present")
+        self.ordinal = ordinal
+        self.handle = call(driver.cuDeviceGet, ordinal)
+        # cuDevicePrimaryCtxRetain: the same context CuPy and PyTorch use on this device.
+        self.context = call(driver.cuDevicePrimaryCtxRetain, self.handle)
+        self._finalizer = weakref.finalize(self, _release_primary, self.handle)
+        self.activate()
+        attr = driver.CUdevice_attribute
+        get = lambda a: call(driver.cuDeviceGetAttribute, a, self.handle)  # noqa: E731
+        name = call(driver.cuDeviceGetName, 256, self.handle)
+        self.info = DeviceInfo(
+            ordinal=ordinal,
+            name=name.split(b"\0", 1)[0].decode(),
+            compute_capability=(
+                get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+            ),
+            multiprocessors=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+            total_memory=call(driver.cuDeviceTotalMem, self.handle),
+            l2_bytes=get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+        )
+
+    @property
+    def arch(self) -> str:
+        return self.info.arch
+
+    def activate(self) -> "Device":
+        """Make the primary context current on the calling thread (``cuCtxSetCurrent``)."""
+        # Always set it: another library on this thread may have made a different context current.
+        call(driver.cuCtxSetCurrent, self.context)
+        return self
+
+    def synchronize(self) -> None:
+        """Wait for all work on the device (``cuCtxSynchronize``)."""
+        self.activate()
+        call(driver.cuCtxSynchronize)
+
+    def memory_info(self) -> tuple[int, int]:
+        """``(free, total)`` bytes (``cuMemGetInfo``)."""
+        self.activate()
+        return call(driver.cuMemGetInfo)
+
+    def __repr__(self) -> str:
+        i = self.info
+        return f"<Device {i.ordinal}: {i.name} {i.arch}, {i.multiprocessors} SMs>"
+
+
+def get_device(ordinal: int = 0) -> Device:
+    """The :class:`Device` for ``ordinal``, made current on the calling thread.
+
+    Raises
+    ------
+    NoDeviceError
+        When no driver or no such GPU exists.
+    """
+    dev = _devices.get(ordinal)
+    if dev is None:
+        with _lock:
+            dev = _devices.get(ordinal)
+            if dev is None:
+                dev = _devices[ordinal] = Device.__new__(Device)
+                try:
+                    Device.__init__(dev, ordinal)
+                except BaseException:
+                    del _devices[ordinal]
+                    raise
+    return dev.activate()
+
+
+def pointer_device(ptr: int) -> int | None:
+    """Ordinal of the device that owns ``ptr`` (``cuPointerGetAttribute``); None for host memory."""
+    attr = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    try:
+        return int(call(driver.cuPointerGetAttribute, attr, ptr))
+    except CudaError:
+        return None
+
+
+def pointer_is_device_memory(ptr: int) -> bool:
+    """True for device (or managed) memory, False for host or unknown memory."""
+    attr = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+    try:
+        kind = call(driver.cuPointerGetAttribute, attr, ptr)
+    except CudaError:
+        return False
+    return int(kind) in (
+        int(driver.CUmemorytype.CU_MEMORYTYPE_DEVICE),
+        int(driver.CUmemorytype.CU_MEMORYTYPE_UNIFIED),
+    )

@@ -1,0 +1,223 @@
+"""Owning wrappers for ``CUgraph`` and ``CUgraphExec``.
+
+Node handles belong to the graph, and ``cuGraphExecKernelNodeSetParams`` names nodes of the graph
+the exec was instantiated from, so a :class:`GraphExec` keeps its :class:`Graph` alive (and the
+graph keeps the launch plan whose argument buffers its nodes were captured from).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from cuda.bindings import driver
+
+from .device import Device
+from .errors import ClosedError, GraphUpdateError, RawgraphError, call, check, cuda_error
+from .launch import ARG_DTYPES, KernelArgs, Launch
+
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
+_KERNEL = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
+
+
+@dataclass
+class KernelNode:
+    """A kernel node of a captured graph and the launch it came from.
+
+    Attributes
+    ----------
+    handle : CUgraphNode
+    index : int
+        Position in capture order.
+    launch : Launch
+    captured_args : bytes
+        The packed argument values at capture time (what the driver copied into the node).
+    """
+
+    handle: Any
+    index: int
+    launch: Launch
+    captured_args: bytes
+
+
+def _destroy_graph(handle: Any) -> None:
+    try:
+        driver.cuGraphDestroy(handle)
+    except Exception:
+        pass
+
+
+def _destroy_exec(handle: Any) -> None:
+    try:
+        driver.cuGraphExecDestroy(handle)
+    except Exception:
+        pass
+
+
+def read_node_args(handle: Any, launch: Launch) -> dict[str, int | float]:
+    """The argument values the driver holds for a kernel node (``cuGraphKernelNodeGetParams``).
+
+    Decoded with the launch's argument layout; used to check the node map points at the right
+    buffers.
+    """
+    params = call(driver.cuGraphKernelNodeGetParams, handle)
+    table = int(params.kernelParams)
+    values: dict[str, int | float] = {}
+    ctype = {"ptr": ctypes.c_uint64, "u64": ctypes.c_uint64, "i64": ctypes.c_int64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
+    for i, (name, kind) in enumerate(launch.args.spec):
+        slot = ctypes.c_void_p.from_address(table + i * ctypes.sizeof(ctypes.c_void_p)).value
+        values[name] = ctype[kind].from_address(slot).value
+    assert set(ctype) == set(ARG_DTYPES)
+    return values
+
+
+class Graph:
+    """A ``CUgraph`` with the node map from capture. Destroyed on ``close()`` (``cuGraphDestroy``)."""
+
+    def __init__(self, handle: Any, nodes: list[KernelNode], device: Device):
+        self.handle = handle
+        self.nodes = list(nodes)
+        self.device = device
+        self.plan = None  # set by capture_plan; keeps argument buffers alive
+        self._finalizer = weakref.finalize(self, _destroy_graph, handle)
+
+    def _check(self) -> None:
+        if not self._finalizer.alive:
+            raise ClosedError("Graph is closed")
+
+    def node_count(self) -> int:
+        """Number of nodes the driver holds (``cuGraphGetNodes``)."""
+        self._check()
+        _nodes, count = call(driver.cuGraphGetNodes, self.handle, 0)
+        return int(count)
+
+    def edges(self) -> list[tuple[int, int]]:
+        """``(from, to)`` node handles as integers (``cuGraphGetEdges``)."""
+        self._check()
+        _f, _t, _d, n = call(driver.cuGraphGetEdges, self.handle, 0)
+        if not n:
+            return []
+        frm, to, _data, _n = call(driver.cuGraphGetEdges, self.handle, n)
+        return [(int(a), int(b)) for a, b in zip(frm, to)]
+
+    def all_nodes(self) -> list[Any]:
+        self._check()
+        _nodes, count = call(driver.cuGraphGetNodes, self.handle, 0)
+        nodes, _ = call(driver.cuGraphGetNodes, self.handle, count)
+        return list(nodes)
+
+    def verify_node_map(self) -> None:
+        """Check every recorded node against the driver: type, function, grid, block and argument values.
+
+        Raises
+        ------
+        RawgraphError
+            Naming the first node that does not match its launch.
+        """
+        for node in self.nodes:
+            ntype = call(driver.cuGraphNodeGetType, node.handle)
+            if ntype != _KERNEL:
+                raise RawgraphError(f"node {node.index} is a {ntype.name}, not a kernel node")
+            p = call(driver.cuGraphKernelNodeGetParams, node.handle)
+            launch = node.launch
+            if int(p.func) and int(p.func) != int(launch.kernel.handle):
+                raise RawgraphError(f"node {node.index} runs another function than {launch.kernel.name}")
+            if (p.gridDimX, p.gridDimY, p.gridDimZ) != launch.grid or (p.blockDimX, p.blockDimY, p.blockDimZ) != launch.block:
+                raise RawgraphError(f"node {node.index} launch shape differs from {launch.describe()}")
+            held = read_node_args(node.handle, launch)
+            # Against the bytes captured, not launch.args: those may have been edited since.
+            captured = KernelArgs.from_bytes(launch.args.spec, node.captured_args)
+            expected = {n: captured[n] for n in captured.names()}
+            if held != expected:
+                raise RawgraphError(f"node {node.index} ({launch.kernel.name}) holds arguments {held}, captured {expected}")
+
+    def instantiate(self, flags: int = 0) -> "GraphExec":
+        """``cuGraphInstantiate`` with ``flags`` (``CUgraphInstantiate_flags``, e.g. ``CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD``)."""
+        self._check()
+        return GraphExec(self, flags)
+
+    def debug_dot_print(self, path: str, flags: int = 1) -> None:
+        """The driver's own DOT dump (``cuGraphDebugDotPrint``; flags default VERBOSE)."""
+        self._check()
+        call(driver.cuGraphDebugDotPrint, self.handle, str(path).encode(), flags)
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> "Graph":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Graph {len(self.nodes)} kernel nodes{' closed' if self.closed else ''}>"
+
+
+class GraphExec:
+    """An executable graph (``cuGraphInstantiate``); keeps its :class:`Graph` alive."""
+
+    def __init__(self, graph: Graph, flags: int = 0):
+        self.graph = graph
+        self.flags = int(flags)
+        graph.device.activate()
+        self.handle = call(driver.cuGraphInstantiate, graph.handle, self.flags)
+        self._finalizer = weakref.finalize(self, _destroy_exec, self.handle)
+
+    def launch(self, stream) -> None:
+        """``cuGraphLaunch`` on any stream of the graph's context."""
+        if not self._finalizer.alive:
+            raise ClosedError("GraphExec is closed")
+        (err,) = driver.cuGraphLaunch(self.handle, stream.handle)
+        if err != _SUCCESS:
+            raise cuda_error(err, "cuGraphLaunch")
+
+    def upload(self, stream) -> None:
+        """``cuGraphUpload``: move the exec's launch setup to the device ahead of the first launch."""
+        self._check()
+        call(driver.cuGraphUpload, self.handle, stream.handle)
+
+    def update(self, graph: Graph) -> None:
+        """Update this exec from ``graph`` in place (``cuGraphExecUpdate``).
+
+        The update result is read before raising, so the error names what failed and the node.
+
+        Raises
+        ------
+        GraphUpdateError
+            The update was refused (e.g. ``CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED``); the exec
+            is unchanged and still runs its old parameters. Re-instantiate to fall back.
+        """
+        self._check()
+        graph._check()
+        err, info = driver.cuGraphExecUpdate(self.handle, graph.handle)
+        if err == _SUCCESS:
+            return
+        if err == driver.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE:
+            result = driver.CUgraphExecUpdateResult(int(info.result)).name
+            raise GraphUpdateError(result, int(info.errorNode), int(info.errorFromNode))
+        raise cuda_error(err, "cuGraphExecUpdate")
+
+    def _check(self) -> None:
+        if not self._finalizer.alive:
+            raise ClosedError("GraphExec is closed")
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """``cuGraphExecDestroy``; safe to call twice."""
+        self._finalizer()
+
+    def __enter__(self) -> "GraphExec":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,142 @@
+"""Finding the ``.cu`` sources, and loading compiled kernels into the device (``cuModuleLoadData``).
+
+Sources live in the top-level ``kernels/`` folder of the checkout; the wheel ships them as the
+data package ``rawgraph/kernels``. ``$RAWGRAPH_KERNEL_DIR`` overrides both.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from cuda.bindings import driver
+
+from .compiler import DEFAULT_OPTIONS, CompiledImage, KernelCache, compile_source
+from .device import Device, get_device
+from .errors import call
+
+KERNEL_DIR_ENV = "RAWGRAPH_KERNEL_DIR"
+
+
+def kernel_dir() -> Path:
+    """Folder holding the ``.cu`` sources (env override, installed wheel, then source checkout)."""
+    env = os.environ.get(KERNEL_DIR_ENV)
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "kernels", here.parent / "kernels"):
+        if candidate.is_dir() and any(candidate.glob("*.cu")):
+            return candidate
+    raise FileNotFoundError(
+        f"rawgraph kernel sources not found next to {here} (looked in rawgraph/kernels and ../kernels); "
+        f"set {KERNEL_DIR_ENV}"
+    )
+
+
+def kernel_files() -> list[str]:
+    """Names of the available sources, e.g. ``["elementwise", "init", "matmul"]``."""
+    return sorted(p.stem for p in kernel_dir().glob("*.cu"))
+
+
+def kernel_source(name: str) -> str:
+    """Text of ``kernels/<name>.cu``."""
+    return (kernel_dir() / f"{name}.cu").read_text()
+
+
+def _unload(handle: driver.CUmodule) -> None:
+    try:
+        driver.cuModuleUnload(handle)
+    except Exception:
+        pass
+
+
+class Module:
+    """A loaded module (``cuModuleLoadData``), unloaded on ``close()`` or collection."""
+
+    def __init__(self, compiled: CompiledImage, device: Device | None = None):
+        self.device = (device or get_device()).activate()
+        self.compiled = compiled
+        image = compiled.image if compiled.fmt == "cubin" else compiled.image.rstrip(b"\0") + b"\0"
+        buf = np.frombuffer(image, dtype=np.uint8)  # the driver copies the image during the call
+        self.handle = call(driver.cuModuleLoadData, buf.ctypes.data)
+        self._finalizer = weakref.finalize(self, _unload, self.handle)
+
+    def function(self, symbol: str) -> driver.CUfunction:
+        """``cuModuleGetFunction``; with lazy loading this is also where the kernel gets loaded."""
+        return call(driver.cuModuleGetFunction, self.handle, symbol.encode())
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+class Kernel:
+    """One ``__global__`` function ready to launch: the function handle and its module.
+
+    Attributes
+    ----------
+    name : str
+        The name expression (``"relu"``, ``"matmul_kernel<1, 4, 16, 8>"``).
+    handle : CUfunction
+    registers, static_smem : int
+        From ``cuFuncGetAttribute``, for reports.
+    """
+
+    def __init__(self, module: Module, name: str, symbol: str):
+        self.module = module
+        self.name = name
+        self.symbol = symbol
+        self.handle = module.function(symbol)
+        attr = driver.CUfunction_attribute
+        self.registers = int(call(driver.cuFuncGetAttribute, attr.CU_FUNC_ATTRIBUTE_NUM_REGS, self.handle))
+        self.static_smem = int(call(driver.cuFuncGetAttribute, attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.handle))
+
+    @property
+    def short_name(self) -> str:
+        return self.name.split("<", 1)[0]
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.name}: {self.registers} regs, {self.static_smem} B smem>"
+
+
+_kernels: dict[tuple, Kernel] = {}
+_lock = threading.Lock()
+
+
+def get_kernels(
+    file: str,
+    names: Sequence[str],
+    device: Device | None = None,
+    fmt: str = "cubin",
+    options: Sequence[str] = DEFAULT_OPTIONS,
+    cache: KernelCache | bool = True,
+) -> list[Kernel]:
+    """Compile ``kernels/<file>.cu`` for the device's architecture and return the named kernels.
+
+    Plain ``extern "C"`` kernels are named as they are; template instantiations by their name
+    expression. Kernels are cached per process; compiled images on disk (:class:`KernelCache`).
+    """
+    device = (device or get_device()).activate()
+    keys = [(device.ordinal, file, n, fmt, tuple(options)) for n in names]
+    missing = [n for n, k in zip(names, keys) if k not in _kernels]
+    if missing:
+        with _lock:
+            missing = [n for n, k in zip(names, keys) if k not in _kernels]
+            if missing:
+                templated = [n for n in missing if "<" in n]
+                compiled = compile_source(
+                    kernel_source(file), f"{file}.cu", device.arch, templated, options, fmt, cache
+                )
+                module = Module(compiled, device)
+                for n in missing:
+                    sym = compiled.lowered.get(n, n)
+                    _kernels[(device.ordinal, file, n, fmt, tuple(options))] = Kernel(module, n, sym)
+    return [_kernels[k] for k in keys]
+
+
+def get_kernel(file: str, name: str, device: Device | None = None, **kw) -> Kernel:
+    """One kernel; see :func:`get_kernels`."""
+    return get_kernels(file, [name], device, **kw)[0]

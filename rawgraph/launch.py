@@ -1,0 +1,230 @@
+"""Persistent packed kernel arguments, single launches, and launch plans.
+
+``cuLaunchKernel`` takes ``kernelParams``: an array of pointers, one per kernel argument, each
+pointing at that argument's value. :class:`KernelArgs` lays the values out once in one host buffer
+and keeps the pointer array next to them, so a launch passes one integer (the array's address)
+and nothing is packed or allocated per call. Values are edited in place (``args["x"] = ptr``).
+
+The host memory must outlive every launch and capture that reads it: the driver reads it during
+the call (freed argument memory showed up as ``CUDA_ERROR_MISALIGNED_ADDRESS`` on our H200), so a
+:class:`Launch` owns its :class:`KernelArgs` and a :class:`LaunchPlan` owns its launches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+from cuda.bindings import driver
+
+from .errors import ClosedError, cuda_error
+from .kernels import Kernel
+from .memory import DeviceArray
+
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
+
+# Argument kinds and their C types: size and alignment are the dtype's itemsize.
+ARG_DTYPES: dict[str, np.dtype] = {
+    "ptr": np.dtype(np.uint64),
+    "i32": np.dtype(np.int32),
+    "i64": np.dtype(np.int64),
+    "u64": np.dtype(np.uint64),
+    "f32": np.dtype(np.float32),
+}
+
+
+class KernelArgs:
+    """Kernel arguments packed once into a persistent host buffer.
+
+    Parameters
+    ----------
+    spec : sequence of (name, kind)
+        In the kernel's parameter order; ``kind`` is one of ``ptr``, ``i32``, ``i64``, ``u64``,
+        ``f32``.
+
+    Attributes
+    ----------
+    address : int
+        Address of the ``void*[n]`` array to pass as ``kernelParams``.
+    offsets : dict
+        Byte offset of each argument's slot in the value buffer (each aligned to its size).
+    """
+
+    def __init__(self, spec: Sequence[tuple[str, str]]):
+        self.spec = tuple((str(n), str(k)) for n, k in spec)
+        names = [n for n, _ in self.spec]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate argument names in {names}")
+        offset, self.offsets = 0, {}
+        for name, kind in self.spec:
+            if kind not in ARG_DTYPES:
+                raise ValueError(f"argument {name!r}: unknown kind {kind!r} (use one of {sorted(ARG_DTYPES)})")
+            size = ARG_DTYPES[kind].itemsize
+            offset = (offset + size - 1) // size * size
+            self.offsets[name] = offset
+            offset += size
+        # uint64 storage: 8-byte aligned base, so every slot is aligned to its own size.
+        self._storage = np.zeros(max(1, (offset + 7) // 8), dtype=np.uint64)
+        raw = self._storage.view(np.uint8)
+        self._views = {
+            name: raw[self.offsets[name] : self.offsets[name] + ARG_DTYPES[kind].itemsize].view(ARG_DTYPES[kind])
+            for name, kind in self.spec
+        }
+        base = self._storage.ctypes.data
+        self._pointers = np.array([base + self.offsets[n] for n, _ in self.spec] or [0], dtype=np.uintp)
+        self.address = int(self._pointers.ctypes.data)
+
+    def __setitem__(self, name: str, value: int | float) -> None:
+        self._views[name][0] = value
+
+    def __getitem__(self, name: str) -> int | float:
+        return self._views[name][0].item()
+
+    def update(self, values: dict) -> None:
+        for k, v in values.items():
+            self[k] = v
+
+    def names(self) -> list[str]:
+        return [n for n, _ in self.spec]
+
+    def snapshot(self) -> bytes:
+        """The packed values as bytes (what a launch or node-parameter push would copy)."""
+        return self._storage.tobytes()
+
+    def pointer_table(self) -> np.ndarray:
+        """Copy of the ``void*`` array (addresses of each slot)."""
+        return self._pointers.copy()
+
+    @classmethod
+    def from_bytes(cls, spec: Sequence[tuple[str, str]], data: bytes) -> "KernelArgs":
+        """A buffer with ``spec``'s layout holding the values of a :meth:`snapshot`."""
+        args = cls(spec)
+        args._storage[:] = np.frombuffer(data, dtype=np.uint64)
+        return args
+
+    def copy(self) -> "KernelArgs":
+        """A new buffer with the same layout and values (its own addresses)."""
+        other = KernelArgs(self.spec)
+        other._storage[:] = self._storage
+        return other
+
+    def __repr__(self) -> str:
+        vals = ", ".join(f"{n}={self[n]!r}" for n in self.names())
+        return f"KernelArgs({vals})"
+
+
+@dataclass(frozen=True)
+class ArgUse:
+    """Which plan buffer a kernel argument points at, and whether the kernel reads or writes it."""
+
+    buffer: str
+    role: str  # "read" or "write"
+
+
+@dataclass
+class Launch:
+    """One kernel launch with its persistent arguments.
+
+    ``uses`` maps argument names to the named plan buffer they point at; capture turns this into
+    the node map the exec-update manager rebinds.
+    """
+
+    kernel: Kernel
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: KernelArgs
+    uses: dict[str, ArgUse] = field(default_factory=dict)
+    shared_mem: int = 0
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        self.grid = tuple(int(g) for g in (tuple(self.grid) + (1, 1))[:3])  # type: ignore[assignment]
+        self.block = tuple(int(b) for b in (tuple(self.block) + (1, 1))[:3])  # type: ignore[assignment]
+        if min(self.grid) < 1 or min(self.block) < 1:
+            raise ValueError(f"{self.kernel.name}: empty grid {self.grid} or block {self.block}")
+        if self.block[0] * self.block[1] * self.block[2] > 1024:
+            raise ValueError(f"{self.kernel.name}: block {self.block} has more than 1024 threads")
+
+    def packed(self) -> tuple:
+        """``cuLaunchKernel``'s arguments except the stream, precomputed for the hot path."""
+        return (self.kernel.handle, *self.grid, *self.block, self.shared_mem, self.args.address)
+
+    def __call__(self, stream) -> None:
+        """One ``cuLaunchKernel`` on ``stream`` with the persistent arguments."""
+        f, gx, gy, gz, bx, by, bz, sm, a = self.packed()
+        (err,) = driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, stream.handle, a, 0)
+        if err != _SUCCESS:
+            raise cuda_error(err, f"cuLaunchKernel({self.kernel.name})")
+
+    def describe(self) -> str:
+        bound = ", ".join(f"{a}={u.buffer}" for a, u in self.uses.items())
+        return f"{self.label or self.kernel.short_name} grid={self.grid} block={self.block} [{bound}]"
+
+
+class LaunchPlan:
+    """An ordered list of launches over named buffers: what eager runs and what capture records.
+
+    Parameters
+    ----------
+    launches : sequence of Launch
+    buffers : dict of name -> DeviceArray
+        Every buffer a launch argument points at, by the name used in ``Launch.uses``.
+    inputs, outputs : sequence of str
+        The buffers a caller feeds and reads (``x`` and ``out`` for TinyBlock).
+    guards : iterable of weakref.finalize
+        Owners whose closing makes the plan unusable (checked once per run, not per launch).
+    """
+
+    def __init__(
+        self,
+        launches: Sequence[Launch],
+        buffers: dict[str, DeviceArray],
+        inputs: Sequence[str] = ("x",),
+        outputs: Sequence[str] = ("out",),
+        guards: Iterable = (),
+    ):
+        self.launches = list(launches)
+        self.buffers = dict(buffers)
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+        for i, launch in enumerate(self.launches):
+            for arg, use in launch.uses.items():
+                if use.buffer not in self.buffers:
+                    raise KeyError(f"launch {i} ({launch.kernel.name}) argument {arg} uses unknown buffer {use.buffer!r}")
+        self._packed = [l.packed() for l in self.launches]
+        self._guards = tuple(guards)
+
+    def __len__(self) -> int:
+        return len(self.launches)
+
+    def check_open(self) -> None:
+        for g in self._guards:
+            if not g.alive:
+                raise ClosedError("a buffer or model this plan uses has been closed")
+
+    def run(self, stream) -> None:
+        """Launch every kernel in order on ``stream``: one ``cuLaunchKernel`` each, nothing else."""
+        for g in self._guards:
+            if not g.alive:
+                raise ClosedError("a buffer or model this plan uses has been closed")
+        if stream.closed:
+            raise ClosedError("Stream is closed")
+        h = stream.handle
+        launch = driver.cuLaunchKernel
+        for f, gx, gy, gz, bx, by, bz, sm, a in self._packed:
+            (err,) = launch(f, gx, gy, gz, bx, by, bz, sm, h, a, 0)
+            if err != _SUCCESS:
+                raise cuda_error(err, "cuLaunchKernel")
+
+    def uses_of(self, buffer: str) -> list[tuple[int, str, str]]:
+        """``(launch index, argument, role)`` for every argument pointing at ``buffer``."""
+        return [
+            (i, arg, use.role)
+            for i, launch in enumerate(self.launches)
+            for arg, use in launch.uses.items()
+            if use.buffer == buffer
+        ]
+
+    def describe(self) -> str:
+        return "\n".join(f"{i:3d}: {l.describe()}" for i, l in enumerate(self.launches))

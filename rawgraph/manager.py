@@ -1,0 +1,228 @@
+"""Feeding replays new data without a copy: re-bind kernel-node arguments in the exec.
+
+:class:`ExecUpdateManager` knows, from the capture-time node map, which (node, argument) pairs
+read or write each named buffer (``x`` -> every argument that reads the input, ``out`` -> those
+that write the output). ``bind(name, array)``:
+
+1. validates the array (shape, dtype, device, contiguity, size) -- a refused bind changes nothing;
+2. writes the new pointer into the persistent argument buffers of the affected nodes only;
+3. compares each of those nodes' packed arguments with a shadow of what the exec holds (the driver
+   has no getter for exec node parameters) and calls ``cuGraphExecKernelNodeSetParams`` only for
+   nodes whose bytes changed.
+
+A replay after ``bind`` reads the new array where it lies. The manager keeps each array it bound
+alive until the replays that may read it have finished (an event recorded on each stream used),
+so a caching allocator (CuPy's pool, PyTorch's) cannot hand that memory out while a graph still
+reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from cuda.bindings import driver
+
+from .errors import LayoutError, call
+from .graph import Graph, GraphExec
+from .launch import KernelArgs
+from .memory import DeviceArray, as_device_array, check_array
+from .stream import Event, Stream
+
+
+class ExecUpdateManager:
+    """Named buffer bindings over one graph exec.
+
+    Parameters
+    ----------
+    graph : Graph
+        A graph from :func:`~rawgraph.capture.capture_plan` (it carries the plan and node map).
+    exec : GraphExec
+        An exec instantiated from ``graph``.
+    names : sequence of str, optional
+        Bindable buffers; default the plan's inputs and outputs (``x``, ``out``).
+
+    Attributes
+    ----------
+    bindings : dict
+        name -> list of (node index, argument name, role).
+    update_calls : int
+        How many ``cuGraphExecKernelNodeSetParams`` calls were made.
+    """
+
+    def __init__(self, graph: Graph, exec: GraphExec, names: Sequence[str] | None = None):
+        if exec.graph is not graph:
+            raise ValueError("exec was not instantiated from this graph")
+        plan = graph.plan
+        if plan is None:
+            raise ValueError("graph has no launch plan; capture it with capture_plan")
+        self.graph = graph
+        self.exec = exec
+        names = tuple(names) if names is not None else plan.inputs + plan.outputs
+        node_of_launch = {id(n.launch): n.index for n in graph.nodes}
+        self.bindings: dict[str, list[tuple[int, str, str]]] = {}
+        for name in names:
+            uses = plan.uses_of(name)
+            if not uses:
+                raise KeyError(f"no node argument uses buffer {name!r}")
+            self.bindings[name] = [(node_of_launch[id(plan.launches[i])], arg, role) for i, arg, role in uses]
+        self._specs = {name: (plan.buffers[name].shape, plan.buffers[name].dtype) for name in names}
+        self._bound: dict[str, DeviceArray] = {name: plan.buffers[name] for name in names}
+        self._roles = {name: {r for _, _, r in self.bindings[name]} for name in names}
+        # Per-node persistent arguments (copies: binding never disturbs the eager plan) and the
+        # CUDA_KERNEL_NODE_PARAMS pointing at them, built once.
+        self._args: list[KernelArgs] = []
+        self._params: list[Any] = []
+        for node in graph.nodes:
+            args = KernelArgs.from_bytes(node.launch.args.spec, node.captured_args)
+            self._args.append(args)
+            self._params.append(self._node_params(node.launch, args))
+        self._shadow = [a.snapshot() for a in self._args]
+        self.update_calls = 0
+        self._streams: dict[int, Stream] = {}
+        self._retired: list[tuple[list[Event], DeviceArray]] = []
+        self._events: list[Event] = []
+        self._device = graph.device
+
+    @staticmethod
+    def _node_params(launch, args: KernelArgs) -> Any:
+        p = driver.CUDA_KERNEL_NODE_PARAMS()
+        p.func = launch.kernel.handle
+        p.gridDimX, p.gridDimY, p.gridDimZ = launch.grid
+        p.blockDimX, p.blockDimY, p.blockDimZ = launch.block
+        p.sharedMemBytes = launch.shared_mem
+        p.kernelParams = args.address
+        return p
+
+    # -- binding --------------------------------------------------------------------------
+    def bound(self, name: str) -> DeviceArray:
+        """The array ``name`` is bound to now."""
+        return self._bound[name]
+
+    def _validate(self, name: str, array: Any) -> DeviceArray:
+        if name not in self.bindings:
+            raise KeyError(f"unknown binding {name!r}; bindable: {sorted(self.bindings)}")
+        shape, dtype = self._specs[name]
+        return check_array(as_device_array(array, name), shape, dtype, name, self._device)
+
+    def bind(self, name: str, array: Any) -> int:
+        """Point every node argument bound to ``name`` at ``array``; returns driver updates made."""
+        return self.bind_many({name: array})
+
+    def bind_many(self, arrays: dict[str, Any]) -> int:
+        """Bind several names at once, all validated before anything changes.
+
+        Returns
+        -------
+        int
+            Number of ``cuGraphExecKernelNodeSetParams`` calls made (0 when nothing changed).
+        """
+        views = {name: self._validate(name, a) for name, a in arrays.items()}
+        self._check_overlap({**self._bound, **views})
+        dirty: set[int] = set()
+        for name, view in views.items():
+            for node, arg, _role in self.bindings[name]:
+                if self._args[node][arg] != view.ptr:
+                    self._args[node][arg] = view.ptr
+                    dirty.add(node)
+        # Invariant outside bind: _args[node] holds exactly the bytes in _shadow[node] (the exec's).
+        before = {node: self._shadow[node] for node in dirty}
+        pushed: list[int] = []
+        try:
+            for node in sorted(dirty):
+                snap = self._args[node].snapshot()
+                if snap != self._shadow[node]:
+                    call(driver.cuGraphExecKernelNodeSetParams, self.exec.handle, self.graph.nodes[node].handle, self._params[node])
+                    pushed.append(node)
+                    self._shadow[node] = snap
+        except BaseException:
+            self._restore(before, pushed)
+            raise
+        self.update_calls += len(pushed)
+        for name, view in views.items():
+            old = self._bound[name]
+            self._bound[name] = view
+            if old.owner is not view.owner:
+                self._retire(old)
+        return len(pushed)
+
+    def _restore(self, before: dict[int, bytes], pushed: list[int]) -> None:
+        """Undo a bind that failed in the driver: old bytes back, re-pushed where already taken."""
+        for node, data in before.items():
+            self._args[node]._storage[:] = np.frombuffer(data, dtype=np.uint64)
+        for node in pushed:
+            driver.cuGraphExecKernelNodeSetParams(self.exec.handle, self.graph.nodes[node].handle, self._params[node])
+            self._shadow[node] = before[node]
+
+    def _check_overlap(self, views: dict[str, DeviceArray]) -> None:
+        writers = [(n, v) for n, v in views.items() if "write" in self._roles[n]]
+        for wname, w in writers:
+            for rname, r in views.items():
+                if rname == wname:
+                    continue
+                if w.ptr < r.ptr + r.nbytes and r.ptr < w.ptr + w.nbytes:
+                    raise LayoutError(f"{wname} (written) overlaps {rname}")
+
+    # -- replay ---------------------------------------------------------------------------
+    def launch(self, stream: Stream) -> None:
+        """Replay the exec on ``stream`` (``cuGraphLaunch``) with the current bindings."""
+        self.exec.launch(stream)
+        self._streams[id(stream)] = stream
+
+    replay = launch
+
+    # -- keeping bound memory alive -------------------------------------------------------
+    def _retire(self, old: DeviceArray) -> None:
+        self.collect()
+        if not self._streams:
+            return  # never replayed while bound: nothing can still read it
+        events = []
+        for stream in self._streams.values():
+            ev = self._events.pop() if self._events else Event(timing=False, device=self._device)
+            events.append(ev.record(stream))
+        self._retired.append((events, old))
+
+    def collect(self) -> int:
+        """Release retired arrays whose replays have finished; returns how many are still held."""
+        keep = []
+        for events, arr in self._retired:
+            if all(e.query() for e in events):
+                self._events.extend(events)
+            else:
+                keep.append((events, arr))
+        self._retired = keep
+        return len(keep)
+
+    @property
+    def retained(self) -> list[DeviceArray]:
+        """Arrays no longer bound but kept alive for replays that may still read them."""
+        return [arr for _, arr in self._retired]
+
+    # -- whole-graph update ---------------------------------------------------------------
+    def adopt(self, graph: Graph) -> None:
+        """Take over the parameters of ``graph`` after ``exec.update(graph)`` succeeded.
+
+        The exec's nodes now hold ``graph``'s arguments; the shadows and bindings follow, and the
+        original graph's node handles stay the ones ``cuGraphExecKernelNodeSetParams`` names.
+        """
+        if len(graph.nodes) != len(self.graph.nodes):
+            raise ValueError("graph has a different number of nodes")
+        for i, node in enumerate(graph.nodes):
+            self._args[i]._storage[:] = np.frombuffer(node.captured_args, dtype=np.uint64)
+            self._shadow[i] = node.captured_args
+        for name in self.bindings:
+            old = self._bound[name]
+            self._bound[name] = graph.plan.buffers[name]
+            if old.owner is not self._bound[name].owner:
+                self._retire(old)
+        self._keep_graph = graph  # its plan owns the buffers now bound
+
+    def close(self) -> None:
+        """Drop retained arrays (after waiting for their replays) and pooled events."""
+        for events, _ in self._retired:
+            for e in events:
+                e.synchronize()
+        self._retired.clear()
+        for e in self._events:
+            e.close()
+        self._events.clear()

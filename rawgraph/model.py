@@ -1,0 +1,180 @@
+"""TinyBlock: ``layers`` residual blocks ``y = relu(x @ W1) @ W2 + x`` as a launch plan.
+
+Two forms of the same arithmetic:
+
+- ``unfused``: 4 kernels per block (matmul, relu, matmul, add) -- the same operations as the
+  PyTorch reference ``torch.relu(x @ w1) @ w2 + x``;
+- ``fused``: 2 kernels per block (matmul_relu, matmul_add).
+
+Both round identically (relu is exact and the residual is one fp32 add in either form).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+
+from . import ops
+from .device import Device, get_device
+from .errors import LayoutError, ShapeError
+from .launch import LaunchPlan
+from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
+from .stream import Stream
+
+FORMS = ("unfused", "fused")
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ShapeError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+def _close_all(buffers: list[DeviceBuffer]) -> None:
+    for b in buffers:
+        b.close()
+
+
+def reference_forward(x: np.ndarray, weights: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """The block in float64 NumPy: the reference every path is checked against."""
+    y = np.asarray(x, dtype=np.float64)
+    for w1, w2 in weights:
+        h = y @ w1.astype(np.float64)
+        y = np.maximum(h, 0.0) @ w2.astype(np.float64) + y
+    return y
+
+
+class TinyBlock:
+    """Weights and scratch for ``layers`` residual blocks on one device.
+
+    Parameters
+    ----------
+    width : int
+        Feature width (K = N of every matmul).
+    batch : int
+        Rows of x.
+    layers : int, default 1
+    seed : int, default 0
+        Weights are uniform in ``[-sqrt(3/width), sqrt(3/width))`` (variance 1/width), made on the
+        device from the seed (``kernels/init.cu``).
+    form : {"unfused", "fused"}
+    device : Device, optional
+    """
+
+    def __init__(self, width: int, batch: int, layers: int = 1, seed: int = 0, form: str = "unfused", device: Device | None = None):
+        self.width = _positive_int("width", width)
+        self.batch = _positive_int("batch", batch)
+        self.layers = _positive_int("layers", layers)
+        if form not in FORMS:
+            raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+        self.form = form
+        self.seed = int(seed)
+        self.device = (device or get_device()).activate()
+        owned: list[DeviceBuffer] = []
+        self._finalizer = weakref.finalize(self, _close_all, owned)
+        w, b = self.width, self.batch
+        self.weights = []
+        for _ in range(self.layers):
+            pair = (DeviceBuffer((w, w), np.float32, self.device), DeviceBuffer((w, w), np.float32, self.device))
+            owned.extend(pair)
+            self.weights.append(pair)
+        self.scratch = {name: DeviceBuffer((b, w), np.float32, self.device) for name in ("h", "a", "z", "act0", "act1")}
+        owned.extend(self.scratch.values())
+        scale = float(np.sqrt(3.0 / w))
+        with Stream(device=self.device) as s:
+            for i, (w1, w2) in enumerate(self.weights):
+                for j, buf in enumerate((w1, w2)):
+                    ops.fill_uniform(self.device, buf.view(), (self.seed << 24) ^ (2 * i + j), scale)(s)
+            s.synchronize()
+        self._plans: dict[tuple[int, int], LaunchPlan] = {}
+
+    # -- plans ----------------------------------------------------------------------------
+    def check_io(self, x: Any, out: Any) -> tuple[DeviceArray, DeviceArray]:
+        """Validate an input and an output array for this model (shape, dtype, layout, device)."""
+        shape = (self.batch, self.width)
+        xa = check_array(as_device_array(x, "x"), shape, np.float32, "x", self.device)
+        oa = check_array(as_device_array(out, "out"), shape, np.float32, "out", self.device)
+        if xa.ptr < oa.ptr + oa.nbytes and oa.ptr < xa.ptr + xa.nbytes:
+            raise LayoutError("x and out overlap; the residual reads x while out is written")
+        return xa, oa
+
+    def plan(self, x: Any, out: Any) -> LaunchPlan:
+        """The launch plan reading ``x`` and writing ``out``, validated once here.
+
+        Buffer names in the plan: ``x``, ``out``, ``W1[i]``, ``W2[i]``, ``h``, ``a``, ``z``,
+        ``act0``, ``act1`` (block outputs ping-pong between ``act0`` and ``act1``).
+        """
+        if not self._finalizer.alive:
+            from .errors import ClosedError
+
+            raise ClosedError("TinyBlock is closed")
+        xa, oa = self.check_io(x, out)
+        bufs: dict[str, DeviceArray] = {"x": xa, "out": oa}
+        bufs.update({k: v.view() for k, v in self.scratch.items()})
+        for i, (w1, w2) in enumerate(self.weights):
+            bufs[f"W1[{i}]"], bufs[f"W2[{i}]"] = w1.view(), w2.view()
+        launches = []
+        dev = self.device
+        for i in range(self.layers):
+            src = "x" if i == 0 else f"act{(i - 1) % 2}"
+            dst = "out" if i == self.layers - 1 else f"act{i % 2}"
+            if self.form == "unfused":
+                launches += [
+                    ops.matmul(dev, bufs, src, f"W1[{i}]", "h", label=f"L{i}.matmul1"),
+                    ops.relu(dev, bufs, "h", "a", label=f"L{i}.relu"),
+                    ops.matmul(dev, bufs, "a", f"W2[{i}]", "z", label=f"L{i}.matmul2"),
+                    ops.add(dev, bufs, "z", src, dst, label=f"L{i}.add"),
+                ]
+            else:
+                launches += [
+                    ops.matmul(dev, bufs, src, f"W1[{i}]", "a", "relu", label=f"L{i}.matmul_relu"),
+                    ops.matmul(dev, bufs, "a", f"W2[{i}]", dst, "add", r=src, label=f"L{i}.matmul_add"),
+                ]
+        guards = [self._finalizer] + [
+            a.owner._finalizer for a in (xa, oa) if isinstance(a.owner, DeviceBuffer)
+        ]
+        return LaunchPlan(launches, bufs, ("x",), ("out",), guards)
+
+    def forward(self, x: Any, out: Any, stream: Stream) -> None:
+        """Run eagerly on ``stream`` (plans are cached per (x, out) address pair)."""
+        key = (as_device_array(x, "x").ptr, as_device_array(out, "out").ptr)
+        plan = self._plans.get(key)
+        if plan is None or not all(g.alive for g in plan._guards):
+            plan = self._plans[key] = self.plan(x, out)
+        plan.run(stream)
+
+    @property
+    def kernels_per_layer(self) -> int:
+        return 4 if self.form == "unfused" else 2
+
+    # -- reference ------------------------------------------------------------------------
+    def weights_numpy(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Host copies of every (W1, W2)."""
+        return [(w1.to_numpy(), w2.to_numpy()) for w1, w2 in self.weights]
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        """float64 NumPy result for a host input ``x``."""
+        return reference_forward(x, self.weights_numpy())
+
+    # -- lifetime -------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Free weights and scratch; plans built from this model then refuse to run."""
+        self._plans.clear()
+        self._finalizer()
+
+    def __enter__(self) -> "TinyBlock":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<TinyBlock width={self.width} batch={self.batch} layers={self.layers} {self.form}>"

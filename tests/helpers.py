@@ -1,0 +1,17 @@
+"""Shared test helpers (imported by GPU tests)."""
+
+import numpy as np
+
+
+def rel_err(got, ref):
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert np.all(np.isfinite(got)), "non-finite output (an unwritten, poisoned element?)"
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def random_input(rng, shape):
+    """Standard normal float32, never all zeros."""
+    x = rng.standard_normal(shape, dtype=np.float32)
+    assert np.any(x != 0)
+    return x

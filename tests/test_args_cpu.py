@@ -1,0 +1,138 @@
+"""Argument packing, launch-shape choice, validation and error mapping: no GPU needed."""
+
+import ctypes
+
+import numpy as np
+import pytest
+from cuda.bindings import driver
+
+from rawgraph import (
+    CaptureError,
+    CudaError,
+    DTypeError,
+    KernelArgs,
+    LayoutError,
+    NotOnDeviceError,
+    ShapeError,
+    TinyBlock,
+    as_device_array,
+)
+from rawgraph.errors import check, cuda_error
+from rawgraph.ops import matmul_shape
+
+
+def test_packed_layout_alignment_and_pointer_table():
+    args = KernelArgs([("x", "ptr"), ("n", "i32"), ("y", "ptr"), ("s", "f32"), ("m", "i32"), ("big", "i64")])
+    assert args.offsets == {"x": 0, "n": 8, "y": 16, "s": 24, "m": 28, "big": 32}
+    args.update({"x": 0xDEADBEEF000, "n": -7, "y": 2**63 + 5, "s": 1.5, "m": 42, "big": -(2**40)})
+    # The void* table points at each slot; reading through it gives the values back.
+    table = args.address
+    ptrs = [ctypes.c_void_p.from_address(table + 8 * i).value for i in range(6)]
+    assert ptrs[1] - ptrs[0] == 8 and ptrs[5] - ptrs[0] == 32
+    assert ctypes.c_uint64.from_address(ptrs[0]).value == 0xDEADBEEF000
+    assert ctypes.c_int32.from_address(ptrs[1]).value == -7
+    assert ctypes.c_uint64.from_address(ptrs[2]).value == 2**63 + 5
+    assert ctypes.c_float.from_address(ptrs[3]).value == 1.5
+    assert ctypes.c_int32.from_address(ptrs[4]).value == 42
+    assert ctypes.c_int64.from_address(ptrs[5]).value == -(2**40)
+
+
+def test_edits_are_in_place_and_copies_are_independent():
+    args = KernelArgs([("x", "ptr"), ("n", "i32")])
+    addr = args.address
+    args["x"] = 1234
+    snap = args.snapshot()
+    args["x"] = 5678
+    assert args.address == addr and args["x"] == 5678 and args.snapshot() != snap
+    other = args.copy()
+    assert other.address != args.address and other.snapshot() == args.snapshot()
+    other["x"] = 1
+    assert args["x"] == 5678
+    assert KernelArgs.from_bytes(args.spec, snap)["x"] == 1234
+
+
+def test_bad_arg_specs():
+    with pytest.raises(ValueError, match="unknown kind"):
+        KernelArgs([("x", "float*")])
+    with pytest.raises(ValueError, match="duplicate"):
+        KernelArgs([("x", "ptr"), ("x", "i32")])
+
+
+@pytest.mark.parametrize("batch,width", [(1, 1), (1, 33), (3, 128), (17, 1000), (8, 1024), (64, 4096), (1, 4096)])
+def test_matmul_shape_covers_the_output(batch, width):
+    s = matmul_shape(batch, width, width, multiprocessors=132)
+    assert s.grid[0] * s.bt >= batch and (s.grid[0] - 1) * s.bt < batch
+    assert s.grid[1] * s.tc >= width and (s.grid[1] - 1) * s.tc < width
+    assert s.bt * s.tc <= 512 and 32 % (s.tc // s.vec) == 0
+    assert s.vec == (4 if width % 4 == 0 else 1)
+
+
+def test_matmul_shape_fills_the_gpu_when_it_can():
+    s = matmul_shape(1, 4096, 4096, 132)
+    assert s.grid[0] * s.grid[1] >= 132
+    assert matmul_shape(1, 4096, 4096, 132, w_aligned16=False).vec == 1
+
+
+class FakeCAI:
+    def __init__(self, shape, typestr="<f4", strides=None, ptr=0x7F0000000000):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False), "strides": strides, "version": 3}
+
+
+def test_host_arrays_are_refused_before_the_gpu():
+    with pytest.raises(NotOnDeviceError, match="host array"):
+        as_device_array(np.ones((2, 2), np.float32))
+    with pytest.raises(NotOnDeviceError):
+        as_device_array([1.0, 2.0])
+
+
+def test_strided_views_are_refused():
+    # A transposed (4, 8) float32 array: strides (4, 32) instead of (32, 4).
+    with pytest.raises(LayoutError, match="strided"):
+        as_device_array(FakeCAI((8, 4), strides=(4, 32)))
+    # Contiguous strides spelled out are fine; extent-1 dims may carry any stride.
+    assert as_device_array(FakeCAI((4, 8), strides=(32, 4))).shape == (4, 8)
+    assert as_device_array(FakeCAI((1, 8), strides=(999, 4))).shape == (1, 8)
+
+
+def test_dtype_and_shape_checks():
+    from rawgraph.memory import check_array
+
+    view = as_device_array(FakeCAI((4, 8), typestr="<f8"))
+    with pytest.raises(DTypeError):
+        check_array(view, (4, 8))
+    view = as_device_array(FakeCAI((4, 8)))
+    with pytest.raises(ShapeError, match="too small"):
+        check_array(view, (8, 8))
+    with pytest.raises(ShapeError, match="expected"):
+        check_array(view, (8, 4))
+    with pytest.raises(LayoutError, match="aligned"):
+        check_array(as_device_array(FakeCAI((4, 8), ptr=0x7F0000000002)), (4, 8))
+
+
+@pytest.mark.parametrize("kw", [{"width": 0}, {"batch": -1}, {"layers": 0}])
+def test_model_sizes_must_be_positive(kw):
+    args = {"width": 8, "batch": 1, "layers": 1, **kw}
+    with pytest.raises(ShapeError, match=">= 1"):
+        TinyBlock(**args)
+
+
+def test_model_sizes_must_be_ints():
+    with pytest.raises(TypeError):
+        TinyBlock(width=8.0, batch=1)
+    with pytest.raises(TypeError):
+        TinyBlock(width=True, batch=1)
+
+
+def test_error_mapping_names_the_code_and_the_call():
+    with pytest.raises(CudaError) as info:
+        check((driver.CUresult.CUDA_ERROR_INVALID_VALUE,), "cuMemAlloc")
+    e = info.value
+    assert e.name == "CUDA_ERROR_INVALID_VALUE" and e.code == 1 and e.call == "cuMemAlloc"
+    assert "cuMemAlloc" in str(e) and not isinstance(e, CaptureError)
+    cap = cuda_error(driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "cuStreamSynchronize")
+    assert isinstance(cap, CaptureError) and cap.hint and "capturing" in cap.hint
+    mis = cuda_error(driver.CUresult.CUDA_ERROR_MISALIGNED_ADDRESS)
+    assert "argument" in mis.hint
+    assert check((driver.CUresult.CUDA_SUCCESS, 5), "f") == 5
+    assert check((driver.CUresult.CUDA_SUCCESS, 5, 6), "f") == (5, 6)
+    assert check((driver.CUresult.CUDA_SUCCESS,), "f") is None

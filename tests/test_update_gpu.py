@@ -1,0 +1,63 @@
+"""Whole-graph update (cuGraphExecUpdate): same topology succeeds, a changed one is reported."""
+
+import numpy as np
+import pytest
+
+from helpers import random_input, rel_err
+from rawgraph import DeviceBuffer, ExecUpdateManager, GraphUpdateError, TinyBlock, capture_plan
+
+pytestmark = pytest.mark.gpu
+
+
+def test_same_topology_new_buffers(stream, rng):
+    model = TinyBlock(128, 2, 3, form="fused")
+    x1, o1 = DeviceBuffer.from_numpy(random_input(rng, (2, 128))), DeviceBuffer((2, 128))
+    xh2 = random_input(rng, (2, 128))
+    x2, o2 = DeviceBuffer.from_numpy(xh2), DeviceBuffer((2, 128))
+    g1 = capture_plan(model.plan(x1, o1), stream)
+    exe = g1.instantiate()
+    mgr = ExecUpdateManager(g1, exe)
+    g2 = capture_plan(model.plan(x2, o2), stream)
+    exe.update(g2)
+    mgr.adopt(g2)
+    o2.poison(stream)
+    exe.launch(stream)
+    assert rel_err(o2.to_numpy(), model.reference(xh2)) < 1e-5
+    # The manager's shadows follow the update: binding x2 again changes nothing.
+    assert mgr.bind("x", x2) == 0
+    # ... and binding x1 re-points the same exec node handles.
+    assert mgr.bind("x", x1) == 2
+
+
+def test_topology_change_is_reported_and_the_exec_keeps_working(stream, rng):
+    model1, model2 = TinyBlock(64, 1, 1), TinyBlock(64, 1, 2)
+    xh = random_input(rng, (1, 64))
+    x, out = DeviceBuffer.from_numpy(xh), DeviceBuffer((1, 64))
+    exe = capture_plan(model1.plan(x, out), stream).instantiate()
+    g2 = capture_plan(model2.plan(x, out), stream)
+    with pytest.raises(GraphUpdateError) as info:
+        exe.update(g2)
+    assert info.value.result == "CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED"
+    assert "TOPOLOGY_CHANGED" in str(info.value) and "re-instantiate" in str(info.value)
+    out.poison(stream)
+    exe.launch(stream)
+    assert rel_err(out.to_numpy(), model1.reference(xh)) < 1e-5
+    # The fall-back: instantiate the new graph.
+    out.poison(stream)
+    g2.instantiate().launch(stream)
+    assert rel_err(out.to_numpy(), model2.reference(xh)) < 1e-5
+
+
+def test_function_change_is_reported(stream, rng):
+    # Same shape of graph (a chain of 4 kernel nodes), other kernels: unfused x1 vs fused x2.
+    a, b = TinyBlock(64, 1, 1, form="unfused"), TinyBlock(64, 1, 2, form="fused")
+    x, out = DeviceBuffer.from_numpy(random_input(rng, (1, 64))), DeviceBuffer((1, 64))
+    exe = capture_plan(a.plan(x, out), stream).instantiate()
+    with pytest.raises(GraphUpdateError) as info:
+        exe.update(capture_plan(b.plan(x, out), stream))
+    assert info.value.result in (
+        "CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED",
+        "CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE",
+        "CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED",
+    )
+    assert info.value.error_node != 0
