@@ -14,7 +14,7 @@ from cuda.bindings import driver
 
 from .errors import CudaError, NoDeviceError, call
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: get_device() holds it while Device() runs driver_status()
 _init_state: tuple[bool, str] | None = None
 _devices: dict[int, "Device"] = {}
 

@@ -6,9 +6,9 @@ that write the output). ``bind(name, array)``:
 
 1. validates the array (shape, dtype, device, contiguity, size) -- a refused bind changes nothing;
 2. writes the new pointer into the persistent argument buffers of the affected nodes only;
-3. compares each of those nodes' packed arguments with a shadow of what the exec holds (the driver
-   has no getter for exec node parameters) and calls ``cuGraphExecKernelNodeSetParams`` only for
-   nodes whose bytes changed.
+3. compares the new pointer with each node's shadow -- the argument buffer that holds exactly what
+   the exec holds (the driver has no getter for exec node parameters) -- and calls
+   ``cuGraphExecKernelNodeSetParams`` only for nodes whose arguments actually changed.
 
 A replay after ``bind`` reads the new array where it lies. The manager keeps each array it bound
 alive until the replays that may read it have finished (an event recorded on each stream used),
@@ -18,16 +18,19 @@ reads it.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
 from cuda.bindings import driver
 
-from .errors import LayoutError, call
+from .errors import LayoutError, cuda_error
 from .graph import Graph, GraphExec
 from .launch import KernelArgs
-from .memory import DeviceArray, as_device_array, check_array
+from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from .stream import Event, Stream
+
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
 
 
 class ExecUpdateManager:
@@ -77,10 +80,13 @@ class ExecUpdateManager:
             args = KernelArgs.from_bytes(node.launch.args.spec, node.captured_args)
             self._args.append(args)
             self._params.append(self._node_params(node.launch, args))
-        self._shadow = [a.snapshot() for a in self._args]
+        self._handles = [n.handle for n in graph.nodes]
+        self._writers = any("write" in r for r in self._roles.values()) and len(names) > 1
+        self._checked: dict[tuple[str, int], tuple] = {}
         self.update_calls = 0
         self._streams: dict[int, Stream] = {}
-        self._retired: list[tuple[list[Event], DeviceArray]] = []
+        self._pending: list[DeviceArray] = []
+        self._retired: list[tuple[list[Event], list[DeviceArray]]] = []
         self._events: list[Event] = []
         self._device = graph.device
 
@@ -100,10 +106,28 @@ class ExecUpdateManager:
         return self._bound[name]
 
     def _validate(self, name: str, array: Any) -> DeviceArray:
+        """Full check (shape, dtype, layout, device); remembered per (name, object) while it lives.
+
+        Arrays don't change shape or address, so re-binding one already checked costs a dict
+        lookup; a closed DeviceBuffer is re-checked (and refused).
+        """
         if name not in self.bindings:
             raise KeyError(f"unknown binding {name!r}; bindable: {sorted(self.bindings)}")
+        hit = self._checked.get((name, id(array)))
+        if hit is not None and hit[0]() is array and (hit[2] is None or hit[2].alive):
+            return hit[1]
         shape, dtype = self._specs[name]
-        return check_array(as_device_array(array, name), shape, dtype, name, self._device)
+        view = check_array(as_device_array(array, name), shape, dtype, name, self._device)
+        try:
+            ref = weakref.ref(array)
+        except TypeError:  # not weak-referenceable: check every time
+            return view
+        owner = view.owner
+        alive = owner._finalizer if isinstance(owner, DeviceBuffer) else None
+        if len(self._checked) > 1024:
+            self._checked.clear()
+        self._checked[(name, id(array))] = (ref, view, alive)
+        return view
 
     def bind(self, name: str, array: Any) -> int:
         """Point every node argument bound to ``name`` at ``array``; returns driver updates made."""
@@ -118,23 +142,27 @@ class ExecUpdateManager:
             Number of ``cuGraphExecKernelNodeSetParams`` calls made (0 when nothing changed).
         """
         views = {name: self._validate(name, a) for name, a in arrays.items()}
-        self._check_overlap({**self._bound, **views})
-        dirty: set[int] = set()
+        if self._writers:
+            self._check_overlap({**self._bound, **views})
+        # Invariant outside bind: each node's argument buffer holds exactly what the exec holds
+        # (the shadow), so comparing pointers finds the nodes that need a push.
+        before: dict[int, bytes] = {}
         for name, view in views.items():
+            ptr = view.ptr
             for node, arg, _role in self.bindings[name]:
-                if self._args[node][arg] != view.ptr:
-                    self._args[node][arg] = view.ptr
-                    dirty.add(node)
-        # Invariant outside bind: _args[node] holds exactly the bytes in _shadow[node] (the exec's).
-        before = {node: self._shadow[node] for node in dirty}
+                args = self._args[node]
+                if args[arg] != ptr:
+                    if node not in before:
+                        before[node] = args.snapshot()
+                    args[arg] = ptr
         pushed: list[int] = []
+        setparams = driver.cuGraphExecKernelNodeSetParams
         try:
-            for node in sorted(dirty):
-                snap = self._args[node].snapshot()
-                if snap != self._shadow[node]:
-                    call(driver.cuGraphExecKernelNodeSetParams, self.exec.handle, self.graph.nodes[node].handle, self._params[node])
-                    pushed.append(node)
-                    self._shadow[node] = snap
+            for node in before:
+                (err,) = setparams(self.exec.handle, self._handles[node], self._params[node])
+                if err != _SUCCESS:
+                    raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
+                pushed.append(node)
         except BaseException:
             self._restore(before, pushed)
             raise
@@ -151,8 +179,7 @@ class ExecUpdateManager:
         for node, data in before.items():
             self._args[node]._storage[:] = np.frombuffer(data, dtype=np.uint64)
         for node in pushed:
-            driver.cuGraphExecKernelNodeSetParams(self.exec.handle, self.graph.nodes[node].handle, self._params[node])
-            self._shadow[node] = before[node]
+            driver.cuGraphExecKernelNodeSetParams(self.exec.handle, self._handles[node], self._params[node])
 
     def _check_overlap(self, views: dict[str, DeviceArray]) -> None:
         writers = [(n, v) for n, v in views.items() if "write" in self._roles[n]]
@@ -172,31 +199,43 @@ class ExecUpdateManager:
     replay = launch
 
     # -- keeping bound memory alive -------------------------------------------------------
+    # A replaced array may still be read by replays in flight. It is kept in ``_pending`` until an
+    # event recorded after those replays completes. One event per used stream covers a whole batch
+    # of retired arrays, so re-binding costs no driver call on most binds.
+    _BATCH = 32
+
     def _retire(self, old: DeviceArray) -> None:
-        self.collect()
         if not self._streams:
             return  # never replayed while bound: nothing can still read it
-        events = []
-        for stream in self._streams.values():
-            ev = self._events.pop() if self._events else Event(timing=False, device=self._device)
-            events.append(ev.record(stream))
-        self._retired.append((events, old))
+        self._pending.append(old)
+        if len(self._pending) >= self._BATCH:
+            self.collect()
 
     def collect(self) -> int:
-        """Release retired arrays whose replays have finished; returns how many are still held."""
+        """Cover pending arrays with an event, release those whose replays have finished.
+
+        Returns how many arrays are still held.
+        """
+        if self._pending:
+            events = []
+            for stream in self._streams.values():
+                ev = self._events.pop() if self._events else Event(timing=False, device=self._device)
+                events.append(ev.record(stream))
+            self._retired.append((events, self._pending))
+            self._pending = []
         keep = []
-        for events, arr in self._retired:
+        for events, arrays in self._retired:
             if all(e.query() for e in events):
                 self._events.extend(events)
             else:
-                keep.append((events, arr))
+                keep.append((events, arrays))
         self._retired = keep
-        return len(keep)
+        return len(self.retained)
 
     @property
     def retained(self) -> list[DeviceArray]:
         """Arrays no longer bound but kept alive for replays that may still read them."""
-        return [arr for _, arr in self._retired]
+        return [a for _, arrays in self._retired for a in arrays] + list(self._pending)
 
     # -- whole-graph update ---------------------------------------------------------------
     def adopt(self, graph: Graph) -> None:
@@ -209,7 +248,6 @@ class ExecUpdateManager:
             raise ValueError("graph has a different number of nodes")
         for i, node in enumerate(graph.nodes):
             self._args[i]._storage[:] = np.frombuffer(node.captured_args, dtype=np.uint64)
-            self._shadow[i] = node.captured_args
         for name in self.bindings:
             old = self._bound[name]
             self._bound[name] = graph.plan.buffers[name]
@@ -223,6 +261,8 @@ class ExecUpdateManager:
             for e in events:
                 e.synchronize()
         self._retired.clear()
+        self._pending.clear()
+        self._checked.clear()
         for e in self._events:
             e.close()
         self._events.clear()

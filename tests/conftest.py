@@ -14,11 +14,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+class SeededGenerator(np.random.Generator):
+    """A Generator that remembers its seed, so a failure message can name it."""
+
+
 @pytest.fixture
 def rng():
-    """Fresh random inputs every run; the seed is in the test's name on failure via the repr."""
+    """Fresh random inputs every run (a new OS-entropy seed each time, kept in ``seed_used``)."""
     seed = np.random.SeedSequence().entropy
-    gen = np.random.default_rng(seed)
+    gen = SeededGenerator(np.random.PCG64(seed))
     gen.seed_used = seed
     return gen
 

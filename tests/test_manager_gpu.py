@@ -142,6 +142,10 @@ def test_bound_arrays_stay_alive_until_their_replays_finish(stream, rng):
     # Re-binding while replays may still read `a`: the manager holds it, the pool cannot reuse it.
     mgr.bind("x", cp.asarray(random_input(rng, (8, 1024))))
     assert ref() is not None and len(mgr.retained) == 1
+    gc.collect()
+    assert ref() is not None
+    stream.synchronize()
+    mgr.collect()  # covers it with an event recorded after the replays
     stream.synchronize()
     assert mgr.collect() == 0
     gc.collect()
