@@ -1,0 +1,1 @@
+"""Benchmarks: launch paths (``launch_paths``) and microcosts (``microcosts``). See benchmarks/."""

@@ -1,0 +1,409 @@
+"""Launch-path benchmark: the same TinyBlock work through every way of launching it, one process.
+
+Paths (record key ``path``): stream, graph, graph_copy, graph_update, graph_exec_update,
+torch_eager, torch_graph, torch_graph_copy, cupy_eager, cupy_graph, floor_sync,
+floor_empty_kernel, floor_empty_graph. Every path's output is checked before it is timed.
+
+Clocks, never mixed (each ``{"median", "p10", "p90"}`` in microseconds):
+``sync_us`` per-iteration wall time with a synchronize (the seed's method), ``host_us`` pipelined
+host time per step (N steps, one sync), ``device_us`` CUDA events around each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import ops
+from ..capture import Capture, capture_plan
+from ..compiler import nvrtc_version
+from ..device import driver_version, get_device
+from ..manager import ExecUpdateManager
+from ..memory import DeviceBuffer
+from ..model import TinyBlock
+from ..static import StaticGraph
+from ..stream import Stream
+from ..timing import device_us, pipelined_us, stats, synced_us
+
+FULL = {"layers": (1, 8, 64), "width": (128, 1024, 4096), "batch": (1, 8, 64)}
+QUICK = {"layers": (1, 64), "width": (128, 1024), "batch": (1, 8)}
+FORMS = ("unfused", "fused")
+
+
+def _clocks(fn, stream: Stream, est_us: float, budget_s: float) -> dict:
+    """All three clocks for ``fn``, rounds scaled so each clock takes about ``budget_s``."""
+    n = int(max(20, min(300, budget_s * 1e6 / max(est_us, 1.0))))
+    return {
+        "sync_us": stats(synced_us(fn, stream, rounds=n, warmup=5)),
+        "host_us": stats(pipelined_us(fn, stream, steps=max(10, n // 5), repeats=5, warmup=5)),
+        "device_us": stats(device_us(fn, stream, rounds=max(20, n // 2), warmup=5)),
+    }
+
+
+def _estimate_us(fn, stream: Stream) -> float:
+    fn()
+    stream.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    stream.synchronize()
+    return (time.perf_counter() - t0) * 1e6
+
+
+class Runner:
+    def __init__(self, budget_s: float, out_dir: Path, torch_ok: bool, cupy_ok: bool):
+        self.dev = get_device()
+        self.stream = Stream()
+        self.budget_s = budget_s
+        self.records: list[dict] = []
+        self.findings: list[str] = []
+        self.torch = self._import("torch") if torch_ok else None
+        self.cupy = self._import("cupy") if cupy_ok else None
+        if self.torch is not None and not self.torch.cuda.is_available():
+            self.torch = None
+        if self.torch is not None:
+            self.torch.backends.cuda.matmul.allow_tf32 = False
+            self.torch.backends.cudnn.allow_tf32 = False
+        self.out_dir = out_dir
+
+    @staticmethod
+    def _import(name: str):
+        try:
+            return __import__(name)
+        except Exception:
+            return None
+
+    def record(self, path, form, layers, width, batch, clocks=None, **extra) -> None:
+        rec = {"path": path, "form": form, "layers": layers, "width": width, "batch": batch,
+               "sync_us": None, "host_us": None, "device_us": None}
+        if clocks:
+            rec.update(clocks)
+        rec.update(extra)
+        self.records.append(rec)
+        med = rec["sync_us"]["median"] if rec["sync_us"] else float("nan")
+        print(f"  {path:18s} {str(form):8s} L{layers:<3d} w{width:<5d} b{batch:<3d} sync {med:9.2f} us", flush=True)
+
+    # -- floors -------------------------------------------------------------------------------
+    def floors(self) -> None:
+        s = self.stream
+        self.record("floor_sync", None, 0, 0, 0, _clocks(lambda: None, s, 5, self.budget_s))
+        empty = ops.empty(self.dev)
+        self.record("floor_empty_kernel", None, 0, 0, 0, _clocks(lambda: empty(s), s, 8, self.budget_s))
+        with Capture(s) as cap:
+            cap.launch(empty)
+        exe = cap.graph.instantiate()
+        self.record("floor_empty_graph", None, 0, 0, 0, _clocks(lambda: exe.launch(s), s, 8, self.budget_s))
+        exe.close()
+        cap.graph.close()
+
+    # -- rawgraph paths -----------------------------------------------------------------------
+    def rawgraph_paths(self, form: str, layers: int, width: int, batch: int) -> np.ndarray:
+        s = self.stream
+        shape = (batch, width)
+        rng = np.random.default_rng()
+        model = TinyBlock(width, batch, layers, seed=1234, form=form)
+        xs = [DeviceBuffer.from_numpy(rng.standard_normal(shape, dtype=np.float32)) for _ in range(2)]
+        outs = [DeviceBuffer(shape) for _ in range(5)]
+        plan = model.plan(xs[0], outs[0])
+        graph = capture_plan(plan, s, warmup=True)
+        # capture time measured again without the warm-up run inside it
+        t0 = time.perf_counter()
+        graph_b = capture_plan(model.plan(xs[1], outs[0]), s, warmup=False)
+        capture_ms = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        exe = graph.instantiate()
+        instantiate_ms = (time.perf_counter() - t0) * 1e3
+        static = StaticGraph(model, s)
+        # graph_update: its own exec, the input re-bound between two buffers every step
+        g_upd = capture_plan(model.plan(xs[0], outs[2]), s, warmup=False)
+        mgr = ExecUpdateManager(g_upd, g_upd.instantiate())
+        # graph_exec_update: whole-graph update alternating between graphs captured on xs[0] / xs[1]
+        g_w0 = capture_plan(model.plan(xs[0], outs[3]), s, warmup=False)
+        g_w1 = capture_plan(model.plan(xs[1], outs[3]), s, warmup=False)
+        exe_w = g_w0.instantiate()
+
+        # -- correct before timed: every path on xs[1], equal to the bit
+        for o in outs:
+            o.poison(s)
+        plan_b = model.plan(xs[1], outs[1])
+        plan_b.run(s)
+        ref = outs[1].to_numpy()
+        exe_b = graph_b.instantiate()
+        exe_b.launch(s)
+        static(xs[1], s)
+        mgr.bind("x", xs[1]); mgr.launch(s)
+        exe_w.update(g_w1); exe_w.launch(s)
+        s.synchronize()
+        for name, buf in (("graph", outs[0]), ("graph_copy", static.static_output), ("graph_update", outs[2]), ("graph_exec_update", outs[3])):
+            got = buf.to_numpy()
+            if not np.array_equal(got, ref):
+                raise AssertionError(f"{name} differs from stream output ({form} L{layers} w{width} b{batch})")
+        exe_b.close()
+
+        est = _estimate_us(lambda: plan.run(s), s)
+        key = (form, layers, width, batch)
+        self.record("stream", *key, _clocks(lambda: plan.run(s), s, est, self.budget_s))
+        self.record("graph", *key, _clocks(lambda: exe.launch(s), s, est, self.budget_s),
+                    capture_ms=capture_ms, instantiate_ms=instantiate_ms)
+        self.record("graph_copy", *key, _clocks(lambda: static(xs[0], s), s, est, self.budget_s))
+        st = {"i": 0}
+
+        def upd():
+            st["i"] ^= 1
+            mgr.bind("x", xs[st["i"]])
+            mgr.launch(s)
+
+        self.record("graph_update", *key, _clocks(upd, s, est, self.budget_s))
+        gw = [g_w0, g_w1]
+
+        def whole():
+            st["i"] ^= 1
+            exe_w.update(gw[st["i"]])
+            exe_w.launch(s)
+
+        self.record("graph_exec_update", *key, _clocks(whole, s, est, self.budget_s))
+        s.synchronize()
+        mgr.close()
+        for obj in (exe, exe_w, mgr.exec, static, graph, graph_b, g_upd, g_w0, g_w1):
+            obj.close()
+        weights = [(w1, w2) for w1, w2 in model.weights]
+        self._last = (model, weights, xs, ref)
+        return ref
+
+    # -- torch --------------------------------------------------------------------------------
+    def torch_paths(self, layers: int, width: int, batch: int, model: TinyBlock, x_buf: DeviceBuffer, ref: np.ndarray) -> None:
+        torch = self.torch
+        if torch is None:
+            return
+        ws = [(torch.as_tensor(w1, device="cuda"), torch.as_tensor(w2, device="cuda")) for w1, w2 in model.weights]
+        x_in = torch.as_tensor(x_buf, device="cuda").clone()
+
+        def block(x):
+            for w1, w2 in ws:
+                x = torch.relu(x @ w1) @ w2 + x
+            return x
+
+        key = (None, layers, width, batch)
+        tstream = torch.cuda.Stream()
+        with torch.inference_mode(), torch.cuda.stream(tstream):
+            got = block(x_in).cpu().numpy()
+            err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+            if err > 1e-4:
+                raise AssertionError(f"torch differs from rawgraph by {err:.2e}")
+            rs = _TorchStream(torch, tstream)
+            est = _estimate_us(lambda: block(x_in), rs)
+            self.record("torch_eager", *key, _clocks(lambda: block(x_in), rs, est, self.budget_s), rel_err_vs_rawgraph=err)
+            static_in = x_in.clone()
+            for _ in range(3):
+                block(static_in)
+            tstream.synchronize()
+            g = torch.cuda.CUDAGraph()
+            t0 = time.perf_counter()
+            with torch.cuda.graph(g, stream=tstream):
+                static_out = block(static_in)
+            cap_ms = (time.perf_counter() - t0) * 1e3
+            g.replay()
+            tstream.synchronize()
+            if not np.allclose(static_out.cpu().numpy(), got, rtol=1e-5, atol=1e-5):
+                raise AssertionError("torch graph replay differs from torch eager")
+            self.record("torch_graph", *key, _clocks(g.replay, rs, est, self.budget_s), capture_ms=cap_ms)
+            src = x_in.clone()
+
+            def copy_replay():
+                static_in.copy_(src)
+                g.replay()
+
+            self.record("torch_graph_copy", *key, _clocks(copy_replay, rs, est, self.budget_s))
+            del g
+
+    # -- cupy ---------------------------------------------------------------------------------
+    def cupy_paths(self, layers: int, width: int, batch: int, model: TinyBlock, x_buf: DeviceBuffer, ref: np.ndarray) -> None:
+        cp = self.cupy
+        if cp is None:
+            return
+        ws = [(cp.asarray(w1), cp.asarray(w2)) for w1, w2 in model.weights]
+        x = cp.asarray(x_buf).copy()
+        key = (None, layers, width, batch)
+        cstream = cp.cuda.Stream(non_blocking=True)
+
+        def block():
+            y = x
+            for w1, w2 in ws:
+                y = cp.maximum(y @ w1, 0) @ w2 + y
+            return y
+
+        with cstream:
+            got = cp.asnumpy(block())
+            err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+            if err > 1e-4:
+                raise AssertionError(f"cupy differs from rawgraph by {err:.2e}")
+            rs = _CupyStream(cstream)
+            est = _estimate_us(block, rs)
+            self.record("cupy_eager", *key, _clocks(block, rs, est, self.budget_s), rel_err_vs_rawgraph=err)
+            try:
+                cstream.begin_capture()
+                try:
+                    block()
+                finally:
+                    cstream.end_capture()
+                self.findings.append("CuPy captured its cuBLAS matmul (not expected)")
+            except Exception as exc:  # NotImplementedError on CuPy 14.2: cuBLAS not capturable
+                msg = f"CuPy cannot capture its cuBLAS matmul: {type(exc).__name__}: {exc}"
+                if msg not in self.findings:
+                    self.findings.append(msg)
+            self._cupy_rawkernel_graph(cp, cstream, rs, key, model, x, got, est)
+
+    def _cupy_rawkernel_graph(self, cp, cstream, rs, key, model, x, ref_cupy, est) -> None:
+        """The same block from rawgraph's own .cu sources as CuPy RawKernels, captured by CuPy."""
+        from ..kernels import kernel_source
+        from ..ops import matmul_expr, matmul_shape
+
+        shape = matmul_shape(model.batch, model.width, model.width, self.dev.info.multiprocessors)
+        exprs = [matmul_expr("relu", shape), matmul_expr("add", shape)]
+        mod = cp.RawModule(code=kernel_source("matmul"), options=("-std=c++17",), name_expressions=exprs)
+        k_relu, k_add = (mod.get_function(e) for e in exprs)
+        ws = [(cp.asarray(w1), cp.asarray(w2)) for w1, w2 in model.weights]
+        a = cp.empty_like(x)
+        acts = [cp.empty_like(x), cp.empty_like(x)]
+        out = cp.empty_like(x)
+        B, W = np.int32(model.batch), np.int32(model.width)
+        grid, block = (shape.grid[0], shape.grid[1], 1), (256, 1, 1)
+
+        def run():
+            src = x
+            for i, (w1, w2) in enumerate(ws):
+                dst = out if i == len(ws) - 1 else acts[i % 2]
+                k_relu(grid, block, (src, w1, a, src, B, W, W))
+                k_add(grid, block, (a, w2, dst, src, B, W, W))
+                src = dst
+
+        run()
+        cstream.synchronize()
+        cstream.begin_capture()
+        run()
+        graph = cstream.end_capture()
+        out.fill(cp.nan)
+        graph.launch(cstream)
+        cstream.synchronize()
+        if not np.allclose(cp.asnumpy(out), ref_cupy, rtol=1e-4, atol=1e-4):
+            raise AssertionError("cupy RawKernel graph differs")
+        self.record("cupy_graph", *key, _clocks(lambda: graph.launch(cstream), rs, est, self.budget_s),
+                    note="CuPy RawKernels from kernels/matmul.cu (fused form)")
+
+
+class _TorchStream:
+    """A framework stream seen through rawgraph's timing helpers (synchronize + driver handle)."""
+
+    def __init__(self, torch, s):
+        from cuda.bindings import driver
+
+        self.s = s
+        self.handle = driver.CUstream(int(s.cuda_stream))
+
+    def synchronize(self):
+        self.s.synchronize()
+
+
+class _CupyStream(_TorchStream):
+    def __init__(self, s):
+        from cuda.bindings import driver
+
+        self.s = s
+        self.handle = driver.CUstream(int(s.ptr))
+
+
+def env_info(runner: Runner) -> dict:
+    import importlib.metadata as md
+
+    def ver(p):
+        try:
+            return md.version(p)
+        except Exception:
+            return None
+
+    return {
+        "gpu": runner.dev.info.name,
+        "driver": driver_version(),
+        "cuda_bindings": ver("cuda-bindings"),
+        "nvrtc": "%d.%d" % nvrtc_version(),
+        "torch": getattr(runner.torch, "__version__", None),
+        "cupy": getattr(runner.cupy, "__version__", None),
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rawgraph bench", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="layers 1/64, width 128/1024, batch 1/8")
+    p.add_argument("--out", default="benchmarks/results", help="folder for JSON and plots")
+    p.add_argument("--name", default=None, help="file stem (default launch_paths[_quick])")
+    p.add_argument("--budget", type=float, default=0.15, help="seconds per clock per path (rounds scale to it)")
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--no-cupy", action="store_true")
+    p.add_argument("--no-micro", action="store_true", help="skip the microcost fits")
+    p.add_argument("--layers", type=int, nargs="*")
+    p.add_argument("--width", type=int, nargs="*")
+    p.add_argument("--batch", type=int, nargs="*")
+    args = p.parse_args(argv)
+    grid = dict(QUICK if args.quick else FULL)
+    for k in ("layers", "width", "batch"):
+        if getattr(args, k):
+            grid[k] = tuple(getattr(args, k))
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = args.name or ("launch_paths_quick" if args.quick else "launch_paths")
+    runner = Runner(args.budget, out_dir, not args.no_torch, not args.no_cupy)
+    t_start = time.perf_counter()
+    print(f"rawgraph bench on {runner.dev.info.name}: {grid}", flush=True)
+    runner.floors()
+    micro = None
+    if not args.no_micro:
+        from .microcosts import measure
+
+        micro = measure()
+    configs = [(l, w, b) for l in grid["layers"] for w in grid["width"] for b in grid["batch"]]
+    for i, (l, w, b) in enumerate(configs, 1):
+        print(f"[{i}/{len(configs)}] layers={l} width={w} batch={b} ({time.perf_counter() - t_start:.0f}s)", flush=True)
+        try:
+            for form in FORMS:
+                runner.rawgraph_paths(form, l, w, b)
+        except Exception as exc:  # report and go on: one broken point must not lose the sweep
+            runner.findings.append(f"rawgraph paths failed at L{l} w{w} b{b}: {type(exc).__name__}: {exc}")
+            print(f"  FAILED: {exc}", flush=True)
+            continue
+        model, _w, xs, ref = runner._last
+        try:
+            runner.torch_paths(l, w, b, model, xs[1], ref)
+        except Exception as exc:
+            runner.findings.append(f"torch paths failed at L{l} w{w} b{b}: {type(exc).__name__}: {exc}")
+        try:
+            runner.cupy_paths(l, w, b, model, xs[1], ref)
+        except Exception as exc:
+            runner.findings.append(f"cupy paths failed at L{l} w{w} b{b}: {type(exc).__name__}: {exc}")
+        model.close()
+        for x in xs:
+            x.close()
+    result = {"env": env_info(runner), "grid": grid, "findings": runner.findings, "microcosts": micro,
+              "records": runner.records, "wall_s": time.perf_counter() - t_start}
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(result, indent=1))
+    from .report import plots, table
+
+    print(table(result))
+    for f in runner.findings:
+        print(f"finding: {f}")
+    for png in plots(result, out_dir, name):
+        print(f"plot: {png}")
+    print(f"json: {path} ({time.perf_counter() - t_start:.0f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Terminal table and PNG plots for a launch-path benchmark result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PATH_ORDER = ["stream", "graph", "graph_copy", "graph_update", "graph_exec_update", "torch_eager", "torch_graph",
+              "torch_graph_copy", "cupy_eager", "cupy_graph", "floor_sync", "floor_empty_kernel", "floor_empty_graph"]
+
+
+def _m(rec, clock):
+    v = rec.get(clock)
+    return v["median"] if v else float("nan")
+
+
+def table(result: dict) -> str:
+    """One row per (config, path, form): the three clocks' medians with p10-p90 of the synced clock."""
+    recs = sorted(result["records"], key=lambda r: (r["layers"], r["width"], r["batch"], PATH_ORDER.index(r["path"]), str(r["form"])))
+    lines = [f"{'path':18s} {'form':8s} {'L':>3s} {'width':>5s} {'b':>3s} | {'sync us':>9s} {'(p10-p90)':>17s} | {'host us':>8s} | {'device us':>9s} | capture/inst ms"]
+    lines.append("-" * len(lines[0]))
+    for r in recs:
+        s = r["sync_us"]
+        spread = f"({s['p10']:.1f}-{s['p90']:.1f})" if s else ""
+        cap = f"{r['capture_ms']:.2f}/{r.get('instantiate_ms', float('nan')):.2f}" if "capture_ms" in r else ""
+        lines.append(f"{r['path']:18s} {str(r['form'] or '-'):8s} {r['layers']:3d} {r['width']:5d} {r['batch']:3d} | "
+                     f"{_m(r, 'sync_us'):9.2f} {spread:>17s} | {_m(r, 'host_us'):8.2f} | {_m(r, 'device_us'):9.2f} | {cap}")
+    micro = result.get("microcosts")
+    if micro:
+        lines.append("")
+        lines.append(f"host cost per call: cuLaunchKernel {micro['cuLaunchKernel']['median']:.2f} us")
+        for name in ("cuGraphLaunch", "cuGraphExecKernelNodeSetParams", "cuGraphExecUpdate"):
+            f = micro[name]["fit"]
+            lines.append(f"  {name}: {f['fixed_us']:.2f} us + {f['per_node_us']:.3f} us/node")
+    return "\n".join(lines)
+
+
+def plots(result: dict, out_dir: Path, stem: str) -> list[Path]:
+    """Latency (synced clock) vs depth and vs width per path; needs matplotlib (skipped without)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return []
+    recs = [r for r in result["records"] if not r["path"].startswith("floor")]
+    floors = {r["path"]: _m(r, "sync_us") for r in result["records"] if r["path"].startswith("floor")}
+    widths = sorted({r["width"] for r in recs})
+    layers = sorted({r["layers"] for r in recs})
+    batch = min(r["batch"] for r in recs)
+    written = []
+    for axis, fixed_name, fixed_vals, var in (("layers", "width", widths, "layers"), ("width", "layers", layers, "width")):
+        fig, axes = plt.subplots(1, len(fixed_vals), figsize=(5.5 * len(fixed_vals), 4.5), squeeze=False)
+        for ax, fv in zip(axes[0], fixed_vals):
+            for path in PATH_ORDER:
+                for form in ("unfused", "fused", None):
+                    pts = sorted((r[var], _m(r, "sync_us")) for r in recs
+                                 if r["path"] == path and r["form"] == form and r[fixed_name] == fv and r["batch"] == batch)
+                    if pts:
+                        label = path + (f" ({form})" if form else "")
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label,
+                                linestyle="--" if form == "fused" else "-")
+            if "floor_empty_graph" in floors:
+                ax.axhline(floors["floor_empty_graph"], color="gray", lw=0.8, ls=":", label="empty graph + sync")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel(var)
+            ax.set_ylabel("synced latency per step (us, median)")
+            ax.set_title(f"{fixed_name}={fv}, batch={batch}")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        fig.tight_layout()
+        png = out_dir / f"{stem}_vs_{axis}.png"
+        fig.savefig(png, dpi=110)
+        plt.close(fig)
+        written.append(png)
+    return written
