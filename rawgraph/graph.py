@@ -160,12 +160,35 @@ class Graph:
         return f"<Graph {len(self.nodes)} kernel nodes{' closed' if self.closed else ''}>"
 
 
+class _UpdateResultInfo(ctypes.Structure):
+    # CUgraphExecUpdateResultInfo: {CUgraphExecUpdateResult result; CUgraphNode errorNode, errorFromNode}
+    _fields_ = [("result", ctypes.c_int), ("errorNode", ctypes.c_void_p), ("errorFromNode", ctypes.c_void_p)]
+
+
+def _update_result_info(exec_handle: Any, graph_handle: Any) -> tuple[int, int, int]:
+    """``cuGraphExecUpdate_v2`` called through ctypes, to read the result info the binding drops."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuGraphExecUpdate_v2
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(_UpdateResultInfo)]
+    info = _UpdateResultInfo()
+    fn(int(exec_handle), int(graph_handle), ctypes.byref(info))
+    return int(info.result), int(info.errorNode or 0), int(info.errorFromNode or 0)
+
+
 class GraphExec:
     """An executable graph (``cuGraphInstantiate``); keeps its :class:`Graph` alive."""
 
     def __init__(self, graph: Graph, flags: int = 0):
         self.graph = graph
         self.flags = int(flags)
+        upload = int(driver.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)
+        if self.flags & upload:
+            # The driver rejects it here (CUDA_ERROR_INVALID_VALUE): it needs an upload stream.
+            raise ValueError(
+                "CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD needs cuGraphInstantiateWithParams and an upload "
+                "stream; instantiate without it and call GraphExec.upload(stream)"
+            )
         graph.device.activate()
         self.handle = call(driver.cuGraphInstantiate, graph.handle, self.flags)
         self._finalizer = weakref.finalize(self, _destroy_exec, self.handle)
@@ -200,8 +223,13 @@ class GraphExec:
         if err == _SUCCESS:
             return
         if err == driver.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE:
-            result = driver.CUgraphExecUpdateResult(int(info.result)).name
-            raise GraphUpdateError(result, int(info.errorNode), int(info.errorFromNode))
+            if info is not None:
+                result, node, from_node = int(info.result), int(info.errorNode), int(info.errorFromNode)
+            else:
+                # cuda-bindings 13.3 returns None for resultInfo on failure. A refused update
+                # leaves the exec unchanged, so asking again through libcuda is harmless.
+                result, node, from_node = _update_result_info(self.handle, graph.handle)
+            raise GraphUpdateError(driver.CUgraphExecUpdateResult(result).name, node, from_node)
         raise cuda_error(err, "cuGraphExecUpdate")
 
     def _check(self) -> None:

@@ -70,8 +70,10 @@ class ExecUpdateManager:
                 raise KeyError(f"no node argument uses buffer {name!r}")
             self.bindings[name] = [(node_of_launch[id(plan.launches[i])], arg, role) for i, arg, role in uses]
         self._specs = {name: (plan.buffers[name].shape, plan.buffers[name].dtype) for name in names}
-        self._bound: dict[str, DeviceArray] = {name: plan.buffers[name] for name in names}
+        self._bound_ptr = {name: (plan.buffers[name].ptr, plan.buffers[name].nbytes) for name in names}
+        self._bound_obj = {name: plan.buffers[name].owner for name in names}
         self._roles = {name: {r for _, _, r in self.bindings[name]} for name in names}
+        self._write_names = [n for n in names if "write" in self._roles[n]]
         # Per-node persistent arguments (copies: binding never disturbs the eager plan) and the
         # CUDA_KERNEL_NODE_PARAMS pointing at them, built once.
         self._args: list[KernelArgs] = []
@@ -81,12 +83,16 @@ class ExecUpdateManager:
             self._args.append(args)
             self._params.append(self._node_params(node.launch, args))
         self._handles = [n.handle for n in graph.nodes]
+        # Per binding, the (node, one-element view of the argument slot) pairs it rewrites.
+        self._slots = {
+            name: [(node, self._args[node]._views[arg]) for node, arg, _ in self.bindings[name]] for name in names
+        }
         self._writers = any("write" in r for r in self._roles.values()) and len(names) > 1
         self._checked: dict[tuple[str, int], tuple] = {}
         self.update_calls = 0
         self._streams: dict[int, Stream] = {}
-        self._pending: list[DeviceArray] = []
-        self._retired: list[tuple[list[Event], list[DeviceArray]]] = []
+        self._pending: list[Any] = []
+        self._retired: list[tuple[list[Event], list[Any]]] = []
         self._events: list[Event] = []
         self._device = graph.device
 
@@ -102,32 +108,34 @@ class ExecUpdateManager:
 
     # -- binding --------------------------------------------------------------------------
     def bound(self, name: str) -> DeviceArray:
-        """The array ``name`` is bound to now."""
-        return self._bound[name]
+        """The array ``name`` is bound to now (a view; ``owner`` is the object passed to bind)."""
+        shape, dtype = self._specs[name]
+        return DeviceArray(self._bound_ptr[name][0], shape, dtype, self._bound_obj[name])
 
-    def _validate(self, name: str, array: Any) -> DeviceArray:
-        """Full check (shape, dtype, layout, device); remembered per (name, object) while it lives.
+    def _resolve(self, name: str, array: Any) -> tuple[int, int]:
+        """``(ptr, nbytes)`` of a checked array (shape, dtype, layout, device).
 
-        Arrays don't change shape or address, so re-binding one already checked costs a dict
-        lookup; a closed DeviceBuffer is re-checked (and refused).
+        Arrays don't change shape or address, so one already checked is remembered per
+        (name, object) -- by weak reference, so the cache keeps nothing alive -- and re-binding it
+        costs a dict lookup. A closed DeviceBuffer fails the lookup and is refused by the full check.
         """
+        hit = self._checked.get((name, id(array)))
+        if hit is not None and hit[0]() is array and (hit[3] is None or hit[3].alive):
+            return hit[1], hit[2]
         if name not in self.bindings:
             raise KeyError(f"unknown binding {name!r}; bindable: {sorted(self.bindings)}")
-        hit = self._checked.get((name, id(array)))
-        if hit is not None and hit[0]() is array and (hit[2] is None or hit[2].alive):
-            return hit[1]
         shape, dtype = self._specs[name]
         view = check_array(as_device_array(array, name), shape, dtype, name, self._device)
         try:
             ref = weakref.ref(array)
-        except TypeError:  # not weak-referenceable: check every time
-            return view
+        except TypeError:  # not weak-referenceable: checked every time
+            return view.ptr, view.nbytes
         owner = view.owner
         alive = owner._finalizer if isinstance(owner, DeviceBuffer) else None
         if len(self._checked) > 1024:
             self._checked.clear()
-        self._checked[(name, id(array))] = (ref, view, alive)
-        return view
+        self._checked[(name, id(array))] = (ref, view.ptr, view.nbytes, alive)
+        return view.ptr, view.nbytes
 
     def bind(self, name: str, array: Any) -> int:
         """Point every node argument bound to ``name`` at ``array``; returns driver updates made."""
@@ -141,53 +149,49 @@ class ExecUpdateManager:
         int
             Number of ``cuGraphExecKernelNodeSetParams`` calls made (0 when nothing changed).
         """
-        views = {name: self._validate(name, a) for name, a in arrays.items()}
+        resolved = [(name, *self._resolve(name, a), a) for name, a in arrays.items()]
         if self._writers:
-            self._check_overlap({**self._bound, **views})
+            self._check_overlap({**self._bound_ptr, **{n: (p, nb) for n, p, nb, _ in resolved}})
         # Invariant outside bind: each node's argument buffer holds exactly what the exec holds
         # (the shadow), so comparing pointers finds the nodes that need a push.
-        before: dict[int, bytes] = {}
-        for name, view in views.items():
-            ptr = view.ptr
-            for node, arg, _role in self.bindings[name]:
-                args = self._args[node]
-                if args[arg] != ptr:
-                    if node not in before:
-                        before[node] = args.snapshot()
-                    args[arg] = ptr
+        changed: list[tuple[Any, int]] = []
+        dirty: list[int] = []
+        for name, ptr, _nb, _obj in resolved:
+            for node, slot in self._slots[name]:
+                old = int(slot[0])
+                if old != ptr:
+                    changed.append((slot, old))
+                    slot[0] = ptr
+                    if node not in dirty:
+                        dirty.append(node)
         pushed: list[int] = []
         setparams = driver.cuGraphExecKernelNodeSetParams
         try:
-            for node in before:
+            for node in dirty:
                 (err,) = setparams(self.exec.handle, self._handles[node], self._params[node])
                 if err != _SUCCESS:
                     raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
                 pushed.append(node)
         except BaseException:
-            self._restore(before, pushed)
+            for slot, old in reversed(changed):
+                slot[0] = old
+            for node in pushed:  # the driver took the new values: give it the old ones back
+                setparams(self.exec.handle, self._handles[node], self._params[node])
             raise
         self.update_calls += len(pushed)
-        for name, view in views.items():
-            old = self._bound[name]
-            self._bound[name] = view
-            if old.owner is not view.owner:
-                self._retire(old)
+        for name, ptr, nb, obj in resolved:
+            self._bound_ptr[name] = (ptr, nb)
+            old_obj = self._bound_obj[name]
+            if old_obj is not obj:
+                self._bound_obj[name] = obj
+                self._retire(old_obj)
         return len(pushed)
 
-    def _restore(self, before: dict[int, bytes], pushed: list[int]) -> None:
-        """Undo a bind that failed in the driver: old bytes back, re-pushed where already taken."""
-        for node, data in before.items():
-            self._args[node]._storage[:] = np.frombuffer(data, dtype=np.uint64)
-        for node in pushed:
-            driver.cuGraphExecKernelNodeSetParams(self.exec.handle, self._handles[node], self._params[node])
-
-    def _check_overlap(self, views: dict[str, DeviceArray]) -> None:
-        writers = [(n, v) for n, v in views.items() if "write" in self._roles[n]]
-        for wname, w in writers:
-            for rname, r in views.items():
-                if rname == wname:
-                    continue
-                if w.ptr < r.ptr + r.nbytes and r.ptr < w.ptr + w.nbytes:
+    def _check_overlap(self, spans: dict[str, tuple[int, int]]) -> None:
+        for wname in self._write_names:
+            wp, wn = spans[wname]
+            for rname, (rp, rn) in spans.items():
+                if rname != wname and wp < rp + rn and rp < wp + wn:
                     raise LayoutError(f"{wname} (written) overlaps {rname}")
 
     # -- replay ---------------------------------------------------------------------------
@@ -204,7 +208,7 @@ class ExecUpdateManager:
     # of retired arrays, so re-binding costs no driver call on most binds.
     _BATCH = 32
 
-    def _retire(self, old: DeviceArray) -> None:
+    def _retire(self, old: Any) -> None:
         if not self._streams:
             return  # never replayed while bound: nothing can still read it
         self._pending.append(old)
@@ -233,8 +237,8 @@ class ExecUpdateManager:
         return len(self.retained)
 
     @property
-    def retained(self) -> list[DeviceArray]:
-        """Arrays no longer bound but kept alive for replays that may still read them."""
+    def retained(self) -> list[Any]:
+        """Objects no longer bound but kept alive for replays that may still read them."""
         return [a for _, arrays in self._retired for a in arrays] + list(self._pending)
 
     # -- whole-graph update ---------------------------------------------------------------
@@ -249,10 +253,11 @@ class ExecUpdateManager:
         for i, node in enumerate(graph.nodes):
             self._args[i]._storage[:] = np.frombuffer(node.captured_args, dtype=np.uint64)
         for name in self.bindings:
-            old = self._bound[name]
-            self._bound[name] = graph.plan.buffers[name]
-            if old.owner is not self._bound[name].owner:
-                self._retire(old)
+            view = graph.plan.buffers[name]
+            self._bound_ptr[name] = (view.ptr, view.nbytes)
+            if self._bound_obj[name] is not view.owner:
+                self._retire(self._bound_obj[name])
+                self._bound_obj[name] = view.owner
         self._keep_graph = graph  # its plan owns the buffers now bound
 
     def close(self) -> None:

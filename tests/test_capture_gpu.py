@@ -107,7 +107,11 @@ def test_instantiate_flags_upload_and_other_streams(stream, rng):
     xh = random_input(rng, (4, 128))
     x, out = DeviceBuffer.from_numpy(xh), DeviceBuffer((4, 128))
     graph = capture_plan(model.plan(x, out), stream)
-    flag = int(driver.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)
+    flags = driver.CUgraphInstantiate_flags
+    # UPLOAD needs an upload stream (cuGraphInstantiateWithParams): refused before the driver.
+    with pytest.raises(ValueError, match="upload"):
+        graph.instantiate(int(flags.CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD))
+    flag = int(flags.CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
     exe = graph.instantiate(flag)
     assert exe.flags == flag
     ref = model.reference(xh)

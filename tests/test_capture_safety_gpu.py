@@ -49,17 +49,29 @@ FORBIDDEN = {
     "cuStreamSynchronize": lambda s: s.synchronize(),
     "cuCtxSynchronize": lambda s: get_device().synchronize(),
     "cuMemAlloc": lambda s: DeviceBuffer(1024),
+    # Legacy-stream work only conflicts with a *blocking* capturing stream (which would
+    # implicitly synchronise with it); the test captures on one for this case.
     "cuLaunchKernel": lambda s: ops.empty(get_device())(Stream.legacy()),
 }
 
 
 @pytest.mark.parametrize("call_name", list(FORBIDDEN))
-def test_forbidden_call_names_the_cause_and_leaves_the_stream_usable(stream, rng, call_name):
+def test_forbidden_call_names_the_cause_and_leaves_the_stream_usable(rng, call_name):
+    stream = Stream(non_blocking=call_name != "cuLaunchKernel")
     with pytest.raises(CaptureError) as info:
         _capture_with(stream, lambda: FORBIDDEN[call_name](stream))
     assert call_name in str(info.value)
     assert info.value.name.startswith("CUDA_ERROR_STREAM_CAPTURE")
     assert info.value.hint
+    _usable_afterwards(stream, rng)
+    stream.close()
+
+
+def test_legacy_work_beside_a_non_blocking_capture_is_allowed(stream, rng):
+    # A non-blocking stream does not synchronise with the legacy stream, so nothing implicit joins
+    # the capture: the driver allows it, and the graph holds only the recorded node.
+    cap = _capture_with(stream, lambda: ops.empty(get_device())(Stream.legacy()))
+    assert cap.graph.node_count() == 1
     _usable_afterwards(stream, rng)
 
 

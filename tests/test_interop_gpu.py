@@ -36,18 +36,42 @@ def test_cupy_arrays(stream, rng):
     assert as_device_array(x).owner is x
 
 
-def test_torch_tensors(stream, rng):
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
+TORCH_SCRIPT = """
+import numpy as np, torch
+from rawgraph import TinyBlock, LayoutError
+model = TinyBlock(128, 3, 2, form="fused")
+xh = np.random.default_rng().standard_normal((3, 128), dtype=np.float32)
+x = torch.from_numpy(xh).cuda()
+out = torch.full((3, 128), float("nan"), device="cuda")
+torch.cuda.synchronize()
+from rawgraph import Stream
+s = Stream()
+plan = model.plan(x, out)
+assert plan.launches[0].args["x"] == x.data_ptr() and plan.launches[-1].args["y"] == out.data_ptr()
+plan.run(s); s.synchronize()
+ref = model.reference(xh)
+err = np.linalg.norm(out.cpu().numpy() - ref) / np.linalg.norm(ref)
+assert err < 1e-5, err
+try:
+    model.plan(torch.from_numpy(xh.T.copy()).cuda().t(), out)
+    raise SystemExit("strided tensor accepted")
+except LayoutError:
+    pass
+print("torch-ok")
+"""
+
+
+def test_torch_tensors():
+    # In its own interpreter, with torch imported first: on the H200 image, importing torch after
+    # CuPy inside this pytest process failed in torch's own custom-op registration.
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    r = subprocess.run([sys.executable, "-c", TORCH_SCRIPT], capture_output=True, text=True, timeout=300)
+    if "torch has no CUDA" in r.stdout:
         pytest.skip("torch has no CUDA here")
-    model = TinyBlock(128, 3, 2, form="fused")
-    xh = random_input(rng, (3, 128))
-    x = torch.from_numpy(xh).cuda()
-    out = torch.full((3, 128), float("nan"), device="cuda")
-    torch.cuda.synchronize()
-    plan = _check_no_copy(model, x, out, x.data_ptr(), out.data_ptr())
-    plan.run(stream)
-    stream.synchronize()
-    assert rel_err(out.cpu().numpy(), model.reference(xh)) < 1e-5
-    with pytest.raises(LayoutError):
-        model.plan(torch.from_numpy(random_input(rng, (128, 3))).cuda().t(), out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "torch-ok" in r.stdout
