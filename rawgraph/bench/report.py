@@ -13,6 +13,18 @@ def _m(rec, clock):
     return v["median"] if v else float("nan")
 
 
+def breakeven_replays(result: dict, rec: dict) -> float | None:
+    """Replays after which capture + instantiate is paid back by (stream - graph) per step."""
+    if rec["path"] != "graph" or "capture_ms" not in rec:
+        return None
+    for r in result["records"]:
+        if r["path"] == "stream" and all(r[k] == rec[k] for k in ("form", "layers", "width", "batch")):
+            gain = _m(r, "sync_us") - _m(rec, "sync_us")
+            cost_us = (rec["capture_ms"] + rec.get("instantiate_ms", 0.0)) * 1e3
+            return cost_us / gain if gain > 0 else float("inf")
+    return None
+
+
 def table(result: dict) -> str:
     """One row per (config, path, form): the three clocks' medians with p10-p90 of the synced clock."""
     recs = sorted(result["records"], key=lambda r: (r["layers"], r["width"], r["batch"], PATH_ORDER.index(r["path"]), str(r["form"])))
@@ -22,6 +34,9 @@ def table(result: dict) -> str:
         s = r["sync_us"]
         spread = f"({s['p10']:.1f}-{s['p90']:.1f})" if s else ""
         cap = f"{r['capture_ms']:.2f}/{r.get('instantiate_ms', float('nan')):.2f}" if "capture_ms" in r else ""
+        be = breakeven_replays(result, r)
+        if be is not None:
+            cap += f", pays after {be:.0f} replays"
         lines.append(f"{r['path']:18s} {str(r['form'] or '-'):8s} {r['layers']:3d} {r['width']:5d} {r['batch']:3d} | "
                      f"{_m(r, 'sync_us'):9.2f} {spread:>17s} | {_m(r, 'host_us'):8.2f} | {_m(r, 'device_us'):9.2f} | {cap}")
     micro = result.get("microcosts")
@@ -51,15 +66,17 @@ def plots(result: dict, out_dir: Path, stem: str) -> list[Path]:
     written = []
     for axis, fixed_name, fixed_vals, var in (("layers", "width", widths, "layers"), ("width", "layers", layers, "width")):
         fig, axes = plt.subplots(1, len(fixed_vals), figsize=(5.5 * len(fixed_vals), 4.5), squeeze=False)
+        colors = plt.get_cmap("tab20").colors
         for ax, fv in zip(axes[0], fixed_vals):
-            for path in PATH_ORDER:
+            for ci, path in enumerate(PATH_ORDER):
                 for form in ("unfused", "fused", None):
                     pts = sorted((r[var], _m(r, "sync_us")) for r in recs
                                  if r["path"] == path and r["form"] == form and r[fixed_name] == fv and r["batch"] == batch)
                     if pts:
                         label = path + (f" ({form})" if form else "")
-                        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label,
-                                linestyle="--" if form == "fused" else "-")
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if form != "fused" else "s",
+                                label=label, color=colors[(2 * ci) % 20 if ci < 10 else (2 * ci + 1) % 20],
+                                linestyle="--" if form == "fused" else "-", lw=1.2, ms=4)
             if "floor_empty_graph" in floors:
                 ax.axhline(floors["floor_empty_graph"], color="gray", lw=0.8, ls=":", label="empty graph + sync")
             ax.set_xscale("log", base=2)
@@ -75,3 +92,27 @@ def plots(result: dict, out_dir: Path, stem: str) -> list[Path]:
         plt.close(fig)
         written.append(png)
     return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rawgraph.bench.report RESULT.json``: print the table and redraw the plots."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m rawgraph.bench.report")
+    p.add_argument("json")
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    path = Path(args.json)
+    result = json.loads(path.read_text())
+    print(table(result))
+    for f in result.get("findings", []):
+        print(f"finding: {f}")
+    if not args.no_plots:
+        for png in plots(result, path.parent, path.stem):
+            print(f"plot: {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
