@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from cuda.bindings import driver
 
 from .errors import CudaError, NoDeviceError, call
+from .resource import _quiet
 
 _lock = threading.RLock()  # re-entrant: get_device() holds it while Device() runs driver_status()
 _init_state: tuple[bool, str] | None = None
@@ -71,13 +72,6 @@ class DeviceInfo:
         return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
 
 
-def _release_primary(dev_handle: driver.CUdevice) -> None:
-    try:
-        driver.cuDevicePrimaryCtxRelease(dev_handle)
-    except Exception:  # interpreter exit with the driver already gone: nothing to release
-        pass
-
-
 class Device:
     """One GPU and its retained primary context.
 
@@ -95,7 +89,8 @@ class Device:
         self.handle = call(driver.cuDeviceGet, ordinal)
         # cuDevicePrimaryCtxRetain: the same context CuPy and PyTorch use on this device.
         self.context = call(driver.cuDevicePrimaryCtxRetain, self.handle)
-        self._finalizer = weakref.finalize(self, _release_primary, self.handle)
+        # Released at interpreter exit (or never: there is one Device per ordinal per process).
+        self._finalizer = weakref.finalize(self, _quiet, driver.cuDevicePrimaryCtxRelease, self.handle)
         self.activate()
         attr = driver.CUdevice_attribute
         get = lambda a: call(driver.cuDeviceGetAttribute, a, self.handle)  # noqa: E731

@@ -187,16 +187,20 @@ def cuda_error(code: Any, call: str = "") -> CudaError:
     return cls(int(code), name, message, call, _HINTS.get(name))
 
 
-def check(result: tuple, call: str = "") -> Any:
-    """Return the values of a ``cuda.bindings`` driver result, or raise :class:`CudaError`."""
-    err = result[0]
-    if err != _SUCCESS:
-        raise cuda_error(err, call)
+def _values(result: tuple) -> Any:
+    """The values after the status: None, the single value, or a tuple of them."""
     if len(result) == 1:
         return None
     if len(result) == 2:
         return result[1]
     return result[1:]
+
+
+def check(result: tuple, call: str = "") -> Any:
+    """Return the values of a ``cuda.bindings`` driver result, or raise :class:`CudaError`."""
+    if result[0] != _SUCCESS:
+        raise cuda_error(result[0], call)
+    return _values(result)
 
 
 def call(fn: Callable[..., tuple], *args: Any) -> Any:
@@ -214,8 +218,4 @@ def nvrtc_check(result: tuple, call_name: str = "", source_name: str = "") -> An
         except Exception:
             message = ""
         raise NvrtcError(nvrtc.nvrtcResult(int(err)).name, f"{call_name}: {message}", "", source_name)
-    if len(result) == 1:
-        return None
-    if len(result) == 2:
-        return result[1]
-    return result[1:]
+    return _values(result)

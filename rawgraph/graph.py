@@ -8,7 +8,6 @@ graph keeps the launch plan whose argument buffers its nodes were captured from)
 from __future__ import annotations
 
 import ctypes
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +16,7 @@ from cuda.bindings import driver
 from .device import Device
 from .errors import ClosedError, GraphUpdateError, RawgraphError, call, check, cuda_error
 from .launch import ARG_DTYPES, KernelArgs, Launch
+from .resource import Resource
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _KERNEL = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
@@ -42,20 +42,6 @@ class KernelNode:
     captured_args: bytes
 
 
-def _destroy_graph(handle: Any) -> None:
-    try:
-        driver.cuGraphDestroy(handle)
-    except Exception:
-        pass
-
-
-def _destroy_exec(handle: Any) -> None:
-    try:
-        driver.cuGraphExecDestroy(handle)
-    except Exception:
-        pass
-
-
 def read_node_args(handle: Any, launch: Launch) -> dict[str, int | float]:
     """The argument values the driver holds for a kernel node (``cuGraphKernelNodeGetParams``).
 
@@ -73,7 +59,7 @@ def read_node_args(handle: Any, launch: Launch) -> dict[str, int | float]:
     return values
 
 
-class Graph:
+class Graph(Resource):
     """A ``CUgraph`` with the node map from capture. Destroyed on ``close()`` (``cuGraphDestroy``)."""
 
     def __init__(self, handle: Any, nodes: list[KernelNode], device: Device):
@@ -81,21 +67,17 @@ class Graph:
         self.nodes = list(nodes)
         self.device = device
         self.plan = None  # set by capture_plan; keeps argument buffers alive
-        self._finalizer = weakref.finalize(self, _destroy_graph, handle)
-
-    def _check(self) -> None:
-        if not self._finalizer.alive:
-            raise ClosedError("Graph is closed")
+        self._own(driver.cuGraphDestroy, handle)
 
     def node_count(self) -> int:
         """Number of nodes the driver holds (``cuGraphGetNodes``)."""
-        self._check()
+        self._check_open()
         _nodes, count = call(driver.cuGraphGetNodes, self.handle, 0)
         return int(count)
 
     def edges(self) -> list[tuple[int, int]]:
         """``(from, to)`` node handles as integers (``cuGraphGetEdges``)."""
-        self._check()
+        self._check_open()
         _f, _t, _d, n = call(driver.cuGraphGetEdges, self.handle, 0)
         if not n:
             return []
@@ -103,7 +85,7 @@ class Graph:
         return [(int(a), int(b)) for a, b in zip(frm, to)]
 
     def all_nodes(self) -> list[Any]:
-        self._check()
+        self._check_open()
         _nodes, count = call(driver.cuGraphGetNodes, self.handle, 0)
         nodes, _ = call(driver.cuGraphGetNodes, self.handle, count)
         return list(nodes)
@@ -135,26 +117,13 @@ class Graph:
 
     def instantiate(self, flags: int = 0) -> "GraphExec":
         """``cuGraphInstantiate`` with ``flags`` (``CUgraphInstantiate_flags``, e.g. ``CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD``)."""
-        self._check()
+        self._check_open()
         return GraphExec(self, flags)
 
     def debug_dot_print(self, path: str, flags: int = 1) -> None:
         """The driver's own DOT dump (``cuGraphDebugDotPrint``; flags default VERBOSE)."""
-        self._check()
+        self._check_open()
         call(driver.cuGraphDebugDotPrint, self.handle, str(path).encode(), flags)
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
-    def close(self) -> None:
-        self._finalizer()
-
-    def __enter__(self) -> "Graph":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<Graph {len(self.nodes)} kernel nodes{' closed' if self.closed else ''}>"
@@ -176,7 +145,7 @@ def _update_result_info(exec_handle: Any, graph_handle: Any) -> tuple[int, int, 
     return int(info.result), int(info.errorNode or 0), int(info.errorFromNode or 0)
 
 
-class GraphExec:
+class GraphExec(Resource):
     """An executable graph (``cuGraphInstantiate``); keeps its :class:`Graph` alive."""
 
     def __init__(self, graph: Graph, flags: int = 0):
@@ -191,7 +160,7 @@ class GraphExec:
             )
         graph.device.activate()
         self.handle = call(driver.cuGraphInstantiate, graph.handle, self.flags)
-        self._finalizer = weakref.finalize(self, _destroy_exec, self.handle)
+        self._own(driver.cuGraphExecDestroy, self.handle)
 
     def launch(self, stream) -> None:
         """``cuGraphLaunch`` on any stream of the graph's context."""
@@ -203,7 +172,7 @@ class GraphExec:
 
     def upload(self, stream) -> None:
         """``cuGraphUpload``: move the exec's launch setup to the device ahead of the first launch."""
-        self._check()
+        self._check_open()
         call(driver.cuGraphUpload, self.handle, stream.handle)
 
     def update(self, graph: Graph) -> None:
@@ -217,8 +186,8 @@ class GraphExec:
             The update was refused (e.g. ``CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED``); the exec
             is unchanged and still runs its old parameters. Re-instantiate to fall back.
         """
-        self._check()
-        graph._check()
+        self._check_open()
+        graph._check_open()
         err, info = driver.cuGraphExecUpdate(self.handle, graph.handle)
         if err == _SUCCESS:
             return
@@ -232,20 +201,3 @@ class GraphExec:
             raise GraphUpdateError(driver.CUgraphExecUpdateResult(result).name, node, from_node)
         raise cuda_error(err, "cuGraphExecUpdate")
 
-    def _check(self) -> None:
-        if not self._finalizer.alive:
-            raise ClosedError("GraphExec is closed")
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
-    def close(self) -> None:
-        """``cuGraphExecDestroy``; safe to call twice."""
-        self._finalizer()
-
-    def __enter__(self) -> "GraphExec":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

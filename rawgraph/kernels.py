@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from pathlib import Path
 from typing import Sequence
 
@@ -18,6 +17,7 @@ from cuda.bindings import driver
 from .compiler import DEFAULT_OPTIONS, CompiledImage, KernelCache, compile_source
 from .device import Device, get_device
 from .errors import call
+from .resource import Resource
 
 KERNEL_DIR_ENV = "RAWGRAPH_KERNEL_DIR"
 
@@ -47,15 +47,8 @@ def kernel_source(name: str) -> str:
     return (kernel_dir() / f"{name}.cu").read_text()
 
 
-def _unload(handle: driver.CUmodule) -> None:
-    try:
-        driver.cuModuleUnload(handle)
-    except Exception:
-        pass
-
-
-class Module:
-    """A loaded module (``cuModuleLoadData``), unloaded on ``close()`` or collection."""
+class Module(Resource):
+    """A loaded module (``cuModuleLoadData`` / ``cuModuleUnload``)."""
 
     def __init__(self, compiled: CompiledImage, device: Device | None = None):
         self.device = (device or get_device()).activate()
@@ -63,14 +56,11 @@ class Module:
         image = compiled.image if compiled.fmt == "cubin" else compiled.image.rstrip(b"\0") + b"\0"
         buf = np.frombuffer(image, dtype=np.uint8)  # the driver copies the image during the call
         self.handle = call(driver.cuModuleLoadData, buf.ctypes.data)
-        self._finalizer = weakref.finalize(self, _unload, self.handle)
+        self._own(driver.cuModuleUnload, self.handle)
 
     def function(self, symbol: str) -> driver.CUfunction:
         """``cuModuleGetFunction``; with lazy loading this is also where the kernel gets loaded."""
         return call(driver.cuModuleGetFunction, self.handle, symbol.encode())
-
-    def close(self) -> None:
-        self._finalizer()
 
 
 class Kernel:

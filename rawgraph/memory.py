@@ -9,7 +9,6 @@ NumPy array gets a clear :class:`~rawgraph.errors.NotOnDeviceError` instead of a
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -17,6 +16,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from .device import Device, get_device, pointer_device
+from .resource import Resource
 from .errors import ClosedError, DTypeError, LayoutError, NotOnDeviceError, ShapeError, call
 
 # A quiet-NaN bit pattern: "poison" written over outputs so an unwritten element fails a check.
@@ -51,18 +51,12 @@ class DeviceArray:
         return self.size * self.dtype.itemsize
 
 
-def _free(ptr: int) -> None:
-    try:
-        driver.cuMemFree(ptr)
-    except Exception:  # interpreter exit after the driver is gone: the process frees it anyway
-        pass
-
-
-class DeviceBuffer:
+class DeviceBuffer(Resource):
     """An owned, C-contiguous device allocation with a shape and dtype.
 
     Wraps ``cuMemAlloc`` / ``cuMemFree``. ``close()`` may be called any number of times; the memory
-    is also freed when the object is collected (``weakref.finalize``).
+    is also freed when the object is collected (``weakref.finalize``). Owns: ``cuMemAlloc`` /
+    ``cuMemFree``.
 
     Parameters
     ----------
@@ -82,7 +76,7 @@ class DeviceBuffer:
         self.nbytes = math.prod(shape) * self.dtype.itemsize
         # cuMemAlloc rejects 0 bytes; keep one element so every buffer has a real address.
         self._ptr = int(call(driver.cuMemAlloc, max(self.nbytes, self.dtype.itemsize)))
-        self._finalizer = weakref.finalize(self, _free, self._ptr)
+        self._own(driver.cuMemFree, self._ptr)
 
     # -- construction helpers -------------------------------------------------------------
     @classmethod
@@ -94,10 +88,6 @@ class DeviceBuffer:
         return buf
 
     # -- state ----------------------------------------------------------------------------
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
     @property
     def ptr(self) -> int:
         """Device address; raises :class:`ClosedError` after ``close()``."""
@@ -154,17 +144,6 @@ class DeviceBuffer:
         call(driver.cuCtxSynchronize)
         call(driver.cuMemsetD32, self.ptr, POISON_BITS, self.size)
         call(driver.cuCtxSynchronize)
-
-    # -- lifetime -------------------------------------------------------------------------
-    def close(self) -> None:
-        """Free the memory (``cuMemFree``); safe to call twice."""
-        self._finalizer()
-
-    def __enter__(self) -> "DeviceBuffer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"0x{self._ptr:x}"

@@ -11,7 +11,6 @@ Both round identically (relu is exact and the residual is one fp32 add in either
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import numpy as np
@@ -20,6 +19,7 @@ from . import ops
 from .device import Device, get_device
 from .errors import LayoutError, ShapeError
 from .launch import LaunchPlan
+from .resource import Resource
 from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from .stream import Stream
 
@@ -48,7 +48,7 @@ def reference_forward(x: np.ndarray, weights: list[tuple[np.ndarray, np.ndarray]
     return y
 
 
-class TinyBlock:
+class TinyBlock(Resource):
     """Weights and scratch for ``layers`` residual blocks on one device.
 
     Parameters
@@ -75,7 +75,7 @@ class TinyBlock:
         self.seed = int(seed)
         self.device = (device or get_device()).activate()
         owned: list[DeviceBuffer] = []
-        self._finalizer = weakref.finalize(self, _close_all, owned)
+        self._own(_close_all, owned)
         w, b = self.width, self.batch
         self.weights = []
         for _ in range(self.layers):
@@ -108,10 +108,7 @@ class TinyBlock:
         Buffer names in the plan: ``x``, ``out``, ``W1[i]``, ``W2[i]``, ``h``, ``a``, ``z``,
         ``act0``, ``act1`` (block outputs ping-pong between ``act0`` and ``act1``).
         """
-        if not self._finalizer.alive:
-            from .errors import ClosedError
-
-            raise ClosedError("TinyBlock is closed")
+        self._check_open()
         xa, oa = self.check_io(x, out)
         bufs: dict[str, DeviceArray] = {"x": xa, "out": oa}
         bufs.update({k: v.view() for k, v in self.scratch.items()})
@@ -161,20 +158,10 @@ class TinyBlock:
         return reference_forward(x, self.weights_numpy())
 
     # -- lifetime -------------------------------------------------------------------------
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
     def close(self) -> None:
         """Free weights and scratch; plans built from this model then refuse to run."""
         self._plans.clear()
         self._finalizer()
-
-    def __enter__(self) -> "TinyBlock":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<TinyBlock width={self.width} batch={self.batch} layers={self.layers} {self.form}>"

@@ -2,33 +2,18 @@
 
 from __future__ import annotations
 
-import weakref
-
 from cuda.bindings import driver
 
 from .device import Device, get_device
-from .errors import ClosedError, call
+from .errors import call, cuda_error
+from .resource import Resource
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _NOT_READY = driver.CUresult.CUDA_ERROR_NOT_READY
 
 
-def _destroy_stream(handle: driver.CUstream) -> None:
-    try:
-        driver.cuStreamDestroy(handle)
-    except Exception:
-        pass
-
-
-def _destroy_event(handle: driver.CUevent) -> None:
-    try:
-        driver.cuEventDestroy(handle)
-    except Exception:
-        pass
-
-
-class Stream:
-    """A CUDA stream owned by this object.
+class Stream(Resource):
+    """A CUDA stream owned by this object (``cuStreamCreate`` / ``cuStreamDestroy``).
 
     Non-blocking by default (``CU_STREAM_NON_BLOCKING``): it does not synchronise with the legacy
     NULL stream, which is also what stream capture needs. :meth:`legacy` gives a non-owning handle
@@ -46,7 +31,7 @@ class Stream:
         self.handle = call(driver.cuStreamCreate, int(flags))
         self.non_blocking = non_blocking
         self.is_legacy = False
-        self._finalizer = weakref.finalize(self, _destroy_stream, self.handle)
+        self._own(driver.cuStreamDestroy, self.handle)
 
     @classmethod
     def legacy(cls, device: Device | None = None) -> "Stream":
@@ -56,16 +41,8 @@ class Stream:
         self.handle = driver.CUstream(0)
         self.non_blocking = False
         self.is_legacy = True
-        self._finalizer = weakref.finalize(self, lambda: None)
+        self._own(lambda: None)
         return self
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
-    def _check_open(self) -> None:
-        if not self._finalizer.alive:
-            raise ClosedError("Stream is closed")
 
     def synchronize(self) -> None:
         """Block until all work on the stream is done (``cuStreamSynchronize``)."""
@@ -79,8 +56,6 @@ class Stream:
         if err == _NOT_READY:
             return False
         if err != _SUCCESS:
-            from .errors import cuda_error
-
             raise cuda_error(err, "cuStreamQuery")
         return True
 
@@ -94,16 +69,6 @@ class Stream:
         status = call(driver.cuStreamIsCapturing, self.handle)
         return status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
-    def close(self) -> None:
-        """Destroy the stream (``cuStreamDestroy``); safe to call twice."""
-        self._finalizer()
-
-    def __enter__(self) -> "Stream":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __int__(self) -> int:
         return int(self.handle)
 
@@ -112,14 +77,14 @@ class Stream:
         return f"<Stream {kind} 0x{int(self.handle):x}>"
 
 
-class Event:
-    """A CUDA event (``cuEventCreate``); timing on unless ``timing=False``."""
+class Event(Resource):
+    """A CUDA event (``cuEventCreate`` / ``cuEventDestroy``); timing on unless ``timing=False``."""
 
     def __init__(self, timing: bool = True, device: Device | None = None):
         (device or get_device()).activate()
         flags = 0 if timing else int(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING)
         self.handle = call(driver.cuEventCreate, flags)
-        self._finalizer = weakref.finalize(self, _destroy_event, self.handle)
+        self._own(driver.cuEventDestroy, self.handle)
 
     def record(self, stream: Stream) -> "Event":
         """``cuEventRecord`` on ``stream``."""
@@ -135,24 +100,9 @@ class Event:
         if err == _NOT_READY:
             return False
         if err != _SUCCESS:
-            from .errors import cuda_error
-
             raise cuda_error(err, "cuEventQuery")
         return True
 
     def elapsed_ms(self, end: "Event") -> float:
         """Milliseconds from this event to ``end`` (``cuEventElapsedTime``; both recorded, ~0.5 us resolution)."""
         return float(call(driver.cuEventElapsedTime, self.handle, end.handle))
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
-    def close(self) -> None:
-        self._finalizer()
-
-    def __enter__(self) -> "Event":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
