@@ -8,7 +8,8 @@
 // - inside a warp, LPR = TC / VEC lanes cover one row of the tile with VEC-wide loads (16-byte
 //   float4 when VEC == 4) and RPW = 32 / LPR rows are read at once, so each warp load touches whole
 //   32-byte sectors;
-// - the K loop is unrolled by UNROLL with all loads issued before any use (loads in flight);
+// - the K loop is unrolled by RG_UNROLL (8) with all W loads issued before any use, so each thread
+//   keeps up to 128 bytes of loads in flight;
 // - partial sums are reduced with warp shuffles, then across warps through shared memory, in a
 //   fixed order: results are bit-identical run to run (no atomics).
 // The grid's x dimension walks batch tiles, so blocks reading the same W columns run together and
@@ -18,7 +19,7 @@
 
 #define RG_THREADS 256
 #define RG_WARPS (RG_THREADS / 32)
-#define RG_UNROLL 4
+#define RG_UNROLL 8
 
 enum { EPI_NONE = 0, EPI_RELU = 1, EPI_ADD = 2 };
 

@@ -4,9 +4,11 @@ Two forms of the same arithmetic:
 
 - ``unfused``: 4 kernels per block (matmul, relu, matmul, add) -- the same operations as the
   PyTorch reference ``torch.relu(x @ w1) @ w2 + x``;
-- ``fused``: 2 kernels per block (matmul_relu, matmul_add).
+- ``fused``: 2 kernels per block (matmul_relu, matmul_add);
+- ``block``: 1 kernel per block (``kernels/block.cu``), for width <= 256 and a multiple of 4.
 
-Both round identically (relu is exact and the residual is one fp32 add in either form).
+``unfused`` and ``fused`` round identically (relu is exact and the residual is one fp32 add in
+either form); ``block`` sums in another order, so it agrees with them to float tolerance only.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from .resource import Resource
 from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from .stream import Stream
 
-FORMS = ("unfused", "fused")
+FORMS = ("unfused", "fused", "block")
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -61,7 +63,7 @@ class TinyBlock(Resource):
     seed : int, default 0
         Weights are uniform in ``[-sqrt(3/width), sqrt(3/width))`` (variance 1/width), made on the
         device from the seed (``kernels/init.cu``).
-    form : {"unfused", "fused"}
+    form : {"unfused", "fused", "block"}
     device : Device, optional
     """
 
@@ -71,6 +73,8 @@ class TinyBlock(Resource):
         self.layers = _positive_int("layers", layers)
         if form not in FORMS:
             raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+        if form == "block" and not ops.block_fits(self.width):
+            raise ShapeError(f"form 'block' needs width <= {ops.BLOCK_MAX_WIDTH} and a multiple of 4, got {self.width}")
         self.form = form
         self.seed = int(seed)
         self.device = (device or get_device()).activate()
@@ -126,6 +130,8 @@ class TinyBlock(Resource):
                     ops.matmul(dev, bufs, "a", f"W2[{i}]", "z", label=f"L{i}.matmul2"),
                     ops.add(dev, bufs, "z", src, dst, label=f"L{i}.add"),
                 ]
+            elif self.form == "block":
+                launches.append(ops.block(dev, bufs, src, f"W1[{i}]", f"W2[{i}]", dst, label=f"L{i}.block"))
             else:
                 launches += [
                     ops.matmul(dev, bufs, src, f"W1[{i}]", "a", "relu", label=f"L{i}.matmul_relu"),
@@ -146,7 +152,7 @@ class TinyBlock(Resource):
 
     @property
     def kernels_per_layer(self) -> int:
-        return 4 if self.form == "unfused" else 2
+        return {"unfused": 4, "fused": 2, "block": 1}[self.form]
 
     # -- reference ------------------------------------------------------------------------
     def weights_numpy(self) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -98,6 +98,36 @@ def matmul(
     return Launch(kernel, (shape.grid[0], shape.grid[1], 1), (THREADS, 1, 1), args, uses, 0, label or name)
 
 
+BLOCK_MAX_WIDTH = 256  # kernels/block.cu's RG_BLOCK_MAXW
+
+
+def block_fits(width: int) -> bool:
+    """Whether the single-kernel block (``kernels/block.cu``) handles this width."""
+    return 1 <= width <= BLOCK_MAX_WIDTH and width % 4 == 0
+
+
+def block(device: Device, buffers: dict[str, DeviceArray], x: str, w1: str, w2: str, y: str, label: str = "") -> Launch:
+    """``y = relu(x @ w1) @ w2 + x`` in one kernel (width <= 256, width % 4 == 0)."""
+    xa, w1a, w2a, ya = buffers[x], buffers[w1], buffers[w2], buffers[y]
+    if len(xa.shape) != 2:
+        raise ShapeError(f"block needs a 2-D x, got {xa.shape}")
+    batch, width = xa.shape
+    if not block_fits(width):
+        raise ShapeError(f"the single-kernel block needs width <= {BLOCK_MAX_WIDTH} and a multiple of 4, got {width}")
+    check_array(xa, (batch, width), _F32, x)
+    check_array(w1a, (width, width), _F32, w1, align=16)
+    check_array(w2a, (width, width), _F32, w2, align=16)
+    check_array(ya, (batch, width), _F32, y)
+    bt = 1
+    while bt < min(batch, 4):
+        bt *= 2
+    kernel = get_kernel("block", f"block_kernel<{bt}>", device)
+    args = KernelArgs([("x", "ptr"), ("W1", "ptr"), ("W2", "ptr"), ("y", "ptr"), ("B", "i32"), ("W", "i32")])
+    args.update({"x": xa.ptr, "W1": w1a.ptr, "W2": w2a.ptr, "y": ya.ptr, "B": batch, "W": width})
+    uses = {"x": ArgUse(x, "read"), "W1": ArgUse(w1, "read"), "W2": ArgUse(w2, "read"), "y": ArgUse(y, "write")}
+    return Launch(kernel, (-(-batch // bt), 1, 1), (THREADS, 1, 1), args, uses, 0, label or "block")
+
+
 def _elementwise_grid(n: int, device: Device) -> tuple[int, int, int]:
     return (max(1, min(-(-n // THREADS), device.info.multiprocessors * 8)), 1, 1)
 

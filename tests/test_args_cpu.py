@@ -116,6 +116,17 @@ def test_model_sizes_must_be_positive(kw):
         TinyBlock(**args)
 
 
+@pytest.mark.parametrize("width", [33, 260, 2])
+def test_block_form_refuses_widths_it_cannot_hold(width):
+    with pytest.raises(ShapeError, match="form 'block'"):
+        TinyBlock(width=width, batch=1, form="block")
+
+
+def test_unknown_form():
+    with pytest.raises(ValueError, match="form"):
+        TinyBlock(width=8, batch=1, form="tiled")
+
+
 def test_model_sizes_must_be_ints():
     with pytest.raises(TypeError):
         TinyBlock(width=8.0, batch=1)

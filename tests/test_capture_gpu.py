@@ -22,11 +22,11 @@ from rawgraph.graph import read_node_args
 
 pytestmark = pytest.mark.gpu
 
-CASES = [(128, 1, 1), (128, 1, 8), (33, 3, 64), (1000, 17, 8), (256, 8, 1), (1, 1, 8)]
+SIZES = [(128, 1, 1), (128, 1, 8), (33, 3, 64), (1000, 17, 8), (256, 8, 1), (1, 1, 8), (128, 3, 64)]
+CASES = [(form, *s) for s in SIZES for form in ("unfused", "fused", "block") if form != "block" or (s[0] % 4 == 0 and s[0] <= 256)]
 
 
-@pytest.mark.parametrize("form", ["unfused", "fused"])
-@pytest.mark.parametrize("width,batch,layers", CASES)
+@pytest.mark.parametrize("form,width,batch,layers", CASES)
 def test_all_paths_equal_to_the_bit(stream, rng, form, width, batch, layers):
     model = TinyBlock(width, batch, layers, seed=int(rng.integers(1 << 30)), form=form)
     shape = (batch, width)
@@ -63,7 +63,7 @@ def test_all_paths_equal_to_the_bit(stream, rng, form, width, batch, layers):
     np.testing.assert_array_equal(u_out.to_numpy(), eager)
 
 
-@pytest.mark.parametrize("form", ["unfused", "fused"])
+@pytest.mark.parametrize("form", ["unfused", "fused", "block"])
 def test_node_map_matches_the_driver(stream, form):
     model = TinyBlock(64, 2, 3, form=form)
     x, out = DeviceBuffer((2, 64)), DeviceBuffer((2, 64))
@@ -75,7 +75,7 @@ def test_node_map_matches_the_driver(stream, form):
     graph.verify_node_map()  # type, function, grid, block and argument values, per node
     # The nodes reading x are the first layer's, and they hold x's address.
     readers = {(i, a) for i, a, _ in plan.uses_of("x")}
-    assert readers == ({(0, "x"), (3, "b")} if form == "unfused" else {(0, "x"), (1, "r")})
+    assert readers == {"unfused": {(0, "x"), (3, "b")}, "fused": {(0, "x"), (1, "r")}, "block": {(0, "x")}}[form]
     for i, arg in readers:
         assert read_node_args(graph.nodes[i].handle, graph.nodes[i].launch)[arg] == x.ptr
     writer = graph.nodes[-1]

@@ -24,8 +24,11 @@ MATMUL = [
 ]
 
 
+BLOCK = [f"block_kernel<{bt}>" for bt in (1, 2, 4)]
+
+
 def test_every_source_is_covered():
-    assert sorted(kernel_files()) == sorted(list(PLAIN) + ["matmul"])
+    assert sorted(kernel_files()) == sorted(list(PLAIN) + ["matmul", "block"])
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -36,11 +39,12 @@ def test_compile_every_kernel_to_cubin(arch, tmp_path):
         assert img.fmt == "cubin" and img.image[:4] == b"\x7fELF"
         for n in names:
             assert n.encode() in img.image, f"{n} missing from {file}.cu's CUBIN"
-    img = compile_source(kernel_source("matmul"), "matmul.cu", arch, MATMUL, cache=cache)
-    assert img.image[:4] == b"\x7fELF"
-    assert set(img.lowered) == set(MATMUL)
-    for sym in img.lowered.values():
-        assert sym.startswith("_Z") and sym.encode() in img.image
+    for file, names in (("matmul", MATMUL), ("block", BLOCK)):
+        img = compile_source(kernel_source(file), f"{file}.cu", arch, names, cache=cache)
+        assert img.image[:4] == b"\x7fELF"
+        assert set(img.lowered) == set(names)
+        for sym in img.lowered.values():
+            assert sym.startswith("_Z") and sym.encode() in img.image
 
 
 def test_ptx_is_explicit(tmp_path):

@@ -37,6 +37,30 @@ def test_matmul(device, stream, rng, epilogue, batch, k, n):
     assert rel_err(got, ref) < 1e-5, f"seed {rng.seed_used}"
 
 
+@pytest.mark.parametrize("batch,width", [(1, 4), (1, 128), (3, 132), (5, 256), (17, 64), (4, 200)])
+def test_single_kernel_block(device, stream, rng, batch, width):
+    xh = random_input(rng, (batch, width))
+    w1h, w2h = random_input(rng, (width, width)) / np.float32(width**0.5), random_input(rng, (width, width)) / np.float32(width**0.5)
+    bufs = {"x": DeviceBuffer.from_numpy(xh), "W1": DeviceBuffer.from_numpy(w1h), "W2": DeviceBuffer.from_numpy(w2h),
+            "y": DeviceBuffer((batch, width))}
+    bufs["y"].poison(stream)
+    launch = ops.block(device, {k: v.view() for k, v in bufs.items()}, "x", "W1", "W2", "y")
+    _run([launch], stream)
+    x64 = xh.astype(np.float64)
+    ref = np.maximum(x64 @ w1h, 0) @ w2h.astype(np.float64) + x64
+    assert rel_err(bufs["y"].to_numpy(), ref) < 1e-5, f"seed {rng.seed_used}"
+
+
+def test_single_kernel_block_refuses_what_it_cannot_hold(device):
+    from rawgraph import ShapeError
+
+    bufs = {k: DeviceBuffer(s).view() for k, s in {"x": (1, 36), "W1": (36, 36), "W2": (36, 36), "y": (1, 36)}.items()}
+    ops.block(device, bufs, "x", "W1", "W2", "y")  # 36 fits
+    bufs = {k: DeviceBuffer(s).view() for k, s in {"x": (1, 33), "W1": (33, 33), "W2": (33, 33), "y": (1, 33)}.items()}
+    with pytest.raises(ShapeError, match="multiple of 4"):
+        ops.block(device, bufs, "x", "W1", "W2", "y")
+
+
 def test_matmul_unaligned_weights_use_scalar_loads(device, stream, rng):
     # W starting 4 bytes into an allocation: 16-byte loads would be misaligned.
     k, n = 64, 128

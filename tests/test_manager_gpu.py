@@ -53,12 +53,12 @@ def count_setparams(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("form", ["unfused", "fused"])
+@pytest.mark.parametrize("form", ["unfused", "fused", "block"])
 def test_bind_updates_only_the_nodes_that_read_x(stream, rng, form, count_setparams):
     model, graph, exe, mgr, out0 = _setup(stream, form=form)
     assert sorted(mgr.bindings) == ["out", "x"]
     readers = {n for n, _, _ in mgr.bindings["x"]}
-    assert readers == ({0, 3} if form == "unfused" else {0, 1})
+    assert readers == {"unfused": {0, 3}, "fused": {0, 1}, "block": {0}}[form]
     x = DeviceBuffer.from_numpy(random_input(rng, (2, 128)))
     assert mgr.bind("x", x) == len(readers)
     assert {int(h) for h in count_setparams} == {int(graph.nodes[i].handle) for i in readers}

@@ -11,8 +11,12 @@ pytestmark = pytest.mark.gpu
 SIZES = [(1, 1, 1), (33, 3, 8), (1000, 17, 1), (33, 17, 64), (128, 1, 64), (1000, 3, 8), (1, 17, 8), (128, 8, 1)]
 
 
-@pytest.mark.parametrize("form", ["unfused", "fused"])
-@pytest.mark.parametrize("width,batch,layers", SIZES)
+CASES = [(form, *size) for size in SIZES for form in ("unfused", "fused", "block")
+         if form != "block" or (size[0] % 4 == 0 and size[0] <= 256)]
+CASES += [("block", 4, 3, 8), ("block", 256, 17, 8), ("block", 132, 5, 64)]
+
+
+@pytest.mark.parametrize("form,width,batch,layers", CASES)
 def test_block_matches_float64(stream, rng, form, width, batch, layers):
     model = TinyBlock(width, batch, layers, seed=int(rng.integers(1 << 30)), form=form)
     assert len(model.plan(DeviceBuffer((batch, width)), DeviceBuffer((batch, width)))) == layers * model.kernels_per_layer
@@ -24,11 +28,11 @@ def test_block_matches_float64(stream, rng, form, width, batch, layers):
     assert rel_err(out.to_numpy(), model.reference(xh)) < 1e-5, f"seed {rng.seed_used}"
 
 
-@pytest.mark.parametrize("form", ["unfused", "fused"])
-def test_eager_is_identical_run_to_run(stream, rng, form):
-    model = TinyBlock(1000, 17, 8, seed=3, form=form)
-    xh = random_input(rng, (17, 1000))
-    x, out = DeviceBuffer.from_numpy(xh), DeviceBuffer((17, 1000))
+@pytest.mark.parametrize("form,width", [("unfused", 1000), ("fused", 1000), ("block", 256)])
+def test_eager_is_identical_run_to_run(stream, rng, form, width):
+    model = TinyBlock(width, 17, 8, seed=3, form=form)
+    xh = random_input(rng, (17, width))
+    x, out = DeviceBuffer.from_numpy(xh), DeviceBuffer((17, width))
     plan = model.plan(x, out)
     results = []
     for _ in range(3):
@@ -50,6 +54,10 @@ def test_fused_and_unfused_round_identically(stream, rng):
         model.forward(x, out, stream)
         outs.append(out.to_numpy())
     np.testing.assert_array_equal(outs[0], outs[1])
+    block = TinyBlock(256, 3, 4, seed=11, form="block")
+    out = DeviceBuffer((3, 256))
+    block.forward(x, out, stream)
+    assert rel_err(out.to_numpy(), outs[0]) < 1e-5  # same weights, another summation order
 
 
 def test_same_seed_same_weights_other_seed_other_weights():

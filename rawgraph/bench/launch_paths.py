@@ -34,7 +34,7 @@ from ..timing import device_us, pipelined_us, stats, synced_us
 
 FULL = {"layers": (1, 8, 64), "width": (128, 1024, 4096), "batch": (1, 8, 64)}
 QUICK = {"layers": (1, 64), "width": (128, 1024), "batch": (1, 8)}
-FORMS = ("unfused", "fused")
+FORMS = ("unfused", "fused", "block")  # block only where it fits (width <= 256, % 4)
 
 
 def _clocks(fn, stream: Stream, est_us: float, budget_s: float) -> dict:
@@ -296,7 +296,7 @@ class Runner:
         if not err < 1e-4:
             raise AssertionError(f"cupy RawKernel graph differs from the cuBLAS block by {err:.2e}")
         self.record("cupy_graph", *key, _clocks(lambda: graph.launch(cstream), rs, est, self.budget_s),
-                    note="CuPy RawKernels from kernels/matmul.cu (fused form)", rel_err_vs_cupy_eager=err)
+                    note="CuPy RawKernels from kernels/matmul.cu (the fused form's kernels)", rel_err_vs_cupy_eager=err)
 
 
 class _TorchStream:
@@ -375,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i}/{len(configs)}] layers={l} width={w} batch={b} ({time.perf_counter() - t_start:.0f}s)", flush=True)
         try:
             for form in FORMS:
-                runner.rawgraph_paths(form, l, w, b)
+                if form != "block" or ops.block_fits(w):
+                    runner.rawgraph_paths(form, l, w, b)
         except Exception as exc:  # report and go on: one broken point must not lose the sweep
             runner.findings.append(f"rawgraph paths failed at L{l} w{w} b{b}: {type(exc).__name__}: {exc}")
             print(f"  FAILED: {exc}", flush=True)

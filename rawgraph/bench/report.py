@@ -69,14 +69,14 @@ def plots(result: dict, out_dir: Path, stem: str) -> list[Path]:
         colors = plt.get_cmap("tab20").colors
         for ax, fv in zip(axes[0], fixed_vals):
             for ci, path in enumerate(PATH_ORDER):
-                for form in ("unfused", "fused", None):
+                for form in ("unfused", "fused", "block", None):
                     pts = sorted((r[var], _m(r, "sync_us")) for r in recs
                                  if r["path"] == path and r["form"] == form and r[fixed_name] == fv and r["batch"] == batch)
                     if pts:
                         label = path + (f" ({form})" if form else "")
-                        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if form != "fused" else "s",
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker={"fused": "s", "block": "^"}.get(form, "o"),
                                 label=label, color=colors[(2 * ci) % 20 if ci < 10 else (2 * ci + 1) % 20],
-                                linestyle="--" if form == "fused" else "-", lw=1.2, ms=4)
+                                linestyle={"fused": "--", "block": ":"}.get(form, "-"), lw=1.2, ms=4)
             if "floor_empty_graph" in floors:
                 ax.axhline(floors["floor_empty_graph"], color="gray", lw=0.8, ls=":", label="empty graph + sync")
             ax.set_xscale("log", base=2)
