@@ -62,13 +62,15 @@ class ExecUpdateManager:
         self.graph = graph
         self.exec = exec
         names = tuple(names) if names is not None else plan.inputs + plan.outputs
-        node_of_launch = {id(n.launch): n.index for n in graph.nodes}
+        # capture_plan records launch i as node i; check it rather than assume it.
+        if len(graph.nodes) != len(plan.launches) or not all(n.launch is l for n, l in zip(graph.nodes, plan.launches)):
+            raise ValueError("the graph's node map does not follow its plan's launch order")
         self.bindings: dict[str, list[tuple[int, str, str]]] = {}
         for name in names:
             uses = plan.uses_of(name)
             if not uses:
                 raise KeyError(f"no node argument uses buffer {name!r}")
-            self.bindings[name] = [(node_of_launch[id(plan.launches[i])], arg, role) for i, arg, role in uses]
+            self.bindings[name] = list(uses)
         self._specs = {name: (plan.buffers[name].shape, plan.buffers[name].dtype) for name in names}
         self._bound_ptr = {name: (plan.buffers[name].ptr, plan.buffers[name].nbytes) for name in names}
         self._bound_obj = {name: plan.buffers[name].owner for name in names}
