@@ -92,10 +92,6 @@ class KernelArgs:
         """The packed values as bytes (what a launch or node-parameter push would copy)."""
         return self._storage.tobytes()
 
-    def pointer_table(self) -> np.ndarray:
-        """Copy of the ``void*`` array (addresses of each slot)."""
-        return self._pointers.copy()
-
     @classmethod
     def from_bytes(cls, spec: Sequence[tuple[str, str]], data: bytes) -> "KernelArgs":
         """A buffer with ``spec``'s layout holding the values of a :meth:`snapshot`."""
