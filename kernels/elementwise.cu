@@ -1,20 +1,29 @@
 // Elementwise kernels of the unfused block, and an empty kernel for launch-cost floors.
-// Grid-stride loops: any n, any grid.
+// Grid-stride loops: any n, any grid. PDL as in rawgraph.cuh: nothing is read before the wait.
 
-// relu that lets NaN through (fmaxf(NaN, 0) would return 0 and hide an unwritten input).
-__device__ __forceinline__ float rg_relu(float v) { return v < 0.0f ? 0.0f : v; }
+#include "rawgraph.cuh"
 
-extern "C" __global__ void relu(const float* __restrict__ x, float* __restrict__ y, long long n)
+extern "C" __global__ void relu(const float* x, float* y, long long n)
 {
+    rg_allow_dependents();
+    rg_wait_dependencies();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         y[i] = rg_relu(x[i]);
 }
 
 // y = a + b, the residual add (same rounding as the fused matmul_add epilogue: one fp32 add).
-extern "C" __global__ void add(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ y, long long n)
+extern "C" __global__ void add(const float* a, const float* b, float* y, long long n)
 {
+    rg_allow_dependents();
+    rg_wait_dependencies();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         y[i] = a[i] + b[i];
 }
 
-extern "C" __global__ void empty() {}
+// The launch-cost floor. It takes part in PDL like the others, so a chain of empty kernels
+// launched with the attribute shows the floor of that path too.
+extern "C" __global__ void empty()
+{
+    rg_allow_dependents();
+    rg_wait_dependencies();
+}

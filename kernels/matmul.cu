@@ -2,64 +2,112 @@
 //
 //   x: B x K    W: K x N    y: B x N    r: B x N (residual, EPI_ADD only)
 //
-// Tuned for the tiny-to-medium regime (batch 1-64) where reading W dominates:
-// - a block owns a tile of TC output columns and BT batch rows; its 8 warps split the K rows
-//   between them (split-K inside the block, so every SM gets work even when N is small);
-// - inside a warp, LPR = TC / VEC lanes cover one row of the tile with VEC-wide loads (16-byte
-//   float4 when VEC == 4) and RPW = 32 / LPR rows are read at once, so each warp load touches whole
-//   32-byte sectors;
-// - the K loop is unrolled by RG_UNROLL (8) with all W loads issued before any use, so each thread
-//   keeps up to 128 bytes of loads in flight;
-// - partial sums are reduced with warp shuffles, then across warps through shared memory, in a
-//   fixed order: results are bit-identical run to run (no atomics).
-// The grid's x dimension walks batch tiles, so blocks reading the same W columns run together and
-// share them through L2.
+// Two kernels, chosen per shape by ops.matmul_shape:
 //
-// Name expressions instantiate it: matmul_kernel<EPI, VEC, TC, BT>.
+// matvec (batch <= 8, or any shape the GEMM cannot take): reading W dominates. A CTA owns TC
+// output columns and BT batch rows; its 8 warps split its K rows; inside a warp LPR = TC / VEC
+// lanes cover one row of the tile with VEC-wide loads (16-byte float4 when VEC == 4) and
+// RPW = 32 / LPR rows are read at once. The K loop keeps RG_UNROLL loads in flight per thread and
+// loads the next group before using the current one. x is staged in shared memory as [k][b], so
+// one 16-byte shared load gives four batch rows. With S > 1 the S CTAs of a cluster split K
+// again and the partials are summed through distributed shared memory in rank order.
+//
+// gemm (batch >= 16; K % 4 == 0, N % 4 == 0, x and W 16-byte aligned): a CTA computes a 64 x 64
+// tile of y from 16-deep slices of x and W that cp.async streams into shared memory 4 stages
+// ahead; each thread owns a 4 x 4 block of outputs. With S > 1 the cluster splits K and sums the
+// tiles through distributed shared memory, again in rank order.
+//
+// Both: every sum is taken in a fixed order (no atomics), so results are bit-identical run to
+// run and launch path to launch path. PDL as described in rawgraph.cuh: the first W loads are
+// issued before waiting for the previous kernel.
+//
+// Name expressions instantiate them: matvec_kernel<EPI, VEC, TC, BT>,
+// matvec_split_kernel<EPI, VEC, TC, BT, S>, gemm_kernel<EPI>, gemm_split_kernel<EPI, S>.
+
+#include "rawgraph.cuh"
 
 #define RG_THREADS 256
 #define RG_WARPS (RG_THREADS / 32)
 #define RG_UNROLL 8
+#define RG_XS_FLOATS 4096  // x staged per piece: 16 KB
 
 enum { EPI_NONE = 0, EPI_RELU = 1, EPI_ADD = 2 };
+
+template <int EPI>
+__device__ __forceinline__ float rg_epilogue(float s, const float* r, size_t o)
+{
+    if (EPI == EPI_RELU) return rg_relu(s);
+    if (EPI == EPI_ADD) return s + r[o];
+    return s;
+}
 
 template <int VEC> struct VecT;
 template <> struct VecT<1> {
     typedef float type;
+    static __device__ __forceinline__ float load(const float* p) { return rg_load_stream(p); }
+    static __device__ __forceinline__ float zero() { return 0.0f; }
     static __device__ __forceinline__ float get(const float& v, int) { return v; }
 };
 template <> struct VecT<4> {
     typedef float4 type;
+    static __device__ __forceinline__ float4 load(const float* p) { return rg_load_stream4(p); }
+    static __device__ __forceinline__ float4 zero() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
     static __device__ __forceinline__ float get(const float4& v, int i) {
         return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
     }
 };
 
-// relu that lets NaN through (fmaxf(NaN, 0) would return 0 and hide an unwritten input).
-__device__ __forceinline__ float rg_relu(float v) { return v < 0.0f ? 0.0f : v; }
+// ---------------------------------------------------------------------------------------------
+// matvec
+// ---------------------------------------------------------------------------------------------
 
-template <int EPI, int VEC, int TC, int BT>
-__global__ void __launch_bounds__(RG_THREADS)
-matmul_kernel(const float* __restrict__ x, const float* __restrict__ W, float* __restrict__ y,
-              const float* __restrict__ r, int B, int K, int N)
+template <int EPI, int VEC, int TC, int BT, int S>
+__device__ __forceinline__ void matvec_body(const float* x, const float* __restrict__ W, float* y, const float* r,
+                                            int B, int K, int N)
 {
-    typedef typename VecT<VEC>::type vec_t;
-    constexpr int LPR = TC / VEC;          // lanes per tile row
-    constexpr int RPW = 32 / LPR;          // tile rows per warp step
-    constexpr int RPB = RG_WARPS * RPW;    // tile rows per block step
+    typedef VecT<VEC> V;
+    typedef typename V::type vec_t;
+    constexpr int LPR = TC / VEC;             // lanes per tile row
+    constexpr int RPW = 32 / LPR;             // tile rows per warp step
+    constexpr int RPB = RG_WARPS * RPW;       // tile rows per block step
+    constexpr int GROUP = RG_UNROLL * RPB;    // rows one unrolled group covers
+    constexpr int XK = RG_XS_FLOATS / BT;     // rows of x staged per piece
     static_assert(TC % VEC == 0 && 32 % LPR == 0 && LPR >= 1, "bad tile");
-    static_assert(BT * TC <= 512, "shared partials are sized for BT * TC <= 512");
+    static_assert(BT * TC <= 512, "partials are sized for BT * TC <= 512");
+    static_assert(XK % GROUP == 0, "a group must not straddle two x pieces");
 
+    __shared__ __align__(16) float xs[RG_XS_FLOATS];
     __shared__ float part[RG_WARPS][BT * TC];
+    __shared__ float red[S > 1 ? BT * TC : 1];
 
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int lcol = lane % LPR;
     const int lrow = lane / LPR;
-    const int b0 = blockIdx.x * BT;
-    const int n0 = blockIdx.y * TC;
+    const int n0 = blockIdx.x * TC;
     const int col = n0 + lcol * VEC;
+    const int b0 = blockIdx.z * BT;
     const int nb = min(BT, B - b0);
+    unsigned rank = 0;
+#ifdef RG_HAS_CLUSTERS
+    if (S > 1) rank = rg_cluster_rank();
+#endif
+    // This CTA's rows of K: the cluster splits K into S chunks of whole block steps.
+    const int kc = ((K + S - 1) / S + RPB - 1) / RPB * RPB;
+    const int kb = min(K, (int)rank * kc);
+    const int ke = min(K, kb + kc);
+    const int span = (ke - kb + GROUP - 1) / GROUP * GROUP;  // uniform over the CTA
+    const int row0 = kb + warp * RPW + lrow;                  // this thread's first row
+    const bool colok = col < N;                               // VEC == 4 only when N % 4 == 0
+
+    vec_t w[RG_UNROLL];
+    rg_allow_dependents();
+#pragma unroll
+    for (int u = 0; u < RG_UNROLL; ++u) {
+        const int k = row0 + u * RPB;
+        w[u] = (colok && k < ke) ? V::load(W + (size_t)k * N + col) : V::zero();
+    }
+    rg_wait_dependencies();
 
     float acc[BT][VEC];
 #pragma unroll
@@ -67,37 +115,47 @@ matmul_kernel(const float* __restrict__ x, const float* __restrict__ W, float* _
 #pragma unroll
         for (int v = 0; v < VEC; ++v) acc[b][v] = 0.0f;
 
-    // VEC == 4 is only chosen when N % 4 == 0, so col < N covers the whole vector.
-    if (col < N) {
-        const float* xb = x + (size_t)b0 * K;
-        int k = warp * RPW + lrow;
-        for (; k + (RG_UNROLL - 1) * RPB < K; k += RG_UNROLL * RPB) {
-            vec_t w[RG_UNROLL];
-#pragma unroll
-            for (int u = 0; u < RG_UNROLL; ++u)
-                w[u] = __ldg(reinterpret_cast<const vec_t*>(W + (size_t)(k + u * RPB) * N + col));
+    for (int p = 0; p < span; p += XK) {
+        const int prow = min(XK, ke - kb - p);
+        if (p) __syncthreads();  // the previous piece has been read by every warp
+        for (int t = threadIdx.x; t < BT * prow; t += RG_THREADS) {
+            const int b = t / prow, kk = t - b * prow;
+            xs[kk * BT + b] = b < nb ? x[(size_t)(b0 + b) * K + kb + p + kk] : 0.0f;
+        }
+        __syncthreads();
+        const int pend = min(span, p + XK);
+        for (int g = p; g < pend; g += GROUP) {
+            vec_t wn[RG_UNROLL];
+            const bool more = g + GROUP < span;
 #pragma unroll
             for (int u = 0; u < RG_UNROLL; ++u) {
+                const int k = row0 + g + GROUP + u * RPB;
+                wn[u] = (more && colok && k < ke) ? V::load(W + (size_t)k * N + col) : V::zero();
+            }
 #pragma unroll
-                for (int b = 0; b < BT; ++b) {
-                    if (b < nb) {
-                        const float xv = __ldg(xb + (size_t)b * K + k + u * RPB);
+            for (int u = 0; u < RG_UNROLL; ++u) {
+                const int kk = row0 - kb + g + u * RPB - p;  // row within the piece
+                if (kb + p + kk < ke) {
+                    const float* xr = xs + kk * BT;
+                    float xv[BT];
+                    if (BT % 4 == 0) {
 #pragma unroll
-                        for (int v = 0; v < VEC; ++v) acc[b][v] = fmaf(xv, VecT<VEC>::get(w[u], v), acc[b][v]);
+                        for (int b = 0; b < BT; b += 4) {
+                            const float4 q = *reinterpret_cast<const float4*>(xr + b);
+                            xv[b] = q.x; xv[b + 1] = q.y; xv[b + 2] = q.z; xv[b + 3] = q.w;
+                        }
+                    } else {
+#pragma unroll
+                        for (int b = 0; b < BT; ++b) xv[b] = xr[b];
                     }
+#pragma unroll
+                    for (int b = 0; b < BT; ++b)
+#pragma unroll
+                        for (int v = 0; v < VEC; ++v) acc[b][v] = fmaf(xv[b], V::get(w[u], v), acc[b][v]);
                 }
             }
-        }
-        for (; k < K; k += RPB) {
-            const vec_t w = __ldg(reinterpret_cast<const vec_t*>(W + (size_t)k * N + col));
 #pragma unroll
-            for (int b = 0; b < BT; ++b) {
-                if (b < nb) {
-                    const float xv = __ldg(xb + (size_t)b * K + k);
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) acc[b][v] = fmaf(xv, VecT<VEC>::get(w, v), acc[b][v]);
-                }
-            }
+            for (int u = 0; u < RG_UNROLL; ++u) w[u] = wn[u];
         }
     }
 
@@ -108,7 +166,6 @@ matmul_kernel(const float* __restrict__ x, const float* __restrict__ W, float* _
         for (int b = 0; b < BT; ++b)
 #pragma unroll
             for (int v = 0; v < VEC; ++v) acc[b][v] += __shfl_xor_sync(0xffffffffu, acc[b][v], off);
-
     if (lrow == 0) {
 #pragma unroll
         for (int b = 0; b < BT; ++b)
@@ -117,17 +174,238 @@ matmul_kernel(const float* __restrict__ x, const float* __restrict__ W, float* _
     }
     __syncthreads();
 
-    for (int t = threadIdx.x; t < BT * TC; t += RG_THREADS) {
-        const int b = t / TC;
-        const int n = n0 + t % TC;
-        if (b < nb && n < N) {
-            float s = part[0][t];
+    if constexpr (S == 1) {
+        for (int t = threadIdx.x; t < BT * TC; t += RG_THREADS) {
+            const int b = t / TC, n = n0 + t % TC;
+            if (b < nb && n < N) {
+                float s = part[0][t];
 #pragma unroll
-            for (int w = 1; w < RG_WARPS; ++w) s += part[w][t];
+                for (int q = 1; q < RG_WARPS; ++q) s += part[q][t];
+                const size_t o = (size_t)(b0 + b) * N + n;
+                y[o] = rg_epilogue<EPI>(s, r, o);
+            }
+        }
+    } else {
+#ifdef RG_HAS_CLUSTERS
+    for (int t = threadIdx.x; t < BT * TC; t += RG_THREADS) {
+        float s = part[0][t];
+#pragma unroll
+        for (int q = 1; q < RG_WARPS; ++q) s += part[q][t];
+        red[t] = s;
+    }
+    rg_cluster_sync();
+    // CTA `rank` finishes a contiguous share of the tile's outputs: at most 256 (BT*TC <= 512, S >= 2).
+    constexpr int SHARE = (BT * TC + S - 1) / S;
+    const int t = (int)rank * SHARE + threadIdx.x;
+    const bool mine = threadIdx.x < SHARE && t < BT * TC;
+    float s = 0.0f;
+    if (mine) {
+#pragma unroll
+        for (int q = 0; q < S; ++q) s += rg_dsmem_load(&red[t], q);
+    }
+    rg_cluster_arrive();
+    if (mine) {
+        const int b = t / TC, n = n0 + t % TC;
+        if (b < nb && n < N) {
             const size_t o = (size_t)(b0 + b) * N + n;
-            if (EPI == EPI_RELU) s = rg_relu(s);
-            if (EPI == EPI_ADD) s = s + r[o];
-            y[o] = s;
+            y[o] = rg_epilogue<EPI>(s, r, o);
         }
     }
+    rg_cluster_wait();
+#endif
+    }
 }
+
+template <int EPI, int VEC, int TC, int BT>
+__global__ void __launch_bounds__(RG_THREADS)
+matvec_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N)
+{
+    matvec_body<EPI, VEC, TC, BT, 1>(x, W, y, r, B, K, N);
+}
+
+#ifdef RG_HAS_CLUSTERS
+// grid (N / TC, S, batch tiles), clusters of (1, S, 1): cluster rank == blockIdx.y.
+template <int EPI, int VEC, int TC, int BT, int S>
+__global__ void __cluster_dims__(1, S, 1) __launch_bounds__(RG_THREADS)
+matvec_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N)
+{
+    matvec_body<EPI, VEC, TC, BT, S>(x, W, y, r, B, K, N);
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// gemm
+// ---------------------------------------------------------------------------------------------
+
+#define RG_GM_BM 64
+#define RG_GM_BN 64
+#define RG_GM_KC 16
+#define RG_GM_STAGES 4
+#define RG_GM_XS (RG_GM_KC + 4)  // x tile row stride: 16-byte rows, rows 4 apart land 16 banks apart
+#define RG_GM_STAGE_FLOATS (RG_GM_BM * RG_GM_XS + RG_GM_KC * RG_GM_BN)
+#define RG_GM_PS (RG_GM_BN + 4)  // partial tile row stride
+
+template <int EPI, int S>
+__device__ __forceinline__ void gemm_body(const float* x, const float* __restrict__ W, float* y, const float* r,
+                                          int B, int K, int N)
+{
+    static_assert(RG_GM_BM * RG_GM_PS <= RG_GM_STAGES * RG_GM_STAGE_FLOATS, "partial tile reuses the stages");
+    __shared__ __align__(16) float smem[RG_GM_STAGES * RG_GM_STAGE_FLOATS];
+
+    const int tid = threadIdx.x;
+    const int tm = tid / 16, tn = tid % 16;  // this thread's 4 x 4 outputs: rows 4*tm.., cols 4*tn..
+    const int m0 = blockIdx.z * RG_GM_BM;
+    const int n0 = blockIdx.x * RG_GM_BN;
+    unsigned rank = 0;
+#ifdef RG_HAS_CLUSTERS
+    if (S > 1) rank = rg_cluster_rank();
+#endif
+    const int kc = ((K + S - 1) / S + RG_GM_KC - 1) / RG_GM_KC * RG_GM_KC;
+    const int kb = min(K, (int)rank * kc);
+    const int ke = min(K, kb + kc);
+    const int nst = (ke - kb + RG_GM_KC - 1) / RG_GM_KC;
+
+    // Loader coordinates: one 16-byte piece of the W slice and one of the x slice per thread.
+    const int wr = tid / 16, wc = (tid % 16) * 4;  // W slice: 16 rows x 64 columns
+    const int xr = tid / 4, xc = (tid % 4) * 4;    // x slice: 64 rows x 16 columns
+    auto xs_of = [&](int st) { return smem + (st % RG_GM_STAGES) * RG_GM_STAGE_FLOATS; };
+    auto ws_of = [&](int st) { return xs_of(st) + RG_GM_BM * RG_GM_XS; };
+    auto load_w = [&](int st) {
+        const int k = kb + st * RG_GM_KC + wr;
+        const bool ok = k < ke && n0 + wc < N;
+        rg_cp_async16(ws_of(st) + wr * RG_GM_BN + wc, ok ? W + (size_t)k * N + n0 + wc : W, ok);
+    };
+    auto load_x = [&](int st) {
+        const int k = kb + st * RG_GM_KC + xc;
+        const bool ok = k < ke && m0 + xr < B;
+        rg_cp_async16(xs_of(st) + xr * RG_GM_XS + xc, ok ? x + (size_t)(m0 + xr) * K + k : x, ok);
+    };
+
+    rg_allow_dependents();
+#pragma unroll
+    for (int st = 0; st < RG_GM_STAGES - 1; ++st)
+        if (st < nst) load_w(st);
+    rg_wait_dependencies();
+#pragma unroll
+    for (int st = 0; st < RG_GM_STAGES - 1; ++st) {
+        if (st < nst) load_x(st);
+        rg_cp_async_commit();  // group st also holds every W slice issued before the wait
+    }
+
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    for (int st = 0; st < nst; ++st) {
+        rg_cp_async_wait<RG_GM_STAGES - 2>();
+        __syncthreads();  // stage st landed for every thread; stage st - 1 is no longer read
+        if (st + RG_GM_STAGES - 1 < nst) {
+            load_w(st + RG_GM_STAGES - 1);
+            load_x(st + RG_GM_STAGES - 1);
+        }
+        rg_cp_async_commit();
+        const float* xs = xs_of(st);
+        const float* ws = ws_of(st);
+#pragma unroll
+        for (int kq = 0; kq < RG_GM_KC; kq += 4) {
+            float4 a[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const float4*>(xs + (4 * tm + i) * RG_GM_XS + kq);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const float4 bv = *reinterpret_cast<const float4*>(ws + (kq + kk) * RG_GM_BN + 4 * tn);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float av = VecT<4>::get(a[i], kk);
+                    acc[i][0] = fmaf(av, bv.x, acc[i][0]);
+                    acc[i][1] = fmaf(av, bv.y, acc[i][1]);
+                    acc[i][2] = fmaf(av, bv.z, acc[i][2]);
+                    acc[i][3] = fmaf(av, bv.w, acc[i][3]);
+                }
+            }
+        }
+    }
+    rg_cp_async_wait<0>();
+
+    // The epilogue reads r and writes y one float at a time: neither needs 16-byte alignment.
+    if constexpr (S == 1) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int m = m0 + 4 * tm + i;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int n = n0 + 4 * tn + j;
+                if (m < B && n < N) {
+                    const size_t o = (size_t)m * N + n;
+                    y[o] = rg_epilogue<EPI>(acc[i][j], r, o);
+                }
+            }
+        }
+    } else {
+#ifdef RG_HAS_CLUSTERS
+    __syncthreads();  // every thread is done with the stages: reuse them for the partial tile
+    float* pt = smem;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        *reinterpret_cast<float4*>(pt + (4 * tm + i) * RG_GM_PS + 4 * tn) =
+            make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    rg_cluster_sync();
+    // CTA `rank` finishes rows [rank * BM / S, (rank + 1) * BM / S) of the tile, 4 columns at a time.
+    constexpr int ROWS = RG_GM_BM / S;
+    constexpr int ITEMS = ROWS * (RG_GM_BN / 4);
+    constexpr int PER = (ITEMS + RG_THREADS - 1) / RG_THREADS;
+    float4 sum[PER];
+#pragma unroll
+    for (int e = 0; e < PER; ++e) {
+        const int item = tid + e * RG_THREADS;
+        sum[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (item < ITEMS) {
+            const float* src = pt + ((int)rank * ROWS + item / (RG_GM_BN / 4)) * RG_GM_PS + (item % (RG_GM_BN / 4)) * 4;
+#pragma unroll
+            for (int q = 0; q < S; ++q) {
+                const float4 v = rg_dsmem_load4(src, q);
+                sum[e].x += v.x; sum[e].y += v.y; sum[e].z += v.z; sum[e].w += v.w;
+            }
+        }
+    }
+    rg_cluster_arrive();
+#pragma unroll
+    for (int e = 0; e < PER; ++e) {
+        const int item = tid + e * RG_THREADS;
+        if (item < ITEMS) {
+            const int m = m0 + (int)rank * ROWS + item / (RG_GM_BN / 4);
+            const int nq = n0 + (item % (RG_GM_BN / 4)) * 4;
+            const float vals[4] = {sum[e].x, sum[e].y, sum[e].z, sum[e].w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if (m < B && nq + j < N) {
+                    const size_t o = (size_t)m * N + nq + j;
+                    y[o] = rg_epilogue<EPI>(vals[j], r, o);
+                }
+            }
+        }
+    }
+    rg_cluster_wait();
+#endif
+    }
+}
+
+// grid (ceil(N / 64), 1, ceil(B / 64))
+template <int EPI>
+__global__ void __launch_bounds__(RG_THREADS)
+gemm_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N)
+{
+    gemm_body<EPI, 1>(x, W, y, r, B, K, N);
+}
+
+#ifdef RG_HAS_CLUSTERS
+// grid (ceil(N / 64), S, ceil(B / 64)), clusters of (1, S, 1)
+template <int EPI, int S>
+__global__ void __cluster_dims__(1, S, 1) __launch_bounds__(RG_THREADS)
+gemm_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N)
+{
+    gemm_body<EPI, S>(x, W, y, r, B, K, N);
+}
+#endif

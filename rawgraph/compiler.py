@@ -64,7 +64,7 @@ class CompiledImage:
     arch : str
         ``"sm_90"`` and the like.
     lowered : dict
-        Name expression (``"matmul_kernel<0, 4, 8, 4>"``) -> mangled symbol to load.
+        Name expression (``"matvec_kernel<0, 4, 64, 4>"``) -> mangled symbol to load.
     log : str
         NVRTC's log (warnings), empty when clean.
     from_cache : bool

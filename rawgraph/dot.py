@@ -2,7 +2,7 @@
 
 The driver's own dump (``cuGraphDebugDotPrint``) is written as well: it shows what the driver
 holds, while the labelled version names each kernel node by its launch (kernel, grid, and the plan
-buffers its arguments are bound to).
+buffers its arguments are bound to) and draws programmatic (PDL) edges dashed.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ def to_dot(graph: Graph, name: str = "rawgraph") -> str:
         else:
             ntype = call(driver.cuGraphNodeGetType, handle)
             lines.append(f"  n{h:x} [label={_quote(ntype.name)}, kind={_quote(ntype.name)}];")
-    for a, b in graph.edges():
-        lines.append(f"  n{a:x} -> n{b:x};")
+    for a, b, kind in graph.edge_types():
+        style = ' [style=dashed, label="PDL"]' if kind == "programmatic" else ""
+        lines.append(f"  n{a:x} -> n{b:x}{style};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -77,12 +77,20 @@ class Graph(Resource):
 
     def edges(self) -> list[tuple[int, int]]:
         """``(from, to)`` node handles as integers (``cuGraphGetEdges``)."""
+        return [(a, b) for a, b, _ in self.edge_types()]
+
+    def edge_types(self) -> list[tuple[int, int, str]]:
+        """``(from, to, type)`` for every edge: type ``"default"`` (the consumer starts after the
+        producer finished) or ``"programmatic"`` (a PDL edge: it may start earlier and waits
+        inside the kernel), from the edge data of ``cuGraphGetEdges``."""
         self._check_open()
         _f, _t, _d, n = call(driver.cuGraphGetEdges, self.handle, 0)
         if not n:
             return []
-        frm, to, _data, _n = call(driver.cuGraphGetEdges, self.handle, n)
-        return [(int(a), int(b)) for a, b in zip(frm, to)]
+        frm, to, data, _n = call(driver.cuGraphGetEdges, self.handle, n)
+        kinds = {int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT): "default",
+                 int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC): "programmatic"}
+        return [(int(a), int(b), kinds.get(int(d.type), str(int(d.type)))) for a, b, d in zip(frm, to, data)]
 
     def all_nodes(self) -> list[Any]:
         self._check_open()

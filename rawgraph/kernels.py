@@ -7,6 +7,7 @@ data package ``rawgraph/kernels``. ``$RAWGRAPH_KERNEL_DIR`` overrides both.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -42,9 +43,30 @@ def kernel_files() -> list[str]:
     return sorted(p.stem for p in kernel_dir().glob("*.cu"))
 
 
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([A-Za-z0-9_.-]+\.cuh)"[ \t]*$', re.M)
+
+
 def kernel_source(name: str) -> str:
-    """Text of ``kernels/<name>.cu``."""
-    return (kernel_dir() / f"{name}.cu").read_text()
+    """Text of ``kernels/<name>.cu`` with its local ``#include "x.cuh"`` lines spliced in.
+
+    NVRTC compiles one string; splicing here (rather than handing NVRTC the headers) puts the
+    headers' text into the source that the kernel cache hashes, so editing a header recompiles.
+    Each header is spliced once per source (later includes of it become empty).
+    """
+    folder = kernel_dir()
+    seen: set[str] = set()
+
+    def splice(match: re.Match) -> str:
+        header = match.group(1)
+        if header in seen:
+            return f"// {header}: already included"
+        seen.add(header)
+        path = folder / header
+        if not path.is_file():
+            raise FileNotFoundError(f"{name}.cu includes {header!r}, which is not in {folder}")
+        return _INCLUDE.sub(splice, path.read_text())
+
+    return _INCLUDE.sub(splice, (folder / f"{name}.cu").read_text())
 
 
 class Module(Resource):
@@ -69,7 +91,7 @@ class Kernel:
     Attributes
     ----------
     name : str
-        The name expression (``"relu"``, ``"matmul_kernel<1, 4, 16, 8>"``).
+        The name expression (``"relu"``, ``"gemm_split_kernel<1, 4>"``).
     handle : CUfunction
     registers, static_smem : int
         From ``cuFuncGetAttribute``, for reports.

@@ -118,12 +118,22 @@ class ArgUse:
     role: str  # "read" or "write"
 
 
+_PDL = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
 @dataclass
 class Launch:
     """One kernel launch with its persistent arguments.
 
     ``uses`` maps argument names to the named plan buffer they point at; capture turns this into
     the node map the exec-update manager rebinds.
+
+    ``pdl`` makes the launch a programmatic dependent launch (``cuLaunchKernelEx`` with
+    ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``; captured as a programmatic edge):
+    it may start while the previous kernel on the stream still runs, and the kernel itself waits
+    (``griddepcontrol.wait``) before touching anything that kernel wrote. Only for kernels written
+    that way (every kernel in ``kernels/``) and a previous kernel that writes no weights: a
+    :class:`LaunchPlan` sets it on all its launches but the first.
     """
 
     kernel: Kernel
@@ -133,6 +143,7 @@ class Launch:
     uses: dict[str, ArgUse] = field(default_factory=dict)
     shared_mem: int = 0
     label: str = ""
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         self.grid = tuple(int(g) for g in (tuple(self.grid) + (1, 1))[:3])  # type: ignore[assignment]
@@ -141,21 +152,44 @@ class Launch:
             raise ValueError(f"{self.kernel.name}: empty grid {self.grid} or block {self.block}")
         if self.block[0] * self.block[1] * self.block[2] > 1024:
             raise ValueError(f"{self.kernel.name}: block {self.block} has more than 1024 threads")
+        self._config = None
+
+    def config(self):
+        """The persistent ``CUlaunchConfig`` of a PDL launch (built once; ``hStream`` set per launch)."""
+        if self._config is None:
+            cfg = driver.CUlaunchConfig()
+            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = self.grid
+            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.block
+            cfg.sharedMemBytes = self.shared_mem
+            attr = driver.CUlaunchAttribute()
+            attr.id = _PDL
+            attr.value.programmaticStreamSerializationAllowed = 1
+            cfg.attrs = [attr]
+            cfg.numAttrs = 1
+            self._attr = attr  # the config points at it
+            self._config = cfg
+        return self._config
 
     def packed(self) -> tuple:
         """``cuLaunchKernel``'s arguments except the stream, precomputed for the hot path."""
         return (self.kernel.handle, *self.grid, *self.block, self.shared_mem, self.args.address)
 
     def __call__(self, stream) -> None:
-        """One ``cuLaunchKernel`` on ``stream`` with the persistent arguments."""
-        f, gx, gy, gz, bx, by, bz, sm, a = self.packed()
-        (err,) = driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, stream.handle, a, 0)
+        """One ``cuLaunchKernel`` (``cuLaunchKernelEx`` when ``pdl``) on ``stream`` with the persistent arguments."""
+        if self.pdl:
+            cfg = self.config()
+            cfg.hStream = stream.handle
+            (err,) = driver.cuLaunchKernelEx(cfg, self.kernel.handle, self.args.address, 0)
+        else:
+            f, gx, gy, gz, bx, by, bz, sm, a = self.packed()
+            (err,) = driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, stream.handle, a, 0)
         if err != _SUCCESS:
             raise cuda_error(err, f"cuLaunchKernel({self.kernel.name})")
 
     def describe(self) -> str:
         bound = ", ".join(f"{a}={u.buffer}" for a, u in self.uses.items())
-        return f"{self.label or self.kernel.short_name} grid={self.grid} block={self.block} [{bound}]"
+        pdl = " pdl" if self.pdl else ""
+        return f"{self.label or self.kernel.short_name} grid={self.grid} block={self.block}{pdl} [{bound}]"
 
 
 class LaunchPlan:
@@ -170,6 +204,11 @@ class LaunchPlan:
         The buffers a caller feeds and reads (``x`` and ``out`` for TinyBlock).
     guards : iterable of weakref.finalize
         Owners whose closing makes the plan unusable (checked once per run, not per launch).
+    pdl : bool, default False
+        Chain the launches with programmatic dependent launch: every launch but the first gets
+        ``Launch.pdl`` (the first waits for whatever came before it on the stream, which may have
+        written the weights). Needs compute capability 9.0; the plan owns its launches, so it sets
+        the flag on them.
     """
 
     def __init__(
@@ -179,8 +218,15 @@ class LaunchPlan:
         inputs: Sequence[str] = ("x",),
         outputs: Sequence[str] = ("out",),
         guards: Iterable = (),
+        pdl: bool = False,
     ):
         self.launches = list(launches)
+        if pdl and len({id(l) for l in self.launches}) != len(self.launches):
+            # The flag lives on the Launch: a repeated first launch would become a PDL launch too.
+            raise ValueError("a PDL plan needs its own Launch per step (a launch appears twice)")
+        for i, launch in enumerate(self.launches):
+            launch.pdl = bool(pdl) and i > 0
+        self.pdl = bool(pdl)
         self.buffers = dict(buffers)
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
@@ -188,7 +234,8 @@ class LaunchPlan:
             for arg, use in launch.uses.items():
                 if use.buffer not in self.buffers:
                     raise KeyError(f"launch {i} ({launch.kernel.name}) argument {arg} uses unknown buffer {use.buffer!r}")
-        self._packed = [l.packed() for l in self.launches]
+        # Per launch, what the hot loop needs: the PDL config (or None) and cuLaunchKernel's arguments.
+        self._packed = [(l.config() if l.pdl else None, *l.packed()) for l in self.launches]
         self._guards = tuple(guards)
 
     def __len__(self) -> int:
@@ -200,16 +247,21 @@ class LaunchPlan:
                 raise ClosedError("a buffer or model this plan uses has been closed")
 
     def run(self, stream) -> None:
-        """Launch every kernel in order on ``stream``: one ``cuLaunchKernel`` each, nothing else."""
+        """Launch every kernel in order on ``stream``: one ``cuLaunchKernel`` (``cuLaunchKernelEx``
+        for PDL launches) each, nothing else."""
         for g in self._guards:
             if not g.alive:
                 raise ClosedError("a buffer or model this plan uses has been closed")
         if stream.closed:
             raise ClosedError("Stream is closed")
         h = stream.handle
-        launch = driver.cuLaunchKernel
-        for f, gx, gy, gz, bx, by, bz, sm, a in self._packed:
-            (err,) = launch(f, gx, gy, gz, bx, by, bz, sm, h, a, 0)
+        launch, launch_ex = driver.cuLaunchKernel, driver.cuLaunchKernelEx
+        for cfg, f, gx, gy, gz, bx, by, bz, sm, a in self._packed:
+            if cfg is None:
+                (err,) = launch(f, gx, gy, gz, bx, by, bz, sm, h, a, 0)
+            else:
+                cfg.hStream = h  # the config is shared with Launch.__call__: always set it
+                (err,) = launch_ex(cfg, f, a, 0)
             if err != _SUCCESS:
                 raise cuda_error(err, "cuLaunchKernel")
 

@@ -85,12 +85,20 @@ class ExecUpdateManager:
             self._args.append(args)
             self._params.append(self._node_params(node.launch, args))
         self._handles = [n.handle for n in graph.nodes]
-        # Per binding, the (node, one-element view of the argument slot) pairs it rewrites.
+        # Per binding, the (node, one-element view of the argument slot) pairs it rewrites, and the
+        # same grouped by node for the single-name fast path.
         self._slots = {
             name: [(node, self._args[node]._views[arg]) for node, arg, _ in self.bindings[name]] for name in names
         }
+        self._node_slots: dict[str, list[tuple[int, list]]] = {}
+        for name, pairs in self._slots.items():
+            grouped: dict[int, list] = {}
+            for node, view in pairs:
+                grouped.setdefault(node, []).append(view)
+            self._node_slots[name] = list(grouped.items())
         self._writers = any("write" in r for r in self._roles.values()) and len(names) > 1
-        self._checked: dict[tuple[str, int], tuple] = {}
+        # name -> {id(array): (weakref, ptr, nbytes, owner finalizer or None)}
+        self._checked: dict[str, dict[int, tuple]] = {name: {} for name in names}
         self.update_calls = 0
         self._streams: dict[int, Stream] = {}
         self._pending: list[Any] = []
@@ -121,11 +129,12 @@ class ExecUpdateManager:
         (name, object) -- by weak reference, so the cache keeps nothing alive -- and re-binding it
         costs a dict lookup. A closed DeviceBuffer fails the lookup and is refused by the full check.
         """
-        hit = self._checked.get((name, id(array)))
-        if hit is not None and hit[0]() is array and (hit[3] is None or hit[3].alive):
-            return hit[1], hit[2]
         if name not in self.bindings:
             raise KeyError(f"unknown binding {name!r}; bindable: {sorted(self.bindings)}")
+        cache = self._checked[name]
+        hit = cache.get(id(array))
+        if hit is not None and hit[0]() is array and (hit[3] is None or hit[3].alive):
+            return hit[1], hit[2]
         shape, dtype = self._specs[name]
         view = check_array(as_device_array(array, name), shape, dtype, name, self._device)
         try:
@@ -134,14 +143,67 @@ class ExecUpdateManager:
             return view.ptr, view.nbytes
         owner = view.owner
         alive = owner._finalizer if isinstance(owner, DeviceBuffer) else None
-        if len(self._checked) > 1024:
-            self._checked.clear()
-        self._checked[(name, id(array))] = (ref, view.ptr, view.nbytes, alive)
+        if len(cache) > 1024:
+            cache.clear()
+        cache[id(array)] = (ref, view.ptr, view.nbytes, alive)
         return view.ptr, view.nbytes
 
     def bind(self, name: str, array: Any) -> int:
-        """Point every node argument bound to ``name`` at ``array``; returns driver updates made."""
-        return self.bind_many({name: array})
+        """Point every node argument bound to ``name`` at ``array``; returns driver updates made.
+
+        The hot path of a replay loop: an array bound before (still alive, same object) costs a
+        dict lookup, an overlap check, one in-place pointer write per argument and one
+        ``cuGraphExecKernelNodeSetParams`` per node that reads it -- none when the pointer did not
+        change. Anything else goes through :meth:`bind_many`, which validates it.
+        """
+        cache = self._checked.get(name)
+        hit = cache.get(id(array)) if cache is not None else None
+        if hit is None or hit[0]() is not array or (hit[3] is not None and not hit[3].alive):
+            return self.bind_many({name: array})
+        ptr, nbytes = hit[1], hit[2]
+        if self._writers:
+            self._check_overlap_one(name, ptr, nbytes)
+        old = self._bound_ptr[name][0]
+        pushed = 0
+        if ptr != old:
+            setparams = driver.cuGraphExecKernelNodeSetParams
+            exe, handles, params = self.exec.handle, self._handles, self._params
+            done: list[int] = []
+            for node, views in self._node_slots[name]:
+                for v in views:
+                    v[0] = ptr
+                (err,) = setparams(exe, handles[node], params[node])
+                if err != _SUCCESS:
+                    self._undo_fast(name, old, done + [node])
+                    raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
+                done.append(node)
+            pushed = len(done)
+            self.update_calls += pushed
+            self._bound_ptr[name] = (ptr, nbytes)
+        old_obj = self._bound_obj[name]
+        if old_obj is not array:
+            self._bound_obj[name] = array
+            self._retire(old_obj)
+        return pushed
+
+    def _undo_fast(self, name: str, old: int, nodes: list[int]) -> None:
+        """Put ``name``'s arguments back to ``old`` and give the driver the old values again."""
+        for node, views in self._node_slots[name]:
+            for v in views:
+                v[0] = old
+        for node in nodes[:-1]:  # the failed one never took the new values
+            driver.cuGraphExecKernelNodeSetParams(self.exec.handle, self._handles[node], self._params[node])
+
+    def _check_overlap_one(self, name: str, ptr: int, nbytes: int) -> None:
+        for wname in self._write_names:
+            if wname == name:
+                for other, (op, on) in self._bound_ptr.items():
+                    if other != name and ptr < op + on and op < ptr + nbytes:
+                        raise LayoutError(f"{name} (written) overlaps {other}")
+            else:
+                wp, wn = self._bound_ptr[wname]
+                if wp < ptr + nbytes and ptr < wp + wn:
+                    raise LayoutError(f"{wname} (written) overlaps {name}")
 
     def bind_many(self, arrays: dict[str, Any]) -> int:
         """Bind several names at once, all validated before anything changes.
@@ -269,7 +331,8 @@ class ExecUpdateManager:
                 e.synchronize()
         self._retired.clear()
         self._pending.clear()
-        self._checked.clear()
+        for cache in self._checked.values():
+            cache.clear()
         for e in self._events:
             e.close()
         self._events.clear()

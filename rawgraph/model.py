@@ -5,7 +5,12 @@ Two forms of the same arithmetic:
 - ``unfused``: 4 kernels per block (matmul, relu, matmul, add) -- the same operations as the
   PyTorch reference ``torch.relu(x @ w1) @ w2 + x``;
 - ``fused``: 2 kernels per block (matmul_relu, matmul_add);
-- ``block``: 1 kernel per block (``kernels/block.cu``), for width <= 256 and a multiple of 4.
+- ``block``: 1 kernel per block (``kernels/block.cu``, a cluster of 8 CTAs), for width <= 256
+  and a multiple of 4, on compute capability 9.0.
+
+On compute capability 9.0 the launches of a plan are chained with programmatic dependent launch
+(``pdl``, see :class:`~rawgraph.launch.LaunchPlan`): each kernel's weight loads and launch overlap
+the kernel before it. ``pdl=False`` gives plain stream order, for comparison.
 
 ``unfused`` and ``fused`` round identically (relu is exact and the residual is one fp32 add in
 either form); ``block`` sums in another order, so it agrees with them to float tolerance only.
@@ -65,9 +70,12 @@ class TinyBlock(Resource):
         device from the seed (``kernels/init.cu``).
     form : {"unfused", "fused", "block"}
     device : Device, optional
+    pdl : bool, optional
+        Chain launches with programmatic dependent launch; default: where the device has it (9.0+).
     """
 
-    def __init__(self, width: int, batch: int, layers: int = 1, seed: int = 0, form: str = "unfused", device: Device | None = None):
+    def __init__(self, width: int, batch: int, layers: int = 1, seed: int = 0, form: str = "unfused",
+                 device: Device | None = None, pdl: bool | None = None):
         self.width = _positive_int("width", width)
         self.batch = _positive_int("batch", batch)
         self.layers = _positive_int("layers", layers)
@@ -78,6 +86,11 @@ class TinyBlock(Resource):
         self.form = form
         self.seed = int(seed)
         self.device = (device or get_device()).activate()
+        if form == "block" and not ops.has_clusters(self.device):
+            raise ShapeError("form 'block' needs thread-block clusters (compute capability 9.0)")
+        if pdl and not ops.has_clusters(self.device):
+            raise ValueError("programmatic dependent launch needs compute capability 9.0")
+        self.pdl = ops.has_clusters(self.device) if pdl is None else bool(pdl)
         owned: list[DeviceBuffer] = []
         self._own(_close_all, owned)
         w, b = self.width, self.batch
@@ -140,7 +153,7 @@ class TinyBlock(Resource):
         guards = [self._finalizer] + [
             a.owner._finalizer for a in (xa, oa) if isinstance(a.owner, DeviceBuffer)
         ]
-        return LaunchPlan(launches, bufs, ("x",), ("out",), guards)
+        return LaunchPlan(launches, bufs, ("x",), ("out",), guards, pdl=self.pdl)
 
     def forward(self, x: Any, out: Any, stream: Stream) -> None:
         """Run eagerly on ``stream`` (plans are cached per (x, out) address pair)."""
@@ -170,4 +183,5 @@ class TinyBlock(Resource):
         self._finalizer()
 
     def __repr__(self) -> str:
-        return f"<TinyBlock width={self.width} batch={self.batch} layers={self.layers} {self.form}>"
+        pdl = " pdl" if self.pdl else ""
+        return f"<TinyBlock width={self.width} batch={self.batch} layers={self.layers} {self.form}{pdl}>"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .device import Device
-from .errors import ShapeError
+from .errors import LayoutError, ShapeError
 from .kernels import get_kernel
 from .launch import ArgUse, KernelArgs, Launch
 from .memory import DeviceArray, check_array
@@ -20,46 +20,112 @@ THREADS = 256  # matmul.cu's RG_THREADS
 EPILOGUES = {"none": 0, "relu": 1, "add": 2}
 _F32 = np.dtype(np.float32)
 
+GEMM_MIN_BATCH = 16  # below this the 64-row GEMM tile computes mostly padding; matvec reads W once per 8 rows
+GEMM_TILE = 64       # matmul.cu's RG_GM_BM == RG_GM_BN
+GEMM_KC = 16         # matmul.cu's RG_GM_KC
+MAX_SPLIT = 8        # portable cluster size
+XS_FLOATS = 4096     # matmul.cu's RG_XS_FLOATS
+UNROLL = 8           # matmul.cu's RG_UNROLL
+MATVEC_TILES = {4: (128, 64, 32, 16), 1: (32, 16, 8)}  # column tiles per load width
+
+
+def has_clusters(device: Device) -> bool:
+    """Thread-block clusters and programmatic dependent launch need compute capability 9.0."""
+    return device.info.compute_capability >= (9, 0)
+
 
 @dataclass(frozen=True)
 class MatmulShape:
-    """How one ``matmul_kernel`` launch is cut: see ``kernels/matmul.cu``.
+    """How one matmul launch is cut: see ``kernels/matmul.cu``.
 
-    vec: floats per W load (4 = 16-byte loads); tc: output columns per block; bt: batch rows per
-    block; grid: (batch tiles, column tiles).
+    kernel: ``"matvec"`` or ``"gemm"``; vec: floats per W load (4 = 16-byte loads); tc: output
+    columns per CTA; bt: batch rows per CTA; split: CTAs of a cluster sharing K (1 = no cluster);
+    grid: (column tiles, split, batch tiles).
     """
 
+    kernel: str
     vec: int
     tc: int
     bt: int
-    grid: tuple[int, int]
+    split: int
+    grid: tuple[int, int, int]
+
+    @property
+    def ctas(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
 
 
-def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: bool = True) -> MatmulShape:
-    """Choose the tile for a (batch, K, N) product on a GPU with ``multiprocessors`` SMs.
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
-    16-byte loads when every W row starts 16-byte aligned (N % 4 == 0 and an aligned base). Batch
-    tile up to 8 rows. Column tile: the widest that still gives at least one block per SM (wide
-    tiles mean longer coalesced rows), else the narrowest, so small N still spreads over SMs.
-    """
-    if min(batch, k, n) < 1:
-        raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
-    vec = 4 if (n % 4 == 0 and w_aligned16) else 1
+
+def _pick_split(ctas: int, k: int, min_rows: int, multiprocessors: int, clusters: bool) -> int:
+    """Smallest power-of-two split that puts a CTA on every SM, keeping >= min_rows rows of K each."""
+    split = 1
+    if not clusters:
+        return split
+    while split < MAX_SPLIT and ctas * split < multiprocessors and k // (2 * split) >= min_rows:
+        split *= 2
+    return split
+
+
+def matvec_shape(batch: int, k: int, n: int, multiprocessors: int, vec: int, clusters: bool,
+                 tc: int | None = None, split: int | None = None) -> MatmulShape:
+    """The matvec cut: 16-byte loads when allowed, batch tile up to 8, the widest column tile
+    that fits N (long coalesced rows), and a K split over a cluster until every SM has a CTA."""
     bt = 1
     while bt < min(batch, 8):
         bt *= 2
-    batch_tiles = -(-batch // bt)
-    widths = [tc for tc in (128, 64, 32, 16, 8) if tc // vec <= 32 and bt * tc <= 512]
-    tc = widths[-1]
-    for cand in widths:
-        if batch_tiles * -(-n // cand) >= multiprocessors:
-            tc = cand
-            break
-    return MatmulShape(vec, tc, bt, (batch_tiles, -(-n // tc)))
+    tiles = [t for t in MATVEC_TILES[vec] if bt * t <= 512 and (XS_FLOATS // bt) % (UNROLL * 8 * 32 // (t // vec)) == 0]
+    if tc is None:
+        fits = [t for t in tiles if t <= max(n, tiles[-1])]
+        tc = fits[0]
+        # Narrow tiles spread a small N over more CTAs only when the K split cannot (no clusters).
+        while not clusters and tc != tiles[-1] and _cdiv(n, tc) * _cdiv(batch, bt) < multiprocessors:
+            tc = tiles[tiles.index(tc) + 1]
+    elif tc not in tiles:
+        raise ShapeError(f"matvec column tile {tc} not available for vec={vec}, bt={bt} (choose from {tiles})")
+    rows_per_step = 8 * (32 // (tc // vec))
+    base = _cdiv(n, tc) * _cdiv(batch, bt)
+    if split is None:
+        split = _pick_split(base, k, rows_per_step, multiprocessors, clusters)
+    elif split not in (1, 2, 4, 8) or (split > 1 and not clusters):
+        raise ShapeError(f"split {split} needs clusters (sm_90) and must be 1, 2, 4 or 8")
+    return MatmulShape("matvec", vec, tc, bt, split, (_cdiv(n, tc), split, _cdiv(batch, bt)))
+
+
+def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool, split: int | None = None) -> MatmulShape:
+    """The GEMM cut: 64 x 64 output tiles, K split over a cluster until every SM has a CTA."""
+    base = _cdiv(n, GEMM_TILE) * _cdiv(batch, GEMM_TILE)
+    if split is None:
+        split = _pick_split(base, k, GEMM_KC, multiprocessors, clusters)
+    elif split not in (1, 2, 4, 8) or (split > 1 and not clusters):
+        raise ShapeError(f"split {split} needs clusters (sm_90) and must be 1, 2, 4 or 8")
+    return MatmulShape("gemm", 4, GEMM_TILE, GEMM_TILE, split, (_cdiv(n, GEMM_TILE), split, _cdiv(batch, GEMM_TILE)))
+
+
+def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: bool = True,
+                 x_aligned16: bool = True, clusters: bool = True) -> MatmulShape:
+    """Choose the kernel and its cut for a (batch, K, N) product on ``multiprocessors`` SMs.
+
+    The choice depends only on the shape, W's and x's alignment and the device, never on the
+    epilogue, so the fused and unfused forms of a block run the same sums (and round alike).
+    """
+    if min(batch, k, n) < 1:
+        raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
+    if batch >= GEMM_MIN_BATCH and k % 4 == 0 and n % 4 == 0 and w_aligned16 and x_aligned16:
+        return gemm_shape(batch, k, n, multiprocessors, clusters)
+    vec = 4 if (n % 4 == 0 and w_aligned16) else 1
+    return matvec_shape(batch, k, n, multiprocessors, vec, clusters)
 
 
 def matmul_expr(epilogue: str, shape: MatmulShape) -> str:
-    return f"matmul_kernel<{EPILOGUES[epilogue]}, {shape.vec}, {shape.tc}, {shape.bt}>"
+    e = EPILOGUES[epilogue]
+    if shape.kernel == "gemm":
+        return f"gemm_split_kernel<{e}, {shape.split}>" if shape.split > 1 else f"gemm_kernel<{e}>"
+    if shape.split > 1:
+        return f"matvec_split_kernel<{e}, {shape.vec}, {shape.tc}, {shape.bt}, {shape.split}>"
+    return f"matvec_kernel<{e}, {shape.vec}, {shape.tc}, {shape.bt}>"
 
 
 def matmul(
@@ -71,8 +137,13 @@ def matmul(
     epilogue: str = "none",
     r: str | None = None,
     label: str = "",
+    shape: MatmulShape | None = None,
 ) -> Launch:
-    """``y = epilogue(x @ w)`` (``epilogue`` none, relu, or add with residual ``r``); names index ``buffers``."""
+    """``y = epilogue(x @ w)`` (``epilogue`` none, relu, or add with residual ``r``); names index ``buffers``.
+
+    ``shape`` overrides the automatic cut (tests and the kernel benchmark sweep it); it is checked
+    against the operands like everything else here.
+    """
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue must be one of {sorted(EPILOGUES)}, got {epilogue!r}")
     if (epilogue == "add") != (r is not None):
@@ -87,7 +158,11 @@ def matmul(
     check_array(ya, (batch, n), _F32, y)
     if r is not None:
         check_array(buffers[r], (batch, n), _F32, r)
-    shape = matmul_shape(batch, k, n, device.info.multiprocessors, wa.ptr % 16 == 0)
+    clusters = has_clusters(device)
+    if shape is None:
+        shape = matmul_shape(batch, k, n, device.info.multiprocessors, wa.ptr % 16 == 0, xa.ptr % 16 == 0, clusters)
+    else:
+        _check_shape(shape, batch, k, n, xa, wa, clusters)
     kernel = get_kernel("matmul", matmul_expr(epilogue, shape), device)
     args = KernelArgs([("x", "ptr"), ("W", "ptr"), ("y", "ptr"), ("r", "ptr"), ("B", "i32"), ("K", "i32"), ("N", "i32")])
     args.update({"x": xa.ptr, "W": wa.ptr, "y": ya.ptr, "r": buffers[r].ptr if r else 0, "B": batch, "K": k, "N": n})
@@ -95,25 +170,47 @@ def matmul(
     if r:
         uses["r"] = ArgUse(r, "read")
     name = {"none": "matmul", "relu": "matmul_relu", "add": "matmul_add"}[epilogue]
-    return Launch(kernel, (shape.grid[0], shape.grid[1], 1), (THREADS, 1, 1), args, uses, 0, label or name)
+    return Launch(kernel, shape.grid, (THREADS, 1, 1), args, uses, 0, label or name)
+
+
+def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray, wa: DeviceArray, clusters: bool) -> None:
+    """Refuse a hand-picked cut the kernel cannot run correctly on these operands."""
+    if shape.split > 1 and not clusters:
+        raise ShapeError(f"split {shape.split} needs thread-block clusters (compute capability 9.0)")
+    if shape.kernel == "gemm":
+        if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
+            raise LayoutError("the gemm kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
+        want = gemm_shape(batch, k, n, 1, clusters, shape.split)
+    elif shape.kernel == "matvec":
+        if shape.vec == 4 and (n % 4 or wa.ptr % 16):
+            raise LayoutError("16-byte W loads (vec=4) need N % 4 == 0 and a 16-byte aligned W")
+        want = matvec_shape(batch, k, n, 1, shape.vec, clusters, shape.tc, shape.split)
+    else:
+        raise ValueError(f"unknown matmul kernel {shape.kernel!r}")
+    if want != shape:
+        raise ShapeError(f"matmul shape {shape} does not fit batch={batch}, K={k}, N={n} (expected {want})")
 
 
 BLOCK_MAX_WIDTH = 256  # kernels/block.cu's RG_BLOCK_MAXW
+BLOCK_CLUSTER = 8      # CTAs per cluster of the single-kernel block
 
 
-def block_fits(width: int) -> bool:
-    """Whether the single-kernel block (``kernels/block.cu``) handles this width."""
-    return 1 <= width <= BLOCK_MAX_WIDTH and width % 4 == 0
+def block_fits(width: int, device: Device | None = None) -> bool:
+    """Whether the single-kernel block (``kernels/block.cu``) handles this width (and device)."""
+    ok = 1 <= width <= BLOCK_MAX_WIDTH and width % 4 == 0
+    return ok and (device is None or has_clusters(device))
 
 
 def block(device: Device, buffers: dict[str, DeviceArray], x: str, w1: str, w2: str, y: str, label: str = "") -> Launch:
-    """``y = relu(x @ w1) @ w2 + x`` in one kernel (width <= 256, width % 4 == 0)."""
+    """``y = relu(x @ w1) @ w2 + x`` in one kernel (width <= 256, width % 4 == 0; sm_90 clusters)."""
     xa, w1a, w2a, ya = buffers[x], buffers[w1], buffers[w2], buffers[y]
     if len(xa.shape) != 2:
         raise ShapeError(f"block needs a 2-D x, got {xa.shape}")
     batch, width = xa.shape
     if not block_fits(width):
         raise ShapeError(f"the single-kernel block needs width <= {BLOCK_MAX_WIDTH} and a multiple of 4, got {width}")
+    if not has_clusters(device):
+        raise ShapeError("the single-kernel block needs thread-block clusters (compute capability 9.0)")
     check_array(xa, (batch, width), _F32, x)
     check_array(w1a, (width, width), _F32, w1, align=16)
     check_array(w2a, (width, width), _F32, w2, align=16)
@@ -121,11 +218,11 @@ def block(device: Device, buffers: dict[str, DeviceArray], x: str, w1: str, w2: 
     bt = 1
     while bt < min(batch, 4):
         bt *= 2
-    kernel = get_kernel("block", f"block_kernel<{bt}>", device)
+    kernel = get_kernel("block", f"block_kernel<{bt}, {BLOCK_CLUSTER}>", device)
     args = KernelArgs([("x", "ptr"), ("W1", "ptr"), ("W2", "ptr"), ("y", "ptr"), ("B", "i32"), ("W", "i32")])
     args.update({"x": xa.ptr, "W1": w1a.ptr, "W2": w2a.ptr, "y": ya.ptr, "B": batch, "W": width})
     uses = {"x": ArgUse(x, "read"), "W1": ArgUse(w1, "read"), "W2": ArgUse(w2, "read"), "y": ArgUse(y, "write")}
-    return Launch(kernel, (-(-batch // bt), 1, 1), (THREADS, 1, 1), args, uses, 0, label or "block")
+    return Launch(kernel, (BLOCK_CLUSTER, -(-batch // bt), 1), (THREADS, 1, 1), args, uses, 0, label or "block")
 
 
 def _elementwise_grid(n: int, device: Device) -> tuple[int, int, int]:

@@ -18,7 +18,7 @@ from rawgraph import (
     as_device_array,
 )
 from rawgraph.errors import check, cuda_error
-from rawgraph.ops import matmul_shape
+from rawgraph.ops import GEMM_MIN_BATCH, _check_shape, gemm_shape, matmul_shape, matvec_shape
 
 
 def test_packed_layout_alignment_and_pointer_table():
@@ -58,19 +58,60 @@ def test_bad_arg_specs():
         KernelArgs([("x", "ptr"), ("x", "i32")])
 
 
-@pytest.mark.parametrize("batch,width", [(1, 1), (1, 33), (3, 128), (17, 1000), (8, 1024), (64, 4096), (1, 4096)])
-def test_matmul_shape_covers_the_output(batch, width):
-    s = matmul_shape(batch, width, width, multiprocessors=132)
-    assert s.grid[0] * s.bt >= batch and (s.grid[0] - 1) * s.bt < batch
-    assert s.grid[1] * s.tc >= width and (s.grid[1] - 1) * s.tc < width
-    assert s.bt * s.tc <= 512 and 32 % (s.tc // s.vec) == 0
-    assert s.vec == (4 if width % 4 == 0 else 1)
+SHAPES = [(1, 1), (1, 33), (3, 128), (17, 1000), (8, 1024), (64, 4096), (1, 4096), (15, 1000), (100, 12)]
+
+
+@pytest.mark.parametrize("clusters", [True, False])
+@pytest.mark.parametrize("batch,width", SHAPES)
+def test_matmul_shape_covers_the_output(batch, width, clusters):
+    s = matmul_shape(batch, width, width, multiprocessors=132, clusters=clusters)
+    cols, split, rows = s.grid
+    assert cols * s.tc >= width and (cols - 1) * s.tc < width
+    assert rows * s.bt >= batch and (rows - 1) * s.bt < batch
+    assert split == s.split and split in (1, 2, 4, 8) and (clusters or split == 1)
+    if s.kernel == "gemm":
+        assert batch >= GEMM_MIN_BATCH and width % 4 == 0 and (s.tc, s.bt) == (64, 64)
+    else:
+        assert s.bt * s.tc <= 512 and 32 % (s.tc // s.vec) == 0
+        assert s.vec == (4 if width % 4 == 0 else 1)
+
+
+def test_matmul_shape_picks_the_kernel_by_batch_and_alignment():
+    assert matmul_shape(8, 1024, 1024, 132).kernel == "matvec"
+    assert matmul_shape(16, 1024, 1024, 132).kernel == "gemm"
+    assert matmul_shape(64, 1024, 1024, 132, x_aligned16=False).kernel == "matvec"
+    assert matmul_shape(64, 1000, 1002, 132).kernel == "matvec"  # N % 4 != 0: no 16-byte rows
 
 
 def test_matmul_shape_fills_the_gpu_when_it_can():
     s = matmul_shape(1, 4096, 4096, 132)
-    assert s.grid[0] * s.grid[1] >= 132
+    assert s.ctas >= 132 and s.split > 1
+    assert matmul_shape(1, 4096, 4096, 132, clusters=False).split == 1
+    assert matmul_shape(1, 4096, 4096, 132, clusters=False).ctas >= 132  # narrower tiles instead
     assert matmul_shape(1, 4096, 4096, 132, w_aligned16=False).vec == 1
+    assert matmul_shape(64, 4096, 4096, 132).ctas >= 132
+    # A short K is not split below a block step (8 rows for 128-wide tiles).
+    assert matmul_shape(1, 8, 128, 132).split == 1
+    assert matmul_shape(1, 16, 128, 132).split == 2
+
+
+def test_hand_picked_matmul_shapes_are_checked():
+    x, w = as_device_array(FakeCAI((64, 1000))), as_device_array(FakeCAI((1000, 1000)))
+    good = gemm_shape(64, 1000, 1000, 132, clusters=True, split=4)
+    _check_shape(good, 64, 1000, 1000, x, w, clusters=True)
+    with pytest.raises(ShapeError, match="clusters"):
+        _check_shape(good, 64, 1000, 1000, x, w, clusters=False)
+    with pytest.raises(ShapeError, match="does not fit"):
+        _check_shape(good, 65, 1000, 1000, x, w, clusters=True)
+    w_odd = as_device_array(FakeCAI((1000, 1000), ptr=0x7F0000000004))
+    with pytest.raises(LayoutError, match="16-byte"):
+        _check_shape(good, 64, 1000, 1000, x, w_odd, clusters=True)
+    mv = matvec_shape(64, 1000, 1000, 132, vec=4, clusters=True, tc=64, split=2)
+    _check_shape(mv, 64, 1000, 1000, x, w, clusters=True)
+    with pytest.raises(LayoutError, match="vec=4"):
+        _check_shape(mv, 64, 1000, 1000, x, w_odd, clusters=True)
+    with pytest.raises(ShapeError, match="column tile"):
+        matvec_shape(8, 1000, 1000, 132, vec=4, clusters=True, tc=128)  # 8 x 128 partials do not fit
 
 
 class FakeCAI:

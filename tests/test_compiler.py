@@ -2,33 +2,52 @@
 
 import multiprocessing as mp
 import os
+import re
 
 import pytest
 
 from rawgraph import NvrtcError
 from rawgraph.compiler import KernelCache, compile_source, default_cache_dir
 from rawgraph.kernels import kernel_files, kernel_source
-from rawgraph.ops import EPILOGUES, MatmulShape, matmul_expr
+from rawgraph.ops import EPILOGUES, MATVEC_TILES, MatmulShape, matmul_expr
 
 ARCHS = ["sm_80", "sm_90"]
 
-# Every extern "C" kernel per file, and the matmul instantiations TinyBlock can ask for.
+# Every extern "C" kernel per file, and the instantiations TinyBlock and the benchmarks can ask
+# for: every matvec tile with the plain epilogue, every epilogue on one tile, every GEMM; on
+# sm_90 also the cluster (split) forms and the single-kernel block.
 PLAIN = {"elementwise": ["relu", "add", "empty"], "init": ["fill_uniform"]}
-MATMUL = [
-    matmul_expr(e, MatmulShape(vec, tc, bt, (1, 1)))
-    for e in EPILOGUES
-    for vec, tcs in ((4, (128, 64, 32, 16, 8)), (1, (32, 16, 8)))
-    for tc in tcs
-    for bt in (1, 2, 4, 8)
-    if bt * tc <= 512
-]
 
 
-BLOCK = [f"block_kernel<{bt}>" for bt in (1, 2, 4)]
+def _matvec_shapes(splits):
+    for vec, tiles in MATVEC_TILES.items():
+        for tc in tiles:
+            for bt in (1, 2, 4, 8):
+                if bt * tc <= 512:
+                    for split in splits:
+                        yield MatmulShape("matvec", vec, tc, bt, split, (1, split, 1))
+
+
+def matmul_names(arch):
+    splits = (1, 2, 4, 8) if arch == "sm_90" else (1,)
+    names = {matmul_expr("none", s) for s in _matvec_shapes(splits)}
+    names |= {matmul_expr(e, MatmulShape("matvec", 4, 64, 8, sp, (1, sp, 1))) for e in EPILOGUES for sp in splits}
+    names |= {matmul_expr(e, MatmulShape("gemm", 4, 64, 64, sp, (1, sp, 1))) for e in EPILOGUES for sp in splits}
+    return sorted(names)
+
+
+def block_names(arch):
+    return [f"block_kernel<{bt}, {cs}>" for bt in (1, 2, 4) for cs in (2, 4, 8)] if arch == "sm_90" else []
 
 
 def test_every_source_is_covered():
     assert sorted(kernel_files()) == sorted(list(PLAIN) + ["matmul", "block"])
+
+
+def test_headers_are_spliced_into_the_source():
+    src = kernel_source("matmul")
+    assert not re.search(r'^\s*#\s*include\s+"rawgraph.cuh"', src, re.M) and "griddepcontrol.wait" in src
+    assert src.count("#define RAWGRAPH_CUH") == 1
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -39,7 +58,9 @@ def test_compile_every_kernel_to_cubin(arch, tmp_path):
         assert img.fmt == "cubin" and img.image[:4] == b"\x7fELF"
         for n in names:
             assert n.encode() in img.image, f"{n} missing from {file}.cu's CUBIN"
-    for file, names in (("matmul", MATMUL), ("block", BLOCK)):
+    for file, names in (("matmul", matmul_names(arch)), ("block", block_names(arch))):
+        if not names:
+            continue
         img = compile_source(kernel_source(file), f"{file}.cu", arch, names, cache=cache)
         assert img.image[:4] == b"\x7fELF"
         assert set(img.lowered) == set(names)

@@ -17,7 +17,7 @@ here = pathlib.Path(rawgraph.__file__).resolve()
 assert str(here).startswith(sys.argv[2]), (here, sys.argv[2])
 assert str(kernel_dir()).startswith(str(here.parent)), kernel_dir()
 assert kernel_files() == ["block", "elementwise", "init", "matmul"], kernel_files()
-img = compile_source(kernel_source("matmul"), "matmul.cu", "sm_90", ["matmul_kernel<0, 4, 16, 1>"], cache=KernelCache(sys.argv[1]))
+img = compile_source(kernel_source("matmul"), "matmul.cu", "sm_90", ["matvec_kernel<0, 4, 16, 1>"], cache=KernelCache(sys.argv[1]))
 assert img.image[:4] == b"\\x7fELF"
 print("wheel-ok", kernel_dir())
 """

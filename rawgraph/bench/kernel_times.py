@@ -6,7 +6,12 @@ weight matrices that together they exceed the L2 cache (as the layers of a deep 
 figure is DRAM time, not cache time. Achieved bandwidth counts W once plus x and y, against a
 device-to-device copy measured in the same run (bytes read + written).
 
-    PYTHONPATH=. python3 -m rawgraph.bench.kernel_times [--out benchmarks/results]
+Every matmul is timed twice: as a chain of programmatic dependent launches (how rawgraph's plans
+run on sm_90: each launch's weight loads overlap the one before) and in plain stream order.
+``--sweep`` also times every other cut (column tile, K split, kernel) of each shape, so the
+choice ``ops.matmul_shape`` makes can be checked against the best one measured.
+
+    PYTHONPATH=. python3 -m rawgraph.bench.kernel_times [--out benchmarks/results] [--sweep]
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from .. import ops
 from ..capture import Capture
 from ..device import get_device
 from ..errors import call
+from ..kernels import get_kernels
+from ..launch import LaunchPlan
 from ..memory import DeviceBuffer
 from ..stream import Event, Stream
 from ..timing import stats
@@ -30,12 +37,16 @@ from ..timing import stats
 REPS = 64
 WIDTHS = (128, 1024, 4096)
 BATCHES = (1, 8, 64)
+# The kernels issue's targets: matmul time over cuBLAS's at most this, per batch.
+CUBLAS_RATIO_TARGET = {1: 1.0, 8: 1.0, 64: 1.5}
+BANDWIDTH_TARGET = 0.8  # at width 4096, batch 1: share of the measured copy bandwidth
 
 
-def _graph_time_us(launches, stream: Stream, repeats: int = 15) -> dict:
+def _graph_time_us(launches, bufs: dict, stream: Stream, pdl: bool, repeats: int = 15) -> dict:
+    """Per-launch device time of a graph holding ``launches`` (a PDL chain or plain order)."""
+    plan = LaunchPlan(launches, bufs, (), (), pdl=pdl)
     with Capture(stream) as cap:
-        for l in launches:
-            cap.launch(l)
+        cap.run(plan)
     exe = cap.graph.instantiate()
     exe.launch(stream)
     stream.synchronize()
@@ -80,10 +91,68 @@ def _weights(width: int, l2_bytes: int, stream: Stream) -> list[DeviceBuffer]:
     return ws
 
 
-def measure(widths=WIDTHS, batches=BATCHES) -> dict:
+def candidate_shapes(batch: int, width: int, multiprocessors: int, clusters: bool) -> list[ops.MatmulShape]:
+    """Every cut of a (batch, width, width) product the kernels can run, the default first."""
+    default = ops.matmul_shape(batch, width, width, multiprocessors, clusters=clusters)
+    out = [default]
+    splits = (1, 2, 4, 8) if clusters else (1,)
+    bt = 1
+    while bt < min(batch, 8):
+        bt *= 2
+    for tc in ops.MATVEC_TILES[4]:
+        for split in splits:
+            if bt * tc <= 512 and width // split >= 8 * (32 // (tc // 4)):
+                out.append(ops.matvec_shape(batch, width, width, multiprocessors, 4, clusters, tc, split))
+    if batch >= ops.GEMM_MIN_BATCH:
+        for split in splits:
+            if width // split >= ops.GEMM_KC:
+                out.append(ops.gemm_shape(batch, width, width, multiprocessors, clusters, split))
+    seen, unique = set(), []
+    for s in out:
+        if s not in seen:
+            seen.add(s)
+            unique.append(s)
+    return unique
+
+
+def _label(s: ops.MatmulShape) -> str:
+    return f"{s.kernel}/t{s.tc}/s{s.split}" if s.kernel == "matvec" else f"gemm/s{s.split}"
+
+
+def _torch_mm_us(torch, x, ws, batch: int, width: int) -> dict:
+    tw = [torch.as_tensor(w, device="cuda") for w in ws]
+    tx = torch.as_tensor(x, device="cuda")
+    ty = torch.empty((batch, width), device="cuda")
+    ref = (tx.double() @ tw[0].double()).float()
+    torch.mm(tx, tw[0], out=ty)
+    assert torch.linalg.norm(ty - ref) / torch.linalg.norm(ref) < 1e-5
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.mm(tx, tw[1 % len(tw)], out=ty)  # warm-up: cuBLAS handle and workspace
+        s.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            for i in range(REPS):
+                torch.mm(tx, tw[i % len(tw)], out=ty)
+        g.replay()
+        s.synchronize()
+        samples = []
+        for _ in range(15):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(s)
+            g.replay()
+            b.record(s)
+            b.synchronize()
+            samples.append(a.elapsed_time(b) * 1e3 / REPS)
+    del g
+    return stats(samples)
+
+
+def measure(widths=WIDTHS, batches=BATCHES, sweep: bool = False) -> dict:
     dev = get_device()
     stream = Stream()
     rng = np.random.default_rng()
+    clusters = ops.has_clusters(dev)
     torch = None
     try:
         import torch as _torch
@@ -93,80 +162,117 @@ def measure(widths=WIDTHS, batches=BATCHES) -> dict:
             torch.backends.cuda.matmul.allow_tf32 = False
     except Exception:
         pass
+    sms = dev.info.multiprocessors
+    # One NVRTC program for every instantiation the run needs, not one per shape.
+    names = {ops.matmul_expr(e, s) for w in widths for b in batches
+             for s in (candidate_shapes(b, w, sms, clusters) if sweep else [ops.matmul_shape(b, w, w, sms, clusters=clusters)])
+             for e in ("none", "relu", "add")}
+    get_kernels("matmul", sorted(names), dev)
     bw = copy_bandwidth(stream)
     rows = []
     for width in widths:
         ws = _weights(width, dev.info.l2_bytes, stream)
+        w0 = ws[0].to_numpy().astype(np.float64)
         for batch in batches:
-            x = DeviceBuffer.from_numpy(rng.standard_normal((batch, width), dtype=np.float32))
+            xh = rng.standard_normal((batch, width), dtype=np.float32)
+            x = DeviceBuffer.from_numpy(xh)
             y = DeviceBuffer((batch, width))
             r = DeviceBuffer.from_numpy(rng.standard_normal((batch, width), dtype=np.float32))
             bufs = {"x": x.view(), "y": y.view(), "r": r.view()}
             bufs.update({f"W{i}": w.view() for i, w in enumerate(ws)})
-            row = {"width": width, "batch": batch, "weights_rotated": len(ws)}
+
+            def chain(epi, shape=None, n=REPS):
+                return [ops.matmul(dev, bufs, "x", f"W{i % len(ws)}", "y", epi, r="r" if epi == "add" else None, shape=shape)
+                        for i in range(n)]
+
+            # Correct before timed: the default cut against float64.
+            y.poison(stream)
+            chain("none", n=1)[0](stream)
+            stream.synchronize()
+            ref = xh.astype(np.float64) @ w0
+            err = float(np.linalg.norm(y.to_numpy() - ref) / np.linalg.norm(ref))
+            if not err < 1e-5:
+                raise AssertionError(f"matmul w{width} b{batch}: relative error {err:.2e}")
+            shape = ops.matmul_shape(batch, width, width, sms, clusters=clusters)
+            row = {"width": width, "batch": batch, "weights_rotated": len(ws), "rel_err": err,
+                   "shape": _label(shape), "ctas": shape.ctas}
             for name, epi in (("matmul", "none"), ("matmul_relu", "relu"), ("matmul_add", "add")):
-                launches = [ops.matmul(dev, bufs, "x", f"W{i % len(ws)}", "y", epi, r="r" if epi == "add" else None)
-                            for i in range(REPS)]
-                row[name] = _graph_time_us(launches, stream)
+                launches = chain(epi)
+                row[name] = _graph_time_us(launches, bufs, stream, pdl=clusters)
                 row[name + "_kernel"] = launches[0].kernel.name
-            row["relu"] = _graph_time_us([ops.relu(dev, bufs, "x", "y")] * REPS, stream)
-            row["add"] = _graph_time_us([ops.add(dev, bufs, "x", "r", "y")] * REPS, stream)
-            if ops.block_fits(width):
+            if clusters:
+                row["matmul_nopdl"] = _graph_time_us(chain("none"), bufs, stream, pdl=False)
+            row["relu"] = _graph_time_us([ops.relu(dev, bufs, "x", "y") for _ in range(REPS)], bufs, stream, pdl=clusters)
+            row["add"] = _graph_time_us([ops.add(dev, bufs, "x", "r", "y") for _ in range(REPS)], bufs, stream, pdl=clusters)
+            if ops.block_fits(width, dev):
                 pairs = [(f"W{(2 * i) % len(ws)}", f"W{(2 * i + 1) % len(ws)}") for i in range(REPS)]
-                row["block"] = _graph_time_us([ops.block(dev, bufs, "x", a, b, "y") for a, b in pairs], stream)
+                row["block"] = _graph_time_us([ops.block(dev, bufs, "x", a, b, "y") for a, b in pairs], bufs, stream, pdl=True)
+            if sweep:
+                row["sweep"] = {}
+                for cand in candidate_shapes(batch, width, sms, clusters):
+                    row["sweep"][_label(cand)] = _graph_time_us(chain("none", cand), bufs, stream, pdl=clusters)["median"]
+                row["sweep_best"] = min(row["sweep"], key=row["sweep"].get)
             nbytes = width * width * 4 + 2 * batch * width * 4
             t = row["matmul"]["median"]
             row["matmul_GBps"] = nbytes / (t * 1e-6) / 1e9
             row["matmul_frac_of_copy_bw"] = row["matmul_GBps"] / bw
             if torch is not None:
-                tw = [torch.as_tensor(w, device="cuda") for w in ws]
-                tx = torch.as_tensor(x, device="cuda")
-                ty = torch.empty((batch, width), device="cuda")
-                ref = (tx.double() @ tw[0].double()).float()
-                torch.mm(tx, tw[0], out=ty)
-                assert torch.linalg.norm(ty - ref) / torch.linalg.norm(ref) < 1e-5
-                s = torch.cuda.Stream()
-                with torch.cuda.stream(s):
-                    torch.mm(tx, tw[1 % len(tw)], out=ty)  # warm-up: cuBLAS handle and workspace
-                    s.synchronize()
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, stream=s):
-                        for i in range(REPS):
-                            torch.mm(tx, tw[i % len(tw)], out=ty)
-                    g.replay()
-                    s.synchronize()
-                    samples = []
-                    for _ in range(15):
-                        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        a.record(s)
-                        g.replay()
-                        b.record(s)
-                        b.synchronize()
-                        samples.append(a.elapsed_time(b) * 1e3 / REPS)
-                row["torch_mm"] = stats(samples)
+                row["torch_mm"] = _torch_mm_us(torch, x, ws, batch, width)
                 row["matmul_vs_cublas"] = t / row["torch_mm"]["median"]
-                del g
             rows.append(row)
-            line = f"w{width:<5d} b{batch:<3d} matmul {t:8.2f} us ({row['matmul_GBps']:7.0f} GB/s, {row['matmul_frac_of_copy_bw']:5.1%} of copy)"
-            if "torch_mm" in row:
-                line += f"  torch.mm {row['torch_mm']['median']:8.2f} us  ratio {row['matmul_vs_cublas']:5.2f}"
-            line += f"  relu {row['relu']['median']:.2f}  add {row['add']['median']:.2f}"
-            if "block" in row:
-                line += f"  block {row['block']['median']:.2f} vs fused pair {row['matmul_relu']['median'] + row['matmul_add']['median']:.2f}"
-            print(line, flush=True)
+            print(_line(row), flush=True)
             for b_ in (x, y, r):
                 b_.close()
         for w in ws:
             w.close()
-    return {"device": dev.info.name, "copy_GBps": bw, "reps_per_graph": REPS, "rows": rows}
+    return {"device": dev.info.name, "copy_GBps": bw, "reps_per_graph": REPS, "pdl": clusters, "rows": rows}
+
+
+def _line(row: dict) -> str:
+    t = row["matmul"]["median"]
+    line = (f"w{row['width']:<5d} b{row['batch']:<3d} {row['shape']:15s} matmul {t:7.2f} us "
+            f"({row['matmul_GBps']:6.0f} GB/s, {row['matmul_frac_of_copy_bw']:5.1%} of copy)")
+    if "matmul_nopdl" in row:
+        line += f" nopdl {row['matmul_nopdl']['median']:7.2f}"
+    if "torch_mm" in row:
+        line += f"  torch.mm {row['torch_mm']['median']:7.2f} ratio {row['matmul_vs_cublas']:5.2f}"
+    line += f"  relu {row['relu']['median']:.2f} add {row['add']['median']:.2f}"
+    if "block" in row:
+        pair = row["matmul_relu"]["median"] + row["matmul_add"]["median"]
+        line += f"  block {row['block']['median']:.2f} vs fused pair {pair:.2f}"
+    if "sweep" in row:
+        best = row["sweep_best"]
+        line += f"  best cut {best} {row['sweep'][best]:.2f}"
+    return line
+
+
+def targets(result: dict) -> str:
+    """The kernels issue's matmul targets, met or missed, from one result."""
+    lines = []
+    for row in result["rows"]:
+        limit = CUBLAS_RATIO_TARGET.get(row["batch"])
+        if limit is not None and "matmul_vs_cublas" in row:
+            ok = row["matmul_vs_cublas"] <= limit
+            lines.append(f"matmul w{row['width']} b{row['batch']}: {row['matmul']['median']:.2f} / "
+                         f"{row['torch_mm']['median']:.2f} us = {row['matmul_vs_cublas']:.2f}x cuBLAS "
+                         f"(target <= {limit}x) {'met' if ok else 'MISSED'}")
+        if row["width"] == 4096 and row["batch"] == 1:
+            ok = row["matmul_frac_of_copy_bw"] >= BANDWIDTH_TARGET
+            lines.append(f"matmul w4096 b1: {row['matmul_frac_of_copy_bw']:.1%} of copy bandwidth "
+                         f"(target >= {BANDWIDTH_TARGET:.0%}) {'met' if ok else 'MISSED'}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rawgraph.bench.kernel_times")
     p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--sweep", action="store_true", help="also time every other cut of each shape")
+    p.add_argument("--width", type=int, nargs="*")
+    p.add_argument("--batch", type=int, nargs="*")
     args = p.parse_args(argv)
-    result = measure()
+    result = measure(tuple(args.width or WIDTHS), tuple(args.batch or BATCHES), sweep=args.sweep)
     print(f"device-to-device copy: {result['copy_GBps']:.0f} GB/s (read + write)")
+    print(targets(result))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernel_times.json").write_text(json.dumps(result, indent=1))

@@ -1,7 +1,7 @@
 """Launch-path benchmark: the same TinyBlock work through every way of launching it, one process.
 
-Paths (record key ``path``): stream, graph, graph_copy, graph_update, graph_exec_update,
-torch_eager, torch_graph, torch_graph_copy, cupy_eager, cupy_graph, floor_sync,
+Paths (record key ``path``): stream, graph, graph_nopdl (the same graph captured without
+programmatic dependent launch), graph_copy, graph_update, graph_exec_update, torch_eager, torch_graph, torch_graph_copy, cupy_eager, cupy_graph, floor_sync,
 floor_empty_kernel, floor_empty_graph. Every path's output is checked before it is timed.
 
 Clocks, never mixed (each ``{"median", "p10", "p90"}`` in microseconds):
@@ -127,6 +127,10 @@ class Runner:
         g_w0 = capture_plan(model.plan(xs[0], outs[3]), s, warmup=False)
         g_w1 = capture_plan(model.plan(xs[1], outs[3]), s, warmup=False)
         exe_w = g_w0.instantiate()
+        # graph_nopdl: the same form and weights (same seed) in plain stream order
+        plain = TinyBlock(width, batch, layers, seed=1234, form=form, pdl=False) if model.pdl else None
+        g_plain = capture_plan(plain.plan(xs[1], outs[4]), s, warmup=True) if plain else None
+        exe_plain = g_plain.instantiate() if plain else None
 
         # -- correct before timed: every path on xs[1], equal to the bit
         for o in outs:
@@ -139,8 +143,13 @@ class Runner:
         static(xs[1], s)
         mgr.bind("x", xs[1]); mgr.launch(s)
         exe_w.update(g_w1); exe_w.launch(s)
+        if exe_plain is not None:
+            exe_plain.launch(s)
         s.synchronize()
-        for name, buf in (("graph", outs[0]), ("graph_copy", static.static_output), ("graph_update", outs[2]), ("graph_exec_update", outs[3])):
+        checks = [("graph", outs[0]), ("graph_copy", static.static_output), ("graph_update", outs[2]), ("graph_exec_update", outs[3])]
+        if exe_plain is not None:
+            checks.append(("graph_nopdl", outs[4]))
+        for name, buf in checks:
             got = buf.to_numpy()
             if not np.array_equal(got, ref):
                 raise AssertionError(f"{name} differs from stream output ({form} L{layers} w{width} b{batch})")
@@ -150,7 +159,9 @@ class Runner:
         key = (form, layers, width, batch)
         self.record("stream", *key, _clocks(lambda: plan.run(s), s, est, self.budget_s))
         self.record("graph", *key, _clocks(lambda: exe.launch(s), s, est, self.budget_s),
-                    capture_ms=capture_ms, instantiate_ms=instantiate_ms)
+                    capture_ms=capture_ms, instantiate_ms=instantiate_ms, pdl=model.pdl)
+        if exe_plain is not None:
+            self.record("graph_nopdl", *key, _clocks(lambda: exe_plain.launch(s), s, est, self.budget_s), pdl=False)
         self.record("graph_copy", *key, _clocks(lambda: static(xs[0], s), s, est, self.budget_s))
         st = {"i": 0}
 
@@ -170,8 +181,9 @@ class Runner:
         self.record("graph_exec_update", *key, _clocks(whole, s, est, self.budget_s))
         s.synchronize()
         mgr.close()
-        for obj in (exe, exe_w, mgr.exec, static, graph, graph_b, g_upd, g_w0, g_w1):
-            obj.close()
+        for obj in (exe, exe_w, mgr.exec, static, graph, graph_b, g_upd, g_w0, g_w1, exe_plain, g_plain, plain):
+            if obj is not None:
+                obj.close()
         weights = [(w1, w2) for w1, w2 in model.weights]
         self._last = (model, weights, xs, ref)
         return ref
@@ -266,6 +278,8 @@ class Runner:
 
         shape = matmul_shape(model.batch, model.width, model.width, self.dev.info.multiprocessors)
         exprs = [matmul_expr("relu", shape), matmul_expr("add", shape)]
+        # CuPy's own NVRTC builds it for this GPU; launched plainly (no PDL), clusters come from
+        # the kernels' __cluster_dims__.
         mod = cp.RawModule(code=kernel_source("matmul"), options=("-std=c++17",), name_expressions=exprs)
         k_relu, k_add = (mod.get_function(e) for e in exprs)
         ws = [(cp.asarray(w1), cp.asarray(w2)) for w1, w2 in model.weights]
@@ -273,7 +287,7 @@ class Runner:
         acts = [cp.empty_like(x), cp.empty_like(x)]
         out = cp.empty_like(x)
         B, W = np.int32(model.batch), np.int32(model.width)
-        grid, block = (shape.grid[0], shape.grid[1], 1), (256, 1, 1)
+        grid, block = shape.grid, (256, 1, 1)
 
         def run():
             src = x
@@ -296,7 +310,7 @@ class Runner:
         if not err < 1e-4:
             raise AssertionError(f"cupy RawKernel graph differs from the cuBLAS block by {err:.2e}")
         self.record("cupy_graph", *key, _clocks(lambda: graph.launch(cstream), rs, est, self.budget_s),
-                    note="CuPy RawKernels from kernels/matmul.cu (the fused form's kernels)", rel_err_vs_cupy_eager=err)
+                    note="CuPy RawKernels from kernels/matmul.cu (the fused form's kernels, no PDL)", rel_err_vs_cupy_eager=err)
 
 
 class _TorchStream:
@@ -375,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i}/{len(configs)}] layers={l} width={w} batch={b} ({time.perf_counter() - t_start:.0f}s)", flush=True)
         try:
             for form in FORMS:
-                if form != "block" or ops.block_fits(w):
+                if form != "block" or ops.block_fits(w, runner.dev):
                     runner.rawgraph_paths(form, l, w, b)
         except Exception as exc:  # report and go on: one broken point must not lose the sweep
             runner.findings.append(f"rawgraph paths failed at L{l} w{w} b{b}: {type(exc).__name__}: {exc}")
@@ -397,9 +411,10 @@ def main(argv: list[str] | None = None) -> int:
               "records": runner.records, "wall_s": time.perf_counter() - t_start}
     path = out_dir / f"{name}.json"
     path.write_text(json.dumps(result, indent=1))
-    from .report import plots, table
+    from .report import plots, table, targets
 
     print(table(result))
+    print(targets(result))
     for f in runner.findings:
         print(f"finding: {f}")
     for png in plots(result, out_dir, name):

@@ -45,6 +45,34 @@ def _empty_graph(nodes: int, stream: Stream):
     return cap.graph
 
 
+def _bind_costs(stream: Stream) -> dict:
+    """``ExecUpdateManager.bind`` per call on a 1-node graph: alternating between two checked
+    inputs (one SetParams each) and re-binding the bound one (no driver call)."""
+    from ..manager import ExecUpdateManager
+    from ..memory import DeviceBuffer
+
+    dev = get_device()
+    bufs = {n: DeviceBuffer(256) for n in ("x", "x2", "y")}
+    views = {n: b.view() for n, b in bufs.items()}
+    plan = LaunchPlan([ops.relu(dev, views, "x", "y")], views, ("x",), ("y",))
+    with Capture(stream) as cap:
+        cap.run(plan)
+    cap.graph.plan = plan
+    mgr = ExecUpdateManager(cap.graph, cap.graph.instantiate(), names=("x",))
+    pair, state = (bufs["x"], bufs["x2"]), [0]
+
+    def alternate():
+        state[0] ^= 1
+        mgr.bind("x", pair[state[0]])
+
+    out = {"manager_bind_1_node": _per_call(alternate, stream, n=2000),
+           "manager_bind_same": _per_call(lambda: mgr.bind("x", pair[state[0]]), stream, n=2000)}
+    mgr.close()
+    mgr.exec.close()
+    cap.graph.close()
+    return out
+
+
 def measure(sizes=SIZES) -> dict:
     """Returns ``{"cuLaunchKernel": stats, "cuGraphLaunch": {"points": [...], "fit": {...}}, ...}``."""
     dev = get_device()
@@ -52,6 +80,11 @@ def measure(sizes=SIZES) -> dict:
     with Stream() as stream:
         empty = ops.empty(dev)
         out["cuLaunchKernel"] = _per_call(lambda: empty(stream), stream)
+        if ops.has_clusters(dev):
+            chained = ops.empty(dev)
+            chained.pdl = True
+            out["cuLaunchKernelEx_pdl"] = _per_call(lambda: chained(stream), stream)
+        out.update(_bind_costs(stream))
         rows = {"cuGraphLaunch": [], "cuGraphExecKernelNodeSetParams": [], "cuGraphExecUpdate": []}
         for n in sizes:
             g = _empty_graph(n, stream)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PATH_ORDER = ["stream", "graph", "graph_copy", "graph_update", "graph_exec_update", "torch_eager", "torch_graph",
+PATH_ORDER = ["stream", "graph", "graph_nopdl", "graph_copy", "graph_update", "graph_exec_update", "torch_eager", "torch_graph",
               "torch_graph_copy", "cupy_eager", "cupy_graph", "floor_sync", "floor_empty_kernel", "floor_empty_graph"]
 
 
@@ -43,9 +43,47 @@ def table(result: dict) -> str:
     if micro:
         lines.append("")
         lines.append(f"host cost per call: cuLaunchKernel {micro['cuLaunchKernel']['median']:.2f} us")
+        for name in ("cuLaunchKernelEx_pdl", "manager_bind_1_node", "manager_bind_same"):
+            if name in micro:
+                lines.append(f"  {name}: {micro[name]['median']:.2f} us")
         for name in ("cuGraphLaunch", "cuGraphExecKernelNodeSetParams", "cuGraphExecUpdate"):
             f = micro[name]["fit"]
             lines.append(f"  {name}: {f['fixed_us']:.2f} us + {f['per_node_us']:.3f} us/node")
+    return "\n".join(lines)
+
+
+# The kernels issue's launch-path targets: (label, (layers, width, batch), path, reference path, at most).
+TARGETS = [
+    ("1 block: graph_update <= 0.6x torch_graph_copy", (1, 128, 1), "graph_update", "torch_graph_copy", 0.6),
+    ("1 block: graph <= 0.8x torch_graph", (1, 128, 1), "graph", "torch_graph", 0.8),
+    ("1 block: stream <= 0.4x torch_eager", (1, 128, 1), "stream", "torch_eager", 0.4),
+    ("1 block: graph_update < graph_copy", (1, 128, 1), "graph_update", "graph_copy", 1.0),
+    ("64 blocks: unfused graph <= 0.8x torch_graph", (64, 128, 1), "graph", "torch_graph", 0.8),
+    ("64 blocks: fused graph <= 0.4x torch_graph", (64, 128, 1), "graph", "torch_graph", 0.4),
+]
+
+
+def _find(result: dict, path: str, form, cfg: tuple) -> dict | None:
+    for r in result["records"]:
+        if r["path"] == path and (form is None or r["form"] == form) and (r["layers"], r["width"], r["batch"]) == cfg:
+            return r
+    return None
+
+
+def targets(result: dict) -> str:
+    """Each launch-path target per rawgraph form (synced clock medians): ratio and met/missed."""
+    lines = []
+    for label, cfg, path, ref_path, limit in TARGETS:
+        forms = ["unfused"] if "unfused" in label else (["fused", "block"] if "fused" in label else ["unfused", "fused", "block"])
+        for form in forms:
+            rec = _find(result, path, form, cfg)
+            ref = _find(result, ref_path, form if ref_path.startswith("graph") else None, cfg)
+            if rec is None or ref is None:
+                continue
+            a, b = _m(rec, "sync_us"), _m(ref, "sync_us")
+            ratio = a / b
+            met = ratio < limit if limit == 1.0 else ratio <= limit
+            lines.append(f"{label:48s} {form:8s} {a:8.2f} / {b:8.2f} = {ratio:5.2f}  {'met' if met else 'MISSED'}")
     return "\n".join(lines)
 
 
@@ -106,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.json)
     result = json.loads(path.read_text())
     print(table(result))
+    print(targets(result))
     for f in result.get("findings", []):
         print(f"finding: {f}")
     if not args.no_plots:
