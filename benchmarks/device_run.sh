@@ -16,7 +16,7 @@ for stage in $stages; do
     kernels-sweep) timeout 240 python3 -m rawgraph.bench.kernel_times --sweep --out "$OUT" >"$OUT/kernel.log" 2>&1 ;;
     quick) timeout 200 python3 -m rawgraph.bench.launch_paths --quick --out "$OUT" >"$OUT/launch_quick.log" 2>&1 ;;
     full) timeout 400 python3 -m rawgraph.bench.launch_paths --out "$OUT" >"$OUT/launch_full.log" 2>&1 ;;
-    seed) timeout 100 python3 -m rawgraph.cli seed >"$OUT/seed.txt" 2>&1 ;;
+    seed) timeout 100 python3 benchmarks/seed_experiment.py >"$OUT/seed.txt" 2>&1 ;;
   esac
   echo "stage $stage: rc=$? $(( $(date +%s) - start )) s" | tee -a "$OUT/env.txt"
 done
