@@ -62,7 +62,7 @@ template <int BT, int CS>
 __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(RG_BLOCK_THREADS)
 block_kernel(const float* x, const float* __restrict__ W1, const float* __restrict__ W2, float* y, int B, int W)
 {
-    static_assert(BT >= 1 && BT <= 4 && CS >= 2 && CS <= 8, "shared memory is sized for BT <= 4, 2 <= CS <= 8");
+    static_assert(BT >= 1 && BT <= 4 && (CS == 4 || CS == 8), "shared memory and registers are sized for BT <= 4, CS 4 or 8");
     constexpr int MAXSL = RG_BLOCK_MAXW / 2;          // slice rows at most (CS >= 2)
     constexpr int J = MAXSL / RG_BLOCK_KG;            // weight rows per thread at most
     constexpr int JC = (RG_BLOCK_MAXW / CS + RG_BLOCK_KG - 1) / RG_BLOCK_KG;  // ... for this CS

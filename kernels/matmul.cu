@@ -12,14 +12,16 @@
 // one 16-byte shared load gives four batch rows. With S > 1 the S CTAs of a cluster split K
 // again and the partials are summed through distributed shared memory in rank order.
 //
-// gemm (batch >= 16; K % 4 == 0, N % 4 == 0, x and W 16-byte aligned): a CTA computes a 64 x 64
-// tile of y from 16-deep slices of x and W that cp.async streams into shared memory 4 stages
-// ahead; each thread owns a 4 x 4 block of outputs. With S > 1 the cluster splits K and sums the
+// gemm (batch >= 32 on large W; K % 4 == 0, N % 4 == 0, x and W 16-byte aligned): a CTA computes
+// a 64 x 128 tile of y from 16-deep slices of x and W that cp.async streams into shared memory 3
+// stages ahead; each thread owns a 4 x 8 block of outputs. With S > 1 the cluster splits K and sums the
 // tiles through distributed shared memory, again in rank order.
 //
 // Both: every sum is taken in a fixed order (no atomics), so results are bit-identical run to
 // run and launch path to launch path. PDL as described in rawgraph.cuh: the first W loads are
-// issued before waiting for the previous kernel.
+// issued before waiting for the previous kernel. `early` says when the successor may launch: at
+// the start (small products, where launch latency is the cost to hide) or once the K loop is
+// done (large ones, where a successor prefetching early only competes for DRAM).
 //
 // Name expressions instantiate them: matvec_kernel<EPI, VEC, TC, BT>,
 // matvec_split_kernel<EPI, VEC, TC, BT, S>, gemm_kernel<EPI>, gemm_split_kernel<EPI, S>.
@@ -63,7 +65,7 @@ template <> struct VecT<4> {
 
 template <int EPI, int VEC, int TC, int BT, int S>
 __device__ __forceinline__ void matvec_body(const float* x, const float* __restrict__ W, float* y, const float* r,
-                                            int B, int K, int N)
+                                            int B, int K, int N, int early)
 {
     typedef VecT<VEC> V;
     typedef typename V::type vec_t;
@@ -101,7 +103,7 @@ __device__ __forceinline__ void matvec_body(const float* x, const float* __restr
     const bool colok = col < N;                               // VEC == 4 only when N % 4 == 0
 
     vec_t w[RG_UNROLL];
-    rg_allow_dependents();
+    if (early) rg_allow_dependents();
 #pragma unroll
     for (int u = 0; u < RG_UNROLL; ++u) {
         const int k = row0 + u * RPB;
@@ -158,6 +160,8 @@ __device__ __forceinline__ void matvec_body(const float* x, const float* __restr
             for (int u = 0; u < RG_UNROLL; ++u) w[u] = wn[u];
         }
     }
+
+    if (!early) rg_allow_dependents();  // the successor's prologue overlaps only our reduction
 
     // Reduce over the RPW rows a warp read at once: lanes with the same lcol, fixed order.
 #pragma unroll
@@ -218,18 +222,18 @@ __device__ __forceinline__ void matvec_body(const float* x, const float* __restr
 
 template <int EPI, int VEC, int TC, int BT>
 __global__ void __launch_bounds__(RG_THREADS)
-matvec_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N)
+matvec_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int early)
 {
-    matvec_body<EPI, VEC, TC, BT, 1>(x, W, y, r, B, K, N);
+    matvec_body<EPI, VEC, TC, BT, 1>(x, W, y, r, B, K, N, early);
 }
 
 #ifdef RG_HAS_CLUSTERS
 // grid (N / TC, S, batch tiles), clusters of (1, S, 1): cluster rank == blockIdx.y.
 template <int EPI, int VEC, int TC, int BT, int S>
 __global__ void __cluster_dims__(1, S, 1) __launch_bounds__(RG_THREADS)
-matvec_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N)
+matvec_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int early)
 {
-    matvec_body<EPI, VEC, TC, BT, S>(x, W, y, r, B, K, N);
+    matvec_body<EPI, VEC, TC, BT, S>(x, W, y, r, B, K, N, early);
 }
 #endif
 
@@ -238,22 +242,25 @@ matvec_split_kernel(const float* x, const float* __restrict__ W, float* y, const
 // ---------------------------------------------------------------------------------------------
 
 #define RG_GM_BM 64
-#define RG_GM_BN 64
+#define RG_GM_BN 128
 #define RG_GM_KC 16
-#define RG_GM_STAGES 4
+#define RG_GM_STAGES 3
 #define RG_GM_XS (RG_GM_KC + 4)  // x tile row stride: 16-byte rows, rows 4 apart land 16 banks apart
 #define RG_GM_STAGE_FLOATS (RG_GM_BM * RG_GM_XS + RG_GM_KC * RG_GM_BN)
 #define RG_GM_PS (RG_GM_BN + 4)  // partial tile row stride
 
+// Thread (tm, tn) owns rows 4*tm .. 4*tm+3 and columns 4*tn .. 4*tn+3 and 64+4*tn .. 64+4*tn+3
+// of the 64 x 128 tile: per 4 k, 4 shared loads of x and 8 of W feed 128 FMAs, and a warp's W
+// loads are 256 contiguous bytes each.
 template <int EPI, int S>
 __device__ __forceinline__ void gemm_body(const float* x, const float* __restrict__ W, float* y, const float* r,
-                                          int B, int K, int N)
+                                          int B, int K, int N, int early)
 {
     static_assert(RG_GM_BM * RG_GM_PS <= RG_GM_STAGES * RG_GM_STAGE_FLOATS, "partial tile reuses the stages");
     __shared__ __align__(16) float smem[RG_GM_STAGES * RG_GM_STAGE_FLOATS];
 
     const int tid = threadIdx.x;
-    const int tm = tid / 16, tn = tid % 16;  // this thread's 4 x 4 outputs: rows 4*tm.., cols 4*tn..
+    const int tm = tid / 16, tn = tid % 16;
     const int m0 = blockIdx.z * RG_GM_BM;
     const int n0 = blockIdx.x * RG_GM_BN;
     unsigned rank = 0;
@@ -265,15 +272,20 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
     const int ke = min(K, kb + kc);
     const int nst = (ke - kb + RG_GM_KC - 1) / RG_GM_KC;
 
-    // Loader coordinates: one 16-byte piece of the W slice and one of the x slice per thread.
-    const int wr = tid / 16, wc = (tid % 16) * 4;  // W slice: 16 rows x 64 columns
-    const int xr = tid / 4, xc = (tid % 4) * 4;    // x slice: 64 rows x 16 columns
+    // Loader coordinates: two 16-byte pieces of the W slice (16 rows x 128 columns) and one of
+    // the x slice (64 rows x 16 columns) per thread.
+    const int wr = tid / 32, wc = (tid % 32) * 4;
+    const int xr = tid / 4, xc = (tid % 4) * 4;
     auto xs_of = [&](int st) { return smem + (st % RG_GM_STAGES) * RG_GM_STAGE_FLOATS; };
     auto ws_of = [&](int st) { return xs_of(st) + RG_GM_BM * RG_GM_XS; };
     auto load_w = [&](int st) {
-        const int k = kb + st * RG_GM_KC + wr;
-        const bool ok = k < ke && n0 + wc < N;
-        rg_cp_async16(ws_of(st) + wr * RG_GM_BN + wc, ok ? W + (size_t)k * N + n0 + wc : W, ok);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = wr + 8 * h;
+            const int k = kb + st * RG_GM_KC + row;
+            const bool ok = k < ke && n0 + wc < N;
+            rg_cp_async16(ws_of(st) + row * RG_GM_BN + wc, ok ? W + (size_t)k * N + n0 + wc : W, ok);
+        }
     };
     auto load_x = [&](int st) {
         const int k = kb + st * RG_GM_KC + xc;
@@ -281,7 +293,7 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
         rg_cp_async16(xs_of(st) + xr * RG_GM_XS + xc, ok ? x + (size_t)(m0 + xr) * K + k : x, ok);
     };
 
-    rg_allow_dependents();
+    if (early) rg_allow_dependents();
 #pragma unroll
     for (int st = 0; st < RG_GM_STAGES - 1; ++st)
         if (st < nst) load_w(st);
@@ -292,11 +304,11 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
         rg_cp_async_commit();  // group st also holds every W slice issued before the wait
     }
 
-    float acc[4][4];
+    float acc[4][8];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
 
     for (int st = 0; st < nst; ++st) {
         rg_cp_async_wait<RG_GM_STAGES - 2>();
@@ -315,19 +327,25 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
             for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const float4*>(xs + (4 * tm + i) * RG_GM_XS + kq);
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
-                const float4 bv = *reinterpret_cast<const float4*>(ws + (kq + kk) * RG_GM_BN + 4 * tn);
+                const float4 b0 = *reinterpret_cast<const float4*>(ws + (kq + kk) * RG_GM_BN + 4 * tn);
+                const float4 b1 = *reinterpret_cast<const float4*>(ws + (kq + kk) * RG_GM_BN + 64 + 4 * tn);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const float av = VecT<4>::get(a[i], kk);
-                    acc[i][0] = fmaf(av, bv.x, acc[i][0]);
-                    acc[i][1] = fmaf(av, bv.y, acc[i][1]);
-                    acc[i][2] = fmaf(av, bv.z, acc[i][2]);
-                    acc[i][3] = fmaf(av, bv.w, acc[i][3]);
+                    acc[i][0] = fmaf(av, b0.x, acc[i][0]);
+                    acc[i][1] = fmaf(av, b0.y, acc[i][1]);
+                    acc[i][2] = fmaf(av, b0.z, acc[i][2]);
+                    acc[i][3] = fmaf(av, b0.w, acc[i][3]);
+                    acc[i][4] = fmaf(av, b1.x, acc[i][4]);
+                    acc[i][5] = fmaf(av, b1.y, acc[i][5]);
+                    acc[i][6] = fmaf(av, b1.z, acc[i][6]);
+                    acc[i][7] = fmaf(av, b1.w, acc[i][7]);
                 }
             }
         }
     }
     rg_cp_async_wait<0>();
+    if (!early) rg_allow_dependents();
 
     // The epilogue reads r and writes y one float at a time: neither needs 16-byte alignment.
     if constexpr (S == 1) {
@@ -335,8 +353,8 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
         for (int i = 0; i < 4; ++i) {
             const int m = m0 + 4 * tm + i;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int n = n0 + 4 * tn + j;
+            for (int j = 0; j < 8; ++j) {
+                const int n = n0 + (j < 4 ? 4 * tn + j : 64 + 4 * tn + j - 4);
                 if (m < B && n < N) {
                     const size_t o = (size_t)m * N + n;
                     y[o] = rg_epilogue<EPI>(acc[i][j], r, o);
@@ -348,13 +366,16 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
     __syncthreads();  // every thread is done with the stages: reuse them for the partial tile
     float* pt = smem;
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-        *reinterpret_cast<float4*>(pt + (4 * tm + i) * RG_GM_PS + 4 * tn) =
-            make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+    for (int i = 0; i < 4; ++i) {
+        float* row = pt + (4 * tm + i) * RG_GM_PS;
+        *reinterpret_cast<float4*>(row + 4 * tn) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+        *reinterpret_cast<float4*>(row + 64 + 4 * tn) = make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
+    }
     rg_cluster_sync();
     // CTA `rank` finishes rows [rank * BM / S, (rank + 1) * BM / S) of the tile, 4 columns at a time.
     constexpr int ROWS = RG_GM_BM / S;
-    constexpr int ITEMS = ROWS * (RG_GM_BN / 4);
+    constexpr int Q4 = RG_GM_BN / 4;
+    constexpr int ITEMS = ROWS * Q4;
     constexpr int PER = (ITEMS + RG_THREADS - 1) / RG_THREADS;
     float4 sum[PER];
 #pragma unroll
@@ -362,7 +383,7 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
         const int item = tid + e * RG_THREADS;
         sum[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (item < ITEMS) {
-            const float* src = pt + ((int)rank * ROWS + item / (RG_GM_BN / 4)) * RG_GM_PS + (item % (RG_GM_BN / 4)) * 4;
+            const float* src = pt + ((int)rank * ROWS + item / Q4) * RG_GM_PS + (item % Q4) * 4;
 #pragma unroll
             for (int q = 0; q < S; ++q) {
                 const float4 v = rg_dsmem_load4(src, q);
@@ -375,8 +396,8 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
     for (int e = 0; e < PER; ++e) {
         const int item = tid + e * RG_THREADS;
         if (item < ITEMS) {
-            const int m = m0 + (int)rank * ROWS + item / (RG_GM_BN / 4);
-            const int nq = n0 + (item % (RG_GM_BN / 4)) * 4;
+            const int m = m0 + (int)rank * ROWS + item / Q4;
+            const int nq = n0 + (item % Q4) * 4;
             const float vals[4] = {sum[e].x, sum[e].y, sum[e].z, sum[e].w};
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
@@ -392,20 +413,20 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
     }
 }
 
-// grid (ceil(N / 64), 1, ceil(B / 64))
+// grid (ceil(N / 128), 1, ceil(B / 64))
 template <int EPI>
 __global__ void __launch_bounds__(RG_THREADS)
-gemm_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N)
+gemm_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int early)
 {
-    gemm_body<EPI, 1>(x, W, y, r, B, K, N);
+    gemm_body<EPI, 1>(x, W, y, r, B, K, N, early);
 }
 
 #ifdef RG_HAS_CLUSTERS
-// grid (ceil(N / 64), S, ceil(B / 64)), clusters of (1, S, 1)
+// grid (ceil(N / 128), S, ceil(B / 64)), clusters of (1, S, 1)
 template <int EPI, int S>
 __global__ void __cluster_dims__(1, S, 1) __launch_bounds__(RG_THREADS)
-gemm_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N)
+gemm_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int early)
 {
-    gemm_body<EPI, S>(x, W, y, r, B, K, N);
+    gemm_body<EPI, S>(x, W, y, r, B, K, N, early);
 }
 #endif

@@ -18,6 +18,7 @@ reads it.
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from typing import Any, Sequence
 
@@ -90,11 +91,12 @@ class ExecUpdateManager:
         self._slots = {
             name: [(node, self._args[node]._views[arg]) for node, arg, _ in self.bindings[name]] for name in names
         }
+        # (ctypes views of the same slots: a .value store costs less than a NumPy item store)
         self._node_slots: dict[str, list[tuple[int, list]]] = {}
         for name, pairs in self._slots.items():
             grouped: dict[int, list] = {}
             for node, view in pairs:
-                grouped.setdefault(node, []).append(view)
+                grouped.setdefault(node, []).append(ctypes.c_uint64.from_address(view.ctypes.data))
             self._node_slots[name] = list(grouped.items())
         self._writers = any("write" in r for r in self._roles.values()) and len(names) > 1
         # name -> {id(array): (weakref, ptr, nbytes, owner finalizer or None)}
@@ -171,7 +173,7 @@ class ExecUpdateManager:
             done: list[int] = []
             for node, views in self._node_slots[name]:
                 for v in views:
-                    v[0] = ptr
+                    v.value = ptr
                 (err,) = setparams(exe, handles[node], params[node])
                 if err != _SUCCESS:
                     self._undo_fast(name, old, done + [node])
@@ -190,7 +192,7 @@ class ExecUpdateManager:
         """Put ``name``'s arguments back to ``old`` and give the driver the old values again."""
         for node, views in self._node_slots[name]:
             for v in views:
-                v[0] = old
+                v.value = old
         for node in nodes[:-1]:  # the failed one never took the new values
             driver.cuGraphExecKernelNodeSetParams(self.exec.handle, self._handles[node], self._params[node])
 

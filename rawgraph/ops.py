@@ -20,9 +20,14 @@ THREADS = 256  # matmul.cu's RG_THREADS
 EPILOGUES = {"none": 0, "relu": 1, "add": 2}
 _F32 = np.dtype(np.float32)
 
-GEMM_MIN_BATCH = 16  # below this the 64-row GEMM tile computes mostly padding; matvec reads W once per 8 rows
-GEMM_TILE = 64       # matmul.cu's RG_GM_BM == RG_GM_BN
+# The GEMM pays where it re-reads x, not W: for many batch rows and a W too large for L2 to serve
+# matvec's once-per-8-rows re-reads (measured on the H200: matvec wins at 1024 x 1024 even at
+# batch 64, the GEMM at 4096 x 4096).
+GEMM_MIN_BATCH = 32
+GEMM_MIN_ELEMENTS = 1 << 22  # K * N (16 MB of W)
+GEMM_TILE_M, GEMM_TILE_N = 64, 128  # matmul.cu's RG_GM_BM, RG_GM_BN
 GEMM_KC = 16         # matmul.cu's RG_GM_KC
+EARLY_MAX_W_BYTES = 8 << 20  # successor launched at the start for W up to 8 MB, after the K loop above
 MAX_SPLIT = 8        # portable cluster size
 XS_FLOATS = 4096     # matmul.cu's RG_XS_FLOATS
 UNROLL = 8           # matmul.cu's RG_UNROLL
@@ -71,37 +76,59 @@ def _pick_split(ctas: int, k: int, min_rows: int, multiprocessors: int, clusters
 
 def matvec_shape(batch: int, k: int, n: int, multiprocessors: int, vec: int, clusters: bool,
                  tc: int | None = None, split: int | None = None) -> MatmulShape:
-    """The matvec cut: 16-byte loads when allowed, batch tile up to 8, the widest column tile
-    that fits N (long coalesced rows), and a K split over a cluster until every SM has a CTA."""
+    """The matvec cut: 16-byte loads when allowed, batch tile up to 8.
+
+    Aim for D CTAs: enough that each thread has about one group (8) of loads in flight, at most
+    two CTAs per SM. Without a K split when a column tile of at least 32 (64 for 8 batch rows)
+    reaches D -- a cluster costs a barrier and a DSMEM reduction, which dominates small products;
+    else the widest tile and the smallest split (at most 8) that reach it.
+    """
     bt = 1
     while bt < min(batch, 8):
         bt *= 2
-    tiles = [t for t in MATVEC_TILES[vec] if bt * t <= 512 and (XS_FLOATS // bt) % (UNROLL * 8 * 32 // (t // vec)) == 0]
-    if tc is None:
-        fits = [t for t in tiles if t <= max(n, tiles[-1])]
-        tc = fits[0]
-        # Narrow tiles spread a small N over more CTAs only when the K split cannot (no clusters).
-        while not clusters and tc != tiles[-1] and _cdiv(n, tc) * _cdiv(batch, bt) < multiprocessors:
-            tc = tiles[tiles.index(tc) + 1]
-    elif tc not in tiles:
+    tiles = [t for t in MATVEC_TILES[vec] if bt * t <= 512]
+    batch_tiles = _cdiv(batch, bt)
+    rows_per_step = lambda t: 8 * (32 // (t // vec))  # noqa: E731  (rows of K one block step covers)
+    if tc is not None and tc not in tiles:
         raise ShapeError(f"matvec column tile {tc} not available for vec={vec}, bt={bt} (choose from {tiles})")
-    rows_per_step = 8 * (32 // (tc // vec))
-    base = _cdiv(n, tc) * _cdiv(batch, bt)
-    if split is None:
-        split = _pick_split(base, k, rows_per_step, multiprocessors, clusters)
-    elif split not in (1, 2, 4, 8) or (split > 1 and not clusters):
+    if split is not None and (split not in (1, 2, 4, 8) or (split > 1 and not clusters)):
         raise ShapeError(f"split {split} needs clusters (sm_90) and must be 1, 2, 4 or 8")
-    return MatmulShape("matvec", vec, tc, bt, split, (_cdiv(n, tc), split, _cdiv(batch, bt)))
+    if tc is None or split is None:
+        want = max(1, min(2 * multiprocessors, _cdiv(k * _cdiv(n, vec) * batch_tiles, THREADS * UNROLL)))
+        reach = 0.9 * want
+        narrowest = (64 if bt == 8 else 32) if vec == 4 else tiles[-1]
+        fits = [t for t in tiles if t <= max(n, tiles[-1])] or tiles[-1:]
+        cands = [(t, 1) for t in fits if t >= narrowest] or [(fits[-1], 1)]
+        pick = next(((t, 1) for t, _ in cands if _cdiv(n, t) * batch_tiles >= reach), None)
+        if pick is None and clusters:
+            for t, _ in cands:
+                s_ = 1
+                while s_ < MAX_SPLIT and _cdiv(n, t) * batch_tiles * s_ < reach and k // (2 * s_) >= rows_per_step(t):
+                    s_ *= 2
+                if _cdiv(n, t) * batch_tiles * s_ >= reach:
+                    pick = (t, s_)
+                    break
+        if pick is None and not clusters:  # no split to be had: narrower tiles instead
+            pick = next(((t, 1) for t in fits if _cdiv(n, t) * batch_tiles >= reach), (fits[-1], 1))
+        if pick is None:  # cannot reach D: the narrowest tile, split as far as K allows
+            t = cands[-1][0]
+            s_ = 1
+            while clusters and s_ < MAX_SPLIT and k // (2 * s_) >= rows_per_step(t):
+                s_ *= 2
+            pick = (t, s_)
+        tc = pick[0] if tc is None else tc
+        split = pick[1] if split is None else split
+    return MatmulShape("matvec", vec, tc, bt, split, (_cdiv(n, tc), split, batch_tiles))
 
 
 def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool, split: int | None = None) -> MatmulShape:
-    """The GEMM cut: 64 x 64 output tiles, K split over a cluster until every SM has a CTA."""
-    base = _cdiv(n, GEMM_TILE) * _cdiv(batch, GEMM_TILE)
+    """The GEMM cut: 64 x 128 output tiles, K split over a cluster until there are two CTAs per SM."""
+    base = _cdiv(n, GEMM_TILE_N) * _cdiv(batch, GEMM_TILE_M)
     if split is None:
-        split = _pick_split(base, k, GEMM_KC, multiprocessors, clusters)
+        split = _pick_split(base, k, GEMM_KC, 2 * multiprocessors, clusters)
     elif split not in (1, 2, 4, 8) or (split > 1 and not clusters):
         raise ShapeError(f"split {split} needs clusters (sm_90) and must be 1, 2, 4 or 8")
-    return MatmulShape("gemm", 4, GEMM_TILE, GEMM_TILE, split, (_cdiv(n, GEMM_TILE), split, _cdiv(batch, GEMM_TILE)))
+    return MatmulShape("gemm", 4, GEMM_TILE_N, GEMM_TILE_M, split, (_cdiv(n, GEMM_TILE_N), split, _cdiv(batch, GEMM_TILE_M)))
 
 
 def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: bool = True,
@@ -113,7 +140,8 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
     """
     if min(batch, k, n) < 1:
         raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
-    if batch >= GEMM_MIN_BATCH and k % 4 == 0 and n % 4 == 0 and w_aligned16 and x_aligned16:
+    if (batch >= GEMM_MIN_BATCH and k * n >= GEMM_MIN_ELEMENTS and k % 4 == 0 and n % 4 == 0
+            and w_aligned16 and x_aligned16):
         return gemm_shape(batch, k, n, multiprocessors, clusters)
     vec = 4 if (n % 4 == 0 and w_aligned16) else 1
     return matvec_shape(batch, k, n, multiprocessors, vec, clusters)
@@ -164,8 +192,11 @@ def matmul(
     else:
         _check_shape(shape, batch, k, n, xa, wa, clusters)
     kernel = get_kernel("matmul", matmul_expr(epilogue, shape), device)
-    args = KernelArgs([("x", "ptr"), ("W", "ptr"), ("y", "ptr"), ("r", "ptr"), ("B", "i32"), ("K", "i32"), ("N", "i32")])
-    args.update({"x": xa.ptr, "W": wa.ptr, "y": ya.ptr, "r": buffers[r].ptr if r else 0, "B": batch, "K": k, "N": n})
+    args = KernelArgs([("x", "ptr"), ("W", "ptr"), ("y", "ptr"), ("r", "ptr"), ("B", "i32"), ("K", "i32"), ("N", "i32"),
+                       ("early", "i32")])
+    early = int(shape.kernel == "matvec" and k * n * 4 <= EARLY_MAX_W_BYTES)
+    args.update({"x": xa.ptr, "W": wa.ptr, "y": ya.ptr, "r": buffers[r].ptr if r else 0, "B": batch, "K": k, "N": n,
+                 "early": early})
     uses = {"x": ArgUse(x, "read"), "W": ArgUse(w, "read"), "y": ArgUse(y, "write")}
     if r:
         uses["r"] = ArgUse(r, "read")
@@ -201,8 +232,12 @@ def block_fits(width: int, device: Device | None = None) -> bool:
     return ok and (device is None or has_clusters(device))
 
 
-def block(device: Device, buffers: dict[str, DeviceArray], x: str, w1: str, w2: str, y: str, label: str = "") -> Launch:
-    """``y = relu(x @ w1) @ w2 + x`` in one kernel (width <= 256, width % 4 == 0; sm_90 clusters)."""
+def block(device: Device, buffers: dict[str, DeviceArray], x: str, w1: str, w2: str, y: str, label: str = "",
+          cluster: int = BLOCK_CLUSTER) -> Launch:
+    """``y = relu(x @ w1) @ w2 + x`` in one kernel (width <= 256, width % 4 == 0; sm_90 clusters of
+    ``cluster`` CTAs, 4 or 8)."""
+    if cluster not in (4, 8):
+        raise ValueError(f"the single-kernel block runs on clusters of 4 or 8 CTAs, got {cluster}")
     xa, w1a, w2a, ya = buffers[x], buffers[w1], buffers[w2], buffers[y]
     if len(xa.shape) != 2:
         raise ShapeError(f"block needs a 2-D x, got {xa.shape}")
@@ -218,11 +253,11 @@ def block(device: Device, buffers: dict[str, DeviceArray], x: str, w1: str, w2: 
     bt = 1
     while bt < min(batch, 4):
         bt *= 2
-    kernel = get_kernel("block", f"block_kernel<{bt}, {BLOCK_CLUSTER}>", device)
+    kernel = get_kernel("block", f"block_kernel<{bt}, {cluster}>", device)
     args = KernelArgs([("x", "ptr"), ("W1", "ptr"), ("W2", "ptr"), ("y", "ptr"), ("B", "i32"), ("W", "i32")])
     args.update({"x": xa.ptr, "W1": w1a.ptr, "W2": w2a.ptr, "y": ya.ptr, "B": batch, "W": width})
     uses = {"x": ArgUse(x, "read"), "W1": ArgUse(w1, "read"), "W2": ArgUse(w2, "read"), "y": ArgUse(y, "write")}
-    return Launch(kernel, (BLOCK_CLUSTER, -(-batch // bt), 1), (THREADS, 1, 1), args, uses, 0, label or "block")
+    return Launch(kernel, (cluster, -(-batch // bt), 1), (THREADS, 1, 1), args, uses, 0, label or "block")
 
 
 def _elementwise_grid(n: int, device: Device) -> tuple[int, int, int]:

@@ -70,17 +70,18 @@ def test_matmul_shape_covers_the_output(batch, width, clusters):
     assert rows * s.bt >= batch and (rows - 1) * s.bt < batch
     assert split == s.split and split in (1, 2, 4, 8) and (clusters or split == 1)
     if s.kernel == "gemm":
-        assert batch >= GEMM_MIN_BATCH and width % 4 == 0 and (s.tc, s.bt) == (64, 64)
+        assert batch >= GEMM_MIN_BATCH and width % 4 == 0 and (s.tc, s.bt) == (128, 64)
     else:
         assert s.bt * s.tc <= 512 and 32 % (s.tc // s.vec) == 0
         assert s.vec == (4 if width % 4 == 0 else 1)
 
 
 def test_matmul_shape_picks_the_kernel_by_batch_and_alignment():
-    assert matmul_shape(8, 1024, 1024, 132).kernel == "matvec"
-    assert matmul_shape(16, 1024, 1024, 132).kernel == "gemm"
-    assert matmul_shape(64, 1024, 1024, 132, x_aligned16=False).kernel == "matvec"
-    assert matmul_shape(64, 1000, 1002, 132).kernel == "matvec"  # N % 4 != 0: no 16-byte rows
+    assert matmul_shape(8, 4096, 4096, 132).kernel == "matvec"
+    assert matmul_shape(32, 2048, 2048, 132).kernel == "gemm"
+    assert matmul_shape(64, 1024, 1024, 132).kernel == "matvec"  # W small enough for L2 to serve re-reads
+    assert matmul_shape(64, 4096, 4096, 132, x_aligned16=False).kernel == "matvec"
+    assert matmul_shape(64, 4096, 4098, 132).kernel == "matvec"  # N % 4 != 0: no 16-byte rows
 
 
 def test_matmul_shape_fills_the_gpu_when_it_can():
@@ -90,14 +91,15 @@ def test_matmul_shape_fills_the_gpu_when_it_can():
     assert matmul_shape(1, 4096, 4096, 132, clusters=False).ctas >= 132  # narrower tiles instead
     assert matmul_shape(1, 4096, 4096, 132, w_aligned16=False).vec == 1
     assert matmul_shape(64, 4096, 4096, 132).ctas >= 132
-    # A short K is not split below a block step (8 rows for 128-wide tiles).
-    assert matmul_shape(1, 8, 128, 132).split == 1
-    assert matmul_shape(1, 16, 128, 132).split == 2
+    # Small products are not split: a cluster's barrier and reduction cost more than they save.
+    assert matmul_shape(1, 128, 128, 132).split == 1
+    assert matmul_shape(1, 1024, 1024, 132).split > 1
 
 
 def test_hand_picked_matmul_shapes_are_checked():
     x, w = as_device_array(FakeCAI((64, 1000))), as_device_array(FakeCAI((1000, 1000)))
     good = gemm_shape(64, 1000, 1000, 132, clusters=True, split=4)
+    assert good.grid == (8, 4, 1)
     _check_shape(good, 64, 1000, 1000, x, w, clusters=True)
     with pytest.raises(ShapeError, match="clusters"):
         _check_shape(good, 64, 1000, 1000, x, w, clusters=False)

@@ -69,11 +69,11 @@ def _shapes():
 
 
 @pytest.fixture(scope="module")
-def compiled_cuts(device):
+def compiled_cuts():
     """Compile every hand-picked cut in one NVRTC program (one compile, not one per test)."""
     from rawgraph.kernels import get_kernels
 
-    get_kernels("matmul", sorted({ops.matmul_expr("add", s) for *_, s in _shapes()}), device)
+    get_kernels("matmul", sorted({ops.matmul_expr("add", s) for *_, s in _shapes()}), get_device())
 
 
 @pytest.mark.parametrize("batch,k,n,shape", _shapes(), ids=lambda v: str(v) if not hasattr(v, "kernel") else
@@ -99,14 +99,15 @@ def test_matmul_is_bit_identical_run_to_run(device, stream, rng, batch):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("cluster", [4, 8])
 @pytest.mark.parametrize("batch,width", [(1, 4), (1, 128), (3, 132), (5, 256), (17, 64), (4, 200), (64, 128)])
-def test_single_kernel_block(device, stream, rng, batch, width):
+def test_single_kernel_block(device, stream, rng, batch, width, cluster):
     xh = random_input(rng, (batch, width))
     w1h, w2h = random_input(rng, (width, width)) / np.float32(width**0.5), random_input(rng, (width, width)) / np.float32(width**0.5)
     bufs = {"x": DeviceBuffer.from_numpy(xh), "W1": DeviceBuffer.from_numpy(w1h), "W2": DeviceBuffer.from_numpy(w2h),
             "y": DeviceBuffer((batch, width))}
     bufs["y"].poison(stream)
-    launch = ops.block(device, {k: v.view() for k, v in bufs.items()}, "x", "W1", "W2", "y")
+    launch = ops.block(device, {k: v.view() for k, v in bufs.items()}, "x", "W1", "W2", "y", cluster=cluster)
     _run([launch], stream)
     x64 = xh.astype(np.float64)
     ref = np.maximum(x64 @ w1h, 0) @ w2h.astype(np.float64) + x64

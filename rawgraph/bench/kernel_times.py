@@ -200,13 +200,20 @@ def measure(widths=WIDTHS, batches=BATCHES, sweep: bool = False) -> dict:
                 launches = chain(epi)
                 row[name] = _graph_time_us(launches, bufs, stream, pdl=clusters)
                 row[name + "_kernel"] = launches[0].kernel.name
+            row["early"] = int(launches[0].args["early"])
             if clusters:
                 row["matmul_nopdl"] = _graph_time_us(chain("none"), bufs, stream, pdl=False)
+                flipped = chain("none")
+                for l in flipped:  # the successor launched at the other point: start vs after the K loop
+                    l.args["early"] = 1 - row["early"]
+                row["matmul_other_trigger"] = _graph_time_us(flipped, bufs, stream, pdl=True)
             row["relu"] = _graph_time_us([ops.relu(dev, bufs, "x", "y") for _ in range(REPS)], bufs, stream, pdl=clusters)
             row["add"] = _graph_time_us([ops.add(dev, bufs, "x", "r", "y") for _ in range(REPS)], bufs, stream, pdl=clusters)
             if ops.block_fits(width, dev):
                 pairs = [(f"W{(2 * i) % len(ws)}", f"W{(2 * i + 1) % len(ws)}") for i in range(REPS)]
                 row["block"] = _graph_time_us([ops.block(dev, bufs, "x", a, b, "y") for a, b in pairs], bufs, stream, pdl=True)
+                row["block_cluster4"] = _graph_time_us([ops.block(dev, bufs, "x", a, b, "y", cluster=4) for a, b in pairs],
+                                                       bufs, stream, pdl=True)
             if sweep:
                 row["sweep"] = {}
                 for cand in candidate_shapes(batch, width, sms, clusters):
@@ -233,13 +240,14 @@ def _line(row: dict) -> str:
     line = (f"w{row['width']:<5d} b{row['batch']:<3d} {row['shape']:15s} matmul {t:7.2f} us "
             f"({row['matmul_GBps']:6.0f} GB/s, {row['matmul_frac_of_copy_bw']:5.1%} of copy)")
     if "matmul_nopdl" in row:
-        line += f" nopdl {row['matmul_nopdl']['median']:7.2f}"
+        line += (f" ({'early' if row['early'] else 'late'}; other {row['matmul_other_trigger']['median']:.2f},"
+                 f" nopdl {row['matmul_nopdl']['median']:.2f})")
     if "torch_mm" in row:
         line += f"  torch.mm {row['torch_mm']['median']:7.2f} ratio {row['matmul_vs_cublas']:5.2f}"
     line += f"  relu {row['relu']['median']:.2f} add {row['add']['median']:.2f}"
     if "block" in row:
         pair = row["matmul_relu"]["median"] + row["matmul_add"]["median"]
-        line += f"  block {row['block']['median']:.2f} vs fused pair {pair:.2f}"
+        line += f"  block {row['block']['median']:.2f} (cluster 4: {row['block_cluster4']['median']:.2f}) vs fused pair {pair:.2f}"
     if "sweep" in row:
         best = row["sweep_best"]
         line += f"  best cut {best} {row['sweep'][best]:.2f}"
