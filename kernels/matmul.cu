@@ -13,8 +13,8 @@
 // again and the partials are summed through distributed shared memory in rank order.
 //
 // gemm (batch >= 32 on large W; K % 4 == 0, N % 4 == 0, x and W 16-byte aligned): a CTA computes
-// a 64 x 128 tile of y from 16-deep slices of x and W that cp.async streams into shared memory 3
-// stages ahead; each thread owns a 4 x 8 block of outputs. With S > 1 the cluster splits K and sums the
+// a 64 x BN (64 or 128) tile of y from 16-deep slices of x and W that cp.async streams into
+// shared memory 3 stages ahead; each thread owns a 4 x BN/16 block of outputs. With S > 1 the cluster splits K and sums the
 // tiles through distributed shared memory, again in rank order.
 //
 // Both: every sum is taken in a fixed order (no atomics), so results are bit-identical run to
@@ -24,7 +24,7 @@
 // done (large ones, where a successor prefetching early only competes for DRAM).
 //
 // Name expressions instantiate them: matvec_kernel<EPI, VEC, TC, BT>,
-// matvec_split_kernel<EPI, VEC, TC, BT, S>, gemm_kernel<EPI>, gemm_split_kernel<EPI, S>.
+// matvec_split_kernel<EPI, VEC, TC, BT, S>, gemm_kernel<EPI, BN>, gemm_split_kernel<EPI, BN, S>.
 
 #include "rawgraph.cuh"
 
@@ -242,27 +242,28 @@ matvec_split_kernel(const float* x, const float* __restrict__ W, float* y, const
 // ---------------------------------------------------------------------------------------------
 
 #define RG_GM_BM 64
-#define RG_GM_BN 128
 #define RG_GM_KC 16
 #define RG_GM_STAGES 3
 #define RG_GM_XS (RG_GM_KC + 4)  // x tile row stride: 16-byte rows, rows 4 apart land 16 banks apart
-#define RG_GM_STAGE_FLOATS (RG_GM_BM * RG_GM_XS + RG_GM_KC * RG_GM_BN)
-#define RG_GM_PS (RG_GM_BN + 4)  // partial tile row stride
 
-// Thread (tm, tn) owns rows 4*tm .. 4*tm+3 and columns 4*tn .. 4*tn+3 and 64+4*tn .. 64+4*tn+3
-// of the 64 x 128 tile: per 4 k, 4 shared loads of x and 8 of W feed 128 FMAs, and a warp's W
-// loads are 256 contiguous bytes each.
-template <int EPI, int S>
+// Thread (tm, tn) owns rows 4*tm .. 4*tm+3 and, in each 64-column half of the 64 x BN tile,
+// columns 4*tn .. 4*tn+3: per 4 k, 4 shared loads of x and 4 * BN / 64 of W feed 16 * BN / 4
+// FMAs, and a warp's W loads are 256 contiguous bytes each.
+template <int EPI, int BN, int S>
 __device__ __forceinline__ void gemm_body(const float* x, const float* __restrict__ W, float* y, const float* r,
                                           int B, int K, int N, int early)
 {
-    static_assert(RG_GM_BM * RG_GM_PS <= RG_GM_STAGES * RG_GM_STAGE_FLOATS, "partial tile reuses the stages");
-    __shared__ __align__(16) float smem[RG_GM_STAGES * RG_GM_STAGE_FLOATS];
+    constexpr int H = BN / 64;                                    // 64-column halves
+    constexpr int STAGE = RG_GM_BM * RG_GM_XS + RG_GM_KC * BN;    // floats per stage
+    constexpr int PS = BN + 4;                                    // partial tile row stride
+    static_assert(H == 1 || H == 2, "BN is 64 or 128");
+    static_assert(RG_GM_BM * PS <= RG_GM_STAGES * STAGE, "partial tile reuses the stages");
+    __shared__ __align__(16) float smem[RG_GM_STAGES * STAGE];
 
     const int tid = threadIdx.x;
     const int tm = tid / 16, tn = tid % 16;
     const int m0 = blockIdx.z * RG_GM_BM;
-    const int n0 = blockIdx.x * RG_GM_BN;
+    const int n0 = blockIdx.x * BN;
     unsigned rank = 0;
 #ifdef RG_HAS_CLUSTERS
     if (S > 1) rank = rg_cluster_rank();
@@ -272,19 +273,20 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
     const int ke = min(K, kb + kc);
     const int nst = (ke - kb + RG_GM_KC - 1) / RG_GM_KC;
 
-    // Loader coordinates: two 16-byte pieces of the W slice (16 rows x 128 columns) and one of
-    // the x slice (64 rows x 16 columns) per thread.
-    const int wr = tid / 32, wc = (tid % 32) * 4;
+    // Loader coordinates: H 16-byte pieces of the W slice (16 rows x BN columns) and one of the
+    // x slice (64 rows x 16 columns) per thread.
+    constexpr int WQ = BN / 4;  // 16-byte pieces per W row
+    const int wr = tid / WQ, wc = (tid % WQ) * 4;
     const int xr = tid / 4, xc = (tid % 4) * 4;
-    auto xs_of = [&](int st) { return smem + (st % RG_GM_STAGES) * RG_GM_STAGE_FLOATS; };
+    auto xs_of = [&](int st) { return smem + (st % RG_GM_STAGES) * STAGE; };
     auto ws_of = [&](int st) { return xs_of(st) + RG_GM_BM * RG_GM_XS; };
     auto load_w = [&](int st) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = wr + 8 * h;
+        for (int h = 0; h < H; ++h) {
+            const int row = wr + (RG_THREADS / WQ) * h;
             const int k = kb + st * RG_GM_KC + row;
             const bool ok = k < ke && n0 + wc < N;
-            rg_cp_async16(ws_of(st) + row * RG_GM_BN + wc, ok ? W + (size_t)k * N + n0 + wc : W, ok);
+            rg_cp_async16(ws_of(st) + row * BN + wc, ok ? W + (size_t)k * N + n0 + wc : W, ok);
         }
     };
     auto load_x = [&](int st) {
@@ -304,11 +306,11 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
         rg_cp_async_commit();  // group st also holds every W slice issued before the wait
     }
 
-    float acc[4][8];
+    float acc[4][4 * H];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+        for (int j = 0; j < 4 * H; ++j) acc[i][j] = 0.0f;
 
     for (int st = 0; st < nst; ++st) {
         rg_cp_async_wait<RG_GM_STAGES - 2>();
@@ -327,19 +329,19 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
             for (int i = 0; i < 4; ++i) a[i] = *reinterpret_cast<const float4*>(xs + (4 * tm + i) * RG_GM_XS + kq);
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
-                const float4 b0 = *reinterpret_cast<const float4*>(ws + (kq + kk) * RG_GM_BN + 4 * tn);
-                const float4 b1 = *reinterpret_cast<const float4*>(ws + (kq + kk) * RG_GM_BN + 64 + 4 * tn);
+                float4 bv[H];
+#pragma unroll
+                for (int h = 0; h < H; ++h) bv[h] = *reinterpret_cast<const float4*>(ws + (kq + kk) * BN + 64 * h + 4 * tn);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const float av = VecT<4>::get(a[i], kk);
-                    acc[i][0] = fmaf(av, b0.x, acc[i][0]);
-                    acc[i][1] = fmaf(av, b0.y, acc[i][1]);
-                    acc[i][2] = fmaf(av, b0.z, acc[i][2]);
-                    acc[i][3] = fmaf(av, b0.w, acc[i][3]);
-                    acc[i][4] = fmaf(av, b1.x, acc[i][4]);
-                    acc[i][5] = fmaf(av, b1.y, acc[i][5]);
-                    acc[i][6] = fmaf(av, b1.z, acc[i][6]);
-                    acc[i][7] = fmaf(av, b1.w, acc[i][7]);
+#pragma unroll
+                    for (int h = 0; h < H; ++h) {
+                        acc[i][4 * h + 0] = fmaf(av, bv[h].x, acc[i][4 * h + 0]);
+                        acc[i][4 * h + 1] = fmaf(av, bv[h].y, acc[i][4 * h + 1]);
+                        acc[i][4 * h + 2] = fmaf(av, bv[h].z, acc[i][4 * h + 2]);
+                        acc[i][4 * h + 3] = fmaf(av, bv[h].w, acc[i][4 * h + 3]);
+                    }
                 }
             }
         }
@@ -353,8 +355,8 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
         for (int i = 0; i < 4; ++i) {
             const int m = m0 + 4 * tm + i;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int n = n0 + (j < 4 ? 4 * tn + j : 64 + 4 * tn + j - 4);
+            for (int j = 0; j < 4 * H; ++j) {
+                const int n = n0 + 64 * (j / 4) + 4 * tn + j % 4;
                 if (m < B && n < N) {
                     const size_t o = (size_t)m * N + n;
                     y[o] = rg_epilogue<EPI>(acc[i][j], r, o);
@@ -367,14 +369,16 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
     float* pt = smem;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        float* row = pt + (4 * tm + i) * RG_GM_PS;
-        *reinterpret_cast<float4*>(row + 4 * tn) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-        *reinterpret_cast<float4*>(row + 64 + 4 * tn) = make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
+        float* row = pt + (4 * tm + i) * PS;
+#pragma unroll
+        for (int h = 0; h < H; ++h)
+            *reinterpret_cast<float4*>(row + 64 * h + 4 * tn) =
+                make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
     }
     rg_cluster_sync();
     // CTA `rank` finishes rows [rank * BM / S, (rank + 1) * BM / S) of the tile, 4 columns at a time.
     constexpr int ROWS = RG_GM_BM / S;
-    constexpr int Q4 = RG_GM_BN / 4;
+    constexpr int Q4 = BN / 4;
     constexpr int ITEMS = ROWS * Q4;
     constexpr int PER = (ITEMS + RG_THREADS - 1) / RG_THREADS;
     float4 sum[PER];
@@ -383,7 +387,7 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
         const int item = tid + e * RG_THREADS;
         sum[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (item < ITEMS) {
-            const float* src = pt + ((int)rank * ROWS + item / Q4) * RG_GM_PS + (item % Q4) * 4;
+            const float* src = pt + ((int)rank * ROWS + item / Q4) * PS + (item % Q4) * 4;
 #pragma unroll
             for (int q = 0; q < S; ++q) {
                 const float4 v = rg_dsmem_load4(src, q);
@@ -413,20 +417,20 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
     }
 }
 
-// grid (ceil(N / 128), 1, ceil(B / 64))
-template <int EPI>
+// grid (ceil(N / BN), 1, ceil(B / 64))
+template <int EPI, int BN>
 __global__ void __launch_bounds__(RG_THREADS)
 gemm_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int early)
 {
-    gemm_body<EPI, 1>(x, W, y, r, B, K, N, early);
+    gemm_body<EPI, BN, 1>(x, W, y, r, B, K, N, early);
 }
 
 #ifdef RG_HAS_CLUSTERS
-// grid (ceil(N / 128), S, ceil(B / 64)), clusters of (1, S, 1)
-template <int EPI, int S>
+// grid (ceil(N / BN), S, ceil(B / 64)), clusters of (1, S, 1)
+template <int EPI, int BN, int S>
 __global__ void __cluster_dims__(1, S, 1) __launch_bounds__(RG_THREADS)
 gemm_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int early)
 {
-    gemm_body<EPI, S>(x, W, y, r, B, K, N, early);
+    gemm_body<EPI, BN, S>(x, W, y, r, B, K, N, early);
 }
 #endif

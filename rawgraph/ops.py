@@ -81,7 +81,8 @@ def matvec_shape(batch: int, k: int, n: int, multiprocessors: int, vec: int, clu
     Aim for D CTAs: enough that each thread has about one group (8) of loads in flight, at most
     two CTAs per SM. Without a K split when a column tile of at least 32 (64 for 8 batch rows)
     reaches D -- a cluster costs a barrier and a DSMEM reduction, which dominates small products;
-    else the widest tile and the smallest split (at most 8) that reach it.
+    else the widest tile (the narrowest, for W over 8 MB) and the smallest split that reach it.
+    The rule was fitted to the H200 sweep in ``benchmarks/results/kernel_times.json``.
     """
     bt = 1
     while bt < min(batch, 8):
@@ -96,9 +97,14 @@ def matvec_shape(batch: int, k: int, n: int, multiprocessors: int, vec: int, clu
     if tc is None or split is None:
         want = max(1, min(2 * multiprocessors, _cdiv(k * _cdiv(n, vec) * batch_tiles, THREADS * UNROLL)))
         reach = 0.9 * want
-        narrowest = (64 if bt == 8 else 32) if vec == 4 else tiles[-1]
+        streaming = k * n * 4 > EARLY_MAX_W_BYTES
+        narrowest = (64 if bt == 8 and not streaming else 32) if vec == 4 else tiles[-1]
         fits = [t for t in tiles if t <= max(n, tiles[-1])] or tiles[-1:]
         cands = [(t, 1) for t in fits if t >= narrowest] or [(fits[-1], 1)]
+        if streaming:
+            # W streams from DRAM: many narrow column tiles and a small split beat wide tiles on
+            # big clusters (H200: 4096 x 4096 at batch 1 and 8, 32 columns and a split of 2 best).
+            cands.reverse()
         pick = next(((t, 1) for t, _ in cands if _cdiv(n, t) * batch_tiles >= reach), None)
         if pick is None and clusters:
             for t, _ in cands:
@@ -121,14 +127,18 @@ def matvec_shape(batch: int, k: int, n: int, multiprocessors: int, vec: int, clu
     return MatmulShape("matvec", vec, tc, bt, split, (_cdiv(n, tc), split, batch_tiles))
 
 
-def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool, split: int | None = None) -> MatmulShape:
-    """The GEMM cut: 64 x 128 output tiles, K split over a cluster until there are two CTAs per SM."""
-    base = _cdiv(n, GEMM_TILE_N) * _cdiv(batch, GEMM_TILE_M)
+def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool, split: int | None = None,
+               tile_n: int = GEMM_TILE_N) -> MatmulShape:
+    """The GEMM cut: 64 x ``tile_n`` (64 or 128) output tiles, K split over a cluster until there
+    are two CTAs per SM."""
+    if tile_n not in (64, 128):
+        raise ShapeError(f"gemm column tile must be 64 or 128, got {tile_n}")
+    base = _cdiv(n, tile_n) * _cdiv(batch, GEMM_TILE_M)
     if split is None:
         split = _pick_split(base, k, GEMM_KC, 2 * multiprocessors, clusters)
     elif split not in (1, 2, 4, 8) or (split > 1 and not clusters):
         raise ShapeError(f"split {split} needs clusters (sm_90) and must be 1, 2, 4 or 8")
-    return MatmulShape("gemm", 4, GEMM_TILE_N, GEMM_TILE_M, split, (_cdiv(n, GEMM_TILE_N), split, _cdiv(batch, GEMM_TILE_M)))
+    return MatmulShape("gemm", 4, tile_n, GEMM_TILE_M, split, (_cdiv(n, tile_n), split, _cdiv(batch, GEMM_TILE_M)))
 
 
 def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: bool = True,
@@ -150,7 +160,7 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
 def matmul_expr(epilogue: str, shape: MatmulShape) -> str:
     e = EPILOGUES[epilogue]
     if shape.kernel == "gemm":
-        return f"gemm_split_kernel<{e}, {shape.split}>" if shape.split > 1 else f"gemm_kernel<{e}>"
+        return f"gemm_split_kernel<{e}, {shape.tc}, {shape.split}>" if shape.split > 1 else f"gemm_kernel<{e}, {shape.tc}>"
     if shape.split > 1:
         return f"matvec_split_kernel<{e}, {shape.vec}, {shape.tc}, {shape.bt}, {shape.split}>"
     return f"matvec_kernel<{e}, {shape.vec}, {shape.tc}, {shape.bt}>"
@@ -211,7 +221,7 @@ def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray
     if shape.kernel == "gemm":
         if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
             raise LayoutError("the gemm kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
-        want = gemm_shape(batch, k, n, 1, clusters, shape.split)
+        want = gemm_shape(batch, k, n, 1, clusters, shape.split, shape.tc)
     elif shape.kernel == "matvec":
         if shape.vec == 4 and (n % 4 or wa.ptr % 16):
             raise LayoutError("16-byte W loads (vec=4) need N % 4 == 0 and a 16-byte aligned W")

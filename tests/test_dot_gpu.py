@@ -19,7 +19,7 @@ def test_dot_has_one_kernel_node_per_launch(stream, tmp_path, form):
     assert len(re.findall(r'kind="kernel"', text)) == len(plan)
     assert len(re.findall(r"->\s*n[0-9a-f]+( \[style=dashed, label=\"PDL\"\])?;", text)) == len(plan) - 1
     assert text.count("PDL") == (len(plan) - 1 if model.pdl else 0)
-    assert "x -> x" in text and "y -> out" in text and "matvec_split_kernel<" in text
+    assert "x -> x" in text and "y -> out" in text and "matvec_kernel<" in text
     paths = export(graph, tmp_path / "g")
     assert paths["dot"].read_text() == to_dot(graph, "g")
     raw = paths["driver_dot"].read_text()

@@ -56,8 +56,9 @@ def _shapes():
     """Hand-picked cuts: every kernel, every split, with tails in B, K and N."""
     cases = []
     for split in (1, 2, 4, 8):
-        cases.append((17, 1000, 1000, ops.gemm_shape(17, 1000, 1000, 1, True, split)))   # K, N tails
-        cases.append((100, 260, 68, ops.gemm_shape(100, 260, 68, 1, True, split)))       # 2 batch tiles
+        for bn in (64, 128):
+            cases.append((17, 1000, 1000, ops.gemm_shape(17, 1000, 1000, 1, True, split, bn)))  # K, N tails
+            cases.append((100, 260, 68, ops.gemm_shape(100, 260, 68, 1, True, split, bn)))      # 2 batch tiles
         for tc in (128, 64, 32, 16):
             for batch in (1, 3, 8):
                 if tc * (8 if batch > 4 else 4 if batch > 2 else batch) <= 512:
@@ -72,6 +73,8 @@ def _shapes():
 def compiled_cuts():
     """Compile every hand-picked cut in one NVRTC program (one compile, not one per test)."""
     from rawgraph.kernels import get_kernels
+
+    from rawgraph import get_device
 
     get_kernels("matmul", sorted({ops.matmul_expr("add", s) for *_, s in _shapes()}), get_device())
 

@@ -104,9 +104,10 @@ def candidate_shapes(batch: int, width: int, multiprocessors: int, clusters: boo
             if bt * tc <= 512 and width // split >= 8 * (32 // (tc // 4)):
                 out.append(ops.matvec_shape(batch, width, width, multiprocessors, 4, clusters, tc, split))
     if batch >= ops.GEMM_MIN_BATCH:
-        for split in splits:
-            if width // split >= ops.GEMM_KC:
-                out.append(ops.gemm_shape(batch, width, width, multiprocessors, clusters, split))
+        for tile_n in (64, 128):
+            for split in splits:
+                if width // split >= ops.GEMM_KC:
+                    out.append(ops.gemm_shape(batch, width, width, multiprocessors, clusters, split, tile_n))
     seen, unique = set(), []
     for s in out:
         if s not in seen:
@@ -116,7 +117,7 @@ def candidate_shapes(batch: int, width: int, multiprocessors: int, clusters: boo
 
 
 def _label(s: ops.MatmulShape) -> str:
-    return f"{s.kernel}/t{s.tc}/s{s.split}" if s.kernel == "matvec" else f"gemm/s{s.split}"
+    return f"{s.kernel}/t{s.tc}/s{s.split}"
 
 
 def _torch_mm_us(torch, x, ws, batch: int, width: int) -> dict:
