@@ -419,7 +419,7 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
 
 // grid (ceil(N / BN), 1, ceil(B / 64))
 template <int EPI, int BN>
-__global__ void __launch_bounds__(RG_THREADS)
+__global__ void __launch_bounds__(RG_THREADS, 3)
 gemm_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int early)
 {
     gemm_body<EPI, BN, 1>(x, W, y, r, B, K, N, early);
@@ -428,7 +428,7 @@ gemm_kernel(const float* x, const float* __restrict__ W, float* y, const float* 
 #ifdef RG_HAS_CLUSTERS
 // grid (ceil(N / BN), S, ceil(B / 64)), clusters of (1, S, 1)
 template <int EPI, int BN, int S>
-__global__ void __cluster_dims__(1, S, 1) __launch_bounds__(RG_THREADS)
+__global__ void __cluster_dims__(1, S, 1) __launch_bounds__(RG_THREADS, 3)
 gemm_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int early)
 {
     gemm_body<EPI, BN, S>(x, W, y, r, B, K, N, early);

@@ -65,6 +65,9 @@ class DeviceInfo:
     multiprocessors: int
     total_memory: int
     l2_bytes: int
+    smem_per_sm: int = 0           # shared memory of one SM, bytes
+    smem_per_block_optin: int = 0  # most one CTA may ask for (cuFuncSetAttribute opt-in)
+    smem_reserved_per_block: int = 0  # what the driver keeps per resident CTA
 
     @property
     def arch(self) -> str:
@@ -105,6 +108,9 @@ class Device:
             multiprocessors=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
             total_memory=call(driver.cuDeviceTotalMem, self.handle),
             l2_bytes=get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+            smem_per_sm=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
+            smem_per_block_optin=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+            smem_reserved_per_block=get(attr.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK),
         )
 
     @property

@@ -105,6 +105,16 @@ class Kernel:
         attr = driver.CUfunction_attribute
         self.registers = int(call(driver.cuFuncGetAttribute, attr.CU_FUNC_ATTRIBUTE_NUM_REGS, self.handle))
         self.static_smem = int(call(driver.cuFuncGetAttribute, attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.handle))
+        self.max_dynamic_smem = int(call(driver.cuFuncGetAttribute, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.handle))
+
+    def allow_dynamic_smem(self, nbytes: int) -> None:
+        """Let launches ask for up to ``nbytes`` of dynamic shared memory
+        (``cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)``; needed above 48 KB).
+        Only ever raised, so a plan built earlier with a smaller request stays valid."""
+        if nbytes > self.max_dynamic_smem:
+            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            call(driver.cuFuncSetAttribute, self.handle, attr, int(nbytes))
+            self.max_dynamic_smem = int(nbytes)
 
     @property
     def short_name(self) -> str:

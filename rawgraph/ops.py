@@ -25,7 +25,7 @@ _F32 = np.dtype(np.float32)
 # batch 64, the GEMM at 4096 x 4096).
 GEMM_MIN_BATCH = 32
 GEMM_MIN_ELEMENTS = 1 << 22  # K * N (16 MB of W)
-GEMM_TILE_M, GEMM_TILE_N = 64, 128  # matmul.cu's RG_GM_BM, RG_GM_BN
+GEMM_TILE_M, GEMM_TILE_N = 64, 64  # matmul.cu's RG_GM_BM; the default column tile (BN is a template argument)
 GEMM_KC = 16         # matmul.cu's RG_GM_KC
 EARLY_MAX_W_BYTES = 8 << 20  # successor launched at the start for W up to 8 MB, after the K loop above
 MAX_SPLIT = 8        # portable cluster size
@@ -45,7 +45,9 @@ class MatmulShape:
 
     kernel: ``"matvec"`` or ``"gemm"``; vec: floats per W load (4 = 16-byte loads); tc: output
     columns per CTA; bt: batch rows per CTA; split: CTAs of a cluster sharing K (1 = no cluster);
-    grid: (column tiles, split, batch tiles).
+    grid: (column tiles, split, batch tiles); per_sm: at most this many CTAs resident on one SM
+    (0 = no cap), enforced by asking for otherwise unused dynamic shared memory (see
+    :func:`residency_pad`).
     """
 
     kernel: str
@@ -54,6 +56,7 @@ class MatmulShape:
     bt: int
     split: int
     grid: tuple[int, int, int]
+    per_sm: int = 0
 
     @property
     def ctas(self) -> int:
@@ -128,17 +131,49 @@ def matvec_shape(batch: int, k: int, n: int, multiprocessors: int, vec: int, clu
 
 
 def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool, split: int | None = None,
-               tile_n: int = GEMM_TILE_N) -> MatmulShape:
-    """The GEMM cut: 64 x ``tile_n`` (64 or 128) output tiles, K split over a cluster until there
-    are two CTAs per SM."""
+               tile_n: int = GEMM_TILE_N, per_sm: int | None = None) -> MatmulShape:
+    """The GEMM cut: 64 x ``tile_n`` (64 or 128) output tiles, K split over a cluster.
+
+    By default the smallest split (at most 4) that gives about two CTAs per SM, and with a split
+    at most two CTAs resident per SM. Why the cap: the scheduler places a cluster inside one GPC,
+    and the H200's GPCs differ in size; with three CTAs allowed per SM, 256 CTAs in clusters of 4
+    or 8 piled three deep on some SMs while others held one (ncu: SMs active 64 % of the
+    kernel's time), so the kernel took 1.5x its balanced time. Two per SM in clusters of at most
+    4 fit the whole grid at once, two deep everywhere. Fitted to the H200 sweep in
+    ``benchmarks/results/kernel_times.json``.
+    """
     if tile_n not in (64, 128):
         raise ShapeError(f"gemm column tile must be 64 or 128, got {tile_n}")
     base = _cdiv(n, tile_n) * _cdiv(batch, GEMM_TILE_M)
     if split is None:
-        split = _pick_split(base, k, GEMM_KC, 2 * multiprocessors, clusters)
+        split = 1
+        while clusters and split < 4 and base * split < 0.9 * 2 * multiprocessors and k // (2 * split) >= GEMM_KC:
+            split *= 2
     elif split not in (1, 2, 4, 8) or (split > 1 and not clusters):
         raise ShapeError(f"split {split} needs clusters (sm_90) and must be 1, 2, 4 or 8")
-    return MatmulShape("gemm", 4, tile_n, GEMM_TILE_M, split, (_cdiv(n, tile_n), split, _cdiv(batch, GEMM_TILE_M)))
+    if per_sm is None:
+        per_sm = 2 if split > 1 else 0
+    elif per_sm < 0:
+        raise ShapeError(f"per_sm must be 0 (no cap) or a positive CTA count, got {per_sm}")
+    return MatmulShape("gemm", 4, tile_n, GEMM_TILE_M, split, (_cdiv(n, tile_n), split, _cdiv(batch, GEMM_TILE_M)), per_sm)
+
+
+def residency_pad(device: Device, static_smem: int, per_sm: int) -> int:
+    """Dynamic shared memory (bytes) that leaves room for at most ``per_sm`` CTAs on one SM.
+
+    CUDA has no launch option that caps residency; a CTA's shared memory does, so the launch asks
+    for enough that ``per_sm + 1`` CTAs (static + dynamic + the driver's reserve each) no longer fit.
+    """
+    info = device.info
+    if per_sm <= 0:
+        return 0
+    if not info.smem_per_sm:
+        raise ShapeError("this device reports no shared memory per SM; cannot cap residency")
+    fixed = static_smem + info.smem_reserved_per_block
+    pad = max(0, -(-(info.smem_per_sm // (per_sm + 1) + 1 - fixed) // 1024) * 1024)
+    if per_sm * (fixed + pad) > info.smem_per_sm or static_smem + pad > info.smem_per_block_optin:
+        raise ShapeError(f"cannot cap residency at {per_sm} CTAs/SM with {static_smem} B of static shared memory")
+    return pad
 
 
 def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: bool = True,
@@ -202,6 +237,9 @@ def matmul(
     else:
         _check_shape(shape, batch, k, n, xa, wa, clusters)
     kernel = get_kernel("matmul", matmul_expr(epilogue, shape), device)
+    pad = residency_pad(device, kernel.static_smem, shape.per_sm)
+    if pad:
+        kernel.allow_dynamic_smem(pad)
     args = KernelArgs([("x", "ptr"), ("W", "ptr"), ("y", "ptr"), ("r", "ptr"), ("B", "i32"), ("K", "i32"), ("N", "i32"),
                        ("early", "i32")])
     early = int(shape.kernel == "matvec" and k * n * 4 <= EARLY_MAX_W_BYTES)
@@ -211,7 +249,7 @@ def matmul(
     if r:
         uses["r"] = ArgUse(r, "read")
     name = {"none": "matmul", "relu": "matmul_relu", "add": "matmul_add"}[epilogue]
-    return Launch(kernel, shape.grid, (THREADS, 1, 1), args, uses, 0, label or name)
+    return Launch(kernel, shape.grid, (THREADS, 1, 1), args, uses, pad, label or name)
 
 
 def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray, wa: DeviceArray, clusters: bool) -> None:
@@ -221,7 +259,7 @@ def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray
     if shape.kernel == "gemm":
         if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
             raise LayoutError("the gemm kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
-        want = gemm_shape(batch, k, n, 1, clusters, shape.split, shape.tc)
+        want = gemm_shape(batch, k, n, 1, clusters, shape.split, shape.tc, shape.per_sm)
     elif shape.kernel == "matvec":
         if shape.vec == 4 and (n % 4 or wa.ptr % 16):
             raise LayoutError("16-byte W loads (vec=4) need N % 4 == 0 and a 16-byte aligned W")

@@ -18,7 +18,7 @@ from rawgraph import (
     as_device_array,
 )
 from rawgraph.errors import check, cuda_error
-from rawgraph.ops import GEMM_MIN_BATCH, _check_shape, gemm_shape, matmul_shape, matvec_shape
+from rawgraph.ops import GEMM_MIN_BATCH, _check_shape, gemm_shape, matmul_shape, matvec_shape, residency_pad
 
 
 def test_packed_layout_alignment_and_pointer_table():
@@ -70,7 +70,7 @@ def test_matmul_shape_covers_the_output(batch, width, clusters):
     assert rows * s.bt >= batch and (rows - 1) * s.bt < batch
     assert split == s.split and split in (1, 2, 4, 8) and (clusters or split == 1)
     if s.kernel == "gemm":
-        assert batch >= GEMM_MIN_BATCH and width % 4 == 0 and (s.tc, s.bt) == (128, 64)
+        assert batch >= GEMM_MIN_BATCH and width % 4 == 0 and s.tc in (64, 128) and s.bt == 64
     else:
         assert s.bt * s.tc <= 512 and 32 % (s.tc // s.vec) == 0
         assert s.vec == (4 if width % 4 == 0 else 1)
@@ -96,10 +96,46 @@ def test_matmul_shape_fills_the_gpu_when_it_can():
     assert matmul_shape(1, 1024, 1024, 132).split > 1
 
 
+def test_gemm_cut_rule():
+    big = matmul_shape(64, 4096, 4096, 132)
+    assert (big.kernel, big.tc, big.split, big.per_sm, big.ctas) == ("gemm", 64, 4, 2, 256)
+    # Enough tiles without a split: no cluster, so no residency cap.
+    wide = matmul_shape(256, 4096, 4096, 132)
+    assert (wide.split, wide.per_sm) == (1, 0)
+    assert gemm_shape(64, 4096, 4096, 132, clusters=False).split == 1
+    with pytest.raises(ShapeError, match="per_sm"):
+        gemm_shape(64, 4096, 4096, 132, clusters=True, split=2, per_sm=-1)
+
+
+def _fake_device(smem_per_sm=233472, optin=232448, reserved=1024):
+    from types import SimpleNamespace
+
+    from rawgraph.device import DeviceInfo
+
+    info = DeviceInfo(0, "fake H200", (9, 0), 132, 1 << 30, 50 << 20, smem_per_sm, optin, reserved)
+    return SimpleNamespace(info=info)
+
+
+@pytest.mark.parametrize("static,per_sm", [(27648, 2), (39936, 2), (27648, 1), (17536, 3), (0, 2)])
+def test_residency_pad_fits_exactly_per_sm_ctas(static, per_sm):
+    dev = _fake_device()
+    pad = residency_pad(dev, static, per_sm)
+    per_cta = static + pad + dev.info.smem_reserved_per_block
+    assert per_sm * per_cta <= dev.info.smem_per_sm < (per_sm + 1) * per_cta
+    assert residency_pad(dev, static, 0) == 0
+
+
+def test_residency_pad_refuses_what_cannot_fit():
+    with pytest.raises(ShapeError, match="cap residency"):
+        residency_pad(_fake_device(), 39936, 8)  # eight 40 KB CTAs exceed 228 KB
+    with pytest.raises(ShapeError, match="no shared memory"):
+        residency_pad(_fake_device(smem_per_sm=0), 1024, 2)
+
+
 def test_hand_picked_matmul_shapes_are_checked():
     x, w = as_device_array(FakeCAI((64, 1000))), as_device_array(FakeCAI((1000, 1000)))
-    good = gemm_shape(64, 1000, 1000, 132, clusters=True, split=4)
-    assert good.grid == (8, 4, 1)
+    good = gemm_shape(64, 1000, 1000, 132, clusters=True, split=4, tile_n=128)
+    assert good.grid == (8, 4, 1) and good.per_sm == 2
     _check_shape(good, 64, 1000, 1000, x, w, clusters=True)
     with pytest.raises(ShapeError, match="clusters"):
         _check_shape(good, 64, 1000, 1000, x, w, clusters=False)

@@ -59,6 +59,8 @@ def _shapes():
         for bn in (64, 128):
             cases.append((17, 1000, 1000, ops.gemm_shape(17, 1000, 1000, 1, True, split, bn)))  # K, N tails
             cases.append((100, 260, 68, ops.gemm_shape(100, 260, 68, 1, True, split, bn)))      # 2 batch tiles
+            if split > 1:  # residency capped at 2 CTAs/SM (padded dynamic shared memory)
+                cases.append((100, 260, 68, ops.gemm_shape(100, 260, 68, 1, True, split, bn, per_sm=2)))
         for tc in (128, 64, 32, 16):
             for batch in (1, 3, 8):
                 if tc * (8 if batch > 4 else 4 if batch > 2 else batch) <= 512:
@@ -80,11 +82,29 @@ def compiled_cuts():
 
 
 @pytest.mark.parametrize("batch,k,n,shape", _shapes(), ids=lambda v: str(v) if not hasattr(v, "kernel") else
-                         f"{v.kernel}-v{v.vec}-t{v.tc}-b{v.bt}-s{v.split}")
+                         f"{v.kernel}-v{v.vec}-t{v.tc}-b{v.bt}-s{v.split}-c{v.per_sm}")
 def test_every_matmul_cut(device, stream, rng, compiled_cuts, batch, k, n, shape):
     got, ref, launch = _matmul_case(device, stream, rng, "add", batch, k, n, shape)
     assert launch.grid == shape.grid
     assert rel_err(got, ref) < 1e-5, f"seed {rng.seed_used}"
+
+
+@pytest.mark.parametrize("bn", [64, 128])
+def test_gemm_residency_cap_holds(device, stream, rng, bn):
+    """The padded launch really fits at most per_sm CTAs per SM, where the kernel alone fits more."""
+    from cuda.bindings import driver
+
+    from rawgraph.errors import call
+
+    bufs = {"x": DeviceBuffer((64, 4096)), "W": DeviceBuffer((4096, 4096)), "y": DeviceBuffer((64, 4096))}
+    views = {k: v.view() for k, v in bufs.items()}
+    shape = ops.gemm_shape(64, 4096, 4096, device.info.multiprocessors, True, 4, bn, per_sm=2)
+    launch = ops.matmul(device, views, "x", "W", "y", "none", shape=shape)
+    occ = lambda smem: call(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor, launch.kernel.handle, 256, smem)  # noqa: E731
+    assert launch.shared_mem > 0
+    assert occ(0) > 2 and occ(launch.shared_mem) == 2
+    for b in bufs.values():
+        b.close()
 
 
 @pytest.mark.parametrize("batch,k,n", [(1, 4096, 4096), (8, 1024, 1024), (64, 1024, 1024), (3, 33, 33)])
