@@ -24,7 +24,7 @@
 // done (large ones, where a successor prefetching early only competes for DRAM).
 //
 // Name expressions instantiate them: matvec_kernel<EPI, VEC, TC, BT>,
-// matvec_split_kernel<EPI, VEC, TC, BT, S>, gemm_kernel<EPI, BN>, gemm_split_kernel<EPI, BN, S>.
+// matvec_split_kernel<EPI, VEC, TC, BT, S>, gemm_kernel<EPI, BN, SL>, gemm_split_kernel<EPI, BN, S, SL>.
 
 #include "rawgraph.cuh"
 
@@ -249,7 +249,15 @@ matvec_split_kernel(const float* x, const float* __restrict__ W, float* y, const
 // Thread (tm, tn) owns rows 4*tm .. 4*tm+3 and, in each 64-column half of the 64 x BN tile,
 // columns 4*tn .. 4*tn+3: per 4 k, 4 shared loads of x and 4 * BN / 64 of W feed 16 * BN / 4
 // FMAs, and a warp's W loads are 256 contiguous bytes each.
-template <int EPI, int BN, int S>
+//
+// SL (1 or 2) slices of 256 threads share a CTA and split its K range again, each with its own
+// stages; slice 1 hands its tile to slice 0 through shared memory. Two slices put 16 warps on an
+// SM from one CTA, so a grid of one CTA per SM keeps every SM equally busy (clusters are placed
+// per GPC, and the H200's GPCs differ in size: several CTAs per SM left some SMs doing 1.5x the
+// work of others).
+//
+// Shared memory is dynamic: SL * RG_GM_STAGES * STAGE floats (ops.gemm_smem_bytes).
+template <int EPI, int BN, int S, int SL>
 __device__ __forceinline__ void gemm_body(const float* x, const float* __restrict__ W, float* y, const float* r,
                                           int B, int K, int N, int early)
 {
@@ -257,10 +265,12 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
     constexpr int STAGE = RG_GM_BM * RG_GM_XS + RG_GM_KC * BN;    // floats per stage
     constexpr int PS = BN + 4;                                    // partial tile row stride
     static_assert(H == 1 || H == 2, "BN is 64 or 128");
+    static_assert(SL == 1 || SL == 2, "one or two K slices per CTA");
     static_assert(RG_GM_BM * PS <= RG_GM_STAGES * STAGE, "partial tile reuses the stages");
-    __shared__ __align__(16) float smem[RG_GM_STAGES * STAGE];
+    extern __shared__ __align__(16) float smem[];
 
-    const int tid = threadIdx.x;
+    const int slice = threadIdx.x / RG_THREADS;
+    const int tid = threadIdx.x % RG_THREADS;
     const int tm = tid / 16, tn = tid % 16;
     const int m0 = blockIdx.z * RG_GM_BM;
     const int n0 = blockIdx.x * BN;
@@ -268,17 +278,22 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
 #ifdef RG_HAS_CLUSTERS
     if (S > 1) rank = rg_cluster_rank();
 #endif
-    const int kc = ((K + S - 1) / S + RG_GM_KC - 1) / RG_GM_KC * RG_GM_KC;
-    const int kb = min(K, (int)rank * kc);
+    // K is cut into S * SL chunks of whole stages: this thread's slice takes chunk rank * SL + slice.
+    const int kc = ((K + S * SL - 1) / (S * SL) + RG_GM_KC - 1) / RG_GM_KC * RG_GM_KC;
+    const int kb = min(K, ((int)rank * SL + slice) * kc);
     const int ke = min(K, kb + kc);
-    const int nst = (ke - kb + RG_GM_KC - 1) / RG_GM_KC;
+    // Every slice runs the loop (and its barriers) as often as slice 0, whose chunk is the longest;
+    // stages past a slice's own chunk load zeros and add nothing.
+    const int kb0 = min(K, (int)rank * SL * kc);
+    const int nst = (min(K, kb0 + kc) - kb0 + RG_GM_KC - 1) / RG_GM_KC;
+    float* const base = smem + slice * RG_GM_STAGES * STAGE;
 
     // Loader coordinates: H 16-byte pieces of the W slice (16 rows x BN columns) and one of the
     // x slice (64 rows x 16 columns) per thread.
     constexpr int WQ = BN / 4;  // 16-byte pieces per W row
     const int wr = tid / WQ, wc = (tid % WQ) * 4;
     const int xr = tid / 4, xc = (tid % 4) * 4;
-    auto xs_of = [&](int st) { return smem + (st % RG_GM_STAGES) * STAGE; };
+    auto xs_of = [&](int st) { return base + (st % RG_GM_STAGES) * STAGE; };
     auto ws_of = [&](int st) { return xs_of(st) + RG_GM_BM * RG_GM_XS; };
     auto load_w = [&](int st) {
 #pragma unroll
@@ -349,8 +364,33 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
     rg_cp_async_wait<0>();
     if (!early) rg_allow_dependents();
 
+    if constexpr (SL == 2) {
+        __syncthreads();  // both slices are done with their stages
+        float* hand = smem;
+        if (slice == 1) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int h = 0; h < H; ++h)
+                    *reinterpret_cast<float4*>(hand + (4 * tm + i) * PS + 64 * h + 4 * tn) =
+                        make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+        }
+        __syncthreads();
+        if (slice == 0) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int h = 0; h < H; ++h) {
+                    const float4 v = *reinterpret_cast<const float4*>(hand + (4 * tm + i) * PS + 64 * h + 4 * tn);
+                    acc[i][4 * h] += v.x; acc[i][4 * h + 1] += v.y; acc[i][4 * h + 2] += v.z; acc[i][4 * h + 3] += v.w;
+                }
+        }
+    }
+
     // The epilogue reads r and writes y one float at a time: neither needs 16-byte alignment.
+    // Only slice 0 holds the CTA's sums.
     if constexpr (S == 1) {
+        if (slice != 0) return;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int m = m0 + 4 * tm + i;
@@ -365,17 +405,19 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
         }
     } else {
 #ifdef RG_HAS_CLUSTERS
-    __syncthreads();  // every thread is done with the stages: reuse them for the partial tile
+    __syncthreads();  // every thread is done with the stages (and the hand-off): reuse them for the partial tile
     float* pt = smem;
+    if (slice == 0) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        float* row = pt + (4 * tm + i) * PS;
+        for (int i = 0; i < 4; ++i) {
+            float* row = pt + (4 * tm + i) * PS;
 #pragma unroll
-        for (int h = 0; h < H; ++h)
-            *reinterpret_cast<float4*>(row + 64 * h + 4 * tn) =
-                make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+            for (int h = 0; h < H; ++h)
+                *reinterpret_cast<float4*>(row + 64 * h + 4 * tn) =
+                    make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+        }
     }
-    rg_cluster_sync();
+    rg_cluster_sync();  // every thread of every CTA: barrier.cluster counts them all
     // CTA `rank` finishes rows [rank * BM / S, (rank + 1) * BM / S) of the tile, 4 columns at a time.
     constexpr int ROWS = RG_GM_BM / S;
     constexpr int Q4 = BN / 4;
@@ -386,7 +428,7 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
     for (int e = 0; e < PER; ++e) {
         const int item = tid + e * RG_THREADS;
         sum[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (item < ITEMS) {
+        if (item < ITEMS && slice == 0) {
             const float* src = pt + ((int)rank * ROWS + item / Q4) * PS + (item % Q4) * 4;
 #pragma unroll
             for (int q = 0; q < S; ++q) {
@@ -399,7 +441,7 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
 #pragma unroll
     for (int e = 0; e < PER; ++e) {
         const int item = tid + e * RG_THREADS;
-        if (item < ITEMS) {
+        if (item < ITEMS && slice == 0) {
             const int m = m0 + (int)rank * ROWS + item / Q4;
             const int nq = n0 + (item % Q4) * 4;
             const float vals[4] = {sum[e].x, sum[e].y, sum[e].z, sum[e].w};
@@ -417,20 +459,20 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
     }
 }
 
-// grid (ceil(N / BN), 1, ceil(B / 64))
-template <int EPI, int BN>
-__global__ void __launch_bounds__(RG_THREADS, 3)
+// grid (ceil(N / BN), 1, ceil(B / 64)), SL * 256 threads
+template <int EPI, int BN, int SL>
+__global__ void __launch_bounds__(RG_THREADS * SL, 3 / SL)
 gemm_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int early)
 {
-    gemm_body<EPI, BN, 1>(x, W, y, r, B, K, N, early);
+    gemm_body<EPI, BN, 1, SL>(x, W, y, r, B, K, N, early);
 }
 
 #ifdef RG_HAS_CLUSTERS
-// grid (ceil(N / BN), S, ceil(B / 64)), clusters of (1, S, 1)
-template <int EPI, int BN, int S>
-__global__ void __cluster_dims__(1, S, 1) __launch_bounds__(RG_THREADS, 3)
+// grid (ceil(N / BN), S, ceil(B / 64)), clusters of (1, S, 1), SL * 256 threads
+template <int EPI, int BN, int S, int SL>
+__global__ void __cluster_dims__(1, S, 1) __launch_bounds__(RG_THREADS * SL, 3 / SL)
 gemm_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int early)
 {
-    gemm_body<EPI, BN, S>(x, W, y, r, B, K, N, early);
+    gemm_body<EPI, BN, S, SL>(x, W, y, r, B, K, N, early);
 }
 #endif

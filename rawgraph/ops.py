@@ -27,6 +27,7 @@ GEMM_MIN_BATCH = 32
 GEMM_MIN_ELEMENTS = 1 << 22  # K * N (16 MB of W)
 GEMM_TILE_M, GEMM_TILE_N = 64, 64  # matmul.cu's RG_GM_BM; the default column tile (BN is a template argument)
 GEMM_KC = 16         # matmul.cu's RG_GM_KC
+GEMM_STAGES = 3      # matmul.cu's RG_GM_STAGES
 EARLY_MAX_W_BYTES = 8 << 20  # successor launched at the start for W up to 8 MB, after the K loop above
 MAX_SPLIT = 8        # portable cluster size
 XS_FLOATS = 4096     # matmul.cu's RG_XS_FLOATS
@@ -47,7 +48,8 @@ class MatmulShape:
     columns per CTA; bt: batch rows per CTA; split: CTAs of a cluster sharing K (1 = no cluster);
     grid: (column tiles, split, batch tiles); per_sm: at most this many CTAs resident on one SM
     (0 = no cap), enforced by asking for otherwise unused dynamic shared memory (see
-    :func:`residency_pad`).
+    :func:`residency_pad`); slices: GEMM only, groups of 256 threads in a CTA that split its K
+    range again (1 or 2).
     """
 
     kernel: str
@@ -57,6 +59,11 @@ class MatmulShape:
     split: int
     grid: tuple[int, int, int]
     per_sm: int = 0
+    slices: int = 1
+
+    @property
+    def threads(self) -> int:
+        return THREADS * self.slices
 
     @property
     def ctas(self) -> int:
@@ -131,34 +138,42 @@ def matvec_shape(batch: int, k: int, n: int, multiprocessors: int, vec: int, clu
 
 
 def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool, split: int | None = None,
-               tile_n: int = GEMM_TILE_N, per_sm: int | None = None) -> MatmulShape:
-    """The GEMM cut: 64 x ``tile_n`` (64 or 128) output tiles, K split over a cluster.
+               tile_n: int = GEMM_TILE_N, per_sm: int = 0, slices: int = 2) -> MatmulShape:
+    """The GEMM cut: 64 x ``tile_n`` (64 or 128) output tiles, K split over a cluster of ``split``
+    CTAs and again over ``slices`` groups of 256 threads inside each CTA.
 
-    By default the smallest split (at most 4) that gives about two CTAs per SM, and with a split
-    at most two CTAs resident per SM. Why the cap: the scheduler places a cluster inside one GPC,
-    and the H200's GPCs differ in size; with three CTAs allowed per SM, 256 CTAs in clusters of 4
-    or 8 piled three deep on some SMs while others held one (ncu: SMs active 64 % of the
-    kernel's time), so the kernel took 1.5x its balanced time. Two per SM in clusters of at most
-    4 fit the whole grid at once, two deep everywhere. Fitted to the H200 sweep in
-    ``benchmarks/results/kernel_times.json``.
+    By default two slices (16 warps, so one CTA fills an SM) and the smallest split that gives
+    about one CTA per SM. One CTA per SM is what balances: clusters are placed per GPC and the
+    H200's GPCs differ in size, so grids of several CTAs per SM left some SMs with 1.5x the work
+    of others (ncu: SMs active 64-66 % of the kernel's time, ``benchmarks/NOTES.md``). Fitted to
+    the H200 sweep in ``benchmarks/results/kernel_times.json``.
     """
     if tile_n not in (64, 128):
         raise ShapeError(f"gemm column tile must be 64 or 128, got {tile_n}")
+    if slices not in (1, 2):
+        raise ShapeError(f"gemm slices must be 1 or 2, got {slices}")
     base = _cdiv(n, tile_n) * _cdiv(batch, GEMM_TILE_M)
     if split is None:
         split = 1
-        while clusters and split < 4 and base * split < 0.9 * 2 * multiprocessors and k // (2 * split) >= GEMM_KC:
+        while (clusters and split < MAX_SPLIT and base * split < 0.9 * multiprocessors
+               and k // (2 * split * slices) >= GEMM_KC):
             split *= 2
     elif split not in (1, 2, 4, 8) or (split > 1 and not clusters):
         raise ShapeError(f"split {split} needs clusters (sm_90) and must be 1, 2, 4 or 8")
-    if per_sm is None:
-        per_sm = 2 if split > 1 else 0
-    elif per_sm < 0:
+    if per_sm < 0:
         raise ShapeError(f"per_sm must be 0 (no cap) or a positive CTA count, got {per_sm}")
-    return MatmulShape("gemm", 4, tile_n, GEMM_TILE_M, split, (_cdiv(n, tile_n), split, _cdiv(batch, GEMM_TILE_M)), per_sm)
+    grid = (_cdiv(n, tile_n), split, _cdiv(batch, GEMM_TILE_M))
+    return MatmulShape("gemm", 4, tile_n, GEMM_TILE_M, split, grid, per_sm, slices)
+
+
+def gemm_smem_bytes(shape: MatmulShape) -> int:
+    """Dynamic shared memory of a GEMM launch: ``slices`` x 3 stages of a 64 x 16 x slice (rows
+    padded to 20 floats) and a 16 x ``tc`` W slice (matmul.cu's RG_GM_*)."""
+    return shape.slices * GEMM_STAGES * (GEMM_TILE_M * (GEMM_KC + 4) + GEMM_KC * shape.tc) * 4
 
 
 def residency_pad(device: Device, static_smem: int, per_sm: int) -> int:
+    # static_smem: all the shared memory a CTA uses already (static and dynamic)
     """Dynamic shared memory (bytes) that leaves room for at most ``per_sm`` CTAs on one SM.
 
     CUDA has no launch option that caps residency; a CTA's shared memory does, so the launch asks
@@ -195,7 +210,9 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
 def matmul_expr(epilogue: str, shape: MatmulShape) -> str:
     e = EPILOGUES[epilogue]
     if shape.kernel == "gemm":
-        return f"gemm_split_kernel<{e}, {shape.tc}, {shape.split}>" if shape.split > 1 else f"gemm_kernel<{e}, {shape.tc}>"
+        if shape.split > 1:
+            return f"gemm_split_kernel<{e}, {shape.tc}, {shape.split}, {shape.slices}>"
+        return f"gemm_kernel<{e}, {shape.tc}, {shape.slices}>"
     if shape.split > 1:
         return f"matvec_split_kernel<{e}, {shape.vec}, {shape.tc}, {shape.bt}, {shape.split}>"
     return f"matvec_kernel<{e}, {shape.vec}, {shape.tc}, {shape.bt}>"
@@ -237,9 +254,10 @@ def matmul(
     else:
         _check_shape(shape, batch, k, n, xa, wa, clusters)
     kernel = get_kernel("matmul", matmul_expr(epilogue, shape), device)
-    pad = residency_pad(device, kernel.static_smem, shape.per_sm)
-    if pad:
-        kernel.allow_dynamic_smem(pad)
+    smem = gemm_smem_bytes(shape) if shape.kernel == "gemm" else 0
+    smem += residency_pad(device, kernel.static_smem + smem, shape.per_sm)
+    if smem:
+        kernel.allow_dynamic_smem(smem)
     args = KernelArgs([("x", "ptr"), ("W", "ptr"), ("y", "ptr"), ("r", "ptr"), ("B", "i32"), ("K", "i32"), ("N", "i32"),
                        ("early", "i32")])
     early = int(shape.kernel == "matvec" and k * n * 4 <= EARLY_MAX_W_BYTES)
@@ -249,7 +267,7 @@ def matmul(
     if r:
         uses["r"] = ArgUse(r, "read")
     name = {"none": "matmul", "relu": "matmul_relu", "add": "matmul_add"}[epilogue]
-    return Launch(kernel, shape.grid, (THREADS, 1, 1), args, uses, pad, label or name)
+    return Launch(kernel, shape.grid, (shape.threads, 1, 1), args, uses, smem, label or name)
 
 
 def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray, wa: DeviceArray, clusters: bool) -> None:
@@ -259,7 +277,7 @@ def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray
     if shape.kernel == "gemm":
         if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
             raise LayoutError("the gemm kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
-        want = gemm_shape(batch, k, n, 1, clusters, shape.split, shape.tc, shape.per_sm)
+        want = gemm_shape(batch, k, n, 1, clusters, shape.split, shape.tc, shape.per_sm, shape.slices)
     elif shape.kernel == "matvec":
         if shape.vec == 4 and (n % 4 or wa.ptr % 16):
             raise LayoutError("16-byte W loads (vec=4) need N % 4 == 0 and a 16-byte aligned W")

@@ -18,7 +18,7 @@ from rawgraph import (
     as_device_array,
 )
 from rawgraph.errors import check, cuda_error
-from rawgraph.ops import GEMM_MIN_BATCH, _check_shape, gemm_shape, matmul_shape, matvec_shape, residency_pad
+from rawgraph.ops import GEMM_MIN_BATCH, _check_shape, gemm_shape, matmul_shape, matvec_shape, residency_pad, gemm_smem_bytes
 
 
 def test_packed_layout_alignment_and_pointer_table():
@@ -90,7 +90,8 @@ def test_matmul_shape_fills_the_gpu_when_it_can():
     assert matmul_shape(1, 4096, 4096, 132, clusters=False).split == 1
     assert matmul_shape(1, 4096, 4096, 132, clusters=False).ctas >= 132  # narrower tiles instead
     assert matmul_shape(1, 4096, 4096, 132, w_aligned16=False).vec == 1
-    assert matmul_shape(64, 4096, 4096, 132).ctas >= 132
+    big = matmul_shape(64, 4096, 4096, 132)
+    assert big.ctas * big.threads >= 0.9 * 132 * 512  # 16 warps on (nearly) every SM
     # Small products are not split: a cluster's barrier and reduction cost more than they save.
     assert matmul_shape(1, 128, 128, 132).split == 1
     assert matmul_shape(1, 1024, 1024, 132).split > 1
@@ -98,10 +99,13 @@ def test_matmul_shape_fills_the_gpu_when_it_can():
 
 def test_gemm_cut_rule():
     big = matmul_shape(64, 4096, 4096, 132)
-    assert (big.kernel, big.tc, big.split, big.per_sm, big.ctas) == ("gemm", 64, 4, 2, 256)
-    # Enough tiles without a split: no cluster, so no residency cap.
-    wide = matmul_shape(256, 4096, 4096, 132)
+    # One 512-thread CTA (two K slices) per SM: 64 column tiles, a cluster split of 2.
+    assert (big.kernel, big.tc, big.split, big.slices, big.threads, big.ctas) == ("gemm", 64, 2, 2, 512, 128)
+    assert gemm_smem_bytes(big) == 2 * 3 * (64 * 20 + 16 * 64) * 4
+    wide = matmul_shape(256, 4096, 4096, 132)  # enough tiles without a split
     assert (wide.split, wide.per_sm) == (1, 0)
+    with pytest.raises(ShapeError, match="slices"):
+        gemm_shape(64, 4096, 4096, 132, clusters=True, slices=3)
     assert gemm_shape(64, 4096, 4096, 132, clusters=False).split == 1
     with pytest.raises(ShapeError, match="per_sm"):
         gemm_shape(64, 4096, 4096, 132, clusters=True, split=2, per_sm=-1)
@@ -135,7 +139,7 @@ def test_residency_pad_refuses_what_cannot_fit():
 def test_hand_picked_matmul_shapes_are_checked():
     x, w = as_device_array(FakeCAI((64, 1000))), as_device_array(FakeCAI((1000, 1000)))
     good = gemm_shape(64, 1000, 1000, 132, clusters=True, split=4, tile_n=128)
-    assert good.grid == (8, 4, 1) and good.per_sm == 2
+    assert good.grid == (8, 4, 1) and good.threads == 512
     _check_shape(good, 64, 1000, 1000, x, w, clusters=True)
     with pytest.raises(ShapeError, match="clusters"):
         _check_shape(good, 64, 1000, 1000, x, w, clusters=False)

@@ -32,7 +32,8 @@ def matmul_names(arch):
     splits = (1, 2, 4, 8) if arch == "sm_90" else (1,)
     names = {matmul_expr("none", s) for s in _matvec_shapes(splits)}
     names |= {matmul_expr(e, MatmulShape("matvec", 4, 64, 8, sp, (1, sp, 1))) for e in EPILOGUES for sp in splits}
-    names |= {matmul_expr(e, MatmulShape("gemm", 4, bn, 64, sp, (1, sp, 1))) for e in EPILOGUES for sp in splits for bn in (64, 128)}
+    names |= {matmul_expr(e, MatmulShape("gemm", 4, bn, 64, sp, (1, sp, 1), 0, sl))
+              for e in EPILOGUES for sp in splits for bn in (64, 128) for sl in (1, 2)}
     return sorted(names)
 
 

@@ -57,10 +57,11 @@ def _shapes():
     cases = []
     for split in (1, 2, 4, 8):
         for bn in (64, 128):
-            cases.append((17, 1000, 1000, ops.gemm_shape(17, 1000, 1000, 1, True, split, bn)))  # K, N tails
-            cases.append((100, 260, 68, ops.gemm_shape(100, 260, 68, 1, True, split, bn)))      # 2 batch tiles
+            for sl in (1, 2):  # 2: two K slices per CTA; at K = 260, split 8, the last chunks are empty
+                cases.append((17, 1000, 1000, ops.gemm_shape(17, 1000, 1000, 1, True, split, bn, slices=sl)))  # K, N tails
+                cases.append((100, 260, 68, ops.gemm_shape(100, 260, 68, 1, True, split, bn, slices=sl)))      # 2 batch tiles
             if split > 1:  # residency capped at 2 CTAs/SM (padded dynamic shared memory)
-                cases.append((100, 260, 68, ops.gemm_shape(100, 260, 68, 1, True, split, bn, per_sm=2)))
+                cases.append((100, 260, 68, ops.gemm_shape(100, 260, 68, 1, True, split, bn, per_sm=2, slices=1)))
         for tc in (128, 64, 32, 16):
             for batch in (1, 3, 8):
                 if tc * (8 if batch > 4 else 4 if batch > 2 else batch) <= 512:
@@ -82,7 +83,7 @@ def compiled_cuts():
 
 
 @pytest.mark.parametrize("batch,k,n,shape", _shapes(), ids=lambda v: str(v) if not hasattr(v, "kernel") else
-                         f"{v.kernel}-v{v.vec}-t{v.tc}-b{v.bt}-s{v.split}-c{v.per_sm}")
+                         f"{v.kernel}-v{v.vec}-t{v.tc}-b{v.bt}-s{v.split}-c{v.per_sm}-sl{v.slices}")
 def test_every_matmul_cut(device, stream, rng, compiled_cuts, batch, k, n, shape):
     got, ref, launch = _matmul_case(device, stream, rng, "add", batch, k, n, shape)
     assert launch.grid == shape.grid
@@ -98,11 +99,12 @@ def test_gemm_residency_cap_holds(device, stream, rng, bn):
 
     bufs = {"x": DeviceBuffer((64, 4096)), "W": DeviceBuffer((4096, 4096)), "y": DeviceBuffer((64, 4096))}
     views = {k: v.view() for k, v in bufs.items()}
-    shape = ops.gemm_shape(64, 4096, 4096, device.info.multiprocessors, True, 4, bn, per_sm=2)
+    shape = ops.gemm_shape(64, 4096, 4096, device.info.multiprocessors, True, 4, bn, per_sm=2, slices=1)
     launch = ops.matmul(device, views, "x", "W", "y", "none", shape=shape)
     occ = lambda smem: call(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor, launch.kernel.handle, 256, smem)  # noqa: E731
-    assert launch.shared_mem > 0
-    assert occ(0) > 2 and occ(launch.shared_mem) == 2
+    need = ops.gemm_smem_bytes(shape)
+    assert launch.shared_mem > need
+    assert occ(need) > 2 and occ(launch.shared_mem) == 2
     for b in bufs.values():
         b.close()
 

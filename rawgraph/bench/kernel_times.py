@@ -106,9 +106,9 @@ def candidate_shapes(batch: int, width: int, multiprocessors: int, clusters: boo
     if batch >= ops.GEMM_MIN_BATCH:
         for tile_n in (64, 128):
             for split in splits:
-                for per_sm in ((0, 2) if split > 1 else (0,)):
-                    if width // split >= ops.GEMM_KC:
-                        out.append(ops.gemm_shape(batch, width, width, multiprocessors, clusters, split, tile_n, per_sm))
+                for slices, per_sm in ((2, 0), (1, 0), (1, 2)):
+                    if width // split >= ops.GEMM_KC and (per_sm == 0 or split > 1):
+                        out.append(ops.gemm_shape(batch, width, width, multiprocessors, clusters, split, tile_n, per_sm, slices))
     seen, unique = set(), []
     for s in out:
         if s not in seen:
@@ -118,7 +118,8 @@ def candidate_shapes(batch: int, width: int, multiprocessors: int, clusters: boo
 
 
 def _label(s: ops.MatmulShape) -> str:
-    return f"{s.kernel}/t{s.tc}/s{s.split}" + (f"/cap{s.per_sm}" if s.per_sm else "")
+    return (f"{s.kernel}/t{s.tc}/s{s.split}" + (f"/sl{s.slices}" if s.slices > 1 else "")
+            + (f"/cap{s.per_sm}" if s.per_sm else ""))
 
 
 def _torch_mm_us(torch, x, ws, batch: int, width: int) -> dict:

@@ -274,7 +274,7 @@ class Runner:
     def _cupy_rawkernel_graph(self, cp, cstream, rs, key, model, x, ref_cupy, est) -> None:
         """The same block from rawgraph's own .cu sources as CuPy RawKernels, captured by CuPy."""
         from ..kernels import kernel_source
-        from ..ops import matmul_expr, matmul_shape
+        from ..ops import gemm_smem_bytes, matmul_expr, matmul_shape
 
         shape = matmul_shape(model.batch, model.width, model.width, self.dev.info.multiprocessors)
         exprs = [matmul_expr("relu", shape), matmul_expr("add", shape)]
@@ -288,14 +288,18 @@ class Runner:
         out = cp.empty_like(x)
         B, W = np.int32(model.batch), np.int32(model.width)
         early = np.int32(1)  # plain launches: where the (absent) successor may start does not matter
-        grid, block = shape.grid, (256, 1, 1)
+        grid, block = shape.grid, (shape.threads, 1, 1)
+        smem = gemm_smem_bytes(shape) if shape.kernel == "gemm" else 0
+        for k in (k_relu, k_add):
+            if smem > k.max_dynamic_shared_size_bytes:
+                k.max_dynamic_shared_size_bytes = smem
 
         def run():
             src = x
             for i, (w1, w2) in enumerate(ws):
                 dst = out if i == len(ws) - 1 else acts[i % 2]
-                k_relu(grid, block, (src, w1, a, src, B, W, W, early))
-                k_add(grid, block, (a, w2, dst, src, B, W, W, early))
+                k_relu(grid, block, (src, w1, a, src, B, W, W, early), shared_mem=smem)
+                k_add(grid, block, (a, w2, dst, src, B, W, W, early), shared_mem=smem)
                 src = dst
 
         run()
