@@ -84,6 +84,17 @@ def measure(sizes=SIZES) -> dict:
             chained = ops.empty(dev)
             chained.pdl = True
             out["cuLaunchKernelEx_pdl"] = _per_call(lambda: chained(stream), stream)
+            # The same config with no attributes: is the gap the binding's argument conversion
+            # (11 arguments against 4) or what the driver does for a PDL launch?
+            plain = ops.empty(dev)
+            plain_cfg = plain.config()  # built as for PDL, then without its one attribute
+            plain_cfg.numAttrs = 0
+
+            def ex_plain():
+                plain_cfg.hStream = stream.handle
+                check(driver.cuLaunchKernelEx(plain_cfg, plain.kernel.handle, plain.args.address, 0), "cuLaunchKernelEx")
+
+            out["cuLaunchKernelEx_plain"] = _per_call(ex_plain, stream)
         out.update(_bind_costs(stream))
         rows = {"cuGraphLaunch": [], "cuGraphExecKernelNodeSetParams": [], "cuGraphExecUpdate": []}
         for n in sizes:

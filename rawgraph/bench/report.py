@@ -43,7 +43,7 @@ def table(result: dict) -> str:
     if micro:
         lines.append("")
         lines.append(f"host cost per call: cuLaunchKernel {micro['cuLaunchKernel']['median']:.2f} us")
-        for name in ("cuLaunchKernelEx_pdl", "manager_bind_1_node", "manager_bind_same"):
+        for name in ("cuLaunchKernelEx_pdl", "cuLaunchKernelEx_plain", "manager_bind_1_node", "manager_bind_same"):
             if name in micro:
                 lines.append(f"  {name}: {micro[name]['median']:.2f} us")
         for name in ("cuGraphLaunch", "cuGraphExecKernelNodeSetParams", "cuGraphExecUpdate"):
