@@ -74,12 +74,12 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _pick_split(ctas: int, k: int, min_rows: int, multiprocessors: int, clusters: bool) -> int:
-    """Smallest power-of-two split that puts a CTA on every SM, keeping >= min_rows rows of K each."""
+def _pick_split(ctas: int, k: int, min_rows: int, target: float, clusters: bool) -> int:
+    """Smallest power-of-two split that reaches ``target`` CTAs, keeping >= min_rows rows of K each."""
     split = 1
     if not clusters:
         return split
-    while split < MAX_SPLIT and ctas * split < multiprocessors and k // (2 * split) >= min_rows:
+    while split < MAX_SPLIT and ctas * split < target and k // (2 * split) >= min_rows:
         split *= 2
     return split
 
@@ -154,10 +154,8 @@ def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool,
         raise ShapeError(f"gemm slices must be 1 or 2, got {slices}")
     base = _cdiv(n, tile_n) * _cdiv(batch, GEMM_TILE_M)
     if split is None:
-        split = 1
-        while (clusters and split < MAX_SPLIT and base * split < 0.9 * multiprocessors
-               and k // (2 * split * slices) >= GEMM_KC):
-            split *= 2
+        # Each slice keeps at least one stage of K rows.
+        split = _pick_split(base, k // slices, GEMM_KC, 0.9 * multiprocessors, clusters)
     elif split not in (1, 2, 4, 8) or (split > 1 and not clusters):
         raise ShapeError(f"split {split} needs clusters (sm_90) and must be 1, 2, 4 or 8")
     if per_sm < 0:
@@ -167,27 +165,30 @@ def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool,
 
 
 def gemm_smem_bytes(shape: MatmulShape) -> int:
-    """Dynamic shared memory of a GEMM launch: ``slices`` x 3 stages of a 64 x 16 x slice (rows
-    padded to 20 floats) and a 16 x ``tc`` W slice (matmul.cu's RG_GM_*)."""
+    """Dynamic shared memory of a matmul launch: 0 for matvec (static only); for the GEMM
+    ``slices`` x 3 stages of a 64 x 16 x slice (rows padded to 20 floats) and a 16 x ``tc`` W
+    slice (matmul.cu's RG_GM_*)."""
+    if shape.kernel != "gemm":
+        return 0
     return shape.slices * GEMM_STAGES * (GEMM_TILE_M * (GEMM_KC + 4) + GEMM_KC * shape.tc) * 4
 
 
-def residency_pad(device: Device, static_smem: int, per_sm: int) -> int:
-    # static_smem: all the shared memory a CTA uses already (static and dynamic)
-    """Dynamic shared memory (bytes) that leaves room for at most ``per_sm`` CTAs on one SM.
+def residency_pad(device: Device, used_smem: int, per_sm: int) -> int:
+    """Extra dynamic shared memory (bytes) that leaves room for at most ``per_sm`` CTAs on one SM.
 
     CUDA has no launch option that caps residency; a CTA's shared memory does, so the launch asks
-    for enough that ``per_sm + 1`` CTAs (static + dynamic + the driver's reserve each) no longer fit.
+    for enough that ``per_sm + 1`` CTAs (``used_smem``, static and dynamic, + the pad + the
+    driver's reserve each) no longer fit.
     """
     info = device.info
     if per_sm <= 0:
         return 0
     if not info.smem_per_sm:
         raise ShapeError("this device reports no shared memory per SM; cannot cap residency")
-    fixed = static_smem + info.smem_reserved_per_block
+    fixed = used_smem + info.smem_reserved_per_block
     pad = max(0, -(-(info.smem_per_sm // (per_sm + 1) + 1 - fixed) // 1024) * 1024)
-    if per_sm * (fixed + pad) > info.smem_per_sm or static_smem + pad > info.smem_per_block_optin:
-        raise ShapeError(f"cannot cap residency at {per_sm} CTAs/SM with {static_smem} B of static shared memory")
+    if per_sm * (fixed + pad) > info.smem_per_sm or used_smem + pad > info.smem_per_block_optin:
+        raise ShapeError(f"cannot cap residency at {per_sm} CTAs/SM with {used_smem} B of shared memory per CTA")
     return pad
 
 
@@ -254,7 +255,7 @@ def matmul(
     else:
         _check_shape(shape, batch, k, n, xa, wa, clusters)
     kernel = get_kernel("matmul", matmul_expr(epilogue, shape), device)
-    smem = gemm_smem_bytes(shape) if shape.kernel == "gemm" else 0
+    smem = gemm_smem_bytes(shape)
     smem += residency_pad(device, kernel.static_smem + smem, shape.per_sm)
     if smem:
         kernel.allow_dynamic_smem(smem)

@@ -289,7 +289,7 @@ class Runner:
         B, W = np.int32(model.batch), np.int32(model.width)
         early = np.int32(1)  # plain launches: where the (absent) successor may start does not matter
         grid, block = shape.grid, (shape.threads, 1, 1)
-        smem = gemm_smem_bytes(shape) if shape.kernel == "gemm" else 0
+        smem = gemm_smem_bytes(shape)
         for k in (k_relu, k_add):
             if smem > k.max_dynamic_shared_size_bytes:
                 k.max_dynamic_shared_size_bytes = smem
