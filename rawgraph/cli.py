@@ -1,11 +1,22 @@
-"""``rawgraph`` command line: ``info``, ``demo``, ``seed``, ``dot``, ``bench``."""
+"""``rawgraph`` command line: ``info``, ``demo``, ``seed``, ``dot``, ``bench [SUITE]``."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 import numpy as np
+
+from . import __version__
+
+# ``rawgraph bench [SUITE] [options]``: suite -> (module, one-line help). A suite module has
+# ``build_parser()`` (no GPU needed, so --help and option errors work anywhere) and ``main(argv)``.
+# The first entry is the default suite. A new suite is one line here.
+BENCH_SUITES: dict[str, tuple[str, str]] = {
+    "paths": ("rawgraph.bench.launch_paths", "stream, graph, copy + replay, exec-update + replay; PyTorch and CuPy"),
+    "kernels": ("rawgraph.bench.kernel_times", "device time per kernel against cuBLAS, --sweep for every cut"),
+}
 
 
 def _versions() -> dict[str, str]:
@@ -109,16 +120,53 @@ def cmd_dot(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def _bench_help() -> str:
+    default = next(iter(BENCH_SUITES))
+    suites = ", ".join(f"{name} ({'default; ' if name == default else ''}{help_})" for name, (_mod, help_) in BENCH_SUITES.items())
+    return f"Suites: {suites}. rawgraph bench SUITE --help shows a suite's options."
+
+
+def cmd_bench(argv: list[str]) -> int:
+    """``rawgraph bench [SUITE] [--] [options]``: parse the suite's options, then check for a GPU.
+
+    Parameters
+    ----------
+    argv : list of str
+        Everything after ``bench``. A leading ``--`` (the old spelling, ``bench -- --quick``) is
+        dropped, before and after the suite name.
+
+    Returns
+    -------
+    int
+        The suite's exit status; 2 without a GPU. ``--help`` exits 0 and a bad option exits 2
+        with the suite's usage, both before the GPU check.
+    """
+    rest = list(argv)
+    if rest[:1] == ["--"]:
+        rest.pop(0)
+    suite = next(iter(BENCH_SUITES))
+    named = bool(rest) and not rest[0].startswith("-")
+    if named:
+        suite = rest.pop(0)
+        if suite not in BENCH_SUITES:
+            argparse.ArgumentParser(prog="rawgraph bench", usage="%(prog)s [SUITE] [options]").error(
+                f"unknown suite {suite!r} (choose from {', '.join(BENCH_SUITES)})")
+        if rest[:1] == ["--"]:
+            rest.pop(0)
+    module = importlib.import_module(BENCH_SUITES[suite][0])
+    parser: argparse.ArgumentParser = module.build_parser()
+    parser.prog = f"rawgraph bench {suite}" if named else f"rawgraph bench [{suite}]"
+    parser.epilog = _bench_help()
+    parser.parse_args(rest)  # exits here on --help (0) or a bad option (2), GPU or not
     if not _need_gpu():
         return 2
-    from .bench.launch_paths import main
-
-    return main(args.rest)
+    return int(module.main(rest))
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``rawgraph`` parser (``bench`` is listed for help; :func:`main` hands it its arguments)."""
     p = argparse.ArgumentParser(prog="rawgraph", description="Driver-level CUDA Graph reference")
+    p.add_argument("--version", action="version", version=f"rawgraph {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("info", help="GPU, driver, cuda-bindings, NVRTC and kernel cache")
     s.add_argument("--device", type=int, default=0)
@@ -137,8 +185,31 @@ def main(argv: list[str] | None = None) -> int:
         s.set_defaults(fn=fn)
     s = sub.add_parser("seed", help="the seed note's static-address experiment at driver level")
     s.set_defaults(fn=cmd_seed)
-    s = sub.add_parser("bench", help="launch-path benchmark (see benchmarks/); options after --", add_help=False)
+    s = sub.add_parser("bench", add_help=False,
+                       help=f"benchmarks: rawgraph bench [{'|'.join(BENCH_SUITES)}] [options] (--help for a suite's)")
     s.add_argument("rest", nargs=argparse.REMAINDER)
-    s.set_defaults(fn=cmd_bench)
-    args = p.parse_args(argv)
+    s.set_defaults(fn=lambda args: cmd_bench(args.rest))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``rawgraph`` command line.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Arguments after the program name (default ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        Exit status: 0 done, 1 a check failed, 2 usage error or no GPU for a command that needs one.
+    """
+    args_in = sys.argv[1:] if argv is None else list(argv)
+    # argparse cannot hand options on through a subcommand (a REMAINDER positional never takes an
+    # argument that looks like an option: ``bench --quick`` was "unrecognized arguments"), so
+    # bench gets its arguments whole and lets the suite's own parser read them.
+    if args_in[:1] == ["bench"]:
+        return cmd_bench(args_in[1:])
+    args = build_parser().parse_args(args_in)
     return args.fn(args)

@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
-import pathlib, sys, rawgraph
+import pathlib, sys, rawgraph, rawgraph.bench.launch_paths
 from rawgraph.kernels import kernel_dir, kernel_source, kernel_files
 from rawgraph.compiler import compile_source, KernelCache
 here = pathlib.Path(rawgraph.__file__).resolve()

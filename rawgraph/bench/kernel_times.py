@@ -33,6 +33,7 @@ from ..launch import LaunchPlan
 from ..memory import DeviceBuffer
 from ..stream import Event, Stream
 from ..timing import stats
+from .progress import SweepProgress
 
 REPS = 64
 WIDTHS = (128, 1024, 4096)
@@ -173,10 +174,12 @@ def measure(widths=WIDTHS, batches=BATCHES, sweep: bool = False) -> dict:
     get_kernels("matmul", sorted(names), dev)
     bw = copy_bandwidth(stream)
     rows = []
-    for width in widths:
+    bar = SweepProgress(len(widths) * len(batches), "kernels")  # one step per row; --sweep names the cut
+    for width in bar.over(widths):
         ws = _weights(width, dev.info.l2_bytes, stream)
         w0 = ws[0].to_numpy().astype(np.float64)
         for batch in batches:
+            bar.step(f"width={width} batch={batch}")
             xh = rng.standard_normal((batch, width), dtype=np.float32)
             x = DeviceBuffer.from_numpy(xh)
             y = DeviceBuffer((batch, width))
@@ -219,7 +222,9 @@ def measure(widths=WIDTHS, batches=BATCHES, sweep: bool = False) -> dict:
                                                        bufs, stream, pdl=True)
             if sweep:
                 row["sweep"] = {}
-                for cand in candidate_shapes(batch, width, sms, clusters):
+                cands = candidate_shapes(batch, width, sms, clusters)
+                for j, cand in enumerate(cands, 1):
+                    bar.detail(f"cut {j}/{len(cands)} {_label(cand)}")
                     row["sweep"][_label(cand)] = _graph_time_us(chain("none", cand), bufs, stream, pdl=clusters)["median"]
                 row["sweep_best"] = min(row["sweep"], key=row["sweep"].get)
             nbytes = width * width * 4 + 2 * batch * width * 4
@@ -274,13 +279,30 @@ def targets(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rawgraph.bench.kernel_times")
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``rawgraph bench kernels`` (parsing them needs no GPU)."""
+    p = argparse.ArgumentParser(prog="python -m rawgraph.bench.kernel_times", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--sweep", action="store_true", help="also time every other cut of each shape")
     p.add_argument("--width", type=int, nargs="*")
     p.add_argument("--batch", type=int, nargs="*")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Time every kernel (with ``--sweep`` every cut); print the targets, write ``kernel_times.json``.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Options as :func:`build_parser` reads them (default ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        Exit status (0).
+    """
+    args = build_parser().parse_args(argv)
     result = measure(tuple(args.width or WIDTHS), tuple(args.batch or BATCHES), sweep=args.sweep)
     print(f"device-to-device copy: {result['copy_GBps']:.0f} GB/s (read + write)")
     print(targets(result))

@@ -31,6 +31,7 @@ from ..model import TinyBlock
 from ..static import StaticGraph
 from ..stream import Stream
 from ..timing import device_us, pipelined_us, stats, synced_us
+from .progress import SweepProgress
 
 FULL = {"layers": (1, 8, 64), "width": (128, 1024, 4096), "batch": (1, 8, 64)}
 QUICK = {"layers": (1, 64), "width": (128, 1024), "batch": (1, 8)}
@@ -360,7 +361,8 @@ def env_info(runner: Runner) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``rawgraph bench paths`` (parsing them needs no GPU)."""
     p = argparse.ArgumentParser(prog="rawgraph bench", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="layers 1/64, width 128/1024, batch 1/8")
     p.add_argument("--out", default="benchmarks/results", help="folder for JSON and plots")
@@ -372,7 +374,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, nargs="*")
     p.add_argument("--width", type=int, nargs="*")
     p.add_argument("--batch", type=int, nargs="*")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the launch-path sweep; write the JSON, print the table and targets, draw the plots.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Options as :func:`build_parser` reads them (default ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        Exit status (0).
+    """
+    args = build_parser().parse_args(argv)
     grid = dict(QUICK if args.quick else FULL)
     for k in ("layers", "width", "batch"):
         if getattr(args, k):
@@ -390,8 +408,9 @@ def main(argv: list[str] | None = None) -> int:
 
         micro = measure()
     configs = [(l, w, b) for l in grid["layers"] for w in grid["width"] for b in grid["batch"]]
-    for i, (l, w, b) in enumerate(configs, 1):
-        print(f"[{i}/{len(configs)}] layers={l} width={w} batch={b} ({time.perf_counter() - t_start:.0f}s)", flush=True)
+    bar = SweepProgress(len(configs), "launch paths", plots=True)
+    for l, w, b in bar.over(configs):
+        bar.step(f"layers={l} width={w} batch={b}")
         try:
             for form in FORMS:
                 if form != "block" or ops.block_fits(w, runner.dev):

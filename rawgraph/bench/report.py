@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .progress import INSTALL_HINT
+
 PATH_ORDER = ["stream", "graph", "graph_nopdl", "graph_copy", "graph_update", "graph_exec_update", "torch_eager", "torch_graph",
               "torch_graph_copy", "cupy_eager", "cupy_graph", "floor_sync", "floor_empty_kernel", "floor_empty_graph"]
 
@@ -25,20 +27,47 @@ def breakeven_replays(result: dict, rec: dict) -> float | None:
     return None
 
 
+# Column layout of both tables (path, form, L, width, batch): 40 characters, so that with the
+# clocks every line stays within WIDTH (readable in a 100-column terminal and in a diff).
+WIDTH = 100
+_KEY_HEAD = f"{'path':18s} {'form':7s} {'L':>3s} {'width':>5s} {'b':>3s}"
+
+
+def _key(r: dict) -> str:
+    return f"{r['path']:18s} {str(r['form'] or '-'):7s} {r['layers']:3d} {r['width']:5d} {r['batch']:3d}"
+
+
 def table(result: dict) -> str:
-    """One row per (config, path, form): the three clocks' medians with p10-p90 of the synced clock."""
+    """The benchmark result as plain text, no line longer than ``WIDTH`` (100) characters.
+
+    Parameters
+    ----------
+    result : dict
+        A launch-path result: ``records`` as ``Runner.record`` writes them, optional ``microcosts``.
+
+    Returns
+    -------
+    str
+        Two tables: the three clocks' medians per (config, path, form) with the synced clock's
+        p10-p90, then for each captured graph its capture and instantiate time and the replays
+        after which they are paid back; then the host cost per driver call.
+    """
     recs = sorted(result["records"], key=lambda r: (r["layers"], r["width"], r["batch"], PATH_ORDER.index(r["path"]), str(r["form"])))
-    lines = [f"{'path':18s} {'form':8s} {'L':>3s} {'width':>5s} {'b':>3s} | {'sync us':>9s} {'(p10-p90)':>17s} | {'host us':>8s} | {'device us':>9s} | capture/inst ms"]
-    lines.append("-" * len(lines[0]))
+    head = f"{_KEY_HEAD} {'sync us':>9s} {'p10-p90':>17s} {'host us':>9s} {'device us':>9s}"
+    lines = [head, "-" * len(head)]
     for r in recs:
         s = r["sync_us"]
-        spread = f"({s['p10']:.1f}-{s['p90']:.1f})" if s else ""
-        cap = f"{r['capture_ms']:.2f}/{r.get('instantiate_ms', float('nan')):.2f}" if "capture_ms" in r else ""
-        be = breakeven_replays(result, r)
-        if be is not None:
-            cap += f", pays after {be:.0f} replays"
-        lines.append(f"{r['path']:18s} {str(r['form'] or '-'):8s} {r['layers']:3d} {r['width']:5d} {r['batch']:3d} | "
-                     f"{_m(r, 'sync_us'):9.2f} {spread:>17s} | {_m(r, 'host_us'):8.2f} | {_m(r, 'device_us'):9.2f} | {cap}")
+        spread = f"{s['p10']:.1f}-{s['p90']:.1f}" if s else ""
+        lines.append(f"{_key(r)} {_m(r, 'sync_us'):9.2f} {spread:>17s} {_m(r, 'host_us'):9.2f} {_m(r, 'device_us'):9.2f}")
+    built = [r for r in recs if "capture_ms" in r]
+    if built:
+        head = f"{_KEY_HEAD} {'capture ms':>10s} {'inst ms':>8s}  pays back after"
+        lines += ["", head, "-" * len(head)]
+        for r in built:
+            inst = f"{r['instantiate_ms']:8.2f}" if "instantiate_ms" in r else f"{'-':>8s}"
+            be = breakeven_replays(result, r)
+            pays = "" if be is None else ("never (no gain)" if be == float("inf") else f"{be:.0f} replays")
+            lines.append(f"{_key(r)} {r['capture_ms']:10.2f} {inst}  {pays}")
     micro = result.get("microcosts")
     if micro:
         lines.append("")
@@ -88,13 +117,32 @@ def targets(result: dict) -> str:
 
 
 def plots(result: dict, out_dir: Path, stem: str) -> list[Path]:
-    """Latency (synced clock) vs depth and vs width per path; needs matplotlib (skipped without)."""
+    """Latency (synced clock) vs depth and vs width per path, as PNGs.
+
+    Parameters
+    ----------
+    result : dict
+        A launch-path result (see :func:`table`).
+    out_dir : Path
+        Folder for the PNGs.
+    stem : str
+        File stem: ``{stem}_vs_layers.png`` and ``{stem}_vs_width.png``.
+
+    Returns
+    -------
+    list of Path
+        The files written; empty, with a printed note, when matplotlib is missing.
+    """
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except Exception:
+    except ImportError:
+        print(f"matplotlib not installed: plots skipped ({INSTALL_HINT})", flush=True)
+        return []
+    except Exception as exc:  # a broken matplotlib must not lose a finished benchmark's table and JSON
+        print(f"matplotlib failed to load ({type(exc).__name__}: {exc}): plots skipped", flush=True)
         return []
     recs = [r for r in result["records"] if not r["path"].startswith("floor")]
     floors = {r["path"]: _m(r, "sync_us") for r in result["records"] if r["path"].startswith("floor")}
@@ -136,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m rawgraph.bench.report RESULT.json``: print the table and redraw the plots."""
     import argparse
     import json
+    import textwrap
 
     p = argparse.ArgumentParser(prog="python -m rawgraph.bench.report")
     p.add_argument("json")
@@ -146,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result))
     print(targets(result))
     for f in result.get("findings", []):
-        print(f"finding: {f}")
+        print(textwrap.fill(f"finding: {f}", WIDTH, subsequent_indent="  "))
     if not args.no_plots:
         for png in plots(result, path.parent, path.stem):
             print(f"plot: {png}")

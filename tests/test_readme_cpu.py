@@ -1,0 +1,93 @@
+"""Every ``rawgraph ...`` command README.md shows parses and behaves as the README says.
+
+Without a GPU each command that needs one must stop at the GPU check (exit 2, "needs a GPU"),
+never at argparse; ``rawgraph info`` and the ``--help``/``--version`` forms must succeed. With a
+GPU the commands that need it are skipped here: they run real work (a benchmark sweep writes
+results), which the GPU tests and the device runs cover.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rawgraph.device import gpu_available
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# `rawgraph info` is a command, `rawgraph.bench` (a module) and a bare `rawgraph` are not.
+_SPAN = re.compile(r"`(rawgraph [^`\n]+)`")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+NO_GPU = {"info"}  # subcommands that run without a GPU
+HELP = {"-h", "--help", "--version"}
+
+
+def readme_commands(markdown: str) -> list[str]:
+    """The ``rawgraph ...`` commands in a Markdown text, in order, each once.
+
+    Parameters
+    ----------
+    markdown : str
+        The document.
+
+    Returns
+    -------
+    list of str
+        Inline code spans that start with ``rawgraph `` and lines in fenced code blocks that start
+        with ``rawgraph`` (after an optional ``$ `` prompt).
+    """
+    found = []
+    fenced = False
+    for line in markdown.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        if fenced:
+            cmd = line.strip().removeprefix("$ ").strip()
+            if cmd == "rawgraph" or cmd.startswith("rawgraph "):
+                found.append(cmd)
+        else:
+            found.extend(m.group(1).strip() for m in _SPAN.finditer(line))
+    return list(dict.fromkeys(found))
+
+
+def needs_gpu(argv: list[str]) -> bool:
+    """Whether ``rawgraph *argv`` needs a GPU (help and version forms never do)."""
+    return not (HELP & set(argv)) and (not argv or argv[0] not in NO_GPU)
+
+
+COMMANDS = readme_commands(README.read_text(encoding="utf-8"))
+
+
+def test_readme_shows_rawgraph_commands():
+    assert COMMANDS, "README.md shows no `rawgraph ...` command (inline code or fenced block)"
+
+
+def test_readme_commands_extraction():
+    md = ("Run `rawgraph info` or `rawgraph bench --quick`; the package `rawgraph.bench`, plain `rawgraph`.\n"
+          "```bash\n$ rawgraph demo --width 64  # comment\npython3 -m rawgraph info\nrawgraph info\n```\n"
+          "`rawgraph demo --width 64  # comment` again\n")
+    assert readme_commands(md) == ["rawgraph info", "rawgraph bench --quick", "rawgraph demo --width 64  # comment"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_command(command, tmp_path):
+    argv = shlex.split(command, comments=True)[1:]
+    gpu = needs_gpu(argv)
+    if gpu and gpu_available():
+        pytest.skip("needs a GPU and runs real work; the GPU tests and device runs cover it")
+    # In a scratch folder (rawgraph dot and bench write files), importing this checkout.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, "-m", "rawgraph", *argv], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert "usage:" not in r.stderr and "error:" not in r.stderr, f"{command}: argparse refused it:\n{r.stderr}"
+    if gpu:
+        assert r.returncode == 2 and "needs a GPU" in r.stderr, f"{command}: rc={r.returncode}\n{r.stderr}"
+    else:
+        assert r.returncode == 0, f"{command}: rc={r.returncode}\n{r.stderr}"
