@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the kernel benchmark and the launch-path benchmark, logs under $OUT.
 #   bash benchmarks/device_run.sh [tests] [kernels] [kernels-sweep] [quick] [full] [seed] [profile] [sweep4096]
+#                                 [sanitize] [memcheck] [kernelcheck] [soak] [probes]
 # Each stage has its own time limit, so a hang in one still brings back the others' logs.
+# RAWGRAPH_COMMIT names the commit measured in every results JSON (the device copy has no .git).
 set -u
 export PYTHONPATH=. PYTHONUNBUFFERED=1
+export RAWGRAPH_COMMIT=${RAWGRAPH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 stages=${*:-tests kernels quick}
@@ -23,8 +26,22 @@ for stage in $stages; do
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
         --section MemoryWorkloadAnalysis python3 benchmarks/profile_matmul.py --kernel gemm >"$OUT/ncu_gemm.txt" 2>&1 ;;
     sweep4096) timeout 150 python3 -m rawgraph.bench.kernel_times --sweep --width 4096 --out "$OUT/w4096" >"$OUT/kernel_4096.log" 2>&1 ;;
+    sanitize) bash "$0" memcheck kernelcheck ;;
+    memcheck)  # the GPU suite under memcheck; tests that provoke driver errors on purpose would count as API errors
+      RAWGRAPH_SANITIZER=1 timeout 420 compute-sanitizer --tool memcheck --report-api-errors no \
+        python3 -m pytest -q -p no:cacheprovider -m "gpu and not slow" tests >"$OUT/sanitize_memcheck.txt" 2>&1 ;;
+    kernelcheck)  # every kernel form at odd sizes under the three other tools
+      for tool in racecheck synccheck initcheck; do
+        timeout 150 compute-sanitizer --tool $tool python3 benchmarks/sanitize_kernels.py >"$OUT/sanitize_$tool.txt" 2>&1
+        echo "  $tool: rc=$? $(grep -h 'ERROR SUMMARY' "$OUT/sanitize_$tool.txt" | tail -1)" | tee -a "$OUT/env.txt"
+      done ;;
+    soak) timeout 420 python3 benchmarks/soak.py --out "$OUT" >"$OUT/soak.log" 2>&1 ;;
+    probes) for p in benchmarks/probes/*.py; do
+        timeout 120 python3 "$p" >"$OUT/probe_$(basename "$p" .py).txt" 2>&1; echo "  probe $p: rc=$?" | tee -a "$OUT/env.txt"
+      done ;;
   esac
   echo "stage $stage: rc=$? $(( $(date +%s) - start )) s" | tee -a "$OUT/env.txt"
 done
 tail -3 "$OUT/gpu_tests.txt" 2>/dev/null
+grep -h "ERROR SUMMARY" "$OUT"/sanitize_*.txt 2>/dev/null
 grep -E "MISSED|met|FAILED|Error|error" "$OUT"/*.log 2>/dev/null | head -40

@@ -18,14 +18,19 @@ the checks; use it only when you know the unsafe calls cannot touch the captured
 from __future__ import annotations
 
 import enum
+import warnings
+import weakref
 from typing import Any
 
 from cuda.bindings import driver
 
-from .errors import CaptureError, CaptureRefusedError, ClosedError, RawgraphError, call, check
+from . import _capturing
+from .errors import (CaptureError, CaptureRefusedError, ClosedError, EmptyCaptureWarning, RawgraphError, call, check,
+                     error_name)
 from .graph import Graph, KernelNode
 from .launch import Launch, LaunchPlan
-from .stream import Stream
+from .resource import release, shutting_down
+from .stream import SPECIAL_HANDLES, Stream, _handle_of, as_stream
 
 
 class CaptureMode(enum.Enum):
@@ -38,6 +43,7 @@ class CaptureMode(enum.Enum):
 
 DEFAULT_CAPTURE_MODE = CaptureMode.GLOBAL
 _ACTIVE = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
 
 
 class Capture:
@@ -46,36 +52,60 @@ class Capture:
     On a clean exit the graph is in :attr:`graph`. If the body raises (for example a forbidden
     ``cuStreamSynchronize`` or ``cuMemAlloc`` during a global-mode capture), the capture is ended,
     whatever graph the driver returns is destroyed, and the original error propagates: the stream
-    is usable again afterwards.
+    is usable again afterwards. The same happens when the body *catches* a driver error and
+    carries on: the capture still fails at its end (:class:`CaptureError`, caused by the first
+    error), never with a half-built graph.
+
+    A ``Capture`` is single-use. If it is garbage-collected while capturing, or its stream is
+    closed while capturing, the capture is ended and its graph discarded.
 
     Parameters
     ----------
-    stream : Stream
-        A non-legacy stream (the legacy NULL stream cannot be captured: refused here, before the
-        driver is called).
+    stream : Stream or stream-like
+        Not a default stream (legacy, NULL or per-thread): those cannot be captured, which is
+        refused here, before the driver is called.
     mode : CaptureMode, default GLOBAL
+
+    Attributes
+    ----------
+    graph : Graph or None
+    nodes : list of KernelNode
+    end_result : str or None
+        The ``CUresult`` name ``cuStreamEndCapture`` returned (e.g.
+        ``CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`` after a forbidden call).
     """
 
-    def __init__(self, stream: Stream, mode: CaptureMode = DEFAULT_CAPTURE_MODE):
+    def __init__(self, stream: Any, mode: CaptureMode = DEFAULT_CAPTURE_MODE):
         if not isinstance(mode, CaptureMode):
             raise TypeError(f"mode must be a CaptureMode, got {mode!r}")
-        if getattr(stream, "is_legacy", False) or int(stream.handle) in (0, 1, 2):
+        handle = stream.ptr if isinstance(stream, Stream) else _handle_of(stream)
+        if handle in SPECIAL_HANDLES:
             raise CaptureRefusedError(
                 "cannot capture the legacy/NULL (or per-thread default) stream; capture on a rawgraph.Stream()"
             )
-        if stream.closed:
-            raise ClosedError("Stream is closed")
-        self.stream = stream
+        self.stream: Stream = as_stream(stream)
         self.mode = mode
         self.nodes: list[KernelNode] = []
         self.graph: Graph | None = None
+        self.end_result: str | None = None
         self._open = False
+        self._used = False
+        self._record: _capturing.CaptureRecord | None = None
+        self._abandon: weakref.finalize | None = None
 
     def __enter__(self) -> "Capture":
+        if self._used:
+            raise CaptureRefusedError("a Capture is single-use: make a new Capture for another capture")
+        self.stream._check_open()
         if self.stream.is_capturing():
             raise CaptureRefusedError("this stream is already capturing")
         call(driver.cuStreamBeginCapture, self.stream.handle, self.mode.value)
+        self._used = True
         self._open = True
+        self._record = _capturing.CaptureRecord(self.stream.ptr, self.mode.name)
+        _capturing.begin(self._record)
+        # Ends the capture if this object is collected mid-capture (refers to the stream, not self).
+        self._abandon = weakref.finalize(self, _abandon_capture, self.stream, self._record)
         return self
 
     def launch(self, launch: Launch) -> KernelNode:
@@ -104,19 +134,35 @@ class Capture:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         self._open = False
+        record = self._record
+        assert record is not None and self._abandon is not None
+        self._abandon.detach()
+        _capturing.end(record)
+        if record.aborted is not None or self.stream.closed:
+            reason = record.aborted or "the stream was closed during the capture"
+            if exc_type is not None:
+                _add_note(exc, f"rawgraph: {reason}; the capture was ended and its graph discarded")
+                return False
+            raise ClosedError(f"{reason}; the capture was ended and its graph discarded")
         err, handle = driver.cuStreamEndCapture(self.stream.handle)
+        self.end_result = error_name(err)
+        if exc_type is not None or record.errors or err != _SUCCESS:
+            if handle is not None and int(handle):
+                release("cuGraphDestroy", driver.cuGraphDestroy, handle)
         if exc_type is not None:
-            if handle is not None and int(handle):
-                driver.cuGraphDestroy(handle)
-            if hasattr(exc, "add_note"):
-                exc.add_note(
-                    f"rawgraph: the capture on {self.stream!r} was ended ({driver.CUresult(int(err)).name}) "
-                    "and its graph discarded; the stream is usable again"
-                )
+            _add_note(exc, f"rawgraph: the capture on {self.stream!r} was ended ({self.end_result}) "
+                           "and its graph discarded; the stream is usable again")
             return False
-        if err != driver.CUresult.CUDA_SUCCESS:
-            if handle is not None and int(handle):
-                driver.cuGraphDestroy(handle)
+        if record.errors:
+            first = record.errors[0]
+            raise CaptureError(
+                int(err) if err != _SUCCESS else getattr(first, "code", 0),
+                self.end_result if err != _SUCCESS else getattr(first, "name", type(first).__name__),
+                f"the capture body caught {len(record.errors)} driver error(s) and went on; the first was: "
+                f"{first}. The capture was ended and its graph discarded; the stream is usable again",
+                "cuStreamEndCapture",
+            ) from first
+        if err != _SUCCESS:
             check((err,), "cuStreamEndCapture")
         graph = Graph(handle, self.nodes, self.stream.device)
         count = graph.node_count()
@@ -126,13 +172,35 @@ class Capture:
                 f"the captured graph has {count} nodes but {len(self.nodes)} launches were recorded: "
                 "work was submitted to the stream outside Capture.launch"
             )
+        if count == 0:
+            warnings.warn(f"the capture on {self.stream!r} recorded no work: the graph is empty",
+                          EmptyCaptureWarning, stacklevel=2)
         self.graph = graph
         return False
 
 
+def _add_note(exc: Any, note: str) -> None:
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+
+
+def _abandon_capture(stream: Stream, record: _capturing.CaptureRecord) -> None:
+    """A Capture collected mid-capture: end its capture and discard the graph (a warning says so)."""
+    _capturing.end(record)
+    if stream.closed or shutting_down():
+        return
+    err, handle = driver.cuStreamEndCapture(stream.handle)
+    if handle is not None and int(handle):
+        release("cuGraphDestroy", driver.cuGraphDestroy, handle)
+    warnings.warn(
+        f"a Capture was garbage-collected while capturing on {stream!r}; the capture was ended "
+        f"({error_name(err)}) and its graph discarded", ResourceWarning, stacklevel=2,
+    )
+
+
 def capture_plan(
     plan: LaunchPlan,
-    stream: Stream,
+    stream: Any,
     mode: CaptureMode = DEFAULT_CAPTURE_MODE,
     warmup: bool = True,
 ) -> Graph:
@@ -141,10 +209,11 @@ def capture_plan(
     With ``warmup`` (the default) the plan first runs once eagerly and the stream is synchronised,
     so module loading, lazy function loading and first-touch costs happen before capture, not in it.
     """
+    cap = Capture(stream, mode)  # refuses a default stream before the warm-up runs on it
     if warmup:
-        plan.run(stream)
-        stream.synchronize()
-    with Capture(stream, mode) as cap:
+        plan.run(cap.stream)
+        cap.stream.synchronize()
+    with cap:
         cap.run(plan)
     assert cap.graph is not None
     cap.graph.plan = plan  # the plan owns the argument buffers the nodes were captured from

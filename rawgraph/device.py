@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 from cuda.bindings import driver
 
-from .errors import CudaError, NoDeviceError, call
-from .resource import _quiet
+from .errors import NoDeviceError, call
+from . import _capturing
+from .errors import CaptureRefusedError
+from .resource import release
 
 _lock = threading.RLock()  # re-entrant: get_device() holds it while Device() runs driver_status()
 _init_state: tuple[bool, str] | None = None
@@ -93,7 +95,7 @@ class Device:
         # cuDevicePrimaryCtxRetain: the same context CuPy and PyTorch use on this device.
         self.context = call(driver.cuDevicePrimaryCtxRetain, self.handle)
         # Released at interpreter exit (or never: there is one Device per ordinal per process).
-        self._finalizer = weakref.finalize(self, _quiet, driver.cuDevicePrimaryCtxRelease, self.handle)
+        self._finalizer = weakref.finalize(self, release, "cuDevicePrimaryCtxRelease", driver.cuDevicePrimaryCtxRelease, self.handle)
         self.activate()
         attr = driver.CUdevice_attribute
         get = lambda a: call(driver.cuDeviceGetAttribute, a, self.handle)  # noqa: E731
@@ -124,7 +126,18 @@ class Device:
         return self
 
     def synchronize(self) -> None:
-        """Wait for all work on the device (``cuCtxSynchronize``)."""
+        """Wait for all work on the device (``cuCtxSynchronize``): the context-wide fence.
+
+        Refused while any rawgraph capture is open in the process: in any thread, a context
+        synchronize fails inside a capture and invalidates it, whatever the capture mode. Wait on
+        the stream that did the work instead (:meth:`rawgraph.Stream.synchronize`).
+
+        Raises
+        ------
+        CaptureRefusedError
+            While a capture is open (nothing reaches the driver).
+        """
+        context_fence_allowed("Device.synchronize (cuCtxSynchronize)")
         self.activate()
         call(driver.cuCtxSynchronize)
 
@@ -160,21 +173,32 @@ def get_device(ordinal: int = 0) -> Device:
     return dev.activate()
 
 
+def context_fence_allowed(what: str) -> None:
+    """Refuse a context-wide synchronize while any rawgraph capture is open (see
+    :meth:`Device.synchronize`); ``what`` names the operation in the message."""
+    open_now = _capturing.active()
+    if open_now:
+        where = "; ".join(r.describe() for r in open_now)
+        raise CaptureRefusedError(
+            f"{what} is a context-wide fence, refused while a capture is open ({where}): it would "
+            "fail and invalidate that capture; pass a stream to wait on that stream instead"
+        )
+
+
+# Probes, not errors: a failing answer means "not device memory", so the raw result is read
+# (an error built here would be noted on an open capture as if the body had swallowed it).
 def pointer_device(ptr: int) -> int | None:
     """Ordinal of the device that owns ``ptr`` (``cuPointerGetAttribute``); None for host memory."""
     attr = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-    try:
-        return int(call(driver.cuPointerGetAttribute, attr, ptr))
-    except CudaError:
-        return None
+    err, value = driver.cuPointerGetAttribute(attr, ptr)
+    return int(value) if err == driver.CUresult.CUDA_SUCCESS else None
 
 
 def pointer_is_device_memory(ptr: int) -> bool:
     """True for device (or managed) memory, False for host or unknown memory."""
     attr = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-    try:
-        kind = call(driver.cuPointerGetAttribute, attr, ptr)
-    except CudaError:
+    err, kind = driver.cuPointerGetAttribute(attr, ptr)
+    if err != driver.CUresult.CUDA_SUCCESS:
         return False
     return int(kind) in (
         int(driver.CUmemorytype.CU_MEMORYTYPE_DEVICE),

@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 from cuda.bindings import driver, nvrtc
 
+from . import _capturing
+
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _NVRTC_SUCCESS = nvrtc.nvrtcResult.NVRTC_SUCCESS
 
@@ -49,6 +51,23 @@ class LayoutError(ArrayError):
 
 class NotOnDeviceError(ArrayError, TypeError):
     """A host array, or memory on another device, where device memory is needed."""
+
+
+class RawgraphWarning(UserWarning):
+    """Base class of rawgraph's warnings."""
+
+
+class ReleaseWarning(RawgraphWarning, RuntimeWarning):
+    """A driver call that releases a resource (``cuMemFree``, ``cuGraphDestroy``, ...) failed.
+
+    The resource counts as released either way (it is never released twice); the warning names
+    the call and the driver's error. Silent only at interpreter exit, where the driver may already
+    be gone.
+    """
+
+
+class EmptyCaptureWarning(RawgraphWarning):
+    """A capture recorded no work: the graph has no nodes (legal, but rarely what was meant)."""
 
 
 # Hints for the codes people meet while capturing graphs and launching from Python.
@@ -184,7 +203,10 @@ def cuda_error(code: Any, call: str = "") -> CudaError:
     except Exception:  # no driver library loaded
         message = "no description (driver not loaded)"
     cls = CaptureError if name in CAPTURE_CODES else CudaError
-    return cls(int(code), name, message, call, _HINTS.get(name))
+    exc = cls(int(code), name, message, call, _HINTS.get(name))
+    # A capture open on this thread learns of the error even if the body catches it.
+    _capturing.note_error(exc)
+    return exc
 
 
 def _values(result: tuple) -> Any:

@@ -14,9 +14,10 @@ from typing import Any
 from cuda.bindings import driver
 
 from .device import Device
-from .errors import ClosedError, GraphUpdateError, RawgraphError, call, check, cuda_error
+from .errors import ClosedError, GraphUpdateError, RawgraphError, call, cuda_error
 from .launch import ARG_DTYPES, KernelArgs, Launch
 from .resource import Resource
+from .stream import stream_handle
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _KERNEL = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
@@ -106,6 +107,7 @@ class Graph(Resource):
         RawgraphError
             Naming the first node that does not match its launch.
         """
+        self._check_open()
         for node in self.nodes:
             ntype = call(driver.cuGraphNodeGetType, node.handle)
             if ntype != _KERNEL:
@@ -170,18 +172,31 @@ class GraphExec(Resource):
         self.handle = call(driver.cuGraphInstantiate, graph.handle, self.flags)
         self._own(driver.cuGraphExecDestroy, self.handle)
 
-    def launch(self, stream) -> None:
-        """``cuGraphLaunch`` on any stream of the graph's context."""
+    def launch(self, stream: Any) -> None:
+        """``cuGraphLaunch`` on any stream of the graph's context (any stream-like object).
+
+        The exec may be closed while launches are queued: the driver finishes them first.
+
+        Raises
+        ------
+        ClosedError
+            The exec or the stream is closed (checked before the driver is called).
+        """
         if not self._finalizer.alive:
             raise ClosedError("GraphExec is closed")
-        (err,) = driver.cuGraphLaunch(self.handle, stream.handle)
+        (err,) = driver.cuGraphLaunch(self.handle, stream_handle(stream))
         if err != _SUCCESS:
             raise cuda_error(err, "cuGraphLaunch")
 
-    def upload(self, stream) -> None:
+    def upload(self, stream: Any) -> None:
         """``cuGraphUpload``: move the exec's launch setup to the device ahead of the first launch."""
         self._check_open()
-        call(driver.cuGraphUpload, self.handle, stream.handle)
+        call(driver.cuGraphUpload, self.handle, stream_handle(stream))
+
+    def driver_flags(self) -> int:
+        """The flags the driver holds for this exec (``cuGraphExecGetFlags``)."""
+        self._check_open()
+        return int(call(driver.cuGraphExecGetFlags, self.handle))
 
     def update(self, graph: Graph) -> None:
         """Update this exec from ``graph`` in place (``cuGraphExecUpdate``).

@@ -106,6 +106,15 @@ class Kernel:
         self.registers = int(call(driver.cuFuncGetAttribute, attr.CU_FUNC_ATTRIBUTE_NUM_REGS, self.handle))
         self.static_smem = int(call(driver.cuFuncGetAttribute, attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.handle))
         self.max_dynamic_smem = int(call(driver.cuFuncGetAttribute, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.handle))
+        # Cluster dimensions compiled in with __cluster_dims__ (0 = none): a grid must be a
+        # multiple of them, which exec updates check before the driver would refuse.
+        # (Read raw: devices without clusters may refuse the attribute, which means none.)
+        dims = []
+        for a in (attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT,
+                  attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH):
+            err, value = driver.cuFuncGetAttribute(a, self.handle)
+            dims.append(int(value) if err == driver.CUresult.CUDA_SUCCESS else 0)
+        self.cluster_dims: tuple[int, int, int] = (dims[0], dims[1], dims[2])
 
     def allow_dynamic_smem(self, nbytes: int) -> None:
         """Let launches ask for up to ``nbytes`` of dynamic shared memory

@@ -13,7 +13,7 @@ the call (freed argument memory showed up as ``CUDA_ERROR_MISALIGNED_ADDRESS`` o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 from cuda.bindings import driver
@@ -21,6 +21,7 @@ from cuda.bindings import driver
 from .errors import ClosedError, cuda_error
 from .kernels import Kernel
 from .memory import DeviceArray
+from .stream import stream_handle
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 
@@ -174,15 +175,17 @@ class Launch:
         """``cuLaunchKernel``'s arguments except the stream, precomputed for the hot path."""
         return (self.kernel.handle, *self.grid, *self.block, self.shared_mem, self.args.address)
 
-    def __call__(self, stream) -> None:
-        """One ``cuLaunchKernel`` (``cuLaunchKernelEx`` when ``pdl``) on ``stream`` with the persistent arguments."""
+    def __call__(self, stream: Any) -> None:
+        """One ``cuLaunchKernel`` (``cuLaunchKernelEx`` when ``pdl``) on ``stream`` (any
+        stream-like object) with the persistent arguments."""
+        h = stream_handle(stream)
         if self.pdl:
             cfg = self.config()
-            cfg.hStream = stream.handle
+            cfg.hStream = h
             (err,) = driver.cuLaunchKernelEx(cfg, self.kernel.handle, self.args.address, 0)
         else:
             f, gx, gy, gz, bx, by, bz, sm, a = self.packed()
-            (err,) = driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, stream.handle, a, 0)
+            (err,) = driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, h, a, 0)
         if err != _SUCCESS:
             raise cuda_error(err, f"cuLaunchKernel({self.kernel.name})")
 
@@ -246,15 +249,13 @@ class LaunchPlan:
             if not g.alive:
                 raise ClosedError("a buffer or model this plan uses has been closed")
 
-    def run(self, stream) -> None:
-        """Launch every kernel in order on ``stream``: one ``cuLaunchKernel`` (``cuLaunchKernelEx``
-        for PDL launches) each, nothing else."""
+    def run(self, stream: Any) -> None:
+        """Launch every kernel in order on ``stream`` (any stream-like object): one
+        ``cuLaunchKernel`` (``cuLaunchKernelEx`` for PDL launches) each, nothing else."""
         for g in self._guards:
             if not g.alive:
                 raise ClosedError("a buffer or model this plan uses has been closed")
-        if stream.closed:
-            raise ClosedError("Stream is closed")
-        h = stream.handle
+        h = stream_handle(stream)
         launch, launch_ex = driver.cuLaunchKernel, driver.cuLaunchKernelEx
         for cfg, f, gx, gy, gz, bx, by, bz, sm, a in self._packed:
             if cfg is None:

@@ -25,11 +25,11 @@ from typing import Any, Sequence
 import numpy as np
 from cuda.bindings import driver
 
-from .errors import LayoutError, cuda_error
+from .errors import ClosedError, LayoutError, ShapeError, cuda_error
 from .graph import Graph, GraphExec
-from .launch import KernelArgs
+from .launch import ARG_DTYPES, KernelArgs
 from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
-from .stream import Event, Stream
+from .stream import Event, Stream, as_stream
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 
@@ -86,17 +86,14 @@ class ExecUpdateManager:
             self._args.append(args)
             self._params.append(self._node_params(node.launch, args))
         self._handles = [n.handle for n in graph.nodes]
-        # Per binding, the (node, one-element view of the argument slot) pairs it rewrites, and the
-        # same grouped by node for the single-name fast path.
-        self._slots = {
-            name: [(node, self._args[node]._views[arg]) for node, arg, _ in self.bindings[name]] for name in names
-        }
-        # (ctypes views of the same slots: a .value store costs less than a NumPy item store)
+        # Per binding, the argument slots it rewrites grouped by node, as ctypes views into the
+        # persistent argument buffers (a .value store costs less than a NumPy item store).
         self._node_slots: dict[str, list[tuple[int, list]]] = {}
-        for name, pairs in self._slots.items():
+        for name in names:
             grouped: dict[int, list] = {}
-            for node, view in pairs:
-                grouped.setdefault(node, []).append(ctypes.c_uint64.from_address(view.ctypes.data))
+            for node, arg, _ in self.bindings[name]:
+                slot = self._args[node]._storage.ctypes.data + self._args[node].offsets[arg]
+                grouped.setdefault(node, []).append(ctypes.c_uint64.from_address(slot))
             self._node_slots[name] = list(grouped.items())
         self._writers = any("write" in r for r in self._roles.values()) and len(names) > 1
         # name -> {id(array): (weakref, ptr, nbytes, owner finalizer or None)}
@@ -107,6 +104,19 @@ class ExecUpdateManager:
         self._retired: list[tuple[list[Event], list[Any]]] = []
         self._events: list[Event] = []
         self._device = graph.device
+        # Liveness of what a driver call here names: the exec (its handle) and the graph (its node
+        # handles). A destroyed handle can be reused by the next exec, so a call on it could rewrite
+        # another graph's parameters: every entry point checks these first.
+        self._alive = (exec._finalizer, graph._finalizer)
+        self._closed = False
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClosedError("ExecUpdateManager is closed")
+        if not self._alive[0].alive:
+            raise ClosedError("the GraphExec this manager updates is closed")
+        if not self._alive[1].alive:
+            raise ClosedError("the Graph whose node handles this manager names is closed")
 
     @staticmethod
     def _node_params(launch, args: KernelArgs) -> Any:
@@ -158,6 +168,8 @@ class ExecUpdateManager:
         ``cuGraphExecKernelNodeSetParams`` per node that reads it -- none when the pointer did not
         change. Anything else goes through :meth:`bind_many`, which validates it.
         """
+        if self._closed or not (self._alive[0].alive and self._alive[1].alive):
+            self._check_usable()
         cache = self._checked.get(name)
         hit = cache.get(id(array)) if cache is not None else None
         if hit is None or hit[0]() is not array or (hit[3] is not None and not hit[3].alive):
@@ -176,7 +188,7 @@ class ExecUpdateManager:
                     v.value = ptr
                 (err,) = setparams(exe, handles[node], params[node])
                 if err != _SUCCESS:
-                    self._undo_fast(name, old, done + [node])
+                    self._roll_back([(name, old)], done)
                     raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
                 done.append(node)
             pushed = len(done)
@@ -187,14 +199,6 @@ class ExecUpdateManager:
             self._bound_obj[name] = array
             self._retire(old_obj)
         return pushed
-
-    def _undo_fast(self, name: str, old: int, nodes: list[int]) -> None:
-        """Put ``name``'s arguments back to ``old`` and give the driver the old values again."""
-        for node, views in self._node_slots[name]:
-            for v in views:
-                v.value = old
-        for node in nodes[:-1]:  # the failed one never took the new values
-            driver.cuGraphExecKernelNodeSetParams(self.exec.handle, self._handles[node], self._params[node])
 
     def _check_overlap_one(self, name: str, ptr: int, nbytes: int) -> None:
         for wname in self._write_names:
@@ -210,40 +214,45 @@ class ExecUpdateManager:
     def bind_many(self, arrays: dict[str, Any]) -> int:
         """Bind several names at once, all validated before anything changes.
 
+        Each node is pushed once (``cuGraphExecKernelNodeSetParams``) however many of its
+        arguments change; a node none of whose arguments change is not pushed. If the driver
+        refuses a push half-way, every argument and every node already pushed is put back, so
+        the exec runs exactly its old bindings.
+
         Returns
         -------
         int
             Number of ``cuGraphExecKernelNodeSetParams`` calls made (0 when nothing changed).
         """
+        self._check_usable()
         resolved = [(name, *self._resolve(name, a), a) for name, a in arrays.items()]
         if self._writers:
-            self._check_overlap({**self._bound_ptr, **{n: (p, nb) for n, p, nb, _ in resolved}})
+            spans = dict(self._bound_ptr)
+            for name, ptr, nb, _obj in resolved:
+                spans[name] = (ptr, nb)
+            self._check_overlap(spans)
         # Invariant outside bind: each node's argument buffer holds exactly what the exec holds
         # (the shadow), so comparing pointers finds the nodes that need a push.
-        changed: list[tuple[Any, int]] = []
-        dirty: list[int] = []
+        changed: list[tuple[str, int]] = []
+        dirty: dict[int, None] = {}  # ordered set of nodes to push
         for name, ptr, _nb, _obj in resolved:
-            for node, slot in self._slots[name]:
-                old = int(slot[0])
-                if old != ptr:
-                    changed.append((slot, old))
-                    slot[0] = ptr
-                    if node not in dirty:
-                        dirty.append(node)
+            old = self._bound_ptr[name][0]
+            if ptr != old:
+                changed.append((name, old))
+                for node, views in self._node_slots[name]:
+                    for v in views:
+                        v.value = ptr
+                    dirty[node] = None
         pushed: list[int] = []
-        setparams = driver.cuGraphExecKernelNodeSetParams
-        try:
+        if dirty:
+            setparams = driver.cuGraphExecKernelNodeSetParams
+            exe, handles, params = self.exec.handle, self._handles, self._params
             for node in dirty:
-                (err,) = setparams(self.exec.handle, self._handles[node], self._params[node])
+                (err,) = setparams(exe, handles[node], params[node])
                 if err != _SUCCESS:
+                    self._roll_back(changed, pushed)
                     raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
                 pushed.append(node)
-        except BaseException:
-            for slot, old in reversed(changed):
-                slot[0] = old
-            for node in pushed:  # the driver took the new values: give it the old ones back
-                setparams(self.exec.handle, self._handles[node], self._params[node])
-            raise
         self.update_calls += len(pushed)
         for name, ptr, nb, obj in resolved:
             self._bound_ptr[name] = (ptr, nb)
@@ -253,6 +262,16 @@ class ExecUpdateManager:
                 self._retire(old_obj)
         return len(pushed)
 
+    def _roll_back(self, changed: list[tuple[str, int]], pushed: list[int]) -> None:
+        """Undo a half-done bind: old pointers back into the slots, old parameters back into the
+        nodes the driver already took new ones for."""
+        for name, old in reversed(changed):
+            for _node, views in self._node_slots[name]:
+                for v in views:
+                    v.value = old
+        for node in pushed:
+            driver.cuGraphExecKernelNodeSetParams(self.exec.handle, self._handles[node], self._params[node])
+
     def _check_overlap(self, spans: dict[str, tuple[int, int]]) -> None:
         for wname in self._write_names:
             wp, wn = spans[wname]
@@ -260,11 +279,101 @@ class ExecUpdateManager:
                 if rname != wname and wp < rp + rn and rp < wp + wn:
                     raise LayoutError(f"{wname} (written) overlaps {rname}")
 
+    # -- scalars and launch shape ---------------------------------------------------------
+    def set_params(self, node: int, grid: tuple[int, ...] | None = None, **scalars: int | float) -> int:
+        """Change a node's scalar arguments and/or grid in the exec (``cuGraphExecKernelNodeSetParams``).
+
+        The change takes effect for launches made after the call. Pointer arguments are not
+        accepted here (:meth:`bind` validates what they point at); the block size is compiled
+        into the kernels and not accepted either.
+
+        Parameters
+        ----------
+        node : int
+            Node index in capture order.
+        grid : tuple of int, optional
+            New grid (1 to 3 positive ints). For a kernel compiled with fixed cluster dimensions
+            each grid dimension must be a multiple of the cluster's.
+        **scalars
+            New values of ``i32``/``i64``/``u64``/``f32`` arguments, by name.
+
+        Returns
+        -------
+        int
+            1 when the node was pushed, 0 when nothing changed.
+
+        Raises
+        ------
+        KeyError
+            Unknown node or argument.
+        TypeError
+            A pointer argument, or a value of the wrong type.
+        ShapeError
+            An empty grid, or one that does not fit the kernel's cluster dimensions.
+        """
+        self._check_usable()
+        if not 0 <= node < len(self._args):
+            raise KeyError(f"node {node} is not in this graph (0..{len(self._args) - 1})")
+        args, params = self._args[node], self._params[node]
+        kinds = dict(args.spec)
+        for arg, value in scalars.items():
+            if arg not in kinds:
+                raise KeyError(f"node {node} ({self.graph.nodes[node].launch.kernel.name}) has no argument {arg!r}; "
+                               f"it has {args.names()}")
+            if kinds[arg] == "ptr":
+                raise TypeError(f"{arg!r} is a pointer argument: rebind it with bind() so the array is checked")
+            if kinds[arg] == "f32" and not isinstance(value, (int, float, np.floating, np.integer)):
+                raise TypeError(f"{arg!r} takes a number, got {type(value).__name__}")
+            if kinds[arg] != "f32" and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+                raise TypeError(f"{arg!r} ({kinds[arg]}) takes an int, got {type(value).__name__}")
+            info = np.iinfo(ARG_DTYPES[kinds[arg]]) if kinds[arg] != "f32" else None
+            if info is not None and not info.min <= int(value) <= info.max:
+                raise TypeError(f"{arg!r} ({kinds[arg]}) cannot hold {value}")
+        new_grid = None
+        if grid is not None:
+            new_grid = tuple(int(g) for g in (tuple(grid) + (1, 1))[:3])
+            if len(tuple(grid)) > 3 or min(new_grid) < 1:
+                raise ShapeError(f"grid must be 1 to 3 positive ints, got {grid}")
+            cluster = self.graph.nodes[node].launch.kernel.cluster_dims
+            if any(c and g % c for g, c in zip(new_grid, cluster)):
+                raise ShapeError(f"grid {new_grid} is not a multiple of the kernel's cluster dimensions {cluster}")
+        old_values = {arg: args[arg] for arg in scalars}
+        old_grid = (params.gridDimX, params.gridDimY, params.gridDimZ)
+        if all(old_values[a] == (np.float32(v) if kinds[a] == "f32" else v) for a, v in scalars.items()) and \
+                (new_grid is None or new_grid == old_grid):
+            return 0
+        args.update(scalars)
+        if new_grid is not None:
+            params.gridDimX, params.gridDimY, params.gridDimZ = new_grid
+        (err,) = driver.cuGraphExecKernelNodeSetParams(self.exec.handle, self._handles[node], params)
+        if err != _SUCCESS:
+            args.update(old_values)
+            params.gridDimX, params.gridDimY, params.gridDimZ = old_grid
+            raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
+        self.update_calls += 1
+        return 1
+
+    def node_params(self, node: int) -> dict[str, Any]:
+        """What this manager last gave the exec for ``node``: grid and argument values (the
+        driver has no getter for exec node parameters; this is the shadow it keeps)."""
+        p, args = self._params[node], self._args[node]
+        return {"grid": (p.gridDimX, p.gridDimY, p.gridDimZ), **{n: args[n] for n in args.names()}}
+
     # -- replay ---------------------------------------------------------------------------
-    def launch(self, stream: Stream) -> None:
-        """Replay the exec on ``stream`` (``cuGraphLaunch``) with the current bindings."""
-        self.exec.launch(stream)
-        self._streams[id(stream)] = stream
+    def launch(self, stream: Any) -> None:
+        """Replay the exec on ``stream`` (``cuGraphLaunch``; any stream-like object) with the
+        current bindings. The stream is remembered, so arrays re-bound later stay alive until
+        the replays on it have finished."""
+        if self._closed or not (self._alive[0].alive and self._alive[1].alive):
+            self._check_usable()
+        if isinstance(stream, Stream):
+            self.exec.launch(stream)
+            if stream.ptr not in self._streams:
+                self._streams[stream.ptr] = stream
+            return
+        s = as_stream(stream)
+        self.exec.launch(s)
+        self._streams.setdefault(s.ptr, s)
 
     replay = launch
 
@@ -327,7 +436,9 @@ class ExecUpdateManager:
         self._keep_graph = graph  # its plan owns the buffers now bound
 
     def close(self) -> None:
-        """Drop retained arrays (after waiting for their replays) and pooled events."""
+        """Drop retained arrays (after waiting for their replays) and pooled events; later binds
+        and launches raise :class:`ClosedError`. Safe twice. The exec and graph are not closed."""
+        self._closed = True
         for events, _ in self._retired:
             for e in events:
                 e.synchronize()
@@ -338,3 +449,10 @@ class ExecUpdateManager:
         for e in self._events:
             e.close()
         self._events.clear()
+        self._streams.clear()
+
+    def __enter__(self) -> "ExecUpdateManager":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

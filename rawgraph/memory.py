@@ -15,9 +15,13 @@ from typing import Any, Sequence
 import numpy as np
 from cuda.bindings import driver
 
-from .device import Device, get_device, pointer_device
+from .device import Device, context_fence_allowed, get_device, pointer_device
+from .dlpack import contiguous_c, dlpack_device, is_cuda_device, view_dlpack
+from .errors import CaptureRefusedError, ClosedError, DTypeError, LayoutError, NotOnDeviceError, ShapeError, call
 from .resource import Resource
-from .errors import ClosedError, DTypeError, LayoutError, NotOnDeviceError, ShapeError, call
+from .stream import stream_handle
+
+_CAPTURE_NONE = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 # A quiet-NaN bit pattern: "poison" written over outputs so an unwritten element fails a check.
 POISON_BITS = 0x7FC0DEAD
@@ -80,11 +84,11 @@ class DeviceBuffer(Resource):
 
     # -- construction helpers -------------------------------------------------------------
     @classmethod
-    def from_numpy(cls, array: np.ndarray, device: Device | None = None) -> "DeviceBuffer":
-        """Allocate and copy a host array in (``cuMemcpyHtoD``)."""
+    def from_numpy(cls, array: np.ndarray, device: Device | None = None, stream: Any = None) -> "DeviceBuffer":
+        """Allocate and copy a host array in (see :meth:`copy_from_host` for ``stream``)."""
         array = np.ascontiguousarray(array)
         buf = cls(array.shape, array.dtype, device)
-        buf.copy_from_host(array)
+        buf.copy_from_host(array, stream)
         return buf
 
     # -- state ----------------------------------------------------------------------------
@@ -113,35 +117,69 @@ class DeviceBuffer(Resource):
         }
 
     # -- copies ---------------------------------------------------------------------------
-    def copy_from_host(self, array: np.ndarray) -> None:
-        """Copy a host array of the same shape and dtype in, synchronously (``cuMemcpyHtoD``).
+    # Each copy has two forms. With a stream it is stream-ordered: queued on that stream after
+    # the work already there, then waited for on that stream only (``cuStreamSynchronize``), so
+    # it is safe while other threads capture. Without one it is a context-wide fence
+    # (``cuCtxSynchronize`` on both sides, since rawgraph's streams don't order with the legacy
+    # stream), refused while any rawgraph capture is open: a context synchronize would fail
+    # inside that capture and invalidate it.
+    def _stream_for_copy(self, stream: Any, what: str) -> Any:
+        handle = stream_handle(stream)
+        if call(driver.cuStreamIsCapturing, handle) != _CAPTURE_NONE:
+            raise CaptureRefusedError(f"{what} on a capturing stream would be recorded into the graph, not run now")
+        self.device.activate()
+        return handle
 
-        The context is synchronised first: rawgraph streams are non-blocking, so a plain
-        ``cuMemcpyHtoD`` would not wait for kernels still using this buffer.
-        """
-        host = _check_host(array, self.shape, self.dtype)
+    def _fence(self, what: str) -> None:
+        context_fence_allowed(f"DeviceBuffer.{what} without a stream (cuCtxSynchronize)")
         self.device.activate()
         call(driver.cuCtxSynchronize)
+
+    def copy_from_host(self, array: np.ndarray, stream: Any = None) -> None:
+        """Copy a host array of the same shape and dtype in; returns once the copy is done.
+
+        With ``stream``: ``cuMemcpyHtoDAsync`` on it after its queued work, then
+        ``cuStreamSynchronize``. Without: ``cuCtxSynchronize`` + ``cuMemcpyHtoD`` (refused while
+        a capture is open; see the class notes).
+        """
+        self._check_open()
+        host = _check_host(array, self.shape, self.dtype)
+        if stream is not None:
+            h = self._stream_for_copy(stream, "copy_from_host")
+            call(driver.cuMemcpyHtoDAsync, self.ptr, host.ctypes.data, self.nbytes, h)
+            call(driver.cuStreamSynchronize, h)
+            return
+        self._fence("copy_from_host")
         call(driver.cuMemcpyHtoD, self.ptr, host.ctypes.data, self.nbytes)
 
-    def to_numpy(self) -> np.ndarray:
-        """Wait for the device, then copy to a new host array (``cuMemcpyDtoH``)."""
+    def to_numpy(self, stream: Any = None) -> np.ndarray:
+        """Copy to a new host array once the work before is done.
+
+        With ``stream``: ``cuMemcpyDtoHAsync`` queued on it, then ``cuStreamSynchronize``
+        (waits for that stream's work only). Without: ``cuCtxSynchronize`` + ``cuMemcpyDtoH``,
+        refused while a capture is open.
+        """
+        self._check_open()
         out = np.empty(self.shape, self.dtype)
-        self.device.activate()
-        call(driver.cuCtxSynchronize)
+        if stream is not None:
+            h = self._stream_for_copy(stream, "to_numpy")
+            call(driver.cuMemcpyDtoHAsync, out.ctypes.data, self.ptr, self.nbytes, h)
+            call(driver.cuStreamSynchronize, h)
+            return out
+        self._fence("to_numpy")
         call(driver.cuMemcpyDtoH, out.ctypes.data, self.ptr, self.nbytes)
         return out
 
     def poison(self, stream: Any = None) -> None:
-        """Fill with a NaN bit pattern (``cuMemsetD32Async`` on ``stream``, else synchronously)."""
+        """Fill with a NaN bit pattern (``cuMemsetD32Async`` queued on ``stream``, not waited for;
+        without a stream a fenced ``cuMemsetD32``, refused while a capture is open)."""
+        self._check_open()
         if self.dtype.itemsize != 4:
             raise DTypeError("poison() fills 32-bit elements")
         if stream is not None:
-            call(driver.cuMemsetD32Async, self.ptr, POISON_BITS, self.size, stream.handle)
+            call(driver.cuMemsetD32Async, self.ptr, POISON_BITS, self.size, stream_handle(stream))
             return
-        # No stream: fence on both sides, since rawgraph's streams don't order with the legacy one.
-        self.device.activate()
-        call(driver.cuCtxSynchronize)
+        self._fence("poison")
         call(driver.cuMemsetD32, self.ptr, POISON_BITS, self.size)
         call(driver.cuCtxSynchronize)
 
@@ -163,8 +201,12 @@ def _check_host(array: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarr
 def as_device_array(obj: Any, what: str = "array") -> DeviceArray:
     """Check ``obj`` is contiguous device memory and return a :class:`DeviceArray` view of it.
 
-    Accepts a :class:`DeviceBuffer`, a :class:`DeviceArray`, or anything exposing
-    ``__cuda_array_interface__`` (CuPy arrays, PyTorch CUDA tensors, Numba arrays). No copy.
+    Accepts a :class:`DeviceBuffer`, a :class:`DeviceArray`, anything exposing
+    ``__cuda_array_interface__`` (CuPy arrays, PyTorch CUDA tensors, Numba arrays), or a DLPack
+    producer (``__dlpack__`` / ``__dlpack_device__``: JAX, CuPy, torch) or capsule. No copy.
+
+    rawgraph's streams do not wait for the producer's: make sure the producer's work on the array
+    is done (or ordered before rawgraph's stream) first, as for ``__cuda_array_interface__``.
 
     Raises
     ------
@@ -186,7 +228,11 @@ def as_device_array(obj: Any, what: str = "array") -> DeviceArray:
                 f"{what} is a host array ({type(obj).__name__}); pass device memory "
                 "(rawgraph.DeviceBuffer, a CuPy array or a CUDA torch tensor)"
             )
-        raise NotOnDeviceError(f"{what} of type {type(obj).__name__} exposes no __cuda_array_interface__")
+        if hasattr(obj, "__dlpack__") or type(obj).__name__ == "PyCapsule":
+            return _from_dlpack(obj, what)
+        raise NotOnDeviceError(
+            f"{what} of type {type(obj).__name__} exposes neither __cuda_array_interface__ nor __dlpack__"
+        )
     shape = tuple(int(s) for s in cai["shape"])
     dtype = np.dtype(cai["typestr"])
     ptr = int(cai["data"][0])
@@ -200,6 +246,25 @@ def as_device_array(obj: Any, what: str = "array") -> DeviceArray:
         if any(st != ex and dim > 1 for st, ex, dim in zip(strides, reversed(expected), shape)):
             raise LayoutError(f"{what} is strided (strides {tuple(strides)}, shape {shape}); pass a contiguous array")
     return DeviceArray(ptr, shape, dtype, obj)
+
+
+def _from_dlpack(obj: Any, what: str) -> DeviceArray:
+    """A DLPack producer's tensor as a :class:`DeviceArray`, no copy (see :mod:`rawgraph.dlpack`).
+
+    The producer's device is asked first (``__dlpack_device__``), so a host tensor is refused
+    before anything is exported. ``owner`` is ``(obj, capsule)``: the capsule keeps exported
+    memory alive even where the producer handed out a copy.
+    """
+    dev = dlpack_device(obj)
+    if dev is not None and not is_cuda_device(dev[0]):
+        raise NotOnDeviceError(f"{what} is a DLPack tensor on device type {dev[0]} (not CUDA device memory); "
+                               "pass device memory")
+    view = view_dlpack(obj, what)
+    if not is_cuda_device(view.device_type):
+        raise NotOnDeviceError(f"{what} is a DLPack tensor on device type {view.device_type} (not CUDA device memory)")
+    if not contiguous_c(view.shape, view.strides):
+        raise LayoutError(f"{what} is strided (DLPack strides {view.strides}, shape {view.shape}); pass a contiguous array")
+    return DeviceArray(view.ptr, view.shape, view.dtype, (obj, view.keepalive))
 
 
 def check_array(

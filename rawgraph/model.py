@@ -168,13 +168,20 @@ class TinyBlock(Resource):
         return {"unfused": 4, "fused": 2, "block": 1}[self.form]
 
     # -- reference ------------------------------------------------------------------------
-    def weights_numpy(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Host copies of every (W1, W2)."""
-        return [(w1.to_numpy(), w2.to_numpy()) for w1, w2 in self.weights]
+    def weights_numpy(self, stream: Any = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Host copies of every (W1, W2), read on ``stream`` (default: a private stream).
 
-    def reference(self, x: np.ndarray) -> np.ndarray:
-        """float64 NumPy result for a host input ``x``."""
-        return reference_forward(x, self.weights_numpy())
+        Stream-ordered, never a context-wide fence: safe while other threads capture. Nothing in
+        a plan writes the weights, so reading them needs no wait for other streams' work.
+        """
+        if stream is not None:
+            return [(w1.to_numpy(stream), w2.to_numpy(stream)) for w1, w2 in self.weights]
+        with Stream(device=self.device) as own:
+            return [(w1.to_numpy(own), w2.to_numpy(own)) for w1, w2 in self.weights]
+
+    def reference(self, x: np.ndarray, stream: Any = None) -> np.ndarray:
+        """float64 NumPy result for a host input ``x`` (weights read as :meth:`weights_numpy` does)."""
+        return reference_forward(x, self.weights_numpy(stream))
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:

@@ -359,6 +359,29 @@ def empty(device: Device) -> Launch:
     return Launch(get_kernel("elementwise", "empty", device), (1, 1, 1), (1, 1, 1), KernelArgs([]), {}, 0, "empty")
 
 
+def spin(device: Device, ns: int) -> Launch:
+    """One CTA of one thread that busy-waits ``ns`` nanoseconds on the device's clock."""
+    if ns < 0:
+        raise ValueError(f"spin time must be >= 0 ns, got {ns}")
+    args = KernelArgs([("ns", "u64")])
+    args["ns"] = int(ns)
+    return Launch(get_kernel("elementwise", "spin", device), (1, 1, 1), (1, 1, 1), args, {}, 0, "spin")
+
+
+def count_mismatch(device: Device, buffers: dict[str, DeviceArray], a: str, b: str, count: str, label: str = "") -> Launch:
+    """``*count += number of 32-bit elements whose bits differ between a and b``."""
+    aa, ba, ca = buffers[a], buffers[b], buffers[count]
+    if aa.dtype.itemsize != 4 or ba.dtype != aa.dtype:
+        raise ValueError("count_mismatch compares 32-bit elements of one dtype")
+    check_array(ba, aa.shape, aa.dtype, b)
+    check_array(ca, (1,), np.uint64, count, align=8)
+    args = KernelArgs([("a", "ptr"), ("b", "ptr"), ("n", "i64"), ("count", "ptr")])
+    args.update({"a": aa.ptr, "b": ba.ptr, "n": aa.size, "count": ca.ptr})
+    uses = {"a": ArgUse(a, "read"), "b": ArgUse(b, "read"), "count": ArgUse(count, "write")}
+    return Launch(get_kernel("elementwise", "count_mismatch", device), _elementwise_grid(aa.size, device), (THREADS, 1, 1),
+                  args, uses, 0, label or "count_mismatch")
+
+
 def fill_uniform(device: Device, buf: DeviceArray, seed: int, scale: float) -> Launch:
     """Deterministic uniform values in ``[-scale, scale)`` from ``seed`` (``kernels/init.cu``)."""
     args = KernelArgs([("y", "ptr"), ("n", "i64"), ("seed", "u64"), ("scale", "f32")])

@@ -2,23 +2,66 @@
 
 A :class:`Resource` registers its release call with ``weakref.finalize``: ``close()`` runs it
 (and is safe to call twice), garbage collection runs it if ``close()`` never did, and so does
-interpreter exit, where a failing release (the driver already gone) is swallowed rather than
-raised.
+interpreter exit.
+
+A release that fails is never dropped silently: the driver's ``(err,)`` result (or an exception
+from a composite release) becomes a :class:`~rawgraph.errors.ReleaseWarning` naming the call and
+the error. The one exception is interpreter exit, where the driver library may already be
+unloaded and a failure says nothing about the program: then releases are quiet.
 """
 
 from __future__ import annotations
 
+import atexit
+import sys
+import warnings
 import weakref
 from typing import Any, Callable
 
-from .errors import ClosedError
+from cuda.bindings import driver
+
+from .errors import ClosedError, ReleaseWarning, error_name
+
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
+_exiting = False
+_atexit_hooked = False
 
 
-def _quiet(release: Callable[..., Any], *args: Any) -> None:
+def _mark_exiting() -> None:
+    global _exiting
+    _exiting = True
+
+
+def _hook_exit() -> None:
+    # atexit runs handlers last-registered-first. weakref.finalize registers its own exit hook
+    # when the process creates its first finalizer, so a hook registered after a finalizer exists
+    # runs before the finalizers do, and they see the flag.
+    global _atexit_hooked
+    if not _atexit_hooked:
+        _atexit_hooked = True
+        atexit.register(_mark_exiting)
+
+
+def shutting_down() -> bool:
+    """True once the interpreter is exiting (releases are quiet from then on)."""
+    return _exiting or sys.is_finalizing()
+
+
+def release(name: str, fn: Callable[..., Any], *args: Any) -> None:
+    """Run one release call; report a failure as a :class:`ReleaseWarning` (quiet at exit).
+
+    ``fn`` is a ``cuda.bindings`` driver function returning ``(err, ...)`` or any callable that
+    raises on failure; ``name`` is what the warning calls it.
+    """
     try:
-        release(*args)
-    except Exception:  # interpreter exit after the driver unloaded: nothing left to release
-        pass
+        result = fn(*args)
+    except Exception as exc:  # a composite release raised, or the driver library is gone
+        if not shutting_down():
+            warnings.warn(f"rawgraph: {name} failed while releasing a resource: {exc}", ReleaseWarning, stacklevel=2)
+        return
+    if isinstance(result, tuple) and result and result[0] != _SUCCESS and not shutting_down():
+        warnings.warn(f"rawgraph: {name} failed while releasing a resource: {error_name(result[0])}",
+                      ReleaseWarning, stacklevel=2)
 
 
 class Resource:
@@ -26,9 +69,11 @@ class Resource:
 
     _finalizer: weakref.finalize
 
-    def _own(self, release: Callable[..., Any], *args: Any) -> None:
-        """Register ``release(*args)`` as this object's one release call (must not refer to self)."""
-        self._finalizer = weakref.finalize(self, _quiet, release, *args)
+    def _own(self, fn: Callable[..., Any], *args: Any, name: str | None = None) -> None:
+        """Register ``fn(*args)`` as this object's one release call (``args`` must not refer to
+        self); ``name`` defaults to ``fn``'s name (the driver call, e.g. ``cuMemFree``)."""
+        self._finalizer = weakref.finalize(self, release, name or getattr(fn, "__name__", repr(fn)), fn, *args)
+        _hook_exit()
 
     @property
     def closed(self) -> bool:

@@ -18,7 +18,7 @@ from .errors import DTypeError, ShapeError, call
 from .graph import Graph, GraphExec
 from .memory import DeviceBuffer, as_device_array
 from .model import TinyBlock
-from .stream import Stream
+from .stream import Stream, stream_handle
 
 
 class StaticGraph:
@@ -36,7 +36,9 @@ class StaticGraph:
     Attributes
     ----------
     static_input, static_output : DeviceBuffer
-        Their addresses never change.
+        Their addresses never change. ``static_output`` is what :meth:`__call__` hands back, so
+        it belongs to whoever holds it: :meth:`close` does not free it (as in PyTorch, outputs
+        stay valid after the graph is destroyed); it is freed with its last reference.
     graph : Graph
     exec : GraphExec
     """
@@ -54,7 +56,7 @@ class StaticGraph:
         self.exec.upload(stream)
         self._nbytes = self.static_input.nbytes
 
-    def copy_in(self, src: Any, stream: Stream) -> None:
+    def copy_in(self, src: Any, stream: Any) -> None:
         """Copy ``src`` into the static input on ``stream`` (``cuMemcpyDtoDAsync``).
 
         Raises
@@ -70,23 +72,32 @@ class StaticGraph:
                 f"static input was captured with shape {self.static_input.shape}, got {view.shape}; "
                 "capture another graph (bucket) for this shape"
             )
-        call(driver.cuMemcpyDtoDAsync, self.static_input.ptr, view.ptr, self._nbytes, stream.handle)
+        call(driver.cuMemcpyDtoDAsync, self.static_input.ptr, view.ptr, self._nbytes, stream_handle(stream))
 
-    def replay(self, stream: Stream) -> None:
+    def replay(self, stream: Any) -> None:
         """``cuGraphLaunch`` of the captured exec."""
         self.exec.launch(stream)
 
-    def __call__(self, src: Any, stream: Stream) -> DeviceBuffer:
+    def __call__(self, src: Any, stream: Any) -> DeviceBuffer:
         """Copy in, replay; returns the static output (valid once ``stream`` has caught up)."""
         self.copy_in(src, stream)
         self.exec.launch(stream)
         return self.static_output
 
+    @property
+    def closed(self) -> bool:
+        return self.exec.closed
+
     def close(self) -> None:
+        """Destroy the exec and the graph and free the static input; safe twice.
+
+        ``static_output`` is left to its holders (see the class notes). Replays still queued
+        finish first: the driver defers the exec's destruction, and the input is freed with
+        ``cuMemFree``, which waits for them.
+        """
         self.exec.close()
         self.graph.close()
         self.static_input.close()
-        self.static_output.close()
 
     def __enter__(self) -> "StaticGraph":
         return self

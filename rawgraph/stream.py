@@ -1,49 +1,185 @@
-"""Streams and events (``cuStreamCreate``, ``cuEventCreate``)."""
+"""Streams and events (``cuStreamCreate``, ``cuEventCreate``), and streams borrowed from anywhere.
+
+Every rawgraph API that takes a stream accepts a :class:`Stream` or anything
+:meth:`Stream.from_external` understands: an object with ``__cuda_stream__`` (the CUDA stream
+protocol of cuda.core and CuPy), a ``torch.cuda.Stream``, a CuPy stream, a
+``cuda.bindings.driver.CUstream`` or a raw handle (``int``). A :class:`Stream` in turn implements
+``__cuda_stream__``, so CuPy (``cupy.cuda.Stream.from_external``) and cuda.core take rawgraph's
+streams.
+"""
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 from cuda.bindings import driver
 
+from . import _capturing
 from .device import Device, get_device
-from .errors import call, cuda_error
-from .resource import Resource
+from .errors import ClosedError, NotOnDeviceError, ReleaseWarning, call, cuda_error, error_name
+from .resource import Resource, release
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _NOT_READY = driver.CUresult.CUDA_ERROR_NOT_READY
+_NONE = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+# Handles with a fixed meaning: 0 and CU_STREAM_LEGACY (1) are the legacy default stream,
+# CU_STREAM_PER_THREAD (2) the per-thread default stream. None of them can be captured.
+LEGACY_HANDLES = (0, 1)
+PER_THREAD_HANDLE = 2
+SPECIAL_HANDLES = (0, 1, 2)
+
+
+def _destroy_stream(handle: Any) -> tuple:
+    """``cuStreamDestroy``, ending a capture still open on the stream first (its graph is
+    discarded): a stream destroyed mid-capture would otherwise leave the capture dangling."""
+    err, status = driver.cuStreamIsCapturing(handle)
+    if err == _SUCCESS and status != _NONE:
+        _capturing.abandon_stream(int(handle), "the stream was closed during the capture")
+        end_err, graph = driver.cuStreamEndCapture(handle)
+        if graph is not None and int(graph):
+            release("cuGraphDestroy", driver.cuGraphDestroy, graph)
+        if end_err not in (_SUCCESS, driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED):
+            warnings.warn(f"rawgraph: cuStreamEndCapture failed while closing a capturing stream: "
+                          f"{error_name(end_err)}", ReleaseWarning, stacklevel=3)
+    return driver.cuStreamDestroy(handle)
+
+
+def _handle_of(obj: Any) -> int:
+    """The raw ``CUstream`` value of any stream-like object (see the module docstring)."""
+    proto = getattr(obj, "__cuda_stream__", None)
+    if proto is not None:
+        value = proto() if callable(proto) else proto  # early cuda.core had a property
+        version, handle = value
+        if int(version) != 0:
+            raise TypeError(f"unsupported __cuda_stream__ protocol version {version}")
+        return int(handle)
+    for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream (older releases)
+        value = getattr(obj, attr, None)
+        if isinstance(value, int):
+            return value
+    if isinstance(obj, driver.CUstream):
+        return int(obj)
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return obj
+    raise TypeError(
+        f"{type(obj).__name__} is not a stream: pass a rawgraph.Stream, an object with __cuda_stream__, "
+        "a torch.cuda.Stream, a CuPy stream, a CUstream or a raw handle"
+    )
 
 
 class Stream(Resource):
-    """A CUDA stream owned by this object (``cuStreamCreate`` / ``cuStreamDestroy``).
+    """A CUDA stream (``cuStreamCreate`` / ``cuStreamDestroy``), owned or borrowed.
 
     Non-blocking by default (``CU_STREAM_NON_BLOCKING``): it does not synchronise with the legacy
-    NULL stream, which is also what stream capture needs. :meth:`legacy` gives a non-owning handle
-    to the legacy stream itself (never capturable).
+    NULL stream, which is also what stream capture needs. :meth:`legacy` and
+    :meth:`from_external` give non-owning handles (``close()`` releases nothing).
+
+    Closing a stream that is still capturing ends the capture first and discards its graph.
 
     Parameters
     ----------
     non_blocking : bool, default True
     device : Device, optional
+
+    Attributes
+    ----------
+    handle : CUstream
+    ptr : int
+        The handle as an integer.
+    owned : bool
+        False for borrowed streams (legacy, external).
     """
+
+    handle: Any
+    ptr: int
+    owned: bool
+    source: Any
 
     def __init__(self, non_blocking: bool = True, device: Device | None = None):
         self.device = (device or get_device()).activate()
         flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING if non_blocking else driver.CUstream_flags.CU_STREAM_DEFAULT
         self.handle = call(driver.cuStreamCreate, int(flags))
+        self.ptr = int(self.handle)
         self.non_blocking = non_blocking
-        self.is_legacy = False
-        self._own(driver.cuStreamDestroy, self.handle)
+        self.owned = True
+        self.source = None
+        self._own(_destroy_stream, self.handle, name="cuStreamDestroy")
+
+    @classmethod
+    def _borrowed(cls, handle: int, device: Device, non_blocking: bool, source: Any) -> "Stream":
+        self = cls.__new__(cls)
+        self.device = device
+        self.handle = driver.CUstream(handle)
+        self.ptr = int(handle)
+        self.non_blocking = non_blocking
+        self.owned = False
+        self.source = source  # keeps the lender's object (and so its stream) alive
+        self._own(lambda: None, name="(borrowed stream: nothing to release)")
+        return self
 
     @classmethod
     def legacy(cls, device: Device | None = None) -> "Stream":
-        """The legacy NULL stream (handle 0). Not owned; ``close()`` does nothing."""
-        self = cls.__new__(cls)
-        self.device = device or get_device()
-        self.handle = driver.CUstream(0)
-        self.non_blocking = False
-        self.is_legacy = True
-        self._own(lambda: None)
-        return self
+        """The legacy NULL stream (handle 0). Not owned; never capturable."""
+        return cls._borrowed(0, device or get_device(), False, None)
 
+    @classmethod
+    def from_external(cls, obj: Any, device: Device | None = None) -> "Stream":
+        """Borrow a stream made by someone else; rawgraph never destroys it.
+
+        Parameters
+        ----------
+        obj : object
+            Anything with ``__cuda_stream__`` (cuda.core, CuPy >= 13, rawgraph), a
+            ``torch.cuda.Stream`` (``cuda_stream``), a CuPy stream (``ptr``), a ``CUstream`` or a
+            raw handle. A rawgraph :class:`Stream` is returned as it is.
+        device : Device, optional
+            The device the stream belongs to (default: device 0). For ordinary handles this is
+            checked with ``cuStreamGetCtx``.
+
+        Raises
+        ------
+        TypeError
+            ``obj`` is not a stream.
+        NotOnDeviceError
+            The stream belongs to another context than ``device``'s primary context.
+        ClosedError
+            ``obj`` is a closed rawgraph stream.
+        """
+        if isinstance(obj, Stream):
+            obj._check_open()
+            return obj
+        handle = _handle_of(obj)
+        dev = device or get_device()
+        non_blocking = False
+        if handle not in SPECIAL_HANDLES:
+            ctx = call(driver.cuStreamGetCtx, handle)
+            if int(ctx) != int(dev.context):
+                raise NotOnDeviceError(
+                    f"stream 0x{handle:x} belongs to another context than device {dev.ordinal}'s primary context"
+                )
+            flags = int(call(driver.cuStreamGetFlags, handle))
+            non_blocking = bool(flags & int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING))
+        return cls._borrowed(handle, dev, non_blocking, obj)
+
+    # -- the CUDA stream protocol ---------------------------------------------------------
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """``(0, handle)``: version 0 of the CUDA stream protocol (cuda.core, CuPy)."""
+        self._check_open()
+        return (0, self.ptr)
+
+    @property
+    def is_legacy(self) -> bool:
+        """The legacy default stream (handle 0 or ``CU_STREAM_LEGACY``)."""
+        return self.ptr in LEGACY_HANDLES
+
+    @property
+    def is_default(self) -> bool:
+        """A default stream (legacy or per-thread): launchable, never capturable."""
+        return self.ptr in SPECIAL_HANDLES
+
+    # -- operations -----------------------------------------------------------------------
     def synchronize(self) -> None:
         """Block until all work on the stream is done (``cuStreamSynchronize``)."""
         self._check_open()
@@ -62,19 +198,48 @@ class Stream(Resource):
     def wait(self, event: "Event") -> None:
         """Make later work on this stream wait for ``event`` (``cuStreamWaitEvent``)."""
         self._check_open()
+        event._check_open()
         call(driver.cuStreamWaitEvent, self.handle, event.handle, 0)
 
+    def capture_status(self) -> Any:
+        """``cuStreamIsCapturing``: a ``CUstreamCaptureStatus`` (NONE, ACTIVE or INVALIDATED)."""
+        self._check_open()
+        return call(driver.cuStreamIsCapturing, self.handle)
+
     def is_capturing(self) -> bool:
-        """``cuStreamIsCapturing`` != NONE."""
-        status = call(driver.cuStreamIsCapturing, self.handle)
-        return status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+        """``cuStreamIsCapturing`` != NONE (an invalidated capture still counts until it ends)."""
+        return self.capture_status() != _NONE
 
     def __int__(self) -> int:
-        return int(self.handle)
+        return self.ptr
 
     def __repr__(self) -> str:
-        kind = "legacy" if self.is_legacy else ("non-blocking" if self.non_blocking else "blocking")
-        return f"<Stream {kind} 0x{int(self.handle):x}>"
+        if self.ptr == PER_THREAD_HANDLE:
+            kind = "per-thread default"
+        elif self.is_legacy:
+            kind = "legacy"
+        else:
+            kind = "non-blocking" if self.non_blocking else "blocking"
+        owner = "" if self.owned else " borrowed"
+        return f"<Stream {kind}{owner} 0x{self.ptr:x}{' closed' if self.closed else ''}>"
+
+
+def as_stream(obj: Any) -> Stream:
+    """``obj`` as a :class:`Stream` (itself, or borrowed with :meth:`Stream.from_external`)."""
+    if isinstance(obj, Stream):
+        obj._check_open()
+        return obj
+    return Stream.from_external(obj)
+
+
+def stream_handle(obj: Any) -> Any:
+    """The handle to pass to the driver for a stream-like ``obj``, checked: the hot-path form of
+    :func:`as_stream` (a rawgraph stream costs one liveness check; others are resolved)."""
+    if isinstance(obj, Stream):
+        if not obj._finalizer.alive:
+            raise ClosedError("Stream is closed")
+        return obj.handle
+    return as_stream(obj).handle
 
 
 class Event(Resource):
@@ -86,16 +251,20 @@ class Event(Resource):
         self.handle = call(driver.cuEventCreate, flags)
         self._own(driver.cuEventDestroy, self.handle)
 
-    def record(self, stream: Stream) -> "Event":
-        """``cuEventRecord`` on ``stream``."""
-        call(driver.cuEventRecord, self.handle, stream.handle)
+    def record(self, stream: Any) -> "Event":
+        """``cuEventRecord`` on ``stream`` (any stream-like object)."""
+        self._check_open()
+        call(driver.cuEventRecord, self.handle, stream_handle(stream))
         return self
 
     def synchronize(self) -> None:
+        """``cuEventSynchronize``: block until the work before the record has finished."""
+        self._check_open()
         call(driver.cuEventSynchronize, self.handle)
 
     def query(self) -> bool:
         """True once the work before the record has finished (``cuEventQuery``)."""
+        self._check_open()
         (err,) = driver.cuEventQuery(self.handle)
         if err == _NOT_READY:
             return False
@@ -105,4 +274,6 @@ class Event(Resource):
 
     def elapsed_ms(self, end: "Event") -> float:
         """Milliseconds from this event to ``end`` (``cuEventElapsedTime``; both recorded, ~0.5 us resolution)."""
+        self._check_open()
+        end._check_open()
         return float(call(driver.cuEventElapsedTime, self.handle, end.handle))

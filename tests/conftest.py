@@ -1,7 +1,11 @@
+import os
+
 import numpy as np
 import pytest
 
 from rawgraph.device import driver_status
+
+SEED_ENV = "RAWGRAPH_TEST_SEED"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -19,12 +23,24 @@ class SeededGenerator(np.random.Generator):
 
 
 @pytest.fixture
-def rng():
-    """Fresh random inputs every run (a new OS-entropy seed each time, kept in ``seed_used``)."""
-    seed = np.random.SeedSequence().entropy
+def rng(request):
+    """Fresh random inputs every run: a new OS-entropy seed each time (or ``$RAWGRAPH_TEST_SEED``
+    to replay one). A failing test that used it reports the seed (see the report hook below)."""
+    env = os.environ.get(SEED_ENV)
+    seed = int(env) if env else np.random.SeedSequence().entropy
     gen = SeededGenerator(np.random.PCG64(seed))
     gen.seed_used = seed
+    request.node._rawgraph_seed = seed
     return gen
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    seed = getattr(item, "_rawgraph_seed", None)
+    if report.failed and seed is not None:
+        report.sections.append(("rng seed", f"rng seed: {seed} -- reproduce with {SEED_ENV}={seed}"))
 
 
 @pytest.fixture
@@ -41,4 +57,3 @@ def stream(device):
     s = Stream()
     yield s
     s.close()
-

@@ -18,6 +18,7 @@ from rawgraph import (
     TinyBlock,
     capture_plan,
 )
+from rawgraph.errors import check
 from rawgraph.graph import read_node_args
 
 pytestmark = pytest.mark.gpu
@@ -70,8 +71,13 @@ def test_node_map_matches_the_driver(stream, form):
     x.poison(stream)
     plan = model.plan(x, out)
     graph = capture_plan(plan, stream)
-    assert graph.node_count() == len(plan) == len(graph.nodes) == 3 * model.kernels_per_layer
+    assert len(plan) == 3 * model.kernels_per_layer
     assert [n.launch for n in graph.nodes] == plan.launches
+    # What the driver holds, asked of the driver: one kernel node per launch, and the recorded
+    # handles are exactly its nodes.
+    held = graph.all_nodes()
+    assert all(check(driver.cuGraphNodeGetType(h)) == driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL for h in held)
+    assert sorted(int(h) for h in held) == sorted(int(n.handle) for n in graph.nodes)
     graph.verify_node_map()  # type, function, grid, block and argument values, per node
     # The nodes reading x are the first layer's, and they hold x's address.
     readers = {(i, a) for i, a, _ in plan.uses_of("x")}
@@ -80,9 +86,9 @@ def test_node_map_matches_the_driver(stream, form):
         assert read_node_args(graph.nodes[i].handle, graph.nodes[i].launch)[arg] == x.ptr
     writer = graph.nodes[-1]
     assert read_node_args(writer.handle, writer.launch)["y"] == out.ptr
-    # Distinct node handles, a linear chain of len-1 edges.
-    assert len({int(n.handle) for n in graph.nodes}) == len(plan)
-    assert len(graph.edges()) == len(plan) - 1
+    # The driver's edges are the chain in capture order, nothing else.
+    chain = [(int(a.handle), int(b.handle)) for a, b in zip(graph.nodes, graph.nodes[1:])]
+    assert sorted(graph.edges()) == sorted(chain)
 
 
 @pytest.mark.parametrize("mode", list(CaptureMode))
@@ -113,7 +119,7 @@ def test_instantiate_flags_upload_and_other_streams(stream, rng):
         graph.instantiate(int(flags.CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD))
     flag = int(flags.CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
     exe = graph.instantiate(flag)
-    assert exe.flags == flag
+    assert exe.driver_flags() == flag and graph.instantiate().driver_flags() == 0  # read back from the driver
     ref = model.reference(xh)
     with Stream() as other, Stream(non_blocking=False) as blocking:
         for s in (other, blocking, stream):

@@ -42,9 +42,9 @@ def test_seed_experiment():
     assert r["max_abs_diff"] == 0.0
     assert r["rel_err_vs_float64"] < 1e-5
     assert r["dynamic_shape_rejected"] == "ShapeError"
-    assert r["driver_update_calls"] > 0
-    for k in ("eager_median_us", "copy_plus_graph_replay_median_us", "exec_update_plus_graph_replay_median_us"):
-        assert r[k] > 0
+    # Every timed exec-update step (20 warm-up + 20 rounds) swapped the input: one push for each
+    # of the 2 unfused nodes that read x (matmul1 of layer 0 and its residual add).
+    assert r["driver_update_calls"] == 2 * (20 + 20)
 
 
 # -- argument handling: parsed before any GPU is needed, so these hold on every machine ------------

@@ -197,6 +197,15 @@ def test_fill_uniform_is_deterministic_and_in_range(device, stream):
     assert abs(av.mean()) < 0.01 and abs(av.var() - 0.25 / 3) < 0.005
 
 
-def test_empty_kernel_runs(device, stream):
-    ops.empty(device)(stream)
-    stream.synchronize()
+def test_spin_waits_on_the_device_and_empty_does_not(device, stream):
+    from rawgraph import Event
+
+    for launch, low, high in ((ops.spin(device, 20_000_000), 19.5, 200.0), (ops.empty(device), 0.0, 1.0)):
+        launch(stream)  # warm
+        start, end = Event(), Event()
+        start.record(stream)
+        launch(stream)
+        end.record(stream)
+        end.synchronize()
+        ms = start.elapsed_ms(end)
+        assert low <= ms < high, f"{launch.label}: {ms:.3f} ms"

@@ -73,10 +73,27 @@ def test_kernels_may_change_at_the_same_topology(stream, rng):
 
 
 def test_update_error_names_the_failing_node(stream, rng):
-    model1, model2 = TinyBlock(64, 1, 2), TinyBlock(64, 1, 1)
-    x, out = DeviceBuffer.from_numpy(random_input(rng, (1, 64))), DeviceBuffer((1, 64))
-    exe = capture_plan(model1.plan(x, out), stream).instantiate()
+    # A one-kernel exec updated from a graph whose one node is a memset: the driver refuses the
+    # node type change and names the new graph's node.
+    from cuda.bindings import driver
+
+    from rawgraph import Capture, Graph, ops
+    from rawgraph.errors import check
+
+    dev = get_device()
+    with Capture(stream) as cap:
+        cap.launch(ops.empty(dev))
+    exe = cap.graph.instantiate()
+    buf = DeviceBuffer(256)
+    handle = check(driver.cuGraphCreate(0))
+    p = driver.CUDA_MEMSET_NODE_PARAMS()
+    p.dst, p.value, p.elementSize, p.width, p.height, p.pitch = buf.ptr, 0, 4, 256, 1, 0
+    memset = check(driver.cuGraphAddMemsetNode(handle, None, 0, p, dev.context))
+    other = Graph(handle, [], dev)
     with pytest.raises(GraphUpdateError) as info:
-        exe.update(capture_plan(model2.plan(x, out), stream))
-    assert info.value.result.startswith("CU_GRAPH_EXEC_UPDATE_ERROR")
-    assert f"0x{info.value.error_node:x}" in str(info.value)
+        exe.update(other)
+    assert info.value.result == "CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED"
+    assert info.value.error_node == int(memset) != 0
+    assert f"0x{int(memset):x}" in str(info.value)
+    exe.launch(stream)  # the exec is unchanged and still runs
+    stream.synchronize()

@@ -1,7 +1,7 @@
 """Launch-path benchmark: the same TinyBlock work through every way of launching it, one process.
 
 Paths (record key ``path``): stream, graph, graph_nopdl (the same graph captured without
-programmatic dependent launch), graph_copy, graph_update, graph_exec_update, torch_eager, torch_graph, torch_graph_copy, cupy_eager, cupy_graph, floor_sync,
+programmatic dependent launch), graph_copy, graph_update, graph_update2 (input and output re-bound every step), graph_exec_update, torch_eager, torch_graph, torch_graph_copy, cupy_eager, cupy_graph, floor_sync,
 floor_empty_kernel, floor_empty_graph. Every path's output is checked before it is timed.
 
 Clocks, never mixed (each ``{"median", "p10", "p90"}`` in microseconds):
@@ -12,9 +12,7 @@ host time per step (N steps, one sync), ``device_us`` CUDA events around each st
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -23,14 +21,14 @@ import numpy as np
 
 from .. import ops
 from ..capture import Capture, capture_plan
-from ..compiler import nvrtc_version
-from ..device import driver_version, get_device
+from ..device import get_device
 from ..manager import ExecUpdateManager
 from ..memory import DeviceBuffer
 from ..model import TinyBlock
 from ..static import StaticGraph
 from ..stream import Stream
 from ..timing import device_us, pipelined_us, stats, synced_us
+from .provenance import environment
 from .progress import SweepProgress
 
 FULL = {"layers": (1, 8, 64), "width": (128, 1024, 4096), "batch": (1, 8, 64)}
@@ -110,7 +108,7 @@ class Runner:
         rng = np.random.default_rng()
         model = TinyBlock(width, batch, layers, seed=1234, form=form)
         xs = [DeviceBuffer.from_numpy(rng.standard_normal(shape, dtype=np.float32)) for _ in range(2)]
-        outs = [DeviceBuffer(shape) for _ in range(5)]
+        outs = [DeviceBuffer(shape) for _ in range(7)]
         plan = model.plan(xs[0], outs[0])
         graph = capture_plan(plan, s, warmup=True)
         # capture time measured again without the warm-up run inside it
@@ -124,6 +122,9 @@ class Runner:
         # graph_update: its own exec, the input re-bound between two buffers every step
         g_upd = capture_plan(model.plan(xs[0], outs[2]), s, warmup=False)
         mgr = ExecUpdateManager(g_upd, g_upd.instantiate())
+        # graph_update2: input and output re-bound together every step, between two pairs
+        g_upd2 = capture_plan(model.plan(xs[0], outs[5]), s, warmup=False)
+        mgr2 = ExecUpdateManager(g_upd2, g_upd2.instantiate())
         # graph_exec_update: whole-graph update alternating between graphs captured on xs[0] / xs[1]
         g_w0 = capture_plan(model.plan(xs[0], outs[3]), s, warmup=False)
         g_w1 = capture_plan(model.plan(xs[1], outs[3]), s, warmup=False)
@@ -143,11 +144,13 @@ class Runner:
         exe_b.launch(s)
         static(xs[1], s)
         mgr.bind("x", xs[1]); mgr.launch(s)
+        mgr2.bind_many({"x": xs[1], "out": outs[6]}); mgr2.launch(s)
         exe_w.update(g_w1); exe_w.launch(s)
         if exe_plain is not None:
             exe_plain.launch(s)
         s.synchronize()
-        checks = [("graph", outs[0]), ("graph_copy", static.static_output), ("graph_update", outs[2]), ("graph_exec_update", outs[3])]
+        checks = [("graph", outs[0]), ("graph_copy", static.static_output), ("graph_update", outs[2]), ("graph_update2", outs[6]),
+                  ("graph_exec_update", outs[3])]
         if exe_plain is not None:
             checks.append(("graph_nopdl", outs[4]))
         for name, buf in checks:
@@ -172,6 +175,14 @@ class Runner:
             mgr.launch(s)
 
         self.record("graph_update", *key, _clocks(upd, s, est, self.budget_s))
+        pairs = [{"x": xs[0], "out": outs[5]}, {"x": xs[1], "out": outs[6]}]
+
+        def upd2():
+            st["i"] ^= 1
+            mgr2.bind_many(pairs[st["i"]])
+            mgr2.launch(s)
+
+        self.record("graph_update2", *key, _clocks(upd2, s, est, self.budget_s))
         gw = [g_w0, g_w1]
 
         def whole():
@@ -182,7 +193,9 @@ class Runner:
         self.record("graph_exec_update", *key, _clocks(whole, s, est, self.budget_s))
         s.synchronize()
         mgr.close()
-        for obj in (exe, exe_w, mgr.exec, static, graph, graph_b, g_upd, g_w0, g_w1, exe_plain, g_plain, plain):
+        mgr2.close()
+        for obj in (exe, exe_w, mgr.exec, mgr2.exec, static, graph, graph_b, g_upd, g_upd2, g_w0, g_w1, exe_plain, g_plain,
+                    plain):
             if obj is not None:
                 obj.close()
         weights = [(w1, w2) for w1, w2 in model.weights]
@@ -341,24 +354,7 @@ class _CupyStream(_TorchStream):
 
 
 def env_info(runner: Runner) -> dict:
-    import importlib.metadata as md
-
-    def ver(p):
-        try:
-            return md.version(p)
-        except Exception:
-            return None
-
-    return {
-        "gpu": runner.dev.info.name,
-        "driver": driver_version(),
-        "cuda_bindings": ver("cuda-bindings"),
-        "nvrtc": "%d.%d" % nvrtc_version(),
-        "torch": getattr(runner.torch, "__version__", None),
-        "cupy": getattr(runner.cupy, "__version__", None),
-        "python": platform.python_version(),
-        "date": datetime.date.today().isoformat(),
-    }
+    return environment(torch=getattr(runner.torch, "__version__", None), cupy=getattr(runner.cupy, "__version__", None))
 
 
 def build_parser() -> argparse.ArgumentParser:

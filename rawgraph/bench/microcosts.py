@@ -123,4 +123,82 @@ def measure(sizes=SIZES) -> dict:
                 "points": [{"nodes": n, **s} for n, s in pts],
                 "fit": {"fixed_us": float(fixed), "per_node_us": float(per_node)},
             }
+    out["bind_breakdown"] = {form: bind_breakdown(form=form) for form in ("fused", "block") if form != "block" or ops.has_clusters(dev)}
+    return out
+
+
+def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: str = "fused") -> dict:
+    """Where the time of ``bind_many({"x", "out"})`` + replay goes (one process, interleaved rounds).
+
+    Per round, in turn, each a synchronized step on the same exec and the same two input/output
+    pairs: ``replay`` (launch only), ``bind2_replay`` (the manager's two-name bind, then launch),
+    ``raw_setparams_replay`` (the same node pushes made straight with
+    ``cuGraphExecKernelNodeSetParams``, then launch) and ``bind2_noop_replay`` (binding what is
+    already bound: no push). Also, per step: the host time of the bind call alone, of the raw
+    pushes alone, of ``cuGraphLaunch`` right after pushes and with none, and the device time of the
+    replay (events) after pushes and with none. Medians with p10/p90 in microseconds.
+    """
+    from ..capture import capture_plan
+    from ..manager import ExecUpdateManager
+    from ..memory import DeviceBuffer
+    from ..model import TinyBlock
+    from ..stream import Event
+
+    rng = np.random.default_rng(5)
+    s = Stream()
+    model = TinyBlock(width, batch, 1, seed=3, form=form)
+    shape = (batch, width)
+    xs = [DeviceBuffer.from_numpy(rng.standard_normal(shape, dtype=np.float32), stream=s) for _ in range(2)]
+    outs = [DeviceBuffer(shape) for _ in range(2)]
+    graph = capture_plan(model.plan(xs[0], outs[0]), s)
+    exe = graph.instantiate()
+    mgr = ExecUpdateManager(graph, exe)
+    pairs = [{"x": xs[0], "out": outs[0]}, {"x": xs[1], "out": outs[1]}]
+    for p in pairs:  # both pairs checked and cached
+        mgr.bind_many(p)
+    nodes = sorted({n for name in ("x", "out") for n, _a, _r in mgr.bindings[name]})
+    setp = driver.cuGraphExecKernelNodeSetParams
+    clock = time.perf_counter
+    samples: dict[str, list[float]] = {k: [] for k in (
+        "replay", "bind2_replay", "raw_setparams_replay", "bind2_noop_replay", "bind2_call", "raw_setparams_call",
+        "launch_call_after_push", "launch_call_no_push", "device_after_push", "device_no_push")}
+    ev = [Event(), Event()]
+    state = [0]
+
+    def push_raw() -> None:
+        for n in nodes:
+            setp(exe.handle, mgr._handles[n], mgr._params[n])
+
+    for r in range(rounds + 50):
+        keep = r >= 50  # warm-up rounds are not kept
+        # replay alone (no push since the last launch)
+        t0 = clock(); ev[0].record(s); t1 = clock(); exe.launch(s); t2 = clock(); ev[1].record(s); s.synchronize(); t3 = clock()
+        if keep:
+            samples["replay"].append((t3 - t1) * 1e6)  # launch, end event, synchronize
+            samples["launch_call_no_push"].append((t2 - t1) * 1e6)
+            samples["device_no_push"].append(ev[0].elapsed_ms(ev[1]) * 1e3)
+        # the manager's two-name bind, then replay
+        state[0] ^= 1
+        t0 = clock(); mgr.bind_many(pairs[state[0]]); t1 = clock(); ev[0].record(s); t2 = clock(); exe.launch(s); t3 = clock()
+        ev[1].record(s); s.synchronize(); t4 = clock()
+        if keep:
+            samples["bind2_replay"].append(((t1 - t0) + (t4 - t2)) * 1e6)  # bind, then as "replay"
+            samples["bind2_call"].append((t1 - t0) * 1e6)
+            samples["launch_call_after_push"].append((t3 - t2) * 1e6)
+            samples["device_after_push"].append(ev[0].elapsed_ms(ev[1]) * 1e3)
+        # the same pushes straight to the driver, then replay
+        t0 = clock(); push_raw(); t1 = clock(); exe.launch(s); s.synchronize(); t2 = clock()
+        if keep:
+            samples["raw_setparams_replay"].append((t2 - t0) * 1e6)
+            samples["raw_setparams_call"].append((t1 - t0) * 1e6)
+        # binding what is bound: the manager's fixed cost, no push
+        t0 = clock(); mgr.bind_many(pairs[state[0]]); exe.launch(s); s.synchronize(); t1 = clock()
+        if keep:
+            samples["bind2_noop_replay"].append((t1 - t0) * 1e6)
+    out = {k: stats(v) for k, v in samples.items()}
+    out["nodes_pushed"] = len(nodes)
+    out["config"] = {"width": width, "batch": batch, "form": form, "rounds": rounds}
+    mgr.close()
+    for obj in (exe, graph, model, *xs, *outs, *ev, s):
+        obj.close()
     return out

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .progress import INSTALL_HINT
 
-PATH_ORDER = ["stream", "graph", "graph_nopdl", "graph_copy", "graph_update", "graph_exec_update", "torch_eager", "torch_graph",
+PATH_ORDER = ["stream", "graph", "graph_nopdl", "graph_copy", "graph_update", "graph_update2", "graph_exec_update", "torch_eager", "torch_graph",
               "torch_graph_copy", "cupy_eager", "cupy_graph", "floor_sync", "floor_empty_kernel", "floor_empty_graph"]
 
 
@@ -78,6 +78,15 @@ def table(result: dict) -> str:
         for name in ("cuGraphLaunch", "cuGraphExecKernelNodeSetParams", "cuGraphExecUpdate"):
             f = micro[name]["fit"]
             lines.append(f"  {name}: {f['fixed_us']:.2f} us + {f['per_node_us']:.3f} us/node")
+        for form, b in micro.get("bind_breakdown", {}).items():
+            m = {k: v["median"] for k, v in b.items() if isinstance(v, dict) and "median" in v}
+            lines.append(f"bind_many(x, out) breakdown, {form} w{b['config']['width']} b{b['config']['batch']}, "
+                         f"{b['nodes_pushed']} nodes pushed (median us):")
+            lines.append(f"  per step: replay {m['replay']:.2f} | bind2+replay {m['bind2_replay']:.2f} | raw pushes+replay "
+                         f"{m['raw_setparams_replay']:.2f} | no-op bind2+replay {m['bind2_noop_replay']:.2f}")
+            lines.append(f"  calls: bind2 {m['bind2_call']:.2f} | raw pushes {m['raw_setparams_call']:.2f} | cuGraphLaunch "
+                         f"after push {m['launch_call_after_push']:.2f} / none {m['launch_call_no_push']:.2f}")
+            lines.append(f"  device: after push {m['device_after_push']:.2f} / none {m['device_no_push']:.2f}")
     return "\n".join(lines)
 
 
@@ -87,6 +96,7 @@ TARGETS = [
     ("1 block: graph <= 0.8x torch_graph", (1, 128, 1), "graph", "torch_graph", 0.8),
     ("1 block: stream <= 0.4x torch_eager", (1, 128, 1), "stream", "torch_eager", 0.4),
     ("1 block: graph_update < graph_copy", (1, 128, 1), "graph_update", "graph_copy", 1.0),
+    ("1 block: fused/block graph_update2 <= 0.6x torch_graph_copy", (1, 128, 1), "graph_update2", "torch_graph_copy", 0.6),
     ("64 blocks: unfused graph <= 0.8x torch_graph", (64, 128, 1), "graph", "torch_graph", 0.8),
     ("64 blocks: fused graph <= 0.4x torch_graph", (64, 128, 1), "graph", "torch_graph", 0.4),
 ]

@@ -1,0 +1,93 @@
+"""Which rawgraph captures are active: process-wide and per thread. Imports nothing of rawgraph.
+
+Two rules need this knowledge below the capture module:
+
+- the context-wide fence (``cuCtxSynchronize``) fails inside *any* thread's capture and
+  invalidates that capture, whatever its mode (seen on the H200), so rawgraph refuses it while
+  one of its captures is active anywhere in the process (:func:`active`);
+- a capture body that catches a driver error and carries on must not end with a half-built
+  graph, so every rawgraph error raised on a capturing thread is noted on that thread's open
+  captures (:func:`note_error`), and the capture fails at its end.
+
+Captures made by other libraries (PyTorch, CuPy) are not seen here.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+_lock = threading.Lock()
+_active: dict[int, "CaptureRecord"] = {}
+_local = threading.local()
+
+
+class CaptureRecord:
+    """One open capture: where, how, and what went wrong inside it.
+
+    Attributes
+    ----------
+    stream : int
+        The capturing stream's handle.
+    mode : str
+        The capture mode's name.
+    thread : str
+        Name of the thread that began it.
+    errors : list of Exception
+        rawgraph errors raised on that thread while the capture was open.
+    aborted : str or None
+        Why the capture was ended by someone else (the stream was closed), if it was.
+    """
+
+    __slots__ = ("stream", "mode", "thread", "errors", "aborted")
+
+    def __init__(self, stream: int, mode: str):
+        self.stream = int(stream)
+        self.mode = mode
+        self.thread = threading.current_thread().name
+        self.errors: list[BaseException] = []
+        self.aborted: str | None = None
+
+    def describe(self) -> str:
+        return f"stream 0x{self.stream:x} ({self.mode} mode, thread {self.thread!r})"
+
+
+def begin(record: CaptureRecord) -> None:
+    """Register ``record`` as open on this thread and in the process."""
+    with _lock:
+        _active[id(record)] = record
+    stack = getattr(_local, "records", None)
+    if stack is None:
+        stack = _local.records = []
+    stack.append(record)
+
+
+def end(record: CaptureRecord) -> None:
+    """Forget ``record`` (safe twice, and from another thread than the one that began it)."""
+    with _lock:
+        _active.pop(id(record), None)
+    stack = getattr(_local, "records", None)
+    if stack and record in stack:
+        stack.remove(record)
+
+
+def active() -> list[CaptureRecord]:
+    """Every open rawgraph capture in the process."""
+    with _lock:
+        return list(_active.values())
+
+
+def abandon_stream(stream: int, reason: str) -> None:
+    """Mark the captures on ``stream`` as ended by someone else (the stream is being destroyed)."""
+    with _lock:
+        for rec in _active.values():
+            if rec.stream == int(stream):
+                rec.aborted = reason
+
+
+def note_error(exc: Any) -> None:
+    """Record ``exc`` on every capture open on this thread (called as rawgraph builds an error)."""
+    stack = getattr(_local, "records", None)
+    if stack:
+        for rec in stack:
+            rec.errors.append(exc)

@@ -1,0 +1,67 @@
+"""Release calls: a failure is reported once with the call's name, quietly only at exit (no GPU)."""
+
+import gc
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+from cuda.bindings import driver
+
+from rawgraph.errors import ReleaseWarning
+from rawgraph.resource import Resource
+
+
+class Owner(Resource):
+    def __init__(self, result=None, raises=None, name="cuFakeDestroy"):
+        self.calls = calls = []
+
+        def release():
+            calls.append(1)
+            if raises:
+                raise raises
+            return result
+
+        self._own(release, name=name)
+
+
+def test_a_failing_driver_release_warns_once_with_its_name():
+    owner = Owner((driver.CUresult.CUDA_ERROR_INVALID_HANDLE,))
+    with pytest.warns(ReleaseWarning, match="cuFakeDestroy failed.*CUDA_ERROR_INVALID_HANDLE"):
+        owner.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        owner.close()  # released once: the second close does nothing
+    assert owner.calls == [1] and owner.closed
+
+
+def test_a_raising_release_warns_and_success_is_silent():
+    with pytest.warns(ReleaseWarning, match="cuFakeDestroy failed.*boom"):
+        Owner(raises=RuntimeError("boom")).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Owner((driver.CUresult.CUDA_SUCCESS,)).close()
+        Owner(None).close()
+
+
+def test_garbage_collection_reports_a_failed_release():
+    owner = Owner((driver.CUresult.CUDA_ERROR_INVALID_VALUE,))
+    with pytest.warns(ReleaseWarning, match="CUDA_ERROR_INVALID_VALUE"):
+        del owner
+        gc.collect()
+
+
+def test_releases_at_interpreter_exit_are_quiet():
+    code = textwrap.dedent(
+        """
+        from cuda.bindings import driver
+        from rawgraph.resource import Resource
+        class Owner(Resource):
+            def __init__(self):
+                self._own(lambda: (driver.CUresult.CUDA_ERROR_DEINITIALIZED,), name="cuFakeDestroy")
+        kept = [Owner() for _ in range(3)]
+        """
+    )
+    r = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr

@@ -1,0 +1,50 @@
+"""Stream-like objects resolve to the right handle, and default streams are refused for capture
+before any driver call (no GPU needed)."""
+
+import pytest
+from cuda.bindings import driver
+
+from rawgraph import Capture, CaptureRefusedError
+from rawgraph.stream import _handle_of
+
+
+class Protocol:
+    def __init__(self, handle, version=0):
+        self.handle, self.version = handle, version
+
+    def __cuda_stream__(self):
+        return (self.version, self.handle)
+
+
+class OldProtocol:  # early cuda.core exposed the tuple as a property
+    __cuda_stream__ = (0, 0x5000)
+
+
+class TorchLike:
+    cuda_stream = 0x6000
+
+
+class CupyLike:
+    ptr = 0x7000
+
+
+@pytest.mark.parametrize("obj,handle", [(Protocol(0x4000), 0x4000), (OldProtocol(), 0x5000), (TorchLike(), 0x6000),
+                                        (CupyLike(), 0x7000), (driver.CUstream(0x8000), 0x8000), (0x9000, 0x9000)])
+def test_every_stream_spelling_resolves_to_its_handle(obj, handle):
+    assert _handle_of(obj) == handle
+
+
+def test_unknown_protocol_versions_and_non_streams_are_refused():
+    with pytest.raises(TypeError, match="protocol version 1"):
+        _handle_of(Protocol(0x4000, version=1))
+    for bad in ("7", 7.0, True, None, object()):
+        with pytest.raises(TypeError, match="not a stream"):
+            _handle_of(bad)
+
+
+@pytest.mark.parametrize("obj", [0, 1, 2, Protocol(0), Protocol(2), TorchLike.__new__(type("T", (), {"cuda_stream": 1})),
+                                 driver.CUstream(0)])
+def test_default_streams_are_refused_for_capture_before_the_driver(obj, monkeypatch):
+    monkeypatch.setattr(driver, "cuStreamBeginCapture", lambda *a: pytest.fail("reached the driver"))
+    with pytest.raises(CaptureRefusedError, match="legacy/NULL"):
+        Capture(obj)
