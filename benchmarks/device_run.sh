@@ -5,7 +5,7 @@
 # Each stage has its own time limit, so a hang in one still brings back the others' logs.
 # RAWGRAPH_COMMIT names the commit measured in every results JSON (the device copy has no .git).
 set -u
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONPATH=$(pwd) PYTHONUNBUFFERED=1  # absolute: tests start interpreters in other folders
 export RAWGRAPH_COMMIT=${RAWGRAPH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -14,7 +14,7 @@ stages=${*:-tests kernels quick}
 for stage in $stages; do
   start=$(date +%s)
   case $stage in
-    tests) timeout 300 python3 -m pytest -q -rs --timeout=120 -p no:cacheprovider >"$OUT/gpu_tests.txt" 2>&1 ;;
+    tests) PYTHONFAULTHANDLER=1 timeout 300 python3 -m pytest -q -rs --timeout=120 -p no:cacheprovider >"$OUT/gpu_tests.txt" 2>&1 ;;
     kernels) timeout 200 python3 -m rawgraph.bench.kernel_times --out "$OUT" >"$OUT/kernel.log" 2>&1 ;;
     kernels-sweep) timeout 240 python3 -m rawgraph.bench.kernel_times --sweep --out "$OUT" >"$OUT/kernel.log" 2>&1 ;;
     quick) timeout 200 python3 -m rawgraph.bench.launch_paths --quick --out "$OUT" >"$OUT/launch_quick.log" 2>&1 ;;

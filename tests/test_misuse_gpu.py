@@ -581,8 +581,10 @@ def test_a_freed_cupy_input_is_not_reused_while_a_replay_is_queued(stream, rng):
     cp.cuda.Device().synchronize()
     a_ptr = a.data.ptr
     expected = _eager(model, DeviceBuffer.from_numpy(ah, stream=stream), stream)
+    cp.empty((8, 512), cp.float32).fill(cp.nan)  # CuPy compiles its fill kernel now, not behind the spin
+    cp.cuda.Device().synchronize()
     out.poison(stream)
-    ops.spin(get_device(), SPIN_NS)(stream)
+    ops.spin(get_device(), 3 * SPIN_NS)(stream)
     mgr.bind("x", a)
     mgr.launch(stream)
     mgr.bind("x", x)  # a is no longer bound, but the queued replay still reads it

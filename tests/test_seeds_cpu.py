@@ -1,10 +1,20 @@
 """A failing test that drew random inputs names its seed, and the seed replays the same inputs."""
 
+import os
 from pathlib import Path
+
+import pytest
 
 pytest_plugins = ["pytester"]
 
 CONFTEST = (Path(__file__).parent / "conftest.py").read_text()
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+@pytest.fixture(autouse=True)
+def _rawgraph_importable(monkeypatch):
+    # pytester runs pytest in a temporary folder: make rawgraph importable there as it is here.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
 
 FAILING = """
 def test_draws_then_fails(rng):

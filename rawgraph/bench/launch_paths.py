@@ -222,7 +222,7 @@ class Runner:
             err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
             if err > 1e-4:
                 raise AssertionError(f"torch differs from rawgraph by {err:.2e}")
-            rs = _TorchStream(torch, tstream)
+            rs = Stream.from_external(tstream)  # rawgraph's clocks on torch's stream
             est = _estimate_us(lambda: block(x_in), rs)
             self.record("torch_eager", *key, _clocks(lambda: block(x_in), rs, est, self.budget_s), rel_err_vs_rawgraph=err)
             static_in = x_in.clone()
@@ -269,7 +269,7 @@ class Runner:
             err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
             if err > 1e-4:
                 raise AssertionError(f"cupy differs from rawgraph by {err:.2e}")
-            rs = _CupyStream(cstream)
+            rs = Stream.from_external(cstream)
             est = _estimate_us(block, rs)
             self.record("cupy_eager", *key, _clocks(block, rs, est, self.budget_s), rel_err_vs_rawgraph=err)
             try:
@@ -330,27 +330,6 @@ class Runner:
             raise AssertionError(f"cupy RawKernel graph differs from the cuBLAS block by {err:.2e}")
         self.record("cupy_graph", *key, _clocks(lambda: graph.launch(cstream), rs, est, self.budget_s),
                     note="CuPy RawKernels from kernels/matmul.cu (the fused form's kernels, no PDL)", rel_err_vs_cupy_eager=err)
-
-
-class _TorchStream:
-    """A framework stream seen through rawgraph's timing helpers (synchronize + driver handle)."""
-
-    def __init__(self, torch, s):
-        from cuda.bindings import driver
-
-        self.s = s
-        self.handle = driver.CUstream(int(s.cuda_stream))
-
-    def synchronize(self):
-        self.s.synchronize()
-
-
-class _CupyStream(_TorchStream):
-    def __init__(self, s):
-        from cuda.bindings import driver
-
-        self.s = s
-        self.handle = driver.CUstream(int(s.ptr))
 
 
 def env_info(runner: Runner) -> dict:
