@@ -3,7 +3,7 @@
 The path from array to replay, in the order to read it:
 ``memory`` (arrays) -> ``launch`` (packed arguments) -> ``model`` (a launch plan) ->
 ``capture`` (graph + node map) -> ``graph`` (exec) -> ``static`` (copy in + replay) or
-``manager`` (re-bind node arguments + replay).
+``manager`` (re-bind node arguments + replay) -> ``serving`` (bucket graphs, re-shaped graphs).
 """
 
 __version__ = "0.1.0"
@@ -29,10 +29,12 @@ from .stream import Event, Stream  # noqa: E402
 from .compiler import KernelCache, compile_source, nvrtc_version  # noqa: E402
 from .kernels import get_kernel, kernel_dir, kernel_files  # noqa: E402
 from .launch import KernelArgs, Launch, LaunchPlan  # noqa: E402
-from .model import TinyBlock, reference_forward  # noqa: E402
+from .model import BlockWeights, TinyBlock, Workspace, reference_forward  # noqa: E402
 from .graph import Graph, GraphExec  # noqa: E402
 from .capture import Capture, CaptureMode, capture_plan  # noqa: E402
 from .static import StaticGraph  # noqa: E402
 from .manager import ExecUpdateManager  # noqa: E402
+from . import serving  # noqa: E402
+from .serving import BucketGraphs, ReshapedGraph, RowCountBuckets  # noqa: E402
 
 __all__ = [name for name in dir() if not name.startswith("_")]

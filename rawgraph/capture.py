@@ -86,6 +86,7 @@ class Capture:
         self.stream: Stream = as_stream(stream)
         self.mode = mode
         self.nodes: list[KernelNode] = []
+        self.memory_nodes: list[tuple[Any, str, int]] = []
         self.graph: Graph | None = None
         self.end_result: str | None = None
         self._open = False
@@ -113,18 +114,42 @@ class Capture:
         if not self._open:
             raise RawgraphError("Capture.launch outside the with-block")
         launch(self.stream)
+        node = KernelNode(self._last_node(f"launching {launch.kernel.name}"), len(self.nodes), launch, launch.args.snapshot())
+        self.nodes.append(node)
+        return node
+
+    def _last_node(self, what: str) -> Any:
         status, _id, _graph, deps, _edges, ndeps = check(
             driver.cuStreamGetCaptureInfo(self.stream.handle), "cuStreamGetCaptureInfo"
         )
         if status != _ACTIVE:
             raise CaptureError(0, "CAPTURE_NOT_ACTIVE", f"capture status is {status.name}", "cuStreamGetCaptureInfo")
         if ndeps != 1:
-            raise RawgraphError(
-                f"expected one dependency after launching {launch.kernel.name} (a linear capture), found {ndeps}"
-            )
-        node = KernelNode(deps[0], len(self.nodes), launch, launch.args.snapshot())
-        self.nodes.append(node)
-        return node
+            raise RawgraphError(f"expected one dependency after {what} (a linear capture), found {ndeps}")
+        return deps[0]
+
+    def mem_alloc(self, nbytes: int) -> int:
+        """Allocate ``nbytes`` inside the graph: ``cuMemAllocAsync`` on the capturing stream becomes
+        a memory allocation node, and the address it returns is fixed for the graph's lifetime.
+
+        Graph memory is physical only while a replay runs between this node and its free; the
+        driver reuses it across graphs launched into the same stream (see
+        :mod:`rawgraph.serving.graphmem`).
+        """
+        if not self._open:
+            raise RawgraphError("Capture.mem_alloc outside the with-block")
+        if nbytes <= 0:
+            raise ValueError(f"allocation size must be positive, got {nbytes}")
+        ptr = int(call(driver.cuMemAllocAsync, int(nbytes), self.stream.handle))
+        self.memory_nodes.append((self._last_node("cuMemAllocAsync"), "alloc", ptr))
+        return ptr
+
+    def mem_free(self, ptr: int) -> None:
+        """Free graph memory inside the graph (``cuMemFreeAsync`` becomes a memory free node)."""
+        if not self._open:
+            raise RawgraphError("Capture.mem_free outside the with-block")
+        call(driver.cuMemFreeAsync, int(ptr), self.stream.handle)
+        self.memory_nodes.append((self._last_node("cuMemFreeAsync"), "free", int(ptr)))
 
     def run(self, plan: LaunchPlan) -> None:
         """Record every launch of ``plan`` in order."""
@@ -165,11 +190,13 @@ class Capture:
         if err != _SUCCESS:
             check((err,), "cuStreamEndCapture")
         graph = Graph(handle, self.nodes, self.stream.device)
+        graph.memory_nodes = list(self.memory_nodes)
         count = graph.node_count()
-        if count != len(self.nodes):
+        recorded = len(self.nodes) + len(self.memory_nodes)
+        if count != recorded:
             graph.close()
             raise RawgraphError(
-                f"the captured graph has {count} nodes but {len(self.nodes)} launches were recorded: "
+                f"the captured graph has {count} nodes but {recorded} operations were recorded: "
                 "work was submitted to the stream outside Capture.launch"
             )
         if count == 0:

@@ -68,6 +68,7 @@ class Graph(Resource):
         self.nodes = list(nodes)
         self.device = device
         self.plan = None  # set by capture_plan; keeps argument buffers alive
+        self.memory_nodes: list[tuple[Any, str, int]] = []  # (node, "alloc" | "free", address)
         self._own(driver.cuGraphDestroy, handle)
 
     def node_count(self) -> int:

@@ -41,9 +41,9 @@ def _positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
-def _close_all(buffers: list[DeviceBuffer]) -> None:
-    for b in buffers:
-        b.close()
+def _close_all(owned: list) -> None:
+    for obj in owned:
+        obj.close()
 
 
 def reference_forward(x: np.ndarray, weights: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -53,6 +53,91 @@ def reference_forward(x: np.ndarray, weights: list[tuple[np.ndarray, np.ndarray]
         h = y @ w1.astype(np.float64)
         y = np.maximum(h, 0.0) @ w2.astype(np.float64) + y
     return y
+
+
+SCRATCH = ("h", "a", "z", "act0", "act1")
+
+
+class BlockWeights(Resource):
+    """The weights of ``layers`` residual blocks: one set, shared by every batch size.
+
+    ``W1[i]``, ``W2[i]`` are ``(width, width)`` float32, uniform in ``[-sqrt(3/width),
+    sqrt(3/width))`` (variance 1/width), made on the device from ``seed`` (``kernels/init.cu``),
+    so the same seed gives the same weights anywhere. Frees them on ``close()`` (``cuMemFree``).
+
+    Parameters
+    ----------
+    width, layers : int
+    seed : int, default 0
+    device : Device, optional
+    """
+
+    def __init__(self, width: int, layers: int = 1, seed: int = 0, device: Device | None = None):
+        self.width = _positive_int("width", width)
+        self.layers = _positive_int("layers", layers)
+        self.seed = int(seed)
+        self.device = (device or get_device()).activate()
+        owned: list[DeviceBuffer] = []
+        self._own(_close_all, owned, name="cuMemFree (weights)")
+        w = self.width
+        self.pairs: list[tuple[DeviceBuffer, DeviceBuffer]] = []
+        for _ in range(self.layers):
+            pair = (DeviceBuffer((w, w), np.float32, self.device), DeviceBuffer((w, w), np.float32, self.device))
+            owned.extend(pair)
+            self.pairs.append(pair)
+        scale = float(np.sqrt(3.0 / w))
+        with Stream(device=self.device) as s:
+            for i, (w1, w2) in enumerate(self.pairs):
+                for j, buf in enumerate((w1, w2)):
+                    ops.fill_uniform(self.device, buf.view(), (self.seed << 24) ^ (2 * i + j), scale)(s)
+            s.synchronize()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(w1.nbytes + w2.nbytes for w1, w2 in self.pairs)
+
+    def numpy(self, stream: Any = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Host copies of every (W1, W2), read on ``stream`` (default: a private stream).
+
+        Stream-ordered, never a context-wide fence: safe while other threads capture. Nothing in
+        a plan writes the weights, so reading them needs no wait for other streams' work.
+        """
+        self._check_open()
+        if stream is not None:
+            return [(w1.to_numpy(stream), w2.to_numpy(stream)) for w1, w2 in self.pairs]
+        with Stream(device=self.device) as own:
+            return [(w1.to_numpy(own), w2.to_numpy(own)) for w1, w2 in self.pairs]
+
+
+class Workspace(Resource):
+    """Per-batch scratch (activations) of a block: ``h``, ``a``, ``z``, ``act0``, ``act1``, each
+    ``(rows, width)`` float32 (``cuMemAlloc`` / ``cuMemFree``).
+
+    One workspace can serve every batch size up to ``rows``: :meth:`views` gives the first
+    ``batch`` rows of each buffer. Plans that share a workspace must not run at the same time
+    (they would write the same scratch): run them one after another on one stream, as bucket
+    graphs do.
+    """
+
+    def __init__(self, rows: int, width: int, device: Device | None = None):
+        self.rows = _positive_int("rows", rows)
+        self.width = _positive_int("width", width)
+        self.device = (device or get_device()).activate()
+        owned: list[DeviceBuffer] = []
+        self._own(_close_all, owned, name="cuMemFree (workspace)")
+        self.buffers = {name: DeviceBuffer((self.rows, self.width), np.float32, self.device) for name in SCRATCH}
+        owned.extend(self.buffers.values())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers.values())
+
+    def views(self, batch: int) -> dict[str, DeviceArray]:
+        """The first ``batch`` rows of each scratch buffer."""
+        self._check_open()
+        if not 1 <= batch <= self.rows:
+            raise ShapeError(f"workspace holds {self.rows} rows, asked for {batch}")
+        return {name: DeviceArray(b.ptr, (batch, self.width), b.dtype, b) for name, b in self.buffers.items()}
 
 
 class TinyBlock(Resource):
@@ -72,10 +157,30 @@ class TinyBlock(Resource):
     device : Device, optional
     pdl : bool, optional
         Chain launches with programmatic dependent launch; default: where the device has it (9.0+).
+    weights : BlockWeights, optional
+        Share these weights (``width``, ``layers`` and ``seed`` then come from them) instead of
+        making new ones; they stay owned by whoever made them.
+    workspace : Workspace or False, optional
+        Use (the first ``batch`` rows of) this scratch instead of allocating ``(batch, width)``
+        scratch; not owned either. ``False``: no scratch at all, every :meth:`plan` is given its
+        own (memory allocated inside a capture, say).
+
+    Attributes
+    ----------
+    weights : list of (DeviceBuffer, DeviceBuffer)
+        ``(W1, W2)`` per layer (``block_weights.pairs``).
+    block_weights : BlockWeights
+    workspace : Workspace
     """
 
     def __init__(self, width: int, batch: int, layers: int = 1, seed: int = 0, form: str = "unfused",
-                 device: Device | None = None, pdl: bool | None = None):
+                 device: Device | None = None, pdl: bool | None = None, weights: "BlockWeights | None" = None,
+                 workspace: "Workspace | None | bool" = None):
+        if weights is not None:
+            weights._check_open()
+            if weights.width != width:
+                raise ShapeError(f"shared weights have width {weights.width}, the model {width}")
+            layers, seed, device = weights.layers, weights.seed, device or weights.device
         self.width = _positive_int("width", width)
         self.batch = _positive_int("batch", batch)
         self.layers = _positive_int("layers", layers)
@@ -91,23 +196,31 @@ class TinyBlock(Resource):
         if pdl and not ops.has_clusters(self.device):
             raise ValueError("programmatic dependent launch needs compute capability 9.0")
         self.pdl = ops.has_clusters(self.device) if pdl is None else bool(pdl)
-        owned: list[DeviceBuffer] = []
-        self._own(_close_all, owned)
-        w, b = self.width, self.batch
-        self.weights = []
-        for _ in range(self.layers):
-            pair = (DeviceBuffer((w, w), np.float32, self.device), DeviceBuffer((w, w), np.float32, self.device))
-            owned.extend(pair)
-            self.weights.append(pair)
-        self.scratch = {name: DeviceBuffer((b, w), np.float32, self.device) for name in ("h", "a", "z", "act0", "act1")}
-        owned.extend(self.scratch.values())
-        scale = float(np.sqrt(3.0 / w))
-        with Stream(device=self.device) as s:
-            for i, (w1, w2) in enumerate(self.weights):
-                for j, buf in enumerate((w1, w2)):
-                    ops.fill_uniform(self.device, buf.view(), (self.seed << 24) ^ (2 * i + j), scale)(s)
-            s.synchronize()
+        if workspace is True:
+            raise TypeError("workspace must be a Workspace, None (allocate one) or False (none)")
+        if isinstance(workspace, Workspace):
+            workspace._check_open()
+            if workspace.width != self.width or workspace.rows < self.batch:
+                raise ShapeError(f"workspace of {workspace.rows} x {workspace.width} cannot hold a "
+                                 f"{self.batch} x {self.width} batch")
+        owned: list[Resource] = []
+        self._own(_close_all, owned, name="cuMemFree (model)")
+        if weights is None:
+            weights = BlockWeights(self.width, self.layers, self.seed, self.device)
+            owned.append(weights)
+        if workspace is None:
+            workspace = Workspace(self.batch, self.width, self.device)
+            owned.append(workspace)
+        self.block_weights = weights
+        self.workspace: Workspace | None = workspace if isinstance(workspace, Workspace) else None
+        self.weights = weights.pairs
         self._plans: dict[tuple[int, int], LaunchPlan] = {}
+
+    def with_batch(self, batch: int, workspace: "Workspace | None | bool" = None) -> "TinyBlock":
+        """The same block (same weights, form and PDL choice) for another batch size; its scratch
+        is ``workspace`` if given, else its own."""
+        return TinyBlock(self.width, batch, form=self.form, device=self.device, pdl=self.pdl,
+                         weights=self.block_weights, workspace=workspace)
 
     # -- plans ----------------------------------------------------------------------------
     def check_io(self, x: Any, out: Any) -> tuple[DeviceArray, DeviceArray]:
@@ -119,16 +232,26 @@ class TinyBlock(Resource):
             raise LayoutError("x and out overlap; the residual reads x while out is written")
         return xa, oa
 
-    def plan(self, x: Any, out: Any) -> LaunchPlan:
+    def plan(self, x: Any, out: Any, scratch: dict[str, DeviceArray] | None = None) -> LaunchPlan:
         """The launch plan reading ``x`` and writing ``out``, validated once here.
 
         Buffer names in the plan: ``x``, ``out``, ``W1[i]``, ``W2[i]``, ``h``, ``a``, ``z``,
-        ``act0``, ``act1`` (block outputs ping-pong between ``act0`` and ``act1``).
+        ``act0``, ``act1`` (block outputs ping-pong between ``act0`` and ``act1``). ``scratch``
+        replaces the workspace's views (e.g. memory allocated inside a capture); each must be a
+        ``(batch, width)`` float32 device array.
         """
         self._check_open()
         xa, oa = self.check_io(x, out)
         bufs: dict[str, DeviceArray] = {"x": xa, "out": oa}
-        bufs.update({k: v.view() for k, v in self.scratch.items()})
+        if scratch is None:
+            if self.workspace is None:
+                raise ValueError("this model has no workspace (workspace=False): pass scratch to plan()")
+            bufs.update(self.workspace.views(self.batch))
+        else:
+            if set(scratch) != set(SCRATCH):
+                raise KeyError(f"scratch must name exactly {SCRATCH}, got {sorted(scratch)}")
+            for name, view in scratch.items():
+                bufs[name] = check_array(as_device_array(view, name), (self.batch, self.width), np.float32, name)
         for i, (w1, w2) in enumerate(self.weights):
             bufs[f"W1[{i}]"], bufs[f"W2[{i}]"] = w1.view(), w2.view()
         launches = []
@@ -150,7 +273,8 @@ class TinyBlock(Resource):
                     ops.matmul(dev, bufs, src, f"W1[{i}]", "a", "relu", label=f"L{i}.matmul_relu"),
                     ops.matmul(dev, bufs, "a", f"W2[{i}]", dst, "add", r=src, label=f"L{i}.matmul_add"),
                 ]
-        guards = [self._finalizer] + [
+        guards = [self._finalizer, self.block_weights._finalizer] + \
+            ([self.workspace._finalizer] if self.workspace is not None else []) + [
             a.owner._finalizer for a in (xa, oa) if isinstance(a.owner, DeviceBuffer)
         ]
         return LaunchPlan(launches, bufs, ("x",), ("out",), guards, pdl=self.pdl)
@@ -169,15 +293,9 @@ class TinyBlock(Resource):
 
     # -- reference ------------------------------------------------------------------------
     def weights_numpy(self, stream: Any = None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Host copies of every (W1, W2), read on ``stream`` (default: a private stream).
-
-        Stream-ordered, never a context-wide fence: safe while other threads capture. Nothing in
-        a plan writes the weights, so reading them needs no wait for other streams' work.
-        """
-        if stream is not None:
-            return [(w1.to_numpy(stream), w2.to_numpy(stream)) for w1, w2 in self.weights]
-        with Stream(device=self.device) as own:
-            return [(w1.to_numpy(own), w2.to_numpy(own)) for w1, w2 in self.weights]
+        """Host copies of every (W1, W2) (see :meth:`BlockWeights.numpy`)."""
+        self._check_open()
+        return self.block_weights.numpy(stream)
 
     def reference(self, x: np.ndarray, stream: Any = None) -> np.ndarray:
         """float64 NumPy result for a host input ``x`` (weights read as :meth:`weights_numpy` does)."""
@@ -185,7 +303,8 @@ class TinyBlock(Resource):
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self) -> None:
-        """Free weights and scratch; plans built from this model then refuse to run."""
+        """Free the weights and scratch this model made (shared ones stay with their owner);
+        plans built from this model then refuse to run."""
         self._plans.clear()
         self._finalizer()
 

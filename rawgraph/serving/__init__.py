@@ -1,0 +1,13 @@
+"""Serving many batch sizes from graphs: bucket sizes, bucket graphs over one set of weights and
+one scratch arena, graph memory pools, and the driver-level alternatives that re-shape a graph
+instead of capturing one per size.
+
+Reads bottom-up: ``sizes`` (bucket lists, no GPU) -> ``graphmem`` (the driver's graph memory
+pool) -> ``buckets`` (:class:`BucketGraphs`) -> ``reshape`` (row-count rebinding, one re-shaped
+graph). Nothing here is imported by the modules below it in :mod:`rawgraph`.
+"""
+
+from .sizes import pick_bucket, powers_of_two, vllm_sizes  # noqa: F401
+from .graphmem import graph_memory, trim_graph_memory  # noqa: F401
+from .buckets import BucketGraphs  # noqa: F401
+from .reshape import ReshapedGraph, RowCountBuckets  # noqa: F401

@@ -1,0 +1,300 @@
+"""Bucket graphs: one captured graph per batch-size bucket, over one set of weights and one
+scratch arena, padding each batch up to its bucket.
+
+The rules this module keeps (``docs/semantics.md``, "Buckets, padding and graph memory"):
+
+- Every bucket graph reads the same persistent input and writes the same persistent output,
+  ``(largest bucket, width)`` each; bucket ``b`` uses their first ``b`` rows.
+- Padding rows (``n`` real rows in a bucket of ``b``) are zeroed before the replay. The block is
+  row-wise (each output row depends on its own input row only), so padding can never change a
+  real row; zeroing keeps whatever was there (NaN from a poisoned buffer) out of the padding's
+  outputs too.
+- Buckets replay one at a time on a stream, so their scratch is one arena sized for the largest
+  bucket (``scratch="arena"``). Runs on another stream than the last are ordered after it
+  (``cuEventRecord`` on the old stream, ``cuStreamWaitEvent`` on the new one), so two buckets of
+  one arena never run at the same time. ``scratch="graph"`` allocates the scratch inside each
+  graph instead (memory nodes): the driver's pool reuses its pages across graphs launched into
+  one stream. ``scratch="private"`` gives every bucket its own workspace (the baseline).
+- Above the largest bucket, batches run in chunks of the largest bucket (the fallback, counted in
+  :attr:`BucketGraphs.stats`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any, Sequence
+
+import numpy as np
+from cuda.bindings import driver
+
+from ..capture import Capture
+from ..errors import DTypeError, LayoutError, RawgraphError, ShapeError, call
+from ..graph import Graph, GraphExec
+from ..memory import DeviceArray, DeviceBuffer, as_device_array
+from ..model import SCRATCH, TinyBlock, Workspace
+from ..stream import Event, Stream, as_stream
+from .sizes import check_sizes, pick_bucket, vllm_sizes
+
+SCRATCH_MODES = ("arena", "graph", "private")
+
+
+def check_rows(x: Any, n: Any, width: int, what: str = "x") -> DeviceArray:
+    """``x`` as a float32 ``(rows >= n, width)`` contiguous device array and ``n`` a positive int,
+    refused with a typed error otherwise (before anything reaches the GPU)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
+    if n < 1:
+        raise ShapeError(f"n must be >= 1, got {n}")
+    xa = as_device_array(x, what)
+    if xa.dtype != np.float32:
+        raise DTypeError(f"{what} has dtype {xa.dtype}, the block runs float32")
+    if len(xa.shape) != 2 or xa.shape[1] != width:
+        raise ShapeError(f"{what} has shape {xa.shape}, expected (rows, {width})")
+    if xa.shape[0] < n:
+        raise ShapeError(f"{what} has {xa.shape[0]} rows, fewer than n = {n}")
+    if xa.ptr % 4:
+        raise LayoutError(f"{what} address 0x{xa.ptr:x} is not 4-byte aligned")
+    return xa
+
+
+class StreamOrder:
+    """Orders work on successive streams: the first use of a new stream waits for everything
+    queued on the one used before (``cuEventRecord`` there, ``cuStreamWaitEvent`` here). Work on
+    one stream is ordered already and costs nothing extra."""
+
+    def __init__(self, device: Any):
+        self._event = Event(timing=False, device=device)
+        self._last: Stream | None = None
+
+    def enter(self, stream: Any) -> Stream:
+        s = as_stream(stream)
+        last = self._last
+        if last is not None and last.ptr != s.ptr and not last.closed:
+            self._event.record(last)
+            s.wait(self._event)
+        self._last = s
+        return s
+
+    def close(self) -> None:
+        self._event.close()
+        self._last = None
+
+
+class BucketGraphs:
+    """One graph per bucket size over a model's weights; ``run(x, n)`` replays the smallest
+    bucket that holds ``n`` rows (see the module docstring for the rules).
+
+    Parameters
+    ----------
+    model : TinyBlock
+        Gives the weights (shared, never copied), form and PDL choice; its own batch size does
+        not matter.
+    sizes : sequence of int, optional
+        Bucket sizes; default :func:`~rawgraph.serving.sizes.vllm_sizes` of ``max_batch``.
+    max_batch : int, default 256
+        Used when ``sizes`` is not given.
+    stream : stream-like, optional
+        For capture, warm-up and upload (default: a new stream).
+    scratch : {"arena", "graph", "private"}
+    zero_padding : bool, default True
+        Zero the padding rows before each replay (``cuMemsetD32Async``). Real rows are the same
+        either way; without it the padding's outputs are whatever its inputs make of them.
+
+    Attributes
+    ----------
+    sizes : list of int
+    input, output : DeviceBuffer
+        The persistent ``(largest bucket, width)`` buffers every graph reads and writes.
+    setup : dict
+        Seconds spent on ``warmup``, ``capture``, ``instantiate`` and ``upload`` (all buckets).
+    memory : dict
+        Bytes: ``weights`` (shared, not counted in the rest), ``workspace``, ``io`` and
+        ``graphs`` (device memory the execs took, from ``cuMemGetInfo``).
+    stats : collections.Counter
+        ``runs``, ``rows`` (asked for), ``computed`` (rows the graphs ran), ``fallback_runs``,
+        ``fallback_chunks``, and ``bucket:<b>`` per bucket.
+    """
+
+    def __init__(self, model: TinyBlock, sizes: Sequence[int] | None = None, max_batch: int = 256,
+                 stream: Any = None, scratch: str = "arena", zero_padding: bool = True):
+        if scratch not in SCRATCH_MODES:
+            raise ValueError(f"scratch must be one of {SCRATCH_MODES}, got {scratch!r}")
+        model._check_open()
+        self.sizes = check_sizes(vllm_sizes(max_batch) if sizes is None else sizes)
+        self.largest = self.sizes[-1]
+        self.width = model.width
+        self.device = model.device
+        self.scratch = scratch
+        self.zero_padding = bool(zero_padding)
+        self.weights = model.block_weights
+        self._own_stream = stream is None
+        self.stream = Stream(device=self.device) if stream is None else as_stream(stream)
+        free0 = self.device.memory_info()[0]
+        self.input = DeviceBuffer((self.largest, self.width), np.float32, self.device)
+        self.output = DeviceBuffer((self.largest, self.width), np.float32, self.device)
+        self.arena = Workspace(self.largest, self.width, self.device) if scratch == "arena" else None
+        self._models: dict[int, TinyBlock] = {}
+        for b in self.sizes:
+            # scratch "graph": no workspace at all, the plans get memory allocated in the capture
+            self._models[b] = model.with_batch(b, workspace=self.arena if scratch == "arena" else
+                                               False if scratch == "graph" else None)
+        free1 = self.device.memory_info()[0]
+        self.graphs: dict[int, Graph] = {}
+        self.execs: dict[int, GraphExec] = {}
+        self.setup = {"warmup": 0.0, "capture": 0.0, "instantiate": 0.0, "upload": 0.0}
+        s = self.stream
+        self.input.poison(s)  # never capture or warm up on uninitialised memory
+        clock = time.perf_counter
+        for b in reversed(self.sizes):  # largest first, as vLLM does
+            m = self._models[b]
+            xv, ov = self._rows(self.input, b), self._rows(self.output, b)
+            if scratch != "graph":
+                plan = m.plan(xv, ov)
+                t0 = clock()
+                plan.run(s)
+                s.synchronize()
+                self.setup["warmup"] += clock() - t0
+            t0 = clock()
+            with Capture(s) as cap:
+                if scratch == "graph":
+                    ptr = cap.mem_alloc(len(SCRATCH) * b * self.width * 4)
+                    views = {name: DeviceArray(ptr + i * b * self.width * 4, (b, self.width), np.dtype(np.float32), None)
+                             for i, name in enumerate(SCRATCH)}
+                    plan = m.plan(xv, ov, scratch=views)
+                cap.run(plan)
+                if scratch == "graph":
+                    cap.mem_free(ptr)
+            graph = cap.graph
+            assert graph is not None
+            graph.plan = plan
+            self.setup["capture"] += clock() - t0
+            t0 = clock()
+            exe = graph.instantiate()
+            self.setup["instantiate"] += clock() - t0
+            t0 = clock()
+            exe.upload(s)
+            s.synchronize()
+            self.setup["upload"] += clock() - t0
+            if scratch == "graph":  # the first replay maps the graph's memory: count it as warm-up
+                t0 = clock()
+                exe.launch(s)
+                s.synchronize()
+                self.setup["warmup"] += clock() - t0
+            self.graphs[b], self.execs[b] = graph, exe
+        free2 = self.device.memory_info()[0]
+        self.memory = {
+            "weights": self.weights.nbytes,
+            "io": self.input.nbytes + self.output.nbytes,
+            "workspace": (self.arena.nbytes if self.arena else
+                          sum(m.workspace.nbytes for m in self._models.values()) if scratch == "private" else 0),
+            "allocated": free0 - free1,
+            "graphs": free1 - free2,
+        }
+        self._order = StreamOrder(self.device)
+        self._overflow: DeviceBuffer | None = None
+        self._row_bytes = self.width * 4
+        self.stats: Counter = Counter()
+        self._closed = False
+
+    @staticmethod
+    def _rows(buf: DeviceBuffer, n: int) -> DeviceArray:
+        return DeviceArray(buf.ptr, (n, buf.shape[1]), buf.dtype, buf)
+
+    def bucket_for(self, n: int) -> int | None:
+        """The bucket ``n`` rows run in, or None above the largest (then :meth:`run` chunks)."""
+        return pick_bucket(self.sizes, n)
+
+    def run(self, x: Any, n: int, stream: Any = None) -> DeviceArray:
+        """Run the block on the first ``n`` rows of ``x``; returns the ``n`` result rows.
+
+        ``x`` is ideally :attr:`input` itself (no copy); any other ``(rows >= n, width)`` float32
+        device array is copied in first (``cuMemcpyDtoDAsync``). The result is a view of
+        :attr:`output` (of an overflow buffer above the largest bucket), valid until the next
+        run: copy it out, stream-ordered, before running again.
+
+        Raises
+        ------
+        TypeError, ShapeError, DTypeError, LayoutError, NotOnDeviceError
+            For a bad ``n`` or ``x``, before anything reaches the GPU.
+        """
+        if self._closed:
+            raise RawgraphError("BucketGraphs is closed")
+        xa = check_rows(x, n, self.width)
+        s = self._order.enter(self.stream if stream is None else stream)
+        if n > self.largest:
+            return self._run_chunks(xa, n, s)
+        b = pick_bucket(self.sizes, n)
+        assert b is not None
+        self._stage(xa.ptr, n, b, s)
+        self.execs[b].launch(s)
+        st = self.stats
+        st["runs"] += 1
+        st["rows"] += n
+        st["computed"] += b
+        st[f"bucket:{b}"] += 1
+        return DeviceArray(self.output.ptr, (n, self.width), np.dtype(np.float32), self.output)
+
+    def _stage(self, src: int, n: int, b: int, s: Stream) -> None:
+        """Rows in (unless they are already in the input), padding zeroed."""
+        rb, dst = self._row_bytes, self.input.ptr
+        if src != dst:
+            if src < dst + self.input.nbytes and dst < src + n * rb:
+                raise LayoutError("x overlaps the persistent input without being it")
+            call(driver.cuMemcpyDtoDAsync, dst, src, n * rb, s.handle)
+        if self.zero_padding and b > n:
+            call(driver.cuMemsetD32Async, dst + n * rb, 0, (b - n) * self.width, s.handle)
+
+    def _run_chunks(self, xa: DeviceArray, n: int, s: Stream) -> DeviceArray:
+        """The fallback above the largest bucket: chunks of at most the largest bucket, each
+        staged through the persistent input and copied to an overflow buffer of ``n`` rows."""
+        if self._overflow is None or self._overflow.shape[0] < n:
+            old = self._overflow
+            self._overflow = DeviceBuffer((n, self.width), np.float32, self.device)
+            if old is not None:
+                s.synchronize()  # queued chunks may still write the old buffer
+                old.close()
+        rb = self._row_bytes
+        for start in range(0, n, self.largest):
+            c = min(self.largest, n - start)
+            b = pick_bucket(self.sizes, c)
+            assert b is not None
+            self._stage(xa.ptr + start * rb, c, b, s)
+            self.execs[b].launch(s)
+            call(driver.cuMemcpyDtoDAsync, self._overflow.ptr + start * rb, self.output.ptr, c * rb, s.handle)
+            self.stats["fallback_chunks"] += 1
+            self.stats["computed"] += b
+        self.stats["runs"] += 1
+        self.stats["fallback_runs"] += 1
+        self.stats["rows"] += n
+        return DeviceArray(self._overflow.ptr, (n, self.width), np.dtype(np.float32), self._overflow)
+
+    def padding_waste(self) -> float:
+        """Share of the rows computed so far that nobody asked for."""
+        c = self.stats["computed"]
+        return 0.0 if c == 0 else 1.0 - self.stats["rows"] / c
+
+    def close(self) -> None:
+        """Destroy every exec and graph and free the buffers this object made (the weights stay
+        with the model); safe twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for exe in self.execs.values():
+            exe.close()
+        for g in self.graphs.values():
+            g.close()
+        for m in self._models.values():
+            m.close()
+        for obj in (self.arena, self.input, self.output, self._overflow):
+            if obj is not None:
+                obj.close()
+        self._order.close()
+        if self._own_stream:
+            self.stream.close()
+
+    def __enter__(self) -> "BucketGraphs":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,220 @@
+"""What only driver level can do: re-shape an exec instead of capturing one per batch size.
+
+``cuGraphExecKernelNodeSetParams`` changes a kernel node's arguments, grid and (CUDA 12+, same
+context) function in the exec, for launches made after it. Two strategies built on it:
+
+- :class:`RowCountBuckets`: bucket graphs whose kernels are told the live row count. Each kernel
+  bounds its rows by its row-count argument (``B`` of the matmul and block kernels, ``n`` =
+  rows x width of the elementwise ones), so rebinding it to ``n`` means the padding rows cost no
+  arithmetic or memory traffic, only CTAs that find no row of theirs and exit their loops.
+- :class:`ReshapedGraph`: one graph for every batch size up to a maximum. For each size the
+  launch plan that size would have (function, grid, block, shared memory and arguments, from the
+  same cut rules) is built once; a step pushes the nodes whose parameters differ from the last
+  step's. Setup is one capture; the host pays one push per changed node per step.
+
+Both keep :class:`~rawgraph.serving.buckets.BucketGraphs`' rules: one arena, one persistent input
+and output, runs ordered across streams.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+from cuda.bindings import driver
+
+from ..capture import capture_plan
+from ..errors import RawgraphError, ShapeError, cuda_error
+from ..manager import ExecUpdateManager
+from ..memory import DeviceArray, DeviceBuffer
+from ..model import TinyBlock, Workspace
+from .buckets import BucketGraphs, StreamOrder, check_rows
+from .sizes import pick_bucket
+
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
+
+
+def _row_args(launch: Any, width: int) -> tuple[str, int]:
+    """Which argument of a launch bounds its rows, and the factor from rows to its value."""
+    names = launch.args.names()
+    if "B" in names:
+        return "B", 1
+    if launch.kernel.short_name in ("relu", "add") and "n" in names:
+        return "n", width
+    raise RawgraphError(f"{launch.kernel.name} takes no row count rawgraph knows how to rebind")
+
+
+class RowCountBuckets(BucketGraphs):
+    """Bucket graphs that also rebind each kernel's row count to the live ``n`` (see the module
+    docstring); same parameters as :class:`BucketGraphs`.
+
+    Attributes
+    ----------
+    managers : dict
+        Bucket size -> the :class:`ExecUpdateManager` that rebinds its row counts.
+    """
+
+    def __init__(self, model: TinyBlock, sizes: Sequence[int] | None = None, max_batch: int = 256,
+                 stream: Any = None, scratch: str = "arena", zero_padding: bool = True):
+        super().__init__(model, sizes, max_batch, stream, scratch, zero_padding)
+        self.managers = {b: ExecUpdateManager(self.graphs[b], self.execs[b], names=()) for b in self.sizes}
+        self._rows_of = {b: [_row_args(n.launch, self.width) for n in self.graphs[b].nodes] for b in self.sizes}
+        self._live = {b: b for b in self.sizes}
+
+    def _launch(self, b: int, n: int, s: Any) -> None:
+        if self._live[b] != n:
+            mgr = self.managers[b]
+            for node, (arg, factor) in enumerate(self._rows_of[b]):
+                mgr.set_params(node, **{arg: n * factor})
+            self._live[b] = n
+        self.execs[b].launch(s)
+
+    def run(self, x: Any, n: int, stream: Any = None) -> DeviceArray:
+        """As :meth:`BucketGraphs.run`, with the kernels bounded to ``n`` rows."""
+        if self._closed:
+            raise RawgraphError("RowCountBuckets is closed")
+        xa = check_rows(x, n, self.width)
+        s = self._order.enter(self.stream if stream is None else stream)
+        if n > self.largest:
+            raise ShapeError(f"n = {n} is above the largest bucket ({self.largest}); RowCountBuckets has no fallback")
+        b = pick_bucket(self.sizes, n)
+        assert b is not None
+        self._stage(xa.ptr, n, b, s)
+        self._launch(b, n, s)
+        st = self.stats
+        st["runs"] += 1
+        st["rows"] += n
+        st["computed"] += n
+        st[f"bucket:{b}"] += 1
+        return DeviceArray(self.output.ptr, (n, self.width), np.dtype(np.float32), self.output)
+
+    def close(self) -> None:
+        for mgr in getattr(self, "managers", {}).values():
+            mgr.close()
+        super().close()
+
+
+class ReshapedGraph:
+    """One exec serving every batch size from 1 to ``max_batch``, re-shaped per step by
+    ``cuGraphExecKernelNodeSetParams`` (function, grid, block, shared memory, arguments).
+
+    Parameters
+    ----------
+    model : TinyBlock
+        Weights, form and PDL choice (shared, not copied).
+    max_batch : int, default 256
+    stream : stream-like, optional
+
+    Attributes
+    ----------
+    input, output : DeviceBuffer
+        Persistent ``(max_batch, width)`` buffers.
+    setup : dict
+        Seconds: ``warmup``, ``capture``, ``instantiate``, ``upload`` and ``plans`` (building the
+        per-size node parameters).
+    pushes : int
+        Node pushes made by :meth:`run` so far.
+    """
+
+    def __init__(self, model: TinyBlock, max_batch: int = 256, stream: Any = None):
+        from ..stream import Stream, as_stream
+
+        model._check_open()
+        if max_batch < 1:
+            raise ShapeError(f"max_batch must be >= 1, got {max_batch}")
+        self.max_batch = int(max_batch)
+        self.width = model.width
+        self.device = model.device
+        self._own_stream = stream is None
+        self.stream = Stream(device=self.device) if stream is None else as_stream(stream)
+        s = self.stream
+        self.input = DeviceBuffer((self.max_batch, self.width), np.float32, self.device)
+        self.output = DeviceBuffer((self.max_batch, self.width), np.float32, self.device)
+        self.arena = Workspace(self.max_batch, self.width, self.device)
+        self.input.poison(s)
+        clock = time.perf_counter
+        self.setup = {}
+        t0 = clock()
+        # One plan per size over the same buffers and arena: the cut rules decide each node's
+        # function and grid for that size, exactly as a graph captured at that size would have.
+        self._models = {b: model.with_batch(b, workspace=self.arena) for b in range(1, self.max_batch + 1)}
+        self._plans = {b: m.plan(DeviceArray(self.input.ptr, (b, self.width), np.dtype(np.float32), self.input),
+                                 DeviceArray(self.output.ptr, (b, self.width), np.dtype(np.float32), self.output))
+                       for b, m in self._models.items()}
+        counts = {len(p) for p in self._plans.values()}
+        if len(counts) != 1:
+            raise RawgraphError(f"plans of different lengths {sorted(counts)}: one graph cannot serve them all")
+        self._params = {b: [ExecUpdateManager._node_params(l, l.args) for l in p.launches] for b, p in self._plans.items()}
+        self._keys = {b: [(l.kernel.handle, l.grid, l.block, l.shared_mem, l.args.snapshot()) for l in p.launches]
+                      for b, p in self._plans.items()}
+        self.setup["plans"] = clock() - t0
+        top = self._plans[self.max_batch]
+        t0 = clock()
+        top.run(s)
+        s.synchronize()
+        self.setup["warmup"] = clock() - t0
+        t0 = clock()
+        self.graph = capture_plan(top, s, warmup=False)
+        self.setup["capture"] = clock() - t0
+        t0 = clock()
+        self.exec = self.graph.instantiate()
+        self.setup["instantiate"] = clock() - t0
+        t0 = clock()
+        self.exec.upload(s)
+        s.synchronize()
+        self.setup["upload"] = clock() - t0
+        self._handles = [n.handle for n in self.graph.nodes]
+        self._current = list(self._keys[self.max_batch])
+        self._order = StreamOrder(self.device)
+        self.pushes = 0
+        self._row_bytes = self.width * 4
+        self._closed = False
+
+    def reshape(self, n: int) -> int:
+        """Make the exec run ``n`` rows (``cuGraphExecKernelNodeSetParams`` on each node whose
+        function, grid, block, shared memory or arguments differ); returns the pushes made."""
+        params, keys, current = self._params[n], self._keys[n], self._current
+        exe, handles = self.exec.handle, self._handles
+        setparams = driver.cuGraphExecKernelNodeSetParams
+        pushed = 0
+        for i, key in enumerate(keys):
+            if current[i] != key:
+                (err,) = setparams(exe, handles[i], params[i])
+                if err != _SUCCESS:
+                    raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
+                current[i] = key
+                pushed += 1
+        self.pushes += pushed
+        return pushed
+
+    def run(self, x: Any, n: int, stream: Any = None) -> DeviceArray:
+        """Run the block on the first ``n`` rows of ``x`` (``n`` <= ``max_batch``); returns the
+        ``n`` result rows, a view of :attr:`output` valid until the next run."""
+        if self._closed:
+            raise RawgraphError("ReshapedGraph is closed")
+        xa = check_rows(x, n, self.width)
+        if n > self.max_batch:
+            raise ShapeError(f"n = {n} is above max_batch = {self.max_batch}")
+        s = self._order.enter(self.stream if stream is None else stream)
+        if xa.ptr != self.input.ptr:
+            from ..errors import call
+
+            call(driver.cuMemcpyDtoDAsync, self.input.ptr, xa.ptr, n * self._row_bytes, s.handle)
+        self.reshape(n)
+        self.exec.launch(s)
+        return DeviceArray(self.output.ptr, (n, self.width), np.dtype(np.float32), self.output)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.exec.close()
+        self.graph.close()
+        for m in self._models.values():
+            m.close()
+        for obj in (self.arena, self.input, self.output):
+            obj.close()
+        self._order.close()
+        if self._own_stream:
+            self.stream.close()
