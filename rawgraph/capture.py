@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import warnings
 import weakref
-from typing import Any
+from typing import Any, Literal
 
 from cuda.bindings import driver
 
@@ -118,6 +118,19 @@ class Capture:
         self.nodes.append(node)
         return node
 
+    @property
+    def captured(self) -> Graph:
+        """The graph of a capture that ended cleanly (:attr:`graph`, never None).
+
+        Raises
+        ------
+        RawgraphError
+            The capture has not ended, or it failed.
+        """
+        if self.graph is None:
+            raise RawgraphError("this capture has no graph: it has not ended, or it failed")
+        return self.graph
+
     def _last_node(self, what: str) -> Any:
         status, _id, _graph, deps, _edges, ndeps = check(
             driver.cuStreamGetCaptureInfo(self.stream.handle), "cuStreamGetCaptureInfo"
@@ -157,7 +170,7 @@ class Capture:
         for launch in plan.launches:
             self.launch(launch)
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         self._open = False
         record = self._record
         assert record is not None and self._abandon is not None

@@ -222,7 +222,7 @@ def compile_source(
         if hit is not None:
             return hit
     entry = _compile(source, source_name, arch, names, all_options, fmt)
-    if cache:
+    if cache and key is not None:
         cache.store(key, entry)
     return entry
 

@@ -15,7 +15,7 @@ from cuda.bindings import driver
 
 from .device import Device
 from .errors import ClosedError, GraphUpdateError, RawgraphError, call, cuda_error
-from .launch import ARG_DTYPES, KernelArgs, Launch
+from .launch import ARG_DTYPES, KernelArgs, Launch, LaunchPlan
 from .resource import Resource
 from .stream import stream_handle
 
@@ -54,8 +54,8 @@ def read_node_args(handle: Any, launch: Launch) -> dict[str, int | float]:
     values: dict[str, int | float] = {}
     ctype = {"ptr": ctypes.c_uint64, "u64": ctypes.c_uint64, "i64": ctypes.c_int64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
     for i, (name, kind) in enumerate(launch.args.spec):
-        slot = ctypes.c_void_p.from_address(table + i * ctypes.sizeof(ctypes.c_void_p)).value
-        values[name] = ctype[kind].from_address(slot).value
+        slot = ctypes.c_void_p.from_address(table + i * ctypes.sizeof(ctypes.c_void_p)).value or 0
+        values[name] = ctype[kind].from_address(slot).value  # type: ignore[attr-defined]
     assert set(ctype) == set(ARG_DTYPES)
     return values
 
@@ -67,7 +67,7 @@ class Graph(Resource):
         self.handle = handle
         self.nodes = list(nodes)
         self.device = device
-        self.plan = None  # set by capture_plan; keeps argument buffers alive
+        self.plan: LaunchPlan | None = None  # set by capture_plan; keeps argument buffers alive
         self.memory_nodes: list[tuple[Any, str, int]] = []  # (node, "alloc" | "free", address)
         self._own(driver.cuGraphDestroy, handle)
 

@@ -10,7 +10,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from cuda.bindings import driver
@@ -168,6 +168,6 @@ def get_kernels(
     return [_kernels[k] for k in keys]
 
 
-def get_kernel(file: str, name: str, device: Device | None = None, **kw) -> Kernel:
+def get_kernel(file: str, name: str, device: Device | None = None, **kw: Any) -> Kernel:
     """One kernel; see :func:`get_kernels`."""
     return get_kernels(file, [name], device, **kw)[0]

@@ -155,7 +155,7 @@ class Launch:
             raise ValueError(f"{self.kernel.name}: block {self.block} has more than 1024 threads")
         self._config = None
 
-    def config(self):
+    def config(self) -> Any:
         """The persistent ``CUlaunchConfig`` of a PDL launch (built once; ``hStream`` set per launch)."""
         if self._config is None:
             cfg = driver.CUlaunchConfig()

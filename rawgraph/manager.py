@@ -27,11 +27,38 @@ from cuda.bindings import driver
 
 from .errors import ClosedError, LayoutError, ShapeError, cuda_error
 from .graph import Graph, GraphExec
-from .launch import ARG_DTYPES, KernelArgs
+from .launch import ARG_DTYPES, KernelArgs, Launch
 from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from .stream import Event, Stream, as_stream
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
+
+
+class _Prepared:
+    """A validated set of arrays for :meth:`ExecUpdateManager.bind_many`.
+
+    ``entries``: (name, (ptr, nbytes)) per array; ``nodes``: (node, ((slot view, ptr), ...)) per
+    node the set touches; ``complete``: the set names every bindable buffer (its overlap check
+    then holds whatever else is bound); ``refs``/``alive``: weak references to the arrays and the
+    finalizers of DeviceBuffers among them, to tell the same live objects from new ones.
+    """
+
+    __slots__ = ("entries", "nodes", "complete", "refs", "alive")
+
+    def __init__(self, entries: tuple, nodes: tuple, complete: bool):
+        self.entries = entries
+        self.nodes = nodes
+        self.complete = complete
+        self.refs: tuple = ()
+        self.alive: tuple = ()
+
+    def matches(self, values: tuple) -> bool:
+        if len(values) != len(self.refs):
+            return False
+        for ref, obj, fin in zip(self.refs, values, self.alive):
+            if ref() is not obj or (fin is not None and not fin.alive):
+                return False
+        return True
 
 
 class ExecUpdateManager:
@@ -91,9 +118,9 @@ class ExecUpdateManager:
         self._node_slots: dict[str, list[tuple[int, list]]] = {}
         for name in names:
             grouped: dict[int, list] = {}
-            for node, arg, _ in self.bindings[name]:
-                slot = self._args[node]._storage.ctypes.data + self._args[node].offsets[arg]
-                grouped.setdefault(node, []).append(ctypes.c_uint64.from_address(slot))
+            for i, arg, _ in self.bindings[name]:
+                slot = self._args[i]._storage.ctypes.data + self._args[i].offsets[arg]
+                grouped.setdefault(i, []).append(ctypes.c_uint64.from_address(slot))
             self._node_slots[name] = list(grouped.items())
         # Per node, every bindable slot in one fixed order, and where each name's slots sit in it;
         # _node_now caches the pointers those slots hold (None: not known, read the slots).
@@ -101,9 +128,9 @@ class ExecUpdateManager:
         self._slot_index: dict[str, list[tuple[int, list[int]]]] = {}
         for name in names:
             per = []
-            for node, views in self._node_slots[name]:
-                slots = canon.setdefault(node, [])
-                per.append((node, list(range(len(slots), len(slots) + len(views)))))
+            for i, views in self._node_slots[name]:
+                slots = canon.setdefault(i, [])
+                per.append((i, list(range(len(slots), len(slots) + len(views)))))
                 slots.extend(views)
             self._slot_index[name] = per
         self._node_views = {node: tuple(views) for node, views in canon.items()}
@@ -134,7 +161,7 @@ class ExecUpdateManager:
             raise ClosedError("the Graph whose node handles this manager names is closed")
 
     @staticmethod
-    def _node_params(launch, args: KernelArgs) -> Any:
+    def _node_params(launch: Launch, args: KernelArgs) -> Any:
         p = driver.CUDA_KERNEL_NODE_PARAMS()
         p.func = launch.kernel.handle
         p.gridDimX, p.gridDimY, p.gridDimZ = launch.grid
@@ -505,8 +532,11 @@ class ExecUpdateManager:
         for i, node in enumerate(graph.nodes):
             self._args[i]._storage[:] = np.frombuffer(node.captured_args, dtype=np.uint64)
         self._node_now = {n: None for n in self._node_now}
+        plan = graph.plan
+        if plan is None:
+            raise ValueError("graph has no launch plan; capture it with capture_plan")
         for name in self.bindings:
-            view = graph.plan.buffers[name]
+            view = plan.buffers[name]
             self._bound_ptr[name] = (view.ptr, view.nbytes)
             if self._bound_obj[name] is not view.owner:
                 self._retire(self._bound_obj[name])
@@ -534,30 +564,3 @@ class ExecUpdateManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _Prepared:
-    """A validated set of arrays for :meth:`ExecUpdateManager.bind_many`.
-
-    ``entries``: (name, (ptr, nbytes)) per array; ``nodes``: (node, ((slot view, ptr), ...)) per
-    node the set touches; ``complete``: the set names every bindable buffer (its overlap check
-    then holds whatever else is bound); ``refs``/``alive``: weak references to the arrays and the
-    finalizers of DeviceBuffers among them, to tell the same live objects from new ones.
-    """
-
-    __slots__ = ("entries", "nodes", "complete", "refs", "alive")
-
-    def __init__(self, entries: tuple, nodes: tuple, complete: bool):
-        self.entries = entries
-        self.nodes = nodes
-        self.complete = complete
-        self.refs: tuple = ()
-        self.alive: tuple = ()
-
-    def matches(self, values: tuple) -> bool:
-        if len(values) != len(self.refs):
-            return False
-        for ref, obj, fin in zip(self.refs, values, self.alive):
-            if ref() is not obj or (fin is not None and not fin.alive):
-                return False
-        return True

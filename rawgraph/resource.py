@@ -16,13 +16,14 @@ import atexit
 import sys
 import warnings
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from cuda.bindings import driver
 
 from .errors import ClosedError, ReleaseWarning, error_name
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
+_R = TypeVar("_R", bound="Resource")
 _exiting = False
 _atexit_hooked = False
 
@@ -72,7 +73,8 @@ class Resource:
     def _own(self, fn: Callable[..., Any], *args: Any, name: str | None = None) -> None:
         """Register ``fn(*args)`` as this object's one release call (``args`` must not refer to
         self); ``name`` defaults to ``fn``'s name (the driver call, e.g. ``cuMemFree``)."""
-        self._finalizer = weakref.finalize(self, release, name or getattr(fn, "__name__", repr(fn)), fn, *args)
+        label = name or str(getattr(fn, "__name__", repr(fn)))
+        self._finalizer = weakref.finalize(self, release, label, fn, *args)
         _hook_exit()
 
     @property
@@ -87,7 +89,7 @@ class Resource:
         """Release the resource now (the class docstring names the driver call); safe twice."""
         self._finalizer()
 
-    def __enter__(self):
+    def __enter__(self: _R) -> _R:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -16,6 +16,8 @@ from rawgraph.compiler import compile_source, KernelCache
 here = pathlib.Path(rawgraph.__file__).resolve()
 assert str(here).startswith(sys.argv[2]), (here, sys.argv[2])
 assert str(kernel_dir()).startswith(str(here.parent)), kernel_dir()
+assert (here.parent / "py.typed").is_file(), "py.typed missing from the wheel"
+import rawgraph.serving
 assert kernel_files() == ["block", "elementwise", "init", "matmul"], kernel_files()
 img = compile_source(kernel_source("matmul"), "matmul.cu", "sm_90", ["matvec_kernel<0, 4, 16, 1>"], cache=KernelCache(sys.argv[1]))
 assert img.image[:4] == b"\\x7fELF"

@@ -138,6 +138,7 @@ class _TorchBuckets:
 
     def run(self, x: Any, n: int, stream: Any = None) -> Any:
         b = pick_bucket(self.sizes, n)
+        assert b is not None, "no bucket holds n"
         with self.torch.cuda.stream(self.ts):
             self.static_in[:n].copy_(x[:n])
             if b > n:
@@ -162,15 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     dev = get_device()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    torch_error: str | None = None
+    torch: Any = None
     try:
-        import torch
+        import torch as _torch
 
-        if not torch.cuda.is_available() or args.no_torch:
-            torch = None
+        if _torch.cuda.is_available() and not args.no_torch:
+            torch = _torch
     except Exception as exc:  # reported as a finding
         torch, torch_error = None, f"{type(exc).__name__}: {exc}"
-    else:
-        torch_error = None
     if torch is not None:
         torch.backends.cuda.matmul.allow_tf32 = False
     s = Stream()

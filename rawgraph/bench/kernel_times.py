@@ -48,7 +48,7 @@ def _graph_time_us(launches, bufs: dict, stream: Stream, pdl: bool, repeats: int
     plan = LaunchPlan(launches, bufs, (), (), pdl=pdl)
     with Capture(stream) as cap:
         cap.run(plan)
-    exe = cap.graph.instantiate()
+    exe = cap.captured.instantiate()
     exe.launch(stream)
     stream.synchronize()
     samples = []
@@ -60,7 +60,7 @@ def _graph_time_us(launches, bufs: dict, stream: Stream, pdl: bool, repeats: int
         b.synchronize()
         samples.append(a.elapsed_ms(b) * 1e3 / len(launches))
     exe.close()
-    cap.graph.close()
+    cap.captured.close()
     return stats(samples)
 
 

@@ -96,10 +96,10 @@ class Runner:
         self.record("floor_empty_kernel", None, 0, 0, 0, _clocks(lambda: empty(s), s, 8, self.budget_s))
         with Capture(s) as cap:
             cap.launch(empty)
-        exe = cap.graph.instantiate()
+        exe = cap.captured.instantiate()
         self.record("floor_empty_graph", None, 0, 0, 0, _clocks(lambda: exe.launch(s), s, 8, self.budget_s))
         exe.close()
-        cap.graph.close()
+        cap.captured.close()
 
     # -- rawgraph paths -----------------------------------------------------------------------
     def rawgraph_paths(self, form: str, layers: int, width: int, batch: int) -> np.ndarray:
@@ -132,7 +132,7 @@ class Runner:
         # graph_nopdl: the same form and weights (same seed) in plain stream order
         plain = TinyBlock(width, batch, layers, seed=1234, form=form, pdl=False) if model.pdl else None
         g_plain = capture_plan(plain.plan(xs[1], outs[4]), s, warmup=True) if plain else None
-        exe_plain = g_plain.instantiate() if plain else None
+        exe_plain = g_plain.instantiate() if g_plain is not None else None
 
         # -- correct before timed: every path on xs[1], equal to the bit
         for o in outs:
@@ -328,7 +328,7 @@ class Runner:
         err = float(np.linalg.norm(got - ref_cupy) / np.linalg.norm(ref_cupy))
         if not err < 1e-4:
             raise AssertionError(f"cupy RawKernel graph differs from the cuBLAS block by {err:.2e}")
-        self.record("cupy_graph", *key, _clocks(lambda: graph.launch(cstream), rs, est, self.budget_s),
+        self.record("cupy_graph", key[0], key[1], key[2], key[3], _clocks(lambda: graph.launch(cstream), rs, est, self.budget_s),
                     note="CuPy RawKernels from kernels/matmul.cu (the fused form's kernels, no PDL)", rel_err_vs_cupy_eager=err)
 
 

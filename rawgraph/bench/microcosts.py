@@ -7,6 +7,7 @@ at the end (device time is not on this clock as long as the queue does not fill)
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
@@ -41,8 +42,8 @@ def _empty_graph(nodes: int, stream: Stream):
     with Capture(stream) as cap:
         for l in launches:
             cap.launch(l)
-    cap.graph.plan = LaunchPlan(launches, {}, (), ())
-    return cap.graph
+    cap.captured.plan = LaunchPlan(launches, {}, (), ())
+    return cap.captured
 
 
 def _bind_costs(stream: Stream) -> dict:
@@ -57,8 +58,8 @@ def _bind_costs(stream: Stream) -> dict:
     plan = LaunchPlan([ops.relu(dev, views, "x", "y")], views, ("x",), ("y",))
     with Capture(stream) as cap:
         cap.run(plan)
-    cap.graph.plan = plan
-    mgr = ExecUpdateManager(cap.graph, cap.graph.instantiate(), names=("x",))
+    cap.captured.plan = plan
+    mgr = ExecUpdateManager(cap.captured, cap.captured.instantiate(), names=("x",))
     pair, state = (bufs["x"], bufs["x2"]), [0]
 
     def alternate():
@@ -69,7 +70,7 @@ def _bind_costs(stream: Stream) -> dict:
            "manager_bind_same": _per_call(lambda: mgr.bind("x", pair[state[0]]), stream, n=2000)}
     mgr.close()
     mgr.exec.close()
-    cap.graph.close()
+    cap.captured.close()
     return out
 
 
@@ -96,7 +97,7 @@ def measure(sizes=SIZES) -> dict:
 
             out["cuLaunchKernelEx_plain"] = _per_call(ex_plain, stream)
         out.update(_bind_costs(stream))
-        rows = {"cuGraphLaunch": [], "cuGraphExecKernelNodeSetParams": [], "cuGraphExecUpdate": []}
+        rows: dict[str, list] = {"cuGraphLaunch": [], "cuGraphExecKernelNodeSetParams": [], "cuGraphExecUpdate": []}
         for n in sizes:
             g = _empty_graph(n, stream)
             g2 = _empty_graph(n, stream)
@@ -195,7 +196,7 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
         t0 = clock(); mgr.bind_many(pairs[state[0]]); exe.launch(s); s.synchronize(); t1 = clock()
         if keep:
             samples["bind2_noop_replay"].append((t1 - t0) * 1e6)
-    out = {k: stats(v) for k, v in samples.items()}
+    out: dict[str, Any] = {k: stats(v) for k, v in samples.items()}
     out["nodes_pushed"] = len(nodes)
     out["config"] = {"width": width, "batch": batch, "form": form, "rounds": rounds}
     mgr.close()

@@ -162,7 +162,8 @@ def plots(result: dict, out_dir: Path, stem: str) -> list[Path]:
     written = []
     for axis, fixed_name, fixed_vals, var in (("layers", "width", widths, "layers"), ("width", "layers", layers, "width")):
         fig, axes = plt.subplots(1, len(fixed_vals), figsize=(5.5 * len(fixed_vals), 4.5), squeeze=False)
-        colors = plt.get_cmap("tab20").colors
+        cmap = plt.get_cmap("tab20")
+        colors = [cmap(i) for i in range(20)]
         for ax, fv in zip(axes[0], fixed_vals):
             for ci, path in enumerate(PATH_ORDER):
                 for form in ("unfused", "fused", "block", None):
@@ -170,9 +171,9 @@ def plots(result: dict, out_dir: Path, stem: str) -> list[Path]:
                                  if r["path"] == path and r["form"] == form and r[fixed_name] == fv and r["batch"] == batch)
                     if pts:
                         label = path + (f" ({form})" if form else "")
-                        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker={"fused": "s", "block": "^"}.get(form, "o"),
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker={"fused": "s", "block": "^"}.get(form or "", "o"),
                                 label=label, color=colors[(2 * ci) % 20 if ci < 10 else (2 * ci + 1) % 20],
-                                linestyle={"fused": "--", "block": ":"}.get(form, "-"), lw=1.2, ms=4)
+                                linestyle={"fused": "--", "block": ":"}.get(form or "", "-"), lw=1.2, ms=4)
             if "floor_empty_graph" in floors:
                 ax.axhline(floors["floor_empty_graph"], color="gray", lw=0.8, ls=":", label="empty graph + sync")
             ax.set_xscale("log", base=2)

@@ -187,7 +187,7 @@ class BucketGraphs:
             "weights": self.weights.nbytes,
             "io": self.input.nbytes + self.output.nbytes,
             "workspace": (self.arena.nbytes if self.arena else
-                          sum(m.workspace.nbytes for m in self._models.values()) if scratch == "private" else 0),
+                          sum(m.workspace.nbytes for m in self._models.values() if m.workspace is not None)),
             "allocated": free0 - free1,
             "graphs": free1 - free2,
         }

@@ -66,7 +66,7 @@ class RowCountBuckets(BucketGraphs):
         if self._live[b] != n:
             mgr = self.managers[b]
             for node, (arg, factor) in enumerate(self._rows_of[b]):
-                mgr.set_params(node, **{arg: n * factor})
+                mgr.set_params(node, None, **{arg: n * factor})
             self._live[b] = n
         self.execs[b].launch(s)
 
