@@ -54,3 +54,28 @@ extern "C" __global__ void count_mismatch(const unsigned* a, const unsigned* b, 
     if (bad)
         atomicAdd(count, bad);
 }
+
+// Continuous batching: rows addressed through an index table (kernels/../rawgraph/serving/slots.py).
+// dst[i, :] = src[idx[i], :] for i < rows (gather a batch from its slots)
+extern "C" __global__ void gather_rows(const float* src, const int* idx, float* dst, int rows, int width)
+{
+    rg_allow_dependents();
+    rg_wait_dependencies();
+    const long long total = (long long)rows * width;
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
+        const int i = (int)(t / width), c = (int)(t % width);
+        dst[t] = src[(long long)idx[i] * width + c];
+    }
+}
+
+// dst[idx[i], :] = src[i, :] for i < rows (scatter a batch's results back into their slots)
+extern "C" __global__ void scatter_rows(const float* src, const int* idx, float* dst, int rows, int width)
+{
+    rg_allow_dependents();
+    rg_wait_dependencies();
+    const long long total = (long long)rows * width;
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
+        const int i = (int)(t / width), c = (int)(t % width);
+        dst[(long long)idx[i] * width + c] = src[t];
+    }
+}

@@ -24,7 +24,7 @@ from .errors import (  # noqa: E402
     ShapeError,
 )
 from .device import Device, driver_status, get_device, gpu_available  # noqa: E402
-from .memory import DeviceArray, DeviceBuffer, as_device_array  # noqa: E402
+from .memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array  # noqa: E402
 from .stream import Event, Stream  # noqa: E402
 from .compiler import KernelCache, compile_source, nvrtc_version  # noqa: E402
 from .kernels import get_kernel, kernel_dir, kernel_files  # noqa: E402

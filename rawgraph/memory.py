@@ -8,6 +8,7 @@ NumPy array gets a clear :class:`~rawgraph.errors.NotOnDeviceError` instead of a
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -186,6 +187,48 @@ class DeviceBuffer(Resource):
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"0x{self._ptr:x}"
         return f"<DeviceBuffer {self.shape} {self.dtype} {state}>"
+
+
+class HostBuffer(Resource):
+    """Pinned (page-locked) host memory the GPU reads directly (``cuMemHostAlloc`` /
+    ``cuMemFreeHost``), with a NumPy view of it.
+
+    A memcpy node captured from pinned memory reads these bytes when each replay reaches it, so
+    writing :attr:`array` between replays feeds the next replay without any driver call. The host
+    must not rewrite bytes a queued replay has yet to read (see ``rawgraph.serving.slots``).
+
+    Parameters
+    ----------
+    shape : int or sequence of int
+    dtype : numpy dtype, default int32
+    device : Device, optional
+    """
+
+    def __init__(self, shape: int | Sequence[int], dtype: Any = np.int32, device: Device | None = None):
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(v) for v in shape)
+        if any(v < 0 for v in shape):
+            raise ShapeError(f"negative dimension in shape {shape}")
+        self.shape = shape
+        self.dtype = np.dtype(dtype)
+        self.device = (device or get_device()).activate()
+        self.nbytes = math.prod(shape) * self.dtype.itemsize
+        self._ptr = int(call(driver.cuMemHostAlloc, max(self.nbytes, self.dtype.itemsize), 0))
+        self._own(driver.cuMemFreeHost, self._ptr)
+        raw = (ctypes.c_char * max(self.nbytes, 1)).from_address(self._ptr)
+        self._array = np.frombuffer(raw, dtype=self.dtype, count=math.prod(shape)).reshape(shape)
+
+    @property
+    def ptr(self) -> int:
+        """Host address; raises :class:`ClosedError` after ``close()``."""
+        if not self._finalizer.alive:
+            raise ClosedError("HostBuffer is closed")
+        return self._ptr
+
+    @property
+    def array(self) -> np.ndarray:
+        """The NumPy view of the pinned bytes (invalid after ``close()``)."""
+        self._check_open()
+        return self._array
 
 
 def _check_host(array: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

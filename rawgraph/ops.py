@@ -382,6 +382,36 @@ def count_mismatch(device: Device, buffers: dict[str, DeviceArray], a: str, b: s
                   args, uses, 0, label or "count_mismatch")
 
 
+def _rows_launch(device: Device, buffers: dict[str, DeviceArray], src: str, idx: str, dst: str, rows: int,
+                 gather: bool, label: str) -> Launch:
+    sa, ia, da = buffers[src], buffers[idx], buffers[dst]
+    width = (da if gather else sa).shape[-1]
+    if ia.dtype != np.int32 or ia.size < rows:
+        raise ShapeError(f"{idx} must hold at least {rows} int32 row indices, got {ia.shape} {ia.dtype}")
+    check_array(sa, sa.shape, _F32, src)
+    check_array(da, da.shape, _F32, dst)
+    if (da if gather else sa).shape[0] < rows:
+        raise ShapeError(f"{'dst' if gather else 'src'} has fewer than {rows} rows")
+    args = KernelArgs([("src", "ptr"), ("idx", "ptr"), ("dst", "ptr"), ("rows", "i32"), ("width", "i32")])
+    args.update({"src": sa.ptr, "idx": ia.ptr, "dst": da.ptr, "rows": rows, "width": width})
+    uses = {"src": ArgUse(src, "read"), "idx": ArgUse(idx, "read"), "dst": ArgUse(dst, "write")}
+    name = "gather_rows" if gather else "scatter_rows"
+    return Launch(get_kernel("elementwise", name, device), _elementwise_grid(rows * width, device), (THREADS, 1, 1),
+                  args, uses, 0, label or name)
+
+
+def gather_rows(device: Device, buffers: dict[str, DeviceArray], src: str, idx: str, dst: str, rows: int,
+                label: str = "") -> Launch:
+    """``dst[i] = src[idx[i]]`` for ``i < rows`` (rows of ``src`` picked by an int32 table)."""
+    return _rows_launch(device, buffers, src, idx, dst, rows, True, label)
+
+
+def scatter_rows(device: Device, buffers: dict[str, DeviceArray], src: str, idx: str, dst: str, rows: int,
+                 label: str = "") -> Launch:
+    """``dst[idx[i]] = src[i]`` for ``i < rows`` (rows written back through an int32 table)."""
+    return _rows_launch(device, buffers, src, idx, dst, rows, False, label)
+
+
 def fill_uniform(device: Device, buf: DeviceArray, seed: int, scale: float) -> Launch:
     """Deterministic uniform values in ``[-scale, scale)`` from ``seed`` (``kernels/init.cu``)."""
     args = KernelArgs([("y", "ptr"), ("n", "i64"), ("seed", "u64"), ("scale", "f32")])

@@ -16,7 +16,7 @@ ARCHS = ["sm_80", "sm_90"]
 # Every extern "C" kernel per file, and the instantiations TinyBlock and the benchmarks can ask
 # for: every matvec tile with the plain epilogue, every epilogue on one tile, every GEMM; on
 # sm_90 also the cluster (split) forms and the single-kernel block.
-PLAIN = {"elementwise": ["relu", "add", "empty", "spin", "count_mismatch"], "init": ["fill_uniform"]}
+PLAIN = {"elementwise": ["relu", "add", "empty", "spin", "count_mismatch", "gather_rows", "scatter_rows"], "init": ["fill_uniform"]}
 
 
 def _matvec_shapes(splits):
