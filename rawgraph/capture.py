@@ -86,7 +86,7 @@ class Capture:
         self.stream: Stream = as_stream(stream)
         self.mode = mode
         self.nodes: list[KernelNode] = []
-        self.memory_nodes: list[tuple[Any, str, int]] = []
+        self.other_nodes: list[tuple[Any, str, Any]] = []
         self.graph: Graph | None = None
         self.end_result: str | None = None
         self._open = False
@@ -154,7 +154,7 @@ class Capture:
         if nbytes <= 0:
             raise ValueError(f"allocation size must be positive, got {nbytes}")
         ptr = int(call(driver.cuMemAllocAsync, int(nbytes), self.stream.handle))
-        self.memory_nodes.append((self._last_node("cuMemAllocAsync"), "alloc", ptr))
+        self.other_nodes.append((self._last_node("cuMemAllocAsync"), "alloc", ptr))
         return ptr
 
     def mem_free(self, ptr: int) -> None:
@@ -162,7 +162,27 @@ class Capture:
         if not self._open:
             raise RawgraphError("Capture.mem_free outside the with-block")
         call(driver.cuMemFreeAsync, int(ptr), self.stream.handle)
-        self.memory_nodes.append((self._last_node("cuMemFreeAsync"), "free", int(ptr)))
+        self.other_nodes.append((self._last_node("cuMemFreeAsync"), "free", int(ptr)))
+
+    def memcpy_htod(self, dst: int, src: int, nbytes: int) -> None:
+        """Record a host-to-device copy (``cuMemcpyHtoDAsync`` becomes a memcpy node). From pinned
+        host memory (:class:`~rawgraph.memory.HostBuffer`) the node reads the host bytes when each
+        replay reaches it, not at capture."""
+        if not self._open:
+            raise RawgraphError("Capture.memcpy_htod outside the with-block")
+        call(driver.cuMemcpyHtoDAsync, int(dst), int(src), int(nbytes), self.stream.handle)
+        self.other_nodes.append((self._last_node("cuMemcpyHtoDAsync"), "memcpy", (int(dst), int(src), int(nbytes))))
+
+    def event_record(self, event: Any) -> None:
+        """Record ``event`` inside the graph (``cuEventRecordWithFlags`` with
+        ``CU_EVENT_RECORD_EXTERNAL`` becomes an event record node): each replay records it when it
+        reaches this point, so the host can tell how far a queued replay has got."""
+        if not self._open:
+            raise RawgraphError("Capture.event_record outside the with-block")
+        event._check_open()
+        call(driver.cuEventRecordWithFlags, event.handle, self.stream.handle,
+             int(driver.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL))
+        self.other_nodes.append((self._last_node("cuEventRecordWithFlags"), "event", event))
 
     def run(self, plan: LaunchPlan) -> None:
         """Record every launch of ``plan`` in order."""
@@ -203,9 +223,9 @@ class Capture:
         if err != _SUCCESS:
             check((err,), "cuStreamEndCapture")
         graph = Graph(handle, self.nodes, self.stream.device)
-        graph.memory_nodes = list(self.memory_nodes)
+        graph.other_nodes = list(self.other_nodes)
         count = graph.node_count()
-        recorded = len(self.nodes) + len(self.memory_nodes)
+        recorded = len(self.nodes) + len(self.other_nodes)
         if count != recorded:
             graph.close()
             raise RawgraphError(

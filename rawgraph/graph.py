@@ -68,7 +68,8 @@ class Graph(Resource):
         self.nodes = list(nodes)
         self.device = device
         self.plan: LaunchPlan | None = None  # set by capture_plan; keeps argument buffers alive
-        self.memory_nodes: list[tuple[Any, str, int]] = []  # (node, "alloc" | "free", address)
+        # nodes recorded other than kernels: (node, "alloc" | "free" | "memcpy" | "event", detail)
+        self.other_nodes: list[tuple[Any, str, Any]] = []
         self._own(driver.cuGraphDestroy, handle)
 
     def node_count(self) -> int:
