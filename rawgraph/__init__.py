@@ -35,6 +35,6 @@ from .capture import Capture, CaptureMode, capture_plan  # noqa: E402
 from .static import StaticGraph  # noqa: E402
 from .manager import ExecUpdateManager  # noqa: E402
 from . import serving  # noqa: E402
-from .serving import BucketGraphs, ReshapedGraph, RowCountBuckets  # noqa: E402
+from .serving import BucketGraphs, ReshapedGraph, RowCountBuckets, SlotError, SlotPool  # noqa: E402
 
 __all__ = [name for name in dir() if not name.startswith("_")]

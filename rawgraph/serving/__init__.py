@@ -4,10 +4,11 @@ instead of capturing one per size.
 
 Reads bottom-up: ``sizes`` (bucket lists, no GPU) -> ``graphmem`` (the driver's graph memory
 pool) -> ``buckets`` (:class:`BucketGraphs`) -> ``reshape`` (row-count rebinding, one re-shaped
-graph). Nothing here is imported by the modules below it in :mod:`rawgraph`.
+graph) -> ``slots`` (continuous batching over fixed slots and an index table). Nothing here is imported by the modules below it in :mod:`rawgraph`.
 """
 
 from .sizes import pick_bucket, powers_of_two, vllm_sizes  # noqa: F401
 from .graphmem import graph_memory, trim_graph_memory  # noqa: F401
 from .buckets import BucketGraphs  # noqa: F401
 from .reshape import ReshapedGraph, RowCountBuckets  # noqa: F401
+from .slots import SlotError, SlotPool  # noqa: F401
