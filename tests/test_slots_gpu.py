@@ -1,0 +1,174 @@
+"""Continuous batching: fixed slots, an index table, requests joining and leaving between steps."""
+
+import time
+
+import numpy as np
+import pytest
+
+from helpers import random_input
+from rawgraph import DeviceBuffer, DTypeError, ShapeError, SlotError, SlotPool, TinyBlock, get_device, ops
+from rawgraph.model import reference_forward
+
+pytestmark = pytest.mark.gpu
+WIDTH = 128
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = TinyBlock(WIDTH, 1, 1, seed=5, form="fused")
+    yield m
+    m.close()
+
+
+def _trace(rng, steps, max_slots, rate=1.5, mean_len=12, max_len=40):
+    """(join step, length) per request: Poisson arrivals, geometric lengths (capped: the block's
+    outputs grow with every step)."""
+    reqs, alive = [], 0
+    ends: list[int] = []
+    for t in range(steps):
+        ends = [e for e in ends if e > t]
+        for _ in range(int(rng.poisson(rate))):
+            if len(ends) < max_slots:
+                length = int(min(max_len, rng.geometric(1 / mean_len)))
+                reqs.append((t, length))
+                ends.append(t + length)
+    return reqs
+
+
+def _drive(pool, reqs, rows, steps, slot_of=None):
+    """Run the trace: join at its step, one step per tick, leave after its length. Returns each
+    request's final row and how many steps it saw."""
+    by_join: dict[int, list[int]] = {}
+    for i, (t, _len) in enumerate(reqs):
+        by_join.setdefault(t, []).append(i)
+    leaving: dict[int, list[int]] = {}
+    slot, final = {}, {}
+    for t in range(steps + 1):
+        for i in leaving.pop(t, []):
+            final[i] = pool.leave(slot.pop(i))
+        if t == steps:
+            break
+        for i in by_join.get(t, []):
+            slot[i] = pool.join(rows[i], slot=None if slot_of is None else slot_of(i, pool))
+            leaving.setdefault(t + reqs[i][1], []).append(i)
+        pool.step()
+    for i, s in slot.items():  # still alive at the end
+        final[i] = pool.leave(s)
+    return final
+
+
+def _expected(reqs, rows, weights, steps):
+    """Each request's row after its own steps, alone, in float64 (batched by step count)."""
+    seen = {i: min(length, steps - t) for i, (t, length) in enumerate(reqs)}
+    out = {}
+    for k in sorted(set(seen.values())):
+        ids = [i for i, v in seen.items() if v == k]
+        y = np.stack([rows[i] for i in ids]).astype(np.float64)
+        for _ in range(k):
+            y = reference_forward(y, weights)
+        out.update(zip(ids, y))
+    return out, seen
+
+
+@pytest.mark.parametrize("table", ["graph", "copy"])
+def test_a_random_join_leave_trace_matches_each_request_alone(model, stream, rng, table):
+    steps, slots = 10_000, 64
+    reqs = _trace(rng, steps, slots)
+    rows = [random_input(rng, (WIDTH,)) for _ in reqs]
+    pool = SlotPool(model, max_slots=slots, table=table, stream=stream)
+    final = _drive(pool, reqs, rows, steps)
+    want, seen = _expected(reqs, rows, model.weights_numpy(stream), steps)
+    assert len(final) == len(reqs) > 500
+    worst = max(float(np.linalg.norm(final[i] - want[i]) / np.linalg.norm(want[i])) for i in final)
+    assert worst < 1e-4, f"worst rel err {worst:.2e}, seed {rng.seed_used}"
+    assert pool.steps == steps and max(seen.values()) > 1
+    pool.close()
+
+
+def test_results_do_not_depend_on_slot_or_batch_position(model, stream, rng):
+    steps, slots = 400, 64
+    reqs = _trace(rng, steps, slots, rate=3.0)
+    rows = [random_input(rng, (WIDTH,)) for _ in reqs]
+    pool = SlotPool(model, max_slots=slots, stream=stream)
+    plain = _drive(pool, reqs, rows, steps)
+    perm = rng.permutation(slots)
+
+    def scrambled(i, p):  # another free slot, picked through a fixed permutation
+        free = [s for s in perm if s not in p._pos]
+        return int(free[i % len(free)])
+
+    shuffled = _drive(pool, reqs, rows, steps, slot_of=scrambled)
+    for i in plain:
+        np.testing.assert_array_equal(plain[i], shuffled[i], err_msg=f"request {i}")
+    pool.close()
+
+
+def test_padding_slots_never_change_live_ones(model, stream, rng):
+    pool = SlotPool(model, max_slots=16, sizes=[16], stream=stream)  # every step pads to 16
+    rows = [random_input(rng, (WIDTH,)) for _ in range(3)]
+    slots = [pool.join(r) for r in rows]
+    scratch = pool.state.to_numpy(stream)[pool.scratch_slot]
+    assert np.isnan(scratch).all()  # padding reads NaN ...
+    for _ in range(4):
+        pool.step()
+    w = model.weights_numpy(stream)
+    for s, r in zip(slots, rows):
+        want = r.astype(np.float64)
+        for _ in range(4):
+            want = reference_forward(want[None], w)[0]
+        got = pool.read(s)
+        assert np.isfinite(got).all()  # ... and no live row sees it
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5, f"seed {rng.seed_used}"
+    free_rows = pool.state.to_numpy(stream)[[i for i in range(16) if i not in slots]]
+    assert np.isnan(free_rows).all()  # free slots were never written either
+    pool.close()
+
+
+def test_the_pinned_table_is_not_rewritten_under_a_queued_step(model, stream, rng):
+    pool = SlotPool(model, max_slots=8, stream=stream)
+    a, b = random_input(rng, (WIDTH,)), random_input(rng, (WIDTH,))
+    sa = pool.join(a)
+    ops.spin(get_device(), 200_000_000)(stream)  # the next step waits 200 ms behind this
+    pool.step()  # its table says: sa alone
+    assert not pool._read.query()  # that replay has not read the table yet
+    t0 = time.perf_counter()
+    sb = pool.join(b)  # must not touch the table before the queued step has read it
+    waited = time.perf_counter() - t0
+    pool.step()  # sa and sb
+    w = model.weights_numpy(stream)
+    one = lambda v: reference_forward(v[None].astype(np.float64), w)[0]  # noqa: E731
+    got_a, got_b = pool.read(sa), pool.read(sb)
+    assert np.linalg.norm(got_a - one(one(a))) / np.linalg.norm(one(one(a))) < 1e-5, "a did not get two steps"
+    assert np.linalg.norm(got_b - one(b)) / np.linalg.norm(one(b)) < 1e-5, "b ran in the step queued before it joined"
+    assert waited > 0.05, f"join returned after {waited * 1e3:.1f} ms, before the queued step read the table"
+    pool.close()
+
+
+def test_bad_slot_operations_are_refused_and_change_nothing(model, stream, rng):
+    pool = SlotPool(model, max_slots=4, sizes=[2, 4], stream=stream)
+    rows = [random_input(rng, (WIDTH,)) for _ in range(4)]
+    slots = [pool.join(r) for r in rows]
+    assert sorted(slots) == [0, 1, 2, 3]
+    before = pool.state.to_numpy(stream)
+    table = pool.table.copy()
+    with pytest.raises(SlotError, match="full"):
+        pool.join(rows[0])
+    left = pool.leave(slots[1])
+    np.testing.assert_array_equal(left, rows[1])
+    with pytest.raises(SlotError, match="holds no request"):
+        pool.leave(slots[1])  # leaving a free slot
+    with pytest.raises(SlotError, match="occupied"):
+        pool.join(rows[0], slot=slots[0])  # joining an occupied slot
+    with pytest.raises(SlotError, match="not in"):
+        pool.join(rows[0], slot=4)
+    with pytest.raises(ShapeError):
+        pool.join(random_input(rng, (WIDTH + 1,)))
+    with pytest.raises(DTypeError):
+        pool.join(rows[0].astype(np.float64))
+    with pytest.raises(ShapeError):
+        pool.join(DeviceBuffer((2, WIDTH)))
+    after = pool.state.to_numpy(stream)
+    np.testing.assert_array_equal(np.delete(after, slots[1], axis=0), np.delete(before, slots[1], axis=0))
+    assert len(pool) == 3 and sorted(pool.live) == sorted(s for s in slots if s != slots[1])
+    assert list(pool.table[3:]) == [pool.scratch_slot] * (len(table) - 3)
+    pool.close()
