@@ -457,6 +457,33 @@ class ExecUpdateManager:
         self.update_calls += 1
         return 1
 
+    def scalar_setter(self, node: int, arg: str) -> Any:
+        """A fast setter for one scalar argument of one node: checked here once (as
+        :meth:`set_params` checks), then each call ``setter(value)`` writes the value and pushes
+        the node only when it changed (``cuGraphExecKernelNodeSetParams``); returns the pushes
+        made (0 or 1). For per-step updates such as a live row count."""
+        self.set_params(node, None, **{arg: self._args[node][arg]})  # validates node, arg and kind
+        args, params, handle = self._args[node], self._params[node], self._handles[node]
+        view = args._views[arg]
+        setparams = driver.cuGraphExecKernelNodeSetParams
+        alive = self._alive
+
+        def setter(value: int | float) -> int:
+            if self._closed or not (alive[0].alive and alive[1].alive):
+                self._check_usable()
+            if view[0] == value:
+                return 0
+            old = view[0].item()
+            view[0] = value
+            (err,) = setparams(self.exec.handle, handle, params)
+            if err != _SUCCESS:
+                view[0] = old
+                raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
+            self.update_calls += 1
+            return 1
+
+        return setter
+
     def node_params(self, node: int) -> dict[str, Any]:
         """What this manager last gave the exec for ``node``: grid and argument values (the
         driver has no getter for exec node parameters; this is the shadow it keeps)."""

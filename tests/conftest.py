@@ -1,7 +1,17 @@
+import importlib.util
 import os
 
 import numpy as np
 import pytest
+
+# torch before CuPy: on the H200 image, importing torch 2.11 after CuPy 14.2 in one process fails
+# inside torch's custom-op registration (see benchmarks/NOTES.md, "torch after CuPy"); imported
+# first, both work side by side, so the interop tests run in this process.
+if importlib.util.find_spec("torch") is not None:
+    try:
+        import torch  # noqa: F401
+    except Exception:  # reported by the interop tests that need it
+        pass
 
 from rawgraph.device import driver_status
 

@@ -214,21 +214,24 @@ def test_one_set_of_weights_and_one_arena_for_every_bucket(stream):
 def test_graph_memory_is_reused_across_buckets_and_trimmed(model, stream, rng):
     from rawgraph.serving.graphmem import reset_high_water
 
+    # Large enough that the buckets' scratch together (86 MB) is well over the pool's 32 MiB unit.
+    big = TinyBlock(1024, 1, 1, seed=3, form="fused")
     trim_graph_memory()
     reset_high_water()
-    bg = BucketGraphs(model, max_batch=MAX, stream=stream, scratch="graph")
-    for n in (MAX, 1, 17, MAX, 3):
-        bg.run(bg.input, n)
+    bg = BucketGraphs(big, max_batch=256, stream=stream, scratch="graph")
+    for b in bg.sizes:  # every bucket replayed, one after another on one stream
+        bg.run(bg.input, b)
     stream.synchronize()
     mem = graph_memory()
-    largest = 5 * MAX * WIDTH * 4
-    total = sum(5 * b * WIDTH * 4 for b in bg.sizes)
+    largest = 5 * 256 * 1024 * 4
+    total = sum(5 * b * 1024 * 4 for b in bg.sizes)
     assert mem["used_high"] >= largest, mem
     # replayed one after another on one stream, the buckets share the largest one's pages
     assert mem["reserved_high"] < total, (mem, total)
     after = trim_graph_memory()
     assert after["reserved_current"] <= mem["reserved_current"]
     bg.close()
+    big.close()
 
 
 def test_row_count_rebinding_matches_the_bucket_graphs(model, stream, rng):

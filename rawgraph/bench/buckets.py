@@ -212,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         wall = time.perf_counter() - t0
         st = strategies[name]
+        nbuckets = len(st.groups) if hasattr(st, "groups") else nbuckets
         if name == "vllm_graphmem":  # the pool fills on the first replay of each bucket
             for b in vllm:
                 st.run(src, b)

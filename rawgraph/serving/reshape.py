@@ -7,10 +7,11 @@ context) function in the exec, for launches made after it. Two strategies built 
   bounds its rows by its row-count argument (``B`` of the matmul and block kernels, ``n`` =
   rows x width of the elementwise ones), so rebinding it to ``n`` means the padding rows cost no
   arithmetic or memory traffic, only CTAs that find no row of theirs and exit their loops.
-- :class:`ReshapedGraph`: one graph for every batch size up to a maximum. For each size the
-  launch plan that size would have (function, grid, block, shared memory and arguments, from the
-  same cut rules) is built once; a step pushes the nodes whose parameters differ from the last
-  step's. Setup is one capture; the host pays one push per changed node per step.
+- :class:`ReshapedGraph`: a few graphs for every batch size up to a maximum (one per group of
+  sizes whose kernels share cluster dimensions). For each size the launch plan that size would
+  have (function, grid, block, shared memory and arguments, from the same cut rules) is built
+  once; a step pushes the nodes whose parameters differ from the last step's. Setup is a few
+  captures; the host pays one push per changed node per step.
 
 Both keep :class:`~rawgraph.serving.buckets.BucketGraphs`' rules: one arena, one persistent input
 and output, runs ordered across streams.
@@ -25,7 +26,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from ..capture import capture_plan
-from ..errors import RawgraphError, ShapeError, cuda_error
+from ..errors import RawgraphError, ShapeError, call, cuda_error
 from ..manager import ExecUpdateManager
 from ..memory import DeviceArray, DeviceBuffer
 from ..model import TinyBlock, Workspace
@@ -59,14 +60,20 @@ class RowCountBuckets(BucketGraphs):
                  stream: Any = None, scratch: str = "arena", zero_padding: bool = True):
         super().__init__(model, sizes, max_batch, stream, scratch, zero_padding)
         self.managers = {b: ExecUpdateManager(self.graphs[b], self.execs[b], names=()) for b in self.sizes}
-        self._rows_of = {b: [_row_args(n.launch, self.width) for n in self.graphs[b].nodes] for b in self.sizes}
+        # per bucket, one checked setter per node for its row count, and the factor rows -> value
+        self._setters: dict[int, list[tuple[Any, int]]] = {}
+        for b in self.sizes:
+            setters = []
+            for i, node in enumerate(self.graphs[b].nodes):
+                arg, factor = _row_args(node.launch, self.width)
+                setters.append((self.managers[b].scalar_setter(i, arg), factor))
+            self._setters[b] = setters
         self._live = {b: b for b in self.sizes}
 
     def _launch(self, b: int, n: int, s: Any) -> None:
         if self._live[b] != n:
-            mgr = self.managers[b]
-            for node, (arg, factor) in enumerate(self._rows_of[b]):
-                mgr.set_params(node, None, **{arg: n * factor})
+            for setter, factor in self._setters[b]:
+                setter(n * factor)
             self._live[b] = n
         self.execs[b].launch(s)
 
@@ -96,8 +103,16 @@ class RowCountBuckets(BucketGraphs):
 
 
 class ReshapedGraph:
-    """One exec serving every batch size from 1 to ``max_batch``, re-shaped per step by
+    """Execs that serve every batch size from 1 to ``max_batch``, re-shaped per step by
     ``cuGraphExecKernelNodeSetParams`` (function, grid, block, shared memory, arguments).
+
+    A node's function may change in the exec only to one launched the same way: a kernel compiled
+    with fixed cluster dimensions (``__cluster_dims__``) and one without are launched differently,
+    and an exec whose nodes were pushed across between them returned NaN on the H200 (w1024:
+    the captured size, after visits to sizes whose cut uses cluster kernels). So the sizes are
+    grouped by the cluster dimensions of their plan's kernels,
+    one exec per group (captured at its largest size); within a group any size is a push away.
+    For w1024 that is a handful of execs instead of one per size.
 
     Parameters
     ----------
@@ -110,6 +125,8 @@ class ReshapedGraph:
     ----------
     input, output : DeviceBuffer
         Persistent ``(max_batch, width)`` buffers.
+    groups : dict
+        Cluster signature -> the sizes that exec serves.
     setup : dict
         Seconds: ``warmup``, ``capture``, ``instantiate``, ``upload`` and ``plans`` (building the
         per-size node parameters).
@@ -134,13 +151,14 @@ class ReshapedGraph:
         self.arena = Workspace(self.max_batch, self.width, self.device)
         self.input.poison(s)
         clock = time.perf_counter
-        self.setup = {}
+        self.setup: dict[str, float] = {"warmup": 0.0, "capture": 0.0, "instantiate": 0.0, "upload": 0.0}
         t0 = clock()
         # One plan per size over the same buffers and arena: the cut rules decide each node's
         # function and grid for that size, exactly as a graph captured at that size would have.
+        f32 = np.dtype(np.float32)
         self._models = {b: model.with_batch(b, workspace=self.arena) for b in range(1, self.max_batch + 1)}
-        self._plans = {b: m.plan(DeviceArray(self.input.ptr, (b, self.width), np.dtype(np.float32), self.input),
-                                 DeviceArray(self.output.ptr, (b, self.width), np.dtype(np.float32), self.output))
+        self._plans = {b: m.plan(DeviceArray(self.input.ptr, (b, self.width), f32, self.input),
+                                 DeviceArray(self.output.ptr, (b, self.width), f32, self.output))
                        for b, m in self._models.items()}
         counts = {len(p) for p in self._plans.values()}
         if len(counts) != 1:
@@ -148,34 +166,46 @@ class ReshapedGraph:
         self._params = {b: [ExecUpdateManager._node_params(l, l.args) for l in p.launches] for b, p in self._plans.items()}
         self._keys = {b: [(l.kernel.handle, l.grid, l.block, l.shared_mem, l.args.snapshot()) for l in p.launches]
                       for b, p in self._plans.items()}
+        self.groups: dict[tuple, list[int]] = {}
+        for b, p in self._plans.items():
+            self.groups.setdefault(tuple(l.kernel.cluster_dims for l in p.launches), []).append(b)
         self.setup["plans"] = clock() - t0
-        top = self._plans[self.max_batch]
-        t0 = clock()
-        top.run(s)
-        s.synchronize()
-        self.setup["warmup"] = clock() - t0
-        t0 = clock()
-        self.graph = capture_plan(top, s, warmup=False)
-        self.setup["capture"] = clock() - t0
-        t0 = clock()
-        self.exec = self.graph.instantiate()
-        self.setup["instantiate"] = clock() - t0
-        t0 = clock()
-        self.exec.upload(s)
-        s.synchronize()
-        self.setup["upload"] = clock() - t0
-        self._handles = [n.handle for n in self.graph.nodes]
-        self._current = list(self._keys[self.max_batch])
+        self._group_of: dict[int, tuple] = {b: sig for sig, sizes in self.groups.items() for b in sizes}
+        self.graphs: dict[tuple, Any] = {}
+        self.execs: dict[tuple, Any] = {}
+        self._current: dict[tuple, list] = {}
+        self._handles: dict[tuple, list] = {}
+        for sig, sizes in self.groups.items():
+            top = self._plans[max(sizes)]
+            t0 = clock()
+            top.run(s)
+            s.synchronize()
+            self.setup["warmup"] += clock() - t0
+            t0 = clock()
+            graph = capture_plan(top, s, warmup=False)
+            self.setup["capture"] += clock() - t0
+            t0 = clock()
+            exe = graph.instantiate()
+            self.setup["instantiate"] += clock() - t0
+            t0 = clock()
+            exe.upload(s)
+            s.synchronize()
+            self.setup["upload"] += clock() - t0
+            self.graphs[sig], self.execs[sig] = graph, exe
+            self._handles[sig] = [n.handle for n in graph.nodes]
+            self._current[sig] = list(self._keys[max(sizes)])
         self._order = StreamOrder(self.device)
         self.pushes = 0
         self._row_bytes = self.width * 4
         self._closed = False
 
     def reshape(self, n: int) -> int:
-        """Make the exec run ``n`` rows (``cuGraphExecKernelNodeSetParams`` on each node whose
-        function, grid, block, shared memory or arguments differ); returns the pushes made."""
-        params, keys, current = self._params[n], self._keys[n], self._current
-        exe, handles = self.exec.handle, self._handles
+        """Make the exec that serves ``n`` rows run ``n`` rows (``cuGraphExecKernelNodeSetParams``
+        on each node whose function, grid, block, shared memory or arguments differ); returns the
+        pushes made."""
+        sig = self._group_of[n]
+        params, keys, current = self._params[n], self._keys[n], self._current[sig]
+        exe, handles = self.execs[sig].handle, self._handles[sig]
         setparams = driver.cuGraphExecKernelNodeSetParams
         pushed = 0
         for i, key in enumerate(keys):
@@ -198,19 +228,19 @@ class ReshapedGraph:
             raise ShapeError(f"n = {n} is above max_batch = {self.max_batch}")
         s = self._order.enter(self.stream if stream is None else stream)
         if xa.ptr != self.input.ptr:
-            from ..errors import call
-
             call(driver.cuMemcpyDtoDAsync, self.input.ptr, xa.ptr, n * self._row_bytes, s.handle)
         self.reshape(n)
-        self.exec.launch(s)
+        self.execs[self._group_of[n]].launch(s)
         return DeviceArray(self.output.ptr, (n, self.width), np.dtype(np.float32), self.output)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self.exec.close()
-        self.graph.close()
+        for exe in self.execs.values():
+            exe.close()
+        for g in self.graphs.values():
+            g.close()
         for m in self._models.values():
             m.close()
         for obj in (self.arena, self.input, self.output):
