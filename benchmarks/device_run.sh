@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the kernel benchmark and the launch-path benchmark, logs under $OUT.
 #   bash benchmarks/device_run.sh [tests] [kernels] [kernels-sweep] [quick] [full] [seed] [profile] [sweep4096]
-#                                 [sanitize] [memcheck] [kernelcheck] [soak] [probes]
+#                                 [sanitize] [memcheck] [kernelcheck] [soak] [probes] [torchprobe] [buckets] [pack]
 # Each stage has its own time limit, so a hang in one still brings back the others' logs.
 # RAWGRAPH_COMMIT names the commit measured in every results JSON (the device copy has no .git).
 set -u
@@ -29,7 +29,7 @@ for stage in $stages; do
     sanitize) bash "$0" memcheck kernelcheck ;;
     memcheck)  # the part of the GPU suite that fits the time limit, under memcheck (tests that provoke
       # driver errors on purpose would otherwise count as API errors)
-      RAWGRAPH_SANITIZER=1 timeout 170 compute-sanitizer --tool memcheck --report-api-errors no \
+      RAWGRAPH_SANITIZER=1 timeout 120 compute-sanitizer --tool memcheck --report-api-errors no \
         python3 -m pytest -q -p no:cacheprovider -m "gpu and not slow" tests/test_capture_gpu.py tests/test_manager_gpu.py \
         tests/test_update_gpu.py tests/test_lifetimes_gpu.py tests/test_misuse_gpu.py >"$OUT/sanitize_memcheck_suite.txt" 2>&1 ;;
     kernelcheck)  # every kernel form at odd sizes under all four tools
@@ -37,6 +37,10 @@ for stage in $stages; do
         timeout 150 compute-sanitizer --tool $tool python3 benchmarks/sanitize_kernels.py >"$OUT/sanitize_$tool.txt" 2>&1
         echo "  $tool: rc=$? $(grep -h 'ERROR SUMMARY' "$OUT/sanitize_$tool.txt" | tail -1)" | tee -a "$OUT/env.txt"
       done ;;
+    torchprobe) timeout 60 python3 benchmarks/probes/torch_graph.py >"$OUT/probe_torch_graph.txt" 2>&1 ;;
+    buckets) timeout 200 python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1 ;;
+    pack)  # everything under $OUT as one archive (the device tool brings back at most 8 files)
+      tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/" ;;
     soak) timeout 420 python3 benchmarks/soak.py --out "$OUT" >"$OUT/soak.log" 2>&1 ;;
     probes) for p in benchmarks/probes/*.py; do
         timeout 120 python3 "$p" >"$OUT/probe_$(basename "$p" .py).txt" 2>&1; echo "  probe $p: rc=$?" | tee -a "$OUT/env.txt"

@@ -303,7 +303,8 @@ class ExecUpdateManager:
         for node, w in want.items():
             full = tuple(w) if None not in w else None
             idx = tuple(i for i, v in enumerate(w) if v is not None)
-            nodes.append((node, self._handles[node], self._params[node], full, idx, tuple(w[i] for i in idx)))
+            nodes.append((node, self._handles[node], self._params[node], full, idx, tuple(w[i] for i in idx),
+                          self._node_views[node]))
         prep = _Prepared(entries, tuple(nodes), set(arrays) >= set(self.bindings))
         try:
             prep.refs = tuple(weakref.ref(a) for a in values)
@@ -327,10 +328,10 @@ class ExecUpdateManager:
         exe = self.exec.handle
         node_now, node_views = self._node_now, self._node_views
         changed: list = []
-        for node, handle, params, full, idx, vals in prep.nodes:
+        for node, handle, params, full, idx, vals, views in prep.nodes:
             now = node_now[node]
             if now is None:
-                now = tuple(v.value for v in node_views[node])
+                now = tuple(v.value for v in views)
             if full is not None:
                 new = full
             else:
@@ -341,9 +342,8 @@ class ExecUpdateManager:
             if new == now:
                 node_now[node] = now
                 continue
-            for view, a, b in zip(node_views[node], new, now):
-                if a != b:
-                    view.value = a
+            for view, a in zip(views, new):
+                view.value = a
             changed.append((node, handle, params, now))
             (err,) = setparams(exe, handle, params)
             if err != _SUCCESS:
@@ -357,12 +357,16 @@ class ExecUpdateManager:
             node_now[node] = new
         self.update_calls += len(changed)
         bound_ptr, bound_obj = self._bound_ptr, self._bound_obj
+        retire = self._pending.append if self._streams else None  # never replayed: nothing to keep
         for (name, span), obj in zip(prep.entries, values):
             bound_ptr[name] = span
             old_obj = bound_obj[name]
             if old_obj is not obj:
                 bound_obj[name] = obj
-                self._retire(old_obj)
+                if retire is not None:
+                    retire(old_obj)
+        if len(self._pending) >= self._BATCH:
+            self.collect()
         return len(changed)
 
     def _roll_back(self, changed: list[tuple[str, int]], pushed: list[int]) -> None:
