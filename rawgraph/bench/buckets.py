@@ -260,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 findings.append(f"{name} wrong at n={n}: rel err {err:.2e}; dropped")
                 strategies.pop(name)
     names = list(strategies)
+    order_rng = np.random.default_rng(args.seed + 1)
     # -- uniform trace: per n, rounds interleaved across strategies
     lat: dict[str, dict[int, list[float]]] = {name: {n: [] for n in uniform} for name in names}
     for n in uniform:
@@ -268,14 +269,16 @@ def main(argv: list[str] | None = None) -> int:
             steps[name][0]()
             steps[name][1]()
         for _ in range(args.rounds):
-            for name in names:
-                lat[name][n].append(_time_step(*steps[name]))
+            # a fresh order every round: a step right after another strategy's long step (max's
+            # 256 rows) runs slower, and a fixed order would always hand that to the same one
+            for i in order_rng.permutation(len(names)):
+                lat[names[i]][n].append(_time_step(*steps[names[i]]))
     per_n = {name: {n: stats(v) for n, v in lat[name].items()} for name in names}
     # -- decode trace: the same step sequence through every strategy, interleaved per step
     dec: dict[str, list[float]] = {name: [] for name in names}
     for n in decode:
-        for name in names:
-            dec[name].append(_time_step(*stepper(name, n)))
+        for i in order_rng.permutation(len(names)):
+            dec[names[i]].append(_time_step(*stepper(names[i], n)))
     decode_summary = {}
     for name in names:
         total_s = sum(dec[name]) / 1e6
