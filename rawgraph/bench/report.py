@@ -96,7 +96,7 @@ TARGETS = [
     ("1 block: graph <= 0.8x torch_graph", (1, 128, 1), "graph", "torch_graph", 0.8),
     ("1 block: stream <= 0.4x torch_eager", (1, 128, 1), "stream", "torch_eager", 0.4),
     ("1 block: graph_update < graph_copy", (1, 128, 1), "graph_update", "graph_copy", 1.0),
-    ("1 block: fused/block graph_update2 <= 0.6x torch_graph_copy", (1, 128, 1), "graph_update2", "torch_graph_copy", 0.6),
+    ("1 block: graph_update2 <= 0.6x torch_graph_copy", (1, 128, 1), "graph_update2", "torch_graph_copy", 0.6),
     ("64 blocks: unfused graph <= 0.8x torch_graph", (64, 128, 1), "graph", "torch_graph", 0.8),
     ("64 blocks: fused graph <= 0.4x torch_graph", (64, 128, 1), "graph", "torch_graph", 0.4),
 ]
