@@ -30,7 +30,7 @@ from ..errors import RawgraphError, ShapeError, call, cuda_error
 from ..manager import ExecUpdateManager
 from ..memory import DeviceArray, DeviceBuffer
 from ..model import TinyBlock, Workspace
-from .buckets import BucketGraphs, StreamOrder, check_rows
+from .buckets import BucketGraphs, StreamOrder, check_rows, close_all, instantiate_timed
 from .sizes import pick_bucket
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
@@ -184,14 +184,7 @@ class ReshapedGraph:
             t0 = clock()
             graph = capture_plan(top, s, warmup=False)
             self.setup["capture"] += clock() - t0
-            t0 = clock()
-            exe = graph.instantiate()
-            self.setup["instantiate"] += clock() - t0
-            t0 = clock()
-            exe.upload(s)
-            s.synchronize()
-            self.setup["upload"] += clock() - t0
-            self.graphs[sig], self.execs[sig] = graph, exe
+            self.graphs[sig], self.execs[sig] = graph, instantiate_timed(graph, s, self.setup)
             self._handles[sig] = [n.handle for n in graph.nodes]
             self._current[sig] = list(self._keys[max(sizes)])
         self._order = StreamOrder(self.device)
@@ -237,14 +230,7 @@ class ReshapedGraph:
         if self._closed:
             return
         self._closed = True
-        for exe in self.execs.values():
-            exe.close()
-        for g in self.graphs.values():
-            g.close()
-        for m in self._models.values():
-            m.close()
-        for obj in (self.arena, self.input, self.output):
-            obj.close()
+        close_all(self.execs, self.graphs, self._models, (self.arena, self.input, self.output))
         self._order.close()
         if self._own_stream:
             self.stream.close()
