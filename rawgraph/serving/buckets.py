@@ -58,28 +58,6 @@ def check_rows(x: Any, n: Any, width: int, what: str = "x") -> DeviceArray:
     return xa
 
 
-def instantiate_timed(graph: Graph, stream: Stream, setup: dict[str, float]) -> GraphExec:
-    """``cuGraphInstantiate`` then ``cuGraphUpload`` (waited for), their seconds added to
-    ``setup["instantiate"]`` and ``setup["upload"]``."""
-    t0 = time.perf_counter()
-    exe = graph.instantiate()
-    setup["instantiate"] = setup.get("instantiate", 0.0) + time.perf_counter() - t0
-    t0 = time.perf_counter()
-    exe.upload(stream)
-    stream.synchronize()
-    setup["upload"] = setup.get("upload", 0.0) + time.perf_counter() - t0
-    return exe
-
-
-def close_all(*groups: Any) -> None:
-    """Close every object in each group (a dict's values, or a sequence), execs before graphs
-    before models before buffers as the caller orders them; ``None`` entries are skipped."""
-    for group in groups:
-        for obj in (group.values() if isinstance(group, dict) else group):
-            if obj is not None:
-                obj.close()
-
-
 class StreamOrder:
     """Orders work on successive streams: the first use of a new stream waits for everything
     queued on the one used before (``cuEventRecord`` there, ``cuStreamWaitEvent`` here). Work on
@@ -168,19 +146,15 @@ class BucketGraphs:
         s = self.stream
         self.input.poison(s)  # never capture or warm up on uninitialised memory
         clock = time.perf_counter
-        warmed: set[int] = set()  # functions launched once already (lazy loading done)
         for b in reversed(self.sizes):  # largest first, as vLLM does
             m = self._models[b]
             xv, ov = self._rows(self.input, b), self._rows(self.output, b)
             if scratch != "graph":
                 plan = m.plan(xv, ov)
-                kernels = {int(l.kernel.handle) for l in plan.launches}
-                if not kernels <= warmed:  # warm up only where a function is new to this process
-                    t0 = clock()
-                    plan.run(s)
-                    s.synchronize()
-                    self.setup["warmup"] += clock() - t0
-                    warmed |= kernels
+                t0 = clock()
+                plan.run(s)
+                s.synchronize()
+                self.setup["warmup"] += clock() - t0
             t0 = clock()
             with Capture(s) as cap:
                 if scratch == "graph":
@@ -195,7 +169,13 @@ class BucketGraphs:
             assert graph is not None
             graph.plan = plan
             self.setup["capture"] += clock() - t0
-            exe = instantiate_timed(graph, s, self.setup)
+            t0 = clock()
+            exe = graph.instantiate()
+            self.setup["instantiate"] += clock() - t0
+            t0 = clock()
+            exe.upload(s)
+            s.synchronize()
+            self.setup["upload"] += clock() - t0
             if scratch == "graph":  # the first replay maps the graph's memory: count it as warm-up
                 t0 = clock()
                 exe.launch(s)
@@ -300,7 +280,15 @@ class BucketGraphs:
         if self._closed:
             return
         self._closed = True
-        close_all(self.execs, self.graphs, self._models, (self.arena, self.input, self.output, self._overflow))
+        for exe in self.execs.values():
+            exe.close()
+        for g in self.graphs.values():
+            g.close()
+        for m in self._models.values():
+            m.close()
+        for obj in (self.arena, self.input, self.output, self._overflow):
+            if obj is not None:
+                obj.close()
         self._order.close()
         if self._own_stream:
             self.stream.close()
