@@ -30,7 +30,7 @@ from ..errors import RawgraphError, ShapeError, call, cuda_error
 from ..manager import ExecUpdateManager
 from ..memory import DeviceArray, DeviceBuffer
 from ..model import TinyBlock, Workspace
-from .buckets import BucketGraphs, StreamOrder, check_rows, close_all, instantiate_timed
+from .buckets import BucketGraphs, StreamOrder, check_rows
 from .sizes import pick_bucket
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
@@ -184,7 +184,14 @@ class ReshapedGraph:
             t0 = clock()
             graph = capture_plan(top, s, warmup=False)
             self.setup["capture"] += clock() - t0
-            self.graphs[sig], self.execs[sig] = graph, instantiate_timed(graph, s, self.setup)
+            t0 = clock()
+            exe = graph.instantiate()
+            self.setup["instantiate"] += clock() - t0
+            t0 = clock()
+            exe.upload(s)
+            s.synchronize()
+            self.setup["upload"] += clock() - t0
+            self.graphs[sig], self.execs[sig] = graph, exe
             self._handles[sig] = [n.handle for n in graph.nodes]
             self._current[sig] = list(self._keys[max(sizes)])
         self._order = StreamOrder(self.device)
@@ -230,7 +237,14 @@ class ReshapedGraph:
         if self._closed:
             return
         self._closed = True
-        close_all(self.execs, self.graphs, self._models, (self.arena, self.input, self.output))
+        for exe in self.execs.values():
+            exe.close()
+        for g in self.graphs.values():
+            g.close()
+        for m in self._models.values():
+            m.close()
+        for obj in (self.arena, self.input, self.output):
+            obj.close()
         self._order.close()
         if self._own_stream:
             self.stream.close()

@@ -39,7 +39,6 @@ from ..graph import Graph, GraphExec
 from ..memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array
 from ..model import TinyBlock, Workspace
 from ..stream import Event, Stream, as_stream
-from .buckets import close_all, instantiate_timed
 from .sizes import check_sizes, pick_bucket, vllm_sizes
 
 TABLE_MODES = ("graph", "copy")
@@ -136,7 +135,14 @@ class SlotPool:
             graph = cap.captured
             graph.plan = plan
             self.setup["capture"] += clock() - t0
-            self.graphs[b], self.execs[b] = graph, instantiate_timed(graph, s, self.setup)
+            t0 = clock()
+            exe = graph.instantiate()
+            self.setup["instantiate"] += clock() - t0
+            t0 = clock()
+            exe.upload(s)
+            s.synchronize()
+            self.setup["upload"] += clock() - t0
+            self.graphs[b], self.execs[b] = graph, exe
         self.state.poison(s)
         self.steps = 0
         self._closed = False
@@ -263,8 +269,15 @@ class SlotPool:
         if self._closed:
             return
         self._closed = True
-        close_all(self.execs, self.graphs, self._models,
-                  (self.state, self.x, self.y, self.arena, self.table_dev, self._pinned, self._read))
+        for exe in self.execs.values():
+            exe.close()
+        for g in self.graphs.values():
+            g.close()
+        for m in self._models.values():
+            m.close()
+        for obj in (self.state, self.x, self.y, self.arena, self.table_dev, self._pinned, self._read):
+            if obj is not None:
+                obj.close()
         if self._own_stream:
             self.stream.close()
 
