@@ -28,37 +28,68 @@ from cuda.bindings import driver
 from .errors import ClosedError, LayoutError, ShapeError, cuda_error
 from .graph import Graph, GraphExec
 from .launch import ARG_DTYPES, KernelArgs, Launch
+from . import resource as _resource
 from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from .stream import Event, Stream, as_stream
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 
 
-class _Prepared:
-    """A validated set of arrays for :meth:`ExecUpdateManager.bind_many`.
+class Binding:
+    """A validated set of arrays for one :class:`ExecUpdateManager`, ready to push.
 
-    ``entries``: (name, (ptr, nbytes)) per array; ``nodes``: (node, ((slot view, ptr), ...)) per
-    node the set touches; ``complete``: the set names every bindable buffer (its overlap check
-    then holds whatever else is bound); ``refs``/``alive``: weak references to the arrays and the
-    finalizers of DeviceBuffers among them, to tell the same live objects from new ones.
+    Made by :meth:`ExecUpdateManager.prepare` (which holds its arrays strongly: drop the binding
+    to let them go) or kept internally by :meth:`ExecUpdateManager.bind_many` (weakly: the cache
+    keeps nothing alive). Applying it (:meth:`ExecUpdateManager.apply`) writes its pointers into
+    the argument slots of the nodes whose slots hold something else and pushes those nodes.
+
+    Attributes
+    ----------
+    names : tuple of str
+        The bindings it sets, in order.
+    complete : bool
+        It names every bindable buffer of its manager (its overlap check then holds whatever else
+        is bound, so it is not repeated).
     """
 
-    __slots__ = ("entries", "nodes", "complete", "refs", "alive")
+    __slots__ = ("manager", "names", "entries", "nodes", "complete", "values", "refs", "alive", "checked_at",
+                 "__weakref__")
 
-    def __init__(self, entries: tuple, nodes: tuple, complete: bool):
+    def __init__(self, manager: "ExecUpdateManager", entries: tuple, nodes: tuple, complete: bool):
+        self.manager = manager
+        self.names = tuple(name for name, _ in entries)
+        # (name, (ptr, nbytes)) per array
         self.entries = entries
+        # per node touched: (node, handle, params, full, idx, vals, views, writes). ``full``: the
+        # pointers of every bindable slot of the node when the set covers them all (else None,
+        # and ``idx``/``vals`` say which slots it sets to what); ``views``: those slots;
+        # ``writes``: (slot, pointer) pairs when ``full`` is known.
         self.nodes = nodes
         self.complete = complete
-        self.refs: tuple = ()
-        self.alive: tuple = ()
+        self.values: tuple | None = None  # the arrays, held strongly (prepare)
+        self.refs: tuple = ()  # weak references to them (the bind_many cache)
+        self.alive: tuple = ()  # the finalizers of DeviceBuffers among them
+        # resource.release_count when every object named here was last seen open
+        self.checked_at = -1
 
     def matches(self, values: tuple) -> bool:
+        """The same live objects as when validated (weak identity; no closed DeviceBuffer)."""
         if len(values) != len(self.refs):
             return False
-        for ref, obj, fin in zip(self.refs, values, self.alive):
-            if ref() is not obj or (fin is not None and not fin.alive):
+        for ref, obj in zip(self.refs, values):
+            if ref() is not obj:
                 return False
+        return self.checked_at == _resource.release_count or self._still_open()
+
+    def _still_open(self) -> bool:
+        for fin in self.alive:
+            if fin is not None and not fin.alive:
+                return False
+        self.checked_at = _resource.release_count
         return True
+
+    def __repr__(self) -> str:
+        return f"Binding({', '.join(self.names)}; {len(self.nodes)} nodes)"
 
 
 class ExecUpdateManager:
@@ -136,8 +167,10 @@ class ExecUpdateManager:
         self._node_views = {node: tuple(views) for node, views in canon.items()}
         self._node_now: dict[int, tuple | None] = {node: None for node in canon}
         self._writers = any("write" in r for r in self._roles.values()) and len(names) > 1
-        # set of arrays bound together -> its validated pointers and slots (see bind_many)
-        self._prepared: dict[tuple, _Prepared] = {}
+        # (names..., ids...) of a set of arrays bound together -> its Binding (see bind_many)
+        self._cache: dict[tuple, Binding] = {}
+        # resource.release_count when the exec and graph were last seen open
+        self._checked_at = -1
         # name -> {id(array): (weakref, ptr, nbytes, owner finalizer or None)}
         self._checked: dict[str, dict[int, tuple]] = {name: {} for name in names}
         self.update_calls = 0
@@ -210,8 +243,9 @@ class ExecUpdateManager:
         ``cuGraphExecKernelNodeSetParams`` per node that reads it -- none when the pointer did not
         change. Anything else goes through :meth:`bind_many`, which validates it.
         """
-        if self._closed or not (self._alive[0].alive and self._alive[1].alive):
+        if self._closed or self._checked_at != _resource.release_count:
             self._check_usable()
+            self._checked_at = _resource.release_count
         cache = self._checked.get(name)
         hit = cache.get(id(array)) if cache is not None else None
         if hit is None or hit[0]() is not array or (hit[3] is not None and not hit[3].alive):
@@ -263,30 +297,71 @@ class ExecUpdateManager:
         the exec runs exactly its old bindings.
 
         A set of arrays bound before (the same objects, still alive) is not checked again: its
-        validated pointers and the argument slots they go to are kept per set (weakly, so the
-        cache keeps no array alive), and binding it costs one lookup, one compare per slot and
-        the pushes. The overlap check is part of that when the set names every bindable buffer;
-        otherwise it runs against the current bindings every time.
+        :class:`Binding` is kept per set (weakly, so the cache keeps no array alive), and binding
+        it costs one lookup, one identity check per array and the pushes. The overlap check is
+        part of that when the set names every bindable buffer; otherwise it runs against the
+        current bindings every time. :meth:`prepare` + :meth:`apply` skip the lookup too.
 
         Returns
         -------
         int
             Number of ``cuGraphExecKernelNodeSetParams`` calls made (0 when nothing changed).
         """
-        if self._closed or not (self._alive[0].alive and self._alive[1].alive):
+        if self._closed or self._checked_at != _resource.release_count:
             self._check_usable()
+            self._checked_at = _resource.release_count
         values = tuple(arrays.values())
-        key = (tuple(arrays), tuple(map(id, values)))
-        prep = self._prepared.get(key)
-        if prep is None or not prep.matches(values):
-            prep = self._prepare(arrays, values, key)
-        elif self._writers and not prep.complete:
-            spans = dict(self._bound_ptr)
-            spans.update((name, span) for name, span in prep.entries)
-            self._check_overlap(spans)
-        return self._apply(prep, values)
+        key = (*arrays, *map(id, values))
+        binding = self._cache.get(key)
+        if binding is None or not binding.matches(values):
+            binding = self._make_binding(arrays, values)
+            self._remember(key, binding, values)
+        elif self._writers and not binding.complete:
+            self._check_overlap_with(binding)
+        return self._apply(binding, values)
 
-    def _prepare(self, arrays: dict[str, Any], values: tuple, key: tuple) -> "_Prepared":
+    def prepare(self, arrays: dict[str, Any]) -> Binding:
+        """Validate a set of arrays once and return it as a :class:`Binding` for :meth:`apply`.
+
+        The binding holds its arrays (strongly: they stay alive while it exists, so nothing it
+        names can be freed under it) and the argument slots they go to. Everything
+        :meth:`bind_many` would refuse is refused here, before anything changes.
+        """
+        self._check_usable()
+        values = tuple(arrays.values())
+        binding = self._make_binding(arrays, values)
+        binding.values = values
+        binding.alive = tuple(a._finalizer if isinstance(a, DeviceBuffer) else None for a in values)
+        binding.checked_at = _resource.release_count
+        return binding
+
+    def apply(self, binding: Binding) -> int:
+        """Bind a :class:`Binding` from :meth:`prepare` (``cuGraphExecKernelNodeSetParams`` per
+        node whose slots hold other pointers); returns the pushes made.
+
+        The cheapest way to re-point a replay at one of a few sets of arrays: no validation and no
+        lookup, one identity check per node, the changed slots and the pushes. A binding whose
+        array (a DeviceBuffer) was closed since it was made is refused with :class:`ClosedError`.
+        """
+        if binding.manager is not self:
+            raise ValueError("this Binding was prepared by another ExecUpdateManager")
+        values = binding.values
+        if values is None:
+            raise ValueError("only a Binding from prepare() can be applied")
+        if self._closed or binding.checked_at != _resource.release_count:
+            self._check_usable()
+            if not binding._still_open():
+                raise ClosedError("an array of this Binding was closed after it was prepared")
+        if self._writers and not binding.complete:
+            self._check_overlap_with(binding)
+        return self._apply(binding, values)
+
+    def _check_overlap_with(self, binding: Binding) -> None:
+        spans = dict(self._bound_ptr)
+        spans.update(binding.entries)
+        self._check_overlap(spans)
+
+    def _make_binding(self, arrays: dict[str, Any], values: tuple) -> Binding:
         """Validate a set of arrays (refusing before anything changes) and precompute its slots."""
         entries = tuple((name, self._resolve(name, a)) for name, a in arrays.items())
         if self._writers:
@@ -303,70 +378,83 @@ class ExecUpdateManager:
         for node, w in want.items():
             full = tuple(w) if None not in w else None
             idx = tuple(i for i, v in enumerate(w) if v is not None)
+            views = self._node_views[node]
+            writes = tuple(zip(views, full)) if full is not None else ()
             nodes.append((node, self._handles[node], self._params[node], full, idx, tuple(w[i] for i in idx),
-                          self._node_views[node]))
-        prep = _Prepared(entries, tuple(nodes), set(arrays) >= set(self.bindings))
+                          views, writes))
+        return Binding(self, entries, tuple(nodes), set(arrays) >= set(self.bindings))
+
+    def _remember(self, key: tuple, binding: Binding, values: tuple) -> None:
         try:
-            prep.refs = tuple(weakref.ref(a) for a in values)
+            binding.refs = tuple(weakref.ref(a) for a in values)
         except TypeError:  # an array that cannot be weakly referenced: checked every time
-            return prep
-        prep.alive = tuple(
-            a._finalizer if isinstance(a, DeviceBuffer) else None for a in values
-        )
-        if len(self._prepared) > 4096:
-            self._prepared.clear()
-        self._prepared[key] = prep
-        return prep
+            return
+        binding.alive = tuple(a._finalizer if isinstance(a, DeviceBuffer) else None for a in values)
+        binding.checked_at = _resource.release_count
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        self._cache[key] = binding
 
-    def _apply(self, prep: "_Prepared", values: tuple) -> int:
-        """Write a prepared set's pointers into the nodes whose slots differ and push those nodes.
+    def _apply(self, binding: Binding, values: tuple) -> int:
+        """Write a binding's pointers into the nodes whose slots differ and push those nodes.
 
-        Per node, the pointers its slots hold are cached as a tuple, so finding the nodes to push
-        is one tuple compare per node; on a refused push every node is put back.
+        Per node, the pointers its slots hold are cached as a tuple (the very tuple of the binding
+        that put them there, so the common check is one identity test); on a refused push every
+        node is put back.
         """
         setparams = driver.cuGraphExecKernelNodeSetParams
         exe = self.exec.handle
-        node_now, node_views = self._node_now, self._node_views
+        node_now = self._node_now
         changed: list = []
-        for node, handle, params, full, idx, vals, views in prep.nodes:
+        for node, handle, params, full, idx, vals, views, writes in binding.nodes:
             now = node_now[node]
+            if now is full and now is not None:
+                continue  # this binding's pointers are there already
             if now is None:
                 now = tuple(v.value for v in views)
             if full is not None:
+                if full == now:
+                    node_now[node] = full
+                    continue
                 new = full
+                for view, a in writes:
+                    view.value = a
             else:
                 merged = list(now)
                 for i, val in zip(idx, vals):
                     merged[i] = val
                 new = tuple(merged)
-            if new == now:
-                node_now[node] = now
-                continue
-            for view, a in zip(views, new):
-                view.value = a
+                if new == now:
+                    node_now[node] = new
+                    continue
+                for view, a in zip(views, new):
+                    view.value = a
             changed.append((node, handle, params, now))
+            node_now[node] = new
             (err,) = setparams(exe, handle, params)
             if err != _SUCCESS:
                 for i, (n, h, p, old) in enumerate(reversed(changed)):
-                    for view, a in zip(node_views[n], old):
+                    for view, a in zip(self._node_views[n], old):
                         view.value = a
                     node_now[n] = old
                     if i:  # the driver took the new values: give it the old ones back
                         setparams(exe, h, p)
                 raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
-            node_now[node] = new
-        self.update_calls += len(changed)
-        bound_ptr, bound_obj = self._bound_ptr, self._bound_obj
-        retire = self._pending.append if self._streams else None  # never replayed: nothing to keep
-        for (name, span), obj in zip(prep.entries, values):
-            bound_ptr[name] = span
-            old_obj = bound_obj[name]
-            if old_obj is not obj:
-                bound_obj[name] = obj
-                if retire is not None:
-                    retire(old_obj)
-        if len(self._pending) >= self._BATCH:
-            self.collect()
+        if changed:
+            self.update_calls += len(changed)
+        self._bound_ptr.update(binding.entries)
+        bound_obj = self._bound_obj
+        if self._streams:  # replayed: a replaced array may still be read by queued replays
+            pending = self._pending
+            for name, obj in zip(binding.names, values):
+                old = bound_obj[name]
+                if old is not obj:
+                    pending.append(old)
+                    bound_obj[name] = obj
+            if len(pending) >= self._BATCH:
+                self.collect()
+        else:
+            bound_obj.update(zip(binding.names, values))
         return len(changed)
 
     def _roll_back(self, changed: list[tuple[str, int]], pushed: list[int]) -> None:
@@ -499,8 +587,9 @@ class ExecUpdateManager:
         """Replay the exec on ``stream`` (``cuGraphLaunch``; any stream-like object) with the
         current bindings. The stream is remembered, so arrays re-bound later stay alive until
         the replays on it have finished."""
-        if self._closed or not (self._alive[0].alive and self._alive[1].alive):
+        if self._closed or self._checked_at != _resource.release_count:
             self._check_usable()
+            self._checked_at = _resource.release_count
         if isinstance(stream, Stream):
             self.exec.launch(stream)
             if stream.ptr not in self._streams:
@@ -585,6 +674,7 @@ class ExecUpdateManager:
         self._pending.clear()
         for cache in self._checked.values():
             cache.clear()
+        self._cache.clear()
         for e in self._events:
             e.close()
         self._events.clear()

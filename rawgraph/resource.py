@@ -26,6 +26,10 @@ _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _R = TypeVar("_R", bound="Resource")
 _exiting = False
 _atexit_hooked = False
+# How many release calls have run in this process (close, garbage collection or exit). A holder of
+# strong references that checked its objects open when this read N knows none was closed since
+# while it still reads N: one integer compare instead of a liveness check per object.
+release_count = 0
 
 
 def _mark_exiting() -> None:
@@ -54,6 +58,8 @@ def release(name: str, fn: Callable[..., Any], *args: Any) -> None:
     ``fn`` is a ``cuda.bindings`` driver function returning ``(err, ...)`` or any callable that
     raises on failure; ``name`` is what the warning calls it.
     """
+    global release_count
+    release_count += 1
     try:
         result = fn(*args)
     except Exception as exc:  # a composite release raised, or the driver library is gone

@@ -168,3 +168,82 @@ def test_binding_does_not_disturb_the_eager_plan(stream, rng):
     mgr = ExecUpdateManager(graph, graph.instantiate())
     mgr.bind("x", DeviceBuffer.from_numpy(random_input(rng, (2, 128))))
     assert plan.launches[0].args["x"] == x.ptr
+
+
+@pytest.mark.parametrize("form", ["fused", "block"])
+def test_prepared_bindings_replay_each_pair_and_push_only_changed_nodes(stream, rng, form, count_setparams):
+    """Prepared (x, out) sets applied in random order: each replay writes its own output, equal
+    to the bit to an eager run on its input; applying what is applied pushes nothing."""
+    if form == "block":
+        from rawgraph import ops
+        from rawgraph.device import get_device
+
+        if not ops.has_clusters(get_device()):
+            pytest.skip("the block form needs thread-block clusters")
+    model, graph, exe, mgr, _ = _setup(stream, width=128, batch=1, layers=1, form=form)
+    xs = [DeviceBuffer.from_numpy(random_input(rng, (1, 128))) for _ in range(3)]
+    outs = [DeviceBuffer((1, 128)) for _ in range(3)]
+    expected = [_eager(model, x, stream) for x in xs]
+    touched = {n for name in ("x", "out") for n, _, _ in mgr.bindings[name]}
+    sets = [mgr.prepare({"x": xs[i], "out": outs[i]}) for i in range(3)]
+    assert count_setparams == []  # preparing validates, it pushes nothing
+    last = None
+    for step, i in enumerate(rng.integers(0, 3, size=300)):
+        count_setparams.clear()
+        pushed = mgr.apply(sets[i])
+        assert pushed == (0 if i == last else len(touched)) == len(count_setparams), f"step {step}"
+        assert mgr.bound("x").ptr == xs[i].ptr and mgr.bound("out").ptr == outs[i].ptr
+        outs[i].poison(stream)
+        mgr.launch(stream)
+        np.testing.assert_array_equal(outs[i].to_numpy(), expected[i], err_msg=f"step {step}, pair {i}")
+        last = i
+    # a single-name bind in between is seen: the next apply pushes what it changed back
+    mgr.bind("x", xs[(last + 1) % 3])
+    count_setparams.clear()
+    assert mgr.apply(sets[last]) == len({n for n, _, _ in mgr.bindings["x"]}) == len(count_setparams)
+
+
+def test_prepare_refuses_what_bind_many_refuses_and_apply_refuses_stale_bindings(stream, rng, count_setparams):
+    from rawgraph import ClosedError
+
+    model, graph, exe, mgr, out0 = _setup(stream)
+    good = DeviceBuffer.from_numpy(random_input(rng, (2, 128)))
+    with pytest.raises(ShapeError):
+        mgr.prepare({"x": good, "out": DeviceBuffer((5, 5))})
+    with pytest.raises(LayoutError, match="overlap"):
+        mgr.prepare({"x": good, "out": good})
+    with pytest.raises(KeyError):
+        mgr.prepare({"W1[0]": good})
+    doomed = DeviceBuffer((2, 128))
+    binding = mgr.prepare({"x": good, "out": doomed})
+    other = _setup(stream)[3]
+    with pytest.raises(ValueError, match="another"):
+        other.apply(binding)
+    doomed.close()
+    with pytest.raises(ClosedError, match="closed after it was prepared"):
+        mgr.apply(binding)
+    assert count_setparams == [] and mgr.bound("x").ptr != good.ptr
+    # a partial set is checked for overlap against what is bound when it is applied
+    y = DeviceBuffer((2, 128))
+    partial = mgr.prepare({"out": y})  # x is bound to the captured input: no overlap yet
+    mgr.bind("x", y)
+    count_setparams.clear()
+    with pytest.raises(LayoutError, match="overlap"):
+        mgr.apply(partial)  # it would write the input the graph reads
+    assert count_setparams == [] and mgr.bound("out").ptr == out0.ptr
+
+
+def test_a_prepared_binding_keeps_its_arrays_alive(stream, rng):
+    cp = pytest.importorskip("cupy")
+    model, graph, exe, mgr, _ = _setup(stream)
+    a = cp.asarray(random_input(rng, (2, 128)))
+    ref = weakref.ref(a)
+    binding = mgr.prepare({"x": a})
+    del a
+    gc.collect()
+    assert ref() is not None  # the binding holds it: its pointer cannot be reused under it
+    mgr.apply(binding)
+    del binding
+    mgr.bind("x", DeviceBuffer.from_numpy(random_input(rng, (2, 128))))
+    gc.collect()
+    assert ref() is None  # never replayed while bound: nothing else keeps it

@@ -677,10 +677,12 @@ def _closed_cases(stream, rng):
     g4 = capture_plan(model.plan(x, out), stream)
     e4 = g4.instantiate()
     m4 = ExecUpdateManager(g4, e4)
-    e4.close()
     x2 = DeviceBuffer((2, 64))
+    b4 = m4.prepare({"x": x2})
+    e4.close()
     cases.update({"manager.bind after exec.close": lambda: m4.bind("x", x2),
                   "manager.bind_many after exec.close": lambda: m4.bind_many({"x": x2}),
+                  "manager.apply after exec.close": lambda: m4.apply(b4),
                   "manager.set_params after exec.close": lambda: m4.set_params(0, B=2),
                   "manager.launch after exec.close": lambda: m4.launch(stream)})
     g5 = capture_plan(model.plan(x, out), stream)

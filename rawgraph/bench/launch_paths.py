@@ -1,7 +1,7 @@
 """Launch-path benchmark: the same TinyBlock work through every way of launching it, one process.
 
 Paths (record key ``path``): stream, graph, graph_nopdl (the same graph captured without
-programmatic dependent launch), graph_copy, graph_update, graph_update2 (input and output re-bound every step), graph_exec_update, torch_eager, torch_graph, torch_graph_copy, cupy_eager, cupy_graph, floor_sync,
+programmatic dependent launch), graph_copy, graph_update, graph_update2 (input and output re-bound every step: a prepared two-name Binding applied), graph_exec_update, torch_eager, torch_graph, torch_graph_copy, cupy_eager, cupy_graph, floor_sync,
 floor_empty_kernel, floor_empty_graph. Every path's output is checked before it is timed.
 
 Clocks, never mixed (each ``{"median", "p10", "p90"}`` in microseconds):
@@ -144,7 +144,7 @@ class Runner:
         exe_b.launch(s)
         static(xs[1], s)
         mgr.bind("x", xs[1]); mgr.launch(s)
-        mgr2.bind_many({"x": xs[1], "out": outs[6]}); mgr2.launch(s)
+        mgr2.apply(mgr2.prepare({"x": xs[1], "out": outs[6]})); mgr2.launch(s)
         exe_w.update(g_w1); exe_w.launch(s)
         if exe_plain is not None:
             exe_plain.launch(s)
@@ -175,11 +175,11 @@ class Runner:
             mgr.launch(s)
 
         self.record("graph_update", *key, _clocks(upd, s, est, self.budget_s))
-        pairs = [{"x": xs[0], "out": outs[5]}, {"x": xs[1], "out": outs[6]}]
+        pairs = [mgr2.prepare({"x": xs[0], "out": outs[5]}), mgr2.prepare({"x": xs[1], "out": outs[6]})]
 
         def upd2():
             st["i"] ^= 1
-            mgr2.bind_many(pairs[st["i"]])
+            mgr2.apply(pairs[st["i"]])
             mgr2.launch(s)
 
         self.record("graph_update2", *key, _clocks(upd2, s, est, self.budget_s))
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_micro:
         from .microcosts import measure
 
-        micro = measure()
+        micro = measure(torch_ok=runner.torch is not None)
     configs = [(l, w, b) for l in grid["layers"] for w in grid["width"] for b in grid["batch"]]
     bar = SweepProgress(len(configs), "launch paths", plots=True)
     for l, w, b in bar.over(configs):

@@ -74,7 +74,7 @@ def _bind_costs(stream: Stream) -> dict:
     return out
 
 
-def measure(sizes=SIZES) -> dict:
+def measure(sizes=SIZES, torch_ok: bool = True) -> dict:
     """Returns ``{"cuLaunchKernel": stats, "cuGraphLaunch": {"points": [...], "fit": {...}}, ...}``."""
     dev = get_device()
     out: dict = {}
@@ -124,20 +124,24 @@ def measure(sizes=SIZES) -> dict:
                 "points": [{"nodes": n, **s} for n, s in pts],
                 "fit": {"fixed_us": float(fixed), "per_node_us": float(per_node)},
             }
-    out["bind_breakdown"] = {form: bind_breakdown(form=form) for form in ("fused", "block") if form != "block" or ops.has_clusters(dev)}
+    out["bind_breakdown"] = {form: bind_breakdown(form=form, torch_ok=torch_ok) for form in ("fused", "block") if form != "block" or ops.has_clusters(dev)}
     return out
 
 
-def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: str = "fused") -> dict:
-    """Where the time of ``bind_many({"x", "out"})`` + replay goes (one process, interleaved rounds).
+def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: str = "fused",
+                   torch_ok: bool = True) -> dict:
+    """Where the time of re-binding input and output + replay goes (one process, interleaved rounds).
 
-    Per round, in turn, each a synchronized step on the same exec and the same two input/output
-    pairs: ``replay`` (launch only), ``bind2_replay`` (the manager's two-name bind, then launch),
-    ``raw_setparams_replay`` (the same node pushes made straight with
-    ``cuGraphExecKernelNodeSetParams``, then launch) and ``bind2_noop_replay`` (binding what is
-    already bound: no push). Also, per step: the host time of the bind call alone, of the raw
-    pushes alone, of ``cuGraphLaunch`` right after pushes and with none, and the device time of the
-    replay (events) after pushes and with none. Medians with p10/p90 in microseconds.
+    Per round, in turn, each a synchronized step on the same exec alternating between the same two
+    input/output pairs: ``replay`` (launch only), ``apply2_replay`` (a prepared two-name
+    :class:`~rawgraph.manager.Binding` applied, then launch), ``bind2_replay`` (``bind_many`` of
+    the two names, then launch), ``raw_setparams_replay`` (the same node pushes made straight with
+    ``cuGraphExecKernelNodeSetParams``, then launch), ``bind2_noop_replay`` (binding what is
+    already bound: no push) and, when torch is importable, ``torch_graph_replay`` and
+    ``torch_graph_copy_replay`` (``static_in.copy_(src)`` + replay of torch's graph of the same
+    block and weights). Also, per step: the host time of the apply / bind_many call alone, of the
+    raw pushes alone, of ``cuGraphLaunch`` right after pushes and with none, and the device time
+    of the replay (events) after pushes and with none. Medians with p10/p90 in microseconds.
     """
     from ..capture import capture_plan
     from ..manager import ExecUpdateManager
@@ -157,12 +161,17 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
     pairs = [{"x": xs[0], "out": outs[0]}, {"x": xs[1], "out": outs[1]}]
     for p in pairs:  # both pairs checked and cached
         mgr.bind_many(p)
+    prepared = [mgr.prepare(p) for p in pairs]
     nodes = sorted({n for name in ("x", "out") for n, _a, _r in mgr.bindings[name]})
     setp = driver.cuGraphExecKernelNodeSetParams
     clock = time.perf_counter
-    samples: dict[str, list[float]] = {k: [] for k in (
-        "replay", "bind2_replay", "raw_setparams_replay", "bind2_noop_replay", "bind2_call", "raw_setparams_call",
-        "launch_call_after_push", "launch_call_no_push", "device_after_push", "device_no_push")}
+    names = ["replay", "apply2_replay", "bind2_replay", "raw_setparams_replay", "bind2_noop_replay", "apply2_call",
+             "bind2_call", "raw_setparams_call", "launch_call_after_push", "launch_call_no_push", "device_after_push",
+             "device_no_push"]
+    torch_step = _torch_block(model, xs[0], torch_ok)
+    if torch_step is not None:
+        names += ["torch_graph_replay", "torch_graph_copy_replay"]
+    samples: dict[str, list[float]] = {k: [] for k in names}
     ev = [Event(), Event()]
     state = [0]
 
@@ -173,33 +182,83 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
     for r in range(rounds + 50):
         keep = r >= 50  # warm-up rounds are not kept
         # replay alone (no push since the last launch)
-        t0 = clock(); ev[0].record(s); t1 = clock(); exe.launch(s); t2 = clock(); ev[1].record(s); s.synchronize(); t3 = clock()
+        ev[0].record(s); t1 = clock(); exe.launch(s); t2 = clock(); ev[1].record(s); s.synchronize(); t3 = clock()
         if keep:
             samples["replay"].append((t3 - t1) * 1e6)  # launch, end event, synchronize
             samples["launch_call_no_push"].append((t2 - t1) * 1e6)
             samples["device_no_push"].append(ev[0].elapsed_ms(ev[1]) * 1e3)
-        # the manager's two-name bind, then replay
+        # a prepared binding applied, then replay
         state[0] ^= 1
-        t0 = clock(); mgr.bind_many(pairs[state[0]]); t1 = clock(); ev[0].record(s); t2 = clock(); exe.launch(s); t3 = clock()
+        t0 = clock(); mgr.apply(prepared[state[0]]); t1 = clock(); ev[0].record(s); t2 = clock(); exe.launch(s); t3 = clock()
         ev[1].record(s); s.synchronize(); t4 = clock()
         if keep:
-            samples["bind2_replay"].append(((t1 - t0) + (t4 - t2)) * 1e6)  # bind, then as "replay"
-            samples["bind2_call"].append((t1 - t0) * 1e6)
+            samples["apply2_replay"].append(((t1 - t0) + (t4 - t2)) * 1e6)  # apply, then as "replay"
+            samples["apply2_call"].append((t1 - t0) * 1e6)
             samples["launch_call_after_push"].append((t3 - t2) * 1e6)
             samples["device_after_push"].append(ev[0].elapsed_ms(ev[1]) * 1e3)
+        # bind_many of the two names, then replay
+        state[0] ^= 1
+        t0 = clock(); mgr.bind_many(pairs[state[0]]); t1 = clock(); exe.launch(s); ev[1].record(s); s.synchronize()
+        t2 = clock()
+        if keep:
+            samples["bind2_replay"].append((t2 - t0) * 1e6)
+            samples["bind2_call"].append((t1 - t0) * 1e6)
         # the same pushes straight to the driver, then replay
-        t0 = clock(); push_raw(); t1 = clock(); exe.launch(s); s.synchronize(); t2 = clock()
+        t0 = clock(); push_raw(); t1 = clock(); exe.launch(s); ev[1].record(s); s.synchronize(); t2 = clock()
         if keep:
             samples["raw_setparams_replay"].append((t2 - t0) * 1e6)
             samples["raw_setparams_call"].append((t1 - t0) * 1e6)
         # binding what is bound: the manager's fixed cost, no push
-        t0 = clock(); mgr.bind_many(pairs[state[0]]); exe.launch(s); s.synchronize(); t1 = clock()
+        t0 = clock(); mgr.bind_many(pairs[state[0]]); exe.launch(s); ev[1].record(s); s.synchronize(); t1 = clock()
         if keep:
             samples["bind2_noop_replay"].append((t1 - t0) * 1e6)
+        if torch_step is not None:
+            for name, dt in torch_step().items():
+                if keep:
+                    samples[name].append(dt)
     out: dict[str, Any] = {k: stats(v) for k, v in samples.items()}
     out["nodes_pushed"] = len(nodes)
     out["config"] = {"width": width, "batch": batch, "form": form, "rounds": rounds}
+    if torch_step is not None:
+        ref = out["torch_graph_copy_replay"]["median"]
+        out["ratios_vs_torch_graph_copy"] = {k: out[k]["median"] / ref for k in (
+            "apply2_replay", "bind2_replay", "raw_setparams_replay", "replay")}
     mgr.close()
     for obj in (exe, graph, model, *xs, *outs, *ev, s):
         obj.close()
     return out
+
+
+def _torch_block(model: Any, x: Any, torch_ok: bool) -> Any:
+    """One round of torch's graph of ``model``'s block (same weights): returns a function giving
+    ``{"torch_graph_replay": us, "torch_graph_copy_replay": us}`` per call, or None without torch."""
+    if not torch_ok:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    (w1, w2), = [(torch.as_tensor(a, device="cuda"), torch.as_tensor(b, device="cuda")) for a, b in model.weights]
+    src = torch.as_tensor(x, device="cuda").clone()
+    static_in = src.clone()
+    tstream = torch.cuda.Stream()
+    with torch.inference_mode(), torch.cuda.stream(tstream):
+        for _ in range(3):
+            torch.relu(static_in @ w1) @ w2 + static_in
+        tstream.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=tstream):
+            torch.relu(static_in @ w1) @ w2 + static_in
+    clock = time.perf_counter
+
+    def step() -> dict:
+        with torch.cuda.stream(tstream):
+            t0 = clock(); g.replay(); tstream.synchronize(); t1 = clock()
+            static_in.copy_(src); g.replay(); tstream.synchronize(); t2 = clock()
+        return {"torch_graph_replay": (t1 - t0) * 1e6, "torch_graph_copy_replay": (t2 - t1) * 1e6}
+
+    step.keep = (g, w1, w2, src, static_in, tstream)  # type: ignore[attr-defined]
+    return step

@@ -79,15 +79,30 @@ def table(result: dict) -> str:
             f = micro[name]["fit"]
             lines.append(f"  {name}: {f['fixed_us']:.2f} us + {f['per_node_us']:.3f} us/node")
         for form, b in micro.get("bind_breakdown", {}).items():
-            m = {k: v["median"] for k, v in b.items() if isinstance(v, dict) and "median" in v}
-            lines.append(f"bind_many(x, out) breakdown, {form} w{b['config']['width']} b{b['config']['batch']}, "
-                         f"{b['nodes_pushed']} nodes pushed (median us):")
-            lines.append(f"  per step: replay {m['replay']:.2f} | bind2+replay {m['bind2_replay']:.2f} | raw pushes+replay "
-                         f"{m['raw_setparams_replay']:.2f} | no-op bind2+replay {m['bind2_noop_replay']:.2f}")
-            lines.append(f"  calls: bind2 {m['bind2_call']:.2f} | raw pushes {m['raw_setparams_call']:.2f} | cuGraphLaunch "
-                         f"after push {m['launch_call_after_push']:.2f} / none {m['launch_call_no_push']:.2f}")
-            lines.append(f"  device: after push {m['device_after_push']:.2f} / none {m['device_no_push']:.2f}")
+            lines.extend(_bind_lines(form, b))
     return "\n".join(lines)
+
+
+def _bind_lines(form: str, b: dict) -> list[str]:
+    """The re-binding breakdown (older results files lack some rows: those are left out)."""
+    m = {k: v["median"] for k, v in b.items() if isinstance(v, dict) and "median" in v}
+
+    def row(title: str, items: list[tuple[str, str]]) -> str:
+        return f"  {title}: " + " | ".join(f"{label} {m[k]:.2f}" for label, k in items if k in m)
+
+    lines = [f"re-binding x and out, {form} w{b['config']['width']} b{b['config']['batch']}, "
+             f"{b['nodes_pushed']} nodes pushed, interleaved rounds (median us):",
+             row("per step", [("replay", "replay"), ("apply2+replay", "apply2_replay"),
+                              ("bind_many2+replay", "bind2_replay"), ("raw pushes+replay", "raw_setparams_replay")]),
+             row("calls", [("apply2", "apply2_call"), ("bind_many2", "bind2_call"), ("raw pushes", "raw_setparams_call"),
+                           ("no-op bind_many2+replay", "bind2_noop_replay")]),
+             row("after push / none", [("cuGraphLaunch", "launch_call_after_push"), ("/", "launch_call_no_push"),
+                                       ("device", "device_after_push"), ("/", "device_no_push")])]
+    if "torch_graph_copy_replay" in m:
+        r = b["ratios_vs_torch_graph_copy"]
+        lines.append(row("torch", [("replay", "torch_graph_replay"), ("copy_+replay", "torch_graph_copy_replay")]))
+        lines.append("  vs torch copy_+replay: " + ", ".join(f"{k.replace('_replay', '')} {v:.2f}x" for k, v in r.items()))
+    return lines
 
 
 # The kernels issue's launch-path targets: (label, (layers, width, batch), path, reference path, at most).
