@@ -166,7 +166,7 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
     setp = driver.cuGraphExecKernelNodeSetParams
     clock = time.perf_counter
     names = ["replay", "apply2_replay", "bind2_replay", "raw_setparams_replay", "bind2_noop_replay", "apply2_call",
-             "bind2_call", "raw_setparams_call", "launch_call_after_push", "launch_call_no_push", "device_after_push",
+             "bind2_call", "raw_setparams_call", "raw_changed_setparams_replay", "raw_changed_setparams_call", "launch_call_after_push", "launch_call_no_push", "device_after_push",
              "device_no_push"]
     torch_step = _torch_block(model, xs[0], torch_ok)
     if torch_step is not None:
@@ -178,6 +178,27 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
     def push_raw() -> None:
         for n in nodes:
             setp(exe.handle, mgr._handles[n], mgr._params[n])
+
+    # The same pushes with the pointers of the other pair, from argument blocks filled once: what
+    # the driver charges when the values really change (pushing unchanged values may cost less).
+    from ..launch import KernelArgs
+
+    def params_for(pair: dict) -> list:
+        out = []
+        for n in nodes:
+            args = KernelArgs.from_bytes(mgr._args[n].spec, mgr._args[n]._storage.tobytes())
+            for name, arr in pair.items():
+                for node, arg, _role in mgr.bindings[name]:
+                    if node == n:
+                        args[arg] = arr.ptr
+            out.append((mgr._handles[n], ExecUpdateManager._node_params(graph.nodes[n].launch, args), args))
+        return out
+
+    other_params = [params_for(p) for p in pairs]
+
+    def push_changed(i: int) -> None:
+        for h, p, _args in other_params[i]:
+            setp(exe.handle, h, p)
 
     for r in range(rounds + 50):
         keep = r >= 50  # warm-up rounds are not kept
@@ -208,6 +229,12 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
         if keep:
             samples["raw_setparams_replay"].append((t2 - t0) * 1e6)
             samples["raw_setparams_call"].append((t1 - t0) * 1e6)
+        # changed pointers pushed straight from ready argument blocks, then the manager's back
+        t0 = clock(); push_changed(state[0] ^ 1); t1 = clock(); exe.launch(s); ev[1].record(s); s.synchronize(); t2 = clock()
+        push_raw()
+        if keep:
+            samples["raw_changed_setparams_replay"].append((t2 - t0) * 1e6)
+            samples["raw_changed_setparams_call"].append((t1 - t0) * 1e6)
         # binding what is bound: the manager's fixed cost, no push
         t0 = clock(); mgr.bind_many(pairs[state[0]]); exe.launch(s); ev[1].record(s); s.synchronize(); t1 = clock()
         if keep:
@@ -217,16 +244,38 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
                 if keep:
                     samples[name].append(dt)
     out: dict[str, Any] = {k: stats(v) for k, v in samples.items()}
+    out["apply2_python_us"] = _apply_python_cost(mgr, prepared)
     out["nodes_pushed"] = len(nodes)
     out["config"] = {"width": width, "batch": batch, "form": form, "rounds": rounds}
     if torch_step is not None:
         ref = out["torch_graph_copy_replay"]["median"]
         out["ratios_vs_torch_graph_copy"] = {k: out[k]["median"] / ref for k in (
-            "apply2_replay", "bind2_replay", "raw_setparams_replay", "replay")}
+            "apply2_replay", "bind2_replay", "raw_setparams_replay", "raw_changed_setparams_replay", "replay")}
     mgr.close()
     for obj in (exe, graph, model, *xs, *outs, *ev, s):
         obj.close()
     return out
+
+
+def _apply_python_cost(mgr: Any, prepared: list, n: int = 20000) -> dict:
+    """Host time of ``apply`` alternating two prepared bindings with the driver's push replaced
+    by a no-op: the manager's own Python per call (the exec is re-synchronised afterwards)."""
+    real = driver.cuGraphExecKernelNodeSetParams
+    ok = (driver.CUresult.CUDA_SUCCESS,)
+    per: list[float] = []
+    try:
+        driver.cuGraphExecKernelNodeSetParams = lambda *_a: ok
+        for _ in range(7):
+            t0 = time.perf_counter()
+            for i in range(n):
+                mgr.apply(prepared[i & 1])
+            per.append((time.perf_counter() - t0) / n * 1e6)
+    finally:
+        driver.cuGraphExecKernelNodeSetParams = real
+    for n_ in mgr._node_now:  # what the exec holds is not what the shadows say: push them all
+        mgr._node_now[n_] = None
+        real(mgr.exec.handle, mgr._handles[n_], mgr._params[n_])
+    return stats(per)
 
 
 def _torch_block(model: Any, x: Any, torch_ok: bool) -> Any:

@@ -93,8 +93,10 @@ def _bind_lines(form: str, b: dict) -> list[str]:
     lines = [f"re-binding x and out, {form} w{b['config']['width']} b{b['config']['batch']}, "
              f"{b['nodes_pushed']} nodes pushed, interleaved rounds (median us):",
              row("per step", [("replay", "replay"), ("apply2+replay", "apply2_replay"),
-                              ("bind_many2+replay", "bind2_replay"), ("raw pushes+replay", "raw_setparams_replay")]),
+                              ("bind_many2+replay", "bind2_replay"), ("raw pushes+replay", "raw_setparams_replay"),
+                              ("raw changed pushes+replay", "raw_changed_setparams_replay")]),
              row("calls", [("apply2", "apply2_call"), ("bind_many2", "bind2_call"), ("raw pushes", "raw_setparams_call"),
+                           ("raw changed pushes", "raw_changed_setparams_call"), ("apply2 Python", "apply2_python_us"),
                            ("no-op bind_many2+replay", "bind2_noop_replay")]),
              row("after push / none", [("cuGraphLaunch", "launch_call_after_push"), ("/", "launch_call_no_push"),
                                        ("device", "device_after_push"), ("/", "device_no_push")])]
