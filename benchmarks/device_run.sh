@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the kernel benchmark and the launch-path benchmark, logs under $OUT.
 #   bash benchmarks/device_run.sh [tests] [kernels] [kernels-sweep] [quick] [full] [seed] [profile] [sweep4096]
-#                                 [sanitize] [memcheck] [kernelcheck] [soak] [probes] [torchprobe] [buckets] [pack]
+#                                 [sanitize] [memcheck] [kernelcheck] [soak] [probes] [torchprobe] [buckets] [slots] [pack]
 # Each stage has its own time limit, so a hang in one still brings back the others' logs.
 # RAWGRAPH_COMMIT names the commit measured in every results JSON (the device copy has no .git).
 set -u
@@ -39,6 +39,7 @@ for stage in $stages; do
       done ;;
     torchprobe) timeout 60 python3 benchmarks/probes/torch_graph.py >"$OUT/probe_torch_graph.txt" 2>&1 ;;
     buckets) timeout 200 python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1 ;;
+    slots) timeout 300 python3 -m rawgraph.bench.slots --out "$OUT" >"$OUT/slots.log" 2>&1 ;;
     pack)  # everything under $OUT as one archive (the device tool brings back at most 8 files)
       tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/" ;;
     soak) timeout 420 python3 benchmarks/soak.py --out "$OUT" >"$OUT/soak.log" 2>&1 ;;

@@ -70,8 +70,11 @@ __device__ __forceinline__ void rg_block_slice_product(const float (*src)[RG_BLO
 
 template <int BT, int CS>
 __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(RG_BLOCK_THREADS)
-block_kernel(const float* x, const float* __restrict__ W1, const float* __restrict__ W2, float* y, int B, int W)
+block_kernel(const float* x, const float* __restrict__ W1, const float* __restrict__ W2, float* y, int B, int W,
+             int flags)
 {
+    x = rg_arg_ptr(x, flags, RG_FLAG_IND_X);  // flags: rawgraph.cuh (only the indirect bits apply)
+    y = rg_arg_ptr(y, flags, RG_FLAG_IND_Y);
     static_assert(BT >= 1 && BT <= 4 && (CS == 4 || CS == 8), "shared memory and registers are sized for BT <= 4, CS 4 or 8");
     constexpr int MAXSL = RG_BLOCK_MAXW / CS;  // slice columns at most
     constexpr int CG = MAXSL / 4;              // column groups of 4

@@ -19,9 +19,10 @@
 //
 // Both: every sum is taken in a fixed order (no atomics), so results are bit-identical run to
 // run and launch path to launch path. PDL as described in rawgraph.cuh: the first W loads are
-// issued before waiting for the previous kernel. `early` says when the successor may launch: at
-// the start (small products, where launch latency is the cost to hide) or once the K loop is
-// done (large ones, where a successor prefetching early only competes for DRAM).
+// issued before waiting for the previous kernel. `early` (flags & RG_FLAG_EARLY) says when the
+// successor may launch: at the start (small products, where launch latency is the cost to hide)
+// or once the K loop is done (large ones, where a successor prefetching early only competes for
+// DRAM). The other flags (rawgraph.cuh) make x, y or r indirect.
 //
 // Name expressions instantiate them: matvec_kernel<EPI, VEC, TC, BT>,
 // matvec_split_kernel<EPI, VEC, TC, BT, S>, gemm_kernel<EPI, BN, SL>, gemm_split_kernel<EPI, BN, S, SL>.
@@ -222,18 +223,20 @@ __device__ __forceinline__ void matvec_body(const float* x, const float* __restr
 
 template <int EPI, int VEC, int TC, int BT>
 __global__ void __launch_bounds__(RG_THREADS)
-matvec_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int early)
+matvec_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags)
 {
-    matvec_body<EPI, VEC, TC, BT, 1>(x, W, y, r, B, K, N, early);
+    matvec_body<EPI, VEC, TC, BT, 1>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W, rg_arg_ptr(y, flags, RG_FLAG_IND_Y),
+        rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY);
 }
 
 #ifdef RG_HAS_CLUSTERS
 // grid (N / TC, S, batch tiles), clusters of (1, S, 1): cluster rank == blockIdx.y.
 template <int EPI, int VEC, int TC, int BT, int S>
 __global__ void __cluster_dims__(1, S, 1) __launch_bounds__(RG_THREADS)
-matvec_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int early)
+matvec_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags)
 {
-    matvec_body<EPI, VEC, TC, BT, S>(x, W, y, r, B, K, N, early);
+    matvec_body<EPI, VEC, TC, BT, S>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W, rg_arg_ptr(y, flags, RG_FLAG_IND_Y),
+        rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY);
 }
 #endif
 
@@ -462,17 +465,19 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
 // grid (ceil(N / BN), 1, ceil(B / 64)), SL * 256 threads
 template <int EPI, int BN, int SL>
 __global__ void __launch_bounds__(RG_THREADS * SL, 3 / SL)
-gemm_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int early)
+gemm_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags)
 {
-    gemm_body<EPI, BN, 1, SL>(x, W, y, r, B, K, N, early);
+    gemm_body<EPI, BN, 1, SL>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W, rg_arg_ptr(y, flags, RG_FLAG_IND_Y),
+        rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY);
 }
 
 #ifdef RG_HAS_CLUSTERS
 // grid (ceil(N / BN), S, ceil(B / 64)), clusters of (1, S, 1), SL * 256 threads
 template <int EPI, int BN, int S, int SL>
 __global__ void __cluster_dims__(1, S, 1) __launch_bounds__(RG_THREADS * SL, 3 / SL)
-gemm_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int early)
+gemm_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags)
 {
-    gemm_body<EPI, BN, S, SL>(x, W, y, r, B, K, N, early);
+    gemm_body<EPI, BN, S, SL>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W, rg_arg_ptr(y, flags, RG_FLAG_IND_Y),
+        rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY);
 }
 #endif

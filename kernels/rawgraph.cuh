@@ -21,6 +21,23 @@
 // relu that lets NaN through (fmaxf(NaN, 0) would return 0 and hide an unwritten input).
 __device__ __forceinline__ float rg_relu(float v) { return v < 0.0f ? 0.0f : v; }
 
+// Launch flags (the matmul and block kernels' last argument). RG_FLAG_EARLY: let the successor
+// launch at the start. RG_FLAG_IND_X / _Y / _R: that pointer argument is the address of an 8-byte
+// slot holding the real pointer (the graph_indirect launch path: the graph refreshes the slots,
+// so a new input or output costs the host a store, not a SetParams). The slot is read with
+// ld.global.cv (no cached copy) because the host or a memcpy node rewrites it between replays.
+#define RG_FLAG_EARLY 1
+#define RG_FLAG_IND_X 2
+#define RG_FLAG_IND_Y 4
+#define RG_FLAG_IND_R 8
+
+template <typename T>
+__device__ __forceinline__ T* rg_arg_ptr(T* p, int flags, int bit)
+{
+    if (!(flags & bit)) return p;
+    return reinterpret_cast<T*>(__ldcv(reinterpret_cast<const unsigned long long*>(p)));
+}
+
 __device__ __forceinline__ void rg_allow_dependents()
 {
 #if __CUDA_ARCH__ >= 900

@@ -34,6 +34,7 @@ from .graph import Graph, GraphExec  # noqa: E402
 from .capture import Capture, CaptureMode, capture_plan  # noqa: E402
 from .static import StaticGraph  # noqa: E402
 from .manager import Binding, ExecUpdateManager  # noqa: E402
+from .indirect import IndirectBinding, IndirectGraph  # noqa: E402
 from . import serving  # noqa: E402
 from .serving import BucketGraphs, ReshapedGraph, RowCountBuckets, SlotError, SlotPool  # noqa: E402
 

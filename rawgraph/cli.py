@@ -17,6 +17,7 @@ BENCH_SUITES: dict[str, tuple[str, str]] = {
     "paths": ("rawgraph.bench.launch_paths", "stream, graph, copy + replay, exec-update + replay; PyTorch and CuPy"),
     "kernels": ("rawgraph.bench.kernel_times", "device time per kernel against cuBLAS, --sweep for every cut"),
     "buckets": ("rawgraph.bench.buckets", "dynamic batch: bucket strategies, re-shaped graphs, PyTorch buckets"),
+    "slots": ("rawgraph.bench.slots", "continuous batching: slots and index tables against PyTorch the vLLM way"),
 }
 
 

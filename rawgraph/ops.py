@@ -28,6 +28,10 @@ GEMM_MIN_ELEMENTS = 1 << 22  # K * N (16 MB of W)
 GEMM_TILE_M, GEMM_TILE_N = 64, 64  # matmul.cu's RG_GM_BM; the default column tile (BN is a template argument)
 GEMM_KC = 16         # matmul.cu's RG_GM_KC
 GEMM_STAGES = 3      # matmul.cu's RG_GM_STAGES
+# The matmul and block kernels' `flags` bits (kernels/rawgraph.cuh): successor launched at the
+# start; x / y / r read through a pointer slot (the indirect launch path).
+FLAG_EARLY, FLAG_IND_X, FLAG_IND_Y, FLAG_IND_R = 1, 2, 4, 8
+INDIRECT_FLAGS = {"x": FLAG_IND_X, "y": FLAG_IND_Y, "r": FLAG_IND_R}
 EARLY_MAX_W_BYTES = 8 << 20  # successor launched at the start for W up to 8 MB, after the K loop above
 MAX_SPLIT = 8        # portable cluster size
 XS_FLOATS = 4096     # matmul.cu's RG_XS_FLOATS
@@ -260,10 +264,10 @@ def matmul(
     if smem:
         kernel.allow_dynamic_smem(smem)
     args = KernelArgs([("x", "ptr"), ("W", "ptr"), ("y", "ptr"), ("r", "ptr"), ("B", "i32"), ("K", "i32"), ("N", "i32"),
-                       ("early", "i32")])
-    early = int(shape.kernel == "matvec" and k * n * 4 <= EARLY_MAX_W_BYTES)
+                       ("flags", "i32")])
+    early = int(shape.kernel == "matvec" and k * n * 4 <= EARLY_MAX_W_BYTES)  # FLAG_EARLY
     args.update({"x": xa.ptr, "W": wa.ptr, "y": ya.ptr, "r": buffers[r].ptr if r else 0, "B": batch, "K": k, "N": n,
-                 "early": early})
+                 "flags": early})
     uses = {"x": ArgUse(x, "read"), "W": ArgUse(w, "read"), "y": ArgUse(y, "write")}
     if r:
         uses["r"] = ArgUse(r, "read")
@@ -321,8 +325,9 @@ def block(device: Device, buffers: dict[str, DeviceArray], x: str, w1: str, w2: 
     while bt < min(batch, 4):
         bt *= 2
     kernel = get_kernel("block", f"block_kernel<{bt}, {cluster}>", device)
-    args = KernelArgs([("x", "ptr"), ("W1", "ptr"), ("W2", "ptr"), ("y", "ptr"), ("B", "i32"), ("W", "i32")])
-    args.update({"x": xa.ptr, "W1": w1a.ptr, "W2": w2a.ptr, "y": ya.ptr, "B": batch, "W": width})
+    args = KernelArgs([("x", "ptr"), ("W1", "ptr"), ("W2", "ptr"), ("y", "ptr"), ("B", "i32"), ("W", "i32"),
+                       ("flags", "i32")])
+    args.update({"x": xa.ptr, "W1": w1a.ptr, "W2": w2a.ptr, "y": ya.ptr, "B": batch, "W": width, "flags": 0})
     uses = {"x": ArgUse(x, "read"), "W1": ArgUse(w1, "read"), "W2": ArgUse(w2, "read"), "y": ArgUse(y, "write")}
     return Launch(kernel, (cluster, -(-batch // bt), 1), (THREADS, 1, 1), args, uses, 0, label or "block")
 

@@ -25,6 +25,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from .. import ops
+from ..ops import FLAG_EARLY
 from ..capture import Capture
 from ..device import get_device
 from ..errors import call
@@ -206,12 +207,12 @@ def measure(widths=WIDTHS, batches=BATCHES, sweep: bool = False) -> dict:
                 launches = chain(epi)
                 row[name] = _graph_time_us(launches, bufs, stream, pdl=clusters)
                 row[name + "_kernel"] = launches[0].kernel.name
-            row["early"] = int(launches[0].args["early"])
+            row["early"] = int(launches[0].args["flags"]) & FLAG_EARLY
             if clusters:
                 row["matmul_nopdl"] = _graph_time_us(chain("none"), bufs, stream, pdl=False)
                 flipped = chain("none")
                 for l in flipped:  # the successor launched at the other point: start vs after the K loop
-                    l.args["early"] = 1 - row["early"]
+                    l.args["flags"] = int(l.args["flags"]) ^ FLAG_EARLY
                 row["matmul_other_trigger"] = _graph_time_us(flipped, bufs, stream, pdl=True)
             row["relu"] = _graph_time_us([ops.relu(dev, bufs, "x", "y") for _ in range(REPS)], bufs, stream, pdl=clusters)
             row["add"] = _graph_time_us([ops.add(dev, bufs, "x", "r", "y") for _ in range(REPS)], bufs, stream, pdl=clusters)

@@ -1,7 +1,7 @@
 """Launch-path benchmark: the same TinyBlock work through every way of launching it, one process.
 
 Paths (record key ``path``): stream, graph, graph_nopdl (the same graph captured without
-programmatic dependent launch), graph_copy, graph_update, graph_update2 (input and output re-bound every step: a prepared two-name Binding applied), graph_exec_update, torch_eager, torch_graph, torch_graph_copy, cupy_eager, cupy_graph, floor_sync,
+programmatic dependent launch), graph_copy, graph_update, graph_update2 (input and output re-bound every step: a prepared two-name Binding applied), graph_indirect / graph_indirect_mapped (kernels read x and out through a pointer table the graph refreshes from pinned memory / read in pinned memory), graph_exec_update, torch_eager, torch_graph, torch_graph_copy, cupy_eager, cupy_graph, floor_sync,
 floor_empty_kernel, floor_empty_graph. Every path's output is checked before it is timed.
 
 Clocks, never mixed (each ``{"median", "p10", "p90"}`` in microseconds):
@@ -22,6 +22,7 @@ import numpy as np
 from .. import ops
 from ..capture import Capture, capture_plan
 from ..device import get_device
+from ..indirect import IndirectGraph
 from ..manager import ExecUpdateManager
 from ..memory import DeviceBuffer
 from ..model import TinyBlock
@@ -108,7 +109,7 @@ class Runner:
         rng = np.random.default_rng()
         model = TinyBlock(width, batch, layers, seed=1234, form=form)
         xs = [DeviceBuffer.from_numpy(rng.standard_normal(shape, dtype=np.float32)) for _ in range(2)]
-        outs = [DeviceBuffer(shape) for _ in range(7)]
+        outs = [DeviceBuffer(shape) for _ in range(9)]
         plan = model.plan(xs[0], outs[0])
         graph = capture_plan(plan, s, warmup=True)
         # capture time measured again without the warm-up run inside it
@@ -191,6 +192,23 @@ class Runner:
             exe_w.launch(s)
 
         self.record("graph_exec_update", *key, _clocks(whole, s, est, self.budget_s))
+        if form in ("fused", "block"):  # the forms whose kernels read x/out through pointer slots
+            for place, name in (("device", "graph_indirect"), ("mapped", "graph_indirect_mapped")):
+                ind = IndirectGraph(model, xs[0], outs[7], s, table=place)
+                ipairs = [ind.prepare(xs[0], outs[7]), ind.prepare(xs[1], outs[8])]
+                outs[8].poison(s)
+                ind.apply(ipairs[1])
+                ind.launch(s)
+                if not np.array_equal(outs[8].to_numpy(s), ref):
+                    raise AssertionError(f"{name} differs from stream output ({form} L{layers} w{width} b{batch})")
+
+                def indirect(ind=ind, ipairs=ipairs):
+                    st["i"] ^= 1
+                    ind.apply(ipairs[st["i"]])
+                    ind.launch(s)
+
+                self.record(name, *key, _clocks(indirect, s, est, self.budget_s), table=place)
+                ind.close()
         s.synchronize()
         mgr.close()
         mgr2.close()

@@ -1,0 +1,251 @@
+"""The indirect launch path: kernels read their input and output pointers from a table.
+
+A TinyBlock graph captured so that every kernel argument naming the block's input ``x`` or its
+output ``out`` holds the address of an 8-byte slot instead, with the kernel's indirect flag set
+(``kernels/rawgraph.cuh``: the kernel loads the real pointer from the slot with ``ld.global.cv``).
+The slots are refreshed by the graph itself, so pointing a replay at new arrays costs the host two
+stores into pinned memory: no copy of the data, no ``cuGraphExecKernelNodeSetParams``, no
+re-capture. Two placements of the slots (``table=``):
+
+- ``"device"`` (default): the slots live in device memory and the graph begins with a memcpy node
+  that copies them from a pinned host table (:class:`~rawgraph.memory.HostBuffer`) at each replay;
+- ``"mapped"``: the kernels read the pinned host table itself, over the bus
+  (``cuMemHostGetDevicePointer``), and the graph has no extra node.
+
+The host-memory rule: a replay reads the pinned table when it gets there (at its memcpy node, or
+in its kernels for ``"mapped"``), which may be long after ``cuGraphLaunch`` returned, so the table
+must not be rewritten before then. Each graph records an event once it has read the table (after
+the memcpy node; after the last kernel for ``"mapped"``); :meth:`IndirectGraph.apply` waits for the
+last replay's event before it stores (in a loop that synchronizes each step it has always fired,
+and the check is one ``cuEventQuery``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+from cuda.bindings import driver
+
+from . import ops
+from . import resource as _resource
+from .capture import Capture
+from .errors import ClosedError, LayoutError, call
+from .graph import Graph, GraphExec
+from .launch import LaunchPlan
+from .memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array, check_array
+from .model import TinyBlock
+from .stream import Event, Stream, as_stream
+
+TABLE_PLACES = ("device", "mapped")
+SLOTS = ("x", "out")  # slot i of the table holds the pointer of SLOTS[i]
+
+
+def make_indirect(plan: LaunchPlan, slots: dict[str, int]) -> int:
+    """Point every argument that names a buffer in ``slots`` at that buffer's slot (in place).
+
+    ``slots``: buffer name -> address of the 8-byte slot that will hold its pointer. Each such
+    argument gets its kernel's indirect flag (``ops.INDIRECT_FLAGS``). Returns how many arguments
+    were rewritten. Refuses (``LayoutError``, nothing changed) a plan whose kernels cannot read
+    one of those arguments indirectly, e.g. the unfused form's elementwise ``add``.
+    """
+    todo = []
+    for launch in plan.launches:
+        names = launch.args.names()
+        for arg, use in launch.uses.items():
+            if use.buffer not in slots:
+                continue
+            if "flags" not in names or arg not in ops.INDIRECT_FLAGS:
+                raise LayoutError(f"kernel {launch.label!r} cannot read its argument {arg!r} ({use.buffer}) through a "
+                                  "pointer slot: only the matmul and block kernels can (forms fused and block)")
+            todo.append((launch, arg, use.buffer))
+    for launch, arg, buffer in todo:
+        launch.args[arg] = slots[buffer]
+        launch.args["flags"] = int(launch.args["flags"]) | ops.INDIRECT_FLAGS[arg]
+    return len(todo)
+
+
+class IndirectBinding:
+    """An (x, out) pair validated once by :meth:`IndirectGraph.prepare`; it holds both arrays."""
+
+    __slots__ = ("graph", "ptrs", "arrays", "owners", "checked_at")
+
+    def __init__(self, graph: "IndirectGraph", ptrs: tuple[int, int], arrays: tuple, owners: tuple):
+        self.graph = graph
+        self.ptrs = ptrs
+        self.arrays = arrays
+        self.owners = owners  # finalizers of DeviceBuffers among the arrays
+        self.checked_at = _resource.release_count
+
+    def _still_open(self) -> bool:
+        if any(fin is not None and not fin.alive for fin in self.owners):
+            return False
+        self.checked_at = _resource.release_count
+        return True
+
+
+class IndirectGraph:
+    """A TinyBlock graph whose kernels find ``x`` and ``out`` through a pointer table.
+
+    Parameters
+    ----------
+    model : TinyBlock
+        Form ``fused`` or ``block`` (their kernels take the indirect flags).
+    x, out : array-like
+        The first input and output, ``(batch, width)`` float32 on the model's device, 16-byte
+        aligned (the kernels' vector loads were chosen for aligned operands).
+    stream : stream-like
+        Where it captures, warms up and uploads.
+    table : {"device", "mapped"}
+        Where the kernels read the slots (module docstring).
+
+    Attributes
+    ----------
+    graph : Graph
+    exec : GraphExec
+    """
+
+    def __init__(self, model: TinyBlock, x: Any, out: Any, stream: Any, table: str = "device"):
+        if table not in TABLE_PLACES:
+            raise ValueError(f"table must be one of {TABLE_PLACES}, got {table!r}")
+        self.model, self.table_place = model, table
+        self.device = model.device
+        s = as_stream(stream)
+        self._shape = (model.batch, model.width)
+        xa, oa = self._check("x", x), self._check("out", out)
+        self._check_overlap(xa.ptr, oa.ptr)
+        self._host = HostBuffer(len(SLOTS), np.uint64, self.device)
+        self._table = self._host.array
+        self._table[:] = (xa.ptr, oa.ptr)
+        self._views = [ctypes.c_uint64.from_address(self._host.ptr + 8 * i) for i in range(len(SLOTS))]
+        self._dev: DeviceBuffer | None = None
+        if table == "device":
+            self._dev = DeviceBuffer((len(SLOTS),), np.uint64, device=self.device)
+            self._dev.copy_from_host(self._table, s)
+            base = self._dev.ptr
+        else:
+            base = int(call(driver.cuMemHostGetDevicePointer, self._host.ptr, 0))
+        plan = model.plan(xa, oa)
+        make_indirect(plan, {name: base + 8 * i for i, name in enumerate(SLOTS)})
+        self.plan = plan
+        self._read = Event(timing=False, device=self.device)  # recorded once a replay has read the table
+        plan.run(s)  # eager warm-up through the slots (loads the kernels outside the capture)
+        s.synchronize()
+        with Capture(s) as cap:
+            if self._dev is not None:
+                cap.memcpy_htod(self._dev.ptr, self._host.ptr, self._host.nbytes)
+                cap.event_record(self._read)
+            cap.run(plan)
+            if self._dev is None:
+                cap.event_record(self._read)
+        self.graph: Graph = cap.captured
+        self.graph.plan = plan
+        self.exec: GraphExec = self.graph.instantiate()
+        self.exec.upload(s)
+        s.synchronize()
+        self._bound: tuple = (x, out)
+        self._pending: list[tuple] = []  # replaced pairs a queued replay may still read
+        self._launched = False
+        self._streams: dict[int, Stream] = {}
+        self._closed = False
+        self._checked_at = -1
+
+    # -- binding ---------------------------------------------------------------------------------
+    def _check(self, name: str, array: Any) -> DeviceArray:
+        view = check_array(as_device_array(array, name), self._shape, np.float32, name, self.device)
+        if view.ptr % 16:
+            raise LayoutError(f"{name} must be 16-byte aligned for the indirect kernels' vector loads "
+                              f"(address {view.ptr:#x})")
+        return view
+
+    def _check_overlap(self, xp: int, op: int) -> None:
+        nbytes = self._shape[0] * self._shape[1] * 4
+        if xp < op + nbytes and op < xp + nbytes:
+            raise LayoutError("out (written) overlaps x (read)")
+
+    def prepare(self, x: Any, out: Any) -> IndirectBinding:
+        """Validate an (x, out) pair once (shape, dtype, device, alignment, no overlap)."""
+        self._check_usable()
+        xa, oa = self._check("x", x), self._check("out", out)
+        self._check_overlap(xa.ptr, oa.ptr)
+        owners = tuple(a._finalizer if isinstance(a, DeviceBuffer) else None for a in (x, out))
+        return IndirectBinding(self, (xa.ptr, oa.ptr), (x, out), owners)
+
+    def apply(self, binding: IndirectBinding) -> None:
+        """Point the next replays at a prepared pair: two stores into the pinned table, once the
+        last replay has read it (``cuEventQuery``, ``cuEventSynchronize`` if it has not)."""
+        if binding.graph is not self:
+            raise ValueError("this binding was prepared by another IndirectGraph")
+        if self._closed or binding.checked_at != _resource.release_count:
+            self._check_usable()
+            if not binding._still_open():
+                raise ClosedError("an array of this binding was closed after it was prepared")
+        if self._launched and not self._read.query():
+            self._read.synchronize()  # the host-memory rule: a queued replay has not read it yet
+        vx, vo = self._views
+        vx.value, vo.value = binding.ptrs
+        if self._bound is not binding.arrays:
+            if self._launched:
+                self._pending.append(self._bound)
+                if len(self._pending) >= 64:
+                    self._collect()
+            self._bound = binding.arrays
+
+    def bind(self, x: Any, out: Any) -> None:
+        """:meth:`prepare` + :meth:`apply` in one call (validates every time)."""
+        self.apply(self.prepare(x, out))
+
+    def _collect(self) -> None:
+        # The event fires when a replay has read the table, not when its kernels are done with
+        # the arrays: wait for the work queued so far before letting the old arrays go.
+        self._sync_streams()
+        self._pending.clear()
+
+    def _sync_streams(self) -> None:
+        for s in self._streams.values():
+            s.synchronize()
+
+    # -- replay ----------------------------------------------------------------------------------
+    def launch(self, stream: Any) -> None:
+        """Replay (``cuGraphLaunch``) with the pair applied last."""
+        if self._closed or self._checked_at != _resource.release_count:
+            self._check_usable()
+            self._checked_at = _resource.release_count
+        s = stream if isinstance(stream, Stream) else as_stream(stream)
+        self.exec.launch(s)
+        self._launched = True
+        if s.ptr not in self._streams:
+            self._streams[s.ptr] = s
+
+    replay = launch
+
+    @property
+    def bound(self) -> tuple:
+        """The (x, out) objects the next replay reads and writes."""
+        return self._bound
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClosedError("IndirectGraph is closed")
+        if self.exec.closed or self.graph.closed:
+            raise ClosedError("the graph or exec of this IndirectGraph is closed")
+
+    def close(self) -> None:
+        """Wait for queued replays, release the exec, graph, tables and event; safe twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._launched:
+            self._read.synchronize()
+            self._sync_streams()
+        self._pending.clear()
+        for obj in (self.exec, self.graph, self._read, self._dev, self._host):
+            if obj is not None:
+                obj.close()
+
+    def __enter__(self) -> "IndirectGraph":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
