@@ -43,6 +43,7 @@ def _drive(pool, reqs, rows, steps, slot_of=None):
         by_join.setdefault(t, []).append(i)
     leaving: dict[int, list[int]] = {}
     slot, final = {}, {}
+    pool.busy_steps = 0  # ticks with a live request (a step with none runs nothing)
     for t in range(steps + 1):
         for i in leaving.pop(t, []):
             final[i] = pool.leave(slot.pop(i))
@@ -51,7 +52,7 @@ def _drive(pool, reqs, rows, steps, slot_of=None):
         for i in by_join.get(t, []):
             slot[i] = pool.join(rows[i], slot=None if slot_of is None else slot_of(i, pool))
             leaving.setdefault(t + reqs[i][1], []).append(i)
-        pool.step()
+        pool.busy_steps += pool.step() > 0
     for i, s in slot.items():  # still alive at the end
         final[i] = pool.leave(s)
     return final
@@ -81,7 +82,7 @@ def test_a_random_join_leave_trace_matches_each_request_alone(model, stream, rng
     assert len(final) == len(reqs) > 500
     worst = max(float(np.linalg.norm(final[i] - want[i]) / np.linalg.norm(want[i])) for i in final)
     assert worst < 1e-4, f"worst rel err {worst:.2e}, seed {rng.seed_used}"
-    assert pool.steps == steps and max(seen.values()) > 1
+    assert pool.steps == pool.busy_steps > 0.9 * steps and max(seen.values()) > 1
     pool.close()
 
 

@@ -265,6 +265,10 @@ def _cross_check(finals: dict[str, dict[int, np.ndarray]]) -> dict:
     common = sorted(set(ref) & set(finals.get("graph_table", {})))
     out["rawgraph_requests_compared"] = len(common)
     out["rawgraph_bit_equal"] = int(sum(np.array_equal(ref[r], finals["graph_table"][r]) for r in common))
+    diffs = [(float(np.max(np.abs(finals["graph_table"][r] - ref[r])) / max(1e-30, float(np.max(np.abs(ref[r]))))), r)
+             for r in common if not np.array_equal(ref[r], finals["graph_table"][r])]
+    out["rawgraph_max_rel_diff"] = max(diffs)[0] if diffs else 0.0
+    out["rawgraph_first_differing_request"] = min(r for _, r in diffs) if diffs else None
     if "torch_vllm" in finals:
         tc = sorted(set(ref) & set(finals["torch_vllm"]))
         errs = [float(np.max(np.abs(finals["torch_vllm"][r] - ref[r])) / max(1e-30, float(np.max(np.abs(ref[r])))))
