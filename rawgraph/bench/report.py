@@ -93,17 +93,20 @@ def _bind_lines(form: str, b: dict) -> list[str]:
     lines = [f"re-binding x and out, {form} w{b['config']['width']} b{b['config']['batch']}, "
              f"{b['nodes_pushed']} nodes pushed, interleaved rounds (median us):",
              row("per step", [("replay", "replay"), ("apply2+replay", "apply2_replay"),
-                              ("bind_many2+replay", "bind2_replay"), ("raw pushes+replay", "raw_setparams_replay"),
+                              ("bind_many2+replay", "bind2_replay")]),
+             row("per step", [("raw pushes+replay", "raw_setparams_replay"),
                               ("raw changed pushes+replay", "raw_changed_setparams_replay")]),
              row("calls", [("apply2", "apply2_call"), ("bind_many2", "bind2_call"), ("raw pushes", "raw_setparams_call"),
-                           ("raw changed pushes", "raw_changed_setparams_call"), ("apply2 Python", "apply2_python_us"),
-                           ("no-op bind_many2+replay", "bind2_noop_replay")]),
+                           ("raw changed pushes", "raw_changed_setparams_call")]),
+             row("calls", [("apply2 Python", "apply2_python_us"), ("no-op bind_many2+replay", "bind2_noop_replay")]),
              row("after push / none", [("cuGraphLaunch", "launch_call_after_push"), ("/", "launch_call_no_push"),
                                        ("device", "device_after_push"), ("/", "device_no_push")])]
     if "torch_graph_copy_replay" in m:
         r = b["ratios_vs_torch_graph_copy"]
         lines.append(row("torch", [("replay", "torch_graph_replay"), ("copy_+replay", "torch_graph_copy_replay")]))
-        lines.append("  vs torch copy_+replay: " + ", ".join(f"{k.replace('_replay', '')} {v:.2f}x" for k, v in r.items()))
+        short = {"raw_setparams_replay": "raw", "raw_changed_setparams_replay": "raw changed"}
+        lines.append("  vs torch copy_+replay: " + ", ".join(
+            f"{short.get(k, k.replace('_replay', ''))} {v:.2f}x" for k, v in r.items()))
     return lines
 
 

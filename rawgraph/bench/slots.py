@@ -155,7 +155,7 @@ class TorchSlots:
 
 
 def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_len: float, seed: int,
-        torch_ok: bool = True) -> dict:
+        torch_ok: bool = True, bare: bool = True) -> dict:
     torch = None
     if torch_ok:
         try:
@@ -181,7 +181,7 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
     setup_s = {k: dict(p.setup) for k, p in pools.items()}
     # the bare cuGraphLaunch reference: the same bucket graphs in a pool with no live request (its
     # replays touch only its scratch slot)
-    idle = SlotPool(model, max_slots, sizes, table="graph", stream=s)
+    idle = SlotPool(model, max_slots, sizes, table="graph", stream=s) if bare else None
     if torch is not None:
         t0 = time.perf_counter()
         pools["torch_vllm"] = TorchSlots(torch, model, max_slots, sizes)
@@ -192,7 +192,7 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
     finals: dict[str, dict[int, np.ndarray]] = {k: {} for k in names}
     lat: dict[str, list[tuple[int, float]]] = {k: [] for k in names}
     host: dict[str, list[float]] = {k: [] for k in names}
-    bare: list[float] = []
+    bare_us: list[float] = []
     clock = time.perf_counter
     f32 = np.dtype(np.float32)
     next_id = 0
@@ -216,7 +216,7 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
             host[k].append((t1 - t0) * 1e6)
             for r in leaving:
                 finals[k][r] = pool.leave(slot_of[k].pop(r))
-        if step % 4 == 0:  # a bare cuGraphLaunch of the same bucket, on an idle stream
+        if idle is not None and step % 4 == 0:  # a bare cuGraphLaunch of the same bucket, on an idle stream
             p = pools["graph_table"]
             b = pick_bucket(p.sizes, len(p)) if len(p) else p.sizes[0]
             assert b is not None
@@ -224,7 +224,7 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
             s.synchronize()
             t0 = clock(); exe.launch(s); t1 = clock()
             s.synchronize()
-            bare.append((t1 - t0) * 1e6)
+            bare_us.append((t1 - t0) * 1e6)
     for k in names:  # what is still live at the end finishes here (not counted as finished)
         pool = pools[k]
         for r, slot in list(slot_of[k].items()):
@@ -235,7 +235,7 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
         "config": {"steps": steps, "width": width, "layers": layers, "max_slots": max_slots, "rate": rate,
                    "mean_len": mean_len, "seed": seed, "sizes": sizes, "requests": total_requests},
         "setup_s": setup_s, "check": check,
-        "bare_launch_us": stats(bare),
+        "bare_launch_us": stats(bare_us) if bare_us else {"median": float("nan")},
     }
     per: dict[str, Any] = {}
     for k in names:
@@ -250,7 +250,7 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
                   "requests_per_s": len(finals[k]) / wall if wall else 0.0, "finished": len(finals[k])}
     out["strategies"] = per
     out["targets"] = targets(out)
-    for p in (*pools.values(), idle):
+    for p in (*pools.values(), *([idle] if idle is not None else [])):
         if hasattr(p, "close"):
             p.close()
     model.close()
@@ -332,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mean-len", type=float, default=48.0, help="mean steps a request lives (geometric)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--no-bare", action="store_true", help="skip the bare cuGraphLaunch reference (and its idle pool)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     return p
 
@@ -339,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     result = run(args.steps, args.width, args.layers, args.max_slots, args.rate, args.mean_len, args.seed,
-                 not args.no_torch)
+                 not args.no_torch, not args.no_bare)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "slots.json").write_text(json.dumps(result, indent=1))
     text = report(result)
