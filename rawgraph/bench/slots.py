@@ -17,8 +17,10 @@ step, in a fresh random order, so drift hits all alike):
 Per step: the synced latency (host clock from the call to the end of the step's work) and the
 host time of the call alone; ``bare_launch`` is the host time of the same bucket's
 ``cuGraphLaunch`` called directly, interleaved. Joins and leaves happen between steps and are not
-timed. At the end, requests that finished are checked: both rawgraph pools give bit-equal final
-rows, and torch's agree to a relative error under 1e-3 (cuBLAS sums in another order).
+timed. At the end, the final rows of finished requests are compared: the two rawgraph pools
+bit-equal, torch's relative error over rows that are still finite (the block has no
+normalisation, so a row that lives for dozens of steps overflows to inf/NaN at w1024 L8; timing
+does not depend on the values).
 """
 
 from __future__ import annotations
@@ -260,20 +262,21 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
 
 
 def _cross_check(finals: dict[str, dict[int, np.ndarray]]) -> dict:
+    """Final rows of the requests every pool finished: the two rawgraph pools bit-equal (NaN
+    equal to NaN: rows that live long enough overflow, as the block has no normalisation), and
+    torch's relative error over the rows that are finite in both."""
     out: dict[str, Any] = {}
     ref = finals.get("copy_table", {})
     common = sorted(set(ref) & set(finals.get("graph_table", {})))
     out["rawgraph_requests_compared"] = len(common)
-    out["rawgraph_bit_equal"] = int(sum(np.array_equal(ref[r], finals["graph_table"][r]) for r in common))
-    diffs = [(float(np.max(np.abs(finals["graph_table"][r] - ref[r])) / max(1e-30, float(np.max(np.abs(ref[r]))))), r)
-             for r in common if not np.array_equal(ref[r], finals["graph_table"][r])]
-    out["rawgraph_max_rel_diff"] = max(diffs)[0] if diffs else 0.0
-    out["rawgraph_first_differing_request"] = min(r for _, r in diffs) if diffs else None
+    out["rawgraph_bit_equal"] = int(sum(np.array_equal(ref[r], finals["graph_table"][r], equal_nan=True) for r in common))
+    out["rows_finite"] = int(sum(bool(np.isfinite(ref[r]).all()) for r in common))
     if "torch_vllm" in finals:
-        tc = sorted(set(ref) & set(finals["torch_vllm"]))
+        tc = [r for r in sorted(set(ref) & set(finals["torch_vllm"]))
+              if np.isfinite(ref[r]).all() and np.isfinite(finals["torch_vllm"][r]).all()]
         errs = [float(np.max(np.abs(finals["torch_vllm"][r] - ref[r])) / max(1e-30, float(np.max(np.abs(ref[r])))))
                 for r in tc]
-        out["torch_requests_compared"] = len(tc)
+        out["torch_finite_requests_compared"] = len(tc)
         out["torch_max_rel_err"] = max(errs) if errs else None
     return out
 
