@@ -1,3 +1,4 @@
+import functools
 import importlib.util
 import os
 
@@ -67,3 +68,21 @@ def stream(device):
     s = Stream()
     yield s
     s.close()
+
+
+@pytest.fixture
+def count_setparams(monkeypatch):
+    """Every ``cuGraphExecKernelNodeSetParams`` call made during the test (the node handles),
+    the real call still made."""
+    from cuda.bindings import driver
+
+    calls = []
+    real = driver.cuGraphExecKernelNodeSetParams
+
+    @functools.wraps(real)
+    def counting(*args):
+        calls.append(args[1])
+        return real(*args)
+
+    monkeypatch.setattr(driver, "cuGraphExecKernelNodeSetParams", counting)
+    return calls

@@ -1,6 +1,5 @@
 """The indirect launch path: kernels read x and out through a pointer table the graph refreshes."""
 
-import functools
 import time
 
 import numpy as np
@@ -27,20 +26,6 @@ def _eager(model, x, stream):
     out.poison(stream)
     model.forward(x, out, stream)
     return out.to_numpy(stream)
-
-
-@pytest.fixture
-def count_setparams(monkeypatch):
-    calls = []
-    real = driver.cuGraphExecKernelNodeSetParams
-
-    @functools.wraps(real)
-    def counting(*args):
-        calls.append(args[1])
-        return real(*args)
-
-    monkeypatch.setattr(driver, "cuGraphExecKernelNodeSetParams", counting)
-    return calls
 
 
 @pytest.mark.parametrize("table", ["device", "mapped"])

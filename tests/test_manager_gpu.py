@@ -1,12 +1,10 @@
 """The exec-update manager: validated binds, minimal driver updates, no copies, keep-alive."""
 
-import functools
 import gc
 import weakref
 
 import numpy as np
 import pytest
-from cuda.bindings import driver
 
 from helpers import random_input
 from rawgraph import (
@@ -37,20 +35,6 @@ def _eager(model, x, stream):
     out.poison(stream)
     model.forward(x, out, stream)
     return out.to_numpy()
-
-
-@pytest.fixture
-def count_setparams(monkeypatch):
-    calls = []
-    real = driver.cuGraphExecKernelNodeSetParams
-
-    @functools.wraps(real)
-    def counting(*args):
-        calls.append(args[1])
-        return real(*args)
-
-    monkeypatch.setattr(driver, "cuGraphExecKernelNodeSetParams", counting)
-    return calls
 
 
 @pytest.mark.parametrize("form", ["unfused", "fused", "block"])
