@@ -1,0 +1,54 @@
+"""Control flow on the device (issue 15): work the GPU decides or advances itself, without the host.
+
+- :mod:`rawgraph.control.device_launch`: graphs instantiated for device launch
+  (:class:`DeviceGraph`) and host graphs whose kernel launches them with the device runtime's
+  ``cudaGraphLaunch`` (:func:`launcher_graph`: tail, fire-and-forget, sibling).
+- :mod:`rawgraph.control.rng`: a Philox4x32-10 generator whose seed and offset live in device
+  memory and are advanced by the graph itself (:class:`PhiloxGenerator`, :func:`noisy_plan`), so
+  every replay draws fresh numbers.
+
+Sits above capture/graph in the import order (errors -> driver objects -> launch -> graph ->
+capture -> control); nothing below imports it.
+"""
+
+from .device_launch import (
+    FIRE_AND_FORGET,
+    MODES,
+    SIBLING,
+    TAIL,
+    DeviceGraph,
+    DeviceLaunchError,
+    device_launch_problems,
+    launcher_graph,
+)
+from .rng import (
+    PhiloxGenerator,
+    blocks_for,
+    dropout_constants,
+    noisy_plan,
+    philox4x32_10,
+    reference_keep,
+    reference_noisy_forward,
+    reference_numbers,
+    uniform24,
+)
+
+__all__ = [
+    "FIRE_AND_FORGET",
+    "MODES",
+    "SIBLING",
+    "TAIL",
+    "DeviceGraph",
+    "DeviceLaunchError",
+    "PhiloxGenerator",
+    "blocks_for",
+    "device_launch_problems",
+    "dropout_constants",
+    "launcher_graph",
+    "noisy_plan",
+    "philox4x32_10",
+    "reference_keep",
+    "reference_noisy_forward",
+    "reference_numbers",
+    "uniform24",
+]

@@ -1,0 +1,187 @@
+"""Device graph launch on the GPU: a kernel in a host graph launches a DeviceGraph (tail,
+fire-and-forget, sibling); the graphs the driver refuses for device launch are refused first;
+the latency benchmark runs and checks itself."""
+
+import json
+
+import numpy as np
+import pytest
+from cuda.bindings import driver
+
+from rawgraph import Capture, DeviceBuffer, Graph, LaunchPlan, capture_plan, get_kernel
+from rawgraph.bench import device_launch as bench
+from rawgraph.control import DeviceGraph, DeviceLaunchError, device_launch_problems, launcher_graph
+from rawgraph.errors import call
+from rawgraph.launch import ArgUse, KernelArgs, Launch
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def bufs(stream):
+    b = {"counter": DeviceBuffer((1,), np.uint32), "snap": DeviceBuffer((1,), np.uint32),
+         "after": DeviceBuffer((1,), np.uint32), "rc": DeviceBuffer((1,), np.int32)}
+    yield b
+    for v in b.values():
+        v.close()
+
+
+def _snapshot_plan(counter, snap):
+    args = KernelArgs([("counter", "ptr"), ("snap", "ptr")])
+    args.update({"counter": counter.ptr, "snap": snap.ptr})
+    launch = Launch(get_kernel("device_launch", "rg_snapshot", counter.device), (1, 1, 1), (1, 1, 1), args,
+                    {"counter": ArgUse("counter", "read"), "snap": ArgUse("snap", "write")}, 0, "snapshot")
+    return LaunchPlan([launch], {"counter": counter.view(), "snap": snap.view()}, (), ("snap",), pdl=False)
+
+
+def _set(buf, value, stream):
+    buf.copy_from_host(np.array([value], dtype=buf.dtype), stream)
+
+
+def _get(buf, stream):
+    return int(buf.to_numpy(stream)[0])
+
+
+def _target(bufs, stream, n=3):
+    graph = capture_plan(bench.bump_chain(bufs["counter"], n), stream)
+    return DeviceGraph(graph, stream)
+
+
+@pytest.mark.parametrize("mode", ["tail", "fire_and_forget", "sibling"])
+def test_a_kernel_launches_the_device_graph(stream, rng, bufs, mode):
+    target = _target(bufs, stream, n=3)
+    outer = launcher_graph(target, stream, mode, after=_snapshot_plan(bufs["counter"], bufs["snap"]), rc=bufs["rc"])
+    exe = outer.instantiate()
+    after = _snapshot_plan(bufs["counter"], bufs["after"])  # stream-ordered after the outer graph
+    c0 = int(rng.integers(1, 1 << 20))
+    _set(bufs["counter"], c0, stream)
+    _set(bufs["rc"], -2, stream)
+    bufs["snap"].poison(stream)
+    bufs["after"].poison(stream)
+    exe.launch(stream)
+    after.run(stream)
+    assert _get(bufs["rc"], stream) == 0  # cudaSuccess from the device-side cudaGraphLaunch
+    assert _get(bufs["counter"], stream) == c0 + 3, f"the launched graph did not run ({mode})"
+    assert _get(bufs["after"], stream) == c0 + 3  # the stream's next work sees it finished
+    snap = _get(bufs["snap"], stream)
+    if mode == "tail":
+        assert snap == c0  # a tail launch runs after the whole launching graph
+    else:
+        assert c0 <= snap <= c0 + 3  # fire-and-forget runs beside the rest of the launching graph
+    for _ in range(10):
+        exe.launch(stream)
+    stream.synchronize()
+    assert _get(bufs["counter"], stream) == c0 + 33
+    exe.close()
+    outer.close()
+    target.close()
+    target.close()  # safe twice
+
+
+def test_device_graph_also_runs_from_the_host_and_holds_the_flag(stream, rng, bufs):
+    target = _target(bufs, stream, n=4)
+    assert target.exec.driver_flags() & int(driver.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH)
+    c0 = int(rng.integers(1, 1 << 20))
+    _set(bufs["counter"], c0, stream)
+    target.launch(stream)
+    assert _get(bufs["counter"], stream) == c0 + 4
+
+
+def test_mode_none_runs_the_launcher_without_launching(stream, rng, bufs):
+    target = _target(bufs, stream)
+    exe = launcher_graph(target, stream, None, rc=bufs["rc"]).instantiate()
+    c0 = int(rng.integers(1, 1 << 20))
+    _set(bufs["counter"], c0, stream)
+    _set(bufs["rc"], -2, stream)
+    exe.launch(stream)
+    assert _get(bufs["rc"], stream) == -1 and _get(bufs["counter"], stream) == c0
+
+
+def test_a_device_graph_with_a_child_graph_and_a_memset(stream, rng, bufs, device):
+    # kernel, memset and child-graph nodes are the node types a device graph may hold
+    child = capture_plan(bench.bump_chain(bufs["counter"], 2), stream)
+    g = call(driver.cuGraphCreate, 0)
+    node = call(driver.cuGraphAddChildGraphNode, g, None, 0, child.handle)
+    p = driver.CUDA_MEMSET_NODE_PARAMS()
+    value = int(rng.integers(1, 1 << 30))
+    p.dst, p.value, p.elementSize, p.width, p.height, p.pitch = bufs["snap"].ptr, value, 4, 1, 1, 0
+    call(driver.cuGraphAddMemsetNode, g, [node], 1, p, device.context)
+    graph = Graph(g, [], device)
+    assert device_launch_problems(graph) == []
+    target = DeviceGraph(graph, stream)
+    exe = launcher_graph(target, stream, "tail").instantiate()
+    c0 = int(rng.integers(1, 1 << 20))
+    _set(bufs["counter"], c0, stream)
+    bufs["snap"].poison(stream)
+    exe.launch(stream)
+    assert _get(bufs["counter"], stream) == c0 + 2 and _get(bufs["snap"], stream) == value
+
+
+def _empty_graph(device):
+    return Graph(call(driver.cuGraphCreate, 0), [], device)
+
+
+def test_refuses_an_empty_graph(stream, device):
+    with pytest.raises(DeviceLaunchError, match="no kernel, memcpy or memset"):
+        DeviceGraph(_empty_graph(device), stream)
+
+
+def test_refuses_empty_nodes_also_inside_a_child_graph(stream, device, bufs):
+    g = _empty_graph(device)
+    call(driver.cuGraphAddEmptyNode, g.handle, None, 0)
+    with pytest.raises(DeviceLaunchError, match=r"node 0 \(EMPTY\)"):
+        DeviceGraph(g, stream)
+    inner = _empty_graph(device)
+    call(driver.cuGraphAddEmptyNode, inner.handle, None, 0)
+    outer = capture_plan(bench.bump_chain(bufs["counter"], 1), stream)
+    call(driver.cuGraphAddChildGraphNode, outer.handle, None, 0, inner.handle)
+    problems = device_launch_problems(outer)
+    assert len(problems) == 1 and "(GRAPH) > node 0 (EMPTY)" in problems[0]
+
+
+def test_refuses_memory_alloc_and_free_nodes(stream, bufs):
+    cap = Capture(stream)
+    with cap:
+        ptr = cap.mem_alloc(4096)
+        cap.run(bench.bump_chain(bufs["counter"], 1))
+        cap.mem_free(ptr)
+    with pytest.raises(DeviceLaunchError, match="MEM_ALLOC") as info:
+        DeviceGraph(cap.captured, stream)
+    assert "MEM_FREE" in str(info.value)
+
+
+def test_refuses_a_conditional_node(stream, device, bufs):
+    g = capture_plan(bench.bump_chain(bufs["counter"], 1), stream)
+    handle = call(driver.cuGraphConditionalHandleCreate, g.handle, device.context, 1,
+                  int(driver.CU_GRAPH_COND_ASSIGN_DEFAULT))
+    p = driver.CUgraphNodeParams()
+    p.type = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+    p.conditional.handle, p.conditional.type = handle, driver.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_IF
+    p.conditional.size, p.conditional.ctx = 1, device.context
+    call(driver.cuGraphAddNode, g.handle, [], None, 0, p)
+    with pytest.raises(DeviceLaunchError, match="CONDITIONAL"):
+        DeviceGraph(g, stream)
+
+
+def test_launcher_refuses_a_plain_exec_and_a_closed_target(stream, bufs):
+    graph = capture_plan(bench.bump_chain(bufs["counter"], 1), stream)
+    plain = graph.instantiate()
+    with pytest.raises(DeviceLaunchError, match="ILLEGAL_ADDRESS"):
+        launcher_graph(plain, stream, "tail")
+    target = DeviceGraph(graph, stream)
+    with pytest.raises(DeviceLaunchError, match="mode"):
+        launcher_graph(target, stream, "later")
+    target.close()
+    with pytest.raises(DeviceLaunchError, match="closed"):
+        launcher_graph(target, stream, "tail")
+
+
+def test_latency_benchmark_runs_and_checks_every_launch(tmp_path):
+    assert bench.main(["--sizes", "1,4", "--rounds", "10", "--warmup", "3", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "device_launch.json").read_text())
+    assert result["all_ran_every_time"] and result["env"]["commit"]
+    assert [r["n"] for r in result["records"]] == [1, 4]
+    for rec in result["records"]:
+        for row in bench.ROWS:
+            assert rec[row]["device_us"]["median"] > 0 and rec[row]["host_synced_us"]["median"] > 0
+        assert rec["tail"]["expected"] == 2 * 13 * rec["n"] and rec["launcher_only"]["expected"] == 0
