@@ -1,0 +1,613 @@
+"""Explicit graph construction: add nodes and edges one by one (``cuGraphCreate`` + ``cuGraphAdd*Node``).
+
+Capture records what a stream *would* have run; a :class:`GraphBuilder` says what the graph *is*:
+each node is added with its dependencies (``deps=``), so independent work needs no second stream,
+and the graph's shape is written down rather than inferred. ``build()`` returns the same
+:class:`~rawgraph.graph.Graph` a capture returns, with a node map of
+:class:`~rawgraph.graph.KernelNode` for the kernel nodes, so ``verify_node_map`` and the
+:class:`~rawgraph.manager.ExecUpdateManager` work on it unchanged.
+
+Ownership of node parameters
+----------------------------
+The driver copies every node's parameters when the node is added: a kernel node's argument
+*values* (read through ``kernelParams``), a memcpy's addresses, a memset's value. Editing a
+:class:`~rawgraph.launch.KernelArgs` after :meth:`GraphBuilder.kernel` does not change the node
+(the node map keeps the bytes that were copied, as capture does). What the driver does *not*
+copy, and the built graph therefore keeps alive: the device buffers the nodes point at (through
+the launch plan or the launches), events of event nodes, and the Python callables of host nodes.
+
+Clone rules
+-----------
+``cuGraphClone`` refuses graphs holding memory allocation/free nodes (documented for
+``cuGraphAddMemAllocNode``) and conditional nodes (``CUDA_ERROR_NOT_SUPPORTED`` on the H200,
+benchmarks/results/probe_conditional_nodes.txt); ``cuGraphAddChildGraphNode`` refuses the same
+child graphs. Both are refused here first, with the reason.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from cuda.bindings import driver
+
+from .device import Device, get_device
+from .errors import RawgraphError, call
+from .graph import Graph, GraphExec, KernelNode
+from .launch import Launch, LaunchPlan
+from .memory import DeviceArray, DeviceBuffer, HostBuffer
+from .stream import Event
+
+NODE_T = driver.CUgraphNodeType
+DEP_DEFAULT = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT
+DEP_PROGRAMMATIC = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+# Stream capture turns a launch with PROGRAMMATIC_STREAM_SERIALIZATION into an edge of type
+# PROGRAMMATIC leaving the producer's programmatic port (the port that fires when every CTA has
+# called griddepcontrol.launch_dependents or exited): the CUDA programming guide's PDL-in-graphs
+# table. tests/test_builder_gpu.py compares these fields with a captured graph's edges.
+PORT_DEFAULT = int(driver.CU_GRAPH_KERNEL_NODE_PORT_DEFAULT)
+PORT_PROGRAMMATIC = int(driver.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC)
+PORT_LAUNCH_ORDER = int(driver.CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER)
+EDGE_KINDS = ("default", "programmatic")
+
+# Node types a graph may not hold to be cloned or embedded as a child graph.
+_NO_CLONE = {NODE_T.CU_GRAPH_NODE_TYPE_MEM_ALLOC: "a memory allocation node",
+             NODE_T.CU_GRAPH_NODE_TYPE_MEM_FREE: "a memory free node",
+             NODE_T.CU_GRAPH_NODE_TYPE_CONDITIONAL: "a conditional node"}
+# Node types a conditional body may not hold (CUDA programming guide, "Conditional graph nodes":
+# bodies may hold kernel, empty, memcpy, memset, child graph and conditional nodes only).
+_NOT_IN_BODY = ("host", "event record", "event wait", "memory allocation", "memory free")
+
+# A host node's function: void CUDA_CB fn(void* userData). ctypes takes the GIL when the driver's
+# thread calls it.
+_HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node added by a :class:`GraphBuilder`.
+
+    Attributes
+    ----------
+    handle : CUgraphNode
+    kind : str
+        ``kernel``, ``memcpy``, ``memset``, ``host``, ``event_record``, ``event_wait``, ``empty``,
+        ``child``, ``mem_alloc``, ``mem_free`` or ``conditional``.
+    index : int
+        Position in add order (among the builder's nodes).
+    """
+
+    handle: Any
+    kind: str
+    index: int
+
+
+Dep = Any  # a Node, or a raw CUgraphNode handle
+DepSpec = Any  # a Dep, a (Dep, "default" | "programmatic") pair, or an iterable of those
+
+
+class HostCallback:
+    """A Python callable made into a host node's ``CUhostFn`` (kept alive by the graph).
+
+    The driver calls it on one of its own threads when a replay reaches the node; the ctypes
+    thunk takes the GIL first, so a replay waits for whatever Python is doing. It must make no CUDA
+    call (the driver may return ``CUDA_ERROR_NOT_PERMITTED`` or deadlock) and must not wait for
+    GPU work. An exception cannot cross into the driver: it is kept in :attr:`errors` (with its
+    traceback text) and the replay goes on.
+    """
+
+    def __init__(self, fn: Callable[[], Any]):
+        if not callable(fn):
+            raise TypeError(f"a host node needs a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.calls = 0
+        self.errors: list[str] = []
+
+        def thunk(_user_data: Any) -> None:
+            self.calls += 1
+            try:
+                fn()
+            except BaseException:  # noqa: BLE001 - nothing may propagate into the driver's thread
+                self.errors.append(traceback.format_exc())
+
+        self._thunk = _HOST_FN(thunk)  # the function pointer lives as long as this object
+        self.address = int(ctypes.cast(self._thunk, ctypes.c_void_p).value or 0)
+
+
+def _ptr(obj: Any, what: str) -> int:
+    if isinstance(obj, (DeviceBuffer, HostBuffer, DeviceArray)):
+        return int(obj.ptr)
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        if obj <= 0:
+            raise ValueError(f"{what}: address must be positive, got {obj}")
+        return obj
+    raise TypeError(f"{what}: expected a DeviceBuffer, HostBuffer, DeviceArray or an address, got {type(obj).__name__}")
+
+
+def node_types(graph_handle: Any) -> list[Any]:
+    """The ``CUgraphNodeType`` of every node of a graph (``cuGraphGetNodes`` + ``cuGraphNodeGetType``)."""
+    _n, count = call(driver.cuGraphGetNodes, graph_handle, 0)
+    if not count:
+        return []
+    nodes, count = call(driver.cuGraphGetNodes, graph_handle, count)
+    return [call(driver.cuGraphNodeGetType, n) for n in list(nodes)[:count]]
+
+
+def clone_refusal(graph_handle: Any) -> str | None:
+    """Why ``cuGraphClone`` / ``cuGraphAddChildGraphNode`` would refuse this graph, or None.
+
+    Looks into child graphs too (a clone copies them recursively).
+    """
+    _n, count = call(driver.cuGraphGetNodes, graph_handle, 0)
+    if not count:
+        return None
+    nodes, count = call(driver.cuGraphGetNodes, graph_handle, count)
+    for n in list(nodes)[:count]:
+        t = call(driver.cuGraphNodeGetType, n)
+        if t in _NO_CLONE:
+            return (f"the graph holds {_NO_CLONE[t]}; the driver refuses to clone such graphs or embed them as "
+                    f"child graphs (CUDA_ERROR_NOT_SUPPORTED / documented for cuGraphAddMemAllocNode): "
+                    f"build or capture it again instead")
+        if t == NODE_T.CU_GRAPH_NODE_TYPE_GRAPH:
+            inner = clone_refusal(call(driver.cuGraphChildGraphNodeGetGraph, n))
+            if inner:
+                return "a child graph: " + inner
+    return None
+
+
+class BuiltGraph(Graph):
+    """A :class:`~rawgraph.graph.Graph` made by a :class:`GraphBuilder`.
+
+    Same API as a captured graph; additionally keeps alive what its nodes refer to but the driver
+    did not copy (``keep``: launches, events, host callbacks), and records every node it holds
+    (``built_nodes``).
+    """
+
+    def __init__(self, handle: Any, nodes: list[KernelNode], device: Device):
+        super().__init__(handle, nodes, device)
+        self.keep: list[Any] = []
+        self.built_nodes: list[Node] = []
+
+    def clone(self) -> "BuiltGraph":
+        """A copy of this graph (``cuGraphClone``) with the node map re-pointed at the copy's nodes.
+
+        Raises
+        ------
+        RawgraphError
+            The graph holds a memory allocation/free or a conditional node (the driver refuses
+            those; checked before calling it).
+        """
+        self._check_open()
+        why = clone_refusal(self.handle)
+        if why:
+            raise RawgraphError(f"cuGraphClone refused before calling the driver: {why}")
+        handle = call(driver.cuGraphClone, self.handle)
+        try:
+            kernels = [KernelNode(call(driver.cuGraphNodeFindInClone, n.handle, handle), n.index, n.launch,
+                                  n.captured_args) for n in self.nodes]
+            built = [Node(call(driver.cuGraphNodeFindInClone, n.handle, handle), n.kind, n.index)
+                     for n in self.built_nodes]
+        except BaseException:
+            call(driver.cuGraphDestroy, handle)
+            raise
+        copy = BuiltGraph(handle, kernels, self.device)
+        copy.keep = list(self.keep)
+        copy.built_nodes = built
+        copy.plan = self.plan
+        copy.other_nodes = [(n.handle, n.kind, None) for n in built if n.kind != "kernel"]
+        return copy
+
+
+class GraphBuilder:
+    """Builds one graph node by node; :meth:`build` hands it over as a :class:`BuiltGraph`.
+
+    Every ``add`` method takes ``deps``: the nodes it runs after (a :class:`Node`, a raw
+    ``CUgraphNode``, a ``(node, "programmatic")`` pair for a PDL edge, or an iterable of those;
+    empty: a root node). Each returns the new :class:`Node`.
+
+    Parameters
+    ----------
+    device : Device, optional
+        Defaults to device 0.
+
+    Notes
+    -----
+    A builder can also fill a graph it does not own (a conditional node's body, see
+    :mod:`rawgraph.conditional`): then :meth:`build` is refused and host, event and memory nodes,
+    which bodies may not hold, are refused too.
+    """
+
+    def __init__(self, device: Device | None = None, *, _body_of: Any = None, _handle: Any = None):
+        self.device = (device or get_device()).activate()
+        self.nodes: list[Node] = []
+        self.kernel_nodes: list[KernelNode] = []
+        self.keep: list[Any] = []
+        self.plan: LaunchPlan | None = None
+        self._body_of = _body_of
+        if _handle is not None:
+            self.handle = _handle
+            self._graph: BuiltGraph | None = None
+        else:
+            self.handle = call(driver.cuGraphCreate, 0)
+            # Owned from here on: a builder dropped before build() still destroys its graph.
+            self._graph = BuiltGraph(self.handle, [], self.device)
+        self._built = False
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    @property
+    def is_body(self) -> bool:
+        """True for a builder filling a conditional node's body graph."""
+        return self._body_of is not None
+
+    def _check(self, what: str) -> None:
+        if self._built:
+            raise RawgraphError(f"GraphBuilder.{what} after build(): the graph belongs to the Graph it returned")
+        if self._graph is not None:
+            self._graph._check_open()
+
+    def _no_body(self, what: str) -> None:
+        if self.is_body:
+            raise RawgraphError(f"a conditional node's body may not hold {what} nodes (kernel, empty, memcpy, memset, "
+                                "child graph and conditional nodes only); the driver would refuse the graph")
+
+    def _deps(self, deps: DepSpec) -> tuple[list[Any], list[tuple[Any, str]]]:
+        """``deps`` as (plain handles, [(handle, kind)] of every edge), duplicates refused."""
+        if deps is None:
+            items: list[Any] = []
+        elif isinstance(deps, Node) or _is_edge(deps) or not isinstance(deps, (list, tuple)):
+            items = [deps]
+        else:
+            items = list(deps)
+        edges: list[tuple[Any, str]] = []
+        for item in items:
+            kind = "default"
+            if isinstance(item, tuple):
+                if len(item) != 2 or item[1] not in EDGE_KINDS:
+                    raise ValueError(f"an edge is (node, kind) with kind in {EDGE_KINDS}, got {item!r}")
+                item, kind = item
+            handle = item.handle if isinstance(item, Node) else item
+            if handle is None or not int(handle):
+                raise ValueError("a dependency is a null node handle")
+            edges.append((handle, kind))
+        seen = [int(h) for h, _ in edges]
+        if len(set(seen)) != len(seen):
+            raise ValueError("deps names a node twice (the driver refuses duplicate dependencies)")
+        return [h for h, _ in edges], edges
+
+    def _record(self, handle: Any, kind: str) -> Node:
+        node = Node(handle, kind, len(self.nodes))
+        self.nodes.append(node)
+        return node
+
+    def _add_with_edges(self, kind: str, edges: list[tuple[Any, str]], add: Callable[[list[Any]], Any],
+                        programmatic_ok: bool = False) -> Node:
+        """Add a node with its default edges in the add call, then its programmatic ones
+        (``cuGraphAddDependencies`` with edge data)."""
+        plain = [h for h, k in edges if k == "default"]
+        pdl = [h for h, k in edges if k == "programmatic"]
+        if pdl and not programmatic_ok:
+            raise ValueError(f"a programmatic edge must end at a kernel node, not a {kind} node")
+        handle = add(plain)
+        node = self._record(handle, kind)
+        for src in pdl:
+            self._programmatic_edge(src, handle)
+        return node
+
+    def _programmatic_edge(self, src: Any, dst: Any) -> None:
+        if call(driver.cuGraphNodeGetType, src) != NODE_T.CU_GRAPH_NODE_TYPE_KERNEL:
+            raise ValueError("a programmatic edge must start at a kernel node")
+        data = driver.CUgraphEdgeData()
+        data.type = DEP_PROGRAMMATIC
+        data.from_port = PORT_PROGRAMMATIC
+        data.to_port = 0
+        call(driver.cuGraphAddDependencies, self.handle, [src], [dst], [data], 1)
+
+    # -- nodes ------------------------------------------------------------------------------
+    def kernel(self, launch: Launch, deps: DepSpec = ()) -> Node:
+        """A kernel node running ``launch`` (``cuGraphAddKernelNode``) with its packed arguments.
+
+        The driver copies the argument values now; the node map records those bytes. Clusters
+        compiled in (``__cluster_dims__``) apply as they do to a launch. ``launch.pdl`` is not
+        read here: say ``(prev, "programmatic")`` in ``deps`` for a PDL edge (:meth:`plan` does).
+        """
+        self._check("kernel")
+        if not isinstance(launch, Launch):
+            raise TypeError(f"kernel() takes a rawgraph Launch, got {type(launch).__name__}")
+        _h, edges = self._deps(deps)
+        p = driver.CUDA_KERNEL_NODE_PARAMS()
+        p.func = launch.kernel.handle
+        p.gridDimX, p.gridDimY, p.gridDimZ = launch.grid
+        p.blockDimX, p.blockDimY, p.blockDimZ = launch.block
+        p.sharedMemBytes = launch.shared_mem
+        p.kernelParams = launch.args.address
+        snapshot = launch.args.snapshot()  # what the driver copies in the call below
+        node = self._add_with_edges(
+            "kernel", edges, lambda plain: call(driver.cuGraphAddKernelNode, self.handle, plain, len(plain), p),
+            programmatic_ok=True)
+        self.kernel_nodes.append(KernelNode(node.handle, len(self.kernel_nodes), launch, snapshot))
+        self.keep.append(launch)
+        return node
+
+    def run(self, plan: LaunchPlan, deps: DepSpec = (), pdl: bool | None = None) -> list[Node]:
+        """Add every launch of ``plan`` as a chain of kernel nodes, as capturing it would.
+
+        The first node depends on ``deps``; each next one on the node before it, through a
+        programmatic edge when its launch is a PDL launch (``Launch.pdl``, set by a PDL plan),
+        else a default edge. ``pdl=False`` makes every edge a default one (rawgraph's kernels
+        are correct either way: their ``griddepcontrol.wait`` returns at once without PDL).
+        The built graph keeps the plan (its argument buffers) alive.
+        """
+        self._check("run")
+        plan.check_open()
+        out: list[Node] = []
+        for launch in plan.launches:
+            if out:
+                prev = out[-1]
+                chained = launch.pdl if pdl is None else (bool(pdl) and launch.pdl)
+                d: DepSpec = [(prev, "programmatic")] if chained else [prev]
+            else:
+                d = deps
+            out.append(self.kernel(launch, d))
+        if self.plan is None:
+            self.plan = plan
+        else:
+            self.keep.append(plan)
+        return out
+
+    def memcpy(self, dst: Any, src: Any, nbytes: int, deps: DepSpec = ()) -> Node:
+        """A 1D copy of ``nbytes`` (``cuGraphAddMemcpyNode``); each side a DeviceBuffer /
+        DeviceArray (device memory) or a HostBuffer (pinned host memory, read or written when a
+        replay reaches the node). Raw integer addresses count as device memory.
+        """
+        self._check("memcpy")
+        nbytes = int(nbytes)
+        if nbytes <= 0:
+            raise ValueError(f"memcpy size must be positive, got {nbytes}")
+        for obj, what in ((dst, "dst"), (src, "src")):
+            have = getattr(obj, "nbytes", None)
+            if have is not None and nbytes > int(have):
+                raise ValueError(f"memcpy of {nbytes} bytes overruns {what} ({have} bytes)")
+        _h, edges = self._deps(deps)
+        mt = driver.CUmemorytype
+        p = driver.CUDA_MEMCPY3D()
+        if isinstance(src, HostBuffer):
+            p.srcMemoryType, p.srcHost = mt.CU_MEMORYTYPE_HOST, _ptr(src, "src")
+        else:
+            p.srcMemoryType, p.srcDevice = mt.CU_MEMORYTYPE_DEVICE, _ptr(src, "src")
+        if isinstance(dst, HostBuffer):
+            p.dstMemoryType, p.dstHost = mt.CU_MEMORYTYPE_HOST, _ptr(dst, "dst")
+        else:
+            p.dstMemoryType, p.dstDevice = mt.CU_MEMORYTYPE_DEVICE, _ptr(dst, "dst")
+        p.WidthInBytes, p.Height, p.Depth = nbytes, 1, 1
+        p.srcPitch = p.dstPitch = nbytes
+        p.srcHeight = p.dstHeight = 1
+        ctx = self.device.context
+        self.keep.extend(o for o in (dst, src) if not isinstance(o, int))
+        return self._add_with_edges(
+            "memcpy", edges, lambda plain: call(driver.cuGraphAddMemcpyNode, self.handle, plain, len(plain), p, ctx))
+
+    def memset(self, dst: Any, value: int, count: int, element_size: int = 4, deps: DepSpec = ()) -> Node:
+        """Fill ``count`` elements of ``element_size`` (1, 2 or 4) bytes with ``value``
+        (``cuGraphAddMemsetNode``; device memory only)."""
+        self._check("memset")
+        if element_size not in (1, 2, 4):
+            raise ValueError(f"memset element size must be 1, 2 or 4 bytes, got {element_size}")
+        count = int(count)
+        if count <= 0:
+            raise ValueError(f"memset count must be positive, got {count}")
+        if not 0 <= int(value) < (1 << (8 * element_size)):
+            raise ValueError(f"memset value {value} does not fit {element_size} byte(s)")
+        if isinstance(dst, HostBuffer):
+            raise TypeError("memset nodes write device memory; got a HostBuffer")
+        have = getattr(dst, "nbytes", None)
+        if have is not None and count * element_size > int(have):
+            raise ValueError(f"memset of {count * element_size} bytes overruns dst ({have} bytes)")
+        _h, edges = self._deps(deps)
+        p = driver.CUDA_MEMSET_NODE_PARAMS()
+        p.dst = _ptr(dst, "dst")
+        p.value = int(value)
+        p.elementSize = element_size
+        p.width = count
+        p.height = 1
+        p.pitch = count * element_size
+        ctx = self.device.context
+        if not isinstance(dst, int):
+            self.keep.append(dst)
+        return self._add_with_edges(
+            "memset", edges, lambda plain: call(driver.cuGraphAddMemsetNode, self.handle, plain, len(plain), p, ctx))
+
+    def host(self, fn: Callable[[], Any] | HostCallback, deps: DepSpec = ()) -> Node:
+        """A host node calling ``fn()`` when a replay reaches it (``cuGraphAddHostNode``).
+
+        Limits: ``fn`` runs on a driver thread, takes the GIL (a replay waits for Python), must
+        make no CUDA call and must not wait for GPU work; later nodes wait for it to return. The
+        graph (and every exec of it, which keeps the graph) keeps ``fn`` alive. Exceptions are
+        kept in the returned node's callback (``graph.keep``), see :class:`HostCallback`.
+        """
+        self._check("host")
+        self._no_body("host")
+        cb = fn if isinstance(fn, HostCallback) else HostCallback(fn)
+        _h, edges = self._deps(deps)
+        p = driver.CUDA_HOST_NODE_PARAMS()
+        p.fn = driver.CUhostFn(cb.address)
+        p.userData = 0
+        self.keep.append(cb)
+        return self._add_with_edges(
+            "host", edges, lambda plain: call(driver.cuGraphAddHostNode, self.handle, plain, len(plain), p))
+
+    def event_record(self, event: Event, deps: DepSpec = ()) -> Node:
+        """Record ``event`` when a replay reaches this node (``cuGraphAddEventRecordNode``)."""
+        self._check("event_record")
+        self._no_body("event record")
+        event._check_open()
+        _h, edges = self._deps(deps)
+        self.keep.append(event)
+        return self._add_with_edges(
+            "event_record", edges,
+            lambda plain: call(driver.cuGraphAddEventRecordNode, self.handle, plain, len(plain), event.handle))
+
+    def event_wait(self, event: Event, deps: DepSpec = ()) -> Node:
+        """Wait for ``event``'s latest record before later nodes run (``cuGraphAddEventWaitNode``)."""
+        self._check("event_wait")
+        self._no_body("event wait")
+        event._check_open()
+        _h, edges = self._deps(deps)
+        self.keep.append(event)
+        return self._add_with_edges(
+            "event_wait", edges,
+            lambda plain: call(driver.cuGraphAddEventWaitNode, self.handle, plain, len(plain), event.handle))
+
+    def empty(self, deps: DepSpec = ()) -> Node:
+        """A node that does nothing: a join point for many edges (``cuGraphAddEmptyNode``)."""
+        self._check("empty")
+        _h, edges = self._deps(deps)
+        return self._add_with_edges(
+            "empty", edges, lambda plain: call(driver.cuGraphAddEmptyNode, self.handle, plain, len(plain)))
+
+    def child(self, graph: Graph | Any, deps: DepSpec = ()) -> Node:
+        """Embed a copy of ``graph`` (``cuGraphAddChildGraphNode`` clones it now).
+
+        Refused first when ``graph`` holds memory allocation/free or conditional nodes (the
+        driver refuses those child graphs). Later edits to ``graph`` do not reach the node; the
+        built graph keeps ``graph`` alive for the buffers its nodes point at.
+        """
+        self._check("child")
+        handle = graph.handle if isinstance(graph, Graph) else graph
+        if isinstance(graph, Graph):
+            graph._check_open()
+        why = clone_refusal(handle)
+        if why:
+            raise RawgraphError(f"cuGraphAddChildGraphNode refused before calling the driver: {why}")
+        _h, edges = self._deps(deps)
+        self.keep.append(graph)
+        return self._add_with_edges(
+            "child", edges, lambda plain: call(driver.cuGraphAddChildGraphNode, self.handle, plain, len(plain), handle))
+
+    def mem_alloc(self, nbytes: int, deps: DepSpec = ()) -> tuple[Node, int]:
+        """Allocate ``nbytes`` of device memory inside the graph (``cuGraphAddMemAllocNode``).
+
+        Returns the node and the address, fixed for the graph's lifetime. The graph can then not
+        be cloned and only one exec of it may exist at a time (driver rules).
+        """
+        self._check("mem_alloc")
+        self._no_body("memory allocation")
+        nbytes = int(nbytes)
+        if nbytes <= 0:
+            raise ValueError(f"allocation size must be positive, got {nbytes}")
+        _h, edges = self._deps(deps)
+        p = driver.CUDA_MEM_ALLOC_NODE_PARAMS()
+        p.poolProps.allocType = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        p.poolProps.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        p.poolProps.location.id = self.device.ordinal
+        p.bytesize = nbytes
+        node = self._add_with_edges(
+            "mem_alloc", edges, lambda plain: call(driver.cuGraphAddMemAllocNode, self.handle, plain, len(plain), p))
+        ptr = int(call(driver.cuGraphMemAllocNodeGetParams, node.handle).dptr)
+        return node, ptr
+
+    def mem_free(self, ptr: int, deps: DepSpec = ()) -> Node:
+        """Free graph memory allocated by :meth:`mem_alloc` (``cuGraphAddMemFreeNode``)."""
+        self._check("mem_free")
+        self._no_body("memory free")
+        _h, edges = self._deps(deps)
+        return self._add_with_edges(
+            "mem_free", edges, lambda plain: call(driver.cuGraphAddMemFreeNode, self.handle, plain, len(plain), int(ptr)))
+
+    def node(self, params: Any, kind: str, deps: DepSpec = ()) -> tuple[Node, Any]:
+        """Any node from a filled ``CUgraphNodeParams`` (``cuGraphAddNode``); returns the node and
+        the params, which the driver may have written outputs into (a conditional node's bodies)."""
+        self._check("node")
+        plain, edges = self._deps(deps)
+        data = [self._edge_data(k) for _h, k in edges]
+        handle = call(driver.cuGraphAddNode, self.handle, plain, data or None, len(plain), params)
+        self.keep.append(params)
+        return self._record(handle, kind), params
+
+    @staticmethod
+    def _edge_data(kind: str) -> Any:
+        d = driver.CUgraphEdgeData()
+        if kind == "programmatic":
+            d.type, d.from_port = DEP_PROGRAMMATIC, PORT_PROGRAMMATIC
+        else:
+            d.type, d.from_port = DEP_DEFAULT, PORT_DEFAULT
+        d.to_port = 0
+        return d
+
+    # -- edges ------------------------------------------------------------------------------
+    def depend(self, before: Dep, after: Dep, kind: str = "default") -> None:
+        """Add one edge ``before -> after`` (``cuGraphAddDependencies`` with edge data)."""
+        self._check("depend")
+        if kind not in EDGE_KINDS:
+            raise ValueError(f"edge kind must be one of {EDGE_KINDS}, got {kind!r}")
+        src = before.handle if isinstance(before, Node) else before
+        dst = after.handle if isinstance(after, Node) else after
+        if kind == "programmatic":
+            if call(driver.cuGraphNodeGetType, dst) != NODE_T.CU_GRAPH_NODE_TYPE_KERNEL:
+                raise ValueError("a programmatic edge must end at a kernel node")
+            self._programmatic_edge(src, dst)
+        else:
+            call(driver.cuGraphAddDependencies, self.handle, [src], [dst], [self._edge_data("default")], 1)
+
+    # -- result -----------------------------------------------------------------------------
+    def build(self) -> BuiltGraph:
+        """Hand the graph over: a :class:`BuiltGraph` with the kernel node map. Single use."""
+        self._check("build")
+        if self._graph is None:
+            raise RawgraphError("this builder fills a conditional node's body; the parent graph owns it")
+        g = self._graph
+        g.nodes = list(self.kernel_nodes)
+        g.built_nodes = list(self.nodes)
+        g.keep = list(self.keep)
+        g.plan = self.plan
+        g.other_nodes = [(n.handle, n.kind, None) for n in self.nodes if n.kind != "kernel"]
+        self._built = True
+        return g
+
+    def instantiate(self, flags: int = 0) -> GraphExec:
+        """``build()`` then ``cuGraphInstantiate`` (the exec keeps the graph alive)."""
+        return self.build().instantiate(flags)
+
+    def close(self) -> None:
+        """Destroy the graph if it was never built (``cuGraphDestroy``); safe twice."""
+        if not self._built and self._graph is not None:
+            self._graph.close()
+
+    def __enter__(self) -> "GraphBuilder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            self.close()
+
+
+def _is_edge(t: Any) -> bool:
+    """One ``(node, kind)`` edge rather than a sequence of deps."""
+    return isinstance(t, tuple) and len(t) == 2 and isinstance(t[1], str)
+
+
+def build_plan(plan: LaunchPlan, device: Device | None = None) -> BuiltGraph:
+    """The graph of ``plan`` built explicitly: what :func:`~rawgraph.capture.capture_plan` gives,
+    without a stream or a warm-up run."""
+    b = GraphBuilder(device)
+    try:
+        b.run(plan)
+    except BaseException:
+        b.close()
+        raise
+    return b.build()
+
+
+def edge_list(graph_handle: Any) -> list[tuple[Any, Any, tuple[int, int, int]]]:
+    """``(from, to, (type, from_port, to_port))`` of every edge (``cuGraphGetEdges``)."""
+    _f, _t, _d, n = call(driver.cuGraphGetEdges, graph_handle, 0)
+    if not n:
+        return []
+    frm, to, data, n = call(driver.cuGraphGetEdges, graph_handle, n)
+    out = []
+    for i in range(n):
+        d = data[i] if data is not None else None
+        info = (int(d.type), int(d.from_port), int(d.to_port)) if d is not None else (0, 0, 0)
+        out.append((frm[i], to[i], info))
+    return out

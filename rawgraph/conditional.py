@@ -1,0 +1,655 @@
+"""Conditional graph nodes: IF, IF/ELSE, SWITCH and WHILE decided on the device at every replay.
+
+A conditional node holds one or more *body graphs* and a *condition handle*
+(``cuGraphConditionalHandleCreate``). A kernel that runs earlier in the same replay sets the
+condition with the device-runtime builtin ``cudaGraphSetConditional(handle, value)``
+(``kernels/control.cu``, compiled by NVRTC without ``-rdc``); when the node is reached:
+
+- ``IF`` (size 1): body 0 runs when the value is nonzero;
+- ``IF/ELSE`` (``IF`` of size 2, CUDA >= 12.8): body 0 when nonzero, body 1 when zero;
+- ``SWITCH`` (size n, CUDA >= 12.8): body ``value`` when ``value < n``, none otherwise;
+- ``WHILE`` (size 1): body 0 runs again and again while the value is nonzero, checked before
+  each iteration; a kernel in the body sets the value for the next check.
+
+With ``default`` given, the handle is reset to it at the start of every launch
+(``CU_GRAPH_COND_ASSIGN_DEFAULT``); without, it keeps no defined value until a kernel sets it.
+
+Nodes are added two ways, with the same result: by a :class:`~rawgraph.builder.GraphBuilder`
+(:func:`add_conditional`), or inside a :class:`~rawgraph.capture.Capture` (:func:`capture_conditional`:
+``cuStreamGetCaptureInfo`` -> ``cuGraphAddNode`` on the capturing graph with the capture's current
+dependencies -> ``cuStreamUpdateCaptureDependencies``), after which the capture goes on behind
+the node. Bodies are filled with a body builder (:attr:`ConditionalNode.bodies`) or captured on a
+second stream (:meth:`ConditionalNode.capture_body`, ``cuStreamBeginCaptureToGraph``; the
+capturing stream itself is refused by the driver with ``CUDA_ERROR_ILLEGAL_STATE``).
+
+Rules (checked here before the driver sees them): a body holds only kernel, empty, memcpy,
+memset, child graph and conditional nodes; sizes are IF 1 or 2, WHILE 1, SWITCH >= 1; a handle
+serves one node of the graph it was made for; a graph with a conditional node cannot be cloned
+or embedded as a child graph (``CUDA_ERROR_NOT_SUPPORTED``). An exec's conditional node takes no
+``cuGraphExecNodeSetParams`` (``CUDA_ERROR_NOT_SUPPORTED`` on the H200); the kernel nodes of
+its bodies do take ``cuGraphExecKernelNodeSetParams``.
+
+Worked examples: :class:`DepthLoop` (a TinyBlock whose depth is read from device memory at every
+replay: one exec for every depth up to a maximum) and :class:`NormGate` (skip the block when a
+device-computed norm is under a threshold).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from cuda.bindings import driver
+
+from . import _capturing
+from .builder import BuiltGraph, DepSpec, GraphBuilder, Node
+from .capture import DEFAULT_CAPTURE_MODE, Capture, CaptureMode
+from .device import Device, get_device
+from .errors import CaptureError, CaptureRefusedError, RawgraphError, ShapeError, call, check, error_name
+from .graph import KernelNode
+from .kernels import Kernel, get_kernel
+from .launch import KernelArgs, Launch, LaunchPlan
+from .memory import DeviceBuffer, as_device_array, check_array
+from .model import BlockWeights, TinyBlock
+from .resource import Resource, shutting_down
+from .stream import Stream
+
+KINDS = ("if", "while", "switch")
+_COND_T = {
+    "if": driver.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_IF,
+    "while": driver.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE,
+    "switch": driver.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_SWITCH,
+}
+# Driver versions (cuDriverGetVersion): IF and WHILE came with CUDA 12.3; IF/ELSE (an IF of size
+# 2) and SWITCH with 12.8.
+MIN_DRIVER = 12030
+MIN_DRIVER_ELSE_SWITCH = 12080
+ASSIGN_DEFAULT = int(driver.CU_GRAPH_COND_ASSIGN_DEFAULT)
+_SET_DEPS = driver.CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES
+_ACTIVE = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
+THREADS = 256
+
+
+class ConditionalUnsupportedError(RawgraphError):
+    """The driver is too old for this conditional node (checked before calling it)."""
+
+
+def driver_cuda_version() -> int:
+    """The driver's CUDA version as an integer, e.g. 13000 (``cuDriverGetVersion``)."""
+    return int(call(driver.cuDriverGetVersion))
+
+
+def check_kind(kind: str, size: int | None, version: int | None = None) -> int:
+    """Validate a conditional node's type and body count against the rules and the driver.
+
+    Returns the size to use (IF and WHILE default to 1; SWITCH needs one).
+
+    Raises
+    ------
+    ValueError
+        Unknown kind or a size the driver rejects (``CUDA_ERROR_INVALID_VALUE`` on the H200 for
+        WHILE 2, IF 3 and SWITCH 0).
+    ConditionalUnsupportedError
+        IF/ELSE or SWITCH on a driver older than CUDA 12.8, any conditional before 12.3.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"conditional kind must be one of {KINDS}, got {kind!r}")
+    if size is None:
+        if kind == "switch":
+            raise ValueError("a SWITCH node needs size= (its number of bodies)")
+        size = 1
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+        raise TypeError(f"size must be an int, got {type(size).__name__}")
+    size = int(size)
+    allowed = {"if": (1, 2), "while": (1,)}.get(kind)
+    if allowed is not None and size not in allowed:
+        raise ValueError(f"a {kind.upper()} node has {' or '.join(map(str, allowed))} bodies, not {size}")
+    if kind == "switch" and size < 1:
+        raise ValueError(f"a SWITCH node needs at least one body, got size {size}")
+    v = driver_cuda_version() if version is None else int(version)
+    if v < MIN_DRIVER:
+        raise ConditionalUnsupportedError(f"conditional nodes need a CUDA 12.3 driver; this one is {_ver(v)}")
+    if (kind == "switch" or (kind == "if" and size == 2)) and v < MIN_DRIVER_ELSE_SWITCH:
+        what = "SWITCH" if kind == "switch" else "IF/ELSE (an IF node of size 2)"
+        raise ConditionalUnsupportedError(f"{what} needs a CUDA 12.8 driver; this one is {_ver(v)}")
+    return size
+
+
+def _ver(v: int) -> str:
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+@dataclass
+class ConditionalHandle:
+    """A condition variable of one graph (``cuGraphConditionalHandleCreate``).
+
+    Pass :attr:`value` (or ``int(handle)``) as the ``cudaGraphConditionalHandle`` (``u64``)
+    argument of the kernel that sets it. Its lifetime is the graph's: nothing to release.
+
+    Attributes
+    ----------
+    value : int
+    graph : int
+        The graph handle it was made for (as an integer).
+    default : int or None
+        Value assigned at the start of every launch, or None (not reset).
+    """
+
+    value: int
+    graph: int
+    default: int | None
+    raw: Any = None
+    used_by: Any = None  # the conditional node that took it
+
+    def __int__(self) -> int:
+        return self.value
+
+
+def make_handle(graph: Any, device: Device | None = None, default: int | None = None) -> ConditionalHandle:
+    """``cuGraphConditionalHandleCreate`` for ``graph`` (a builder, a Graph or a raw CUgraph).
+
+    ``default``: reset the condition to this value at the start of every launch
+    (``CU_GRAPH_COND_ASSIGN_DEFAULT``); None leaves it unset until a kernel sets it.
+    """
+    dev = (device or getattr(graph, "device", None) or get_device()).activate()
+    handle = getattr(graph, "handle", graph)
+    if default is not None and not 0 <= int(default) < (1 << 32):
+        raise ValueError(f"a condition is an unsigned 32-bit value, got default {default}")
+    flags = ASSIGN_DEFAULT if default is not None else 0
+    raw = call(driver.cuGraphConditionalHandleCreate, handle, dev.context, int(default or 0), flags)
+    return ConditionalHandle(int(raw), int(handle), None if default is None else int(default), raw)
+
+
+@dataclass
+class ConditionalNode:
+    """A conditional node and its bodies.
+
+    Attributes
+    ----------
+    node : Node
+        The node in the parent graph (``kind == "conditional"``).
+    kind : str
+        ``if``, ``while`` or ``switch``.
+    cond : ConditionalHandle
+    bodies : list of GraphBuilder
+        One builder per body graph (``CUDA_CONDITIONAL_NODE_PARAMS.phGraph_out``), owned by the
+        node: add the body's nodes through them, or capture them with :meth:`capture_body`.
+    """
+
+    node: Node
+    kind: str
+    cond: ConditionalHandle
+    bodies: list[GraphBuilder]
+    device: Device
+    keep: list[Any] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return len(self.bodies)
+
+    def body_kernel_nodes(self, i: int) -> list[KernelNode]:
+        """The kernel nodes of body ``i`` (added by a body builder or captured into it)."""
+        return self.bodies[i].kernel_nodes
+
+    def capture_body(self, i: int, stream: Any, mode: CaptureMode = DEFAULT_CAPTURE_MODE) -> "BodyCapture":
+        """Capture body ``i`` on ``stream`` (``cuStreamBeginCaptureToGraph``): a context manager
+        with ``launch(Launch)`` and ``run(LaunchPlan)``. ``stream`` must be a stream that is not
+        capturing (not the one whose capture holds this node)."""
+        if not 0 <= i < len(self.bodies):
+            raise IndexError(f"body {i} of a {self.kind.upper()} node with {len(self.bodies)} bodies")
+        return BodyCapture(self, self.bodies[i], stream, mode)
+
+
+def _node_params(cond: ConditionalHandle, kind: str, size: int, device: Device) -> Any:
+    p = driver.CUgraphNodeParams()
+    p.type = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+    p.conditional.handle = cond.raw if cond.raw is not None else driver.CUgraphConditionalHandle(cond.value)
+    p.conditional.type = _COND_T[kind]
+    p.conditional.size = size
+    p.conditional.ctx = device.context
+    return p
+
+
+def _take_handle(cond: ConditionalHandle, graphs: list[int]) -> None:
+    if not isinstance(cond, ConditionalHandle):
+        raise TypeError(f"expected a ConditionalHandle (make_handle), got {type(cond).__name__}")
+    if cond.used_by is not None:
+        raise RawgraphError("this condition handle already drives a conditional node; make one handle per node")
+    if cond.graph not in graphs:
+        raise RawgraphError("this condition handle was made for another graph (make it on the graph, or a parent "
+                            "graph, that holds the node)")
+
+
+def add_conditional(builder: GraphBuilder, kind: str, cond: ConditionalHandle, size: int | None = None,
+                    deps: DepSpec = ()) -> ConditionalNode:
+    """Add a conditional node to ``builder``'s graph (``cuGraphAddNode`` with
+    ``CU_GRAPH_NODE_TYPE_CONDITIONAL``); returns it with one body builder per body.
+
+    ``cond`` must come from :func:`make_handle` on this graph or one it is a body of, and drive
+    no other node.
+    """
+    size = check_kind(kind, size)
+    _take_handle(cond, _ancestry(builder))
+    params = _node_params(cond, kind, size, builder.device)
+    node, params = builder.node(params, "conditional", deps)
+    cond.used_by = node
+    return _wrap(node, kind, cond, size, builder.device, params, builder)
+
+
+def _ancestry(builder: GraphBuilder) -> list[int]:
+    out: list[int] = []
+    b: GraphBuilder | None = builder
+    while b is not None:
+        out.append(int(b.handle))
+        parent = b._body_of
+        b = parent if isinstance(parent, GraphBuilder) else None
+    return out
+
+
+def _wrap(node: Node, kind: str, cond: ConditionalHandle, size: int, device: Device, params: Any,
+          parent: GraphBuilder | None) -> ConditionalNode:
+    graphs = list(params.conditional.phGraph_out)[:size]  # driver-owned array of `size` entries
+    if len(graphs) != size or not all(int(g) for g in graphs):
+        raise RawgraphError(f"cuGraphAddNode returned {len(graphs)} body graphs for a node of size {size}")
+    bodies = [GraphBuilder(device, _body_of=parent if parent is not None else node, _handle=g) for g in graphs]
+    return ConditionalNode(node, kind, cond, bodies, device, [params])
+
+
+# ------------------------------------------------------------------------------- capture side
+def _capture_info(cap: Capture) -> tuple[Any, list[Any], list[Any] | None]:
+    """(capturing graph, current dependencies, their edge data) of an open capture."""
+    status, _id, graph, deps, edges, n = check(driver.cuStreamGetCaptureInfo(cap.stream.handle),
+                                               "cuStreamGetCaptureInfo")
+    if status != _ACTIVE:
+        raise CaptureError(0, "CAPTURE_NOT_ACTIVE", f"capture status is {status.name}", "cuStreamGetCaptureInfo")
+    n = int(n)
+    # The arrays may be longer than the count: trim (cuda.core does the same).
+    deps = list(deps or [])[:n]
+    edge_list = list(edges)[:n] if edges else None
+    return graph, deps, edge_list
+
+
+def _check_capturing(cap: Capture, what: str) -> None:
+    if not isinstance(cap, Capture):
+        raise TypeError(f"{what} needs a rawgraph Capture, got {type(cap).__name__}")
+    if not cap._open:
+        raise RawgraphError(f"{what} outside the Capture's with-block")
+
+
+def capture_handle(cap: Capture, default: int | None = None) -> ConditionalHandle:
+    """A condition handle on the graph ``cap`` is capturing into (see :func:`make_handle`)."""
+    _check_capturing(cap, "capture_handle")
+    graph, _deps, _edges = _capture_info(cap)
+    return make_handle(graph, cap.stream.device, default)
+
+
+def capture_conditional(cap: Capture, kind: str, cond: ConditionalHandle, size: int | None = None) -> ConditionalNode:
+    """Insert a conditional node at the current point of a capture.
+
+    ``cuStreamGetCaptureInfo`` gives the capturing graph and the stream's current dependencies;
+    ``cuGraphAddNode`` adds the node after them; ``cuStreamUpdateCaptureDependencies`` (SET) makes
+    it the one dependency of whatever is captured next. The node is recorded in
+    ``cap.other_nodes`` as ``(node, "conditional", ConditionalNode)``, so the capture's node
+    count check holds. Fill the bodies with :meth:`ConditionalNode.capture_body` (on another
+    stream) or the body builders.
+    """
+    _check_capturing(cap, "capture_conditional")
+    size = check_kind(kind, size)
+    graph, deps, edges = _capture_info(cap)
+    _take_handle(cond, [int(graph)])
+    dev = cap.stream.device
+    params = _node_params(cond, kind, size, dev)
+    handle = call(driver.cuGraphAddNode, graph, deps, edges, len(deps), params)
+    call(driver.cuStreamUpdateCaptureDependencies, cap.stream.handle, [handle], None, 1, _SET_DEPS)
+    node = Node(handle, "conditional", len(cap.nodes) + len(cap.other_nodes))
+    cond.used_by = node
+    cn = _wrap(node, kind, cond, size, dev, params, None)
+    cap.other_nodes.append((handle, "conditional", cn))
+    return cn
+
+
+def _end_quietly(handle: Any, record: _capturing.CaptureRecord) -> None:
+    _capturing.end(record)
+    if not shutting_down():
+        driver.cuStreamEndCapture(handle)
+
+
+class BodyCapture:
+    """Captures one conditional body on a second stream (``cuStreamBeginCaptureToGraph``).
+
+    Made by :meth:`ConditionalNode.capture_body`. Inside the with-block, :meth:`launch` and
+    :meth:`run` record kernel nodes into the body (the node map: the body builder's
+    ``kernel_nodes``). On exit the capture ends (``cuStreamEndCapture``, which returns the body
+    graph itself); if the block raised, the capture is still ended and the error propagates.
+    """
+
+    def __init__(self, node: ConditionalNode, body: GraphBuilder, stream: Any, mode: CaptureMode):
+        if not isinstance(stream, Stream):
+            raise TypeError(f"a body is captured on a rawgraph Stream, got {type(stream).__name__}")
+        if stream.is_default:
+            raise CaptureRefusedError("cannot capture on a default stream; use a rawgraph.Stream()")
+        self.node = node
+        self.body = body
+        self.stream = stream
+        self.mode = mode
+        self._open = False
+        self._record: _capturing.CaptureRecord | None = None
+        self._abandon: weakref.finalize | None = None
+
+    def __enter__(self) -> "BodyCapture":
+        self.stream._check_open()
+        if self.stream.is_capturing():
+            raise CaptureRefusedError(
+                "this stream is already capturing; a body is captured on another stream than the capture that "
+                "holds its node (the driver answers CUDA_ERROR_ILLEGAL_STATE)")
+        call(driver.cuStreamBeginCaptureToGraph, self.stream.handle, self.body.handle, None, None, 0, self.mode.value)
+        self._open = True
+        self._record = _capturing.CaptureRecord(self.stream.ptr, self.mode.name)
+        _capturing.begin(self._record)
+        self._abandon = weakref.finalize(self, _end_quietly, self.stream.handle, self._record)
+        return self
+
+    def launch(self, launch: Launch) -> KernelNode:
+        """Launch into the body and record the node it became (``cuStreamGetCaptureInfo``)."""
+        if not self._open:
+            raise RawgraphError("BodyCapture.launch outside the with-block")
+        launch(self.stream)
+        status, _id, _g, deps, _e, n = check(driver.cuStreamGetCaptureInfo(self.stream.handle), "cuStreamGetCaptureInfo")
+        if status != _ACTIVE or int(n) != 1:
+            raise RawgraphError(f"expected one dependency after launching {launch.kernel.name} into a body, found {n}")
+        kn = KernelNode(deps[0], len(self.body.kernel_nodes), launch, launch.args.snapshot())
+        self.body.kernel_nodes.append(kn)
+        self.body.nodes.append(Node(deps[0], "kernel", len(self.body.nodes)))
+        self.body.keep.append(launch)
+        return kn
+
+    def run(self, plan: LaunchPlan) -> None:
+        """Record every launch of ``plan`` in order (PDL launches become programmatic edges)."""
+        plan.check_open()
+        for launch in plan.launches:
+            self.launch(launch)
+        self.body.keep.append(plan)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
+        self._open = False
+        assert self._record is not None and self._abandon is not None
+        self._abandon.detach()
+        _capturing.end(self._record)
+        err, graph = driver.cuStreamEndCapture(self.stream.handle)
+        if exc_type is not None:
+            return False
+        if self._record.errors:
+            raise CaptureError(0, "CAPTURE_BODY_ERROR", f"the body capture caught {len(self._record.errors)} "
+                               f"driver error(s) and went on; the first: {self._record.errors[0]}",
+                               "cuStreamEndCapture") from self._record.errors[0]
+        if err != _SUCCESS:
+            check((err,), "cuStreamEndCapture")
+        if graph is not None and int(graph) != int(self.body.handle):
+            raise RawgraphError(f"cuStreamEndCapture returned graph 0x{int(graph):x}, not the body "
+                                f"0x{int(self.body.handle):x} ({error_name(err)})")
+        return False
+
+
+# --------------------------------------------------------------------------- launch builders
+def control_kernel(name: str, device: Device | None = None) -> Kernel:
+    """One kernel of ``kernels/control.cu``."""
+    return get_kernel("control", name, device)
+
+
+def _grid(n: int, device: Device) -> tuple[int, int, int]:
+    return (max(1, min(-(-n // THREADS), 2 * device.info.multiprocessors)), 1, 1)
+
+
+def _launch(device: Device, name: str, spec: list[tuple[str, str]], values: dict, grid: tuple[int, int, int] = (1, 1, 1),
+            block: int = 1) -> Launch:
+    args = KernelArgs(spec)
+    args.update(values)
+    return Launch(control_kernel(name, device), grid, (block, 1, 1), args, {}, 0, name)
+
+
+def set_condition(device: Device, cond: ConditionalHandle, value: Any) -> Launch:
+    """``rg_set_cond``: condition = the ``uint32`` at ``value`` (device memory), read each replay."""
+    return _launch(device, "rg_set_cond", [("h", "u64"), ("value", "ptr")],
+                   {"h": int(cond), "value": _u32_ptr(value, "value")})
+
+
+def countdown(device: Device, cond: ConditionalHandle, remaining: Any) -> Launch:
+    """``rg_countdown``: ``remaining -= 1`` (saturating), condition = ``remaining > 0``: the last
+    kernel of a WHILE body that runs ``remaining`` times (set the first check with
+    :func:`set_condition` on the same buffer)."""
+    return _launch(device, "rg_countdown", [("h", "u64"), ("remaining", "ptr")],
+                   {"h": int(cond), "remaining": _u32_ptr(remaining, "remaining")})
+
+
+def axpb(device: Device, x: Any, y: Any, a: float, b: float) -> Launch:
+    """``rg_axpb``: ``y = x * a + b`` elementwise over float32 (``x`` may be ``y``)."""
+    xa, ya = as_device_array(x, "x"), as_device_array(y, "y")
+    if xa.size != ya.size or xa.dtype != np.float32 or ya.dtype != np.float32:
+        raise ShapeError(f"axpb needs two float32 arrays of one size, got {xa.size} and {ya.size}")
+    return _launch(device, "rg_axpb", [("x", "ptr"), ("y", "ptr"), ("n", "i32"), ("a", "f32"), ("b", "f32")],
+                   {"x": xa.ptr, "y": ya.ptr, "n": xa.size, "a": a, "b": b}, _grid(xa.size, device), THREADS)
+
+
+def noop(device: Device) -> Launch:
+    """``rg_noop``: one thread doing nothing (for cost measurements)."""
+    return _launch(device, "rg_noop", [], {})
+
+
+def _u32_ptr(obj: Any, what: str) -> int:
+    arr = as_device_array(obj, what)
+    if arr.dtype != np.uint32 or arr.size < 1:
+        raise ShapeError(f"{what} must be device memory holding uint32, got {arr.dtype} x {arr.size}")
+    return arr.ptr
+
+
+# ------------------------------------------------------------------------- worked examples
+def _close_all(owned: list) -> None:
+    for obj in owned:
+        obj.close()
+
+
+class DepthLoop(Resource):
+    """A TinyBlock whose depth is read from device memory at every replay (a WHILE over layers).
+
+    One exec serves every depth ``0..max_depth`` (``max_depth = weights.layers``) with no
+    re-instantiation and no parameter update: write the depth into :attr:`depth` (host
+    :meth:`set_depth`, or any kernel) before a replay. Depth ``d`` gives the bits of a plain
+    ``d``-layer TinyBlock with the same weights; depth 0 copies ``x`` to ``out``.
+
+    The graph::
+
+        memcpy x -> cur;  rg_depth_init (counter = 0, cond = depth > 0)
+        WHILE cond:
+            rg_select_layer   copy W1[counter], W2[counter] into the fixed weight buffers
+            <one layer>       the plain plan's kernels, reading cur and the fixed weights, writing nxt
+            rg_layer_advance  cur = nxt; counter += 1; cond = counter < depth
+        memcpy cur -> out
+
+    A captured body reads fixed addresses, so each iteration copies its layer's weights into
+    fixed buffers (2 * width^2 * 4 bytes of reads and writes per layer) and its output back to its
+    input (batch * width * 4 bytes): the arithmetic kernels are the plain plan's own, so the bits
+    match. Owns: the fixed weights, the activations, the counter and depth words, the pointer
+    tables (``cuMemFree``), and the graph and exec (``cuGraphDestroy`` / ``cuGraphExecDestroy``).
+
+    Parameters
+    ----------
+    weights : BlockWeights
+        Every layer's weights (not owned).
+    batch : int
+    x, out : device arrays
+        ``(batch, width)`` float32, read / written at every replay.
+    form : {"unfused", "fused", "block"}
+    capture : bool, default False
+        Build the graph by stream capture (the body on a second stream) instead of the builder.
+    stream : Stream, optional
+        For capture and the set-up copies (default: a private one).
+    """
+
+    def __init__(self, weights: BlockWeights, batch: int, x: Any, out: Any, form: str = "unfused",
+                 capture: bool = False, stream: Stream | None = None):
+        weights._check_open()
+        self.device = weights.device.activate()
+        self.width, self.max_depth, self.batch = weights.width, weights.layers, int(batch)
+        owned: list[Any] = []
+        self._own(_close_all, owned, name="cuGraphExecDestroy + cuGraphDestroy + cuMemFree (DepthLoop)")
+        self._owned = owned
+        w, b = self.width, self.batch
+        # One layer over fixed weight buffers (pdl off: plain edges inside the body).
+        self.fixed = BlockWeights(w, 1, seed=0, device=self.device)
+        self.layer = TinyBlock(w, b, form=form, device=self.device, pdl=False, weights=self.fixed)
+        owned.append(self.layer)
+        owned.append(self.fixed)
+        self.cur, self.nxt = DeviceBuffer((b, w), np.float32, self.device), DeviceBuffer((b, w), np.float32, self.device)
+        self.counter = DeviceBuffer(1, np.uint32, self.device)
+        self.depth = DeviceBuffer(1, np.uint32, self.device)
+        self.w1_table = DeviceBuffer(self.max_depth, np.uint64, self.device)
+        self.w2_table = DeviceBuffer(self.max_depth, np.uint64, self.device)
+        owned.extend([self.cur, self.nxt, self.counter, self.depth, self.w1_table, self.w2_table])
+        self.weights = weights
+        self.x = check_array(as_device_array(x, "x"), (b, w), np.float32, "x", self.device)
+        self.out = check_array(as_device_array(out, "out"), (b, w), np.float32, "out", self.device)
+        own_stream = stream is None
+        s = stream if stream is not None else Stream(device=self.device)
+        try:
+            self.w1_table.copy_from_host(np.array([p[0].ptr for p in weights.pairs], np.uint64), s)
+            self.w2_table.copy_from_host(np.array([p[1].ptr for p in weights.pairs], np.uint64), s)
+            self.set_depth(self.max_depth, s)
+            self.body_plan = self.layer.plan(self.cur, self.nxt)
+            self.graph = self._capture(s) if capture else self._build()
+            owned.append(self.graph)
+            self.exec = self.graph.instantiate()
+            owned.insert(0, self.exec)
+        finally:
+            if own_stream:
+                s.close()
+
+    def _launches(self, cond: ConditionalHandle) -> tuple[Launch, Launch, Launch]:
+        dev, w = self.device, self.width
+        n = w * w
+        init = _launch(dev, "rg_depth_init", [("h", "u64"), ("counter", "ptr"), ("depth", "ptr"), ("max_depth", "i32")],
+                       {"h": int(cond), "counter": self.counter.ptr, "depth": self.depth.ptr, "max_depth": self.max_depth})
+        w1, w2 = self.fixed.pairs[0]
+        select = _launch(dev, "rg_select_layer", [("w1_table", "ptr"), ("w2_table", "ptr"), ("counter", "ptr"),
+                                                  ("w1", "ptr"), ("w2", "ptr"), ("n", "i32")],
+                         {"w1_table": self.w1_table.ptr, "w2_table": self.w2_table.ptr, "counter": self.counter.ptr,
+                          "w1": w1.ptr, "w2": w2.ptr, "n": n}, _grid(n // 4 if n % 4 == 0 else n, dev), THREADS)
+        m = self.batch * w
+        advance = _launch(dev, "rg_layer_advance", [("h", "u64"), ("cur", "ptr"), ("nxt", "ptr"), ("n", "i32"),
+                                                    ("counter", "ptr"), ("depth", "ptr"), ("max_depth", "i32")],
+                          {"h": int(cond), "cur": self.cur.ptr, "nxt": self.nxt.ptr, "n": m, "counter": self.counter.ptr,
+                           "depth": self.depth.ptr, "max_depth": self.max_depth}, _grid(m, dev), THREADS)
+        return init, select, advance
+
+    def _build(self) -> BuiltGraph:
+        nbytes = self.batch * self.width * 4
+        with GraphBuilder(self.device) as g:
+            cond = make_handle(g)
+            init, select, advance = self._launches(cond)
+            first = g.memcpy(self.cur, self.x, nbytes)
+            k = g.kernel(init, deps=first)
+            loop = add_conditional(g, "while", cond, deps=k)
+            body = loop.bodies[0]
+            s = body.kernel(select)
+            layer = body.run(self.body_plan, deps=s)
+            body.kernel(advance, deps=layer[-1])
+            g.memcpy(self.out, self.cur, nbytes, deps=loop.node)
+            self.loop = loop
+            return g.build()
+
+    def _capture(self, s: Stream) -> Any:
+        nbytes = self.batch * self.width * 4
+        with Stream(device=self.device) as body_stream:
+            cap = Capture(s)
+            with cap:
+                cond = capture_handle(cap)
+                init, select, advance = self._launches(cond)
+                _dtod(cap, self.cur.ptr, self.x.ptr, nbytes)
+                cap.launch(init)
+                loop = capture_conditional(cap, "while", cond)
+                with loop.capture_body(0, body_stream) as body:
+                    body.launch(select)
+                    body.run(self.body_plan)
+                    body.launch(advance)
+                _dtod(cap, self.out.ptr, self.cur.ptr, nbytes)
+            self.loop = loop
+            graph = cap.captured
+            graph.plan = self.body_plan
+            return graph
+
+    def set_depth(self, depth: int, stream: Any) -> None:
+        """Write the depth the next replays run (``cuMemcpyHtoDAsync`` + stream sync); values
+        above ``max_depth`` run ``max_depth`` layers."""
+        self._check_open()
+        if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 0:
+            raise ValueError(f"depth must be an int >= 0, got {depth!r}")
+        self.depth.copy_from_host(np.array([min(int(depth), 0xFFFFFFFF)], np.uint32), stream)
+
+    def launch(self, stream: Any) -> None:
+        """One replay (``cuGraphLaunch``) at the depth now in :attr:`depth`."""
+        self._check_open()
+        self.exec.launch(stream)
+
+
+def _dtod(cap: Capture, dst: int, src: int, nbytes: int) -> None:
+    """A device-to-device copy captured as a memcpy node (recorded in ``cap.other_nodes``)."""
+    call(driver.cuMemcpyDtoDAsync, int(dst), int(src), int(nbytes), cap.stream.handle)
+    graph, deps, _e = _capture_info(cap)
+    if len(deps) != 1:
+        raise RawgraphError(f"expected one dependency after cuMemcpyDtoDAsync, found {len(deps)}")
+    cap.other_nodes.append((deps[0], "memcpy", (int(dst), int(src), int(nbytes))))
+
+
+class NormGate(Resource):
+    """Run a TinyBlock plan only when ``||x||_2 >= threshold``, decided on the device (IF).
+
+    The graph: ``memcpy x -> out``; ``rg_norm_gate`` (one CTA: the norm in float64, written to
+    :attr:`norm`, cond = norm >= threshold); ``IF cond: plan (x -> out)``. Under the threshold the
+    replay ends after the norm with ``out == x`` (an early exit); at or above it, ``out`` holds the
+    block's output, the bits of the plan run eagerly.
+
+    Parameters
+    ----------
+    model : TinyBlock
+    x, out : device arrays of the model's shape
+    threshold : float
+    """
+
+    def __init__(self, model: TinyBlock, x: Any, out: Any, threshold: float):
+        self.device = model.device.activate()
+        owned: list[Any] = []
+        self._own(_close_all, owned, name="cuGraphExecDestroy + cuGraphDestroy + cuMemFree (NormGate)")
+        self.model = model
+        self.threshold = float(threshold)
+        if not np.isfinite(self.threshold):
+            raise ValueError(f"threshold must be finite, got {threshold}")
+        self.plan = model.plan(x, out)
+        xa, oa = self.plan.buffers["x"], self.plan.buffers["out"]
+        self.norm = DeviceBuffer(1, np.float32, self.device)
+        owned.append(self.norm)
+        with GraphBuilder(self.device) as g:
+            cond = make_handle(g)
+            gate = _launch(self.device, "rg_norm_gate",
+                           [("h", "u64"), ("x", "ptr"), ("n", "i32"), ("threshold", "f32"), ("norm", "ptr")],
+                           {"h": int(cond), "x": xa.ptr, "n": xa.size, "threshold": self.threshold, "norm": self.norm.ptr},
+                           (1, 1, 1), THREADS)
+            c = g.memcpy(oa, xa, xa.nbytes)
+            k = g.kernel(gate, deps=c)
+            self.node = add_conditional(g, "if", cond, deps=k)
+            self.node.bodies[0].run(self.plan, pdl=False)
+            self.graph = g.build()
+        owned.insert(0, self.graph)
+        self.exec = self.graph.instantiate()
+        owned.insert(0, self.exec)
+
+    def launch(self, stream: Any) -> None:
+        """One replay (``cuGraphLaunch``)."""
+        self._check_open()
+        self.exec.launch(stream)
+
+
+__all__ = ["ConditionalHandle", "ConditionalNode", "ConditionalUnsupportedError", "BodyCapture", "DepthLoop",
+           "NormGate", "add_conditional", "axpb", "capture_conditional", "capture_handle", "check_kind",
+           "control_kernel", "countdown", "driver_cuda_version", "make_handle", "noop", "set_condition"]

@@ -1,0 +1,229 @@
+"""Conditional nodes (rawgraph.conditional): each branch as the device decides, the WHILE depth loop,
+the norm early exit, and the refusals made before the driver is called."""
+
+import numpy as np
+import pytest
+from cuda.bindings import driver
+
+from helpers import random_input, rel_err
+from rawgraph import BlockWeights, Capture, DeviceBuffer, RawgraphError, Stream, TinyBlock, capture_plan
+from rawgraph import conditional as cn
+from rawgraph.builder import GraphBuilder
+from rawgraph.model import reference_forward
+
+gpu = pytest.mark.gpu
+N = 1000
+
+# (kind, size): IF, IF/ELSE, SWITCH of 3, WHILE.
+CASES = [("if", 1), ("if", 2), ("switch", 3), ("while", 1)]
+
+
+def _branch_values(rng, kind, size):
+    big = int(rng.integers(2, 1 << 31))
+    if kind == "if":
+        return [0, 1, big]
+    if kind == "switch":
+        return list(range(size + 1)) + [big]
+    return [0, 1, int(rng.integers(2, 7))]  # WHILE: iteration counts
+
+
+def _expected_bodies(kind, size, value):
+    """Which bodies run, in order, for a condition value."""
+    if kind == "if":
+        return [0] if value else ([1] if size == 2 else [])
+    if kind == "switch":
+        return [value] if value < size else []
+    return [0] * value
+
+
+def _build(device, stream, kind, size, x, y, value, coeffs, how, body_stream):
+    """y = x (exact: x*1+0), then the conditional with body i: y = y * a_i + b_i (WHILE: and count down)."""
+    copy = cn.axpb(device, x, y, 1.0, 0.0)
+    bodies = []
+    if how == "builder":
+        g = GraphBuilder(device)
+        h = cn.make_handle(g)
+        k0 = g.kernel(copy)
+        k1 = g.kernel(cn.set_condition(device, h, value), deps=k0)
+        node = cn.add_conditional(g, kind, h, size=size, deps=k1)
+        for i, body in enumerate(node.bodies):
+            kb = body.kernel(cn.axpb(device, y, y, *coeffs[i]))
+            if kind == "while":
+                body.kernel(cn.countdown(device, h, value), deps=kb)
+            bodies.append(body)
+        return g.build(), node
+    cap = Capture(stream)
+    with cap:
+        h = cn.capture_handle(cap)
+        cap.launch(copy)
+        cap.launch(cn.set_condition(device, h, value))
+        node = cn.capture_conditional(cap, kind, h, size=size)
+        for i in range(size):
+            with node.capture_body(i, body_stream) as body:
+                body.launch(cn.axpb(device, y, y, *coeffs[i]))
+                if kind == "while":
+                    body.launch(cn.countdown(device, h, value))
+    return cap.captured, node
+
+
+@gpu
+@pytest.mark.parametrize("how", ["builder", "capture"])
+@pytest.mark.parametrize("kind,size", CASES)
+def test_each_branch_runs_as_the_device_decides(device, stream, rng, kind, size, how):
+    if (kind == "switch" or size == 2) and cn.driver_cuda_version() < cn.MIN_DRIVER_ELSE_SWITCH:
+        pytest.skip("IF/ELSE and SWITCH need a CUDA 12.8 driver")
+    xh = random_input(rng, (N,))
+    x, y = DeviceBuffer.from_numpy(xh), DeviceBuffer((N,))
+    value = DeviceBuffer(1, np.uint32)
+    coeffs = [(float(rng.uniform(0.5, 1.5)), float(rng.uniform(-1, 1))) for _ in range(size)]
+    with Stream() as body_stream:
+        graph, node = _build(device, stream, kind, size, x, y, value, coeffs, how, body_stream)
+    assert node.size == size and all(len(node.body_kernel_nodes(i)) == (2 if kind == "while" else 1) for i in range(size))
+    assert graph.node_count() == 3
+    types = [driver.cuGraphNodeGetType(n)[1] for n in graph.all_nodes()]
+    assert types.count(driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL) == 1
+    exe = graph.instantiate()
+    eager = DeviceBuffer((N,))
+    for v in _branch_values(rng, kind, size):
+        value.copy_from_host(np.array([v], np.uint32), stream)
+        y.poison(stream)
+        exe.launch(stream)
+        got = y.to_numpy(stream)
+        # Eager: the same kernels chosen on the host.
+        runs = _expected_bodies(kind, size, v)
+        cn.axpb(device, x, eager, 1.0, 0.0)(stream)
+        ref = xh.astype(np.float64)
+        for i in runs:
+            cn.axpb(device, eager, eager, *coeffs[i])(stream)
+            ref = ref * coeffs[i][0] + coeffs[i][1]
+        np.testing.assert_array_equal(got, eager.to_numpy(stream), err_msg=f"value {v}: bodies {runs}")
+        assert rel_err(got, ref) < 1e-6, f"value {v}"
+        if kind == "while":
+            assert value.to_numpy(stream)[0] == 0  # the body counted down to zero
+
+
+@gpu
+@pytest.mark.parametrize("form,capture", [("unfused", False), ("fused", False), ("block", False), ("fused", True)])
+def test_while_depth_loop_gives_the_bits_of_plain_graphs_of_each_depth(device, stream, rng, form, capture):
+    width, batch, max_depth = 128, 2, 4
+    seed = int(rng.integers(1 << 30))
+    weights = BlockWeights(width, max_depth, seed=seed)
+    xh = random_input(rng, (batch, width))
+    x, out = DeviceBuffer.from_numpy(xh), DeviceBuffer((batch, width))
+    loop = cn.DepthLoop(weights, batch, x, out, form=form, capture=capture, stream=stream)
+    assert loop.graph.node_count() == 4  # memcpy, init, WHILE, memcpy
+    plain_out = DeviceBuffer((batch, width))
+    ws = weights.numpy(stream)
+    for d in list(rng.permutation(max_depth + 1)) + [max_depth + 3]:
+        d = int(d)
+        loop.set_depth(d, stream)
+        out.poison(stream)
+        loop.launch(stream)
+        got = out.to_numpy(stream)
+        eff = min(d, max_depth)
+        if eff == 0:
+            np.testing.assert_array_equal(got, xh)
+            continue
+        plain = TinyBlock(width, batch, eff, seed=seed, form=form)
+        plain_out.poison(stream)
+        capture_plan(plain.plan(x, plain_out), stream).instantiate().launch(stream)
+        np.testing.assert_array_equal(got, plain_out.to_numpy(stream), err_msg=f"depth {d}")
+        assert rel_err(got, reference_forward(xh, ws[:eff])) < 1e-5
+
+
+@gpu
+@pytest.mark.parametrize("factor,runs", [(0.5, True), (2.0, False)])
+def test_norm_gate_skips_the_block_under_the_threshold(device, stream, rng, factor, runs):
+    model = TinyBlock(256, 4, 2, seed=int(rng.integers(1 << 30)), form="fused")
+    xh = random_input(rng, (4, 256))
+    x, out = DeviceBuffer.from_numpy(xh), DeviceBuffer((4, 256))
+    norm = float(np.linalg.norm(xh.astype(np.float64)))
+    gate = cn.NormGate(model, x, out, threshold=norm * factor)
+    out.poison(stream)
+    gate.launch(stream)
+    got = out.to_numpy(stream)
+    assert abs(float(gate.norm.to_numpy(stream)[0]) - norm) / norm < 1e-6
+    if runs:
+        eager = DeviceBuffer((4, 256))
+        model.forward(x, eager, stream)
+        np.testing.assert_array_equal(got, eager.to_numpy(stream))
+        assert rel_err(got, model.reference(xh)) < 1e-5
+    else:
+        np.testing.assert_array_equal(got, xh)
+
+
+@gpu
+def test_conditional_refusals_before_the_driver(device, stream):
+    flag = DeviceBuffer(1, np.uint32)
+    g = GraphBuilder(device)
+    h = cn.make_handle(g)
+    node = cn.add_conditional(g, "if", h)
+    with pytest.raises(RawgraphError, match="already drives"):
+        cn.add_conditional(g, "while", h)
+    other = GraphBuilder(device)
+    with pytest.raises(RawgraphError, match="another graph"):
+        cn.add_conditional(other, "if", cn.make_handle(g))
+    body = node.bodies[0]
+    for add in (lambda: body.host(lambda: None), lambda: body.mem_alloc(64)):
+        with pytest.raises(RawgraphError, match="body may not hold"):
+            add()
+    with pytest.raises(RawgraphError, match="parent graph owns"):
+        body.build()
+    body.kernel(cn.set_condition(device, h, flag))
+    # The body is captured on another stream than the capture that holds the node.
+    s, s2 = Stream(), Stream()
+    cap = Capture(s)
+    with cap:
+        ch = cn.capture_handle(cap)
+        cnode = cn.capture_conditional(cap, "if", ch)
+        with pytest.raises(RawgraphError, match="already capturing"):
+            with cnode.capture_body(0, s):
+                pass
+        with cnode.capture_body(0, s2) as bc:
+            bc.launch(cn.noop(device))
+    assert cap.captured.node_count() == 1
+
+
+@gpu
+def test_exec_update_leaves_conditional_graphs_alone_but_body_kernels_rebind(device, stream, rng):
+    # cuGraphExecNodeSetParams on the conditional node itself: NOT_SUPPORTED (probe); its body's
+    # kernel nodes take cuGraphExecKernelNodeSetParams.
+    xh = random_input(rng, (N,))
+    x, y = DeviceBuffer.from_numpy(xh), DeviceBuffer((N,))
+    value = DeviceBuffer.from_numpy(np.array([1], np.uint32))
+    g = GraphBuilder(device)
+    h = cn.make_handle(g)
+    k = g.kernel(cn.set_condition(device, h, value))
+    node = cn.add_conditional(g, "if", h, deps=k)
+    node.bodies[0].kernel(cn.axpb(device, x, y, 2.0, 0.0))
+    exe = g.build().instantiate()
+    kn = node.body_kernel_nodes(0)[0]
+    kn.launch.args["a"] = 3.0
+    p = driver.CUDA_KERNEL_NODE_PARAMS()
+    p.func = kn.launch.kernel.handle
+    p.gridDimX, p.gridDimY, p.gridDimZ = kn.launch.grid
+    p.blockDimX, p.blockDimY, p.blockDimZ = kn.launch.block
+    p.kernelParams = kn.launch.args.address
+    (err,) = driver.cuGraphExecKernelNodeSetParams(exe.handle, kn.handle, p)
+    assert err == driver.CUresult.CUDA_SUCCESS
+    y.poison(stream)
+    exe.launch(stream)
+    np.testing.assert_array_equal(y.to_numpy(stream), xh * np.float32(3.0))
+
+
+# ----------------------------------------------------------------------------- no GPU needed
+@pytest.mark.parametrize("kind,size,version,error", [
+    ("while", 2, 13000, ValueError), ("if", 3, 13000, ValueError), ("switch", 0, 13000, ValueError),
+    ("switch", None, 13000, ValueError), ("loop", 1, 13000, ValueError),
+    ("if", 2, 12060, cn.ConditionalUnsupportedError), ("switch", 4, 12060, cn.ConditionalUnsupportedError),
+    ("while", 1, 12020, cn.ConditionalUnsupportedError),
+])
+def test_check_kind_refuses_what_the_driver_would(kind, size, version, error):
+    with pytest.raises(error):
+        cn.check_kind(kind, size, version)
+
+
+@pytest.mark.parametrize("kind,size,version,want", [("if", None, 12030, 1), ("while", None, 12030, 1),
+                                                     ("if", 2, 12080, 2), ("switch", 5, 13000, 5)])
+def test_check_kind_accepts_what_the_driver_has(kind, size, version, want):
+    assert cn.check_kind(kind, size, version) == want
