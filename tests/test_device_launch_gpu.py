@@ -185,3 +185,6 @@ def test_latency_benchmark_runs_and_checks_every_launch(tmp_path):
         for row in bench.ROWS:
             assert rec[row]["device_us"]["median"] > 0 and rec[row]["host_synced_us"]["median"] > 0
         assert rec["tail"]["expected"] == 2 * 13 * rec["n"] and rec["launcher_only"]["expected"] == 0
+    rng = result["rng"]
+    assert rng["dropout"]["nodes"] == rng["plain"]["nodes"] + rng["config"]["layers"] + 1
+    assert rng["dropout"]["device_us"]["median"] > 0 and rng["draw_2^20_uniforms"]["nodes"] == 2

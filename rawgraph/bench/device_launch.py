@@ -17,6 +17,10 @@ Two clocks, never mixed: device time between CUDA events recorded around each ho
 (:func:`~rawgraph.timing.synced_us`); warm-up rounds first, then medians with p10/p90. Every row
 also checks that the target ran once per launch (its counter), so a launch that silently did
 nothing cannot pass as fast. The JSON records the commit (:mod:`rawgraph.bench.provenance`).
+
+Also (``rng`` in the JSON, ``--no-rng`` to skip): what graph-safe dropout adds to a replay of the
+unfused TinyBlock (width 1024, batch 8, 4 layers: one ``philox_dropout`` node per layer and one
+``philox_advance`` node), and a replay drawing 2^20 uniforms.
 """
 
 from __future__ import annotations
@@ -32,10 +36,12 @@ import numpy as np
 
 from ..capture import capture_plan
 from ..control.device_launch import DeviceGraph, launcher_graph
+from ..control.rng import PhiloxGenerator, noisy_plan
 from ..device import get_device
 from ..kernels import get_kernel
 from ..launch import ArgUse, KernelArgs, Launch, LaunchPlan
 from ..memory import DeviceBuffer
+from ..model import TinyBlock
 from ..stream import Stream
 from ..timing import device_us, stats, synced_us
 from .provenance import environment
@@ -94,6 +100,35 @@ def measure(n: int, rounds: int, warmup: int, stream: Stream, counter: DeviceBuf
             obj.close()
 
 
+def rng_costs(stream: Stream, rounds: int, warmup: int, width: int = 1024, batch: int = 8,
+              layers: int = 4) -> dict[str, Any]:
+    """What graph-safe dropout costs a replay: the unfused TinyBlock's graph against the same
+    graph with a ``philox_dropout`` node per layer and the ``philox_advance`` node (device events
+    and host launch+sync), and one replay drawing 2^20 uniforms."""
+    model = TinyBlock(width, batch, layers, seed=1, form="unfused")
+    x, out = DeviceBuffer((batch, width)), DeviceBuffer((batch, width))
+    draws = DeviceBuffer((1 << 20,), np.float32)
+    gen = PhiloxGenerator(7, stream)
+    owned: list[Any] = [model, x, out, draws, gen]
+    try:
+        x.copy_from_host(np.linspace(-1.0, 1.0, batch * width, dtype=np.float32).reshape(batch, width), stream)
+        rows: dict[str, Any] = {"config": {"width": width, "batch": batch, "layers": layers, "p": 0.1,
+                                           "pdl": model.pdl, "uniforms": draws.size}}
+        for name, plan in (("plain", model.plan(x, out)), ("dropout", noisy_plan(model, x, out, gen, p=0.1)),
+                           ("draw_2^20_uniforms", gen.draw_plan(draws, kind="uniform"))):
+            graph = capture_plan(plan, stream)
+            exe = graph.instantiate()
+            owned += [graph, exe]
+            fn = _launcher_of(exe, stream)
+            rows[name] = {"device_us": stats(device_us(fn, stream, rounds=rounds, warmup=warmup)),
+                          "host_synced_us": stats(synced_us(fn, stream, rounds=rounds, warmup=warmup)),
+                          "nodes": graph.node_count()}
+        return rows
+    finally:
+        for obj in reversed(owned):
+            obj.close()
+
+
 def table(records: list[dict[str, Any]]) -> str:
     lines = ["device graph launch, median us (device events | host launch+sync); n = target nodes",
              "n     " + "".join(f"{r:>24}" for r in ROWS)]
@@ -115,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--name", default="device_launch")
+    p.add_argument("--no-rng", action="store_true", help="skip the graph-safe dropout cost rows")
     return p
 
 
@@ -129,15 +165,21 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with Stream() as stream, DeviceBuffer((1,), np.uint32) as counter:
         records = [measure(n, args.rounds, args.warmup, stream, counter) for n in sizes]
+        rng = None if args.no_rng else rng_costs(stream, args.rounds, args.warmup)
     ok = all(rec[r]["ran_every_time"] for rec in records for r in ROWS)
     result = {
         "env": environment(),
         "config": {"sizes": sizes, "rounds": args.rounds, "warmup": args.warmup, "target": "chain of rg_bump kernels"},
-        "records": records, "all_ran_every_time": ok, "wall_s": time.perf_counter() - t0,
+        "records": records, "all_ran_every_time": ok, "rng": rng, "wall_s": time.perf_counter() - t0,
     }
     path = out_dir / f"{args.name}.json"
     path.write_text(json.dumps(result, indent=1))
     print(table(records))
+    if rng is not None:
+        for name in ("plain", "dropout", "draw_2^20_uniforms"):
+            r = rng[name]
+            print(f"rng {name:>20} ({r['nodes']:2d} nodes): device {r['device_us']['median']:8.2f} us, "
+                  f"host launch+sync {r['host_synced_us']['median']:8.2f} us")
     print(f"json: {path}")
     return 0 if ok else 1
 
