@@ -2,7 +2,10 @@
 
 The driver's own dump (``cuGraphDebugDotPrint``) is written as well: it shows what the driver
 holds, while the labelled version names each kernel node by its launch (kernel, grid, and the plan
-buffers its arguments are bound to) and draws programmatic (PDL) edges dashed.
+buffers its arguments are bound to), labels every other node from what :mod:`rawgraph.nodes`
+reads back (a foreign kernel's name and grid, memcpy/memset addresses and sizes, events,
+allocations, conditionals), draws child graphs and conditional bodies as clusters, and draws
+programmatic (PDL) edges dashed.
 """
 
 from __future__ import annotations
@@ -10,23 +13,51 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from cuda.bindings import driver
 
-from .errors import call
-from .graph import Graph
+from .nodes import (ChildGraphInfo, ConditionalInfo, EventInfo, KernelInfo, MemAllocInfo, MemcpyInfo, MemFreeInfo,
+                    MemsetInfo, NodeInfo, graph_edges, read_graph)
 
 
 def _quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def to_dot(graph: Graph, name: str = "rawgraph") -> str:
-    """DOT text for any graph: known kernel nodes labelled from the node map, others by type."""
-    known = {int(n.handle): n for n in graph.nodes}
-    lines = [f"digraph {_quote(name)} {{", "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']
-    for handle in graph.all_nodes():
-        h = int(handle)
+def _short(name: str, limit: int = 60) -> str:
+    return name if len(name) <= limit else name[: limit - 3] + "..."
+
+
+def node_label(info: NodeInfo) -> str:
+    """A node's label text (lines joined by ``\\n``), for nodes without a rawgraph launch."""
+    if isinstance(info, KernelInfo):
+        layout = "?" if info.layout is None else str(len(info.layout))
+        return (f"kernel {_short(info.name or '?')}\\ngrid {info.grid} block {info.block}"
+                f"\\nsmem {info.shared_mem} params {layout}")
+    if isinstance(info, MemcpyInfo):
+        return f"memcpy {info.direction} {info.nbytes} B\\n0x{info.src:x} -> 0x{info.dst:x}"
+    if isinstance(info, MemsetInfo):
+        return (f"memset {info.nbytes} B at 0x{info.dst:x}\\nvalue 0x{info.value:x} "
+                f"({info.element_size} B x {info.width} x {info.height})")
+    if isinstance(info, EventInfo):
+        return f"{info.kind}\\nevent 0x{info.event:x}"
+    if isinstance(info, MemAllocInfo):
+        return f"mem_alloc {info.bytesize} B\\n0x{info.dptr:x}"
+    if isinstance(info, MemFreeInfo):
+        return f"mem_free\\n0x{info.dptr:x}"
+    if isinstance(info, ChildGraphInfo):
+        return f"child graph 0x{info.child:x}\\n{len(info.nodes)} nodes"
+    if isinstance(info, ConditionalInfo):
+        if info.error:
+            return f"conditional\\n({info.error})"
+        return f"conditional {info.cond_type}\\nhandle 0x{info.cond_handle:x}\\n{info.size} bodies"
+    return info.kind if info.kind != "host" else "host"
+
+
+def _emit(infos: list[NodeInfo], known: dict[int, Any], lines: list[str], indent: str, graph: Any) -> None:
+    for info in infos:
+        h = info.id
         node = known.get(h)
         if node is not None:
             l = node.launch
@@ -34,18 +65,47 @@ def to_dot(graph: Graph, name: str = "rawgraph") -> str:
             label = f"#{node.index} {l.label or l.kernel.short_name}\\n{l.kernel.name}\\ngrid {l.grid} block {l.block}"
             if bound:
                 label += "\\n" + bound
-            lines.append(f'  n{h:x} [label="{label}", kind="kernel"];')
-        else:
-            ntype = call(driver.cuGraphNodeGetType, handle)
-            lines.append(f"  n{h:x} [label={_quote(ntype.name)}, kind={_quote(ntype.name)}];")
-    for a, b, kind in graph.edge_types():
+            lines.append(f'{indent}n{h:x} [label="{label}", kind="kernel"];')
+            continue
+        kind = "foreign_kernel" if info.kind == "kernel" else info.kind
+        lines.append(f"{indent}n{h:x} [label={_quote(node_label(info))}, kind={_quote(kind)}];")
+        bodies: list[tuple[str, list[NodeInfo], int]] = []
+        if isinstance(info, ChildGraphInfo):
+            bodies.append((f"child graph of n{h:x}", info.nodes, info.child))
+        elif isinstance(info, ConditionalInfo):
+            bodies += [(f"{info.cond_type} body {i} of n{h:x}", b, g)
+                       for i, (b, g) in enumerate(zip(info.body_nodes, info.bodies))]
+        for i, (title, body, handle) in enumerate(bodies):
+            lines.append(f"{indent}subgraph cluster_{h:x}_{i} {{")
+            lines.append(f"{indent}  label={_quote(title)}; style=dashed;")
+            _emit(body, known, lines, indent + "  ", handle)
+            for a, b, _kind in graph_edges(driver.CUgraph(handle)):
+                lines.append(f"{indent}  n{a:x} -> n{b:x};")
+            if body:  # the node "contains" its body: a dotted edge to the body's first node
+                lines.append(f'{indent}  n{h:x} -> n{body[0].id:x} [style=dotted, arrowhead=none, kind="contains"];')
+            lines.append(f"{indent}}}")
+
+
+def to_dot(graph: Any, name: str = "rawgraph") -> str:
+    """DOT text for any graph (a rawgraph Graph, an adopted graph, or a raw ``CUgraph``): kernel
+    nodes of rawgraph's node map labelled from their launch, every other node from what the
+    driver returns for it (:func:`rawgraph.nodes.read_graph`)."""
+    known = {int(n.handle): n for n in getattr(graph, "nodes", [])}
+    if hasattr(graph, "_check_open"):
+        graph._check_open()
+    if hasattr(graph, "device"):
+        graph.device.activate()
+    handle = getattr(graph, "handle", graph)
+    lines = [f"digraph {_quote(name)} {{", "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']
+    _emit(read_graph(handle), known, lines, "  ", handle)
+    for a, b, kind in graph_edges(handle):
         style = ' [style=dashed, label="PDL"]' if kind == "programmatic" else ""
         lines.append(f"  n{a:x} -> n{b:x}{style};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
-def export(graph: Graph, path: str | Path, picture: bool = True) -> dict[str, Path]:
+def export(graph: Any, path: str | Path, picture: bool = True) -> dict[str, Path]:
     """Write ``<path>.dot`` (labelled), ``<path>.driver.dot`` (``cuGraphDebugDotPrint``) and,
     when Graphviz's ``dot`` is on PATH and ``picture`` is set, ``<path>.png``.
 
@@ -55,7 +115,13 @@ def export(graph: Graph, path: str | Path, picture: bool = True) -> dict[str, Pa
     base.parent.mkdir(parents=True, exist_ok=True)
     out = {"dot": base.with_suffix(".dot"), "driver_dot": base.with_suffix(".driver.dot")}
     out["dot"].write_text(to_dot(graph, base.stem))
-    graph.debug_dot_print(str(out["driver_dot"]), int(driver.CUgraphDebugDot_flags.CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE))
+    flags = int(driver.CUgraphDebugDot_flags.CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE)
+    if hasattr(graph, "debug_dot_print"):
+        graph.debug_dot_print(str(out["driver_dot"]), flags)
+    else:
+        from .errors import call
+
+        call(driver.cuGraphDebugDotPrint, getattr(graph, "handle", graph), str(out["driver_dot"]).encode(), flags)
     exe = shutil.which("dot")
     if picture and exe:
         png = base.with_suffix(".png")

@@ -101,6 +101,16 @@ class Graph(Resource):
         nodes, _ = call(driver.cuGraphGetNodes, self.handle, count)
         return list(nodes)
 
+    def read_nodes(self) -> list[Any]:
+        """Every node decoded by type, child graphs and conditional bodies included
+        (:func:`rawgraph.nodes.read_graph`: ``cuGraphGetNodes``, ``cuGraphNodeGetType``, the
+        per-type getters, ``cuFuncGetParamInfo`` for kernel parameter layouts)."""
+        from .nodes import read_graph  # nodes.py sits below graph.py and never imports it
+
+        self._check_open()
+        self.device.activate()
+        return read_graph(self.handle)
+
     def verify_node_map(self) -> None:
         """Check every recorded node against the driver: type, function, grid, block and argument values.
 

@@ -1,7 +1,7 @@
 """Launch-path benchmark: the same TinyBlock work through every way of launching it, one process.
 
 Paths (record key ``path``): stream, graph, graph_nopdl (the same graph captured without
-programmatic dependent launch), graph_copy, graph_update, graph_update2 (input and output re-bound every step: a prepared two-name Binding applied), graph_indirect / graph_indirect_mapped (kernels read x and out through a pointer table the graph refreshes from pinned memory / read in pinned memory), graph_exec_update, torch_eager, torch_graph, torch_graph_copy, cupy_eager, cupy_graph, floor_sync,
+programmatic dependent launch), graph_copy, graph_update, graph_update2 (input and output re-bound every step: a prepared two-name Binding applied), graph_indirect / graph_indirect_mapped (kernels read x and out through a pointer table the graph refreshes from pinned memory / read in pinned memory), graph_exec_update, torch_eager, torch_graph, torch_graph_copy, torch_graph_rebind (torch's graph adopted, our exec, input and output moved by address every step), cupy_eager, cupy_graph, floor_sync,
 floor_empty_kernel, floor_empty_graph. Every path's output is checked before it is timed.
 
 Clocks, never mixed (each ``{"median", "p10", "p90"}`` in microseconds):
@@ -264,7 +264,49 @@ class Runner:
                 g.replay()
 
             self.record("torch_graph_copy", *key, _clocks(copy_replay, rs, est, self.budget_s))
+            try:
+                self._torch_graph_rebind(torch, block, static_in, static_out, tstream, rs, key, est)
+            except Exception as exc:  # torch < 2.8 (no keep_graph), or a refusal: reported, not fatal
+                self.findings.append(f"torch_graph_rebind skipped at L{layers} w{width} b{batch}: "
+                                     f"{type(exc).__name__}: {exc}")
             del g
+
+    def _torch_graph_rebind(self, torch, block, static_in, ref_out, tstream, rs, key, est) -> None:
+        """torch's graph adopted (``keep_graph=True``), our own exec of it, its static input and
+        output moved by address to one of two (input, output) pairs before every launch."""
+        from ..adopt import from_torch
+
+        x0 = static_in.clone()
+        g = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(g, stream=tstream):
+            out0 = block(x0)
+        adopted = from_torch(g)
+        reb = adopted.rebinder()
+        xs = [static_in.clone(), static_in.clone()]
+        outs = [torch.empty_like(out0), torch.empty_like(out0)]
+        pairs = [reb.prepare({x0: xs[i], out0: outs[i]}) for i in range(2)]
+        for i in range(2):
+            outs[i].fill_(float("nan"))
+            reb.apply(pairs[i])
+            reb.launch(rs)
+        tstream.synchronize()
+        for i in range(2):  # the same kernels on the same values: equal to torch's replay to the bit
+            if not torch.equal(outs[i], ref_out):
+                raise AssertionError("torch graph rebound by address differs from torch's own replay")
+        st = {"i": 0}
+
+        def rebind_launch():
+            st["i"] ^= 1
+            reb.apply(pairs[st["i"]])
+            reb.launch(rs)
+
+        form, layers, width, batch = key
+        self.record("torch_graph_rebind", form, layers, width, batch, _clocks(rebind_launch, rs, est, self.budget_s),
+                    nodes=len(reb.nodes), nodes_rebound=len(pairs[0].kernels) + len(pairs[0].memory))
+        tstream.synchronize()
+        reb.exec.close()
+        adopted.close()
+        del g
 
     # -- cupy ---------------------------------------------------------------------------------
     def cupy_paths(self, layers: int, width: int, batch: int, model: TinyBlock, x_buf: DeviceBuffer, ref: np.ndarray) -> None:

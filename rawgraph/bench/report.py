@@ -7,7 +7,7 @@ from pathlib import Path
 from .progress import INSTALL_HINT
 
 PATH_ORDER = ["stream", "graph", "graph_nopdl", "graph_copy", "graph_update", "graph_update2", "graph_indirect", "graph_indirect_mapped", "graph_exec_update", "torch_eager", "torch_graph",
-              "torch_graph_copy", "cupy_eager", "cupy_graph", "floor_sync", "floor_empty_kernel", "floor_empty_graph"]
+              "torch_graph_copy", "torch_graph_rebind", "cupy_eager", "cupy_graph", "floor_sync", "floor_empty_kernel", "floor_empty_graph"]
 
 
 def _m(rec, clock):

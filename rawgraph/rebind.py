@@ -1,0 +1,600 @@
+"""Rebinding by address: move every pointer into one buffer to another buffer, in any graph's exec.
+
+For a graph rawgraph did not build there is no node map saying which argument is ``x``. What there
+is: every kernel node's parameter bytes and layout (:mod:`rawgraph.nodes`), and every memcpy /
+memset node's addresses. :class:`AddressRebinder` scans them for values inside a buffer's address
+range and moves each match by the same delta (``new + (value - old)``), so a pointer into the
+middle of the buffer stays at the same offset in the new one.
+
+Rules (each refused before the driver is called, with the reason):
+
+* the range must match something (a buffer nothing points at is almost always the wrong buffer);
+* the new buffer must be at least as large as the old range;
+* the old and the new range must each lie inside one allocation (``cuMemGetAddressRange``): a
+  range that runs past the end of its allocation would move pointers of a neighbour;
+* device-side buffers the caller names (``device_buffers=``: e.g. a workspace holding pointers the
+  kernels dereference) are scanned too; a pointer found there cannot be moved by parameter edits,
+  so the rebind is refused. Nothing else in device memory can be seen: a pointer the kernel
+  computes or keeps in a buffer not named is out of reach (see ``docs/semantics.md``).
+
+A range that is only part of a larger allocation (a tensor of a pooled allocator) and is pointed
+into at an interior offset raises :class:`InteriorPointerWarning`: the allocator may have given
+that address to another tensor earlier in the capture, and its extent is not visible in the
+parameters (the new buffer must then be as large as that tensor).
+
+A match is *confirmed* when the 8-byte word lies inside one parameter of at least 8 bytes of a
+known layout (``cuFuncGetParamInfo``); otherwise (a word across two parameters, in padding, or no
+layout) a :class:`UnconfirmedMatchWarning` names it, and it is still moved.
+
+The driver has no getter for an exec's parameters, so the rebinder keeps its own copy of what
+every node of the exec holds: a persistent parameter buffer per kernel node (and the memcpy /
+memset parameters), edited in place and pushed with ``cuGraphExecKernelNodeSetParams`` /
+``cuGraphExecMemcpyNodeSetParams`` / ``cuGraphExecMemsetNodeSetParams``, changed nodes only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from cuda.bindings import driver
+
+from .errors import RawgraphError, RawgraphWarning, call, cuda_error
+from .nodes import KernelInfo, MemcpyInfo, MemsetInfo, NodeInfo, ParamInfo, read_graph, walk
+
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
+WORD = 8
+
+
+class RebindError(RawgraphError, ValueError):
+    """A rebind was refused (nothing matched, too small, allocation boundary, unreachable pointer)."""
+
+
+class LayoutMismatchError(RebindError):
+    """A kernel's parameter layout differs from the one the caller said to expect."""
+
+
+class UnconfirmedMatchWarning(RawgraphWarning):
+    """A matching word sits where the parameter layout cannot confirm it is one pointer."""
+
+
+class InteriorPointerWarning(RawgraphWarning):
+    """A pointer into the middle of a range that is only part of a larger allocation (a pooled
+    tensor): it may belong to another tensor that once lived there (allocator reuse)."""
+
+
+# --------------------------------------------------------------------------- pure scanning
+@dataclass(frozen=True)
+class WordHit:
+    """One 8-byte word of a parameter blob whose value lies in a range.
+
+    ``layout_offset`` is the word's offset in the device-side layout; ``param`` the index of the
+    parameter containing its first byte (None in padding or without layout); ``offset`` its byte
+    offset in that parameter (in the blob when ``param`` is None).
+    """
+
+    layout_offset: int
+    value: int
+    param: int | None
+    offset: int
+    confirmed: bool
+
+
+def scan_words(blob: bytes, layout: Sequence[ParamInfo] | None, lo: int, hi: int) -> list[WordHit]:
+    """Every 8-byte-aligned word of ``blob`` (little-endian) with ``lo <= value < hi``.
+
+    No GPU needed: this is the pure part of matching.
+    """
+    n = len(blob) // WORD
+    if n == 0:
+        return []
+    words = np.frombuffer(bytes(blob[: n * WORD]), dtype="<u8")
+    idx = np.nonzero((words >= np.uint64(lo)) & (words < np.uint64(hi)))[0]
+    hits = []
+    for i in idx.tolist():
+        off = i * WORD
+        param = next((p for p in layout or () if p.offset <= off < p.offset + p.size), None)
+        confirmed = param is not None and param.size >= WORD and off + WORD <= param.offset + param.size
+        hits.append(WordHit(off, int(words[i]), None if param is None else param.index,
+                            off - (param.offset if param is not None else 0), confirmed))
+    return hits
+
+
+def as_range(obj: Any) -> tuple[int, int]:
+    """``(base, nbytes)`` of a buffer: a ``(ptr, nbytes)`` tuple, a rawgraph buffer/array, a torch
+    tensor (``data_ptr``), a CuPy array (``data.ptr``) or anything with ``__cuda_array_interface__``
+    (contiguous)."""
+    if isinstance(obj, tuple) and len(obj) == 2:
+        base, size = int(obj[0]), int(obj[1])
+    elif hasattr(obj, "data_ptr") and hasattr(obj, "element_size"):  # torch.Tensor
+        if hasattr(obj, "is_contiguous") and not obj.is_contiguous():
+            raise RebindError("a non-contiguous tensor is not one address range")
+        base, size = int(obj.data_ptr()), int(obj.numel()) * int(obj.element_size())
+    elif hasattr(obj, "ptr") and hasattr(obj, "nbytes"):  # DeviceBuffer, DeviceArray
+        base, size = int(obj.ptr), int(obj.nbytes)
+    elif hasattr(obj, "data") and hasattr(getattr(obj, "data"), "ptr") and hasattr(obj, "nbytes"):  # CuPy
+        base, size = int(obj.data.ptr), int(obj.nbytes)
+    elif hasattr(obj, "__cuda_array_interface__"):
+        cai = obj.__cuda_array_interface__
+        if cai.get("strides") is not None:
+            raise RebindError("a strided array is not one address range")
+        count = 1
+        for s in cai["shape"]:
+            count *= int(s)
+        base, size = int(cai["data"][0]), count * np.dtype(cai["typestr"]).itemsize
+    else:
+        raise TypeError(f"cannot take an address range from {type(obj).__name__}; pass (ptr, nbytes)")
+    if base <= 0 or size <= 0:
+        raise RebindError(f"empty or null range (0x{base:x}, {size} bytes)")
+    return base, size
+
+
+def allocation_of(ptr: int) -> tuple[int, int] | None:
+    """``(base, size)`` of the allocation holding ``ptr`` (``cuMemGetAddressRange``), or None
+    where the driver knows none (host memory, or an address in no allocation)."""
+    err, base, size = driver.cuMemGetAddressRange(driver.CUdeviceptr(int(ptr)))
+    if err != _SUCCESS:
+        return None
+    return int(base), int(size)
+
+
+def check_allocation(base: int, size: int, what: str) -> tuple[int, int] | None:
+    """Refuse a range that runs past the end of the allocation holding its first byte."""
+    alloc = allocation_of(base)
+    if alloc is None:
+        warnings.warn(f"{what} 0x{base:x}: the driver knows no allocation there (cuMemGetAddressRange); "
+                      f"allocation bounds not checked", UnconfirmedMatchWarning, stacklevel=3)
+        return None
+    a, n = alloc
+    if base + size > a + n:
+        raise RebindError(
+            f"{what} [0x{base:x}, +{size}) runs {base + size - (a + n)} bytes past the end of its allocation "
+            f"[0x{a:x}, +{n}): it overlaps another allocation, whose pointers would move too")
+    return alloc
+
+
+# --------------------------------------------------------------------------- matches
+@dataclass(frozen=True)
+class Match:
+    """A place in the exec that holds an address inside the range asked about.
+
+    Attributes
+    ----------
+    node : int
+        The node's handle.
+    node_index : int
+        Position among the graph's top-level nodes (``cuGraphGetNodes`` order).
+    kind : str
+        ``"kernel"``, ``"memcpy.src"``, ``"memcpy.dst"`` or ``"memset"``.
+    name : str
+        The kernel's name (``cuFuncGetName``); ``""`` for memory nodes.
+    param : int or None
+        Parameter index (None where the layout does not say).
+    offset : int
+        Byte offset within the parameter (within the parameter bytes when ``param`` is None).
+    layout_offset : int
+        Byte offset in the device-side parameter layout.
+    value : int
+        The address held now.
+    confirmed : bool
+    reachable : bool
+        False for nodes inside child graphs or conditional bodies: exec updates reach only the
+        top-level nodes, so such a match makes a rebind refuse.
+    """
+
+    node: int
+    node_index: int
+    kind: str
+    name: str
+    param: int | None
+    offset: int
+    layout_offset: int
+    value: int
+    confirmed: bool = True
+    reachable: bool = True
+
+    def __str__(self) -> str:
+        where = f"param {self.param} +{self.offset}" if self.param is not None else f"bytes +{self.layout_offset}"
+        flag = "" if self.confirmed else " (unconfirmed)"
+        return f"node {self.node_index} {self.kind} {self.name or ''} {where}: 0x{self.value:x}{flag}".replace("  ", " ")
+
+
+class _KernelState:
+    """What rawgraph knows the exec holds for one kernel node: a persistent, editable copy."""
+
+    def __init__(self, info: KernelInfo):
+        self.info = info
+        assert info.params is not None
+        n = len(info.params)
+        self.original = bytes(info.params)
+        self._storage = np.zeros(max(1, (n + WORD - 1) // WORD), dtype=np.uint64)
+        self.bytes = self._storage.view(np.uint8)
+        self.bytes[:n] = np.frombuffer(info.params, dtype=np.uint8)
+        self.words = self._storage  # 8-byte words of the device-side layout, as the exec holds them
+        self.original_words = self._storage.copy()  # as captured
+        self.size = n
+        base = int(self._storage.ctypes.data)
+        p = driver.CUDA_KERNEL_NODE_PARAMS()
+        p.func = info.func_field
+        p.kern = info.kern
+        p.ctx = info.ctx
+        p.gridDimX, p.gridDimY, p.gridDimZ = info.grid
+        p.blockDimX, p.blockDimY, p.blockDimZ = info.block
+        p.sharedMemBytes = info.shared_mem
+        if info.layout is not None:
+            # kernelParams: one pointer per parameter into the persistent copy (the driver copies
+            # the values during the SetParams call; the copy stays for the next edit).
+            self._table = np.array([base + q.offset for q in info.layout] or [0], dtype=np.uintp)
+            p.kernelParams = int(self._table.ctypes.data)
+            p.extra = 0
+        else:
+            # No layout (an ``extra``-launched node): hand the whole buffer back the same way.
+            self._size = ctypes.c_size_t(n)
+            self._extra = np.array([1, base, 2, ctypes.addressof(self._size), 0], dtype=np.uintp)
+            p.kernelParams = 0
+            p.extra = int(self._extra.ctypes.data)
+        self.params = p
+
+    def current(self) -> bytes:
+        return bytes(self.bytes[: self.size])
+
+
+class _MemState:
+    """A memcpy / memset node: the parameters read from the graph (edited in place) and the
+    addresses the exec holds now and held at capture."""
+
+    def __init__(self, info: NodeInfo, params: Any):
+        self.info = info
+        self.params = params
+        if isinstance(info, MemcpyInfo):
+            self.original = {"src": info.src, "dst": info.dst}
+        else:
+            assert isinstance(info, MemsetInfo)
+            self.original = {"dst": info.dst}
+        self.current = dict(self.original)
+
+
+def _side(kind: str) -> str:
+    """The address a memory match names: ``memcpy.src`` -> ``src``; ``memcpy.dst`` and ``memset`` -> ``dst``."""
+    return "src" if kind == "memcpy.src" else "dst"
+
+
+@dataclass
+class Binding:
+    """A prepared, complete assignment for an exec (see :meth:`AddressRebinder.prepare`).
+
+    ``kernels``: node id -> the whole parameter layout as 8-byte words; ``memory``: node id ->
+    its addresses. Nodes not named hold their captured values once the binding is applied.
+    """
+
+    kernels: dict[int, np.ndarray]
+    memory: dict[int, dict[str, int]]
+    moves: tuple[tuple[int, int, int], ...]  # (old base, size, new base) relative to the captured graph
+
+
+class AddressRebinder:
+    """Find and move addresses in a graph's exec (any graph: rawgraph's, PyTorch's, CuPy's).
+
+    Parameters
+    ----------
+    graph : Graph, AdoptedGraph, CUgraph or int
+        The graph ``exec`` was instantiated from (node handles name its nodes).
+    exec : GraphExec, CUgraphExec or int
+        The exec to update. It must hold the graph's parameters when the rebinder is made (just
+        instantiated, or updated only through this rebinder since): execs cannot be read back.
+    expect_layouts : dict of kernel name -> list of (offset, size), optional
+        Layouts the caller's own description of these kernels gives; a kernel whose
+        ``cuFuncGetParamInfo`` layout differs makes construction fail (:class:`LayoutMismatchError`).
+    device : Device, optional
+        Its context is made current (library kernels are resolved in it) and used for memory
+        nodes' updates; default the current rawgraph device.
+
+    Raises
+    ------
+    LayoutMismatchError
+    """
+
+    def __init__(self, graph: Any, exec: Any, expect_layouts: dict[str, Sequence[tuple[int, int]]] | None = None,
+                 device: Any = None):
+        from .device import get_device
+
+        self.device = (device or getattr(graph, "device", None) or get_device()).activate()
+        self.graph = graph
+        self.exec = exec
+        self._exec_handle = getattr(exec, "handle", exec)
+        self.nodes = read_graph(graph)
+        self.kernels: dict[int, _KernelState] = {}
+        self.memory: dict[int, _MemState] = {}
+        self.unreadable: list[KernelInfo] = []
+        self.pushes = 0  # SetParams calls made (kernel and memory nodes)
+        self._dirty: set[int] = set()  # nodes whose exec values differ from the captured ones
+        self._last_alloc: tuple[int, int] | None = None  # allocation of the last range checked
+        for info in self.nodes:
+            if isinstance(info, KernelInfo):
+                if info.params is None:
+                    self.unreadable.append(info)
+                    continue
+                self.kernels[info.id] = _KernelState(info)
+            elif isinstance(info, MemcpyInfo):
+                self.memory[info.id] = _MemState(info, call(driver.cuGraphMemcpyNodeGetParams, info.handle))
+            elif isinstance(info, MemsetInfo):
+                self.memory[info.id] = _MemState(info, call(driver.cuGraphMemsetNodeGetParams, info.handle))
+        self._nested = [n for n in walk(self.nodes) if n.depth > 0]
+        if self.unreadable:
+            names = ", ".join(f"{i.index}:{i.name or '?'} ({i.layout_error or 'no parameter bytes'})" for i in self.unreadable[:4])
+            warnings.warn(f"rawgraph: the parameters of {len(self.unreadable)} kernel node(s) could not be read "
+                          f"({names}): addresses there can be neither found nor moved", UnconfirmedMatchWarning,
+                          stacklevel=2)
+        if expect_layouts:
+            self.check_layouts(expect_layouts)
+
+    # -- inspection ---------------------------------------------------------------------------
+    def check_layouts(self, expect: dict[str, Sequence[tuple[int, int]]]) -> None:
+        """Refuse (:class:`LayoutMismatchError`) when a kernel named in ``expect`` has another
+        parameter layout than given (``(offset, size)`` per parameter)."""
+        for info in walk(self.nodes):
+            if not isinstance(info, KernelInfo) or info.name not in expect:
+                continue
+            want = [(int(o), int(s)) for o, s in expect[info.name]]
+            have = None if info.layout is None else [(p.offset, p.size) for p in info.layout]
+            if have != want:
+                raise LayoutMismatchError(
+                    f"node {info.index} ({info.name}): the driver's parameter layout is {have}, expected {want}; "
+                    f"rebinding by address would edit the wrong bytes")
+
+    def _kernel_matches(self, info: KernelInfo, blob: bytes, lo: int, hi: int, reachable: bool) -> list[Match]:
+        return [Match(info.id, info.index, "kernel", info.name, h.param, h.offset, h.layout_offset, h.value,
+                      h.confirmed, reachable) for h in scan_words(blob, info.layout, lo, hi)]
+
+    def _memory_matches(self, info: NodeInfo, lo: int, hi: int, reachable: bool,
+                        addresses: dict[str, int] | None = None) -> list[Match]:
+        """Matches of a memcpy / memset node; ``addresses`` overrides the ones read from the graph
+        (what the exec holds now, or held at capture)."""
+        out = []
+        if isinstance(info, MemcpyInfo):
+            addr = addresses or {"src": info.src, "dst": info.dst}
+            for side, kind in (("src", info.src_type), ("dst", info.dst_type)):
+                if kind in ("device", "unified") and lo <= addr[side] < hi:
+                    out.append(Match(info.id, info.index, f"memcpy.{side}", "", None, 0, 0, addr[side], True, reachable))
+        elif isinstance(info, MemsetInfo):
+            dst = (addresses or {"dst": info.dst})["dst"]
+            if lo <= dst < hi:
+                out.append(Match(info.id, info.index, "memset", "", None, 0, 0, dst, True, reachable))
+        return out
+
+    def find(self, buffer: Any, warn: bool = True) -> list[Match]:
+        """Every place the exec holds an address in ``buffer``'s range (what a rebind would move).
+
+        Parameters
+        ----------
+        buffer : (ptr, nbytes), rawgraph buffer/array, torch tensor, CuPy array
+        warn : bool
+            Emit :class:`UnconfirmedMatchWarning` for matches the layout cannot confirm.
+        """
+        lo, size = as_range(buffer)
+        hi = lo + size
+        out: list[Match] = []
+        for info in self.nodes:
+            if info.id in self.kernels:
+                assert isinstance(info, KernelInfo)
+                out += self._kernel_matches(info, self.kernels[info.id].current(), lo, hi, True)
+            elif info.id in self.memory:
+                st = self.memory[info.id]
+                out += self._memory_matches(st.info, lo, hi, True, st.current)
+        for info in self._nested:  # read only: exec updates cannot reach them
+            if isinstance(info, KernelInfo) and info.params is not None:
+                out += self._kernel_matches(info, info.params, lo, hi, False)
+            else:
+                out += self._memory_matches(info, lo, hi, False)
+        if warn:
+            for m in out:
+                if not m.confirmed:
+                    warnings.warn(f"rawgraph: match not confirmed by the parameter layout: {m}",
+                                  UnconfirmedMatchWarning, stacklevel=2)
+        return out
+
+    @staticmethod
+    def scan_device_buffers(buffers: Iterable[Any], buffer: Any) -> list[tuple[int, int, int]]:
+        """Pointers into ``buffer``'s range stored in device memory: ``(buffer index, byte offset,
+        value)`` for every 8-byte-aligned word of each of ``buffers`` (copied to the host with
+        ``cuMemcpyDtoH``; synchronous). Parameter edits cannot move these."""
+        lo, size = as_range(buffer)
+        hits = []
+        for i, b in enumerate(buffers):
+            base, n = as_range(b)
+            host = np.zeros(n // WORD, dtype="<u8")
+            if host.size:
+                call(driver.cuMemcpyDtoH, host.ctypes.data, driver.CUdeviceptr(base), host.size * WORD)
+            for j in np.nonzero((host >= np.uint64(lo)) & (host < np.uint64(lo + size)))[0].tolist():
+                hits.append((i, j * WORD, int(host[j])))
+        return hits
+
+    # -- rebinding ----------------------------------------------------------------------------
+    @staticmethod
+    def _warn_interior(lo: int, size: int, alloc: tuple[int, int] | None, values: Iterable[int]) -> None:
+        if alloc is None or alloc == (lo, size):
+            return  # a whole allocation: a pointer into its middle is that buffer at an offset
+        inner = sorted({v - lo for v in values if v != lo})
+        if inner:
+            warnings.warn(
+                f"rawgraph: [0x{lo:x}, +{size}) is part of a larger allocation [0x{alloc[0]:x}, +{alloc[1]}) and the "
+                f"exec holds pointers into its middle (offsets {inner[:8]}): if another tensor of the pool once "
+                f"started there, it moves too", InteriorPointerWarning, stacklevel=3)
+
+    def _check_move(self, old: tuple[int, int], new: Any, device_buffers: Iterable[Any] = ()) -> tuple[int, int, int]:
+        lo, size = old
+        nb, nsize = as_range(new) if not isinstance(new, int) else (int(new), size)
+        if nsize < size:
+            raise RebindError(f"the new buffer holds {nsize} bytes, the range moved {size}: pointers at its end would "
+                              f"land outside it")
+        self._last_alloc = check_allocation(lo, size, "old range")
+        check_allocation(nb, size, "new range")
+        hits = self.scan_device_buffers(device_buffers, old) if device_buffers else []
+        if hits:
+            i, off, val = hits[0]
+            raise RebindError(f"device buffer {i} holds a pointer into the range at byte {off} (0x{val:x}): kernels "
+                              f"read it from device memory, which rebinding parameters cannot reach "
+                              f"({len(hits)} such word(s))")
+        return lo, size, nb
+
+    def rebind(self, old: Any, new: Any, device_buffers: Iterable[Any] = ()) -> list[Match]:
+        """Move every address in ``old``'s range to the same offset in ``new`` and push the changed
+        nodes (``cuGraphExecKernelNodeSetParams`` / ``cuGraphExecMemcpyNodeSetParams`` /
+        ``cuGraphExecMemsetNodeSetParams``).
+
+        Parameters
+        ----------
+        old : range-like
+            The range as the exec holds it now (after earlier rebinds).
+        new : range-like or int
+            The new buffer (or its base address: then taken as large as ``old``).
+        device_buffers : iterable of range-like
+            Device memory the kernels read pointers from (workspaces); scanned first.
+
+        Returns
+        -------
+        list of Match
+            What was moved (values before the move).
+
+        Raises
+        ------
+        RebindError
+            Nothing matches, the new buffer is smaller, a range crosses its allocation's end, a match
+            is inside a child graph / conditional body, or a device buffer holds a pointer into it.
+        """
+        lo, size = as_range(old)
+        lo, size, nb = self._check_move((lo, size), new, device_buffers)
+        matches = self.find((lo, size))
+        if not matches:
+            raise RebindError(f"no kernel parameter, memcpy or memset of this exec holds an address in "
+                              f"[0x{lo:x}, +{size}): nothing to rebind (wrong buffer, or one the kernels "
+                              f"reach another way)")
+        unreachable = [m for m in matches if not m.reachable]
+        if unreachable:
+            raise RebindError(f"{unreachable[0]} is inside a child graph or conditional body: exec updates "
+                              f"cannot reach it ({len(unreachable)} such match(es))")
+        self._warn_interior(lo, size, self._last_alloc, (m.value for m in matches))
+        delta = nb - lo
+        kernels: dict[int, np.ndarray] = {}
+        memory: dict[int, dict[str, int]] = {}
+        for m in matches:
+            if m.node in self.kernels:
+                words = kernels.setdefault(m.node, self.kernels[m.node].words.copy())
+                words[m.layout_offset // WORD] = np.uint64(m.value + delta)
+            else:
+                memory.setdefault(m.node, dict(self.memory[m.node].current))[_side(m.kind)] = m.value + delta
+        self._push(kernels, memory, restore_others=False)
+        return matches
+
+    def prepare(self, moves: dict[Any, Any] | Sequence[tuple[Any, Any]]) -> Binding:
+        """A complete assignment relative to the *captured* graph: each ``old`` range (as captured)
+        goes to its ``new`` buffer (range-like or base address); every range not named holds its
+        captured address once the binding is applied.
+
+        Checked once here (the same rules as :meth:`rebind`); :meth:`apply` then only writes words
+        and pushes the nodes whose values differ from what the exec holds.
+        """
+        items = list(moves.items()) if isinstance(moves, dict) else list(moves)
+        kernels: dict[int, np.ndarray] = {}
+        memory: dict[int, dict[str, int]] = {}
+        done = []
+        for old, new in items:
+            lo, size = as_range(old)
+            lo, size, nb = self._check_move((lo, size), new)
+            hi, delta, found = lo + size, nb - lo, 0
+            alloc, values = self._last_alloc, []
+            for node, st in self.kernels.items():
+                for h in scan_words(st.original, st.info.layout, lo, hi):
+                    values.append(h.value)
+                    words = kernels.setdefault(node, st.original_words.copy())
+                    words[h.layout_offset // WORD] = np.uint64(h.value + delta)
+                    found += 1
+            for node, ms in self.memory.items():
+                for m in self._memory_matches(ms.info, lo, hi, True, ms.original):
+                    memory.setdefault(node, dict(ms.original))[_side(m.kind)] = m.value + delta
+                    found += 1
+            if not found:
+                raise RebindError(f"nothing in the captured graph holds an address in [0x{lo:x}, +{size}): "
+                                  f"nothing to rebind")
+            self._warn_interior(lo, size, alloc, values)
+            done.append((lo, size, nb))
+        return Binding(kernels, memory, tuple(done))
+
+    def apply(self, binding: Binding) -> None:
+        """Write a prepared binding into the exec: its nodes get its values, nodes an earlier
+        rebind changed and this binding does not name go back to their captured values; only
+        nodes whose values change are pushed."""
+        self._push(binding.kernels, binding.memory, restore_others=True)
+
+    def _push(self, kernels: dict[int, np.ndarray], memory: dict[int, dict[str, int]], restore_others: bool) -> None:
+        if restore_others:
+            for node in [n for n in self._dirty if n not in kernels and n not in memory]:
+                if node in self.kernels:
+                    self._push_kernel(self.kernels[node], self.kernels[node].original_words)
+                else:
+                    self._push_memory(self.memory[node], self.memory[node].original)
+        for node, words in kernels.items():
+            self._push_kernel(self.kernels[node], words)
+        for node, sides in memory.items():
+            self._push_memory(self.memory[node], sides)
+
+    def _push_kernel(self, st: _KernelState, words: np.ndarray) -> None:
+        if np.array_equal(st.words, words):
+            return
+        old = st.words.copy()
+        st.words[:] = words
+        (err,) = driver.cuGraphExecKernelNodeSetParams(self._exec_handle, st.info.handle, st.params)
+        if err != _SUCCESS:
+            st.words[:] = old  # the exec kept its old values: so does our copy
+            raise cuda_error(err, f"cuGraphExecKernelNodeSetParams({st.info.name})")
+        self.pushes += 1
+        self._mark(st.info.id, not np.array_equal(words, st.original_words))
+
+    def _mark(self, node: int, dirty: bool) -> None:
+        if dirty:
+            self._dirty.add(node)
+        else:
+            self._dirty.discard(node)
+
+    def _push_memory(self, st: _MemState, sides: dict[str, int]) -> None:
+        want = dict(st.current)
+        want.update(sides)
+        if want == st.current:
+            return
+        p, ctx = st.params, self.device.context
+        if isinstance(st.info, MemcpyInfo):
+            saved = (int(p.srcDevice), int(p.dstDevice))
+            # The start address is base + X/Y/Z offsets: move the base by the start's delta.
+            p.srcDevice = saved[0] + (want["src"] - st.current["src"])
+            p.dstDevice = saved[1] + (want["dst"] - st.current["dst"])
+            (err,) = driver.cuGraphExecMemcpyNodeSetParams(self._exec_handle, st.info.handle, p, ctx)
+            if err != _SUCCESS:
+                p.srcDevice, p.dstDevice = saved
+                raise cuda_error(err, "cuGraphExecMemcpyNodeSetParams")
+        else:
+            saved_dst = int(p.dst)
+            p.dst = want["dst"]
+            (err,) = driver.cuGraphExecMemsetNodeSetParams(self._exec_handle, st.info.handle, p, ctx)
+            if err != _SUCCESS:
+                p.dst = saved_dst
+                raise cuda_error(err, "cuGraphExecMemsetNodeSetParams")
+        st.current = want
+        self.pushes += 1
+        self._mark(st.info.id, want != st.original)
+
+    def held(self, node: Any) -> bytes:
+        """The parameter bytes rawgraph pushed to (or found in) the exec for a kernel node: the
+        exec itself cannot be read back."""
+        return self.kernels[int(node)].current()
+
+    def launch(self, stream: Any) -> None:
+        """``cuGraphLaunch`` of the exec on ``stream``."""
+        if hasattr(self.exec, "launch"):
+            self.exec.launch(stream)
+            return
+        from .stream import stream_handle
+
+        call(driver.cuGraphLaunch, self._exec_handle, stream_handle(stream))

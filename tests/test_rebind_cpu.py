@@ -1,0 +1,259 @@
+"""The pure parts of rebinding by address (no GPU): word scanning of parameter bytes, confirmation
+by layout, address ranges of array-like objects, and the import order of the new modules."""
+
+import ast
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rawgraph.adopt import _version
+from rawgraph.nodes import KernelInfo, ParamInfo, pack_params
+from rawgraph.rebind import RebindError, as_range, scan_words
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _layout(*pairs):
+    return [ParamInfo(i, o, s) for i, (o, s) in enumerate(pairs)]
+
+
+def test_scan_finds_words_in_range_with_param_and_offset(rng):
+    base = int(rng.integers(1 << 40, 1 << 46)) & ~0xFF
+    size = 4096
+    inside = base + int(rng.integers(0, size // 8)) * 8
+    # (ptr x, ptr y, i32 n, i32 m, struct{ptr a; ptr b} at 24)
+    blob = struct.pack("<QQiiQQ", base, base + size, 7, 9, base - 8, inside)
+    layout = _layout((0, 8), (8, 8), (16, 4), (20, 4), (24, 16))
+    hits = scan_words(blob, layout, base, base + size)
+    assert [(h.layout_offset, h.param, h.offset, h.value, h.confirmed) for h in hits] == [
+        (0, 0, 0, base, True),
+        (32, 4, 8, inside, True),  # the second member of the struct parameter
+    ]  # base + size is one past the end, base - 8 is below: neither matches
+
+
+def test_words_the_layout_cannot_confirm():
+    base = 0x7F0000000000
+    # two i32 parameters whose bytes together read as an address in range
+    lo, hi = base & 0xFFFFFFFF, base >> 32
+    blob = struct.pack("<IIQ", lo, hi, base + 16)
+    hits = scan_words(blob, _layout((0, 4), (4, 4), (8, 8)), base, base + 64)
+    assert [(h.layout_offset, h.confirmed) for h in hits] == [(0, False), (8, True)]
+    # no layout at all: every hit is unconfirmed, offsets are byte offsets in the blob
+    hits = scan_words(blob, None, base, base + 64)
+    assert [(h.param, h.offset, h.confirmed) for h in hits] == [(None, 0, False), (None, 8, False)]
+    # a word in padding between parameters
+    blob = struct.pack("<iiQ", 1, 0, 0) + struct.pack("<Q", base)
+    hits = scan_words(blob, _layout((0, 4), (16, 8)), base, base + 8)
+    assert [(h.layout_offset, h.param, h.confirmed) for h in hits] == [(16, 1, True)]
+    hits = scan_words(struct.pack("<QQ", 0, base), _layout((0, 4)), base, base + 8)
+    assert [(h.layout_offset, h.param, h.confirmed) for h in hits] == [(8, None, False)]
+
+
+def test_scan_ignores_a_trailing_partial_word_and_empty_blobs():
+    assert scan_words(b"", [], 0, 1 << 63) == []
+    assert scan_words(struct.pack("<I", 5), _layout((0, 4)), 0, 10) == []
+
+
+def test_pack_params_places_each_parameter_at_its_offset():
+    vals = [np.array([0x1122334455667788], dtype=np.uint64), np.array([-3], dtype=np.int32), np.array([2.5], dtype=np.float32)]
+    table = np.array([v.ctypes.data for v in vals], dtype=np.uintp)
+    blob = pack_params(_layout((0, 8), (8, 4), (12, 4)), int(table.ctypes.data))
+    assert blob == struct.pack("<Qif", 0x1122334455667788, -3, 2.5)
+    info = KernelInfo(handle=0, kind="kernel", index=0, graph=0, depth=0, layout=_layout((0, 8), (8, 4), (12, 4)),
+                      params=blob)
+    assert info.param_bytes(1) == struct.pack("<i", -3)
+    assert info.param_at(13).index == 2 and info.param_at(16) is None
+
+
+class _Cai:
+    def __init__(self, ptr, shape, typestr, strides=None):
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": typestr,
+                                         "strides": strides, "version": 3}
+
+
+class _Tensorish:
+    def __init__(self, ptr, n, contiguous=True):
+        self._p, self._n, self._c = ptr, n, contiguous
+
+    def data_ptr(self):
+        return self._p
+
+    def numel(self):
+        return self._n
+
+    def element_size(self):
+        return 4
+
+    def is_contiguous(self):
+        return self._c
+
+
+def test_as_range_of_array_likes():
+    assert as_range((0x1000, 64)) == (0x1000, 64)
+    assert as_range(_Cai(0x2000, (3, 5), "<f4")) == (0x2000, 60)
+    assert as_range(_Tensorish(0x3000, 10)) == (0x3000, 40)
+    with pytest.raises(RebindError, match="non-contiguous"):
+        as_range(_Tensorish(0x3000, 10, contiguous=False))
+    with pytest.raises(RebindError, match="strided"):
+        as_range(_Cai(0x2000, (3, 5), "<f4", strides=(4, 12)))
+    with pytest.raises(RebindError, match="empty or null"):
+        as_range((0, 16))
+    with pytest.raises(TypeError):
+        as_range(object())
+
+
+def test_torch_version_parsing():
+    assert _version("2.11.0+cu130") == (2, 11)
+    assert _version("2.8.0a0") == (2, 8)
+    assert _version("garbage") == (0, 0)
+
+
+def test_nodes_and_rebind_sit_below_graph_in_the_import_order():
+    for name in ("nodes.py", "rebind.py"):
+        tree = ast.parse((ROOT / "rawgraph" / name).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
+        assert not imported & {"graph", "capture", "manager", "model", "adopt", "dot"}, (name, imported)
+
+
+# -- the rebinder's driver calls against a fake driver: real binding structs, made-up handles -----
+class _FakeDevice:
+    context = 0
+
+    def activate(self):
+        return self
+
+
+@pytest.fixture
+def fake_graph(monkeypatch):
+    """A graph of two kernel nodes and a memset, served by a fake driver (see the fixture body)."""
+    from cuda.bindings import driver as d
+
+    S, INVALID = d.CUresult.CUDA_SUCCESS, d.CUresult.CUDA_ERROR_INVALID_VALUE
+    T = d.CUgraphNodeType
+    x, out, other = 0x7F0000100000, 0x7F0000200000, 0x7F0000300000
+    allocs = {x: 4096, out: 4096, other: 8192}
+    # node 1: k1(ptr x, i32 n, struct {ptr a; ptr b} = {x + 64, other}); node 2: k2(ptr out, ptr x)
+    vals1 = [np.array([x], np.uint64), np.array([100], np.int32), np.array([x + 64, other], np.uint64)]
+    vals2 = [np.array([out], np.uint64), np.array([x], np.uint64)]
+    layouts = {0xF1: [(0, 8), (8, 4), (16, 16)], 0xF2: [(0, 8), (8, 8)]}
+    tables = {n: np.array([v.ctypes.data for v in vals], dtype=np.uintp) for n, vals in ((0xA1, vals1), (0xA2, vals2))}
+    funcs = {0xA1: 0xF1, 0xA2: 0xF2}
+    pushed = []
+
+    def kparams(node):
+        p = d.CUDA_KERNEL_NODE_PARAMS()
+        n = int(node)
+        p.func = funcs[n]
+        p.gridDimX = p.gridDimY = p.gridDimZ = 1
+        p.blockDimX, p.blockDimY, p.blockDimZ = 32, 1, 1
+        p.kernelParams = int(tables[n].ctypes.data)
+        return S, p
+
+    def mparams(node):
+        p = d.CUDA_MEMSET_NODE_PARAMS()
+        p.dst, p.value, p.elementSize, p.width, p.height, p.pitch = out + 128, 0, 4, 16, 1, 64
+        return S, p
+
+    def info(func, i):
+        lay = layouts[int(func)]
+        return (S, lay[i][0], lay[i][1]) if i < len(lay) else (INVALID, 0, 0)
+
+    def set_kernel(exe, node, p):
+        lay = layouts[int(p.func)]
+        table = int(p.kernelParams)
+        import ctypes
+
+        blob = bytearray(max(o + s for o, s in lay))
+        for i, (o, s) in enumerate(lay):
+            blob[o : o + s] = ctypes.string_at(ctypes.c_void_p.from_address(table + 8 * i).value, s)
+        pushed.append((int(node), bytes(blob)))
+        return (S,)
+
+    def set_memset(exe, node, p, ctx):
+        pushed.append((int(node), int(p.dst)))
+        return (S,)
+
+    def address_range(ptr):
+        for base, size in allocs.items():
+            if base <= int(ptr) < base + size:
+                return S, d.CUdeviceptr(base), size
+        return d.CUresult.CUDA_ERROR_NOT_FOUND, d.CUdeviceptr(0), 0
+
+    nodes = [d.CUgraphNode(0xA1), d.CUgraphNode(0xA2), d.CUgraphNode(0xA3)]
+    types = {0xA1: T.CU_GRAPH_NODE_TYPE_KERNEL, 0xA2: T.CU_GRAPH_NODE_TYPE_KERNEL, 0xA3: T.CU_GRAPH_NODE_TYPE_MEMSET}
+    edge = d.CUgraphEdgeData()
+    fakes = {
+        "cuGraphGetNodes": lambda g, n=0: (S, nodes if n else None, 3),
+        "cuGraphNodeGetType": lambda node: (S, types[int(node)]),
+        "cuGraphKernelNodeGetParams": kparams,
+        "cuGraphMemsetNodeGetParams": mparams,
+        "cuFuncGetParamInfo": info,
+        "cuFuncGetName": lambda f: (S, {0xF1: b"k1", 0xF2: b"k2"}[int(f)]),
+        "cuGraphGetEdges": lambda g, n=0: (S, [nodes[0], nodes[1]] if n else None, [nodes[1], nodes[2]] if n else None,
+                                           [edge, edge] if n else None, 2),
+        "cuMemGetAddressRange": address_range,
+        "cuGraphExecKernelNodeSetParams": set_kernel,
+        "cuGraphExecMemsetNodeSetParams": set_memset,
+    }
+    for name, fn in fakes.items():
+        monkeypatch.setattr(d, name, fn)
+    return {"x": x, "out": out, "other": other, "pushed": pushed, "keep": (vals1, vals2, tables),
+            "add_alloc": allocs.__setitem__}
+
+
+def test_rebinder_finds_and_moves_every_word_with_a_fake_driver(fake_graph):
+    from rawgraph.nodes import MemsetInfo, read_graph
+    from rawgraph.rebind import AddressRebinder
+
+    x, out, pushed = fake_graph["x"], fake_graph["out"], fake_graph["pushed"]
+    infos = read_graph(0x1)
+    assert [i.kind for i in infos] == ["kernel", "kernel", "memset"]
+    assert infos[1].dependencies == [0xA1] and infos[2].dependencies == [0xA2]
+    assert isinstance(infos[2], MemsetInfo) and infos[2].dst == out + 128
+    reb = AddressRebinder(0x1, 0x2, device=_FakeDevice())
+    found = reb.find((x, 4096))
+    assert [(m.node, m.param, m.offset) for m in found] == [(0xA1, 0, 0), (0xA1, 2, 0), (0xA2, 1, 0)]
+    assert [m.value for m in found] == [x, x + 64, x]
+    new_x = 0x7F0000900000
+    fake_graph["add_alloc"](new_x, 4096)
+    reb.rebind((x, 4096), (new_x, 4096))
+    blob1 = dict(pushed)[0xA1]
+    assert struct.unpack_from("<QiiQQ", blob1) == (new_x, 100, 0, new_x + 64, fake_graph["other"])
+    assert struct.unpack_from("<QQ", dict(pushed)[0xA2]) == (out, new_x)
+    assert not reb.find((x, 4096)) and len(reb.find((new_x, 4096))) == 3
+    # the output range: a kernel word and the memset's destination
+    pushed.clear()
+    new_out = 0x7F0000A00000
+    fake_graph["add_alloc"](new_out, 4096)
+    reb.rebind((out, 4096), new_out)
+    assert dict(pushed)[0xA3] == new_out + 128 and struct.unpack_from("<QQ", dict(pushed)[0xA2]) == (new_out, new_x)
+    assert 0xA1 not in dict(pushed)  # unchanged nodes are not pushed
+    # absolute bindings: back to the captured graph, then to (new_x, captured out)
+    pushed.clear()
+    reb.apply(reb.prepare({}))
+    assert struct.unpack_from("<Q", dict(pushed)[0xA1])[0] == x and dict(pushed)[0xA3] == out + 128
+    pushed.clear()
+    binding = reb.prepare({(x, 4096): new_x})
+    reb.apply(binding)
+    reb.apply(binding)  # nothing changes the second time: nothing pushed
+    assert sorted(dict(pushed)) == [0xA1, 0xA2] and len(pushed) == 2
+
+
+def test_rebinder_refusals_with_a_fake_driver(fake_graph):
+    from rawgraph.rebind import AddressRebinder, LayoutMismatchError
+
+    x = fake_graph["x"]
+    reb = AddressRebinder(0x1, 0x2, device=_FakeDevice())
+    with pytest.raises(RebindError, match="nothing to rebind"):
+        reb.rebind((fake_graph["other"] + 4096, 64), (x, 64))
+    with pytest.raises(RebindError, match="holds 64 bytes"):
+        reb.rebind((x, 4096), (fake_graph["other"], 64))
+    with pytest.raises(RebindError, match="past the end of its allocation"):
+        reb.rebind((x, 8192), (fake_graph["other"], 8192))
+    with pytest.raises(RebindError, match="past the end of its allocation"):
+        reb.rebind((x, 4096), (fake_graph["other"] + 6000, 4096))
+    with pytest.raises(LayoutMismatchError, match="k2"):
+        AddressRebinder(0x1, 0x2, expect_layouts={"k2": [(0, 8), (8, 4)]}, device=_FakeDevice())
+    assert fake_graph["pushed"] == []
