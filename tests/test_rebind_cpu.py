@@ -257,3 +257,12 @@ def test_rebinder_refusals_with_a_fake_driver(fake_graph):
     with pytest.raises(LayoutMismatchError, match="k2"):
         AddressRebinder(0x1, 0x2, expect_layouts={"k2": [(0, 8), (8, 4)]}, device=_FakeDevice())
     assert fake_graph["pushed"] == []
+
+
+def test_dot_labels_a_foreign_graph_with_a_fake_driver(fake_graph):
+    from rawgraph.dot import to_dot
+
+    text = to_dot(0x1, "fake")
+    assert 'kind="foreign_kernel"' in text and "kernel k1" in text and "kernel k2" in text
+    assert f"memset 64 B at 0x{fake_graph['out'] + 128:x}" in text
+    assert text.count(" -> ") == 2 and "na1 -> na2;" in text and "na2 -> na3;" in text
