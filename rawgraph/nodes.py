@@ -161,7 +161,8 @@ class MemcpyInfo(NodeInfo):
 
     ``src`` / ``dst`` are the start addresses including the X/Y/Z offsets: device (or unified)
     addresses when the memory type is ``device``/``unified``, host pointers for ``host``, 0 for
-    arrays (``src_array`` / ``dst_array``). ``nbytes`` = width x height x depth.
+    arrays (``src_array`` / ``dst_array``). ``nbytes`` = width x height x planes (the copy's
+    ``WidthInBytes``, ``Height``, ``Depth``; ``depth`` is the node's nesting depth, as for every node).
     """
 
     src: int = 0
@@ -170,7 +171,7 @@ class MemcpyInfo(NodeInfo):
     dst_type: str = ""
     width: int = 0
     height: int = 0
-    depth: int = 0
+    planes: int = 0
     src_pitch: int = 0
     dst_pitch: int = 0
     src_array: int = 0
@@ -178,7 +179,7 @@ class MemcpyInfo(NodeInfo):
 
     @property
     def nbytes(self) -> int:
-        return self.width * max(self.height, 1) * max(self.depth, 1)
+        return self.width * max(self.height, 1) * max(self.planes, 1)
 
     @property
     def direction(self) -> str:
@@ -392,7 +393,7 @@ def _memcpy(base: dict, node: Any) -> MemcpyInfo:
         return addr + x + y * pitch + z * pitch * height if addr else 0
 
     return MemcpyInfo(**base, src=start("src", st), dst=start("dst", dt), src_type=st, dst_type=dt,
-                      width=int(p.WidthInBytes), height=int(p.Height), depth=int(p.Depth),
+                      width=int(p.WidthInBytes), height=int(p.Height), planes=int(p.Depth),
                       src_pitch=int(p.srcPitch), dst_pitch=int(p.dstPitch),
                       src_array=_int(p.srcArray), dst_array=_int(p.dstArray))
 

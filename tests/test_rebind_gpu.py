@@ -73,6 +73,7 @@ def test_prepared_bindings_are_absolute(stream, rng):
         model.forward(x, ref, stream)
         assert np.array_equal(o.to_numpy(stream), ref.to_numpy(stream)), f"step {it}, seed {rng.seed_used}"
     # an incremental rebind then an absolute binding: the binding wins
+    reb.apply(pairs[1])
     reb.rebind(o1, o0)
     reb.apply(pairs[1])
     assert {m.value for m in reb.find(o1)} == {o1.ptr}
@@ -94,7 +95,7 @@ def test_refusals(stream, rng):
     with pytest.raises(RebindError, match="holds .* bytes"):
         reb.rebind(x, small)
     with pytest.raises(RebindError, match="past the end of its allocation"):
-        reb.rebind((x.ptr, x.nbytes + (4 << 20)), big)
+        reb.rebind((x.ptr, x.nbytes + (4 << 20)), (big.ptr, x.nbytes + (4 << 20)))
     with pytest.raises(RebindError, match="past the end of its allocation"):
         reb.rebind(x, (small.ptr + small.nbytes - 8, x.nbytes))
     # a pointer to x kept in device memory (a "workspace"): parameter edits cannot move it
