@@ -266,3 +266,118 @@ def test_dot_labels_a_foreign_graph_with_a_fake_driver(fake_graph):
     assert 'kind="foreign_kernel"' in text and "kernel k1" in text and "kernel k2" in text
     assert f"memset 64 B at 0x{fake_graph['out'] + 128:x}" in text
     assert text.count(" -> ") == 2 and "na1 -> na2;" in text and "na2 -> na3;" in text
+
+
+def test_every_node_type_decodes_from_real_binding_structs(monkeypatch):
+    """Each per-type decoder against the binding's own structs (wrong field names or types fail
+    here as they would on the GPU); the GPU test checks the values the driver really returns."""
+    from cuda.bindings import driver as d
+
+    from rawgraph import nodes as N
+    from rawgraph.dot import node_label
+
+    S, T = d.CUresult.CUDA_SUCCESS, d.CUgraphNodeType
+    m = d.CUDA_MEMCPY3D()
+    m.srcMemoryType, m.srcHost = d.CUmemorytype.CU_MEMORYTYPE_HOST, 0x1000
+    m.dstMemoryType, m.dstDevice = d.CUmemorytype.CU_MEMORYTYPE_DEVICE, 0x2000
+    m.WidthInBytes, m.Height, m.Depth, m.srcXInBytes = 64, 1, 1, 8
+    ms = d.CUDA_MEMSET_NODE_PARAMS()
+    ms.dst, ms.value, ms.elementSize, ms.width, ms.height = 0x3000, 5, 4, 4, 1
+    h = d.CUDA_HOST_NODE_PARAMS()
+    h.fn, h.userData = d.CUhostFn(0x55), 7
+    a = d.CUDA_MEM_ALLOC_NODE_PARAMS()
+    a.bytesize = 10
+    c = d.CUgraphNodeParams()
+    c.type = T.CU_GRAPH_NODE_TYPE_CONDITIONAL
+    c.conditional.type = d.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_SWITCH
+    c.conditional.handle = d.CUgraphConditionalHandle(3)
+    c.conditional.size = 0  # no bodies: the fake has no driver-owned body array to point at
+    for name, fn in {
+        "cuGraphMemcpyNodeGetParams": lambda n: (S, m), "cuGraphMemsetNodeGetParams": lambda n: (S, ms),
+        "cuGraphHostNodeGetParams": lambda n: (S, h), "cuGraphMemAllocNodeGetParams": lambda n: (S, a),
+        "cuGraphEventRecordNodeGetEvent": lambda n: (S, d.CUevent(0x77)),
+        "cuGraphEventWaitNodeGetEvent": lambda n: (S, d.CUevent(0x78)),
+        "cuGraphChildGraphNodeGetGraph": lambda n: (S, d.CUgraph(0x999)),
+        "cuGraphMemFreeNodeGetParams": lambda n: (S, d.CUdeviceptr(0x4000)),
+        "cuGraphNodeGetParams": lambda n: (S, c),
+        "cuGraphGetNodes": lambda g, n=0: (S, None, 0),
+        "cuGraphGetEdges": lambda g, n=0: (S, None, None, None, 0),
+    }.items():
+        monkeypatch.setattr(d, name, fn)
+    want = {
+        "MEMCPY": (N.MemcpyInfo, "memcpy HtoD 64 B 0x1008 -> 0x2000"),
+        "MEMSET": (N.MemsetInfo, "memset 0x3000 = 0x5 x4x1 (4 B)"),
+        "HOST": (N.HostInfo, "host fn=0x55"),
+        "GRAPH": (N.ChildGraphInfo, "child graph 0x999 (0 nodes)"),
+        "EMPTY": (N.EmptyInfo, "empty"),
+        "WAIT_EVENT": (N.EventInfo, "event_wait event=0x78"),
+        "EVENT_RECORD": (N.EventInfo, "event_record event=0x77"),
+        "MEM_ALLOC": (N.MemAllocInfo, "mem_alloc 0x0 10 B"),
+        "MEM_FREE": (N.MemFreeInfo, "mem_free 0x4000"),
+        "CONDITIONAL": (N.ConditionalInfo, "conditional SWITCH handle=0x3 bodies=0"),
+        "BATCH_MEM_OP": (N.OtherNode, "CU_GRAPH_NODE_TYPE_BATCH_MEM_OP"),
+    }
+    for short, (cls, text) in want.items():
+        t = getattr(T, f"CU_GRAPH_NODE_TYPE_{short}")
+        monkeypatch.setattr(d, "cuGraphNodeGetType", lambda n, t=t: (S, t))
+        info = N._node(d.CUgraphNode(2), 0, 0, 0, set())
+        assert type(info) is cls and N.describe(info) == text, (short, info)
+        assert node_label(info)
+    assert info.depth == 0
+
+
+def test_memcpy_rebind_moves_the_base_by_the_start_delta(monkeypatch):
+    from cuda.bindings import driver as d
+
+    from rawgraph.rebind import AddressRebinder
+
+    S = d.CUresult.CUDA_SUCCESS
+    m = d.CUDA_MEMCPY3D()
+    m.srcMemoryType = m.dstMemoryType = d.CUmemorytype.CU_MEMORYTYPE_DEVICE
+    m.srcDevice, m.dstDevice, m.srcXInBytes = 0x10000, 0x20000, 16
+    m.WidthInBytes, m.Height, m.Depth = 64, 1, 1
+    pushed = []
+    for name, fn in {
+        "cuGraphMemcpyNodeGetParams": lambda n: (S, m),
+        "cuGraphGetNodes": lambda g, n=0: (S, [d.CUgraphNode(1)] if n else None, 1),
+        "cuGraphGetEdges": lambda g, n=0: (S, None, None, None, 0),
+        "cuGraphNodeGetType": lambda n: (S, d.CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMCPY),
+        "cuMemGetAddressRange": lambda p: (S, d.CUdeviceptr(int(p) & ~0xFFFF), 0x10000),
+        "cuGraphExecMemcpyNodeSetParams": lambda e, n, p, c: (
+            pushed.append((int(p.srcDevice), int(p.srcXInBytes), int(p.dstDevice))) or (S,)),
+    }.items():
+        monkeypatch.setattr(d, name, fn)
+    reb = AddressRebinder(1, 2, device=_FakeDevice())
+    (match,) = reb.find((0x10000, 0x10000))
+    assert (match.kind, match.value) == ("memcpy.src", 0x10010)  # the start includes srcXInBytes
+    reb.rebind((0x10000, 0x10000), (0x50000, 0x10000))
+    reb.rebind((0x20000, 64), (0x60000, 64))
+    assert pushed == [(0x50000, 16, 0x20000), (0x50000, 16, 0x60000)]
+    reb.apply(reb.prepare({}))  # back to the captured addresses
+    assert pushed[-1] == (0x10000, 16, 0x20000)
+
+
+def test_library_kernel_named_by_cukernel_only(fake_graph, monkeypatch):
+    """A node whose func is 0 and kern set: the function comes from cuKernelGetFunction, and the
+    rebinder pushes the node back naming the same CUkernel."""
+    from cuda.bindings import driver as d
+
+    from rawgraph.nodes import read_graph
+    from rawgraph.rebind import AddressRebinder
+
+    S = d.CUresult.CUDA_SUCCESS
+    real = d.cuGraphKernelNodeGetParams
+
+    def by_kern(node):
+        err, p = real(node)
+        if int(node) == 0xA2:
+            p.func, p.kern = 0, 0xBEEF
+        return err, p
+
+    monkeypatch.setattr(d, "cuGraphKernelNodeGetParams", by_kern)
+    monkeypatch.setattr(d, "cuKernelGetFunction", lambda k: (S, d.CUfunction(0xF2)) if int(k) == 0xBEEF else (1, None))
+    info = read_graph(0x1)[1]
+    assert (info.function, info.func_field, info.kern, info.name) == (0xF2, 0, 0xBEEF, "k2")
+    reb = AddressRebinder(0x1, 0x2, device=_FakeDevice())
+    st = reb.kernels[0xA2]
+    assert (int(st.params.func), int(st.params.kern)) == (0, 0xBEEF)
