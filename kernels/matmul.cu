@@ -22,7 +22,8 @@
 // issued before waiting for the previous kernel. `early` (flags & RG_FLAG_EARLY) says when the
 // successor may launch: at the start (small products, where launch latency is the cost to hide)
 // or once the K loop is done (large ones, where a successor prefetching early only competes for
-// DRAM). The other flags (rawgraph.cuh) make x, y or r indirect.
+// DRAM). The other flags (rawgraph.cuh) make x, y or r indirect, or pick their rows through the
+// `rows` table (gather from and scatter to request slots).
 //
 // Name expressions instantiate them: matvec_kernel<EPI, VEC, TC, BT>,
 // matvec_split_kernel<EPI, VEC, TC, BT, S>, gemm_kernel<EPI, BN, SL>, gemm_split_kernel<EPI, BN, S, SL>.
@@ -66,7 +67,7 @@ template <> struct VecT<4> {
 
 template <int EPI, int VEC, int TC, int BT, int S>
 __device__ __forceinline__ void matvec_body(const float* x, const float* __restrict__ W, float* y, const float* r,
-                                            int B, int K, int N, int early)
+                                            int B, int K, int N, int early, const int* rows, int flags)
 {
     typedef VecT<VEC> V;
     typedef typename V::type vec_t;
@@ -123,7 +124,7 @@ __device__ __forceinline__ void matvec_body(const float* x, const float* __restr
         if (p) __syncthreads();  // the previous piece has been read by every warp
         for (int t = threadIdx.x; t < BT * prow; t += RG_THREADS) {
             const int b = t / prow, kk = t - b * prow;
-            xs[kk * BT + b] = b < nb ? x[(size_t)(b0 + b) * K + kb + p + kk] : 0.0f;
+            xs[kk * BT + b] = b < nb ? x[(size_t)rg_row(rows, flags, RG_FLAG_ROWS_X, b0 + b) * K + kb + p + kk] : 0.0f;
         }
         __syncthreads();
         const int pend = min(span, p + XK);
@@ -186,8 +187,9 @@ __device__ __forceinline__ void matvec_body(const float* x, const float* __restr
                 float s = part[0][t];
 #pragma unroll
                 for (int q = 1; q < RG_WARPS; ++q) s += part[q][t];
-                const size_t o = (size_t)(b0 + b) * N + n;
-                y[o] = rg_epilogue<EPI>(s, r, o);
+                const size_t oy = (size_t)rg_row(rows, flags, RG_FLAG_ROWS_Y, b0 + b) * N + n;
+                const size_t orr = (size_t)rg_row(rows, flags, RG_FLAG_ROWS_R, b0 + b) * N + n;
+                y[oy] = rg_epilogue<EPI>(s, r, orr);
             }
         }
     } else {
@@ -212,8 +214,9 @@ __device__ __forceinline__ void matvec_body(const float* x, const float* __restr
     if (mine) {
         const int b = t / TC, n = n0 + t % TC;
         if (b < nb && n < N) {
-            const size_t o = (size_t)(b0 + b) * N + n;
-            y[o] = rg_epilogue<EPI>(s, r, o);
+            const size_t oy = (size_t)rg_row(rows, flags, RG_FLAG_ROWS_Y, b0 + b) * N + n;
+            const size_t orr = (size_t)rg_row(rows, flags, RG_FLAG_ROWS_R, b0 + b) * N + n;
+            y[oy] = rg_epilogue<EPI>(s, r, orr);
         }
     }
     rg_cluster_wait();
@@ -223,20 +226,22 @@ __device__ __forceinline__ void matvec_body(const float* x, const float* __restr
 
 template <int EPI, int VEC, int TC, int BT>
 __global__ void __launch_bounds__(RG_THREADS)
-matvec_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags)
+matvec_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags,
+              const int* rows)
 {
     matvec_body<EPI, VEC, TC, BT, 1>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W, rg_arg_ptr(y, flags, RG_FLAG_IND_Y),
-        rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY);
+        rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
 }
 
 #ifdef RG_HAS_CLUSTERS
 // grid (N / TC, S, batch tiles), clusters of (1, S, 1): cluster rank == blockIdx.y.
 template <int EPI, int VEC, int TC, int BT, int S>
 __global__ void __cluster_dims__(1, S, 1) __launch_bounds__(RG_THREADS)
-matvec_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags)
+matvec_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags,
+              const int* rows)
 {
     matvec_body<EPI, VEC, TC, BT, S>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W, rg_arg_ptr(y, flags, RG_FLAG_IND_Y),
-        rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY);
+        rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
 }
 #endif
 
@@ -262,7 +267,7 @@ matvec_split_kernel(const float* x, const float* __restrict__ W, float* y, const
 // Shared memory is dynamic: SL * RG_GM_STAGES * STAGE floats (ops.gemm_smem_bytes).
 template <int EPI, int BN, int S, int SL>
 __device__ __forceinline__ void gemm_body(const float* x, const float* __restrict__ W, float* y, const float* r,
-                                          int B, int K, int N, int early)
+                                          int B, int K, int N, int early, const int* rows, int flags)
 {
     constexpr int H = BN / 64;                                    // 64-column halves
     constexpr int STAGE = RG_GM_BM * RG_GM_XS + RG_GM_KC * BN;    // floats per stage
@@ -307,10 +312,11 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
             rg_cp_async16(ws_of(st) + row * BN + wc, ok ? W + (size_t)k * N + n0 + wc : W, ok);
         }
     };
+    int xrow = 0;  // the x row this thread loads: set after rg_wait_dependencies (rows may be fresh)
     auto load_x = [&](int st) {
         const int k = kb + st * RG_GM_KC + xc;
         const bool ok = k < ke && m0 + xr < B;
-        rg_cp_async16(xs_of(st) + xr * RG_GM_XS + xc, ok ? x + (size_t)(m0 + xr) * K + k : x, ok);
+        rg_cp_async16(xs_of(st) + xr * RG_GM_XS + xc, ok ? x + (size_t)xrow * K + k : x, ok);
     };
 
     if (early) rg_allow_dependents();
@@ -318,6 +324,7 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
     for (int st = 0; st < RG_GM_STAGES - 1; ++st)
         if (st < nst) load_w(st);
     rg_wait_dependencies();
+    if (m0 + xr < B) xrow = rg_row(rows, flags, RG_FLAG_ROWS_X, m0 + xr);
 #pragma unroll
     for (int st = 0; st < RG_GM_STAGES - 1; ++st) {
         if (st < nst) load_x(st);
@@ -397,12 +404,13 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int m = m0 + 4 * tm + i;
+            const int my = m < B ? rg_row(rows, flags, RG_FLAG_ROWS_Y, m) : 0;
+            const int mr = m < B ? rg_row(rows, flags, RG_FLAG_ROWS_R, m) : 0;
 #pragma unroll
             for (int j = 0; j < 4 * H; ++j) {
                 const int n = n0 + 64 * (j / 4) + 4 * tn + j % 4;
                 if (m < B && n < N) {
-                    const size_t o = (size_t)m * N + n;
-                    y[o] = rg_epilogue<EPI>(acc[i][j], r, o);
+                    y[(size_t)my * N + n] = rg_epilogue<EPI>(acc[i][j], r, (size_t)mr * N + n);
                 }
             }
         }
@@ -448,11 +456,12 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
             const int m = m0 + (int)rank * ROWS + item / Q4;
             const int nq = n0 + (item % Q4) * 4;
             const float vals[4] = {sum[e].x, sum[e].y, sum[e].z, sum[e].w};
+            const int my = m < B ? rg_row(rows, flags, RG_FLAG_ROWS_Y, m) : 0;
+            const int mr = m < B ? rg_row(rows, flags, RG_FLAG_ROWS_R, m) : 0;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 if (m < B && nq + j < N) {
-                    const size_t o = (size_t)m * N + nq + j;
-                    y[o] = rg_epilogue<EPI>(vals[j], r, o);
+                    y[(size_t)my * N + nq + j] = rg_epilogue<EPI>(vals[j], r, (size_t)mr * N + nq + j);
                 }
             }
         }
@@ -465,19 +474,21 @@ __device__ __forceinline__ void gemm_body(const float* x, const float* __restric
 // grid (ceil(N / BN), 1, ceil(B / 64)), SL * 256 threads
 template <int EPI, int BN, int SL>
 __global__ void __launch_bounds__(RG_THREADS * SL, 3 / SL)
-gemm_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags)
+gemm_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags,
+              const int* rows)
 {
     gemm_body<EPI, BN, 1, SL>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W, rg_arg_ptr(y, flags, RG_FLAG_IND_Y),
-        rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY);
+        rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
 }
 
 #ifdef RG_HAS_CLUSTERS
 // grid (ceil(N / BN), S, ceil(B / 64)), clusters of (1, S, 1), SL * 256 threads
 template <int EPI, int BN, int S, int SL>
 __global__ void __cluster_dims__(1, S, 1) __launch_bounds__(RG_THREADS * SL, 3 / SL)
-gemm_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags)
+gemm_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags,
+              const int* rows)
 {
     gemm_body<EPI, BN, S, SL>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W, rg_arg_ptr(y, flags, RG_FLAG_IND_Y),
-        rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY);
+        rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
 }
 #endif

@@ -30,12 +30,24 @@ __device__ __forceinline__ float rg_relu(float v) { return v < 0.0f ? 0.0f : v; 
 #define RG_FLAG_IND_X 2
 #define RG_FLAG_IND_Y 4
 #define RG_FLAG_IND_R 8
+// RG_FLAG_ROWS_X / _R / _Y: row m of x, r or y is row rows[m] of that buffer (continuous batching:
+// the batch's rows are gathered from, and scattered back to, request slots inside the matmuls).
+// rows is the kernels' `rows` argument, an int32 table with one entry per batch row, read after
+// rg_wait_dependencies (a memcpy node or copy may have just written it).
+#define RG_FLAG_ROWS_X 16
+#define RG_FLAG_ROWS_R 32
+#define RG_FLAG_ROWS_Y 64
 
 template <typename T>
 __device__ __forceinline__ T* rg_arg_ptr(T* p, int flags, int bit)
 {
     if (!(flags & bit)) return p;
     return reinterpret_cast<T*>(__ldcv(reinterpret_cast<const unsigned long long*>(p)));
+}
+
+__device__ __forceinline__ int rg_row(const int* rows, int flags, int bit, int m)
+{
+    return (flags & bit) ? rows[m] : m;
 }
 
 __device__ __forceinline__ void rg_allow_dependents()

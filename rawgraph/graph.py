@@ -35,15 +35,39 @@ class KernelNode:
     launch : Launch
     captured_args : bytes
         The packed argument values at capture time (what the driver copied into the node).
+    deps : tuple of int
+        The node handles (as integers) this node depends on: the capturing stream's dependency
+        set read with ``cuStreamGetCaptureInfo`` just before the launch (of any size in a
+        fork/join capture). ``Graph.verify_edges`` checks them against ``cuGraphGetEdges``.
     """
 
     handle: Any
     index: int
     launch: Launch
     captured_args: bytes
+    deps: tuple[int, ...] = ()
 
 
-def read_node_args(handle: Any, launch: Launch) -> dict[str, int | float]:
+@dataclass(frozen=True)
+class ForeignNode:
+    """A node of a captured graph that rawgraph did not record: work submitted to a capturing
+    stream by someone else (a CuPy kernel, a ``cuMemsetD32Async``, a torch op).
+
+    Attributes
+    ----------
+    handle : CUgraphNode
+    type : str
+        The ``cuGraphNodeGetType`` name without its prefix (``"KERNEL"``, ``"MEMSET"``, ...).
+    deps : tuple of int
+        The handles (as integers) of the nodes it depends on (``cuGraphGetEdges``).
+    """
+
+    handle: Any
+    type: str
+    deps: tuple[int, ...] = ()
+
+
+def read_node_args(handle: Any, launch: Launch) -> dict[str, Any]:
     """The argument values the driver holds for a kernel node (``cuGraphKernelNodeGetParams``).
 
     Decoded with the launch's argument layout; used to check the node map points at the right
@@ -51,11 +75,15 @@ def read_node_args(handle: Any, launch: Launch) -> dict[str, int | float]:
     """
     params = call(driver.cuGraphKernelNodeGetParams, handle)
     table = int(params.kernelParams)
-    values: dict[str, int | float] = {}
+    values: dict[str, Any] = {}
     ctype = {"ptr": ctypes.c_uint64, "u64": ctypes.c_uint64, "i64": ctypes.c_int64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
     for i, (name, kind) in enumerate(launch.args.spec):
         slot = ctypes.c_void_p.from_address(table + i * ctypes.sizeof(ctypes.c_void_p)).value or 0
-        values[name] = ctype[kind].from_address(slot).value  # type: ignore[attr-defined]
+        if kind in ctype:
+            values[name] = ctype[kind].from_address(slot).value  # type: ignore[attr-defined]
+        else:  # a by-value int32 array ("i32[N]")
+            n = launch.args.sizes[name] // 4
+            values[name] = tuple((ctypes.c_int32 * n).from_address(slot))  # type: ignore[assignment]
     assert set(ctype) == set(ARG_DTYPES)
     return values
 

@@ -35,6 +35,20 @@ ARG_DTYPES: dict[str, np.dtype] = {
 }
 
 
+def arg_dtype(kind: str) -> np.dtype:
+    """The dtype of an argument kind: a scalar kind of :data:`ARG_DTYPES`, or ``"i32[N]"`` for a
+    by-value array (a struct of ``N`` int32 in C: size ``4 N``, aligned to 4)."""
+    if kind in ARG_DTYPES:
+        return ARG_DTYPES[kind]
+    if kind.startswith("i32[") and kind.endswith("]") and kind[4:-1].isdigit() and int(kind[4:-1]) > 0:
+        return np.dtype((np.int32, (int(kind[4:-1]),)))
+    raise ValueError(f"unknown kind {kind!r} (use one of {sorted(ARG_DTYPES)} or 'i32[N]')")
+
+
+def _arg_align(kind: str) -> int:
+    return arg_dtype(kind).base.itemsize
+
+
 class KernelArgs:
     """Kernel arguments packed once into a persistent host buffer.
 
@@ -42,7 +56,8 @@ class KernelArgs:
     ----------
     spec : sequence of (name, kind)
         In the kernel's parameter order; ``kind`` is one of ``ptr``, ``i32``, ``i64``, ``u64``,
-        ``f32``.
+        ``f32``, or ``i32[N]`` (an int32 array passed by value, e.g. a row table; read and written
+        through :meth:`array`).
 
     Attributes
     ----------
@@ -59,28 +74,46 @@ class KernelArgs:
             raise ValueError(f"duplicate argument names in {names}")
         offset, self.offsets = 0, {}
         for name, kind in self.spec:
-            if kind not in ARG_DTYPES:
-                raise ValueError(f"argument {name!r}: unknown kind {kind!r} (use one of {sorted(ARG_DTYPES)})")
-            size = ARG_DTYPES[kind].itemsize
-            offset = (offset + size - 1) // size * size
+            try:
+                size, align = arg_dtype(kind).itemsize, _arg_align(kind)
+            except ValueError as e:
+                raise ValueError(f"argument {name!r}: {e}") from None
+            offset = (offset + align - 1) // align * align
             self.offsets[name] = offset
             offset += size
         # uint64 storage: 8-byte aligned base, so every slot is aligned to its own size.
         self._storage = np.zeros(max(1, (offset + 7) // 8), dtype=np.uint64)
         raw = self._storage.view(np.uint8)
         self._views = {
-            name: raw[self.offsets[name] : self.offsets[name] + ARG_DTYPES[kind].itemsize].view(ARG_DTYPES[kind])
+            name: raw[self.offsets[name] : self.offsets[name] + arg_dtype(kind).itemsize].view(arg_dtype(kind).base)
             for name, kind in self.spec
         }
+        self._arrays = frozenset(n for n, k in self.spec if k not in ARG_DTYPES)
         base = self._storage.ctypes.data
         self._pointers = np.array([base + self.offsets[n] for n, _ in self.spec] or [0], dtype=np.uintp)
         self.address = int(self._pointers.ctypes.data)
 
-    def __setitem__(self, name: str, value: int | float) -> None:
-        self._views[name][0] = value
+    def __setitem__(self, name: str, value: Any) -> None:
+        view = self._views[name]
+        if name not in self._arrays:
+            view[0] = value
+        else:
+            view[:] = value
 
-    def __getitem__(self, name: str) -> int | float:
-        return self._views[name][0].item()
+    def __getitem__(self, name: str) -> Any:
+        """A scalar argument's value; an ``i32[N]`` argument's values as a tuple."""
+        view = self._views[name]
+        return tuple(int(v) for v in view) if name in self._arrays else view[0].item()
+
+    def array(self, name: str) -> np.ndarray:
+        """The persistent storage of an argument as a writable NumPy view (for ``i32[N]``
+        arguments: edit it in place, then launch or push)."""
+        return self._views[name]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Byte size of each argument."""
+        return {n: arg_dtype(k).itemsize for n, k in self.spec}
 
     def update(self, values: dict) -> None:
         for k, v in values.items():

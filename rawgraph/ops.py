@@ -32,6 +32,10 @@ GEMM_STAGES = 3      # matmul.cu's RG_GM_STAGES
 # start; x / y / r read through a pointer slot (the indirect launch path).
 FLAG_EARLY, FLAG_IND_X, FLAG_IND_Y, FLAG_IND_R = 1, 2, 4, 8
 INDIRECT_FLAGS = {"x": FLAG_IND_X, "y": FLAG_IND_Y, "r": FLAG_IND_R}
+# Row routing (matmul kernels only): row m of x / r / y is row rows[m] of that buffer, `rows` being
+# the kernels' int32 table argument (gather from and scatter to request slots, in the matmuls).
+FLAG_ROWS_X, FLAG_ROWS_R, FLAG_ROWS_Y = 16, 32, 64
+ROW_FLAGS = {"x": FLAG_ROWS_X, "r": FLAG_ROWS_R, "y": FLAG_ROWS_Y}
 EARLY_MAX_W_BYTES = 8 << 20  # successor launched at the start for W up to 8 MB, after the K loop above
 MAX_SPLIT = 8        # portable cluster size
 XS_FLOATS = 4096     # matmul.cu's RG_XS_FLOATS
@@ -264,10 +268,10 @@ def matmul(
     if smem:
         kernel.allow_dynamic_smem(smem)
     args = KernelArgs([("x", "ptr"), ("W", "ptr"), ("y", "ptr"), ("r", "ptr"), ("B", "i32"), ("K", "i32"), ("N", "i32"),
-                       ("flags", "i32")])
+                       ("flags", "i32"), ("rows", "ptr")])
     early = int(shape.kernel == "matvec" and k * n * 4 <= EARLY_MAX_W_BYTES)  # FLAG_EARLY
     args.update({"x": xa.ptr, "W": wa.ptr, "y": ya.ptr, "r": buffers[r].ptr if r else 0, "B": batch, "K": k, "N": n,
-                 "flags": early})
+                 "flags": early, "rows": 0})
     uses = {"x": ArgUse(x, "read"), "W": ArgUse(w, "read"), "y": ArgUse(y, "write")}
     if r:
         uses["r"] = ArgUse(r, "read")
@@ -415,6 +419,50 @@ def scatter_rows(device: Device, buffers: dict[str, DeviceArray], src: str, idx:
                  label: str = "") -> Launch:
     """``dst[idx[i]] = src[i]`` for ``i < rows`` (rows written back through an int32 table)."""
     return _rows_launch(device, buffers, src, idx, dst, rows, False, label)
+
+
+ROW_PARAM_CAPS = (16, 64, 256, 1024)  # kernels/rows.cu's instantiated RowTable capacities (4 KB at most)
+
+
+def row_param_cap(rows: int) -> int:
+    """The smallest by-value row-table capacity that holds ``rows`` entries."""
+    for cap in ROW_PARAM_CAPS:
+        if rows <= cap:
+            return cap
+    raise ShapeError(f"a by-value row table holds at most {ROW_PARAM_CAPS[-1]} rows (4 KB of kernel "
+                     f"parameters), got {rows}")
+
+
+def _rows_param_launch(device: Device, buffers: dict[str, DeviceArray], src: str, dst: str, rows: int, gather: bool,
+                       label: str) -> Launch:
+    sa, da = buffers[src], buffers[dst]
+    check_array(sa, sa.shape, _F32, src)
+    check_array(da, da.shape, _F32, dst)
+    batch = da if gather else sa
+    if len(batch.shape) != 2 or batch.shape[0] < rows or rows < 1:
+        raise ShapeError(f"{'dst' if gather else 'src'} must be 2-D with at least {rows} rows, got {batch.shape}")
+    width = batch.shape[1]
+    cap = row_param_cap(rows)
+    name = "gather_rows_param" if gather else "scatter_rows_param"
+    args = KernelArgs([("src", "ptr"), ("dst", "ptr"), ("rows", "i32"), ("width", "i32"), ("table", f"i32[{cap}]")])
+    args.update({"src": sa.ptr, "dst": da.ptr, "rows": rows, "width": width})
+    uses = {"src": ArgUse(src, "read"), "dst": ArgUse(dst, "write")}
+    return Launch(get_kernel("rows", f"{name}<{cap}>", device), _elementwise_grid(rows * width, device), (THREADS, 1, 1),
+                  args, uses, 0, label or name)
+
+
+def gather_rows_param(device: Device, buffers: dict[str, DeviceArray], src: str, dst: str, rows: int,
+                      label: str = "") -> Launch:
+    """``dst[i] = src[table[i]]`` for ``i < rows``, the table passed by value: its ``table``
+    argument (``args.array("table")``), changed per step with ``cuGraphExecKernelNodeSetParams``."""
+    return _rows_param_launch(device, buffers, src, dst, rows, True, label)
+
+
+def scatter_rows_param(device: Device, buffers: dict[str, DeviceArray], src: str, dst: str, rows: int,
+                       label: str = "") -> Launch:
+    """``dst[table[i]] = src[i]`` for ``i < rows``, the table passed by value (see
+    :func:`gather_rows_param`)."""
+    return _rows_param_launch(device, buffers, src, dst, rows, False, label)
 
 
 def fill_uniform(device: Device, buf: DeviceArray, seed: int, scale: float) -> Launch:

@@ -51,6 +51,21 @@ def test_edits_are_in_place_and_copies_are_independent():
     assert KernelArgs.from_bytes(args.spec, snap)["x"] == 1234
 
 
+def test_by_value_int32_arrays_are_laid_out_as_c_structs():
+    # struct { int idx[N]; } aligns to 4, not to its size: after two int32 it starts at byte 8.
+    a = KernelArgs([("n", "i32"), ("m", "i32"), ("table", "i32[5]"), ("p", "ptr")])
+    assert a.offsets == {"n": 0, "m": 4, "table": 8, "p": 32} and a.sizes["table"] == 20
+    a.array("table")[:] = [7, -1, 3, 0, 9]
+    a["n"] = 2
+    assert a["table"] == (7, -1, 3, 0, 9) and a["n"] == 2
+    raw = np.frombuffer(a.snapshot(), dtype=np.int32)
+    assert list(raw[2:7]) == [7, -1, 3, 0, 9]
+    b = KernelArgs.from_bytes(a.spec, a.snapshot())
+    assert b["table"] == a["table"]
+    with pytest.raises(ValueError, match="unknown kind"):
+        KernelArgs([("t", "i32[0]")])
+
+
 def test_bad_arg_specs():
     with pytest.raises(ValueError, match="unknown kind"):
         KernelArgs([("x", "float*")])

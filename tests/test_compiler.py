@@ -16,7 +16,11 @@ ARCHS = ["sm_80", "sm_90"]
 # Every extern "C" kernel per file, and the instantiations TinyBlock and the benchmarks can ask
 # for: every matvec tile with the plain epilogue, every epilogue on one tile, every GEMM; on
 # sm_90 also the cluster (split) forms and the single-kernel block.
-PLAIN = {"elementwise": ["relu", "add", "empty", "spin", "count_mismatch", "gather_rows", "scatter_rows"], "init": ["fill_uniform"]}
+PLAIN = {"elementwise": ["relu", "add", "empty", "spin", "count_mismatch", "gather_rows", "scatter_rows"], "init": ["fill_uniform"],
+         "control": ["rg_set_cond", "rg_countdown", "rg_axpb", "rg_noop", "rg_depth_init", "rg_select_layer",
+                     "rg_layer_advance", "rg_norm_gate"],
+         "philox": ["philox_draw", "philox_dropout", "philox_advance"],
+         "device_launch": ["rg_graph_launch", "rg_bump", "rg_snapshot"]}
 
 
 def _matvec_shapes(splits):
@@ -37,12 +41,18 @@ def matmul_names(arch):
     return sorted(names)
 
 
+def rows_names(arch):
+    from rawgraph.ops import ROW_PARAM_CAPS
+
+    return [f"{k}_rows_param<{c}>" for k in ("gather", "scatter") for c in ROW_PARAM_CAPS]
+
+
 def block_names(arch):
     return [f"block_kernel<{bt}, {cs}>" for bt in (1, 2, 4) for cs in (4, 8)] if arch == "sm_90" else []
 
 
 def test_every_source_is_covered():
-    assert sorted(kernel_files()) == sorted(list(PLAIN) + ["matmul", "block"])
+    assert sorted(kernel_files()) == sorted(list(PLAIN) + ["matmul", "block", "rows"])
 
 
 def test_headers_are_spliced_into_the_source():
@@ -59,7 +69,7 @@ def test_compile_every_kernel_to_cubin(arch, tmp_path):
         assert img.fmt == "cubin" and img.image[:4] == b"\x7fELF"
         for n in names:
             assert n.encode() in img.image, f"{n} missing from {file}.cu's CUBIN"
-    for file, names in (("matmul", matmul_names(arch)), ("block", block_names(arch))):
+    for file, names in (("matmul", matmul_names(arch)), ("block", block_names(arch)), ("rows", rows_names(arch))):
         if not names:
             continue
         img = compile_source(kernel_source(file), f"{file}.cu", arch, names, cache=cache)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import random_input
-from rawgraph import DeviceBuffer, DTypeError, ShapeError, SlotError, SlotPool, TinyBlock, get_device, ops
+from rawgraph import DeviceBuffer, DTypeError, LayoutError, ShapeError, SlotError, SlotPool, TinyBlock, get_device, ops
 from rawgraph.model import reference_forward
 
 pytestmark = pytest.mark.gpu
@@ -71,12 +71,14 @@ def _expected(reqs, rows, weights, steps):
     return out, seen
 
 
-@pytest.mark.parametrize("table", ["graph", "copy"])
-def test_a_random_join_leave_trace_matches_each_request_alone(model, stream, rng, table):
+@pytest.mark.parametrize("table,gather", [("graph", "fused"), ("copy", "fused"), ("graph", "kernels"),
+                                          ("params", "kernels")])
+def test_a_random_join_leave_trace_matches_each_request_alone(model, stream, rng, table, gather):
     steps, slots = 10_000, 64
     reqs = _trace(rng, steps, slots)
     rows = [random_input(rng, (WIDTH,)) for _ in reqs]
-    pool = SlotPool(model, max_slots=slots, table=table, stream=stream)
+    pool = SlotPool(model, max_slots=slots, table=table, gather=gather, stream=stream)
+    assert (pool.mode, pool.gather) == (table, gather)
     final = _drive(pool, reqs, rows, steps)
     want, seen = _expected(reqs, rows, model.weights_numpy(stream), steps)
     assert len(final) == len(reqs) > 500
@@ -173,3 +175,66 @@ def test_bad_slot_operations_are_refused_and_change_nothing(model, stream, rng):
     assert len(pool) == 3 and sorted(pool.live) == sorted(s for s in slots if s != slots[1])
     assert list(pool.table[3:]) == [pool.scratch_slot] * (len(table) - 3)
     pool.close()
+
+
+@pytest.mark.parametrize("width,sizes", [(WIDTH, None), (2048, [32, 64])])  # matvec, then GEMM cuts
+def test_fused_gather_equals_gather_kernels_to_the_bit(stream, rng, width, sizes):
+    m = TinyBlock(width, 1, 2, seed=9, form="fused")
+    steps, slots = (300, 64) if width == WIDTH else (12, 64)
+    reqs = _trace(rng, steps, slots, rate=3.0 if width == WIDTH else 12.0, max_len=8)
+    rows = [random_input(rng, (width,)) for _ in reqs]
+    finals = {}
+    for gather, table in (("fused", "graph"), ("kernels", "graph"), ("kernels", "params")):
+        pool = SlotPool(m, max_slots=slots, sizes=sizes, table=table, gather=gather, stream=stream)
+        if width != WIDTH:  # the GEMM cut is what this case is about
+            assert pool.graphs[64].plan.launches[0].kernel.name.startswith("gemm")
+        finals[gather, table] = _drive(pool, reqs, rows, steps)
+        pool.close()
+    a = finals["fused", "graph"]
+    assert len(a) == len(reqs) > 10
+    for other in (("kernels", "graph"), ("kernels", "params")):
+        for i in a:
+            np.testing.assert_array_equal(a[i], finals[other][i], err_msg=f"request {i} {other} seed {rng.seed_used}")
+    w = m.weights_numpy(stream)
+    for i in list(a)[:8]:
+        t, length = reqs[i]
+        want = rows[i][None].astype(np.float64)
+        for _ in range(min(length, steps - t)):
+            want = reference_forward(want, w)
+        assert np.linalg.norm(a[i] - want[0]) / np.linalg.norm(want[0]) < 1e-4, f"seed {rng.seed_used}"
+    m.close()
+
+
+def test_params_tables_are_pushed_only_after_a_join_or_leave(model, stream, rng, count_setparams):
+    pool = SlotPool(model, max_slots=8, sizes=[4, 8], table="params", stream=stream)
+    a = pool.join(random_input(rng, (WIDTH,)))
+    pool.join(random_input(rng, (WIDTH,)))
+    before = len(count_setparams)
+    pool.step()
+    assert len(count_setparams) - before == 2  # the gather and scatter nodes of bucket 4
+    pool.step()
+    pool.step()
+    assert len(count_setparams) - before == 2  # nothing changed: nothing pushed
+    pool.leave(a)
+    pool.step()
+    assert len(count_setparams) - before == 4
+    got = pool.read(pool.live[0])
+    assert np.isfinite(got).all()
+    pool.close()
+
+
+def test_gather_and_table_choices_the_kernels_cannot_run_are_refused(stream):
+    with TinyBlock(WIDTH, 1, 1, seed=1, form="unfused") as unfused:
+        with pytest.raises(LayoutError, match="fused form"):
+            SlotPool(unfused, max_slots=4, gather="fused", stream=stream)
+        pool = SlotPool(unfused, max_slots=4, stream=stream)  # the default picks the gather kernels
+        assert pool.gather == "kernels"
+        pool.close()
+    m = TinyBlock(WIDTH, 1, 1, seed=1, form="fused")
+    with pytest.raises(LayoutError, match="by value"):
+        SlotPool(m, max_slots=4, table="params", gather="fused", stream=stream)
+    with pytest.raises(ShapeError, match="at most 1024"):
+        SlotPool(m, max_slots=1100, table="params", stream=stream)
+    with pytest.raises(ValueError, match="gather must be"):
+        SlotPool(m, max_slots=4, gather="scattered", stream=stream)
+    m.close()

@@ -8,8 +8,13 @@ step by step in one process, each strategy's own pool (the strategies take turns
 step, in a fresh random order, so drift hits all alike):
 
 - ``graph_table``: :class:`~rawgraph.serving.SlotPool` with ``table="graph"``: the bucket graph
-  copies the index table from pinned memory itself; a step is one ``cuGraphLaunch``;
-- ``copy_table``: ``table="copy"``: one ``cuMemcpyHtoDAsync`` of the table, then the replay;
+  copies the index table from pinned memory itself and its matmuls gather and scatter the rows
+  (``gather="fused"``); a step is one ``cuGraphLaunch``;
+- ``graph_table_kernels``: the same table, rows moved by separate gather and scatter kernels;
+- ``copy_table``: ``table="copy"``: one ``cuMemcpyHtoDAsync`` of the table (when it changed),
+  then the replay (fused gather);
+- ``setparams``: ``table="params"``: the table is a by-value parameter of the gather and scatter
+  kernels, pushed with ``cuGraphExecKernelNodeSetParams`` after a join or leave;
 - ``torch_vllm``: PyTorch done the vLLM way: a persistent state tensor, bucket graphs captured
   with ``index_select`` / ``index_copy_`` over a static index tensor, and per step a ``copy_`` of
   the indices from pinned memory, then ``replay()``.
@@ -17,7 +22,7 @@ step, in a fresh random order, so drift hits all alike):
 Per step: the synced latency (host clock from the call to the end of the step's work) and the
 host time of the call alone; ``bare_launch`` is the host time of the same bucket's
 ``cuGraphLaunch`` called directly, interleaved. Joins and leaves happen between steps and are not
-timed. At the end, the final rows of finished requests are compared: the two rawgraph pools
+timed. At the end, the final rows of finished requests are compared: the rawgraph pools
 bit-equal, torch's relative error over rows that are still finite (the block has no
 normalisation, so a row that lives for dozens of steps overflows to inf/NaN at w1024 L8; timing
 does not depend on the values).
@@ -43,7 +48,12 @@ from ..stream import Stream
 from ..timing import stats
 from .provenance import environment
 
-STRATEGIES = ("graph_table", "copy_table", "torch_vllm")
+STRATEGIES = ("graph_table", "graph_table_kernels", "copy_table", "setparams", "torch_vllm")
+POOL_OPTIONS = {"graph_table": {"table": "graph", "gather": "fused"},
+                "graph_table_kernels": {"table": "graph", "gather": "kernels"},
+                "copy_table": {"table": "copy", "gather": "fused"},
+                "setparams": {"table": "params", "gather": "kernels"}}
+RAWGRAPH = tuple(POOL_OPTIONS)
 
 
 def join_leave_trace(steps: int, max_slots: int, rate: float, mean_len: float, seed: int) -> list[tuple[int, list[int]]]:
@@ -178,8 +188,7 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
     rows_host = rng.standard_normal((row_pool_n, width), dtype=np.float32)
     s = Stream()
     rows = DeviceBuffer.from_numpy(rows_host, stream=s)
-    pools: dict[str, Any] = {"graph_table": SlotPool(model, max_slots, sizes, table="graph", stream=s),
-                             "copy_table": SlotPool(model, max_slots, sizes, table="copy", stream=s)}
+    pools: dict[str, Any] = {k: SlotPool(model, max_slots, sizes, stream=s, **opts) for k, opts in POOL_OPTIONS.items()}
     setup_s = {k: dict(p.setup) for k, p in pools.items()}
     # the bare cuGraphLaunch reference: the same bucket graphs in a pool with no live request (its
     # replays touch only its scratch slot)
@@ -262,14 +271,16 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
 
 
 def _cross_check(finals: dict[str, dict[int, np.ndarray]]) -> dict:
-    """Final rows of the requests every pool finished: the two rawgraph pools bit-equal (NaN
-    equal to NaN: rows that live long enough overflow, as the block has no normalisation), and
-    torch's relative error over the rows that are finite in both."""
+    """Final rows of the requests every pool finished: the rawgraph pools bit-equal to
+    ``graph_table`` (NaN equal to NaN: rows that live long enough overflow, as the block has no
+    normalisation), and torch's relative error over the rows that are finite in both."""
     out: dict[str, Any] = {}
-    ref = finals.get("copy_table", {})
-    common = sorted(set(ref) & set(finals.get("graph_table", {})))
+    ref = finals.get("graph_table", {})
+    others = [k for k in RAWGRAPH if k != "graph_table" and k in finals]
+    common = sorted(set(ref).intersection(*(finals[k] for k in others)))
     out["rawgraph_requests_compared"] = len(common)
-    out["rawgraph_bit_equal"] = int(sum(np.array_equal(ref[r], finals["graph_table"][r], equal_nan=True) for r in common))
+    out["rawgraph_bit_equal"] = {k: int(sum(np.array_equal(ref[r], finals[k][r], equal_nan=True) for r in common))
+                                 for k in others}
     out["rows_finite"] = int(sum(bool(np.isfinite(ref[r]).all()) for r in common))
     if "torch_vllm" in finals:
         tc = [r for r in sorted(set(ref) & set(finals["torch_vllm"]))
@@ -287,10 +298,10 @@ def targets(result: dict) -> list[dict]:
     per = result["strategies"]
     rows = []
     if "torch_vllm" in per:
-        for k in ("graph_table", "copy_table"):
+        for k in RAWGRAPH:
             worst50 = worst99 = 0.0
             for b, t in per["torch_vllm"]["by_bucket"].items():
-                mine = per[k]["by_bucket"].get(b)
+                mine = per[k]["by_bucket"].get(b) if k in per else None
                 if mine is None or t["steps"] < 5:
                     continue
                 worst50 = max(worst50, mine["median"] / t["median"])
@@ -300,7 +311,9 @@ def targets(result: dict) -> list[dict]:
             rows.append({"target": f"{k}: step p99 <= 0.7x torch_vllm at every bucket", "worst": worst99,
                          "met": worst99 <= 0.7})
     bare = result["bare_launch_us"]["median"]
-    for k in ("graph_table", "copy_table"):
+    for k in RAWGRAPH:
+        if k not in per:
+            continue
         ratio = per[k]["host_us"]["median"] / bare
         rows.append({"target": f"{k}: host time per step <= 1.3x bare cuGraphLaunch", "worst": ratio, "met": ratio <= 1.3})
     return rows
@@ -310,11 +323,18 @@ def report(result: dict) -> str:
     lines = [f"continuous batching, w{result['config']['width']} L{result['config']['layers']} fused, "
              f"{result['config']['steps']} steps, {result['config']['requests']} requests, up to "
              f"{result['config']['max_slots']} slots (us)"]
-    lines.append(f"{'strategy':12s} {'p50':>8s} {'p99':>8s} {'host p50':>9s} {'req/s':>9s}")
+    lines.append(f"{'strategy':20s} {'p50':>8s} {'p99':>8s} {'host p50':>9s} {'req/s':>9s}")
     for k, v in result["strategies"].items():
-        lines.append(f"{k:12s} {v['step_us']['median']:8.1f} {v['p99_us']:8.1f} {v['host_us']['median']:9.2f} "
+        lines.append(f"{k:20s} {v['step_us']['median']:8.1f} {v['p99_us']:8.1f} {v['host_us']['median']:9.2f} "
                      f"{v['requests_per_s']:9.0f}")
-    lines.append(f"bare cuGraphLaunch host {result['bare_launch_us']['median']:.2f} us; check {result['check']}")
+    lines.append(f"bare cuGraphLaunch host {result['bare_launch_us']['median']:.2f} us")
+    c = result["check"]
+    lines.append(f"check: {c['rawgraph_requests_compared']} requests, bit-equal to graph_table: "
+                 + ", ".join(f"{k} {v}" for k, v in c["rawgraph_bit_equal"].items())
+                 + f"; finite rows {c['rows_finite']}")
+    if "torch_max_rel_err" in c:
+        lines.append(f"check: torch max rel err {c['torch_max_rel_err']} over {c['torch_finite_requests_compared']} "
+                     "finite requests")
     buckets = sorted({int(b) for v in result["strategies"].values() for b in v["by_bucket"]})
     lines.append("p50 by bucket: " + "  ".join(
         f"{b}:" + "/".join(f"{result['strategies'][k]['by_bucket'][str(b)]['median']:.0f}"

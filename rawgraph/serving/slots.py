@@ -9,19 +9,29 @@ rows ``state[table[i]]`` into the bucket's input, the block, scatter the results
 touches a live row.
 
 The table (int32, ``table[:n]`` the live slots, the rest the scratch slot) reaches the device one
-of two ways (``table=``):
+of three ways (``table=``):
 
 - ``"graph"`` (default): every bucket graph begins with a memcpy node that copies the table from
   pinned host memory (:class:`~rawgraph.memory.HostBuffer`); the host keeps the pinned table
   current as requests join and leave, and a step is one ``cuGraphLaunch``.
-- ``"copy"``: one ``cuMemcpyHtoDAsync`` of the table before each launch (vLLM's way: copy the
-  indices, then replay).
+- ``"copy"``: one ``cuMemcpyHtoDAsync`` of the table before the launch (vLLM's way: copy the
+  indices, then replay), skipped when no request joined or left since the last copy.
+- ``"params"``: the table is a by-value kernel parameter of separate gather and scatter kernels
+  (``kernels/rows.cu``); a step after a join or leave pushes those two nodes with
+  ``cuGraphExecKernelNodeSetParams`` (at most 1024 rows: 4 KB of parameters).
 
-The host-memory rule: a replay reads the pinned table when it reaches its memcpy node, which may
-be long after ``cuGraphLaunch`` returned. The table must not be rewritten before then. Each graph
-records an event right after its memcpy node; :meth:`SlotPool.join` and :meth:`SlotPool.leave`
-wait for the last step's event before they touch the table (in a loop that synchronizes each
-step, it has always fired).
+Where the rows are gathered and scattered (``gather=``):
+
+- ``"fused"`` (default for the fused form): the first matmul loads its rows through the table and
+  the last one stores through it (the matmul kernels' row flags, ``kernels/rawgraph.cuh``); the
+  graph has no copy kernels.
+- ``"kernels"``: a gather kernel into the bucket's input, the block, a scatter kernel back.
+
+The host-memory rule (``"graph"``): a replay reads the pinned table when it reaches its memcpy
+node, which may be long after ``cuGraphLaunch`` returned. The table must not be rewritten before
+then. Each graph records an event right after its memcpy node; :meth:`SlotPool.join` and
+:meth:`SlotPool.leave` wait for the last step's event before they touch the table (in a loop that
+synchronizes each step, it has always fired).
 """
 
 from __future__ import annotations
@@ -34,14 +44,52 @@ from cuda.bindings import driver
 
 from .. import ops
 from ..capture import Capture
-from ..errors import DTypeError, RawgraphError, ShapeError, call
+from ..errors import DTypeError, LayoutError, RawgraphError, ShapeError, call, cuda_error
 from ..graph import Graph, GraphExec
+from ..launch import LaunchPlan
 from ..memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array
 from ..model import TinyBlock, Workspace
 from ..stream import Event, Stream, as_stream
 from .sizes import check_sizes, pick_bucket, vllm_sizes
 
-TABLE_MODES = ("graph", "copy")
+TABLE_MODES = ("graph", "copy", "params")
+GATHER_MODES = ("fused", "kernels")
+
+
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
+
+
+def _route_rows(plan: LaunchPlan, table: int, state: int) -> int:
+    """Point the plan's input and output arguments at ``state`` with the matmul row flags, so row
+    ``m`` of the batch is ``state[table[m]]`` (in place; returns the arguments rewritten).
+
+    Refuses (``LayoutError``, nothing changed) a plan with a kernel that cannot route its rows:
+    only the matmul kernels take the ``rows`` table.
+    """
+    names = set(plan.inputs) | set(plan.outputs)
+    todo = []
+    for launch in plan.launches:
+        for arg, use in launch.uses.items():
+            if use.buffer not in names:
+                continue
+            if "rows" not in launch.args.names() or arg not in ops.ROW_FLAGS:
+                raise LayoutError(f"kernel {launch.label!r} cannot pick the rows of its argument {arg!r} through a table")
+            todo.append((launch, arg))
+    for launch, arg in todo:
+        launch.args[arg] = state
+        launch.args["rows"] = table
+        launch.args["flags"] = int(launch.args["flags"]) | ops.ROW_FLAGS[arg]
+    return len(todo)
+
+
+def _node_params(launch: Any) -> Any:
+    p = driver.CUDA_KERNEL_NODE_PARAMS()
+    p.func = launch.kernel.handle
+    p.gridDimX, p.gridDimY, p.gridDimZ = launch.grid
+    p.blockDimX, p.blockDimY, p.blockDimZ = launch.block
+    p.sharedMemBytes = launch.shared_mem
+    p.kernelParams = launch.args.address
+    return p
 
 
 class SlotError(RawgraphError, ValueError):
@@ -58,8 +106,11 @@ class SlotPool:
     max_slots : int, default 256
     sizes : sequence of int, optional
         Bucket sizes (default the vLLM-style list up to ``max_slots``).
-    table : {"graph", "copy"}
+    table : {"graph", "copy", "params"}
         How the index table reaches the device (module docstring).
+    gather : {"fused", "kernels"}, optional
+        Where rows are gathered and scattered (module docstring); default ``"fused"`` for the
+        fused form with tables on the device, ``"kernels"`` otherwise.
     stream : stream-like, optional
         Where capture, joins, leaves and steps run (default: a new stream).
 
@@ -73,9 +124,19 @@ class SlotPool:
     """
 
     def __init__(self, model: TinyBlock, max_slots: int = 256, sizes: Sequence[int] | None = None,
-                 table: str = "graph", stream: Any = None):
+                 table: str = "graph", stream: Any = None, gather: str | None = None):
         if table not in TABLE_MODES:
             raise ValueError(f"table must be one of {TABLE_MODES}, got {table!r}")
+        if gather is None:
+            gather = "fused" if model.form == "fused" and table != "params" and model.width % 4 == 0 else "kernels"
+        if gather not in GATHER_MODES:
+            raise ValueError(f"gather must be one of {GATHER_MODES}, got {gather!r}")
+        if gather == "fused" and model.form != "fused":
+            raise LayoutError(f"gather='fused' needs the fused form (its matmuls take the row table); "
+                              f"the {model.form} form gathers with gather='kernels'")
+        if gather == "fused" and table == "params":
+            raise LayoutError("table='params' passes the table by value to the gather and scatter kernels: "
+                              "use gather='kernels'")
         model._check_open()
         if isinstance(max_slots, bool) or not isinstance(max_slots, int) or max_slots < 1:
             raise ShapeError(f"max_slots must be a positive int, got {max_slots!r}")
@@ -83,7 +144,10 @@ class SlotPool:
         self.sizes = check_sizes(vllm_sizes(max_slots) if sizes is None else sizes)
         if self.sizes[-1] < max_slots:
             raise ShapeError(f"the largest bucket ({self.sizes[-1]}) must hold max_slots = {max_slots}")
+        if table == "params":
+            ops.row_param_cap(self.sizes[-1])  # refuses buckets over the by-value capacity
         self.mode = table
+        self.gather = gather
         self.width = width = model.width
         self.device = model.device
         self._own_stream = stream is None
@@ -114,13 +178,29 @@ class SlotPool:
                  "x": self.x.view(), "y": self.y.view()}
         clock = time.perf_counter
         self.table_dev.copy_from_host(self.table, s)
+        # "params": per bucket, the persistent by-value tables of its gather and scatter nodes and
+        # the CUDA_KERNEL_NODE_PARAMS that push them
+        self._pushes: dict[int, list[tuple[Any, Any, np.ndarray]]] = {}
+        self._version = 0  # bumped by every join and leave: which table a bucket last received
+        self._sent: dict[int, int] = {}
+        self._edges: dict[int, list[Any]] = {}
         for b in reversed(self.sizes):
             m = self._models[b] = model.with_batch(b, workspace=self.arena)
             plan = m.plan(DeviceArray(self.x.ptr, (b, width), f32, self.x), DeviceArray(self.y.ptr, (b, width), f32, self.y))
-            gather = ops.gather_rows(self.device, views, "state", "table", "x", b, label=f"gather{b}")
-            scatter = ops.scatter_rows(self.device, views, "y", "table", "state", b, label=f"scatter{b}")
+            edges: list[Any] = []  # the gather and scatter launches, when not fused
+            if gather == "fused":
+                _route_rows(plan, self.table_dev.ptr, self.state.ptr)
+            elif table == "params":
+                edges = [ops.gather_rows_param(self.device, views, "state", "x", b, label=f"gather{b}"),
+                         ops.scatter_rows_param(self.device, views, "y", "state", b, label=f"scatter{b}")]
+                for launch in edges:
+                    launch.args.array("table")[:] = self.scratch_slot
+            else:
+                edges = [ops.gather_rows(self.device, views, "state", "table", "x", b, label=f"gather{b}"),
+                         ops.scatter_rows(self.device, views, "y", "table", "state", b, label=f"scatter{b}")]
+            self._edges[b] = edges  # the pool owns their argument buffers (the by-value tables)
             t0 = clock()
-            for launch in (gather, *plan.launches, scatter):
+            for launch in (*edges[:1], *plan.launches, *edges[1:]):
                 launch(s)
             s.synchronize()
             self.setup["warmup"] += clock() - t0
@@ -129,9 +209,10 @@ class SlotPool:
                 if self._pinned is not None:
                     cap.memcpy_htod(self.table_dev.ptr, self._pinned.ptr, 4 * b)
                     cap.event_record(self._read)
-                cap.launch(gather)
+                nodes = [cap.launch(edges[0])] if edges else []
                 cap.run(plan)
-                cap.launch(scatter)
+                if edges:
+                    nodes.append(cap.launch(edges[1]))
             graph = cap.captured
             graph.plan = plan
             self.setup["capture"] += clock() - t0
@@ -143,6 +224,10 @@ class SlotPool:
             s.synchronize()
             self.setup["upload"] += clock() - t0
             self.graphs[b], self.execs[b] = graph, exe
+            if table == "params":
+                self._pushes[b] = [(node.handle, _node_params(node.launch), node.launch.args.array("table"))
+                                   for node in nodes]
+            self._sent[b] = 0
         self.state.poison(s)
         self.steps = 0
         self._closed = False
@@ -203,6 +288,7 @@ class SlotPool:
         n = len(self._pos)
         self.table[n] = chosen
         self._pos[chosen] = n
+        self._version += 1
         if isinstance(row, np.ndarray):
             self.stream.synchronize()  # the host row may be freed once join returns
         return chosen
@@ -231,6 +317,7 @@ class SlotPool:
             self.table[pos] = moved
             self._pos[moved] = pos
         self.table[last] = self.scratch_slot
+        self._version += 1
         self._free.append(int(slot))
         self._free.sort(reverse=True)
         return out
@@ -244,8 +331,19 @@ class SlotPool:
             return 0
         b = pick_bucket(self.sizes, n)
         assert b is not None
-        if self._pinned is None:
-            call(driver.cuMemcpyHtoDAsync, self.table_dev.ptr, self.table.ctypes.data, 4 * b, self.stream.handle)
+        if self._pinned is None and self._sent[b] != self._version:
+            if self._pushes:
+                exe = self.execs[b].handle
+                for node, params, table in self._pushes[b]:
+                    table[:] = self.table[:b]
+                    (err,) = driver.cuGraphExecKernelNodeSetParams(exe, node, params)
+                    if err != _SUCCESS:
+                        raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
+                self._sent[b] = self._version
+            else:  # one device table serves every bucket
+                call(driver.cuMemcpyHtoDAsync, self.table_dev.ptr, self.table.ctypes.data, 4 * b, self.stream.handle)
+                for k in self._sent:
+                    self._sent[k] = self._version if k <= b else -1
         self.execs[b].launch(self.stream)
         self.steps += 1
         return b
