@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the kernel benchmark and the launch-path benchmark, logs under $OUT.
 #   bash benchmarks/device_run.sh [tests] [kernels] [kernels-sweep] [quick] [full] [seed] [profile] [sweep4096]
-#                                 [sanitize] [memcheck] [kernelcheck] [soak] [probes] [torchprobe] [buckets] [slots] [pack]
+#                                 [sanitize] [memcheck] [kernelcheck] [soak] [probes] [torchprobe] [buckets] [slots]
+#                                 [kernels1024] [devlaunch] [control] [forkjoin] [rebindpaths] [newtests] [pack]
 # Each stage has its own time limit, so a hang in one still brings back the others' logs.
 # RAWGRAPH_COMMIT names the commit measured in every results JSON (the device copy has no .git).
 set -u
@@ -40,6 +41,18 @@ for stage in $stages; do
     torchprobe) timeout 60 python3 benchmarks/probes/torch_graph.py >"$OUT/probe_torch_graph.txt" 2>&1 ;;
     buckets) timeout 200 python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1 ;;
     slots) timeout 300 python3 -m rawgraph.bench.slots --out "$OUT" >"$OUT/slots.log" 2>&1 ;;
+    kernels1024)  # every cut of the w1024 products at the batch sizes continuous batching visits
+      timeout 200 python3 -m rawgraph.bench.kernel_times --sweep --width 1024 --batch 72 96 128 192 256 --out "$OUT/w1024" \
+        >"$OUT/kernel_1024.log" 2>&1 ;;
+    devlaunch) timeout 120 python3 -m rawgraph.bench.device_launch --out "$OUT" >"$OUT/device_launch.log" 2>&1 ;;
+    control) timeout 300 python3 -m rawgraph.bench.control --out "$OUT" >"$OUT/control.log" 2>&1 ;;
+    forkjoin) timeout 120 python3 -m rawgraph.bench.forkjoin --out "$OUT" >"$OUT/forkjoin.log" 2>&1 ;;
+    rebindpaths)  # the torch_graph_rebind row beside torch_graph_copy, w128, one layer
+      timeout 300 python3 -m rawgraph bench paths --quick --no-micro --layers 1 --width 128 --batch 1 8 \
+        --name launch_paths_rebind --out "$OUT" >"$OUT/launch_rebind.log" 2>&1 ;;
+    newtests)  # only the test files added since the last full run
+      PYTHONFAULTHANDLER=1 timeout 200 python3 -m pytest -q -rs --timeout=60 -p no:cacheprovider $NEW_TESTS \
+        >"$OUT/gpu_new_tests.txt" 2>&1 ;;
     pack)  # everything under $OUT as one archive (the device tool brings back at most 8 files)
       tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/" ;;
     soak) timeout 420 python3 benchmarks/soak.py --out "$OUT" >"$OUT/soak.log" 2>&1 ;;
@@ -49,6 +62,6 @@ for stage in $stages; do
   esac
   echo "stage $stage: rc=$? $(( $(date +%s) - start )) s" | tee -a "$OUT/env.txt"
 done
-tail -3 "$OUT/gpu_tests.txt" 2>/dev/null
+tail -3 "$OUT/gpu_tests.txt" "$OUT/gpu_new_tests.txt" 2>/dev/null
 grep -h "ERROR SUMMARY" "$OUT"/sanitize_*.txt 2>/dev/null
 grep -E "MISSED|met|FAILED|Error|error" "$OUT"/*.log 2>/dev/null | head -40

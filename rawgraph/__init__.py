@@ -3,7 +3,10 @@
 The path from array to replay, in the order to read it:
 ``memory`` (arrays) -> ``launch`` (packed arguments) -> ``model`` (a launch plan) ->
 ``capture`` (graph + node map) -> ``graph`` (exec) -> ``static`` (copy in + replay) or
-``manager`` (re-bind node arguments + replay) -> ``serving`` (bucket graphs, re-shaped graphs).
+``manager`` (re-bind node arguments + replay) -> ``serving`` (bucket graphs, re-shaped graphs,
+slots). Graphs from anywhere: ``nodes`` (read any graph back), ``builder`` (explicit
+construction), ``rebind`` and ``adopt`` (re-bind by address; PyTorch's and CuPy's graphs);
+``control`` (conditional nodes, device graph launch, graph-safe RNG).
 """
 
 __version__ = "0.1.0"
@@ -35,6 +38,11 @@ from .capture import Capture, CaptureMode, capture_plan  # noqa: E402
 from .static import StaticGraph  # noqa: E402
 from .manager import Binding, ExecUpdateManager  # noqa: E402
 from .indirect import IndirectBinding, IndirectGraph  # noqa: E402
+from .nodes import read_graph  # noqa: E402
+from .builder import BuiltGraph, GraphBuilder, build_plan  # noqa: E402
+from .rebind import AddressRebinder, LayoutMismatchError, RebindError  # noqa: E402
+from .adopt import AdoptedGraph, adopt, from_cupy, from_torch  # noqa: E402
+from . import control  # noqa: E402
 from . import serving  # noqa: E402
 from .serving import BucketGraphs, ReshapedGraph, RowCountBuckets, SlotError, SlotPool  # noqa: E402
 

@@ -6,7 +6,7 @@ from cuda.bindings import driver
 
 from helpers import random_input, rel_err
 from rawgraph import DeviceArray, DeviceBuffer, Event, ExecUpdateManager, HostBuffer, RawgraphError, TinyBlock, capture_plan
-from rawgraph import conditional as cn
+from rawgraph.control import conditional as cn
 from rawgraph.builder import GraphBuilder, HostCallback, build_plan, edge_list
 from rawgraph.graph import read_node_args
 

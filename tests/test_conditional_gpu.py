@@ -1,4 +1,4 @@
-"""Conditional nodes (rawgraph.conditional): each branch as the device decides, the WHILE depth loop,
+"""Conditional nodes (rawgraph.control.conditional): each branch as the device decides, the WHILE depth loop,
 the norm early exit, and the refusals made before the driver is called."""
 
 import numpy as np
@@ -7,7 +7,7 @@ from cuda.bindings import driver
 
 from helpers import random_input, rel_err
 from rawgraph import BlockWeights, Capture, DeviceBuffer, RawgraphError, Stream, TinyBlock, capture_plan
-from rawgraph import conditional as cn
+from rawgraph.control import conditional as cn
 from rawgraph.builder import GraphBuilder
 from rawgraph.model import reference_forward
 

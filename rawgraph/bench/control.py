@@ -9,7 +9,7 @@ the commit measured) and printed as a table:
    events around each replay, after warm-up; median, p10, p90) of
 
    - ``plain``: a captured graph of exactly depth d (one exec per depth, instantiated beforehand);
-   - ``while``: one :class:`~rawgraph.conditional.DepthLoop` exec of max depth with d in device
+   - ``while``: one :class:`~rawgraph.control.conditional.DepthLoop` exec of max depth with d in device
      memory (written once before the timed replays);
 
    and the host cost of *changing* depth (wall clock, each followed by a replay and a sync):
@@ -35,7 +35,7 @@ from typing import Any, Callable
 import numpy as np
 from cuda.bindings import driver
 
-from .. import conditional as cn
+from ..control import conditional as cn
 from ..builder import GraphBuilder
 from ..capture import capture_plan
 from ..device import get_device

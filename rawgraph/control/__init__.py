@@ -3,6 +3,9 @@
 - :mod:`rawgraph.control.device_launch`: graphs instantiated for device launch
   (:class:`DeviceGraph`) and host graphs whose kernel launches them with the device runtime's
   ``cudaGraphLaunch`` (:func:`launcher_graph`: tail, fire-and-forget, sibling).
+- :mod:`rawgraph.control.conditional`: IF, IF/ELSE, WHILE and SWITCH nodes, added by the
+  builder or during capture, whose condition a kernel sets (``cudaGraphSetConditional``); worked
+  examples :class:`DepthLoop` (depth decided per replay) and :class:`NormGate` (early exit).
 - :mod:`rawgraph.control.rng`: a Philox4x32-10 generator whose seed and offset live in device
   memory and are advanced by the graph itself (:class:`PhiloxGenerator`, :func:`noisy_plan`), so
   every replay draws fresh numbers.
@@ -21,6 +24,7 @@ from .device_launch import (
     device_launch_problems,
     launcher_graph,
 )
+from .conditional import DepthLoop, NormGate, add_conditional, capture_conditional, make_handle
 from .rng import (
     PhiloxGenerator,
     blocks_for,
@@ -34,6 +38,11 @@ from .rng import (
 )
 
 __all__ = [
+    "DepthLoop",
+    "NormGate",
+    "add_conditional",
+    "capture_conditional",
+    "make_handle",
     "FIRE_AND_FORGET",
     "MODES",
     "SIBLING",

@@ -43,18 +43,18 @@ from typing import Any, Literal
 import numpy as np
 from cuda.bindings import driver
 
-from . import _capturing
-from .builder import BuiltGraph, DepSpec, GraphBuilder, Node
-from .capture import DEFAULT_CAPTURE_MODE, Capture, CaptureMode
-from .device import Device, get_device
-from .errors import CaptureError, CaptureRefusedError, RawgraphError, ShapeError, call, check, error_name
-from .graph import KernelNode
-from .kernels import Kernel, get_kernel
-from .launch import KernelArgs, Launch, LaunchPlan
-from .memory import DeviceBuffer, as_device_array, check_array
-from .model import BlockWeights, TinyBlock
-from .resource import Resource, shutting_down
-from .stream import Stream
+from .. import _capturing
+from ..builder import BuiltGraph, DepSpec, GraphBuilder, Node
+from ..capture import DEFAULT_CAPTURE_MODE, Capture, CaptureMode
+from ..device import Device, get_device
+from ..errors import CaptureError, CaptureRefusedError, RawgraphError, ShapeError, call, check, error_name
+from ..graph import KernelNode
+from ..kernels import Kernel, get_kernel
+from ..launch import KernelArgs, Launch, LaunchPlan
+from ..memory import DeviceBuffer, as_device_array, check_array
+from ..model import BlockWeights, TinyBlock
+from ..resource import Resource, shutting_down
+from ..stream import Stream
 
 KINDS = ("if", "while", "switch")
 _COND_T = {
