@@ -1,10 +1,27 @@
 """Stream capture (``cuStreamBeginCapture`` / ``cuStreamEndCapture``) with a node map.
 
-Each launch made through :meth:`Capture.launch` is followed by ``cuStreamGetCaptureInfo``: in a
-linear capture the stream's dependency set is then exactly the node the launch became. That is how
-rawgraph knows which graph node holds which launch (and so which node argument reads which named
-buffer) without guessing from node order afterwards. At the end, the graph's node count must equal
-the number of launches recorded.
+Each launch made through :meth:`Capture.launch` reads the launching stream's capture dependency
+set with ``cuStreamGetCaptureInfo`` before the launch (the nodes the new node will depend on, of
+any size) and after it (exactly the node the launch became). That is how rawgraph knows which
+graph node holds which launch, and which edges lead into it, without guessing from node order
+afterwards (:meth:`~rawgraph.graph.Graph.verify_edges` checks the edges against the driver's).
+
+Fork/join
+---------
+Work on several streams joins one capture through events: :meth:`Capture.fork` records an event
+on the capturing stream and makes each side stream wait on it (the side stream is then captured
+into the same graph), :meth:`Capture.join` records an event on each side stream and makes the
+origin wait on it. Neither makes a node: a captured event is a set of nodes, and waiting on it
+only moves the waiting stream's dependency set. Every side stream must be joined back before the
+end, else the driver ends the capture with ``CUDA_ERROR_STREAM_CAPTURE_UNJOINED``; rawgraph
+raises it as a :class:`~rawgraph.errors.CaptureError` naming the streams left unjoined.
+
+Foreign work
+------------
+Work that reaches a capturing stream without going through :class:`Capture` (a CuPy kernel, a
+``cuMemsetD32Async``, a torch op) becomes nodes rawgraph did not record. They are mapped, not
+rejected: :attr:`Graph.foreign_nodes <rawgraph.graph.Graph.foreign_nodes>` lists each with its
+node type and dependencies (``foreign="refuse"`` restores the old refusal).
 
 Capture mode
 ------------
@@ -20,17 +37,17 @@ from __future__ import annotations
 import enum
 import warnings
 import weakref
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from cuda.bindings import driver
 
 from . import _capturing
 from .errors import (CaptureError, CaptureRefusedError, ClosedError, EmptyCaptureWarning, RawgraphError, call, check,
                      error_name)
-from .graph import Graph, KernelNode
+from .graph import ForeignNode, Graph, KernelNode
 from .launch import Launch, LaunchPlan
 from .resource import release, shutting_down
-from .stream import SPECIAL_HANDLES, Stream, _handle_of, as_stream
+from .stream import SPECIAL_HANDLES, Event, Stream, _handle_of, as_stream
 
 
 class CaptureMode(enum.Enum):
@@ -43,7 +60,22 @@ class CaptureMode(enum.Enum):
 
 DEFAULT_CAPTURE_MODE = CaptureMode.GLOBAL
 _ACTIVE = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
+_NONE = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
+_UNJOINED = driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+FOREIGN_POLICIES = ("map", "refuse")
+
+
+def capture_info(handle: Any) -> tuple[Any, int, Any, tuple[int, ...]]:
+    """``cuStreamGetCaptureInfo`` of a stream: ``(status, capture id, graph, dependencies)``.
+
+    The dependencies are the node handles (as integers) the next node captured on the stream will
+    depend on; the id and graph are meaningful only while the status is ACTIVE.
+    """
+    status, cid, graph, deps, _edges, ndeps = check(driver.cuStreamGetCaptureInfo(handle), "cuStreamGetCaptureInfo")
+    if status != _ACTIVE:
+        return status, 0, None, ()
+    return status, int(cid), graph, tuple(int(d) for d in list(deps or [])[: int(ndeps)])
 
 
 class Capture:
@@ -62,22 +94,36 @@ class Capture:
     Parameters
     ----------
     stream : Stream or stream-like
-        Not a default stream (legacy, NULL or per-thread): those cannot be captured, which is
-        refused here, before the driver is called.
+        The origin stream. Not a default stream (legacy, NULL or per-thread): those cannot be
+        captured, which is refused here, before the driver is called.
     mode : CaptureMode, default GLOBAL
+    side_streams : int, default 0
+        Side streams to make now, before the capture (``cuStreamCreate``), for :meth:`fork` to
+        hand out by count; owned by the capture and closed when it ends.
+    foreign : {"map", "refuse"}, default "map"
+        What to do with nodes the capture did not record (work submitted to a capturing stream
+        outside this object): list them in ``graph.foreign_nodes``, or refuse the graph.
 
     Attributes
     ----------
     graph : Graph or None
     nodes : list of KernelNode
+        Every launch recorded, in capture order, with its dependencies.
+    streams : list of Stream
+        The side streams known to be in this capture (forked, or launched on), origin excluded.
     end_result : str or None
         The ``CUresult`` name ``cuStreamEndCapture`` returned (e.g.
         ``CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`` after a forbidden call).
     """
 
-    def __init__(self, stream: Any, mode: CaptureMode = DEFAULT_CAPTURE_MODE):
+    def __init__(self, stream: Any, mode: CaptureMode = DEFAULT_CAPTURE_MODE, side_streams: int = 0,
+                 foreign: str = "map"):
         if not isinstance(mode, CaptureMode):
             raise TypeError(f"mode must be a CaptureMode, got {mode!r}")
+        if foreign not in FOREIGN_POLICIES:
+            raise ValueError(f"foreign must be one of {FOREIGN_POLICIES}, got {foreign!r}")
+        if isinstance(side_streams, bool) or not isinstance(side_streams, int) or side_streams < 0:
+            raise ValueError(f"side_streams must be an int >= 0, got {side_streams!r}")
         handle = stream.ptr if isinstance(stream, Stream) else _handle_of(stream)
         if handle in SPECIAL_HANDLES:
             raise CaptureRefusedError(
@@ -85,6 +131,7 @@ class Capture:
             )
         self.stream: Stream = as_stream(stream)
         self.mode = mode
+        self.foreign = foreign
         self.nodes: list[KernelNode] = []
         self.other_nodes: list[tuple[Any, str, Any]] = []
         self.graph: Graph | None = None
@@ -93,6 +140,19 @@ class Capture:
         self._used = False
         self._record: _capturing.CaptureRecord | None = None
         self._abandon: weakref.finalize | None = None
+        self._id = 0
+        # Side streams made here (before any capture: stream creation is no capture operation)
+        # and how many fork() has handed out; side streams of the capture by handle.
+        self._pool: list[Stream] = [Stream(device=self.stream.device) for _ in range(side_streams)]
+        self._handed = 0
+        self._side: dict[int, Stream] = {}
+        # Fork/join events: the waits copy an event's node set when they are made, but the
+        # events stay alive until the capture ends and are destroyed after it.
+        self._events: list[Event] = []
+
+    @property
+    def streams(self) -> list[Stream]:
+        return list(self._side.values())
 
     def __enter__(self) -> "Capture":
         if self._used:
@@ -105,16 +165,122 @@ class Capture:
         self._open = True
         self._record = _capturing.CaptureRecord(self.stream.ptr, self.mode.name)
         _capturing.begin(self._record)
+        self._id = capture_info(self.stream.handle)[1]
         # Ends the capture if this object is collected mid-capture (refers to the stream, not self).
-        self._abandon = weakref.finalize(self, _abandon_capture, self.stream, self._record)
+        self._abandon = weakref.finalize(self, _abandon_capture, self.stream, self._record, self._pool, self._events)
         return self
 
-    def launch(self, launch: Launch) -> KernelNode:
-        """Launch into the capture and record the node it became (``cuStreamGetCaptureInfo``)."""
+    # -- streams of the capture -----------------------------------------------------------
+    def _in_capture(self, stream: Any, what: str) -> Stream:
+        """``stream`` as a Stream that is the origin or captures into this capture (else refused:
+        work on it would run now instead of being captured, or merge another capture)."""
+        s = as_stream(stream)
+        if s.ptr == self.stream.ptr:
+            return self.stream
+        status, cid, _g, _d = capture_info(s.handle)
+        if status != _ACTIVE or cid != self._id:
+            state = "is not capturing" if status == _NONE else (
+                "captures into another capture" if status == _ACTIVE else f"is {status.name}")
+            raise CaptureRefusedError(f"{what}: {s!r} {state}; fork it into this capture first (Capture.fork)")
+        self._side.setdefault(s.ptr, s)  # a stream the caller joined by its own event wait
+        return s
+
+    def _event(self) -> Event:
+        event = Event(timing=False, device=self.stream.device)
+        self._events.append(event)
+        return event
+
+    def fork(self, streams: "int | Sequence[Any] | Any", after: Any = None) -> list[Stream]:
+        """Join side streams into the capture after everything captured so far on ``after``.
+
+        ``cuEventRecord`` on ``after`` (default: the origin stream), then ``cuStreamWaitEvent``
+        on each side stream: a side stream not capturing yet is then captured into this graph, and
+        the next work on it depends on the nodes the event holds. No node is added.
+
+        Parameters
+        ----------
+        streams : int, Stream or sequence of streams
+            An int takes that many of the streams made by ``Capture(side_streams=...)``.
+        after : Stream, optional
+            A stream of this capture to fork from (default the origin).
+
+        Returns
+        -------
+        list of Stream
+
+        Raises
+        ------
+        CaptureRefusedError
+            A default stream, the stream forked from, a stream of another capture, or more
+            streams than were made in advance (all refused before the driver is called).
+        """
+        if not self._open:
+            raise RawgraphError("Capture.fork outside the with-block")
+        source = self._in_capture(self.stream if after is None else after, "fork after")
+        if isinstance(streams, bool):
+            raise TypeError("streams must be a count or streams")
+        if isinstance(streams, int):
+            if streams < 1 or self._handed + streams > len(self._pool):
+                raise CaptureRefusedError(
+                    f"fork({streams}): {len(self._pool) - self._handed} of the capture's own side streams are left; "
+                    "make them before the capture (Capture(stream, side_streams=n)) or pass your own streams")
+            targets = self._pool[self._handed:self._handed + streams]
+            self._handed += streams
+        else:
+            seq = list(streams) if isinstance(streams, (list, tuple)) else [streams]
+            targets = [as_stream(s) for s in seq]
+        seen: set[int] = set()
+        for t in targets:
+            if t.is_default:
+                raise CaptureRefusedError(f"fork: {t!r} is a default stream; side streams must be rawgraph.Stream()s")
+            if t.ptr == source.ptr or t.ptr in seen:
+                raise CaptureRefusedError(f"fork: {t!r} is named twice or is the stream forked from")
+            if int(t.device.context) != int(self.stream.device.context):
+                raise CaptureRefusedError(f"fork: {t!r} belongs to another context than the capturing stream")
+            status, cid, _g, _d = capture_info(t.handle)
+            if status != _NONE and not (status == _ACTIVE and cid == self._id):
+                raise CaptureRefusedError(f"fork: {t!r} is part of another capture ({status.name}); "
+                                          "the driver would merge or reject the two")
+            seen.add(t.ptr)
+        event = self._event()
+        call(driver.cuEventRecord, event.handle, source.handle)
+        for t in targets:
+            call(driver.cuStreamWaitEvent, t.handle, event.handle, 0)
+            self._side.setdefault(t.ptr, t)
+        return targets
+
+    def join(self, streams: "Sequence[Any] | Any | None" = None, into: Any = None) -> None:
+        """Join side streams back: ``cuEventRecord`` on each, ``cuStreamWaitEvent`` on ``into``
+        (default the origin), so the next work there (and the end of the capture) depends on
+        everything they captured. No node is added. ``streams`` defaults to every side stream
+        known to this capture."""
+        if not self._open:
+            raise RawgraphError("Capture.join outside the with-block")
+        target = self._in_capture(self.stream if into is None else into, "join into")
+        if streams is None:
+            sources = [s for s in self._side.values() if s.ptr != target.ptr]
+        else:
+            seq = list(streams) if isinstance(streams, (list, tuple)) else [streams]
+            sources = [self._in_capture(s, "join") for s in seq]
+        for s in sources:
+            if s.ptr == target.ptr:
+                raise CaptureRefusedError(f"join: {s!r} is the stream joined into")
+            event = self._event()
+            call(driver.cuEventRecord, event.handle, s.handle)
+            call(driver.cuStreamWaitEvent, target.handle, event.handle, 0)
+
+    # -- recorded operations --------------------------------------------------------------
+    def launch(self, launch: Launch, stream: Any = None) -> KernelNode:
+        """Launch into the capture on ``stream`` (default the origin; else a stream of this
+        capture) and record the node it became and its dependencies (``cuStreamGetCaptureInfo``
+        before and after the launch)."""
         if not self._open:
             raise RawgraphError("Capture.launch outside the with-block")
-        launch(self.stream)
-        node = KernelNode(self._last_node(f"launching {launch.kernel.name}"), len(self.nodes), launch, launch.args.snapshot())
+        s = self.stream if stream is None else self._in_capture(stream, f"launching {launch.kernel.name}")
+        deps = self._deps(s, f"launching {launch.kernel.name}")
+        launch(s)
+        handle = self._last_node(f"launching {launch.kernel.name}", s)
+        node = KernelNode(handle, len(self.nodes), launch, launch.args.snapshot(), deps)
         self.nodes.append(node)
         return node
 
@@ -131,14 +297,23 @@ class Capture:
             raise RawgraphError("this capture has no graph: it has not ended, or it failed")
         return self.graph
 
-    def _last_node(self, what: str) -> Any:
+    def _deps(self, stream: Stream, what: str) -> tuple[int, ...]:
+        status, _cid, _g, deps = capture_info(stream.handle)
+        if status != _ACTIVE:
+            raise CaptureError(0, "CAPTURE_NOT_ACTIVE", f"capture status is {status.name} before {what}",
+                               "cuStreamGetCaptureInfo")
+        return deps
+
+    def _last_node(self, what: str, stream: Stream | None = None) -> Any:
+        s = self.stream if stream is None else stream
         status, _id, _graph, deps, _edges, ndeps = check(
-            driver.cuStreamGetCaptureInfo(self.stream.handle), "cuStreamGetCaptureInfo"
+            driver.cuStreamGetCaptureInfo(s.handle), "cuStreamGetCaptureInfo"
         )
         if status != _ACTIVE:
             raise CaptureError(0, "CAPTURE_NOT_ACTIVE", f"capture status is {status.name}", "cuStreamGetCaptureInfo")
         if ndeps != 1:
-            raise RawgraphError(f"expected one dependency after {what} (a linear capture), found {ndeps}")
+            # After one stream operation the stream depends on exactly the node it made.
+            raise RawgraphError(f"expected one dependency after {what}, found {ndeps}")
         return deps[0]
 
     def mem_alloc(self, nbytes: int) -> int:
@@ -184,11 +359,12 @@ class Capture:
              int(driver.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL))
         self.other_nodes.append((self._last_node("cuEventRecordWithFlags"), "event", event))
 
-    def run(self, plan: LaunchPlan) -> None:
-        """Record every launch of ``plan`` in order."""
+    def run(self, plan: LaunchPlan, stream: Any = None) -> list[KernelNode]:
+        """Record every launch of ``plan`` in order on ``stream`` (default the origin; else a
+        stream of this capture, see :meth:`fork`)."""
         plan.check_open()
-        for launch in plan.launches:
-            self.launch(launch)
+        s = None if stream is None else self._in_capture(stream, "running a plan")
+        return [self.launch(launch, s) for launch in plan.launches]
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         self._open = False
@@ -196,12 +372,22 @@ class Capture:
         assert record is not None and self._abandon is not None
         self._abandon.detach()
         _capturing.end(record)
+        try:
+            return self._end(exc_type, exc, record)
+        finally:
+            # After cuStreamEndCapture every stream of the capture has left capture mode.
+            _release_side(self._pool, self._events)
+
+    def _end(self, exc_type: Any, exc: Any, record: _capturing.CaptureRecord) -> Literal[False]:
         if record.aborted is not None or self.stream.closed:
             reason = record.aborted or "the stream was closed during the capture"
             if exc_type is not None:
                 _add_note(exc, f"rawgraph: {reason}; the capture was ended and its graph discarded")
                 return False
             raise ClosedError(f"{reason}; the capture was ended and its graph discarded")
+        unjoined: list[Stream] = []
+        if exc_type is None and not record.errors and self._side:
+            unjoined = self._unjoined()
         err, handle = driver.cuStreamEndCapture(self.stream.handle)
         self.end_result = error_name(err)
         if exc_type is not None or record.errors or err != _SUCCESS:
@@ -220,23 +406,103 @@ class Capture:
                 f"{first}. The capture was ended and its graph discarded; the stream is usable again",
                 "cuStreamEndCapture",
             ) from first
+        if err == _UNJOINED:
+            raise self._unjoined_error(int(err), unjoined)
         if err != _SUCCESS:
             check((err,), "cuStreamEndCapture")
         graph = Graph(handle, self.nodes, self.stream.device)
         graph.other_nodes = list(self.other_nodes)
-        count = graph.node_count()
-        recorded = len(self.nodes) + len(self.other_nodes)
-        if count != recorded:
+        try:
+            graph.foreign_nodes = self._foreign(graph)
+        except BaseException:
             graph.close()
-            raise RawgraphError(
-                f"the captured graph has {count} nodes but {recorded} operations were recorded: "
-                "work was submitted to the stream outside Capture.launch"
-            )
-        if count == 0:
+            raise
+        if not graph.nodes and not graph.other_nodes and not graph.foreign_nodes:
             warnings.warn(f"the capture on {self.stream!r} recorded no work: the graph is empty",
-                          EmptyCaptureWarning, stacklevel=2)
+                          EmptyCaptureWarning, stacklevel=3)
         self.graph = graph
         return False
+
+    def _unjoined(self) -> list[Stream]:
+        """The side streams whose last captured work the origin does not depend on (yet).
+
+        A side stream is joined when every node of its dependency set is the origin's dependency
+        set or an ancestor of it: that is what ``cuStreamEndCapture`` needs (nodes unreachable
+        from the origin make it fail with UNJOINED). Read on the graph being captured, which the
+        driver lets us read during the capture (``cuStreamGetCaptureInfo``'s ``graph_out``).
+        """
+        _status, _cid, graph, origin = capture_info(self.stream.handle)
+        tails = {}
+        for s in self._side.values():
+            if s.closed:
+                continue
+            status, cid, _g, deps = capture_info(s.handle)
+            if status == _ACTIVE and cid == self._id:
+                tails[s.ptr] = deps
+        if not tails or graph is None:
+            return []
+        _f, _t, _d, n = call(driver.cuGraphGetEdges, graph, 0)
+        into: dict[int, list[int]] = {}
+        if n:
+            frm, to, _data, _n = call(driver.cuGraphGetEdges, graph, n)
+            for a, b in zip(frm, to):
+                into.setdefault(int(b), []).append(int(a))
+        reached, todo = set(origin), list(origin)
+        while todo:
+            for a in into.get(todo.pop(), ()):
+                if a not in reached:
+                    reached.add(a)
+                    todo.append(a)
+        return [self._side[p] for p, deps in tails.items() if not set(deps) <= reached]
+
+    def _unjoined_error(self, code: int, unjoined: list[Stream]) -> CaptureError:
+        if unjoined:
+            names = ", ".join(repr(s) for s in unjoined)
+            what = (f"{names} {'was' if len(unjoined) == 1 else 'were'} not joined back into the origin "
+                    f"stream {self.stream!r}: call Capture.join({'those streams' if len(unjoined) > 1 else 'it'}) "
+                    "after its last work, before the capture ends")
+        else:
+            known = ", ".join(repr(s) for s in self._side.values()) or "none"
+            what = (f"a stream rawgraph did not see was left unjoined (side streams it knows of, all joined: "
+                    f"{known}); join every stream that waited on an event of this capture")
+        still = [s for s in [self.stream, *self._side.values()] if not s.closed and s.is_capturing()]
+        if still:
+            what += f"; still capturing after the end: {', '.join(map(repr, still))}"
+        else:
+            what += "; the capture was ended, its graph discarded, and every stream is usable again"
+        exc = CaptureError(code, "CUDA_ERROR_STREAM_CAPTURE_UNJOINED", what, "cuStreamEndCapture")
+        exc.unjoined = unjoined  # type: ignore[attr-defined]
+        return exc
+
+    def _foreign(self, graph: Graph) -> list[ForeignNode]:
+        """The graph's nodes this capture did not record, with their types and dependencies."""
+        held = graph.all_nodes()
+        recorded = {int(n.handle) for n in self.nodes} | {int(h) for h, _k, _d in self.other_nodes}
+        ids = {int(h) for h in held}
+        if not recorded <= ids:
+            raise RawgraphError(f"{len(recorded - ids)} recorded node(s) are not in the captured graph: "
+                                "the node map does not describe this graph")
+        rest = [h for h in held if int(h) not in recorded]
+        if not rest:
+            return []
+        types = [call(driver.cuGraphNodeGetType, h).name.replace("CU_GRAPH_NODE_TYPE_", "") for h in rest]
+        if self.foreign == "refuse":
+            raise RawgraphError(
+                f"the captured graph has {len(held)} nodes but {len(recorded)} operations were recorded: "
+                f"work was submitted to the stream outside Capture.launch ({', '.join(types)}); "
+                "foreign='map' keeps such nodes as graph.foreign_nodes")
+        into: dict[int, list[int]] = {}
+        for a, b in graph.edges():
+            into.setdefault(b, []).append(a)
+        return [ForeignNode(h, t, tuple(into.get(int(h), ()))) for h, t in zip(rest, types)]
+
+
+def _release_side(pool: list[Stream], events: list[Event]) -> None:
+    for e in events:
+        e.close()
+    events.clear()
+    for s in pool:
+        s.close()
 
 
 def _add_note(exc: Any, note: str) -> None:
@@ -244,7 +510,8 @@ def _add_note(exc: Any, note: str) -> None:
         exc.add_note(note)
 
 
-def _abandon_capture(stream: Stream, record: _capturing.CaptureRecord) -> None:
+def _abandon_capture(stream: Stream, record: _capturing.CaptureRecord, pool: list[Stream],
+                     events: list[Event]) -> None:
     """A Capture collected mid-capture: end its capture and discard the graph (a warning says so)."""
     _capturing.end(record)
     if stream.closed or shutting_down():
@@ -252,6 +519,7 @@ def _abandon_capture(stream: Stream, record: _capturing.CaptureRecord) -> None:
     err, handle = driver.cuStreamEndCapture(stream.handle)
     if handle is not None and int(handle):
         release("cuGraphDestroy", driver.cuGraphDestroy, handle)
+    _release_side(pool, events)
     warnings.warn(
         f"a Capture was garbage-collected while capturing on {stream!r}; the capture was ended "
         f"({error_name(err)}) and its graph discarded", ResourceWarning, stacklevel=2,
@@ -278,3 +546,40 @@ def capture_plan(
     assert cap.graph is not None
     cap.graph.plan = plan  # the plan owns the argument buffers the nodes were captured from
     return cap.graph
+
+
+def capture_branches(
+    plans: Sequence[LaunchPlan],
+    stream: Any,
+    fork: bool = True,
+    mode: CaptureMode = DEFAULT_CAPTURE_MODE,
+    warmup: bool = True,
+) -> Graph:
+    """Capture independent plans as branches of one graph.
+
+    With ``fork`` plan 0 is captured on ``stream`` and plan ``i`` on a side stream forked from it
+    at the start and joined back at the end: the graph holds one independent chain per plan,
+    which a replay may run concurrently. Without, every plan is captured on ``stream`` one after
+    the other (the linear form: the same launches in one chain). The plans must not write what
+    another plan reads or writes.
+
+    The plans stay owned by the caller, who must keep them (and their buffers) alive as long as
+    the graph is used; ``graph.plan`` is left unset (the exec-update manager binds one plan).
+    With ``warmup`` every plan first runs once eagerly on ``stream``, which is then synchronised.
+    """
+    plans = list(plans)
+    if not plans:
+        raise ValueError("capture_branches needs at least one plan")
+    cap = Capture(stream, mode, side_streams=len(plans) - 1 if fork else 0)
+    if warmup:
+        for plan in plans:
+            plan.run(cap.stream)
+        cap.stream.synchronize()
+    with cap:
+        sides = cap.fork(len(plans) - 1) if fork and len(plans) > 1 else []
+        cap.run(plans[0])
+        for i, plan in enumerate(plans[1:]):
+            cap.run(plan, sides[i] if sides else None)
+        if sides:
+            cap.join(sides)
+    return cap.captured

@@ -98,6 +98,8 @@ class Graph(Resource):
         self.plan: LaunchPlan | None = None  # set by capture_plan; keeps argument buffers alive
         # nodes recorded other than kernels: (node, "alloc" | "free" | "memcpy" | "event", detail)
         self.other_nodes: list[tuple[Any, str, Any]] = []
+        # nodes a capture found but did not record (set by Capture; see ForeignNode)
+        self.foreign_nodes: list[ForeignNode] = []
         self._own(driver.cuGraphDestroy, handle)
 
     def node_count(self) -> int:
@@ -164,6 +166,29 @@ class Graph(Resource):
             expected = {n: captured[n] for n in captured.names()}
             if held != expected:
                 raise RawgraphError(f"node {node.index} ({launch.kernel.name}) holds arguments {held}, captured {expected}")
+
+    def verify_edges(self) -> None:
+        """Check the recorded dependencies against the driver's edges (``cuGraphGetEdges``).
+
+        For every recorded kernel node the edges *into* it must be exactly the ``deps`` read at
+        capture time (whatever node they come from: recorded, another recorded operation, or
+        foreign), and every edge between two recorded kernel nodes must have been recorded.
+
+        Raises
+        ------
+        RawgraphError
+            Naming the first node whose incoming edges differ from its recorded dependencies.
+        """
+        self._check_open()
+        into: dict[int, set[int]] = {}
+        for a, b in self.edges():
+            into.setdefault(b, set()).add(a)
+        for node in self.nodes:
+            held = into.get(int(node.handle), set())
+            if held != set(node.deps) or len(set(node.deps)) != len(node.deps):
+                raise RawgraphError(
+                    f"node {node.index} ({node.launch.kernel.name}) depends on {sorted(map(hex, held))} in the "
+                    f"driver's graph, recorded {sorted(map(hex, node.deps))}")
 
     def instantiate(self, flags: int = 0) -> "GraphExec":
         """``cuGraphInstantiate`` with ``flags`` (``CUgraphInstantiate_flags``, e.g. ``CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD``)."""

@@ -123,11 +123,49 @@ def test_work_on_the_stream_outside_the_recorder_is_detected(stream, rng):
     from rawgraph import RawgraphError
 
     dev = get_device()
-    with pytest.raises(RawgraphError, match="outside Capture.launch"):
-        with Capture(stream) as cap:
+    # Refused on request: the node count names the unrecorded work.
+    with pytest.raises(RawgraphError, match="outside Capture.launch.*KERNEL"):
+        with Capture(stream, foreign="refuse") as cap:
             cap.launch(ops.empty(dev))
             ops.empty(dev)(stream)  # launched straight on the stream, not recorded
+    assert cap.graph is None
     _usable_afterwards(stream, rng)
+    # By default mapped: a foreign node with its type and its dependency on the recorded node.
+    with Capture(stream) as cap:
+        first = cap.launch(ops.empty(dev))
+        ops.empty(dev)(stream)
+        last = cap.launch(ops.empty(dev))
+    graph = cap.graph
+    assert [f.type for f in graph.foreign_nodes] == ["KERNEL"] and graph.node_count() == 3
+    foreign = graph.foreign_nodes[0]
+    assert foreign.deps == (int(first.handle),) and last.deps == (int(foreign.handle),)
+    graph.verify_edges()
+    _usable_afterwards(stream, rng)
+
+
+def test_the_manager_never_reaches_a_foreign_node(stream, rng):
+    # A memset captured between a plan's launches writes `out` itself; the manager binds only the
+    # recorded launches' arguments by name and refuses the foreign node by index.
+    model = TinyBlock(64, 2, 1, form="fused")
+    x, out = DeviceBuffer.from_numpy(random_input(rng, (2, 64))), DeviceBuffer((2, 64))
+    plan = model.plan(x, out)
+    plan.run(stream)
+    stream.synchronize()
+    with Capture(stream) as cap:
+        cap.run(plan)
+        check(driver.cuMemsetD32Async(out.ptr, POISON_BITS, out.size, stream.handle))
+    graph = cap.graph
+    graph.plan = plan
+    assert [f.type for f in graph.foreign_nodes] == ["MEMSET"]
+    exe = graph.instantiate()
+    mgr = ExecUpdateManager(graph, exe)
+    foreign_index = len(graph.nodes)
+    assert all(i < foreign_index for uses in mgr.bindings.values() for i, _a, _r in uses)
+    with pytest.raises(KeyError, match="not in this graph"):
+        mgr.set_params(foreign_index, B=1)
+    # The replay runs the foreign node too: out ends poisoned.
+    exe.launch(stream)
+    assert np.all(out.to_numpy(stream).view(np.uint32) == POISON_BITS)
 
 
 def test_sync_during_capture_is_unsupported_and_invalidates(stream, rng):
