@@ -33,8 +33,8 @@ from .compiler import KernelCache, compile_source, nvrtc_version  # noqa: E402
 from .kernels import get_kernel, kernel_dir, kernel_files  # noqa: E402
 from .launch import KernelArgs, Launch, LaunchPlan  # noqa: E402
 from .model import BlockWeights, TinyBlock, Workspace, reference_forward  # noqa: E402
-from .graph import Graph, GraphExec  # noqa: E402
-from .capture import Capture, CaptureMode, capture_plan  # noqa: E402
+from .graph import ForeignNode, Graph, GraphExec  # noqa: E402
+from .capture import Capture, CaptureMode, capture_branches, capture_plan  # noqa: E402
 from .static import StaticGraph  # noqa: E402
 from .manager import Binding, ExecUpdateManager  # noqa: E402
 from .indirect import IndirectBinding, IndirectGraph  # noqa: E402
@@ -42,6 +42,7 @@ from .nodes import read_graph  # noqa: E402
 from .builder import BuiltGraph, GraphBuilder, build_plan  # noqa: E402
 from .rebind import AddressRebinder, LayoutMismatchError, RebindError  # noqa: E402
 from .adopt import AdoptedGraph, adopt, from_cupy, from_torch  # noqa: E402
+from .branches import TwoBranchBlock  # noqa: E402
 from . import control  # noqa: E402
 from . import serving  # noqa: E402
 from .serving import BucketGraphs, ReshapedGraph, RowCountBuckets, SlotError, SlotPool  # noqa: E402
