@@ -18,7 +18,8 @@ assert str(here).startswith(sys.argv[2]), (here, sys.argv[2])
 assert str(kernel_dir()).startswith(str(here.parent)), kernel_dir()
 assert (here.parent / "py.typed").is_file(), "py.typed missing from the wheel"
 import rawgraph.serving
-assert kernel_files() == ["block", "elementwise", "init", "matmul"], kernel_files()
+import rawgraph.control
+assert kernel_files() == sys.argv[3].split(","), (kernel_files(), sys.argv[3])  # every source of the checkout shipped
 img = compile_source(kernel_source("matmul"), "matmul.cu", "sm_90", ["matvec_kernel<0, 4, 16, 1>"], cache=KernelCache(sys.argv[1]))
 assert img.image[:4] == b"\\x7fELF"
 print("wheel-ok", kernel_dir())
@@ -49,6 +50,7 @@ def test_wheel_installs_and_finds_kernels(tmp_path):
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "RAWGRAPH_KERNEL_DIR"}
     env["PYTHONPATH"] = str(target)
-    r = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "cache"), str(target)], cwd=elsewhere, capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "cache"), str(target),
+                        ",".join(sorted(p.stem for p in (ROOT / "kernels").glob("*.cu")))], cwd=elsewhere, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "wheel-ok" in r.stdout
