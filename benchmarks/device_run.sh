@@ -45,8 +45,8 @@ for stage in $stages; do
       timeout 200 python3 -m rawgraph.bench.kernel_times --sweep --width 1024 --batch 72 96 128 192 256 --out "$OUT/w1024" \
         >"$OUT/kernel_1024.log" 2>&1 ;;
     devlaunch) timeout 120 python3 -m rawgraph.bench.device_launch --out "$OUT" >"$OUT/device_launch.log" 2>&1 ;;
-    control) timeout 300 python3 -m rawgraph.bench.control --out "$OUT" >"$OUT/control.log" 2>&1 ;;
-    forkjoin) timeout 200 python3 -m rawgraph.bench.forkjoin --out "$OUT" >"$OUT/forkjoin.log" 2>&1 ;;
+    control) timeout 150 python3 -m rawgraph.bench.control --out "$OUT" >"$OUT/control.log" 2>&1 ;;
+    forkjoin) timeout 120 python3 -m rawgraph.bench.forkjoin --out "$OUT" >"$OUT/forkjoin.log" 2>&1 ;;
     rebindpaths)  # the torch_graph_rebind row beside torch_graph_copy, w128, one layer
       timeout 300 python3 -m rawgraph bench paths --quick --no-micro --layers 1 --width 128 --batch 1 8 \
         --name launch_paths_rebind --out "$OUT" >"$OUT/launch_rebind.log" 2>&1 ;;

@@ -1,10 +1,14 @@
 """Which rawgraph captures are active: process-wide and per thread. Imports nothing of rawgraph.
 
-Two rules need this knowledge below the capture module:
+Three rules need this knowledge below the capture module:
 
 - the context-wide fence (``cuCtxSynchronize``) fails inside *any* thread's capture and
   invalidates that capture, whatever its mode (seen on the H200), so rawgraph refuses it while
   one of its captures is active anywhere in the process (:func:`active`);
+- a release that garbage collection runs while a capture is open (a finalizer can fire between
+  any two bytecodes) must not call ``cuMemFree`` and friends into it: that fails and invalidates
+  the capture, so :mod:`rawgraph.resource` defers it until the capture ends
+  (:func:`forbids_unsafe_calls`);
 - a capture body that catches a driver error and carries on must not end with a half-built
   graph, so every rawgraph error raised on a capturing thread is noted on that thread's open
   captures (:func:`note_error`), and the capture fails at its end.
@@ -39,12 +43,13 @@ class CaptureRecord:
         Why the capture was ended by someone else (the stream was closed), if it was.
     """
 
-    __slots__ = ("stream", "mode", "thread", "errors", "aborted")
+    __slots__ = ("stream", "mode", "thread", "ident", "errors", "aborted")
 
     def __init__(self, stream: int, mode: str):
         self.stream = int(stream)
         self.mode = mode
         self.thread = threading.current_thread().name
+        self.ident = threading.get_ident()
         self.errors: list[BaseException] = []
         self.aborted: str | None = None
 
@@ -75,6 +80,16 @@ def active() -> list[CaptureRecord]:
     """Every open rawgraph capture in the process."""
     with _lock:
         return list(_active.values())
+
+
+def forbids_unsafe_calls() -> bool:
+    """Whether an unsafe call (``cuMemFree``, ``cuGraphExecDestroy``, ...) made on this thread now
+    would fail and invalidate a rawgraph capture: one is open in global mode anywhere, or in any
+    mode on this thread. Cheap when nothing captures (no lock)."""
+    if not _active:
+        return False
+    me = threading.get_ident()
+    return any(r.mode == "GLOBAL" or r.ident == me for r in active())
 
 
 def abandon_stream(stream: int, reason: str) -> None:

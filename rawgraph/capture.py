@@ -46,7 +46,7 @@ from .errors import (CaptureError, CaptureRefusedError, ClosedError, EmptyCaptur
                      error_name)
 from .graph import ForeignNode, Graph, KernelNode
 from .launch import Launch, LaunchPlan
-from .resource import release, shutting_down
+from .resource import flush_deferred, release, shutting_down
 from .stream import SPECIAL_HANDLES, Event, Stream, _handle_of, as_stream
 
 
@@ -300,8 +300,7 @@ class Capture:
     def _deps(self, stream: Stream, what: str) -> tuple[int, ...]:
         status, _cid, _g, deps = capture_info(stream.handle)
         if status != _ACTIVE:
-            raise CaptureError(0, "CAPTURE_NOT_ACTIVE", f"capture status is {status.name} before {what}",
-                               "cuStreamGetCaptureInfo")
+            raise _not_active(status, f"before {what}")
         return deps
 
     def _last_node(self, what: str, stream: Stream | None = None) -> Any:
@@ -310,7 +309,7 @@ class Capture:
             driver.cuStreamGetCaptureInfo(s.handle), "cuStreamGetCaptureInfo"
         )
         if status != _ACTIVE:
-            raise CaptureError(0, "CAPTURE_NOT_ACTIVE", f"capture status is {status.name}", "cuStreamGetCaptureInfo")
+            raise _not_active(status, f"after {what}")
         if ndeps != 1:
             # After one stream operation the stream depends on exactly the node it made.
             raise RawgraphError(f"expected one dependency after {what}, found {ndeps}")
@@ -377,6 +376,7 @@ class Capture:
         finally:
             # After cuStreamEndCapture every stream of the capture has left capture mode.
             _release_side(self._pool, self._events)
+            flush_deferred()  # releases garbage collection ran while the capture was open
 
     def _end(self, exc_type: Any, exc: Any, record: _capturing.CaptureRecord) -> Literal[False]:
         if record.aborted is not None or self.stream.closed:
@@ -505,6 +505,19 @@ def _release_side(pool: list[Stream], events: list[Event]) -> None:
         s.close()
 
 
+_INVALIDATED = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_INVALIDATED
+
+
+def _not_active(status: Any, where: str) -> CaptureError:
+    """The capture is no longer active: invalidated (by an unsafe call anywhere the mode forbids
+    it, named like the driver's own error for the next call) or ended."""
+    if status == _INVALIDATED:
+        err = driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        return CaptureError(int(err), err.name, f"the capture was invalidated {where} (an earlier unsafe call, "
+                            "possibly on another thread, broke it)", "cuStreamGetCaptureInfo")
+    return CaptureError(0, "CAPTURE_NOT_ACTIVE", f"capture status is {status.name} {where}", "cuStreamGetCaptureInfo")
+
+
 def _add_note(exc: Any, note: str) -> None:
     if hasattr(exc, "add_note"):
         exc.add_note(note)
@@ -520,6 +533,7 @@ def _abandon_capture(stream: Stream, record: _capturing.CaptureRecord, pool: lis
     if handle is not None and int(handle):
         release("cuGraphDestroy", driver.cuGraphDestroy, handle)
     _release_side(pool, events)
+    flush_deferred()
     warnings.warn(
         f"a Capture was garbage-collected while capturing on {stream!r}; the capture was ended "
         f"({error_name(err)}) and its graph discarded", ResourceWarning, stacklevel=2,

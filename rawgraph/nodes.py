@@ -404,11 +404,48 @@ def _memset(base: dict, node: Any) -> MemsetInfo:
                       width=int(p.width), height=int(p.height), pitch=int(p.pitch))
 
 
+_COND_TYPES = {0: "IF", 1: "WHILE", 2: "SWITCH"}
+
+
+def _conditional_ctypes(node: Any) -> tuple[str, int, int, list[int]] | str:
+    """``cuGraphNodeGetParams`` straight from libcuda, for a binding that cannot reach it.
+
+    ``CUgraphNodeParams``: type (4 bytes), 12 reserved, a 232-byte union, 8 reserved; its
+    ``conditional`` member: handle (u64), type (u32), size (u32), phGraph_out (CUgraph*), ctx.
+    Returns (type, handle, size, bodies), or why it could not be read."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuGraphNodeGetParams
+    except (OSError, AttributeError):
+        return "missing: libcuda exports no cuGraphNodeGetParams (it is newer than this driver)"
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    buf = (ctypes.c_uint8 * 256)()
+    rc = fn(_int(node), ctypes.addressof(buf))
+    if rc != 0:
+        return f"cuGraphNodeGetParams returned {driver.CUresult(rc).name}"
+    raw = bytes(buf)
+    handle = int.from_bytes(raw[16:24], "little")
+    ctype = _COND_TYPES.get(int.from_bytes(raw[24:28], "little"), "?")
+    size = int.from_bytes(raw[28:32], "little")
+    arr = int.from_bytes(raw[32:40], "little")
+    bodies = [ctypes.c_uint64.from_address(arr + 8 * i).value for i in range(size)] if arr else []
+    return ctype, handle, size, bodies
+
+
 def _conditional(base: dict, node: Any, depth: int, seen: set[int]) -> ConditionalInfo:
     err, vals = _raw(driver.cuGraphNodeGetParams, node)
+    if isinstance(err, str):  # the binding has no such function on this driver: ask libcuda itself
+        got = _conditional_ctypes(node)
+        if isinstance(got, str):
+            return ConditionalInfo(**base, error=f"cuGraphNodeGetParams: {got}")
+        ctype, handle, size, bodies = got
+        info = ConditionalInfo(**base, cond_type=ctype, cond_handle=handle, size=size, bodies=bodies)
+        info.body_nodes = [_read(driver.CUgraph(b), depth + 1, seen) if b else [] for b in bodies]
+        return info
     if err != _SUCCESS or not vals:
-        why = err if isinstance(err, str) else driver.CUresult(err).name
-        return ConditionalInfo(**base, error=f"cuGraphNodeGetParams: {why}")
+        return ConditionalInfo(**base, error=f"cuGraphNodeGetParams: {driver.CUresult(err).name}")
     c = vals[0].conditional
     try:
         ctype = str(c.type.name).replace("CU_GRAPH_COND_TYPE_", "")

@@ -25,6 +25,8 @@ _F32 = np.dtype(np.float32)
 # batch 64, the GEMM at 4096 x 4096).
 GEMM_MIN_BATCH = 32
 GEMM_MIN_ELEMENTS = 1 << 22  # K * N (16 MB of W)
+GEMM_MID_ELEMENTS = 1 << 20  # K * N (4 MB of W): the GEMM also wins above MATVEC_MAX_BATCH_L2 rows
+MATVEC_MAX_BATCH_L2 = 64
 GEMM_TILE_M, GEMM_TILE_N = 64, 64  # matmul.cu's RG_GM_BM; the default column tile (BN is a template argument)
 GEMM_KC = 16         # matmul.cu's RG_GM_KC
 GEMM_STAGES = 3      # matmul.cu's RG_GM_STAGES
@@ -209,8 +211,18 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
     """
     if min(batch, k, n) < 1:
         raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
-    if (batch >= GEMM_MIN_BATCH and k * n >= GEMM_MIN_ELEMENTS and k % 4 == 0 and n % 4 == 0
-            and w_aligned16 and x_aligned16):
+    gemm_ok = k % 4 == 0 and n % 4 == 0 and w_aligned16 and x_aligned16
+    if batch >= GEMM_MIN_BATCH and k * n >= GEMM_MIN_ELEMENTS and gemm_ok:
+        return gemm_shape(batch, k, n, multiprocessors, clusters)
+    if batch > MATVEC_MAX_BATCH_L2 and k * n >= GEMM_MID_ELEMENTS and gemm_ok and clusters:
+        # W in L2 (1024 x 1024 and up to 16 MB), more than 64 rows: matvec's re-reads of W per 8
+        # rows lose to the GEMM (H200, w1024: 18.1 vs 15.2 us at b72, 32.5 vs 18.1 at b192;
+        # benchmarks/results/kernel_times_w1024.json). Which GEMM cut wins depends on the row tiles.
+        tiles = _cdiv(batch, GEMM_TILE_M)
+        if tiles <= 2:
+            return gemm_shape(batch, k, n, multiprocessors, clusters, split=8, tile_n=64, slices=1)
+        if tiles == 3:
+            return gemm_shape(batch, k, n, multiprocessors, clusters, split=4, tile_n=128, slices=2)
         return gemm_shape(batch, k, n, multiprocessors, clusters)
     vec = 4 if (n % 4 == 0 and w_aligned16) else 1
     return matvec_shape(batch, k, n, multiprocessors, vec, clusters)

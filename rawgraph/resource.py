@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import atexit
 import sys
+import threading
 import warnings
 import weakref
 from typing import Any, Callable, TypeVar
 
 from cuda.bindings import driver
 
+from . import _capturing
 from .errors import ClosedError, ReleaseWarning, error_name
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
@@ -30,6 +32,9 @@ _atexit_hooked = False
 # strong references that checked its objects open when this read N knows none was closed since
 # while it still reads N: one integer compare instead of a liveness check per object.
 release_count = 0
+# Releases held back while a capture forbade them: (name, fn, args), run by flush_deferred.
+_deferred: list[tuple[str, Callable[..., Any], tuple]] = []
+_deferred_lock = threading.Lock()
 
 
 def _mark_exiting() -> None:
@@ -60,6 +65,30 @@ def release(name: str, fn: Callable[..., Any], *args: Any) -> None:
     """
     global release_count
     release_count += 1
+    if _capturing.forbids_unsafe_calls() and not shutting_down():
+        # A release inside an open capture (garbage collection, or a close() in the capture body)
+        # would fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate the capture: run it
+        # when the capture ends (flush_deferred, called by rawgraph.capture after cuStreamEndCapture).
+        with _deferred_lock:
+            _deferred.append((name, fn, args))
+        return
+    _run_release(name, fn, args)
+
+
+def flush_deferred() -> int:
+    """Run the releases deferred while a capture was open, if none forbids them now; returns how
+    many ran."""
+    if _capturing.forbids_unsafe_calls():
+        return 0
+    with _deferred_lock:
+        todo = list(_deferred)
+        _deferred.clear()
+    for name, fn, args in todo:
+        _run_release(name, fn, args)
+    return len(todo)
+
+
+def _run_release(name: str, fn: Callable[..., Any], args: tuple) -> None:
     try:
         result = fn(*args)
     except Exception as exc:  # a composite release raised, or the driver library is gone

@@ -180,10 +180,14 @@ def test_every_node_type_reads_back(stream, rng, device):
         assert isinstance(fi, MemFreeInfo) and fi.dptr == dptr
         co = by_id[int(cond)]
         assert isinstance(co, ConditionalInfo), co
-        assert not co.error, co.error
-        assert (co.cond_type, co.size, co.bodies) == ("IF", 1, [int(body)])
-        assert co.cond_handle == int(handle)
-        assert len(co.body_nodes[0]) == 1 and isinstance(co.body_nodes[0][0], EmptyInfo)
+        if co.error:  # only where the driver itself cannot give a conditional node's parameters back
+            import ctypes
+
+            assert "missing" in co.error and not hasattr(ctypes.CDLL("libcuda.so.1"), "cuGraphNodeGetParams"), co.error
+        else:
+            assert (co.cond_type, co.size, co.bodies) == ("IF", 1, [int(body)])
+            assert co.cond_handle == int(handle)
+            assert len(co.body_nodes[0]) == 1 and isinstance(co.body_nodes[0][0], EmptyInfo)
         assert len(walk(infos)) == 13
         # dependencies against the driver's own per-node query
         for info in infos:

@@ -65,3 +65,28 @@ def test_releases_at_interpreter_exit_are_quiet():
     )
     r = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_a_release_during_an_open_capture_waits_for_its_end():
+    # A finalizer can fire inside a capture body (garbage collection); cuMemFree there would fail
+    # and invalidate the capture, so the release is held until the capture ends.
+    from rawgraph import _capturing, resource
+
+    calls = []
+    rec = _capturing.CaptureRecord(0x1234, "GLOBAL")
+    _capturing.begin(rec)
+    try:
+        resource.release("fake_free", lambda: calls.append("freed") or (driver.CUresult.CUDA_SUCCESS,))
+        assert calls == [] and resource.flush_deferred() == 0  # still capturing: held
+    finally:
+        _capturing.end(rec)
+    assert resource.flush_deferred() == 1 and calls == ["freed"]
+    # a thread-local capture on another thread does not hold this thread's releases
+    rec = _capturing.CaptureRecord(0x1234, "THREAD_LOCAL")
+    rec.ident = -1
+    _capturing.begin(rec)
+    try:
+        resource.release("fake_free", lambda: calls.append("now") or (driver.CUresult.CUDA_SUCCESS,))
+        assert calls == ["freed", "now"]
+    finally:
+        _capturing.end(rec)

@@ -335,7 +335,7 @@ class SlotPool:
             if self._pushes:
                 exe = self.execs[b].handle
                 for node, params, table in self._pushes[b]:
-                    table[:] = self.table[:b]
+                    table[:b] = self.table[:b]
                     (err,) = driver.cuGraphExecKernelNodeSetParams(exe, node, params)
                     if err != _SUCCESS:
                         raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
