@@ -181,7 +181,6 @@ def test_every_node_type_reads_back(stream, rng, device):
         co = by_id[int(cond)]
         assert isinstance(co, ConditionalInfo), co
         if co.error:  # only where the driver itself cannot give a conditional node's parameters back
-            import ctypes
 
             assert "missing" in co.error and not hasattr(ctypes.CDLL("libcuda.so.1"), "cuGraphNodeGetParams"), co.error
         else:

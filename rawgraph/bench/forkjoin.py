@@ -135,6 +135,10 @@ def run_config(torch: Any, width: int, batch: int, layers: int, form: str, round
     if torch is not None:
         replays, (ts, keep), outs = _torch_paths(torch, model, xh)
         rs = Stream.from_external(ts)  # rawgraph's clocks on torch's stream
+        # CUDAGraph.replay() launches on torch's *current* stream: make that ts, or the clocks on
+        # ts would time nothing (the first run of this benchmark did: 7 us at every size).
+        prev_stream = torch.cuda.current_stream()
+        torch.cuda.set_stream(ts)
         for name, replay in replays.items():
             replay()
             rs.synchronize()
@@ -155,6 +159,8 @@ def run_config(torch: Any, width: int, batch: int, layers: int, form: str, round
     records = [{"width": width, "batch": batch, "layers": layers, "form": form, "path": n,
                 "device_us": stats(dev[n]), "sync_us": stats(sync[n]), "samples": len(dev[n]), **meta.get(n, {})}
                for n in fns]
+    if torch is not None:
+        torch.cuda.set_stream(prev_stream)
     del keep
     for exe in execs:
         exe.close()
