@@ -187,7 +187,7 @@ def test_every_node_type_reads_back(stream, rng, device):
             assert (co.cond_type, co.size, co.bodies) == ("IF", 1, [int(body)])
             assert co.cond_handle == int(handle)
             assert len(co.body_nodes[0]) == 1 and isinstance(co.body_nodes[0][0], EmptyInfo)
-        assert len(walk(infos)) == 13
+        assert len(walk(infos)) == (12 if co.error else 13)  # the body's node only when the body is readable
         # dependencies against the driver's own per-node query
         for info in infos:
             r = driver.cuGraphNodeGetDependencies(info.handle, 0)
