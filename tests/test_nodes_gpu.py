@@ -197,10 +197,12 @@ def test_every_node_type_reads_back(stream, rng, device):
             assert sorted(int(d) for d in (got[1] or [])[:n]) == sorted(info.dependencies)
         # DOT labels every type
         text = to_dot(g)
+        # an unreadable conditional (driver 580) is labelled with the reason, and its body is not drawn
+        cond_words = ("conditional", "cuGraphNodeGetParams") if co.error else ("conditional IF",)
         for word in ("kernel relu", "memcpy DtoD", "memset", "host", "event_record", "event_wait", "empty",
-                     "child graph", "mem_alloc", "mem_free", "conditional IF", "cluster_"):
+                     "child graph", "mem_alloc", "mem_free", *cond_words, "cluster_"):
             assert word in text, word
-        assert len(re.findall(r"^\s*n[0-9a-f]+ \[label=", text, re.M)) == 13
+        assert len(re.findall(r"^\s*n[0-9a-f]+ \[label=", text, re.M)) == (12 if co.error else 13)
     finally:
         call(driver.cuGraphDestroy, g)  # before the event its nodes name
         ev.close()
