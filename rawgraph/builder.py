@@ -316,12 +316,7 @@ class GraphBuilder:
         if not isinstance(launch, Launch):
             raise TypeError(f"kernel() takes a rawgraph Launch, got {type(launch).__name__}")
         _h, edges = self._deps(deps)
-        p = driver.CUDA_KERNEL_NODE_PARAMS()
-        p.func = launch.kernel.handle
-        p.gridDimX, p.gridDimY, p.gridDimZ = launch.grid
-        p.blockDimX, p.blockDimY, p.blockDimZ = launch.block
-        p.sharedMemBytes = launch.shared_mem
-        p.kernelParams = launch.args.address
+        p = launch.node_params()
         snapshot = launch.args.snapshot()  # what the driver copies in the call below
         node = self._add_with_edges(
             "kernel", edges, lambda plain: call(driver.cuGraphAddKernelNode, self.handle, plain, len(plain), p),

@@ -204,6 +204,18 @@ class Launch:
             self._config = cfg
         return self._config
 
+    def node_params(self, args: "KernelArgs | None" = None) -> Any:
+        """This launch as ``CUDA_KERNEL_NODE_PARAMS`` (for ``cuGraphAddKernelNode`` and
+        ``cuGraphExecKernelNodeSetParams``), its ``kernelParams`` pointing at ``args`` (default
+        the launch's own persistent arguments), which must outlive every call that reads it."""
+        p = driver.CUDA_KERNEL_NODE_PARAMS()
+        p.func = self.kernel.handle
+        p.gridDimX, p.gridDimY, p.gridDimZ = self.grid
+        p.blockDimX, p.blockDimY, p.blockDimZ = self.block
+        p.sharedMemBytes = self.shared_mem
+        p.kernelParams = (self.args if args is None else args).address
+        return p
+
     def packed(self) -> tuple:
         """``cuLaunchKernel``'s arguments except the stream, precomputed for the hot path."""
         return (self.kernel.handle, *self.grid, *self.block, self.shared_mem, self.args.address)

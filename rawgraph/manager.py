@@ -27,7 +27,7 @@ from cuda.bindings import driver
 
 from .errors import ClosedError, LayoutError, ShapeError, cuda_error
 from .graph import Graph, GraphExec
-from .launch import ARG_DTYPES, KernelArgs, Launch
+from .launch import ARG_DTYPES, KernelArgs
 from . import resource as _resource
 from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from .stream import Event, Stream, as_stream
@@ -142,7 +142,7 @@ class ExecUpdateManager:
         for node in graph.nodes:
             args = KernelArgs.from_bytes(node.launch.args.spec, node.captured_args)
             self._args.append(args)
-            self._params.append(self._node_params(node.launch, args))
+            self._params.append(node.launch.node_params(args))
         self._handles = [n.handle for n in graph.nodes]
         # Per binding, the argument slots it rewrites grouped by node, as ctypes views into the
         # persistent argument buffers (a .value store costs less than a NumPy item store).
@@ -192,16 +192,6 @@ class ExecUpdateManager:
             raise ClosedError("the GraphExec this manager updates is closed")
         if not self._alive[1].alive:
             raise ClosedError("the Graph whose node handles this manager names is closed")
-
-    @staticmethod
-    def _node_params(launch: Launch, args: KernelArgs) -> Any:
-        p = driver.CUDA_KERNEL_NODE_PARAMS()
-        p.func = launch.kernel.handle
-        p.gridDimX, p.gridDimY, p.gridDimZ = launch.grid
-        p.blockDimX, p.blockDimY, p.blockDimZ = launch.block
-        p.sharedMemBytes = launch.shared_mem
-        p.kernelParams = args.address
-        return p
 
     # -- binding --------------------------------------------------------------------------
     def bound(self, name: str) -> DeviceArray:

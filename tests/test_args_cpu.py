@@ -11,6 +11,7 @@ from rawgraph import (
     CudaError,
     DTypeError,
     KernelArgs,
+    Launch,
     LayoutError,
     NotOnDeviceError,
     ShapeError,
@@ -245,3 +246,16 @@ def test_error_mapping_names_the_code_and_the_call():
     assert check((driver.CUresult.CUDA_SUCCESS, 5), "f") == 5
     assert check((driver.CUresult.CUDA_SUCCESS, 5, 6), "f") == (5, 6)
     assert check((driver.CUresult.CUDA_SUCCESS,), "f") is None
+
+
+def test_node_params_describe_the_launch_and_point_at_its_arguments():
+    class FakeKernel:  # only .handle and .name are read
+        handle = 0
+        name = "k"
+
+    a = KernelArgs([("x", "ptr"), ("n", "i32")])
+    b = a.copy()
+    launch = Launch(FakeKernel(), (3, 2, 1), (128, 1, 1), a, {}, 4096, "t")
+    p, q = launch.node_params(), launch.node_params(b)
+    assert (p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.sharedMemBytes) == (3, 2, 1, 128, 1, 4096)
+    assert int(p.kernelParams) == a.address and int(q.kernelParams) == b.address != a.address

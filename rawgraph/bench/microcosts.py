@@ -191,7 +191,7 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
                 for node, arg, _role in mgr.bindings[name]:
                     if node == n:
                         args[arg] = arr.ptr
-            out.append((mgr._handles[n], ExecUpdateManager._node_params(graph.nodes[n].launch, args), args))
+            out.append((mgr._handles[n], graph.nodes[n].launch.node_params(args), args))
         return out
 
     other_params = [params_for(p) for p in pairs]

@@ -163,7 +163,7 @@ class ReshapedGraph:
         counts = {len(p) for p in self._plans.values()}
         if len(counts) != 1:
             raise RawgraphError(f"plans of different lengths {sorted(counts)}: one graph cannot serve them all")
-        self._params = {b: [ExecUpdateManager._node_params(l, l.args) for l in p.launches] for b, p in self._plans.items()}
+        self._params = {b: [l.node_params() for l in p.launches] for b, p in self._plans.items()}
         self._keys = {b: [(l.kernel.handle, l.grid, l.block, l.shared_mem, l.args.snapshot()) for l in p.launches]
                       for b, p in self._plans.items()}
         self.groups: dict[tuple, list[int]] = {}

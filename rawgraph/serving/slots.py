@@ -82,16 +82,6 @@ def _route_rows(plan: LaunchPlan, table: int, state: int) -> int:
     return len(todo)
 
 
-def _node_params(launch: Any) -> Any:
-    p = driver.CUDA_KERNEL_NODE_PARAMS()
-    p.func = launch.kernel.handle
-    p.gridDimX, p.gridDimY, p.gridDimZ = launch.grid
-    p.blockDimX, p.blockDimY, p.blockDimZ = launch.block
-    p.sharedMemBytes = launch.shared_mem
-    p.kernelParams = launch.args.address
-    return p
-
-
 class SlotError(RawgraphError, ValueError):
     """A slot operation that does not fit the pool's state (full, free, occupied, unknown)."""
 
@@ -225,7 +215,7 @@ class SlotPool:
             self.setup["upload"] += clock() - t0
             self.graphs[b], self.execs[b] = graph, exe
             if table == "params":
-                self._pushes[b] = [(node.handle, _node_params(node.launch), node.launch.args.array("table"))
+                self._pushes[b] = [(node.handle, node.launch.node_params(), node.launch.args.array("table"))
                                    for node in nodes]
             self._sent[b] = 0
         self.state.poison(s)
