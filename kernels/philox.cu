@@ -57,34 +57,11 @@ __device__ __forceinline__ float rg_uniform24(unsigned v) { return (float)(v >> 
 
 __device__ __forceinline__ unsigned rg_word(uint4 r, int j) { return j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w; }
 
-// out[i] = random number i of this draw, for i < n: raw uint32 bits (kind 0) or a float32
-// uniform in [0, 1) written as its bits (kind 1). One thread per 4-word block, grid-stride.
-extern "C" __global__ void philox_draw(const rg_philox_state* __restrict__ state, unsigned long long skip,
-                                       unsigned* __restrict__ out, long long n, int kind)
-{
-    rg_allow_dependents();
-    rg_wait_dependencies();
-    const unsigned long long seed = state->seed, base = state->offset + skip;
-    const long long blocks = (n + 3) / 4;
-    for (long long b = blockIdx.x * (long long)blockDim.x + threadIdx.x; b < blocks; b += (long long)gridDim.x * blockDim.x) {
-        const uint4 r = rg_philox_block(seed, base + (unsigned long long)b);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const long long i = 4 * b + j;
-            if (i < n) {
-                const unsigned v = rg_word(r, j);
-                out[i] = kind == 1 ? __float_as_uint(rg_uniform24(v)) : v;
-            }
-        }
-    }
-}
-
-// Dropout: y[i] = x[i] * scale where (number i >> 8) >= threshold, else 0 (keep probability
-// 1 - threshold / 2^24; the host passes threshold = round(p * 2^24) and scale = 1 / (1 - p), so
-// the mask is exact integer arithmetic). y may be x (in place: each element is read, then written,
-// by the same thread).
-extern "C" __global__ void philox_dropout(const rg_philox_state* __restrict__ state, unsigned long long skip,
-                                          const float* x, float* y, long long n, unsigned threshold, float scale)
+// Calls f(i, v) with v = random number i of this draw, for every i < n: one thread per 4-word
+// block, grid-stride. Everything is read after rg_wait_dependencies (see the top of this file).
+template <typename F>
+__device__ __forceinline__ void rg_philox_each(const rg_philox_state* __restrict__ state, unsigned long long skip,
+                                               long long n, F f)
 {
     rg_allow_dependents();
     rg_wait_dependencies();
@@ -96,9 +73,27 @@ extern "C" __global__ void philox_dropout(const rg_philox_state* __restrict__ st
         for (int j = 0; j < 4; ++j) {
             const long long i = 4 * b + j;
             if (i < n)
-                y[i] = (rg_word(r, j) >> 8) >= threshold ? x[i] * scale : 0.0f;
+                f(i, rg_word(r, j));
         }
     }
+}
+
+// out[i] = random number i of this draw, for i < n: raw uint32 bits (kind 0) or a float32
+// uniform in [0, 1) written as its bits (kind 1).
+extern "C" __global__ void philox_draw(const rg_philox_state* __restrict__ state, unsigned long long skip,
+                                       unsigned* __restrict__ out, long long n, int kind)
+{
+    rg_philox_each(state, skip, n, [=](long long i, unsigned v) { out[i] = kind == 1 ? __float_as_uint(rg_uniform24(v)) : v; });
+}
+
+// Dropout: y[i] = x[i] * scale where (number i >> 8) >= threshold, else 0 (keep probability
+// 1 - threshold / 2^24; the host passes threshold = round(p * 2^24) and scale = 1 / (1 - p), so
+// the mask is exact integer arithmetic). y may be x (in place: each element is read, then written,
+// by the same thread).
+extern "C" __global__ void philox_dropout(const rg_philox_state* __restrict__ state, unsigned long long skip,
+                                          const float* x, float* y, long long n, unsigned threshold, float scale)
+{
+    rg_philox_each(state, skip, n, [=](long long i, unsigned v) { y[i] = (v >> 8) >= threshold ? x[i] * scale : 0.0f; });
 }
 
 // offset += blocks: the last node of every plan that draws (one thread). It waits for the kernel

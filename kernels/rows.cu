@@ -12,28 +12,35 @@ struct RowTable {
     int idx[CAP];
 };
 
-// dst[i, :] = src[table.idx[i], :] for i < rows
-template <int CAP>
-__global__ void gather_rows_param(const float* src, float* dst, int rows, int width, const RowTable<CAP> table)
+// Row i < rows of the compact side moves to or from row table.idx[i] of the indexed side:
+// gather (SCATTER false) reads src[idx[i], :] into dst[i, :], scatter writes src[i, :] to
+// dst[idx[i], :]. Grid-stride over rows * width elements.
+template <int CAP, bool SCATTER>
+__device__ __forceinline__ void rg_move_rows(const float* src, float* dst, int rows, int width, const RowTable<CAP>& table)
 {
     rg_allow_dependents();
     rg_wait_dependencies();
     const long long total = (long long)rows * width;
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
         const int i = (int)(t / width), c = (int)(t % width);
-        dst[t] = src[(long long)table.idx[i] * width + c];
+        const long long indexed = (long long)table.idx[i] * width + c;
+        if (SCATTER)
+            dst[indexed] = src[t];
+        else
+            dst[t] = src[indexed];
     }
+}
+
+// dst[i, :] = src[table.idx[i], :] for i < rows
+template <int CAP>
+__global__ void gather_rows_param(const float* src, float* dst, int rows, int width, const RowTable<CAP> table)
+{
+    rg_move_rows<CAP, false>(src, dst, rows, width, table);
 }
 
 // dst[table.idx[i], :] = src[i, :] for i < rows
 template <int CAP>
 __global__ void scatter_rows_param(const float* src, float* dst, int rows, int width, const RowTable<CAP> table)
 {
-    rg_allow_dependents();
-    rg_wait_dependencies();
-    const long long total = (long long)rows * width;
-    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total; t += (long long)gridDim.x * blockDim.x) {
-        const int i = (int)(t / width), c = (int)(t % width);
-        dst[(long long)table.idx[i] * width + c] = src[t];
-    }
+    rg_move_rows<CAP, true>(src, dst, rows, width, table);
 }

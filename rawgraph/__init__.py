@@ -18,6 +18,7 @@ from .errors import (  # noqa: E402
     ClosedError,
     CudaError,
     DTypeError,
+    ForeignNodeError,
     GraphUpdateError,
     LayoutError,
     NoDeviceError,

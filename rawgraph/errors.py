@@ -53,6 +53,11 @@ class NotOnDeviceError(ArrayError, TypeError):
     """A host array, or memory on another device, where device memory is needed."""
 
 
+class ForeignNodeError(RawgraphError, ValueError):
+    """A bind would move a buffer that a node rawgraph did not record (a foreign node) holds an
+    address in: that node would keep reading or writing the old buffer."""
+
+
 class RawgraphWarning(UserWarning):
     """Base class of rawgraph's warnings."""
 

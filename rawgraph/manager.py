@@ -10,6 +10,11 @@ that write the output). ``bind(name, array)``:
    the exec holds (the driver has no getter for exec node parameters) -- and calls
    ``cuGraphExecKernelNodeSetParams`` only for nodes whose arguments actually changed.
 
+Nodes the capture did not record (``graph.foreign_nodes``: a CuPy kernel, a memset launched straight
+on the capturing stream) are never updated by the manager. Their parameters are read once, and a
+buffer one of them holds an address in cannot be bound away from its captured address
+(:class:`~rawgraph.errors.ForeignNodeError`): the foreign node would go on using the old buffer.
+
 A replay after ``bind`` reads the new array where it lies. The manager keeps each array it bound
 alive until the replays that may read it have finished (an event recorded on each stream used),
 so a caching allocator (CuPy's pool, PyTorch's) cannot hand that memory out while a graph still
@@ -19,20 +24,72 @@ reads it.
 from __future__ import annotations
 
 import ctypes
+import warnings
 import weakref
 from typing import Any, Sequence
 
 import numpy as np
 from cuda.bindings import driver
 
-from .errors import ClosedError, LayoutError, ShapeError, cuda_error
+from .errors import ClosedError, ForeignNodeError, LayoutError, RawgraphWarning, ShapeError, cuda_error
 from .graph import Graph, GraphExec
 from .launch import ARG_DTYPES, KernelArgs
 from . import resource as _resource
 from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
+from .nodes import ConditionalInfo, KernelInfo, MemcpyInfo, MemsetInfo, read_graph, walk
+from .rebind import scan_words
 from .stream import Event, Stream, as_stream
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
+
+
+def foreign_holders(graph: Graph, spans: dict[str, tuple[int, int]]) -> tuple[dict[str, list[str]], list[str]]:
+    """Which foreign nodes of ``graph`` hold an address in each span, and which cannot be read.
+
+    A kernel node holds an address when an 8-byte-aligned word of its parameter bytes
+    (``cuGraphKernelNodeGetParams``, all of them: a struct can carry a pointer too) lies in the
+    span; a memcpy or memset node when the memory it touches overlaps it. Child graphs are read
+    through. A kernel whose parameters, or a conditional whose bodies, the driver does not give
+    back is listed as unreadable.
+
+    Parameters
+    ----------
+    graph : Graph
+    spans : dict of name -> (ptr, nbytes)
+
+    Returns
+    -------
+    holders : dict of name -> list of str
+        Only names some foreign node points into; each entry describes the node.
+    unreadable : list of str
+    """
+    foreign = {int(f.handle) for f in graph.foreign_nodes}
+    if not foreign:
+        return {}, []
+    top = [info for info in read_graph(graph) if info.id in foreign]
+    holders: dict[str, list[str]] = {}
+    unreadable: list[str] = []
+
+    def overlaps(start: int, nbytes: int, lo: int, size: int) -> bool:
+        return start < lo + size and lo < start + max(nbytes, 1)
+
+    for info in walk(top):
+        where = f"foreign node {info.index} ({info.kind}{' ' + info.name if isinstance(info, KernelInfo) else ''})"
+        for name, (lo, size) in spans.items():
+            if isinstance(info, KernelInfo):
+                hit = info.params is not None and bool(scan_words(info.params, None, lo, lo + size))
+            elif isinstance(info, MemcpyInfo):
+                hit = any(kind in ("device", "unified") and overlaps(addr, info.nbytes, lo, size)
+                          for addr, kind in ((info.src, info.src_type), (info.dst, info.dst_type)))
+            elif isinstance(info, MemsetInfo):
+                hit = overlaps(info.dst, info.nbytes, lo, size)
+            else:
+                hit = False
+            if hit:
+                holders.setdefault(name, []).append(where)
+        if (isinstance(info, KernelInfo) and info.params is None) or (isinstance(info, ConditionalInfo) and info.error):
+            unreadable.append(where)
+    return holders, unreadable
 
 
 class Binding:
@@ -53,7 +110,7 @@ class Binding:
     """
 
     __slots__ = ("manager", "names", "entries", "nodes", "complete", "values", "refs", "alive", "checked_at",
-                 "__weakref__")
+                 "pin_epoch", "__weakref__")
 
     def __init__(self, manager: "ExecUpdateManager", entries: tuple, nodes: tuple, complete: bool):
         self.manager = manager
@@ -71,6 +128,8 @@ class Binding:
         self.alive: tuple = ()  # the finalizers of DeviceBuffers among them
         # resource.release_count when every object named here was last seen open
         self.checked_at = -1
+        # the manager's pin epoch its entries were checked against (see ExecUpdateManager.adopt)
+        self.pin_epoch = manager._pin_epoch
 
     def matches(self, values: tuple) -> bool:
         """The same live objects as when validated (weak identity; no closed DeviceBuffer)."""
@@ -134,6 +193,8 @@ class ExecUpdateManager:
         self._bound_ptr = {name: (plan.buffers[name].ptr, plan.buffers[name].nbytes) for name in names}
         self._bound_obj = {name: plan.buffers[name].owner for name in names}
         self._roles = {name: {r for _, _, r in self.bindings[name]} for name in names}
+        self._pin_epoch = -1
+        self._pin_foreign(graph)
         self._write_names = [n for n in names if "write" in self._roles[n]]
         # Per-node persistent arguments (copies: binding never disturbs the eager plan) and the
         # CUDA_KERNEL_NODE_PARAMS pointing at them, built once.
@@ -185,6 +246,16 @@ class ExecUpdateManager:
         self._alive = (exec._finalizer, graph._finalizer)
         self._closed = False
 
+    def _pin_foreign(self, graph: Graph) -> None:
+        """Read the foreign nodes once: a name one of them points into is pinned to its address."""
+        holders, unreadable = foreign_holders(graph, self._bound_ptr)
+        self._pin_epoch += 1
+        self._pinned = {name: (self._bound_ptr[name][0], where) for name, where in holders.items()}
+        if unreadable:
+            warnings.warn(f"rawgraph: {len(unreadable)} foreign node(s) of this graph cannot be read "
+                          f"({', '.join(unreadable[:4])}): if they use a bound buffer, binding it away leaves them "
+                          f"on the old one", RawgraphWarning, stacklevel=3)
+
     def _check_usable(self) -> None:
         if self._closed:
             raise ClosedError("ExecUpdateManager is closed")
@@ -214,6 +285,12 @@ class ExecUpdateManager:
             return hit[1], hit[2]
         shape, dtype = self._specs[name]
         view = check_array(as_device_array(array, name), shape, dtype, name, self._device)
+        pinned = self._pinned.get(name)
+        if pinned is not None and view.ptr != pinned[0]:
+            raise ForeignNodeError(
+                f"cannot bind {name!r} to another buffer: {', '.join(pinned[1][:4])} of this graph holds an address "
+                f"in it, and the manager updates only the launches it recorded, so that node would keep using "
+                f"the old buffer; move every address at once with rawgraph.rebind.AddressRebinder")
         try:
             ref = weakref.ref(array)
         except TypeError:  # not weak-referenceable: checked every time
@@ -342,6 +419,13 @@ class ExecUpdateManager:
             self._check_usable()
             if not binding._still_open():
                 raise ClosedError("an array of this Binding was closed after it was prepared")
+        if binding.pin_epoch != self._pin_epoch:  # prepared before adopt() read new foreign nodes
+            for name, (ptr, _n) in binding.entries:
+                pinned = self._pinned.get(name)
+                if pinned is not None and ptr != pinned[0]:
+                    raise ForeignNodeError(f"this Binding moves {name!r}, which {', '.join(pinned[1][:4])} of the "
+                                           f"adopted graph holds an address in; the manager cannot move that node")
+            binding.pin_epoch = self._pin_epoch
         if self._writers and not binding.complete:
             self._check_overlap_with(binding)
         return self._apply(binding, values)
@@ -652,6 +736,12 @@ class ExecUpdateManager:
                 self._retire(self._bound_obj[name])
                 self._bound_obj[name] = view.owner
         self._keep_graph = graph  # its plan owns the buffers now bound
+        # The exec's foreign nodes now hold this graph's values: pin again, and forget arrays
+        # checked against the old pins.
+        self._pin_foreign(graph)
+        for cache in self._checked.values():
+            cache.clear()
+        self._cache.clear()
 
     def close(self) -> None:
         """Drop retained arrays (after waiting for their replays) and pooled events; later binds

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -215,8 +215,15 @@ class _KernelState:
         self.bytes[:n] = np.frombuffer(info.params, dtype=np.uint8)
         self.words = self._storage  # 8-byte words of the device-side layout, as the exec holds them
         self.original_words = self._storage.copy()  # as captured
+        self.original_words.setflags(write=False)
+        # The same words as bytes: what the exec holds now and held at capture. Comparing and
+        # copying bytes objects costs tens of nanoseconds where NumPy calls on a 20-word array
+        # cost a microsecond each, and an apply runs once per replay.
+        self.held = self.original_words.tobytes()
+        self.original_blob = self.held
         self.size = n
         base = int(self._storage.ctypes.data)
+        self.address = base
         p = driver.CUDA_KERNEL_NODE_PARAMS()
         p.func = info.func_field
         p.kern = info.kern
@@ -273,6 +280,14 @@ class Binding:
     kernels: dict[int, np.ndarray]
     memory: dict[int, dict[str, int]]
     moves: tuple[tuple[int, int, int], ...]  # (old base, size, new base) relative to the captured graph
+    owner: int = 0  # id() of the rebinder that prepared it: its node ids name that rebinder's exec
+    blobs: dict[int, bytes] = field(init=False, repr=False)  # kernels' words as bytes, what apply pushes
+
+    def __post_init__(self) -> None:
+        # Fixed once prepared: apply pushes these bytes, so the arrays must not change under them.
+        for words in self.kernels.values():
+            words.setflags(write=False)
+        self.blobs = {node: words.tobytes() for node, words in self.kernels.items()}
 
 
 class AddressRebinder:
@@ -521,37 +536,45 @@ class AddressRebinder:
                                   f"nothing to rebind")
             self._warn_interior(lo, size, alloc, values)
             done.append((lo, size, nb))
-        return Binding(kernels, memory, tuple(done))
+        return Binding(kernels, memory, tuple(done), id(self))
 
     def apply(self, binding: Binding) -> None:
         """Write a prepared binding into the exec: its nodes get its values, nodes an earlier
         rebind changed and this binding does not name go back to their captured values; only
         nodes whose values change are pushed."""
-        self._push(binding.kernels, binding.memory, restore_others=True)
+        if binding.owner != id(self):
+            raise RebindError("this binding was prepared by another AddressRebinder: its node ids and captured "
+                              "values belong to that rebinder's graph and exec")
+        self._push(binding.kernels, binding.memory, restore_others=True, blobs=binding.blobs)
 
-    def _push(self, kernels: dict[int, np.ndarray], memory: dict[int, dict[str, int]], restore_others: bool) -> None:
-        if restore_others:
-            for node in [n for n in self._dirty if n not in kernels and n not in memory]:
+    def _push(self, kernels: dict[int, np.ndarray], memory: dict[int, dict[str, int]], restore_others: bool,
+              blobs: dict[int, bytes] | None = None) -> None:
+        if blobs is None:
+            blobs = {node: words.tobytes() for node, words in kernels.items()}
+        if restore_others and self._dirty:
+            for node in [n for n in self._dirty if n not in blobs and n not in memory]:
                 if node in self.kernels:
-                    self._push_kernel(self.kernels[node], self.kernels[node].original_words)
+                    self._push_kernel(self.kernels[node], self.kernels[node].original_blob)
                 else:
                     self._push_memory(self.memory[node], self.memory[node].original)
-        for node, words in kernels.items():
-            self._push_kernel(self.kernels[node], words)
+        for node, blob in blobs.items():
+            self._push_kernel(self.kernels[node], blob)
         for node, sides in memory.items():
             self._push_memory(self.memory[node], sides)
 
-    def _push_kernel(self, st: _KernelState, words: np.ndarray) -> None:
-        if np.array_equal(st.words, words):
+    def _push_kernel(self, st: _KernelState, blob: bytes) -> None:
+        """Copy ``blob`` (the whole layout) into the node's persistent buffer and push it with
+        ``cuGraphExecKernelNodeSetParams``, unless the exec holds exactly these bytes already."""
+        if blob == st.held:
             return
-        old = st.words.copy()
-        st.words[:] = words
+        ctypes.memmove(st.address, blob, len(blob))
         (err,) = driver.cuGraphExecKernelNodeSetParams(self._exec_handle, st.info.handle, st.params)
         if err != _SUCCESS:
-            st.words[:] = old  # the exec kept its old values: so does our copy
+            ctypes.memmove(st.address, st.held, len(st.held))  # the exec kept its old values: so does our copy
             raise cuda_error(err, f"cuGraphExecKernelNodeSetParams({st.info.name})")
+        st.held = blob
         self.pushes += 1
-        self._mark(st.info.id, not np.array_equal(words, st.original_words))
+        self._mark(st.info.id, blob != st.original_blob)
 
     def _mark(self, node: int, dirty: bool) -> None:
         if dirty:

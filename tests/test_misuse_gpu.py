@@ -31,7 +31,7 @@ from rawgraph import (
     get_device,
     ops,
 )
-from rawgraph.errors import EmptyCaptureWarning, check, cuda_error, error_name
+from rawgraph.errors import EmptyCaptureWarning, ForeignNodeError, check, cuda_error, error_name
 from rawgraph.memory import POISON_BITS
 
 pytestmark = pytest.mark.gpu
@@ -166,6 +166,47 @@ def test_the_manager_never_reaches_a_foreign_node(stream, rng):
     # The replay runs the foreign node too: out ends poisoned.
     exe.launch(stream)
     assert np.all(out.to_numpy(stream).view(np.uint32) == POISON_BITS)
+    # The memset writes `out` itself: binding `out` elsewhere would leave it writing the old
+    # buffer, so it is refused (before any driver call: nothing was pushed), for bind, bind_many
+    # and prepare alike; rebinding `out` to itself is fine.
+    other = DeviceBuffer((2, 64))
+    for attempt in (lambda: mgr.bind("out", other), lambda: mgr.bind_many({"x": x, "out": other}),
+                    lambda: mgr.prepare({"out": other})):
+        with pytest.raises(ForeignNodeError, match=r"'out'.*foreign node \d+ \(memset\)"):
+            attempt()
+    assert mgr.update_calls == 0 and mgr.bound("out").ptr == out.ptr
+    assert mgr.bind("out", out) == 0
+
+
+def test_a_buffer_a_foreign_kernel_reads_is_pinned_and_the_rest_still_binds(stream, rng):
+    # Plan b runs straight on the capturing stream (not recorded): its two kernels are foreign
+    # and read x. Binding x away would leave them reading the old x: refused. `out`, which only
+    # the recorded plan writes, binds freely, and the replay computes both blocks right.
+    model = TinyBlock(64, 2, 1, form="fused")
+    xh = random_input(rng, (2, 64))
+    x = DeviceBuffer.from_numpy(xh, stream=stream)
+    out, out_b, out_new = DeviceBuffer((2, 64)), DeviceBuffer((2, 64)), DeviceBuffer((2, 64))
+    plan_a, plan_b = model.plan(x, out), model.plan(x, out_b)
+    plan_a.run(stream)
+    stream.synchronize()
+    with Capture(stream) as cap:
+        cap.run(plan_a)
+        plan_b.run(stream)
+    graph = cap.graph
+    graph.plan = plan_a
+    assert [f.type for f in graph.foreign_nodes] == ["KERNEL"] * len(plan_b.launches)
+    exe = graph.instantiate()
+    mgr = ExecUpdateManager(graph, exe)
+    with pytest.raises(ForeignNodeError, match=r"'x'.*foreign node \d+ \(kernel "):
+        mgr.bind("x", DeviceBuffer.from_numpy(xh, stream=stream))
+    assert mgr.bind("out", out_new) >= 1
+    ref = model.reference(xh, stream)
+    for buf in (out, out_b, out_new):
+        buf.poison(stream)
+    mgr.launch(stream)
+    assert rel_err(out_new.to_numpy(stream), ref) < 1e-5, f"seed {rng.seed_used}"
+    assert rel_err(out_b.to_numpy(stream), ref) < 1e-5, f"seed {rng.seed_used}"
+    assert np.all(out.to_numpy(stream).view(np.uint32) == POISON_BITS)  # moved away from: not written
 
 
 def test_sync_during_capture_is_unsupported_and_invalidates(stream, rng):

@@ -381,3 +381,58 @@ def test_library_kernel_named_by_cukernel_only(fake_graph, monkeypatch):
     reb = AddressRebinder(0x1, 0x2, device=_FakeDevice())
     st = reb.kernels[0xA2]
     assert (int(st.params.func), int(st.params.kern)) == (0, 0xBEEF)
+
+
+def test_a_refused_push_keeps_the_held_copy_and_bindings_stay_with_their_rebinder(fake_graph, monkeypatch):
+    """When cuGraphExecKernelNodeSetParams fails the exec keeps its old values, so the rebinder's
+    copy must too (the next apply pushes again); a binding names one rebinder's nodes and values,
+    so another rebinder refuses it, and its words cannot be edited after it was checked."""
+    from cuda.bindings import driver as d
+
+    from rawgraph.errors import CudaError
+    from rawgraph.rebind import AddressRebinder
+
+    x, pushed = fake_graph["x"], fake_graph["pushed"]
+    new_x = 0x7F0000900000
+    fake_graph["add_alloc"](new_x, 4096)
+    reb = AddressRebinder(0x1, 0x2, device=_FakeDevice())
+    binding = reb.prepare({(x, 4096): new_x})
+    good = d.cuGraphExecKernelNodeSetParams
+    monkeypatch.setattr(d, "cuGraphExecKernelNodeSetParams",
+                        lambda e, n, p: (d.CUresult.CUDA_ERROR_INVALID_VALUE,))
+    with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE"):
+        reb.apply(binding)
+    assert reb.held(0xA1) == reb.kernels[0xA1].original[: reb.kernels[0xA1].size] and reb.pushes == 0
+    assert [m.value for m in reb.find((x, 4096))] == [x, x + 64, x]  # still what the exec holds
+    monkeypatch.setattr(d, "cuGraphExecKernelNodeSetParams", good)
+    reb.apply(binding)
+    assert sorted(dict(pushed)) == [0xA1, 0xA2] and reb.pushes == 2
+    assert struct.unpack_from("<Q", reb.held(0xA1))[0] == new_x
+    with pytest.raises(ValueError, match="read-only"):
+        binding.kernels[0xA1][0] = 0
+    other = AddressRebinder(0x1, 0x2, device=_FakeDevice())
+    with pytest.raises(RebindError, match="another AddressRebinder"):
+        other.apply(binding)
+
+
+def test_foreign_holders_finds_struct_words_and_overlapping_memsets(fake_graph):
+    """The manager's guard reads only the foreign nodes: node 1 (k1) holds x at param 0 and
+    x + 64 inside its struct, and `other` in the struct; the memset (node 3) writes 64 bytes at
+    out + 128. Node 2 (k2, which holds out and x) is recorded, so it pins nothing."""
+    from types import SimpleNamespace
+
+    from cuda.bindings import driver as d
+
+    from rawgraph.graph import ForeignNode
+    from rawgraph.manager import foreign_holders
+
+    x, out, other = fake_graph["x"], fake_graph["out"], fake_graph["other"]
+    graph = SimpleNamespace(handle=0x1, foreign_nodes=[ForeignNode(d.CUgraphNode(0xA1), "KERNEL", ()),
+                                                       ForeignNode(d.CUgraphNode(0xA3), "MEMSET", (0xA2,))])
+    spans = {"x_tail": (x + 64, 64), "out_head": (out, 128), "out_mid": (out + 160, 8),
+             "other_end": (other + 8, 8192 - 8), "x_gap": (x + 8, 56)}
+    holders, unreadable = foreign_holders(graph, spans)
+    assert holders == {"x_tail": ["foreign node 0 (kernel k1)"], "out_mid": ["foreign node 2 (memset)"]}
+    assert unreadable == []
+    graph.foreign_nodes = []
+    assert foreign_holders(graph, spans) == ({}, [])

@@ -3,7 +3,7 @@ one scratch arena, graph memory pools, and the driver-level alternatives that re
 instead of capturing one per size.
 
 Reads bottom-up: ``sizes`` (bucket lists, no GPU) -> ``graphmem`` (the driver's graph memory
-pool) -> ``buckets`` (:class:`BucketGraphs`) -> ``reshape`` (row-count rebinding, one re-shaped
+pool) -> ``lifecycle`` (instantiate + upload, close in order) -> ``buckets`` (:class:`BucketGraphs`) -> ``reshape`` (row-count rebinding, one re-shaped
 graph) -> ``slots`` (continuous batching over fixed slots and an index table). Nothing here is imported by the modules below it in :mod:`rawgraph`.
 """
 

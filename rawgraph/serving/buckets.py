@@ -34,6 +34,7 @@ from ..graph import Graph, GraphExec
 from ..memory import DeviceArray, DeviceBuffer, as_device_array
 from ..model import SCRATCH, TinyBlock, Workspace
 from ..stream import Event, Stream, as_stream
+from .lifecycle import close_all, instantiate_uploaded
 from .sizes import check_sizes, pick_bucket, vllm_sizes
 
 SCRATCH_MODES = ("arena", "graph", "private")
@@ -169,13 +170,7 @@ class BucketGraphs:
             assert graph is not None
             graph.plan = plan
             self.setup["capture"] += clock() - t0
-            t0 = clock()
-            exe = graph.instantiate()
-            self.setup["instantiate"] += clock() - t0
-            t0 = clock()
-            exe.upload(s)
-            s.synchronize()
-            self.setup["upload"] += clock() - t0
+            exe = instantiate_uploaded(graph, s, self.setup)
             if scratch == "graph":  # the first replay maps the graph's memory: count it as warm-up
                 t0 = clock()
                 exe.launch(s)
@@ -280,15 +275,8 @@ class BucketGraphs:
         if self._closed:
             return
         self._closed = True
-        for exe in self.execs.values():
-            exe.close()
-        for g in self.graphs.values():
-            g.close()
-        for m in self._models.values():
-            m.close()
-        for obj in (self.arena, self.input, self.output, self._overflow):
-            if obj is not None:
-                obj.close()
+        close_all(self.execs.values(), self.graphs.values(), self._models.values(),
+                  (self.arena, self.input, self.output, self._overflow))
         self._order.close()
         if self._own_stream:
             self.stream.close()

@@ -31,6 +31,7 @@ from ..manager import ExecUpdateManager
 from ..memory import DeviceArray, DeviceBuffer
 from ..model import TinyBlock, Workspace
 from .buckets import BucketGraphs, StreamOrder, check_rows
+from .lifecycle import close_all, instantiate_uploaded
 from .sizes import pick_bucket
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
@@ -184,13 +185,7 @@ class ReshapedGraph:
             t0 = clock()
             graph = capture_plan(top, s, warmup=False)
             self.setup["capture"] += clock() - t0
-            t0 = clock()
-            exe = graph.instantiate()
-            self.setup["instantiate"] += clock() - t0
-            t0 = clock()
-            exe.upload(s)
-            s.synchronize()
-            self.setup["upload"] += clock() - t0
+            exe = instantiate_uploaded(graph, s, self.setup)
             self.graphs[sig], self.execs[sig] = graph, exe
             self._handles[sig] = [n.handle for n in graph.nodes]
             self._current[sig] = list(self._keys[max(sizes)])
@@ -237,14 +232,8 @@ class ReshapedGraph:
         if self._closed:
             return
         self._closed = True
-        for exe in self.execs.values():
-            exe.close()
-        for g in self.graphs.values():
-            g.close()
-        for m in self._models.values():
-            m.close()
-        for obj in (self.arena, self.input, self.output):
-            obj.close()
+        close_all(self.execs.values(), self.graphs.values(), self._models.values(),
+                  (self.arena, self.input, self.output))
         self._order.close()
         if self._own_stream:
             self.stream.close()

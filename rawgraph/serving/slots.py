@@ -50,6 +50,7 @@ from ..launch import LaunchPlan
 from ..memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array
 from ..model import TinyBlock, Workspace
 from ..stream import Event, Stream, as_stream
+from .lifecycle import close_all, instantiate_uploaded
 from .sizes import check_sizes, pick_bucket, vllm_sizes
 
 TABLE_MODES = ("graph", "copy", "params")
@@ -206,13 +207,7 @@ class SlotPool:
             graph = cap.captured
             graph.plan = plan
             self.setup["capture"] += clock() - t0
-            t0 = clock()
-            exe = graph.instantiate()
-            self.setup["instantiate"] += clock() - t0
-            t0 = clock()
-            exe.upload(s)
-            s.synchronize()
-            self.setup["upload"] += clock() - t0
+            exe = instantiate_uploaded(graph, s, self.setup)
             self.graphs[b], self.execs[b] = graph, exe
             if table == "params":
                 self._pushes[b] = [(node.handle, node.launch.node_params(), node.launch.args.array("table"))
@@ -357,15 +352,8 @@ class SlotPool:
         if self._closed:
             return
         self._closed = True
-        for exe in self.execs.values():
-            exe.close()
-        for g in self.graphs.values():
-            g.close()
-        for m in self._models.values():
-            m.close()
-        for obj in (self.state, self.x, self.y, self.arena, self.table_dev, self._pinned, self._read):
-            if obj is not None:
-                obj.close()
+        close_all(self.execs.values(), self.graphs.values(), self._models.values(),
+                  (self.state, self.x, self.y, self.arena, self.table_dev, self._pinned, self._read))
         if self._own_stream:
             self.stream.close()
 
