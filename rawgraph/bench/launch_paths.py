@@ -24,7 +24,8 @@ from ..capture import Capture, capture_plan
 from ..device import get_device
 from ..indirect import IndirectGraph
 from ..manager import ExecUpdateManager
-from ..memory import DeviceBuffer
+from ..launch import ARG_DTYPES
+from ..memory import DeviceArray, DeviceBuffer
 from ..model import TinyBlock
 from ..static import StaticGraph
 from ..stream import Stream
@@ -357,7 +358,7 @@ class Runner:
     def _cupy_rawkernel_graph(self, cp, cstream, rs, key, model, x, ref_cupy, est) -> None:
         """The same block from rawgraph's own .cu sources as CuPy RawKernels, captured by CuPy."""
         from ..kernels import kernel_source
-        from ..ops import gemm_smem_bytes, matmul_expr, matmul_shape
+        from ..ops import matmul_expr, matmul_shape
 
         shape = matmul_shape(model.batch, model.width, model.width, self.dev.info.multiprocessors)
         exprs = [matmul_expr("relu", shape), matmul_expr("add", shape)]
@@ -369,10 +370,20 @@ class Runner:
         a = cp.empty_like(x)
         acts = [cp.empty_like(x), cp.empty_like(x)]
         out = cp.empty_like(x)
-        B, W = np.int32(model.batch), np.int32(model.width)
-        early = np.int32(1)  # plain launches: where the (absent) successor may start does not matter
+        # The argument list comes from rawgraph's own launch of the same cut, so it follows the
+        # kernels' parameters: CuPy passes exactly the tuple it is given, and the driver reads as
+        # many parameters as the kernel declares (a short tuple made it read past the end).
+        views = {n: DeviceArray(int(arr.data.ptr), arr.shape, np.dtype(np.float32), arr)
+                 for n, arr in (("x", x), ("W", ws[0][0]), ("y", a))}
+        spec_launch = ops.matmul(self.dev, views, "x", "W", "y", "relu", shape=shape)
+        spec = [(n, k, None if k == "ptr" else ARG_DTYPES[k].type(spec_launch.args[n]))
+                for n, k in spec_launch.args.spec]
+
+        def args(**arrays):
+            return tuple(arrays[n] if n in arrays else (np.uint64(0) if v is None else v) for n, k, v in spec)
+
         grid, block = shape.grid, (shape.threads, 1, 1)
-        smem = gemm_smem_bytes(shape)
+        smem = spec_launch.shared_mem  # the cut's tiles and the residency pad, as rawgraph launches it
         for k in (k_relu, k_add):
             if smem > k.max_dynamic_shared_size_bytes:
                 k.max_dynamic_shared_size_bytes = smem
@@ -381,8 +392,8 @@ class Runner:
             src = x
             for i, (w1, w2) in enumerate(ws):
                 dst = out if i == len(ws) - 1 else acts[i % 2]
-                k_relu(grid, block, (src, w1, a, src, B, W, W, early), shared_mem=smem)
-                k_add(grid, block, (a, w2, dst, src, B, W, W, early), shared_mem=smem)
+                k_relu(grid, block, args(x=src, W=w1, y=a), shared_mem=smem)
+                k_add(grid, block, args(x=a, W=w2, y=dst, r=src), shared_mem=smem)
                 src = dst
 
         run()
