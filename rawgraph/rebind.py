@@ -47,6 +47,7 @@ from .nodes import KernelInfo, MemcpyInfo, MemsetInfo, NodeInfo, ParamInfo, read
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 WORD = 8
+_memmove = ctypes.memmove
 
 
 class RebindError(RawgraphError, ValueError):
@@ -224,6 +225,7 @@ class _KernelState:
         self.size = n
         base = int(self._storage.ctypes.data)
         self.address = base
+        self.handle, self.node = info.handle, info.id
         p = driver.CUDA_KERNEL_NODE_PARAMS()
         p.func = info.func_field
         p.kern = info.kern
@@ -283,11 +285,14 @@ class Binding:
     owner: int = 0  # id() of the rebinder that prepared it: its node ids name that rebinder's exec
     blobs: dict[int, bytes] = field(init=False, repr=False)  # kernels' words as bytes, what apply pushes
 
+    nodes: frozenset = field(init=False, repr=False)  # every node it names
+
     def __post_init__(self) -> None:
         # Fixed once prepared: apply pushes these bytes, so the arrays must not change under them.
         for words in self.kernels.values():
             words.setflags(write=False)
         self.blobs = {node: words.tobytes() for node, words in self.kernels.items()}
+        self.nodes = frozenset(self.kernels) | frozenset(self.memory)
 
 
 class AddressRebinder:
@@ -545,14 +550,14 @@ class AddressRebinder:
         if binding.owner != id(self):
             raise RebindError("this binding was prepared by another AddressRebinder: its node ids and captured "
                               "values belong to that rebinder's graph and exec")
-        self._push(binding.kernels, binding.memory, restore_others=True, blobs=binding.blobs)
+        self._push(binding.kernels, binding.memory, restore_others=True, blobs=binding.blobs, named=binding.nodes)
 
     def _push(self, kernels: dict[int, np.ndarray], memory: dict[int, dict[str, int]], restore_others: bool,
-              blobs: dict[int, bytes] | None = None) -> None:
+              blobs: dict[int, bytes] | None = None, named: frozenset | None = None) -> None:
         if blobs is None:
             blobs = {node: words.tobytes() for node, words in kernels.items()}
         if restore_others and self._dirty:
-            for node in [n for n in self._dirty if n not in blobs and n not in memory]:
+            for node in self._dirty - (named if named is not None else (blobs.keys() | memory.keys())):
                 if node in self.kernels:
                     self._push_kernel(self.kernels[node], self.kernels[node].original_blob)
                 else:
@@ -567,14 +572,17 @@ class AddressRebinder:
         ``cuGraphExecKernelNodeSetParams``, unless the exec holds exactly these bytes already."""
         if blob == st.held:
             return
-        ctypes.memmove(st.address, blob, len(blob))
-        (err,) = driver.cuGraphExecKernelNodeSetParams(self._exec_handle, st.info.handle, st.params)
+        _memmove(st.address, blob, len(blob))
+        (err,) = driver.cuGraphExecKernelNodeSetParams(self._exec_handle, st.handle, st.params)
         if err != _SUCCESS:
-            ctypes.memmove(st.address, st.held, len(st.held))  # the exec kept its old values: so does our copy
+            _memmove(st.address, st.held, len(st.held))  # the exec kept its old values: so does our copy
             raise cuda_error(err, f"cuGraphExecKernelNodeSetParams({st.info.name})")
         st.held = blob
         self.pushes += 1
-        self._mark(st.info.id, blob != st.original_blob)
+        if blob == st.original_blob:
+            self._dirty.discard(st.node)
+        else:
+            self._dirty.add(st.node)
 
     def _mark(self, node: int, dirty: bool) -> None:
         if dirty:
