@@ -1,4 +1,5 @@
-"""Every kernel form once, at odd sizes, each checked against float64 NumPy: the target that
+"""Every kernel form once, at odd sizes, each checked against float64 NumPy (row routing, row
+gathers and scatters, and Philox numbers included): the target that
 ``benchmarks/device_run.sh sanitize`` runs under compute-sanitizer's racecheck, synccheck and
 initcheck (memcheck runs the GPU test suite).
 
@@ -16,6 +17,8 @@ import sys
 import numpy as np
 
 from rawgraph import DeviceBuffer, LaunchPlan, Stream, TinyBlock, capture_plan, get_device, ops
+from rawgraph.control.rng import PhiloxGenerator, dropout_constants, reference_keep, reference_numbers, uniform24
+from rawgraph.memory import POISON_BITS
 from rawgraph.ops import gemm_shape, matvec_shape
 
 
@@ -83,6 +86,81 @@ def main() -> int:
     print(f"{'ok  ' if got == want else 'FAIL'} count_mismatch: {got} (expected {want})")
     if got != want:
         failures.append("count_mismatch")
+    # row routing inside the matmuls (the slot pool's fused gather): row m of x, r and y is row
+    # table[m] of a larger state; every other row of y must keep its poison
+    def routed_case(name, batch, k, shape_fn):
+        states = 3 * batch + 1
+        table = rng.permutation(states)[:batch].astype(np.int32)
+        xh, wh, rh = (rng.standard_normal(sh, dtype=np.float32) for sh in ((states, k), (k, k), (states, k)))
+        bufs = {"x": DeviceBuffer.from_numpy(xh, stream=s), "W": DeviceBuffer.from_numpy(wh, stream=s),
+                "r": DeviceBuffer.from_numpy(rh, stream=s), "y": DeviceBuffer((states, k)),
+                "t": DeviceBuffer.from_numpy(table, stream=s)}
+        bufs["y"].poison(s)
+        views = {key: bufs[key].view() for key in ("W",)}
+        views.update({key: DeviceBuffer((batch, k)).view() for key in ("x", "r", "y")})  # shapes for the checks
+        launch = ops.matmul(dev, views, "x", "W", "y", "add", r="r", shape=shape_fn(batch, k))
+        for arg in ("x", "r", "y"):
+            launch.args[arg] = bufs[arg].ptr
+            launch.args["flags"] = int(launch.args["flags"]) | ops.ROW_FLAGS[arg]
+        launch.args["rows"] = bufs["t"].ptr
+        launch(s)
+        got = bufs["y"].to_numpy(s)
+        ref = xh[table].astype(np.float64) @ wh + rh[table]
+        check(f"{name} {launch.kernel.name} rows b{batch} k{k}", got[table], ref)
+        rest = np.setdiff1d(np.arange(states), table)
+        if not np.all(got[rest].view(np.uint32) == POISON_BITS):
+            print(f"FAIL {name}: rows outside the table were written", flush=True)
+            failures.append(f"{name} untouched rows")
+
+    routed_case("matvec", 5, 260, lambda b, k: matvec_shape(b, k, k, sm, 4, True))
+    routed_case("gemm", 37, 264, lambda b, k: gemm_shape(b, k, k, sm, True, 2, 64, 0, 1))
+    # row gathers and scatters: through a device table and by value (two capacities), odd sizes
+    for rows, width, states in ((13, 33, 40), (50, 17, 61)):
+        table = rng.permutation(states)[:rows].astype(np.int32)
+        sh = rng.standard_normal((states, width), dtype=np.float32)
+        ch = rng.standard_normal((rows, width), dtype=np.float32)
+        bufs = {"state": DeviceBuffer.from_numpy(sh, stream=s), "compact": DeviceBuffer.from_numpy(ch, stream=s),
+                "g": DeviceBuffer((rows, width)), "g2": DeviceBuffer((rows, width)),
+                "sc": DeviceBuffer.from_numpy(sh, stream=s), "sc2": DeviceBuffer.from_numpy(sh, stream=s),
+                "t": DeviceBuffer.from_numpy(table, stream=s)}
+        views = {key: b.view() for key, b in bufs.items()}
+        bufs["g"].poison(s)
+        bufs["g2"].poison(s)
+        launches = [ops.gather_rows(dev, views, "state", "t", "g", rows),
+                    ops.scatter_rows(dev, views, "compact", "t", "sc", rows),
+                    ops.gather_rows_param(dev, views, "state", "g2", rows),
+                    ops.scatter_rows_param(dev, views, "compact", "sc2", rows)]
+        for launch in launches[2:]:
+            launch.args.array("table")[:rows] = table
+        for launch in launches:
+            launch(s)
+        scattered = sh.astype(np.float64)
+        scattered[table] = ch
+        check(f"gather_rows r{rows} w{width}", bufs["g"].to_numpy(s), sh[table].astype(np.float64))
+        check(f"scatter_rows r{rows} w{width}", bufs["sc"].to_numpy(s), scattered)
+        check(f"{launches[2].kernel.name} r{rows} w{width}", bufs["g2"].to_numpy(s), sh[table].astype(np.float64))
+        check(f"{launches[3].kernel.name} r{rows} w{width}", bufs["sc2"].to_numpy(s), scattered)
+    # Philox: raw numbers and uniforms against the NumPy reference, dropout with the same mask
+    gen = PhiloxGenerator(int(rng.integers(1 << 62)), s, offset=3)
+    n = 1003
+    raw, uni = DeviceBuffer(n, np.uint32), DeviceBuffer(n)
+    xh = rng.standard_normal(n, dtype=np.float32) + np.float32(3.0)
+    bufs = {"x": DeviceBuffer.from_numpy(xh, stream=s), "y": DeviceBuffer(n)}
+    for launch in (gen.draw(raw), gen.draw(uni, "uniform", skip=1000),
+                   gen.dropout({k: b.view() for k, b in bufs.items()}, "x", "y", 0.3, skip=2000)):
+        launch(s)
+    seed, offset = gen.get_state(s)
+    want = reference_numbers(seed, offset, n)
+    got_raw = raw.to_numpy(s)
+    ok = np.array_equal(got_raw, want)
+    print(f"{'ok  ' if ok else 'FAIL'} philox_draw uint32 n{n}", flush=True)
+    if not ok:
+        failures.append("philox_draw")
+    check(f"philox_draw uniform n{n}", uni.to_numpy(s), uniform24(reference_numbers(seed, offset + 1000, n)).astype(np.float64))
+    keep = reference_keep(seed, offset + 2000, n, 0.3)
+    _threshold, scale = dropout_constants(0.3)
+    check(f"philox_dropout n{n}", bufs["y"].to_numpy(s), np.where(keep, xh.astype(np.float64) * np.float32(scale), 0.0))
+    gen.close()
     # a captured block of every form, replayed: graph launch paths under the tools too
     for form, width, batch in (("unfused", 33, 3), ("fused", 260, 5), ("block", 132, 2)):
         model = TinyBlock(width, batch, 2, seed=7, form=form)

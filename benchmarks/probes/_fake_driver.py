@@ -496,6 +496,17 @@ def cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, s, params, extra):
 
 
 @fake
+def cuMemsetD32Async(p, v, n, s):
+    return ok()
+
+
+@fake
+def cuLaunchKernelEx(config, f, params, extra):
+    assert isinstance(params, int)
+    return ok()
+
+
+@fake
 def cuLinkCreate(n, opts, vals):
     assert len(opts) == n == len(vals)
     return ok(new(d.CUlinkState))
