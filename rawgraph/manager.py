@@ -10,10 +10,13 @@ that write the output). ``bind(name, array)``:
    the exec holds (the driver has no getter for exec node parameters) -- and calls
    ``cuGraphExecKernelNodeSetParams`` only for nodes whose arguments actually changed.
 
-Nodes the capture did not record (``graph.foreign_nodes``: a CuPy kernel, a memset launched straight
-on the capturing stream) are never updated by the manager. Their parameters are read once, and a
-buffer one of them holds an address in cannot be bound away from its captured address
-(:class:`~rawgraph.errors.ForeignNodeError`): the foreign node would go on using the old buffer.
+Only the recorded launches are updated. Foreign nodes (``graph.foreign_nodes``: a CuPy kernel, a
+memset launched straight on the capturing stream) and recorded non-kernel nodes (``graph.other_nodes``:
+memcpys, conditionals) are read once, and a buffer one of them holds an address in cannot be bound
+away from its captured address (:class:`~rawgraph.errors.ForeignNodeError`): that node would go on
+using the old buffer. A node whose parameters the driver does not give back (a conditional's body on
+driver 580) cannot be checked: the manager warns (:class:`~rawgraph.errors.RawgraphWarning`) and
+binds.
 
 A replay after ``bind`` reads the new array where it lies. The manager keeps each array it bound
 alive until the replays that may read it have finished (an event recorded on each stream used),
@@ -43,14 +46,26 @@ from .stream import Event, Stream, as_stream
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 
 
-def foreign_holders(graph: Graph, spans: dict[str, tuple[int, int]]) -> tuple[dict[str, list[str]], list[str]]:
-    """Which foreign nodes of ``graph`` hold an address in each span, and which cannot be read.
+def _span(start: int, width: int, height: int, planes: int, pitch: int, slice_height: int) -> int:
+    """Bytes from ``start`` to the end of the last row a pitched copy or memset touches."""
+    height, planes = max(height, 1), max(planes, 1)
+    if pitch <= 0 or (height == 1 and planes == 1):
+        return max(width, 1)
+    rows = (planes - 1) * max(slice_height, height) + (height - 1)
+    return rows * pitch + max(width, 1)
 
-    A kernel node holds an address when an 8-byte-aligned word of its parameter bytes
+
+def foreign_holders(graph: Graph, spans: dict[str, tuple[int, int]]) -> tuple[dict[str, list[str]], list[str]]:
+    """Which nodes the manager does not update hold an address in each span, and which of them
+    cannot be read.
+
+    Those nodes are ``graph.foreign_nodes`` (work the capture did not record) and the recorded
+    non-kernel nodes ``graph.other_nodes``, child graphs and conditional bodies read through. A
+    kernel node holds an address when an 8-byte-aligned word of its parameter bytes
     (``cuGraphKernelNodeGetParams``, all of them: a struct can carry a pointer too) lies in the
-    span; a memcpy or memset node when the memory it touches overlaps it. Child graphs are read
-    through. A kernel whose parameters, or a conditional whose bodies, the driver does not give
-    back is listed as unreadable.
+    span; a memcpy or memset node when the bytes from its first to its last touched byte (every
+    row, at its pitch) overlap it. A kernel whose parameters, or a conditional whose bodies, the driver does not give back is
+    listed as unreadable.
 
     Parameters
     ----------
@@ -60,35 +75,40 @@ def foreign_holders(graph: Graph, spans: dict[str, tuple[int, int]]) -> tuple[di
     Returns
     -------
     holders : dict of name -> list of str
-        Only names some foreign node points into; each entry describes the node.
+        Only names some such node points into; each entry describes the node.
     unreadable : list of str
     """
-    foreign = {int(f.handle) for f in graph.foreign_nodes}
-    if not foreign:
+    kinds = {int(f.handle): "foreign" for f in graph.foreign_nodes}
+    kinds.update({int(h): "recorded" for h, _kind, _detail in getattr(graph, "other_nodes", ())})
+    if not kinds:
         return {}, []
-    top = [info for info in read_graph(graph) if info.id in foreign]
     holders: dict[str, list[str]] = {}
     unreadable: list[str] = []
 
     def overlaps(start: int, nbytes: int, lo: int, size: int) -> bool:
-        return start < lo + size and lo < start + max(nbytes, 1)
+        return start < lo + size and lo < start + nbytes
 
-    for info in walk(top):
-        where = f"foreign node {info.index} ({info.kind}{' ' + info.name if isinstance(info, KernelInfo) else ''})"
-        for name, (lo, size) in spans.items():
-            if isinstance(info, KernelInfo):
-                hit = info.params is not None and bool(scan_words(info.params, None, lo, lo + size))
-            elif isinstance(info, MemcpyInfo):
-                hit = any(kind in ("device", "unified") and overlaps(addr, info.nbytes, lo, size)
-                          for addr, kind in ((info.src, info.src_type), (info.dst, info.dst_type)))
-            elif isinstance(info, MemsetInfo):
-                hit = overlaps(info.dst, info.nbytes, lo, size)
-            else:
-                hit = False
-            if hit:
-                holders.setdefault(name, []).append(where)
-        if (isinstance(info, KernelInfo) and info.params is None) or (isinstance(info, ConditionalInfo) and info.error):
-            unreadable.append(where)
+    for top in (info for info in read_graph(graph) if info.id in kinds):
+        for info in walk([top]):
+            label = f"{info.kind}{' ' + info.name if isinstance(info, KernelInfo) else ''}"
+            where = f"{kinds[top.id]} node {info.index} ({label})"
+            for name, (lo, size) in spans.items():
+                if isinstance(info, KernelInfo):
+                    hit = info.params is not None and bool(scan_words(info.params, None, lo, lo + size))
+                elif isinstance(info, MemcpyInfo):
+                    hit = any(kind in ("device", "unified")
+                              and overlaps(addr, _span(addr, info.width, info.height, info.planes, pitch, rows), lo, size)
+                              for addr, kind, pitch, rows in ((info.src, info.src_type, info.src_pitch, info.src_height),
+                                                              (info.dst, info.dst_type, info.dst_pitch, info.dst_height)))
+                elif isinstance(info, MemsetInfo):
+                    width = info.width * max(info.element_size, 1)
+                    hit = overlaps(info.dst, _span(info.dst, width, info.height, 1, info.pitch, 0), lo, size)
+                else:
+                    hit = False
+                if hit:
+                    holders.setdefault(name, []).append(where)
+            if (isinstance(info, KernelInfo) and info.params is None) or (isinstance(info, ConditionalInfo) and info.error):
+                unreadable.append(where)
     return holders, unreadable
 
 
@@ -194,7 +214,7 @@ class ExecUpdateManager:
         self._bound_obj = {name: plan.buffers[name].owner for name in names}
         self._roles = {name: {r for _, _, r in self.bindings[name]} for name in names}
         self._pin_epoch = -1
-        self._pin_foreign(graph)
+        self._pin_foreign(*foreign_holders(graph, self._bound_ptr))
         self._write_names = [n for n in names if "write" in self._roles[n]]
         # Per-node persistent arguments (copies: binding never disturbs the eager plan) and the
         # CUDA_KERNEL_NODE_PARAMS pointing at them, built once.
@@ -246,9 +266,8 @@ class ExecUpdateManager:
         self._alive = (exec._finalizer, graph._finalizer)
         self._closed = False
 
-    def _pin_foreign(self, graph: Graph) -> None:
-        """Read the foreign nodes once: a name one of them points into is pinned to its address."""
-        holders, unreadable = foreign_holders(graph, self._bound_ptr)
+    def _pin_foreign(self, holders: dict[str, list[str]], unreadable: list[str]) -> None:
+        """Pin each name a node the manager does not update points into (``foreign_holders``)."""
         self._pin_epoch += 1
         self._pinned = {name: (self._bound_ptr[name][0], where) for name, where in holders.items()}
         if unreadable:
@@ -723,12 +742,14 @@ class ExecUpdateManager:
         """
         if len(graph.nodes) != len(self.graph.nodes):
             raise ValueError("graph has a different number of nodes")
-        for i, node in enumerate(graph.nodes):
-            self._args[i]._storage[:] = np.frombuffer(node.captured_args, dtype=np.uint64)
-        self._node_now = {n: None for n in self._node_now}
         plan = graph.plan
         if plan is None:
             raise ValueError("graph has no launch plan; capture it with capture_plan")
+        # Everything that can fail (reading the new graph's other nodes) before anything changes.
+        pins = foreign_holders(graph, {name: (plan.buffers[name].ptr, plan.buffers[name].nbytes) for name in self.bindings})
+        for i, node in enumerate(graph.nodes):
+            self._args[i]._storage[:] = np.frombuffer(node.captured_args, dtype=np.uint64)
+        self._node_now = {n: None for n in self._node_now}
         for name in self.bindings:
             view = plan.buffers[name]
             self._bound_ptr[name] = (view.ptr, view.nbytes)
@@ -738,7 +759,7 @@ class ExecUpdateManager:
         self._keep_graph = graph  # its plan owns the buffers now bound
         # The exec's foreign nodes now hold this graph's values: pin again, and forget arrays
         # checked against the old pins.
-        self._pin_foreign(graph)
+        self._pin_foreign(*pins)
         for cache in self._checked.values():
             cache.clear()
         self._cache.clear()

@@ -174,6 +174,8 @@ class MemcpyInfo(NodeInfo):
     planes: int = 0
     src_pitch: int = 0
     dst_pitch: int = 0
+    src_height: int = 0  # rows per 2-D slice of each side (srcHeight / dstHeight), for 3-D copies
+    dst_height: int = 0
     src_array: int = 0
     dst_array: int = 0
 
@@ -395,6 +397,7 @@ def _memcpy(base: dict, node: Any) -> MemcpyInfo:
     return MemcpyInfo(**base, src=start("src", st), dst=start("dst", dt), src_type=st, dst_type=dt,
                       width=int(p.WidthInBytes), height=int(p.Height), planes=int(p.Depth),
                       src_pitch=int(p.srcPitch), dst_pitch=int(p.dstPitch),
+                      src_height=int(p.srcHeight), dst_height=int(p.dstHeight),
                       src_array=_int(p.srcArray), dst_array=_int(p.dstArray))
 
 

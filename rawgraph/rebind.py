@@ -282,7 +282,7 @@ class Binding:
     kernels: dict[int, np.ndarray]
     memory: dict[int, dict[str, int]]
     moves: tuple[tuple[int, int, int], ...]  # (old base, size, new base) relative to the captured graph
-    owner: int = 0  # id() of the rebinder that prepared it: its node ids name that rebinder's exec
+    owner: object = None  # the token of the rebinder that prepared it: its node ids name that rebinder's exec
     blobs: dict[int, bytes] = field(init=False, repr=False)  # kernels' words as bytes, what apply pushes
 
     nodes: frozenset = field(init=False, repr=False)  # every node it names
@@ -330,6 +330,7 @@ class AddressRebinder:
         self.memory: dict[int, _MemState] = {}
         self.unreadable: list[KernelInfo] = []
         self.pushes = 0  # SetParams calls made (kernel and memory nodes)
+        self._token = object()  # names this rebinder in its Bindings (an id() can be reused)
         self._dirty: set[int] = set()  # nodes whose exec values differ from the captured ones
         self._last_alloc: tuple[int, int] | None = None  # allocation of the last range checked
         for info in self.nodes:
@@ -541,13 +542,13 @@ class AddressRebinder:
                                   f"nothing to rebind")
             self._warn_interior(lo, size, alloc, values)
             done.append((lo, size, nb))
-        return Binding(kernels, memory, tuple(done), id(self))
+        return Binding(kernels, memory, tuple(done), self._token)
 
     def apply(self, binding: Binding) -> None:
         """Write a prepared binding into the exec: its nodes get its values, nodes an earlier
         rebind changed and this binding does not name go back to their captured values; only
         nodes whose values change are pushed."""
-        if binding.owner != id(self):
+        if binding.owner is not self._token:
             raise RebindError("this binding was prepared by another AddressRebinder: its node ids and captured "
                               "values belong to that rebinder's graph and exec")
         self._push(binding.kernels, binding.memory, restore_others=True, blobs=binding.blobs, named=binding.nodes)
@@ -572,6 +573,9 @@ class AddressRebinder:
         ``cuGraphExecKernelNodeSetParams``, unless the exec holds exactly these bytes already."""
         if blob == st.held:
             return
+        if len(blob) != len(st.held):  # a binding not made by prepare(): never write past the buffer
+            raise RebindError(f"node {st.info.index} ({st.info.name}): {len(blob)} parameter bytes given, its layout "
+                              f"holds {len(st.held)}")
         _memmove(st.address, blob, len(blob))
         (err,) = driver.cuGraphExecKernelNodeSetParams(self._exec_handle, st.handle, st.params)
         if err != _SUCCESS:

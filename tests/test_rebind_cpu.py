@@ -436,3 +436,45 @@ def test_foreign_holders_finds_struct_words_and_overlapping_memsets(fake_graph):
     assert unreadable == []
     graph.foreign_nodes = []
     assert foreign_holders(graph, spans) == ({}, [])
+
+
+def test_holders_follow_the_pitch_and_include_recorded_non_kernel_nodes(fake_graph, monkeypatch):
+    """A memset of 3 rows of 64 bytes, 1 KB apart, reaches 2 KB + 64 past its start, not just its
+    first 192 bytes; the range between its first and last byte counts (pitch gaps included: a
+    buffer there is pinned, which is safe, where missing one would not be). The manager updates no
+    memset it recorded either (``other_nodes``), so such a node pins what it touches like a
+    foreign one."""
+    from types import SimpleNamespace
+
+    from cuda.bindings import driver as d
+
+    from rawgraph.manager import foreign_holders
+
+    out = fake_graph["out"]
+
+    def pitched(node):
+        p = d.CUDA_MEMSET_NODE_PARAMS()
+        p.dst, p.value, p.elementSize, p.width, p.height, p.pitch = out, 0, 4, 16, 3, 1024
+        return d.CUresult.CUDA_SUCCESS, p
+
+    monkeypatch.setattr(d, "cuGraphMemsetNodeGetParams", pitched)
+    graph = SimpleNamespace(handle=0x1, foreign_nodes=[], other_nodes=[(d.CUgraphNode(0xA3), "memset", None)])
+    spans = {"row3": (out + 2048 + 60, 4), "gap": (out + 64, 960), "after": (out + 2048 + 64, 64)}
+    holders, unreadable = foreign_holders(graph, spans)
+    assert holders == {"row3": ["recorded node 2 (memset)"], "gap": ["recorded node 2 (memset)"]}
+    assert unreadable == []
+
+
+def test_a_binding_with_the_wrong_byte_count_is_refused_before_any_write(fake_graph):
+    import numpy as np
+
+    from rawgraph.rebind import AddressRebinder, Binding
+
+    reb = AddressRebinder(0x1, 0x2, device=_FakeDevice())
+    before = reb.held(0xA1)
+    forged = Binding({0xA1: np.zeros(2, np.uint64)}, {}, (), reb._token)
+    with pytest.raises(RebindError, match="16 parameter bytes given"):
+        reb.apply(forged)
+    assert reb.held(0xA1) == before and reb.pushes == 0 and fake_graph["pushed"] == []
+    with pytest.raises(RebindError, match="another AddressRebinder"):
+        reb.apply(Binding({}, {}, ()))
