@@ -39,77 +39,10 @@ from .graph import Graph, GraphExec
 from .launch import ARG_DTYPES, KernelArgs
 from . import resource as _resource
 from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
-from .nodes import ConditionalInfo, KernelInfo, MemcpyInfo, MemsetInfo, read_graph, walk
-from .rebind import scan_words
+from .rebind import foreign_holders
 from .stream import Event, Stream, as_stream
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
-
-
-def _span(start: int, width: int, height: int, planes: int, pitch: int, slice_height: int) -> int:
-    """Bytes from ``start`` to the end of the last row a pitched copy or memset touches."""
-    height, planes = max(height, 1), max(planes, 1)
-    if pitch <= 0 or (height == 1 and planes == 1):
-        return max(width, 1)
-    rows = (planes - 1) * max(slice_height, height) + (height - 1)
-    return rows * pitch + max(width, 1)
-
-
-def foreign_holders(graph: Graph, spans: dict[str, tuple[int, int]]) -> tuple[dict[str, list[str]], list[str]]:
-    """Which nodes the manager does not update hold an address in each span, and which of them
-    cannot be read.
-
-    Those nodes are ``graph.foreign_nodes`` (work the capture did not record) and the recorded
-    non-kernel nodes ``graph.other_nodes``, child graphs and conditional bodies read through. A
-    kernel node holds an address when an 8-byte-aligned word of its parameter bytes
-    (``cuGraphKernelNodeGetParams``, all of them: a struct can carry a pointer too) lies in the
-    span; a memcpy or memset node when the bytes from its first to its last touched byte (every
-    row, at its pitch) overlap it. A kernel whose parameters, or a conditional whose bodies, the driver does not give back is
-    listed as unreadable.
-
-    Parameters
-    ----------
-    graph : Graph
-    spans : dict of name -> (ptr, nbytes)
-
-    Returns
-    -------
-    holders : dict of name -> list of str
-        Only names some such node points into; each entry describes the node.
-    unreadable : list of str
-    """
-    kinds = {int(f.handle): "foreign" for f in graph.foreign_nodes}
-    kinds.update({int(h): "recorded" for h, _kind, _detail in getattr(graph, "other_nodes", ())})
-    if not kinds:
-        return {}, []
-    holders: dict[str, list[str]] = {}
-    unreadable: list[str] = []
-
-    def overlaps(start: int, nbytes: int, lo: int, size: int) -> bool:
-        return start < lo + size and lo < start + nbytes
-
-    for top in (info for info in read_graph(graph) if info.id in kinds):
-        for info in walk([top]):
-            label = f"{info.kind}{' ' + info.name if isinstance(info, KernelInfo) else ''}"
-            where = f"{kinds[top.id]} node {info.index} ({label})"
-            for name, (lo, size) in spans.items():
-                if isinstance(info, KernelInfo):
-                    hit = info.params is not None and bool(scan_words(info.params, None, lo, lo + size))
-                elif isinstance(info, MemcpyInfo):
-                    hit = any(kind in ("device", "unified")
-                              and overlaps(addr, _span(addr, info.width, info.height, info.planes, pitch, rows), lo, size)
-                              for addr, kind, pitch, rows in ((info.src, info.src_type, info.src_pitch, info.src_height),
-                                                              (info.dst, info.dst_type, info.dst_pitch, info.dst_height)))
-                elif isinstance(info, MemsetInfo):
-                    width = info.width * max(info.element_size, 1)
-                    hit = overlaps(info.dst, _span(info.dst, width, info.height, 1, info.pitch, 0), lo, size)
-                else:
-                    hit = False
-                if hit:
-                    holders.setdefault(name, []).append(where)
-            if (isinstance(info, KernelInfo) and info.params is None) or (isinstance(info, ConditionalInfo) and info.error):
-                unreadable.append(where)
-    return holders, unreadable
 
 
 class Binding:

@@ -424,7 +424,7 @@ def test_foreign_holders_finds_struct_words_and_overlapping_memsets(fake_graph):
     from cuda.bindings import driver as d
 
     from rawgraph.graph import ForeignNode
-    from rawgraph.manager import foreign_holders
+    from rawgraph.rebind import foreign_holders
 
     x, out, other = fake_graph["x"], fake_graph["out"], fake_graph["other"]
     graph = SimpleNamespace(handle=0x1, foreign_nodes=[ForeignNode(d.CUgraphNode(0xA1), "KERNEL", ()),
@@ -448,7 +448,7 @@ def test_holders_follow_the_pitch_and_include_recorded_non_kernel_nodes(fake_gra
 
     from cuda.bindings import driver as d
 
-    from rawgraph.manager import foreign_holders
+    from rawgraph.rebind import foreign_holders
 
     out = fake_graph["out"]
 
