@@ -156,9 +156,19 @@ class KernelCache:
 
 def _program_log(prog: nvrtc.nvrtcProgram) -> str:
     size = nvrtc_check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-    buf = b" " * size
+    buf = _out_buffer(size)
     nvrtc_check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
-    return buf.rstrip(b"\0 ").decode(errors="replace")
+    return bytes(buf).rstrip(b"\0 ").decode(errors="replace")
+
+
+def _out_buffer(size: int) -> bytearray:
+    """A fresh, writable buffer for NVRTC to fill.
+
+    Never ``bytes``: NVRTC writes into the buffer it is given, and CPython shares one object for
+    every one-byte ``bytes`` (``b" " * 1 is b" "``), so an empty log (size 1, a lone NUL) written
+    into ``b" " * 1`` would turn the interpreter's ``b" "`` into ``b"\\x00"`` for the whole process.
+    """
+    return bytearray(max(int(size), 1))
 
 
 def _check_arch(arch: str, fmt: str) -> int:
@@ -243,11 +253,11 @@ def _compile(source: str, source_name: str, arch: str, names: Sequence[str], opt
             raise NvrtcError(nvrtc.nvrtcResult(int(err)).name, "compilation failed", log, source_name)
         if fmt == "cubin":
             size = nvrtc_check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize", source_name)
-            image = b" " * size
+            image = _out_buffer(size)
             nvrtc_check(nvrtc.nvrtcGetCUBIN(prog, image), "nvrtcGetCUBIN", source_name)
         else:
             size = nvrtc_check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize", source_name)
-            image = b" " * size
+            image = _out_buffer(size)
             nvrtc_check(nvrtc.nvrtcGetPTX(prog, image), "nvrtcGetPTX", source_name)
         lowered = {}
         for expr in names:

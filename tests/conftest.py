@@ -15,8 +15,26 @@ if importlib.util.find_spec("torch") is not None:
         pass
 
 from rawgraph.device import driver_status
+from singletons import corrupted_singletons
 
 SEED_ENV = "RAWGRAPH_TEST_SEED"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the whole run if anything during it overwrote one of CPython's shared one-byte bytes or
+    one-character str objects (a C call writing into an immutable object; see tests/singletons.py):
+    every later use of that value in the process is wrong, so no green run may hide it."""
+    bad = corrupted_singletons()
+    if bad:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        text = "rawgraph: interpreter singletons changed during the run: " + "; ".join(bad[:8])
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(text, red=True, bold=True)
+        else:
+            print(text)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config, items):
