@@ -26,19 +26,93 @@ def _rel(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(got.astype(np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
+class Checker:
+    """Prints one line per check and keeps the names of the failed ones."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+
+    def verdict(self, name: str, ok: bool, detail: str = "") -> None:
+        print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
+        if not ok:
+            self.failures.append(name)
+
+    def close_to(self, name: str, got: np.ndarray, ref: np.ndarray, tol: float = 1e-5) -> None:
+        err = _rel(got, ref)
+        self.verdict(name, bool(np.all(np.isfinite(got)) and err < tol), f"rel err {err:.2e}")
+
+
+def check_count_mismatch(c: Checker, dev, s: Stream, rng: np.random.Generator, n: int = 1001) -> None:
+    """``count_mismatch`` (the soak's verdict) on arrays that differ in a random subset only: one
+    flipped bit anywhere in the word, +0 against -0 (equal floats, different bits), and the same
+    NaN on both sides (equal bits, unequal floats). The count accumulates onto a nonzero start,
+    and equal arrays add nothing."""
+    ah = rng.standard_normal(n, dtype=np.float32)
+    a_bits = ah.view(np.uint32)
+    b_bits = a_bits.copy()
+    pos = rng.permutation(n)
+    flipped, zeros, nans = pos[: n // 3], pos[n // 3: n // 3 + 5], pos[n // 3 + 5: n // 3 + 14]
+    b_bits[flipped] ^= (np.uint32(1) << rng.integers(0, 32, size=flipped.size).astype(np.uint32))
+    a_bits[zeros], b_bits[zeros] = 0x00000000, 0x80000000
+    a_bits[nans] = b_bits[nans] = POISON_BITS
+    want = int(np.count_nonzero(a_bits != b_bits))
+    assert want == flipped.size + zeros.size  # the host side of the check
+    start = int(rng.integers(1, 1 << 40))
+    bufs = {"a": DeviceBuffer.from_numpy(a_bits.view(np.float32), stream=s),
+            "b": DeviceBuffer.from_numpy(b_bits.view(np.float32), stream=s),
+            "count": DeviceBuffer.from_numpy(np.array([start], np.uint64), stream=s)}
+    views = {k: v.view() for k, v in bufs.items()}
+    differ = ops.count_mismatch(dev, views, "a", "b", "count")
+    same = ops.count_mismatch(dev, views, "a", "a", "count")
+    counts = []
+    for launch in (differ, same, differ):
+        launch(s)
+        counts.append(int(bufs["count"].to_numpy(s)[0]) - start)
+    c.verdict(f"count_mismatch n{n}", counts == [want, want, 2 * want], f"{counts} past the start (expected "
+              f"{[want, want, 2 * want]})")
+    for b in bufs.values():
+        b.close()
+
+
+def check_philox(c: Checker, dev, s: Stream, rng: np.random.Generator, n: int = 1003) -> None:
+    """Raw numbers, uniforms and dropout against the NumPy reference of the seed and offset the
+    host asked for (never the state read back, which a state write that corrupts it would also
+    give), first from the constructor's state, then after a ``set_state``."""
+    seed, offset = int(rng.integers(1 << 62)), 3
+    gen = PhiloxGenerator(seed, s, offset=offset)
+    raw, uni = DeviceBuffer(n, np.uint32), DeviceBuffer(n)
+    xh = rng.standard_normal(n, dtype=np.float32) + np.float32(3.0)
+    bufs = {"x": DeviceBuffer.from_numpy(xh, stream=s), "y": DeviceBuffer(n)}
+    launches = (gen.draw(raw), gen.draw(uni, "uniform", skip=1000),
+                gen.dropout({k: b.view() for k, b in bufs.items()}, "x", "y", 0.3, skip=2000))
+    for when in ("constructor", "set_state"):
+        if when == "set_state":
+            seed, offset = int(rng.integers(1 << 63)) * 2 + 1, int(rng.integers(1 << 40))
+            gen.set_state(seed, s, offset)
+        for buf in (raw, uni, bufs["y"]):
+            buf.poison(s)
+        for launch in launches:
+            launch(s)
+        state = gen.get_state(s)
+        c.verdict(f"philox state after {when}", state == (seed, offset), f"device {state}, host {(seed, offset)}")
+        c.verdict(f"philox_draw uint32 n{n} ({when})", bool(np.array_equal(raw.to_numpy(s), reference_numbers(seed, offset, n))))
+        c.close_to(f"philox_draw uniform n{n} ({when})", uni.to_numpy(s),
+                   uniform24(reference_numbers(seed, offset + 1000, n)).astype(np.float64))
+        keep = reference_keep(seed, offset + 2000, n, 0.3)
+        _threshold, scale = dropout_constants(0.3)
+        c.close_to(f"philox_dropout n{n} ({when})", bufs["y"].to_numpy(s),
+                   np.where(keep, xh.astype(np.float64) * np.float32(scale), 0.0))
+    gen.close()
+
+
 def main() -> int:
     dev = get_device()
     rng = np.random.default_rng(20261203)
     s = Stream()
     sm = dev.info.multiprocessors
-    failures = []
-
-    def check(name: str, got: np.ndarray, ref: np.ndarray, tol: float = 1e-5) -> None:
-        err = _rel(got, ref)
-        ok = np.all(np.isfinite(got)) and err < tol
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: rel err {err:.2e}", flush=True)
-        if not ok:
-            failures.append(name)
+    c = Checker()
+    failures = c.failures
+    check = c.close_to
 
     def matmul_case(name, batch, k, n, epilogue, shape=None):
         xh, wh, rh = (rng.standard_normal(sh, dtype=np.float32) for sh in ((batch, k), (k, n), (batch, n)))
@@ -70,22 +144,20 @@ def main() -> int:
         ops.block(dev, {k: v.view() for k, v in bufs.items()}, "x", "W1", "W2", "y", cluster=cluster)(s)
         x64 = xh.astype(np.float64)
         check(f"block b{batch} w{width} cluster {cluster}", bufs["y"].to_numpy(s), np.maximum(x64 @ w1h, 0) @ w2h + x64)
-    # elementwise, the mismatch counter, the spin kernel
+    # elementwise, the spin kernel, the mismatch counter
     n = 1001
     ah, bh = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
     bufs = {"a": DeviceBuffer.from_numpy(ah, stream=s), "b": DeviceBuffer.from_numpy(bh, stream=s), "y": DeviceBuffer(n),
-            "z": DeviceBuffer(n), "count": DeviceBuffer.from_numpy(np.zeros(1, np.uint64), stream=s)}
+            "z": DeviceBuffer(n)}
     views = {k: v.view() for k, v in bufs.items()}
-    plan = LaunchPlan([ops.spin(dev, 1000), ops.relu(dev, views, "a", "y"), ops.add(dev, views, "a", "b", "z"),
-                       ops.count_mismatch(dev, views, "y", "z", "count")], views, (), ())
+    bufs["y"].poison(s)
+    bufs["z"].poison(s)
+    plan = LaunchPlan([ops.spin(dev, 1000), ops.relu(dev, views, "a", "y"), ops.add(dev, views, "a", "b", "z")],
+                      views, (), ())
     plan.run(s)
     check("relu", bufs["y"].to_numpy(s), np.maximum(ah, 0).astype(np.float64))
     check("add", bufs["z"].to_numpy(s), ah.astype(np.float64) + bh)
-    want = int(np.count_nonzero(np.maximum(ah, 0).view(np.uint32) != (ah + bh).view(np.uint32)))
-    got = int(bufs["count"].to_numpy(s)[0])
-    print(f"{'ok  ' if got == want else 'FAIL'} count_mismatch: {got} (expected {want})")
-    if got != want:
-        failures.append("count_mismatch")
+    check_count_mismatch(c, dev, s, rng)
     # row routing inside the matmuls (the slot pool's fused gather): row m of x, r and y is row
     # table[m] of a larger state; every other row of y must keep its poison
     def routed_case(name, batch, k, shape_fn):
@@ -141,26 +213,7 @@ def main() -> int:
         check(f"{launches[2].kernel.name} r{rows} w{width}", bufs["g2"].to_numpy(s), sh[table].astype(np.float64))
         check(f"{launches[3].kernel.name} r{rows} w{width}", bufs["sc2"].to_numpy(s), scattered)
     # Philox: raw numbers and uniforms against the NumPy reference, dropout with the same mask
-    gen = PhiloxGenerator(int(rng.integers(1 << 62)), s, offset=3)
-    n = 1003
-    raw, uni = DeviceBuffer(n, np.uint32), DeviceBuffer(n)
-    xh = rng.standard_normal(n, dtype=np.float32) + np.float32(3.0)
-    bufs = {"x": DeviceBuffer.from_numpy(xh, stream=s), "y": DeviceBuffer(n)}
-    for launch in (gen.draw(raw), gen.draw(uni, "uniform", skip=1000),
-                   gen.dropout({k: b.view() for k, b in bufs.items()}, "x", "y", 0.3, skip=2000)):
-        launch(s)
-    seed, offset = gen.get_state(s)
-    want = reference_numbers(seed, offset, n)
-    got_raw = raw.to_numpy(s)
-    ok = np.array_equal(got_raw, want)
-    print(f"{'ok  ' if ok else 'FAIL'} philox_draw uint32 n{n}", flush=True)
-    if not ok:
-        failures.append("philox_draw")
-    check(f"philox_draw uniform n{n}", uni.to_numpy(s), uniform24(reference_numbers(seed, offset + 1000, n)).astype(np.float64))
-    keep = reference_keep(seed, offset + 2000, n, 0.3)
-    _threshold, scale = dropout_constants(0.3)
-    check(f"philox_dropout n{n}", bufs["y"].to_numpy(s), np.where(keep, xh.astype(np.float64) * np.float32(scale), 0.0))
-    gen.close()
+    check_philox(c, dev, s, rng)
     # a captured block of every form, replayed: graph launch paths under the tools too
     for form, width, batch in (("unfused", 33, 3), ("fused", 260, 5), ("block", 132, 2)):
         model = TinyBlock(width, batch, 2, seed=7, form=form)

@@ -3,7 +3,9 @@
 1. ``replays``: 1,000,000 replays of one exec, each with its input and output re-bound at random
    among 9 inputs (DeviceBuffer, CuPy, torch) and 4 outputs (two DeviceBuffers, CuPy, torch),
    the output poisoned before and checked after every replay, on the device and in stream order
-   (``count_mismatch`` against that input's expected output, bit for bit).
+   (``count_mismatch`` against that input's expected output, bit for bit). The expected outputs
+   (eager runs of the same kernels) and each output's last replay are checked against float64
+   NumPy, and the mismatch counter is first seen to count a known number of changed elements.
 2. ``cycles``: 10,000 capture / instantiate / launch / destroy cycles; device memory
    (``cuMemGetInfo``) and resident set size before and after.
 3. ``threads``: 8 threads capturing in thread-local mode at once, over and over, while 2 other
@@ -40,6 +42,7 @@ from rawgraph import (CaptureMode, DeviceBuffer, ExecUpdateManager, Stream, Tiny
                       get_device, ops)
 from rawgraph.bench.provenance import environment
 from rawgraph.capture import Capture
+from rawgraph.model import reference_forward
 
 
 def rss_bytes() -> int:
@@ -48,6 +51,46 @@ def rss_bytes() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+FLOAT64_TOL = 1e-5
+
+
+def rel_err64(got: np.ndarray, ref: np.ndarray) -> float:
+    """Relative error against a float64 reference (inf for a non-finite output)."""
+    got = np.asarray(got, dtype=np.float64)
+    if not np.all(np.isfinite(got)):
+        return float("inf")
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def host_copy(array, s: Stream) -> np.ndarray:
+    """A host copy of a DeviceBuffer, CuPy array or torch tensor written by work on ``s``."""
+    if isinstance(array, DeviceBuffer):
+        return array.to_numpy(s)
+    s.synchronize()
+    if isinstance(array, cp.ndarray):
+        return cp.asnumpy(array)
+    return array.detach().cpu().numpy()
+
+
+def checker_counts(dev, s: Stream, rng: np.random.Generator, expected: DeviceBuffer) -> dict:
+    """The replays' verdict rests on ``count_mismatch``: before relying on it, make it compare a copy
+    of ``expected`` with a random subset of its elements changed by one bit, and require exactly that
+    many (a counter that counts every element, or none, fails here)."""
+    good = expected.to_numpy(s)
+    bits = good.view(np.uint32).copy()
+    changed = rng.choice(bits.size, size=int(rng.integers(1, bits.size // 2)), replace=False)
+    flat = bits.reshape(-1)
+    flat[changed] ^= np.uint32(1) << rng.integers(0, 23, size=changed.size).astype(np.uint32)
+    probe = DeviceBuffer.from_numpy(bits.view(np.float32), stream=s)
+    count = DeviceBuffer.from_numpy(np.zeros(1, np.uint64), stream=s)
+    ops.count_mismatch(dev, {"a": probe.view(), "b": expected.view(), "count": count.view()}, "a", "b", "count")(s)
+    ops.count_mismatch(dev, {"a": expected.view(), "b": expected.view(), "count": count.view()}, "a", "b", "count")(s)
+    counted = int(count.to_numpy(s)[0])
+    probe.close()
+    count.close()
+    return {"counted": counted, "expected": int(changed.size)}
 
 
 def replays(steps: int, seed: int) -> dict:
@@ -78,13 +121,19 @@ def replays(steps: int, seed: int) -> dict:
     cp.cuda.Device().synchronize()
     if torch is not None:
         torch.cuda.synchronize()
-    # expected outputs from eager runs of the same kernels
+    # expected outputs from eager runs of the same kernels, each checked against float64 NumPy
+    # (a kernel wrong in eager and replay alike would otherwise give zero mismatches)
+    weights = model.weights_numpy(s)
+    refs = [reference_forward(h, weights) for h in hosts]
     expected = []
     for h in hosts:
         e = DeviceBuffer(shape)
+        e.poison(s)
         model.forward(DeviceBuffer.from_numpy(h, stream=s), e, s)
         expected.append(e)
     s.synchronize()
+    eager_err = max(rel_err64(e.to_numpy(s), r) for e, r in zip(expected, refs))
+    checker = checker_counts(dev, s, rng, expected[0])
     count = DeviceBuffer.from_numpy(np.zeros(1, np.uint64), stream=s)
     graph = capture_plan(model.plan(DeviceBuffer(shape), DeviceBuffer(shape)), s)
     mgr = ExecUpdateManager(graph, graph.instantiate())
@@ -112,9 +161,22 @@ def replays(steps: int, seed: int) -> dict:
     s.synchronize()
     wall = time.perf_counter() - t0
     mismatches = int(count.to_numpy(s)[0])
+    # and each output's last replay, read back, against float64 NumPy of the input it was given
+    last_in = {int(j): int(i) for i, j in zip(ins, ots)}
+    replay_err = max(rel_err64(host_copy(outs[j], s), refs[i]) for j, i in last_in.items())
     mgr.close()
     return {"steps": steps, "inputs": kinds_in, "outputs": kinds_out, "mismatched_elements": mismatches,
-            "driver_updates": mgr.update_calls, "wall_s": wall, "us_per_step": wall / steps * 1e6, "seed": seed}
+            "eager_vs_float64": eager_err, "replays_vs_float64": replay_err, "float64_tol": FLOAT64_TOL,
+            "checker": checker, "driver_updates": mgr.update_calls, "wall_s": wall,
+            "us_per_step": wall / steps * 1e6, "seed": seed}
+
+
+def replays_ok(r: dict) -> bool:
+    """The replays verdict: no mismatched element, eager and the last replays within the float64
+    tolerance, and a mismatch counter seen to count exactly."""
+    return (r.get("mismatched_elements") == 0 and r.get("eager_vs_float64", 1.0) < FLOAT64_TOL
+            and r.get("replays_vs_float64", 1.0) < FLOAT64_TOL
+            and bool(r.get("checker")) and r["checker"]["counted"] == r["checker"]["expected"])
 
 
 def cycles(n: int) -> dict:
@@ -163,8 +225,12 @@ def threads(n_capture: int, rounds: int, seed: int) -> dict:
             xh = rng.standard_normal((2, 64), dtype=np.float32)
             x, out = DeviceBuffer.from_numpy(xh, stream=s), DeviceBuffer((2, 64))
             ref = DeviceBuffer((2, 64))
+            ref.poison(s)
             models[i].forward(x, ref, s)
             want = ref.to_numpy(s)
+            err = rel_err64(want, models[i].reference(xh, s))
+            if not err < FLOAT64_TOL:  # the bits every replay must equal are checked in float64 first
+                raise AssertionError(f"eager result off the float64 reference by {err:.2e}")
             plan = models[i].plan(x, out)
             for _ in range(rounds):
                 with Capture(s, CaptureMode.THREAD_LOCAL) as cap:
@@ -228,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             result[name] = {"error": f"{type(exc).__name__}: {exc}"}
         print(f"{name}: {json.dumps(result[name])} ({time.perf_counter() - t0:.0f} s)", flush=True)
     r, c, t = result["replays"], result["cycles"], result["threads"]
-    ok = (r.get("mismatched_elements") == 0 and c.get("device_growth_bytes") == 0
+    ok = (replays_ok(r) and c.get("device_growth_bytes") == 0
           and c.get("rss_growth_bytes", 1 << 40) < 10 << 20 and t.get("mismatched_replays") == 0 and not t.get("errors"))
     result["passed"] = bool(ok)
     out = Path(args.out)

@@ -16,6 +16,24 @@ The driver copies every node's parameters when the node is added: a kernel node'
 copy, and the built graph therefore keeps alive: the device buffers the nodes point at (through
 the launch plan or the launches), events of event nodes, and the Python callables of host nodes.
 
+A host node's function pointer is a ctypes thunk, and the driver calls it when a replay reaches the
+node, even a replay queued before its exec was destroyed (``cuGraphExecDestroy`` lets queued
+launches finish). So an exec of a built graph holding host nodes keeps their callbacks past its
+own destruction: its release first records a fence on every stream it was launched on
+(``cuEventRecord``), and the callbacks are held until that fence has fired
+(:func:`hold_for_replays`, :func:`collect_held`). Destroying the builder, the graph and the exec
+with a replay queued is therefore safe, as it is for any exec.
+
+Driver structs
+--------------
+Every struct handed to the driver is filled by one helper here (:func:`memcpy_params`,
+:func:`memset_params`, :func:`host_params`, :func:`mem_alloc_params`, :func:`kernel_params`,
+:func:`edge_data`) that sets every field the binding exposes, zero where unused; reserved bytes the
+binding does not expose are zero because cuda-bindings allocates its structs zeroed
+(tests/test_builder_cpu.py reads every byte back). Output structs are held while a field is read:
+a cuda-bindings field such as ``CUDA_MEM_ALLOC_NODE_PARAMS.dptr`` is a view into its struct that
+does not keep the struct alive (see :func:`allocation_address`).
+
 Clone rules
 -----------
 ``cuGraphClone`` refuses graphs holding memory allocation/free nodes (documented for
@@ -27,17 +45,22 @@ child graphs. Both are refused here first, with the reason.
 from __future__ import annotations
 
 import ctypes
+import threading
 import traceback
+import warnings
+import weakref
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from cuda.bindings import driver
 
+from . import _capturing
 from .device import Device, get_device
-from .errors import RawgraphError, call
+from .errors import ClosedError, RawgraphError, ReleaseWarning, call
 from .graph import Graph, GraphExec, KernelNode
 from .launch import Launch, LaunchPlan
 from .memory import DeviceArray, DeviceBuffer, HostBuffer
+from .resource import release, shutting_down
 from .stream import Event
 
 NODE_T = driver.CUgraphNodeType
@@ -89,13 +112,17 @@ DepSpec = Any  # a Dep, a (Dep, "default" | "programmatic") pair, or an iterable
 
 
 class HostCallback:
-    """A Python callable made into a host node's ``CUhostFn`` (kept alive by the graph).
+    """A Python callable made into a host node's ``CUhostFn``.
 
     The driver calls it on one of its own threads when a replay reaches the node; the ctypes
     thunk takes the GIL first, so a replay waits for whatever Python is doing. It must make no CUDA
     call (the driver may return ``CUDA_ERROR_NOT_PERMITTED`` or deadlock) and must not wait for
     GPU work. An exception cannot cross into the driver: it is kept in :attr:`errors` (with its
     traceback text) and the replay goes on.
+
+    Lifetime: the built graph keeps it (``graph.keep``), every exec keeps its graph, and an exec
+    destroyed with replays queued keeps it until those replays have run (:func:`hold_for_replays`):
+    the thunk's memory is what the driver calls.
     """
 
     def __init__(self, fn: Callable[[], Any]):
@@ -124,6 +151,244 @@ def _ptr(obj: Any, what: str) -> int:
             raise ValueError(f"{what}: address must be positive, got {obj}")
         return obj
     raise TypeError(f"{what}: expected a DeviceBuffer, HostBuffer, DeviceArray or an address, got {type(obj).__name__}")
+
+
+# -- driver structs: every field set ------------------------------------------------------------
+# cuda-bindings allocates a struct zeroed (its reserved bytes too); these helpers still set every
+# field the binding exposes, so no field reaches the driver with a value nobody chose.
+_MT = driver.CUmemorytype
+
+
+def memcpy_params(dst: int, dst_is_host: bool, src: int, src_is_host: bool, nbytes: int) -> Any:
+    """A ``CUDA_MEMCPY3D`` for a 1D copy of ``nbytes`` (for ``cuGraphAddMemcpyNode``).
+
+    Every field is set: the unused pointer of each side (host or device), the array, the offsets
+    (``XInBytes``, ``Y``, ``Z``, ``LOD``) zero; pitch ``nbytes`` and heights 1.
+    """
+    p = driver.CUDA_MEMCPY3D()
+    for side, ptr, host in (("src", src, src_is_host), ("dst", dst, dst_is_host)):
+        setattr(p, f"{side}XInBytes", 0)
+        setattr(p, f"{side}Y", 0)
+        setattr(p, f"{side}Z", 0)
+        setattr(p, f"{side}LOD", 0)
+        setattr(p, f"{side}MemoryType", _MT.CU_MEMORYTYPE_HOST if host else _MT.CU_MEMORYTYPE_DEVICE)
+        setattr(p, f"{side}Host", int(ptr) if host else 0)
+        setattr(p, f"{side}Device", 0 if host else int(ptr))
+        setattr(p, f"{side}Array", 0)
+        setattr(p, f"{side}Pitch", int(nbytes))
+        setattr(p, f"{side}Height", 1)
+    p.WidthInBytes, p.Height, p.Depth = int(nbytes), 1, 1
+    return p
+
+
+def memset_params(dst: int, value: int, element_size: int, count: int) -> Any:
+    """A ``CUDA_MEMSET_NODE_PARAMS`` filling ``count`` elements in one row (``cuGraphAddMemsetNode``)."""
+    p = driver.CUDA_MEMSET_NODE_PARAMS()
+    p.dst = int(dst)
+    p.value = int(value)
+    p.elementSize = int(element_size)
+    p.width = int(count)
+    p.height = 1
+    p.pitch = int(count) * int(element_size)  # one row: the driver ignores it, set anyway
+    return p
+
+
+def host_params(address: int) -> Any:
+    """A ``CUDA_HOST_NODE_PARAMS`` calling the function at ``address`` with null user data."""
+    p = driver.CUDA_HOST_NODE_PARAMS()
+    p.fn = driver.CUhostFn(int(address))
+    p.userData = 0
+    return p
+
+
+def mem_alloc_params(nbytes: int, ordinal: int) -> Any:
+    """A ``CUDA_MEM_ALLOC_NODE_PARAMS`` for ``nbytes`` of pinned memory on device ``ordinal``
+    (``cuGraphAddMemAllocNode``).
+
+    Every pool property is set (handle types none: graph memory cannot be exported; no Win32
+    attributes, default maximum size, no usage flags, no RDMA hint); no access descriptors (the
+    allocating device has access); ``dptr`` zero until the driver writes the address. The
+    location's ``localized`` member shares a union with ``id`` and is therefore not written.
+    """
+    p = driver.CUDA_MEM_ALLOC_NODE_PARAMS()
+    pp = p.poolProps
+    pp.allocType = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    pp.handleTypes = driver.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
+    pp.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    pp.location.id = int(ordinal)
+    pp.win32SecurityAttributes = 0
+    pp.maxSize = 0
+    pp.usage = 0
+    pp.gpuDirectRDMACapable = 0
+    p.accessDescs = []
+    p.accessDescCount = 0
+    p.bytesize = int(nbytes)
+    p.dptr = 0
+    return p
+
+
+def kernel_params(launch: Launch) -> Any:
+    """``launch.node_params()`` with the fields it leaves to their zero default set explicitly:
+    no ``extra`` (arguments go through ``kernelParams``), no ``CUkernel`` (``func`` names the
+    function), ``ctx`` null (the current context, which the builder made current)."""
+    p = launch.node_params()
+    p.extra = 0
+    p.kern = 0
+    p.ctx = 0
+    return p
+
+
+def edge_data(kind: str) -> Any:
+    """A ``CUgraphEdgeData``: ``default`` (from the default port) or ``programmatic`` (from the
+    programmatic port: a PDL edge), ``to_port`` 0."""
+    if kind not in EDGE_KINDS:
+        raise ValueError(f"edge kind must be one of {EDGE_KINDS}, got {kind!r}")
+    d = driver.CUgraphEdgeData()
+    if kind == "programmatic":
+        d.type, d.from_port = DEP_PROGRAMMATIC, PORT_PROGRAMMATIC
+    else:
+        d.type, d.from_port = DEP_DEFAULT, PORT_DEFAULT
+    d.to_port = 0
+    return d
+
+
+def allocation_address(node: Any) -> int:
+    """The address a memory allocation node hands out (``cuGraphMemAllocNodeGetParams``).
+
+    The returned struct is held while ``dptr`` is read: cuda-bindings' ``dptr`` is a view into the
+    struct's memory that does not keep the struct alive, so ``int(call(...).dptr)`` reads freed
+    memory. With the default allocator that memory happens to still hold the address; under
+    ``PYTHONMALLOC=debug`` it reads 0xDDDDDDDDDDDDDDDD, which the next ``cuGraphAddMemcpyNode`` or
+    ``cuGraphAddMemFreeNode`` refused with ``CUDA_ERROR_INVALID_VALUE`` (issue 21, item 11).
+    """
+    params = call(driver.cuGraphMemAllocNodeGetParams, node)
+    ptr = int(params.dptr)
+    del params  # only now may the struct go
+    if ptr == 0:
+        raise RawgraphError("cuGraphMemAllocNodeGetParams returned a null address")
+    return ptr
+
+
+# -- objects a queued replay calls into, held past its exec --------------------------------------
+# (fence, objects): released by collect_held once the fence has fired.
+_held: list[tuple[Any, tuple]] = []
+_held_lock = threading.Lock()
+
+
+def hold_for_replays(exe: GraphExec, objs: Iterable[Any]) -> None:
+    """Make ``exe``'s release keep ``objs`` alive until the replays it queued have run.
+
+    ``cuGraphExecDestroy`` returns at once and the driver still runs the launches queued before
+    it; those replays call into memory the driver does not own (a host node's ctypes thunk, an exec
+    a kernel device-launches). So ``exe``'s one release (``close()``, garbage collection or exit)
+    becomes: record a fence on every stream ``exe`` was launched on (``exe.streams``,
+    ``cuEventRecord``), ``cuGraphExecDestroy``, then hold ``objs`` until the fence has fired
+    (:func:`collect_held` lets them go; it runs on every later hold and every built-graph
+    instantiate). If recording the fence fails the streams are synchronized instead
+    (``cuStreamSynchronize``); if that fails too the objects are kept for good and a
+    :class:`~rawgraph.errors.ReleaseWarning` says so: a leak is safer than a call into freed
+    memory. Inside a capture the whole release waits for the capture's end, like every release.
+    At interpreter exit the streams are synchronized, so no queued replay outlives the callbacks.
+
+    Launches made around :meth:`GraphExec.launch` (a raw ``cuGraphLaunch`` on the handle) are not
+    seen and not covered.
+
+    Raises
+    ------
+    ClosedError
+        ``exe`` is closed (checked before anything changes).
+    """
+    objs = tuple(objs)
+    info = exe._finalizer.peek()
+    if info is None:
+        raise ClosedError("GraphExec is closed")
+    if not objs:
+        return
+    _obj, func, args, kwargs = info
+    if func is release and not kwargs:
+        name, fn, fnargs = args[0], args[1], tuple(args[2:])
+    else:  # not a resource.release finalizer: run it as the inner release
+        name, fn, fnargs = "GraphExec release", _call_kwargs, (func, args, kwargs)
+    exe._finalizer.detach()
+    exe._finalizer = weakref.finalize(exe, release, name, _destroy_then_hold, fn, fnargs, exe.streams,
+                                      exe.graph.device, objs)
+    collect_held()
+
+
+def _call_kwargs(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    return func(*args, **kwargs)
+
+
+def _destroy_then_hold(fn: Callable[..., Any], fnargs: tuple, streams: Any, device: Device, objs: tuple) -> Any:
+    """The release :func:`hold_for_replays` installs: fence, destroy, hold (never raises half-way)."""
+    _hold(streams, device, objs)  # first: the fence must follow every launch that was queued
+    return fn(*fnargs)
+
+
+def _hold(streams: Any, device: Device, objs: tuple) -> None:
+    if not streams:
+        return  # never launched: no replay can call into them
+    if shutting_down():
+        # Nothing will collect later; let the queued replays run while the objects still exist.
+        try:
+            streams.synchronize()
+        except Exception:  # the driver may be gone at exit: nothing more to do
+            pass
+        return
+    try:
+        fence = streams.fence(None, device)
+    except Exception as exc:
+        try:
+            streams.synchronize()
+            return
+        except Exception as exc2:
+            warnings.warn(f"rawgraph: destroying an exec: recording a fence after its replays failed ({exc}) and so "
+                          f"did waiting for them ({exc2}); {len(objs)} object(s) its replays may call stay referenced",
+                          ReleaseWarning, stacklevel=3)
+            with _held_lock:
+                _held.append((None, objs))  # never released
+            return
+    with _held_lock:
+        _held.append((fence, objs))
+    collect_held()
+
+
+def collect_held() -> int:
+    """Let go of the objects held for replays that have finished (``cuEventQuery`` on their
+    fences, ``cuEventDestroy`` of the fence events); returns how many objects are still held.
+
+    Does nothing while a capture forbids driver calls on this thread (the next call after it does
+    the work). Safe from any thread.
+    """
+    if _capturing.forbids_unsafe_calls():
+        with _held_lock:
+            return sum(len(o) for _f, o in _held)
+    done: list[tuple[Any, tuple]] = []
+    keep: list[tuple[Any, tuple]] = []
+    with _held_lock:
+        for fence, objs in _held:
+            try:
+                finished = fence is not None and bool(fence.done())
+            except Exception:  # a query failed (a sticky context error): keep them
+                finished = False
+            if finished:
+                done.append((fence, objs))
+            else:
+                keep.append((fence, objs))
+        _held[:] = keep
+        still = sum(len(o) for _f, o in keep)
+    # Outside the lock: dropping the objects may run other releases (an exec this one held).
+    for fence, _objs in done:
+        for ev in fence.owned:
+            ev.close()
+    done.clear()
+    return still
+
+
+def held_objects() -> list[Any]:
+    """Every object held now for replays of destroyed execs (for tests and reports)."""
+    with _held_lock:
+        return [o for _f, objs in _held for o in objs]
 
 
 def node_types(graph_handle: Any) -> list[Any]:
@@ -162,13 +427,30 @@ class BuiltGraph(Graph):
 
     Same API as a captured graph; additionally keeps alive what its nodes refer to but the driver
     did not copy (``keep``: launches, events, host callbacks), and records every node it holds
-    (``built_nodes``).
+    (``built_nodes``). Its kernel nodes record their dependencies (``KernelNode.deps``), so
+    :meth:`~rawgraph.graph.Graph.verify_edges` checks a built graph as it checks a captured one.
     """
 
     def __init__(self, handle: Any, nodes: list[KernelNode], device: Device):
         super().__init__(handle, nodes, device)
         self.keep: list[Any] = []
         self.built_nodes: list[Node] = []
+
+    def held_by_replays(self) -> list[Any]:
+        """What a replay of an exec of this graph calls into that the driver does not own: the
+        host callbacks, and what embedded child graphs hold (a launcher graph's device-launched
+        exec). An exec of this graph keeps them until its queued replays have run
+        (:func:`hold_for_replays`)."""
+        return _held_by(self.keep)
+
+    def instantiate(self, flags: int = 0) -> GraphExec:
+        """``cuGraphInstantiate``, the exec holding :meth:`held_by_replays` past its own
+        destruction until the replays it queued have run (see :func:`hold_for_replays`)."""
+        exe = super().instantiate(flags)
+        held = self.held_by_replays()
+        if held:
+            hold_for_replays(exe, held)
+        return exe
 
     def clone(self) -> "BuiltGraph":
         """A copy of this graph (``cuGraphClone``) with the node map re-pointed at the copy's nodes.
@@ -185,10 +467,11 @@ class BuiltGraph(Graph):
             raise RawgraphError(f"cuGraphClone refused before calling the driver: {why}")
         handle = call(driver.cuGraphClone, self.handle)
         try:
-            kernels = [KernelNode(call(driver.cuGraphNodeFindInClone, n.handle, handle), n.index, n.launch,
-                                  n.captured_args) for n in self.nodes]
-            built = [Node(call(driver.cuGraphNodeFindInClone, n.handle, handle), n.kind, n.index)
-                     for n in self.built_nodes]
+            # Every node's counterpart, so the kernel nodes' dependencies move to the copy too.
+            twin = {int(n): call(driver.cuGraphNodeFindInClone, n, handle) for n in self.all_nodes()}
+            kernels = [KernelNode(twin[int(n.handle)], n.index, n.launch, n.captured_args,
+                                  tuple(int(twin[d]) for d in n.deps)) for n in self.nodes]
+            built = [Node(twin[int(n.handle)], n.kind, n.index) for n in self.built_nodes]
         except BaseException:
             call(driver.cuGraphDestroy, handle)
             raise
@@ -290,19 +573,29 @@ class GraphBuilder:
         if pdl and not programmatic_ok:
             raise ValueError(f"a programmatic edge must end at a kernel node, not a {kind} node")
         handle = add(plain)
-        node = self._record(handle, kind)
-        for src in pdl:
-            self._programmatic_edge(src, handle)
-        return node
+        try:
+            for src in pdl:
+                self._programmatic_edge(src, handle)
+        except BaseException:
+            # Not left in the graph without its programmatic edges: a builder used on would build
+            # a graph holding a node outside its node map, unordered after its producer. (Should
+            # the destroy fail too, the node stays, as it did before this was undone.)
+            driver.cuGraphDestroyNode(handle)
+            raise
+        return self._record(handle, kind)
 
     def _programmatic_edge(self, src: Any, dst: Any) -> None:
         if call(driver.cuGraphNodeGetType, src) != NODE_T.CU_GRAPH_NODE_TYPE_KERNEL:
             raise ValueError("a programmatic edge must start at a kernel node")
-        data = driver.CUgraphEdgeData()
-        data.type = DEP_PROGRAMMATIC
-        data.from_port = PORT_PROGRAMMATIC
-        data.to_port = 0
-        call(driver.cuGraphAddDependencies, self.handle, [src], [dst], [data], 1)
+        call(driver.cuGraphAddDependencies, self.handle, [src], [dst], [edge_data("programmatic")], 1)
+
+    def _note_dep(self, src: Any, dst: Any) -> None:
+        """Record an edge added after its node: ``verify_edges`` compares kernel nodes' deps."""
+        for kn in self.kernel_nodes:
+            if int(kn.handle) == int(dst):
+                if int(src) not in kn.deps:
+                    kn.deps = kn.deps + (int(src),)
+                return
 
     # -- nodes ------------------------------------------------------------------------------
     def kernel(self, launch: Launch, deps: DepSpec = ()) -> Node:
@@ -316,12 +609,15 @@ class GraphBuilder:
         if not isinstance(launch, Launch):
             raise TypeError(f"kernel() takes a rawgraph Launch, got {type(launch).__name__}")
         _h, edges = self._deps(deps)
-        p = launch.node_params()
+        p = kernel_params(launch)
         snapshot = launch.args.snapshot()  # what the driver copies in the call below
+        # Every edge into the node, default and programmatic (``verify_edges`` compares them).
+        kn = KernelNode(None, len(self.kernel_nodes), launch, snapshot, tuple(int(h) for h, _k in edges))
         node = self._add_with_edges(
             "kernel", edges, lambda plain: call(driver.cuGraphAddKernelNode, self.handle, plain, len(plain), p),
             programmatic_ok=True)
-        self.kernel_nodes.append(KernelNode(node.handle, len(self.kernel_nodes), launch, snapshot))
+        kn.handle = node.handle
+        self.kernel_nodes.append(kn)
         self.keep.append(launch)
         return node
 
@@ -365,19 +661,8 @@ class GraphBuilder:
             if have is not None and nbytes > int(have):
                 raise ValueError(f"memcpy of {nbytes} bytes overruns {what} ({have} bytes)")
         _h, edges = self._deps(deps)
-        mt = driver.CUmemorytype
-        p = driver.CUDA_MEMCPY3D()
-        if isinstance(src, HostBuffer):
-            p.srcMemoryType, p.srcHost = mt.CU_MEMORYTYPE_HOST, _ptr(src, "src")
-        else:
-            p.srcMemoryType, p.srcDevice = mt.CU_MEMORYTYPE_DEVICE, _ptr(src, "src")
-        if isinstance(dst, HostBuffer):
-            p.dstMemoryType, p.dstHost = mt.CU_MEMORYTYPE_HOST, _ptr(dst, "dst")
-        else:
-            p.dstMemoryType, p.dstDevice = mt.CU_MEMORYTYPE_DEVICE, _ptr(dst, "dst")
-        p.WidthInBytes, p.Height, p.Depth = nbytes, 1, 1
-        p.srcPitch = p.dstPitch = nbytes
-        p.srcHeight = p.dstHeight = 1
+        p = memcpy_params(_ptr(dst, "dst"), isinstance(dst, HostBuffer), _ptr(src, "src"), isinstance(src, HostBuffer),
+                          nbytes)
         ctx = self.device.context
         self.keep.extend(o for o in (dst, src) if not isinstance(o, int))
         return self._add_with_edges(
@@ -400,13 +685,7 @@ class GraphBuilder:
         if have is not None and count * element_size > int(have):
             raise ValueError(f"memset of {count * element_size} bytes overruns dst ({have} bytes)")
         _h, edges = self._deps(deps)
-        p = driver.CUDA_MEMSET_NODE_PARAMS()
-        p.dst = _ptr(dst, "dst")
-        p.value = int(value)
-        p.elementSize = element_size
-        p.width = count
-        p.height = 1
-        p.pitch = count * element_size
+        p = memset_params(_ptr(dst, "dst"), int(value), element_size, count)
         ctx = self.device.context
         if not isinstance(dst, int):
             self.keep.append(dst)
@@ -418,16 +697,16 @@ class GraphBuilder:
 
         Limits: ``fn`` runs on a driver thread, takes the GIL (a replay waits for Python), must
         make no CUDA call and must not wait for GPU work; later nodes wait for it to return. The
-        graph (and every exec of it, which keeps the graph) keeps ``fn`` alive. Exceptions are
-        kept in the returned node's callback (``graph.keep``), see :class:`HostCallback`.
+        graph (and every exec of it, which keeps the graph) keeps ``fn`` alive, and an exec
+        destroyed with replays queued keeps it until they have run (:func:`hold_for_replays`).
+        Exceptions are kept in the returned node's callback (``graph.keep``), see
+        :class:`HostCallback`.
         """
         self._check("host")
         self._no_body("host")
         cb = fn if isinstance(fn, HostCallback) else HostCallback(fn)
         _h, edges = self._deps(deps)
-        p = driver.CUDA_HOST_NODE_PARAMS()
-        p.fn = driver.CUhostFn(cb.address)
-        p.userData = 0
+        p = host_params(cb.address)
         self.keep.append(cb)
         return self._add_with_edges(
             "host", edges, lambda plain: call(driver.cuGraphAddHostNode, self.handle, plain, len(plain), p))
@@ -492,15 +771,10 @@ class GraphBuilder:
         if nbytes <= 0:
             raise ValueError(f"allocation size must be positive, got {nbytes}")
         _h, edges = self._deps(deps)
-        p = driver.CUDA_MEM_ALLOC_NODE_PARAMS()
-        p.poolProps.allocType = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        p.poolProps.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        p.poolProps.location.id = self.device.ordinal
-        p.bytesize = nbytes
+        p = mem_alloc_params(nbytes, self.device.ordinal)
         node = self._add_with_edges(
             "mem_alloc", edges, lambda plain: call(driver.cuGraphAddMemAllocNode, self.handle, plain, len(plain), p))
-        ptr = int(call(driver.cuGraphMemAllocNodeGetParams, node.handle).dptr)
-        return node, ptr
+        return node, allocation_address(node.handle)
 
     def mem_free(self, ptr: int, deps: DepSpec = ()) -> Node:
         """Free graph memory allocated by :meth:`mem_alloc` (``cuGraphAddMemFreeNode``)."""
@@ -522,17 +796,12 @@ class GraphBuilder:
 
     @staticmethod
     def _edge_data(kind: str) -> Any:
-        d = driver.CUgraphEdgeData()
-        if kind == "programmatic":
-            d.type, d.from_port = DEP_PROGRAMMATIC, PORT_PROGRAMMATIC
-        else:
-            d.type, d.from_port = DEP_DEFAULT, PORT_DEFAULT
-        d.to_port = 0
-        return d
+        return edge_data(kind)
 
     # -- edges ------------------------------------------------------------------------------
     def depend(self, before: Dep, after: Dep, kind: str = "default") -> None:
-        """Add one edge ``before -> after`` (``cuGraphAddDependencies`` with edge data)."""
+        """Add one edge ``before -> after`` (``cuGraphAddDependencies`` with edge data); a kernel
+        node ``after`` records it among its dependencies."""
         self._check("depend")
         if kind not in EDGE_KINDS:
             raise ValueError(f"edge kind must be one of {EDGE_KINDS}, got {kind!r}")
@@ -543,7 +812,8 @@ class GraphBuilder:
                 raise ValueError("a programmatic edge must end at a kernel node")
             self._programmatic_edge(src, dst)
         else:
-            call(driver.cuGraphAddDependencies, self.handle, [src], [dst], [self._edge_data("default")], 1)
+            call(driver.cuGraphAddDependencies, self.handle, [src], [dst], [edge_data("default")], 1)
+        self._note_dep(src, dst)
 
     # -- result -----------------------------------------------------------------------------
     def build(self) -> BuiltGraph:
@@ -575,6 +845,19 @@ class GraphBuilder:
     def __exit__(self, *exc: object) -> None:
         if exc[0] is not None:
             self.close()
+
+
+def _held_by(keep: Iterable[Any]) -> list[Any]:
+    """The host callbacks in ``keep``, and what the graphs in it hold for replays."""
+    out: list[Any] = []
+    for obj in keep:
+        if isinstance(obj, HostCallback):
+            out.append(obj)
+            continue
+        more = getattr(obj, "held_by_replays", None)
+        if callable(more):
+            out.extend(more())
+    return out
 
 
 def _is_edge(t: Any) -> bool:

@@ -165,7 +165,19 @@ class Capture:
         self._open = True
         self._record = _capturing.CaptureRecord(self.stream.ptr, self.mode.name)
         _capturing.begin(self._record)
-        self._id = capture_info(self.stream.handle)[1]
+        try:
+            self._id = capture_info(self.stream.handle)[1]
+        except BaseException:
+            # No __exit__ runs for a failed __enter__: end the capture here (discarding its graph),
+            # or the stream stays capturing and every release stays deferred.
+            self._open = False
+            _capturing.end(self._record)
+            _err, handle = driver.cuStreamEndCapture(self.stream.handle)
+            if handle is not None and int(handle):
+                release("cuGraphDestroy", driver.cuGraphDestroy, handle)
+            _release_side(self._pool, self._events)
+            flush_deferred()
+            raise
         # Ends the capture if this object is collected mid-capture (refers to the stream, not self).
         self._abandon = weakref.finalize(self, _abandon_capture, self.stream, self._record, self._pool, self._events)
         return self
@@ -386,17 +398,24 @@ class Capture:
                 return False
             raise ClosedError(f"{reason}; the capture was ended and its graph discarded")
         unjoined: list[Stream] = []
+        failed: Exception | None = None
         if exc_type is None and not record.errors and self._side:
-            unjoined = self._unjoined()
+            try:
+                unjoined = self._unjoined()
+            except Exception as e:  # a query failed: the capture must still end, then fail with it
+                failed = e
         err, handle = driver.cuStreamEndCapture(self.stream.handle)
         self.end_result = error_name(err)
-        if exc_type is not None or record.errors or err != _SUCCESS:
+        if exc_type is not None or record.errors or err != _SUCCESS or failed is not None:
             if handle is not None and int(handle):
                 release("cuGraphDestroy", driver.cuGraphDestroy, handle)
         if exc_type is not None:
             _add_note(exc, f"rawgraph: the capture on {self.stream!r} was ended ({self.end_result}) "
                            "and its graph discarded; the stream is usable again")
             return False
+        if failed is not None:
+            _add_note(failed, f"rawgraph: the capture on {self.stream!r} was ended and its graph discarded")
+            raise failed
         if record.errors:
             first = record.errors[0]
             raise CaptureError(

@@ -9,10 +9,11 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 from cuda.bindings import driver
 
-from .errors import NoDeviceError, call
+from .errors import NoDeviceError, call, cuda_error
 from . import _capturing
 from .errors import CaptureRefusedError
 from .resource import release
@@ -185,20 +186,36 @@ def context_fence_allowed(what: str) -> None:
         )
 
 
-# Probes, not errors: a failing answer means "not device memory", so the raw result is read
-# (an error built here would be noted on an open capture as if the body had swallowed it).
-def pointer_device(ptr: int) -> int | None:
-    """Ordinal of the device that owns ``ptr`` (``cuPointerGetAttribute``); None for host memory."""
-    attr = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+# Probes: CUDA_ERROR_INVALID_VALUE is the driver's answer "not a CUDA pointer" (documented for
+# cuPointerGetAttribute), so the raw result is read and that code builds no error (one built here
+# would be noted on an open capture as if the body had swallowed it). Any other failure (no
+# context, a driver out of memory) is an error, raised naming the call, not taken for host memory.
+def _pointer_attribute(attr: Any, ptr: int) -> Any:
     err, value = driver.cuPointerGetAttribute(attr, ptr)
-    return int(value) if err == driver.CUresult.CUDA_SUCCESS else None
+    if err == driver.CUresult.CUDA_SUCCESS:
+        return value
+    if err == driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+        return None
+    raise cuda_error(err, "cuPointerGetAttribute")
+
+
+def pointer_device(ptr: int) -> int | None:
+    """Ordinal of the device that owns ``ptr`` (``cuPointerGetAttribute``); None for host memory.
+
+    Raises
+    ------
+    CudaError
+        The driver failed otherwise than by not knowing the pointer.
+    """
+    value = _pointer_attribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
+    return None if value is None else int(value)
 
 
 def pointer_is_device_memory(ptr: int) -> bool:
-    """True for device (or managed) memory, False for host or unknown memory."""
-    attr = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-    err, kind = driver.cuPointerGetAttribute(attr, ptr)
-    if err != driver.CUresult.CUDA_SUCCESS:
+    """True for device (or managed) memory, False for host or unknown memory (raises
+    :class:`~rawgraph.errors.CudaError` as :func:`pointer_device` does)."""
+    kind = _pointer_attribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr)
+    if kind is None:
         return False
     return int(kind) in (
         int(driver.CUmemorytype.CU_MEMORYTYPE_DEVICE),

@@ -17,7 +17,7 @@ from .device import Device
 from .errors import ClosedError, GraphUpdateError, RawgraphError, call, cuda_error
 from .launch import ARG_DTYPES, KernelArgs, Launch, LaunchPlan
 from .resource import Resource
-from .stream import stream_handle
+from .stream import Stream, StreamSet, as_stream, stream_handle
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _KERNEL = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
@@ -236,11 +236,15 @@ class GraphExec(Resource):
         graph.device.activate()
         self.handle = call(driver.cuGraphInstantiate, graph.handle, self.flags)
         self._own(driver.cuGraphExecDestroy, self.handle)
+        # Every stream a launch named: what holders of memory its replays read wait for.
+        self.streams = StreamSet()
 
     def launch(self, stream: Any) -> None:
         """``cuGraphLaunch`` on any stream of the graph's context (any stream-like object).
 
-        The exec may be closed while launches are queued: the driver finishes them first.
+        The exec may be closed while launches are queued: the driver finishes them first. The
+        stream is noted in :attr:`streams`, so an update manager or rebinder over this exec keeps
+        the arrays a queued replay reads alive until it has run, whoever launched it.
 
         Raises
         ------
@@ -249,9 +253,13 @@ class GraphExec(Resource):
         """
         if not self._finalizer.alive:
             raise ClosedError("GraphExec is closed")
-        (err,) = driver.cuGraphLaunch(self.handle, stream_handle(stream))
+        s = stream if isinstance(stream, Stream) else as_stream(stream)
+        if not s._finalizer.alive:
+            raise ClosedError("Stream is closed")
+        (err,) = driver.cuGraphLaunch(self.handle, s.handle)
         if err != _SUCCESS:
             raise cuda_error(err, "cuGraphLaunch")
+        self.streams.note(s)
 
     def upload(self, stream: Any) -> None:
         """``cuGraphUpload``: move the exec's launch setup to the device ahead of the first launch."""

@@ -23,6 +23,8 @@ and the check is one ``cuEventQuery``).
 from __future__ import annotations
 
 import ctypes
+import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -31,11 +33,12 @@ from cuda.bindings import driver
 from . import ops
 from . import resource as _resource
 from .capture import Capture
-from .errors import ClosedError, LayoutError, call
+from .errors import ClosedError, LayoutError, ReleaseWarning, call
 from .graph import Graph, GraphExec
 from .launch import LaunchPlan
 from .memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array, check_array
 from .model import TinyBlock
+from .keepalive import KeepAlive
 from .stream import Event, Stream, as_stream
 
 TABLE_PLACES = ("device", "mapped")
@@ -145,11 +148,13 @@ class IndirectGraph:
         self.exec.upload(s)
         s.synchronize()
         self._bound: tuple = (x, out)
-        self._pending: list[tuple] = []  # replaced pairs a queued replay may still read
+        # Replaced pairs a queued replay may still read, held until the streams the exec was
+        # launched on (exec.streams, whoever launched) have run past those replays.
+        self._keep = KeepAlive(self.exec.streams, self.device, batch=64)
         self._launched = False
-        self._streams: dict[int, Stream] = {}
         self._closed = False
         self._checked_at = -1
+        self._lock = threading.Lock()  # apply: the wait, the two stores and the keep-alive together
 
     # -- binding ---------------------------------------------------------------------------------
     def _check(self, name: str, array: Any) -> DeviceArray:
@@ -181,30 +186,27 @@ class IndirectGraph:
             self._check_usable()
             if not binding._still_open():
                 raise ClosedError("an array of this binding was closed after it was prepared")
-        if self._launched and not self._read.query():
-            self._read.synchronize()  # the host-memory rule: a queued replay has not read it yet
-        vx, vo = self._views
-        vx.value, vo.value = binding.ptrs
-        if self._bound is not binding.arrays:
-            if self._launched:
-                self._pending.append(self._bound)
-                if len(self._pending) >= 64:
-                    self._collect()
-            self._bound = binding.arrays
+        with self._lock:
+            if self._closed:
+                raise ClosedError("IndirectGraph is closed")
+            if self._launched and not self._read.query():
+                self._read.synchronize()  # the host-memory rule: a queued replay has not read it yet
+            vx, vo = self._views
+            vx.value, vo.value = binding.ptrs
+            if self._bound is not binding.arrays:
+                # The table holds the new pair now: say so before retiring the old one, which
+                # may fail (a fence not recorded) and keeps it held either way.
+                old, self._bound = self._bound, binding.arrays
+                self._keep.retire(old)
 
     def bind(self, x: Any, out: Any) -> None:
         """:meth:`prepare` + :meth:`apply` in one call (validates every time)."""
         self.apply(self.prepare(x, out))
 
-    def _collect(self) -> None:
-        # The event fires when a replay has read the table, not when its kernels are done with
-        # the arrays: wait for the work queued so far before letting the old arrays go.
-        self._sync_streams()
-        self._pending.clear()
-
-    def _sync_streams(self) -> None:
-        for s in self._streams.values():
-            s.synchronize()
+    @property
+    def retained(self) -> list:
+        """Replaced (x, out) pairs held for replays that may still read them."""
+        return self._keep.retained
 
     # -- replay ----------------------------------------------------------------------------------
     def launch(self, stream: Any) -> None:
@@ -212,11 +214,8 @@ class IndirectGraph:
         if self._closed or self._checked_at != _resource.release_count:
             self._check_usable()
             self._checked_at = _resource.release_count
-        s = stream if isinstance(stream, Stream) else as_stream(stream)
-        self.exec.launch(s)
+        self.exec.launch(stream)  # notes the stream in exec.streams
         self._launched = True
-        if s.ptr not in self._streams:
-            self._streams[s.ptr] = s
 
     replay = launch
 
@@ -232,14 +231,22 @@ class IndirectGraph:
             raise ClosedError("the graph or exec of this IndirectGraph is closed")
 
     def close(self) -> None:
-        """Wait for queued replays, release the exec, graph, tables and event; safe twice."""
-        if self._closed:
-            return
-        self._closed = True
+        """Wait for queued replays (every stream the exec was launched on, a closed one through its
+        tail event), then release the exec, graph, tables and event; safe twice.
+
+        Never stops half-way: if a wait fails, the failure is reported as a
+        :class:`~rawgraph.errors.ReleaseWarning` and everything is still released."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         if self._launched:
-            self._read.synchronize()
-            self._sync_streams()
-        self._pending.clear()
+            try:
+                self.exec.streams.synchronize()
+            except Exception as exc:
+                warnings.warn(f"rawgraph: IndirectGraph.close: waiting for queued replays failed ({exc})",
+                              ReleaseWarning, stacklevel=2)
+        self._keep.close()
         for obj in (self.exec, self.graph, self._read, self._dev, self._host):
             if obj is not None:
                 obj.close()

@@ -17,7 +17,7 @@ from cuda.bindings import driver
 
 from .compiler import DEFAULT_OPTIONS, CompiledImage, KernelCache, compile_source
 from .device import Device, get_device
-from .errors import call
+from .errors import call, cuda_error
 from .resource import Resource
 
 KERNEL_DIR_ENV = "RAWGRAPH_KERNEL_DIR"
@@ -81,7 +81,9 @@ class Module(Resource):
         self._own(driver.cuModuleUnload, self.handle)
 
     def function(self, symbol: str) -> driver.CUfunction:
-        """``cuModuleGetFunction``; with lazy loading this is also where the kernel gets loaded."""
+        """``cuModuleGetFunction``; with lazy loading this is also where the kernel gets loaded.
+        Raises :class:`~rawgraph.errors.ClosedError` (before the driver is called) after ``close()``."""
+        self._check_open()
         return call(driver.cuModuleGetFunction, self.handle, symbol.encode())
 
 
@@ -108,11 +110,16 @@ class Kernel:
         self.max_dynamic_smem = int(call(driver.cuFuncGetAttribute, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.handle))
         # Cluster dimensions compiled in with __cluster_dims__ (0 = none): a grid must be a
         # multiple of them, which exec updates check before the driver would refuse.
-        # (Read raw: devices without clusters may refuse the attribute, which means none.)
+        # (Read raw: devices without clusters may refuse the attribute, CUDA_ERROR_INVALID_VALUE
+        # or ..._NOT_SUPPORTED, which means none. Any other failure raises: this kernel is cached
+        # for the process, and dims taken as 0 by mistake would group it with unclustered ones.)
         dims = []
         for a in (attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT,
                   attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH):
             err, value = driver.cuFuncGetAttribute(a, self.handle)
+            if err not in (driver.CUresult.CUDA_SUCCESS, driver.CUresult.CUDA_ERROR_INVALID_VALUE,
+                           driver.CUresult.CUDA_ERROR_NOT_SUPPORTED):
+                raise cuda_error(err, "cuFuncGetAttribute")
             dims.append(int(value) if err == driver.CUresult.CUDA_SUCCESS else 0)
         self.cluster_dims: tuple[int, int, int] = (dims[0], dims[1], dims[2])
 

@@ -232,7 +232,8 @@ class Launch:
             f, gx, gy, gz, bx, by, bz, sm, a = self.packed()
             (err,) = driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, h, a, 0)
         if err != _SUCCESS:
-            raise cuda_error(err, f"cuLaunchKernel({self.kernel.name})")
+            # Name the call that failed: a PDL launch goes through cuLaunchKernelEx.
+            raise cuda_error(err, f"{'cuLaunchKernelEx' if self.pdl else 'cuLaunchKernel'}({self.kernel.name})")
 
     def describe(self) -> str:
         bound = ", ".join(f"{a}={u.buffer}" for a, u in self.uses.items())
@@ -309,7 +310,7 @@ class LaunchPlan:
                 cfg.hStream = h  # the config is shared with Launch.__call__: always set it
                 (err,) = launch_ex(cfg, f, a, 0)
             if err != _SUCCESS:
-                raise cuda_error(err, "cuLaunchKernel")
+                raise cuda_error(err, "cuLaunchKernel" if cfg is None else "cuLaunchKernelEx")
 
     def uses_of(self, buffer: str) -> list[tuple[int, str, str]]:
         """``(launch index, argument, role)`` for every argument pointing at ``buffer``."""

@@ -27,6 +27,8 @@ reads it.
 from __future__ import annotations
 
 import ctypes
+import functools
+import threading
 import warnings
 import weakref
 from typing import Any, Sequence
@@ -40,9 +42,22 @@ from .launch import ARG_DTYPES, KernelArgs
 from . import resource as _resource
 from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from .rebind import foreign_holders
-from .stream import Event, Stream, as_stream
+from .keepalive import KeepAlive
+from .stream import Stream, as_stream
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
+
+
+def _locked(method: Any) -> Any:
+    """Run ``method`` holding the manager's lock: the shadow parameters, the bound pointers and the
+    exec change together, so two threads binding at once cannot leave them disagreeing."""
+
+    @functools.wraps(method)
+    def locked(self: "ExecUpdateManager", *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 class Binding:
@@ -122,6 +137,14 @@ class ExecUpdateManager:
         name -> list of (node index, argument name, role).
     update_calls : int
         How many ``cuGraphExecKernelNodeSetParams`` calls were made.
+
+    Notes
+    -----
+    Threads: every call that changes the bindings (``bind``, ``bind_many``, ``prepare``,
+    ``apply``, ``set_params``, a scalar setter, ``adopt``, ``close``) holds one lock, so calls from
+    several threads run one after another and the shadow parameters always equal what the exec
+    holds. ``launch`` takes no lock: which bindings a replay sees when another thread binds at the
+    same moment is the caller's ordering to choose.
     """
 
     def __init__(self, graph: Graph, exec: GraphExec, names: Sequence[str] | None = None):
@@ -188,11 +211,13 @@ class ExecUpdateManager:
         # name -> {id(array): (weakref, ptr, nbytes, owner finalizer or None)}
         self._checked: dict[str, dict[int, tuple]] = {name: {} for name in names}
         self.update_calls = 0
-        self._streams: dict[int, Stream] = {}
-        self._pending: list[Any] = []
-        self._retired: list[tuple[list[Event], list[Any]]] = []
-        self._events: list[Event] = []
         self._device = graph.device
+        # The streams the exec was launched on (by this manager or anyone else: GraphExec.launch
+        # notes them) and the arrays replaced while replays on them may still be queued.
+        self._streams = exec.streams
+        self._keep = KeepAlive(exec.streams, graph.device, self._BATCH)
+        # One thread at a time changes the shadow parameters and the exec (see _locked).
+        self._lock = threading.RLock()
         # Liveness of what a driver call here names: the exec (its handle) and the graph (its node
         # handles). A destroyed handle can be reused by the next exec, so a call on it could rewrite
         # another graph's parameters: every entry point checks these first.
@@ -254,6 +279,7 @@ class ExecUpdateManager:
         cache[id(array)] = (ref, view.ptr, view.nbytes, alive)
         return view.ptr, view.nbytes
 
+    @_locked
     def bind(self, name: str, array: Any) -> int:
         """Point every node argument bound to ``name`` at ``array``; returns driver updates made.
 
@@ -307,6 +333,7 @@ class ExecUpdateManager:
                 if wp < ptr + nbytes and ptr < wp + wn:
                     raise LayoutError(f"{wname} (written) overlaps {name}")
 
+    @_locked
     def bind_many(self, arrays: dict[str, Any]) -> int:
         """Bind several names at once, all validated before anything changes.
 
@@ -339,6 +366,7 @@ class ExecUpdateManager:
             self._check_overlap_with(binding)
         return self._apply(binding, values)
 
+    @_locked
     def prepare(self, arrays: dict[str, Any]) -> Binding:
         """Validate a set of arrays once and return it as a :class:`Binding` for :meth:`apply`.
 
@@ -354,6 +382,7 @@ class ExecUpdateManager:
         binding.checked_at = _resource.release_count
         return binding
 
+    @_locked
     def apply(self, binding: Binding) -> int:
         """Bind a :class:`Binding` from :meth:`prepare` (``cuGraphExecKernelNodeSetParams`` per
         node whose slots hold other pointers); returns the pushes made.
@@ -471,14 +500,13 @@ class ExecUpdateManager:
         self._bound_ptr.update(binding.entries)
         bound_obj = self._bound_obj
         if self._streams:  # replayed: a replaced array may still be read by queued replays
-            pending = self._pending
+            replaced = []
             for name, obj in zip(binding.names, values):
                 old = bound_obj[name]
                 if old is not obj:
-                    pending.append(old)
-                    bound_obj[name] = obj
-            if len(pending) >= self._BATCH:
-                self.collect()
+                    bound_obj[name] = obj  # first: the exec holds it now, whatever retiring does
+                    replaced.append(old)
+            self._retire_all(replaced)
         else:
             bound_obj.update(zip(binding.names, values))
         return len(changed)
@@ -502,6 +530,7 @@ class ExecUpdateManager:
                     raise LayoutError(f"{wname} (written) overlaps {rname}")
 
     # -- scalars and launch shape ---------------------------------------------------------
+    @_locked
     def set_params(self, node: int, grid: tuple[int, ...] | None = None, **scalars: int | float) -> int:
         """Change a node's scalar arguments and/or grid in the exec (``cuGraphExecKernelNodeSetParams``).
 
@@ -586,19 +615,22 @@ class ExecUpdateManager:
         setparams = driver.cuGraphExecKernelNodeSetParams
         alive = self._alive
 
+        lock = self._lock
+
         def setter(value: int | float) -> int:
-            if self._closed or not (alive[0].alive and alive[1].alive):
-                self._check_usable()
-            if view[0] == value:
-                return 0
-            old = view[0].item()
-            view[0] = value
-            (err,) = setparams(self.exec.handle, handle, params)
-            if err != _SUCCESS:
-                view[0] = old
-                raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
-            self.update_calls += 1
-            return 1
+            with lock:
+                if self._closed or not (alive[0].alive and alive[1].alive):
+                    self._check_usable()
+                if view[0] == value:
+                    return 0
+                old = view[0].item()
+                view[0] = value
+                (err,) = setparams(self.exec.handle, handle, params)
+                if err != _SUCCESS:
+                    view[0] = old
+                    raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
+                self.update_calls += 1
+                return 1
 
         return setter
 
@@ -616,14 +648,7 @@ class ExecUpdateManager:
         if self._closed or self._checked_at != _resource.release_count:
             self._check_usable()
             self._checked_at = _resource.release_count
-        if isinstance(stream, Stream):
-            self.exec.launch(stream)
-            if stream.ptr not in self._streams:
-                self._streams[stream.ptr] = stream
-            return
-        s = as_stream(stream)
-        self.exec.launch(s)
-        self._streams.setdefault(s.ptr, s)
+        self.exec.launch(stream)  # notes the stream in exec.streams
 
     replay = launch
 
@@ -634,39 +659,36 @@ class ExecUpdateManager:
     _BATCH = 32
 
     def _retire(self, old: Any) -> None:
-        if not self._streams:
-            return  # never replayed while bound: nothing can still read it
-        self._pending.append(old)
-        if len(self._pending) >= self._BATCH:
-            self.collect()
+        self._keep.retire(old)  # nothing held when the exec was never launched
+
+    def _retire_all(self, objs: list) -> None:
+        """Retire every object, even when covering one with a fence fails (``retire`` keeps it
+        pending then); the first failure is raised once all are held: none is let go early."""
+        error: Exception | None = None
+        for old in objs:
+            try:
+                self._keep.retire(old)
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
 
     def collect(self) -> int:
-        """Cover pending arrays with an event, release those whose replays have finished.
+        """Cover retired arrays with an event per stream the exec was launched on
+        (``cuEventRecord``), release those whose replays have finished (``cuEventQuery``).
 
         Returns how many arrays are still held.
         """
-        if self._pending:
-            events = []
-            for stream in self._streams.values():
-                ev = self._events.pop() if self._events else Event(timing=False, device=self._device)
-                events.append(ev.record(stream))
-            self._retired.append((events, self._pending))
-            self._pending = []
-        keep = []
-        for events, arrays in self._retired:
-            if all(e.query() for e in events):
-                self._events.extend(events)
-            else:
-                keep.append((events, arrays))
-        self._retired = keep
-        return len(self.retained)
+        with self._lock:
+            return self._keep.collect()
 
     @property
     def retained(self) -> list[Any]:
         """Objects no longer bound but kept alive for replays that may still read them."""
-        return [a for _, arrays in self._retired for a in arrays] + list(self._pending)
+        return self._keep.retained
 
     # -- whole-graph update ---------------------------------------------------------------
+    @_locked
     def adopt(self, graph: Graph) -> None:
         """Take over the parameters of ``graph`` after ``exec.update(graph)`` succeeded.
 
@@ -683,11 +705,12 @@ class ExecUpdateManager:
         for i, node in enumerate(graph.nodes):
             self._args[i]._storage[:] = np.frombuffer(node.captured_args, dtype=np.uint64)
         self._node_now = {n: None for n in self._node_now}
+        replaced = []
         for name in self.bindings:
             view = plan.buffers[name]
             self._bound_ptr[name] = (view.ptr, view.nbytes)
             if self._bound_obj[name] is not view.owner:
-                self._retire(self._bound_obj[name])
+                replaced.append(self._bound_obj[name])
                 self._bound_obj[name] = view.owner
         self._keep_graph = graph  # its plan owns the buffers now bound
         # The exec's foreign nodes now hold this graph's values: pin again, and forget arrays
@@ -696,23 +719,20 @@ class ExecUpdateManager:
         for cache in self._checked.values():
             cache.clear()
         self._cache.clear()
+        self._retire_all(replaced)  # last: a fence that cannot be recorded leaves the adoption whole
 
     def close(self) -> None:
-        """Drop retained arrays (after waiting for their replays) and pooled events; later binds
-        and launches raise :class:`ClosedError`. Safe twice. The exec and graph are not closed."""
-        self._closed = True
-        for events, _ in self._retired:
-            for e in events:
-                e.synchronize()
-        self._retired.clear()
-        self._pending.clear()
-        for cache in self._checked.values():
-            cache.clear()
-        self._cache.clear()
-        for e in self._events:
-            e.close()
-        self._events.clear()
-        self._streams.clear()
+        """Wait for every queued replay that may read a retired array, drop them and the pooled
+        events (``cuEventRecord`` + ``cuEventSynchronize``; a stream closed since its launch is
+        waited for through its tail event); later binds and launches raise :class:`ClosedError`.
+        Safe twice; never stops half-way (a failed wait keeps the arrays and warns). The exec and
+        graph are not closed."""
+        with self._lock:
+            self._closed = True
+            self._keep.close()
+            for cache in self._checked.values():
+                cache.clear()
+            self._cache.clear()
 
     def __enter__(self) -> "ExecUpdateManager":
         return self

@@ -26,12 +26,15 @@ from typing import Any
 
 from cuda.bindings import driver
 
-from .errors import call
+from .errors import call, cuda_error
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _INVALID_VALUE = driver.CUresult.CUDA_ERROR_INVALID_VALUE
 _T = driver.CUgraphNodeType
 _MAX_PARAMS = 4096  # a kernel takes at most 32 KB of parameters; this bounds the layout loop
+# cuFuncGetParamInfo's answers meaning "no layout for this function" (read_layout degrades to None)
+_NO_LAYOUT = frozenset({driver.CUresult.CUDA_ERROR_NOT_SUPPORTED, driver.CUresult.CUDA_ERROR_INVALID_HANDLE,
+                        driver.CUresult.CUDA_ERROR_NOT_FOUND, driver.CUresult.CUDA_ERROR_NOT_PERMITTED})
 
 # CU_LAUNCH_PARAM_END / _BUFFER_POINTER / _BUFFER_SIZE: the keys of a kernel node's ``extra`` array.
 _EXTRA_END, _EXTRA_BUFFER, _EXTRA_SIZE = 0, 1, 2
@@ -299,7 +302,15 @@ def read_layout(function: Any) -> tuple[list[ParamInfo] | None, str]:
     Returns
     -------
     (layout, error)
-        ``layout`` is None (and ``error`` says why) when the call is missing or fails otherwise.
+        ``layout`` is None (and ``error`` says why) when the call is missing or the driver has no
+        layout for this function (``CUDA_ERROR_NOT_SUPPORTED``, ``..._INVALID_HANDLE``,
+        ``..._NOT_FOUND``, ``..._NOT_PERMITTED``).
+
+    Raises
+    ------
+    CudaError
+        Any other failure (out of memory, no context, a dead context): a layout read then is
+        not "unavailable", and a rebinder built on it would be blind to the node's pointers.
     """
     fn = driver.CUfunction(_int(function)) if not isinstance(function, driver.CUfunction) else function
     layout: list[ParamInfo] = []
@@ -309,16 +320,25 @@ def read_layout(function: Any) -> tuple[list[ParamInfo] | None, str]:
             return None, f"cuFuncGetParamInfo {err}"
         if err == _INVALID_VALUE:  # one past the last parameter (or no parameters at all)
             return layout, ""
-        if err != _SUCCESS:
+        if err in _NO_LAYOUT:
             return None, f"cuFuncGetParamInfo({i}): {driver.CUresult(err).name}"
+        if err != _SUCCESS:
+            raise cuda_error(err, "cuFuncGetParamInfo")
         layout.append(ParamInfo(i, int(vals[0]), int(vals[1])))
     return None, f"cuFuncGetParamInfo: more than {_MAX_PARAMS} parameters"
 
 
 def function_name(function: Any) -> str:
-    """``cuFuncGetName`` as text ("" when the driver gives none)."""
+    """``cuFuncGetName`` as text ("" when the driver has none: the call is missing, or answers
+    ``CUDA_ERROR_INVALID_VALUE`` or one of :func:`read_layout`'s "unavailable" codes). Any other
+    failure raises :class:`~rawgraph.errors.CudaError` (a kernel without its name would escape
+    name-based checks such as ``AddressRebinder(expect_layouts=...)``)."""
     err, vals = _raw(driver.cuFuncGetName, driver.CUfunction(_int(function)))
-    if err != _SUCCESS or not vals:
+    if isinstance(err, str) or err == _INVALID_VALUE or err in _NO_LAYOUT:
+        return ""
+    if err != _SUCCESS:
+        raise cuda_error(err, "cuFuncGetName")
+    if not vals:
         return ""
     name = vals[0]
     return name.decode(errors="replace") if isinstance(name, (bytes, bytearray)) else str(name)

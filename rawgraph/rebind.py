@@ -135,10 +135,14 @@ def as_range(obj: Any) -> tuple[int, int]:
 
 def allocation_of(ptr: int) -> tuple[int, int] | None:
     """``(base, size)`` of the allocation holding ``ptr`` (``cuMemGetAddressRange``), or None
-    where the driver knows none (host memory, or an address in no allocation)."""
+    where the driver knows none (host memory, or an address in no allocation: the driver's
+    ``CUDA_ERROR_NOT_FOUND`` / ``..._INVALID_VALUE``). Any other failure raises
+    :class:`~rawgraph.errors.CudaError`: taken for "no allocation", it would skip the bounds check."""
     err, base, size = driver.cuMemGetAddressRange(driver.CUdeviceptr(int(ptr)))
-    if err != _SUCCESS:
+    if err in (driver.CUresult.CUDA_ERROR_NOT_FOUND, driver.CUresult.CUDA_ERROR_INVALID_VALUE):
         return None
+    if err != _SUCCESS:
+        raise cuda_error(err, "cuMemGetAddressRange")
     return int(base), int(size)
 
 
@@ -624,16 +628,39 @@ class AddressRebinder:
               blobs: dict[int, bytes] | None = None, named: frozenset | None = None) -> None:
         if blobs is None:
             blobs = {node: words.tobytes() for node, words in kernels.items()}
+        todo: list[tuple[Any, Any]] = []  # (node state, what to give it), in push order
         if restore_others and self._dirty:
             for node in self._dirty - (named if named is not None else (blobs.keys() | memory.keys())):
                 if node in self.kernels:
-                    self._push_kernel(self.kernels[node], self.kernels[node].original_blob)
+                    todo.append((self.kernels[node], self.kernels[node].original_blob))
                 else:
-                    self._push_memory(self.memory[node], self.memory[node].original)
-        for node, blob in blobs.items():
-            self._push_kernel(self.kernels[node], blob)
-        for node, sides in memory.items():
-            self._push_memory(self.memory[node], sides)
+                    todo.append((self.memory[node], self.memory[node].original))
+        todo += [(self.kernels[node], blob) for node, blob in blobs.items()]
+        todo += [(self.memory[node], sides) for node, sides in memory.items()]
+        done: list[tuple[Any, Any]] = []  # (node state, what it held before this call)
+        try:
+            for st, value in todo:
+                if isinstance(st, _KernelState):
+                    done.append((st, st.held))
+                    self._push_kernel(st, value)
+                else:
+                    done.append((st, dict(st.current)))
+                    self._push_memory(st, value)
+        except BaseException as exc:
+            # A push refused half-way: give the nodes this call changed their old values back, so
+            # the exec runs all of its old bindings, never a mix (a node the driver refused kept
+            # its old values, and so did its copy: pushing those again is no call at all).
+            for st, before in reversed(done):
+                try:
+                    if isinstance(st, _KernelState):
+                        self._push_kernel(st, before)
+                    else:
+                        self._push_memory(st, before)
+                except Exception as again:  # that node keeps the new values; its copy says so
+                    if hasattr(exc, "add_note"):
+                        exc.add_note(f"rawgraph: putting node {st.info.index} back failed too ({again}); it holds "
+                                     "the new values")
+            raise
 
     def _push_kernel(self, st: _KernelState, blob: bytes) -> None:
         """Copy ``blob`` (the whole layout) into the node's persistent buffer and push it with

@@ -18,7 +18,7 @@ from cuda.bindings import driver
 from . import _capturing
 from .device import Device, get_device
 from .errors import ClosedError, NotOnDeviceError, ReleaseWarning, call, cuda_error, error_name
-from .resource import Resource, release
+from .resource import Resource, release, shutting_down
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _NOT_READY = driver.CUresult.CUDA_ERROR_NOT_READY
@@ -210,6 +210,25 @@ class Stream(Resource):
         """``cuStreamIsCapturing`` != NONE (an invalidated capture still counts until it ends)."""
         return self.capture_status() != _NONE
 
+    def close(self) -> None:
+        """Release the stream (``cuStreamDestroy``; nothing for a borrowed one); safe twice.
+
+        ``cuStreamDestroy`` returns at once and the driver finishes the work still queued. So that
+        holders who launched on this stream (an exec's :class:`StreamSet`, ``StreamOrder``) can
+        still wait for that work, an event is recorded first (``cuEventRecord``): :attr:`tail`.
+        If that record fails the stream is synchronized instead (``cuStreamSynchronize``), and if
+        that fails too the failure is reported as a :class:`~rawgraph.errors.ReleaseWarning`:
+        closing never stops half-way.
+        """
+        if self._finalizer.alive and self.tail is None and not _capturing.forbids_unsafe_calls():
+            self.tail = _tail_event(self)
+        self._finalizer()
+
+    tail: "Event | None" = None
+    """An event recorded by :meth:`close` after the work queued before it; None before the stream
+    is closed, and when it was closed with nothing to wait for (the record failed and the stream was
+    synchronized, or the stream was capturing)."""
+
     def __int__(self) -> int:
         return self.ptr
 
@@ -222,6 +241,146 @@ class Stream(Resource):
             kind = "non-blocking" if self.non_blocking else "blocking"
         owner = "" if self.owned else " borrowed"
         return f"<Stream {kind}{owner} 0x{self.ptr:x}{' closed' if self.closed else ''}>"
+
+
+def _tail_event(stream: Stream) -> "Event | None":
+    """The closing stream's tail event (see :meth:`Stream.close`), or None once its work is done."""
+    try:
+        err, status = driver.cuStreamIsCapturing(stream.handle)
+        if err == _SUCCESS and status != _NONE:
+            return None  # the capture is discarded with the stream: nothing of it will run
+        ev = Event(timing=False, device=stream.device)
+        try:
+            call(driver.cuEventRecord, ev.handle, stream.handle)
+        except Exception:
+            ev.close()
+            raise
+        return ev
+    except Exception as exc:  # no event: wait here instead, so holders have nothing to wait for
+        (err,) = driver.cuStreamSynchronize(stream.handle)
+        if err != _SUCCESS and not shutting_down():
+            warnings.warn(f"rawgraph: closing {stream!r}: recording its tail event failed ({exc}) and so did "
+                          f"cuStreamSynchronize ({error_name(err)}); work it queued may still be running",
+                          ReleaseWarning, stacklevel=3)
+        return None
+
+
+class StreamSet:
+    """The streams something was launched on, and a way to wait for what they queued.
+
+    An exec's replays run on whatever streams its launches named. Whoever holds memory a replay
+    reads (a bound array that was just replaced) must wait for those replays to finish before
+    letting it go. :class:`~rawgraph.graph.GraphExec` keeps one of these (``exec.streams``): every
+    :meth:`~rawgraph.graph.GraphExec.launch` notes its stream, one dict lookup.
+
+    A stream closed since its launch cannot take an event any more; its :attr:`Stream.tail` (the
+    event :meth:`Stream.close` recorded) stands for it until that event has fired.
+    """
+
+    __slots__ = ("streams", "_closed")
+
+    def __init__(self) -> None:
+        self.streams: dict[int, Stream] = {}
+        # closed streams whose handle value a newer stream took over in ``streams``
+        self._closed: list[Stream] = []
+
+    def note(self, stream: Stream) -> None:
+        """Remember ``stream`` (the hot path: one dict lookup when it is known)."""
+        known = self.streams.get(stream.ptr)
+        if known is not stream:
+            if known is not None and known.closed and known.tail is not None:
+                self._closed.append(known)  # its handle was reused: keep waiting for its tail
+            self.streams[stream.ptr] = stream
+
+    def __bool__(self) -> bool:
+        return bool(self.streams) or bool(self._closed)
+
+    def fence(self, pool: list["Event"] | None = None, device: Device | None = None) -> "Fence":
+        """Events that fire once everything queued so far on these streams has run.
+
+        Records an event (``cuEventRecord``) on each open stream, taken from ``pool`` when it holds
+        one; a closed stream contributes its tail event until that has fired, then is forgotten.
+        A failed record raises (:class:`~rawgraph.errors.CudaError`) after returning the events
+        already taken to ``pool``: nothing is left half-covered.
+        """
+        owned: list[Event] = []
+        borrowed: list[Event] = []
+        try:
+            for ptr, s in list(self.streams.items()):
+                if s.closed:
+                    if s.tail is not None and not s.tail.query():
+                        borrowed.append(s.tail)
+                    else:
+                        del self.streams[ptr]
+                    continue
+                ev = pool.pop() if pool else Event(timing=False, device=device or s.device)
+                try:
+                    ev.record(s)
+                except BaseException:
+                    if pool is not None:
+                        pool.append(ev)
+                    else:
+                        ev.close()
+                    raise
+                owned.append(ev)
+            keep = []
+            for s in self._closed:
+                if s.tail is not None and not s.tail.query():
+                    borrowed.append(s.tail)
+                    keep.append(s)
+            self._closed = keep
+        except BaseException:
+            if pool is not None:
+                pool.extend(owned)
+            else:
+                for ev in owned:
+                    ev.close()
+            raise
+        return Fence(owned, borrowed)
+
+    def synchronize(self) -> None:
+        """Block until everything queued on these streams has run (``cuStreamSynchronize`` on the
+        open ones, ``cuEventSynchronize`` on the tails of closed ones)."""
+        for ptr, s in list(self.streams.items()):
+            if s.closed:
+                if s.tail is not None:
+                    s.tail.synchronize()
+                del self.streams[ptr]
+            else:
+                s.synchronize()
+        for s in self._closed:
+            if s.tail is not None:
+                s.tail.synchronize()
+        self._closed = []
+
+    def clear(self) -> None:
+        self.streams.clear()
+        self._closed = []
+
+
+class Fence:
+    """Events covering the work queued on a :class:`StreamSet` when :meth:`StreamSet.fence` ran.
+
+    ``owned`` events were recorded for this fence (the holder recycles them); ``borrowed`` are the
+    tail events of closed streams (owned by those streams).
+    """
+
+    __slots__ = ("owned", "borrowed")
+
+    def __init__(self, owned: list["Event"], borrowed: list["Event"]):
+        self.owned, self.borrowed = owned, borrowed
+
+    def done(self) -> bool:
+        """True once every event has fired (``cuEventQuery``)."""
+        return all(e.query() for e in self.owned) and all(e.closed or e.query() for e in self.borrowed)
+
+    def synchronize(self) -> None:
+        """``cuEventSynchronize`` on every event."""
+        for e in self.owned:
+            e.synchronize()
+        for e in self.borrowed:
+            if not e.closed:
+                e.synchronize()
 
 
 def as_stream(obj: Any) -> Stream:

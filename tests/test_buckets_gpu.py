@@ -216,7 +216,7 @@ def test_graph_memory_is_reused_across_buckets_and_trimmed(model, stream, rng):
 
     # Large enough that the buckets' scratch together (86 MB) is well over the pool's 32 MiB unit.
     big = TinyBlock(1024, 1, 1, seed=3, form="fused")
-    trim_graph_memory()
+    base = trim_graph_memory()["reserved_current"]  # what other graphs still hold
     reset_high_water()
     bg = BucketGraphs(big, max_batch=256, stream=stream, scratch="graph")
     for b in bg.sizes:  # every bucket replayed, one after another on one stream
@@ -228,9 +228,14 @@ def test_graph_memory_is_reused_across_buckets_and_trimmed(model, stream, rng):
     assert mem["used_high"] >= largest, mem
     # replayed one after another on one stream, the buckets share the largest one's pages
     assert mem["reserved_high"] < total, (mem, total)
-    after = trim_graph_memory()
-    assert after["reserved_current"] <= mem["reserved_current"]
+    assert mem["reserved_current"] >= largest, mem  # the pool still holds the pages after the replays
+    # Closed (the execs and their graph allocations gone) and trimmed: the pages go back to the
+    # device. Without the trim the pool would keep them.
     bg.close()
+    stream.synchronize()
+    after = trim_graph_memory()
+    assert after["reserved_current"] < mem["reserved_current"], (after, mem)
+    assert after["reserved_current"] <= base, (after, base)  # all of this test's pages, not only some
     big.close()
 
 

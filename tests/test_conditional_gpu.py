@@ -1,15 +1,20 @@
 """Conditional nodes (rawgraph.control.conditional): each branch as the device decides, the WHILE depth loop,
 the norm early exit, and the refusals made before the driver is called."""
 
+import warnings
+
 import numpy as np
 import pytest
 from cuda.bindings import driver
 
 from helpers import random_input, rel_err
-from rawgraph import BlockWeights, Capture, DeviceBuffer, RawgraphError, Stream, TinyBlock, capture_plan
+from rawgraph import BlockWeights, Capture, DeviceBuffer, ExecUpdateManager, RawgraphError, Stream, TinyBlock, capture_plan
 from rawgraph.control import conditional as cn
 from rawgraph.builder import GraphBuilder
+from rawgraph.errors import RawgraphWarning
+from rawgraph.memory import POISON_BITS
 from rawgraph.model import reference_forward
+from rawgraph.nodes import ConditionalInfo, read_graph
 
 gpu = pytest.mark.gpu
 N = 1000
@@ -185,30 +190,83 @@ def test_conditional_refusals_before_the_driver(device, stream):
 
 
 @gpu
-def test_exec_update_leaves_conditional_graphs_alone_but_body_kernels_rebind(device, stream, rng):
-    # cuGraphExecNodeSetParams on the conditional node itself: NOT_SUPPORTED (probe); its body's
-    # kernel nodes take cuGraphExecKernelNodeSetParams.
-    xh = random_input(rng, (N,))
-    x, y = DeviceBuffer.from_numpy(xh), DeviceBuffer((N,))
-    value = DeviceBuffer.from_numpy(np.array([1], np.uint32))
+def test_exec_update_leaves_conditional_graphs_alone_but_body_kernels_rebind(device, stream, rng, count_setparams,
+                                                                             monkeypatch):
+    # rawgraph's own update path on a graph holding conditional nodes: a TinyBlock plan built node by
+    # node, then a taken IF (default 1) whose body writes z = w*a + b and an IF never taken (default 0).
+    model = TinyBlock(256, 1, 1, seed=int(rng.integers(1 << 30)), form="fused")
+    xs = [random_input(rng, (1, 256)) for _ in range(3)]
+    bufs = [DeviceBuffer.from_numpy(v, stream=stream) for v in xs]
+    out, eager = DeviceBuffer((1, 256)), DeviceBuffer((1, 256))
+    wh = random_input(rng, (N,))
+    w, z, z_eager, skipped = DeviceBuffer.from_numpy(wh, stream=stream), DeviceBuffer((N,)), DeviceBuffer((N,)), DeviceBuffer((N,))
+    a, b = float(rng.uniform(0.5, 1.5)), float(rng.uniform(-1, 1))
     g = GraphBuilder(device)
-    h = cn.make_handle(g)
-    k = g.kernel(cn.set_condition(device, h, value))
-    node = cn.add_conditional(g, "if", h, deps=k)
-    node.bodies[0].kernel(cn.axpb(device, x, y, 2.0, 0.0))
-    exe = g.build().instantiate()
-    kn = node.body_kernel_nodes(0)[0]
-    kn.launch.args["a"] = 3.0
-    p = driver.CUDA_KERNEL_NODE_PARAMS()
-    p.func = kn.launch.kernel.handle
-    p.gridDimX, p.gridDimY, p.gridDimZ = kn.launch.grid
-    p.blockDimX, p.blockDimY, p.blockDimZ = kn.launch.block
-    p.kernelParams = kn.launch.args.address
-    (err,) = driver.cuGraphExecKernelNodeSetParams(exe.handle, kn.handle, p)
+    plan = model.plan(bufs[0], out)
+    chain = g.run(plan)
+    taken = cn.add_conditional(g, "if", cn.make_handle(g, default=1), deps=chain[-1])
+    taken.bodies[0].kernel(cn.axpb(device, w, z, a, b))
+    never = cn.add_conditional(g, "if", cn.make_handle(g, default=0), deps=chain[-1])
+    never.bodies[0].kernel(cn.axpb(device, w, skipped, a, b))
+    graph = g.build()
+    exe = graph.instantiate()
+    cond_handles = {int(taken.node.handle), int(never.node.handle)}
+    body_handles = {int(kn.handle) for c in (taken, never) for kn in c.body_kernel_nodes(0)}
+    kernel_handles = {int(n.handle) for n in graph.nodes}
+    assert len(graph.nodes) == len(plan.launches) and {int(h) for h, _k, _d in graph.other_nodes} == cond_handles
+    # The manager reads the conditionals once; one whose bodies the driver does not give back
+    # (driver 580: no cuGraphNodeGetParams) brings a warning, not a refusal.
+    infos = [i for i in read_graph(graph) if isinstance(i, ConditionalInfo)]
+    assert len(infos) == 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mgr = ExecUpdateManager(graph, exe)
+    said = [c for c in caught if issubclass(c.category, RawgraphWarning) and "cannot be read" in str(c.message)]
+    assert len(said) == (1 if any(i.error for i in infos) else 0), [str(c.message) for c in caught]
+    generic = []  # any cuGraphExecNodeSetParams (the call a conditional node would need)
+    real = getattr(driver, "cuGraphExecNodeSetParams", None)
+
+    def recording(*args):
+        generic.append(args[1])
+        return real(*args)
+
+    monkeypatch.setattr(driver, "cuGraphExecNodeSetParams", recording, raising=False)
+    pushed_before = len(count_setparams)
+    cn.axpb(device, w, z_eager, a, b)(stream)
+    want_z = z_eager.to_numpy(stream)
+    prev = 0
+    for i in (2, 1, 1, 0, 2):
+        pushes = mgr.bind("x", bufs[i])
+        assert (pushes == 0) == (i == prev), f"bind x{prev} -> x{i} pushed {pushes} nodes"
+        prev = i
+        for buf in (out, z, skipped):
+            buf.poison(stream)
+        mgr.launch(stream)
+        model.forward(bufs[i], eager, stream)
+        np.testing.assert_array_equal(out.to_numpy(stream), eager.to_numpy(stream), err_msg=f"x{i}")
+        assert rel_err(out.to_numpy(stream), model.reference(xs[i])) < 1e-5, f"x{i}, seed {rng.seed_used}"
+        np.testing.assert_array_equal(z.to_numpy(stream), want_z, err_msg="the taken IF did not run its body")
+        assert rel_err(z.to_numpy(stream), wh.astype(np.float64) * a + b) < 1e-6
+        assert (skipped.to_numpy(stream).view(np.uint32) == POISON_BITS).all(), "the IF of value 0 ran its body"
+    pushed = {int(h) for h in count_setparams[pushed_before:]}
+    assert pushed and pushed <= kernel_handles, "the manager pushed a node that is not one of the plan's kernels"
+    assert not pushed & (cond_handles | body_handles) and generic == []
+    # The body's kernel node itself takes cuGraphExecKernelNodeSetParams (the driver's side; the
+    # manager does not reach into bodies): a new scale, the manager's binding untouched.
+    kn = taken.body_kernel_nodes(0)[0]
+    a2 = float(rng.uniform(1.5, 2.5))
+    kn.launch.args["a"] = a2
+    (err,) = driver.cuGraphExecKernelNodeSetParams(exe.handle, kn.handle, kn.launch.node_params())
     assert err == driver.CUresult.CUDA_SUCCESS
-    y.poison(stream)
-    exe.launch(stream)
-    np.testing.assert_array_equal(y.to_numpy(stream), xh * np.float32(3.0))
+    for buf in (out, z):
+        buf.poison(stream)
+    mgr.launch(stream)
+    cn.axpb(device, w, z_eager, a2, b)(stream)
+    np.testing.assert_array_equal(z.to_numpy(stream), z_eager.to_numpy(stream))
+    assert rel_err(z.to_numpy(stream), wh.astype(np.float64) * a2 + b) < 1e-6
+    model.forward(bufs[2], eager, stream)
+    np.testing.assert_array_equal(out.to_numpy(stream), eager.to_numpy(stream))
+    mgr.close()
 
 
 # ----------------------------------------------------------------------------- no GPU needed

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from cuda.bindings import driver
 
-from rawgraph import Capture, DeviceBuffer, Graph, LaunchPlan, capture_plan, get_kernel
+from rawgraph import Capture, DeviceBuffer, Graph, LaunchPlan, capture_plan, get_kernel, ops
 from rawgraph.bench import device_launch as bench
 from rawgraph.control import DeviceGraph, DeviceLaunchError, device_launch_problems, launcher_graph
+from rawgraph.control.device_launch import _launcher  # a second launcher node inside the launching graph
 from rawgraph.errors import call
 from rawgraph.launch import ArgUse, KernelArgs, Launch
 
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture
 def bufs(stream):
     b = {"counter": DeviceBuffer((1,), np.uint32), "snap": DeviceBuffer((1,), np.uint32),
-         "after": DeviceBuffer((1,), np.uint32), "rc": DeviceBuffer((1,), np.int32)}
+         "after": DeviceBuffer((1,), np.uint32), "tail": DeviceBuffer((1,), np.uint32),
+         "rc": DeviceBuffer((1,), np.int32)}
     yield b
     for v in b.values():
         v.close()
@@ -47,33 +49,55 @@ def _target(bufs, stream, n=3):
     return DeviceGraph(graph, stream)
 
 
+SLOW_NS = 100_000_000  # the target's spin between its two bumps
+IN_GRAPH_NS = 20_000_000  # the launching graph's spin before its own snapshot
+# (snapshot in the launching graph after its spin, snapshot by a tail launch of that graph), as
+# counts past c0. tail: the target runs after the launching graph (which sees none of it) and
+# before the later tail launch; fire_and_forget: it starts at once (its first bump lands within the
+# launching graph's spin, its second only after) and is a child of the launching graph, so the
+# graph's tail launch waits for all of it; sibling: it starts at once too, but as a child of the
+# launching graph's parent, so it does not hold back the launching graph's tail launch.
+MODE_SEES = {"tail": (0, 2), "fire_and_forget": (1, 2), "sibling": (1, 1)}
+
+
 @pytest.mark.parametrize("mode", ["tail", "fire_and_forget", "sibling"])
-def test_a_kernel_launches_the_device_graph(stream, rng, bufs, mode):
-    target = _target(bufs, stream, n=3)
-    outer = launcher_graph(target, stream, mode, after=_snapshot_plan(bufs["counter"], bufs["snap"]), rc=bufs["rc"])
+def test_a_kernel_launches_the_device_graph(stream, rng, bufs, mode, device):
+    counter = bufs["counter"]
+    bumps = bench.bump_chain(counter, 2).launches
+    slow = LaunchPlan([bumps[0], ops.spin(device, SLOW_NS), bumps[1]], {"counter": counter.view()}, (), ("counter",),
+                      pdl=False)
+    target = DeviceGraph(capture_plan(slow, stream), stream)  # bump, 100 ms, bump
+    tail_snap = DeviceGraph(capture_plan(_snapshot_plan(counter, bufs["tail"]), stream), stream)
+    # In the launching graph, after the launcher of the mode under test: a tail launch of
+    # tail_snap, 20 ms of spin, then snap = counter.
+    inner = LaunchPlan([_launcher(tail_snap, "tail", None, device), ops.spin(device, IN_GRAPH_NS),
+                        _snapshot_plan(counter, bufs["snap"]).launches[0]],
+                       {"counter": counter.view(), "snap": bufs["snap"].view()}, (), ("snap",), pdl=False)
+    outer = launcher_graph(target, stream, mode, after=inner, rc=bufs["rc"])
     exe = outer.instantiate()
-    after = _snapshot_plan(bufs["counter"], bufs["after"])  # stream-ordered after the outer graph
+    after = _snapshot_plan(counter, bufs["after"])  # stream-ordered after the outer graph
     c0 = int(rng.integers(1, 1 << 20))
-    _set(bufs["counter"], c0, stream)
+    _set(counter, c0, stream)
     _set(bufs["rc"], -2, stream)
-    bufs["snap"].poison(stream)
-    bufs["after"].poison(stream)
+    for name in ("snap", "tail", "after"):
+        bufs[name].poison(stream)
     exe.launch(stream)
     after.run(stream)
     assert _get(bufs["rc"], stream) == 0  # cudaSuccess from the device-side cudaGraphLaunch
-    assert _get(bufs["counter"], stream) == c0 + 3, f"the launched graph did not run ({mode})"
-    assert _get(bufs["after"], stream) == c0 + 3  # the stream's next work sees it finished
-    snap = _get(bufs["snap"], stream)
-    if mode == "tail":
-        assert snap == c0  # a tail launch runs after the whole launching graph
-    else:
-        assert c0 <= snap <= c0 + 3  # fire-and-forget runs beside the rest of the launching graph
-    for _ in range(10):
+    assert _get(counter, stream) == c0 + 2, f"the launched graph did not run ({mode})"
+    assert _get(bufs["after"], stream) == c0 + 2  # the stream's next work sees it finished
+    seen = (_get(bufs["snap"], stream) - c0, _get(bufs["tail"], stream) - c0)
+    assert seen == MODE_SEES[mode], (
+        f"{mode}: the launching graph saw {seen[0]} bumps, its tail launch {seen[1]}; "
+        f"expected {MODE_SEES[mode]} (tail {MODE_SEES['tail']}, fire_and_forget {MODE_SEES['fire_and_forget']}, "
+        f"sibling {MODE_SEES['sibling']})")
+    for _ in range(5):
         exe.launch(stream)
     stream.synchronize()
-    assert _get(bufs["counter"], stream) == c0 + 33
+    assert _get(counter, stream) == c0 + 12
     exe.close()
     outer.close()
+    tail_snap.close()
     target.close()
     target.close()  # safe twice
 

@@ -258,16 +258,41 @@ def test_borrowed_default_streams_launch_but_never_capture(rng):
     null = cp.cuda.Stream.null
     model = TinyBlock(64, 1, 1)
     x = cp.asarray(random_input(rng, (1, 64)))
-    out = cp.empty((1, 64), cp.float32)
+    out = cp.full((1, 64), cp.nan, dtype=cp.float32)
     plan = model.plan(x, out)
     with pytest.raises(CaptureRefusedError, match="legacy"):
         capture_plan(plan, null)
     borrowed = Stream.from_external(null)
     assert borrowed.is_legacy and not borrowed.owned
-    plan.run(null)  # eager work on the legacy stream is fine
-    null.synchronize()
+    own = Stream()
+    mine = cp.full((1, 64), cp.nan, dtype=cp.float32)
+    for k, on in enumerate((borrowed, null)):  # rawgraph's borrowed stream, then CuPy's own object
+        xh = random_input(rng, (1, 64))
+        src = cp.asarray(xh)
+        with null:
+            out.fill(cp.nan)
+            null.synchronize()
+            # 30 ms of device work on the borrowed stream, then CuPy writes x on the legacy stream,
+            # the plan runs on the borrowed stream, CuPy reads out: right only if all of it is one
+            # stream in that order.
+            ops.spin(get_device(), SPIN_NS)(on)
+            x[...] = src
+            plan.run(on)  # eager work on a default stream is fine (only capture is refused)
+            got = cp.asnumpy(out)
+        assert rel_err(got, model.reference(xh)) < 1e-5, f"launch {k} on {on!r}, seed {rng.seed_used}"
+        # the same kernels on a rawgraph stream of its own: the same bits
+        mine.fill(cp.nan)
+        null.synchronize()
+        model.plan(x, mine).run(own)
+        own.synchronize()
+        np.testing.assert_array_equal(got.view(np.uint32), cp.asnumpy(mine).view(np.uint32))
     borrowed.close()  # releases nothing: CuPy's stream still works
     null.synchronize()
+    out.fill(cp.nan)
+    plan.run(null)
+    null.synchronize()
+    assert np.isfinite(cp.asnumpy(out)).all()
+    own.close()
 
 
 def test_streams_of_another_kind_are_refused(stream):
@@ -279,3 +304,34 @@ def test_streams_of_another_kind_are_refused(stream):
         Event().record(3.5)
     with pytest.raises(TypeError, match="not a stream"):
         Event().record(True)
+
+
+# -- the soak's checks, run here in small -----------------------------------------------------------
+def _script(name):
+    """A benchmark script of this checkout, imported as a module (its checks run in-process)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"rawgraph_bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_mismatch_counter_the_soak_relies_on_counts_exactly(stream, rng):
+    sanitize = _script("sanitize_kernels")
+    checks = sanitize.Checker()
+    for n in (1001, 4096 + 7):
+        sanitize.check_count_mismatch(checks, get_device(), stream, rng, n=n)
+    assert checks.failures == [], f"{checks.failures}, seed {rng.seed_used}"
+
+
+def test_soak_replays_are_checked_against_float64(rng):
+    pytest.importorskip("cupy")
+    soak = _script("soak")
+    seed = int(rng.integers(1 << 31))
+    r = soak.replays(3000, seed)
+    assert r["checker"]["counted"] == r["checker"]["expected"] > 0, r["checker"]
+    assert r["eager_vs_float64"] < soak.FLOAT64_TOL and r["replays_vs_float64"] < soak.FLOAT64_TOL, r
+    assert r["mismatched_elements"] == 0 and soak.replays_ok(r), r

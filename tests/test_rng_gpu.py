@@ -14,7 +14,7 @@ from rawgraph.control import (
     reference_noisy_forward,
     uniform24,
 )
-from rawgraph.errors import CaptureRefusedError
+from rawgraph.errors import CaptureRefusedError, ClosedError
 
 pytestmark = pytest.mark.gpu
 
@@ -154,13 +154,45 @@ def test_dropout_block_matches_float64_reference_with_the_same_mask(stream, rng,
 def test_noisy_plan_refusals(stream):
     gen = PhiloxGenerator(3, stream)
     x, out = DeviceBuffer((2, 64)), DeviceBuffer((2, 64))
-    with pytest.raises(ValueError, match="unfused"):
+    with pytest.raises(ValueError, match="noisy_plan needs the 'unfused' form") as info:
         noisy_plan(TinyBlock(64, 2, 1, form="fused"), x, out, gen, p=0.1)
+    assert type(info.value) is ValueError
     model = TinyBlock(64, 2, 1, form="unfused")
-    for bad in (1.0, -0.5):
-        with pytest.raises(ValueError, match="p"):
+    for bad in (1.0, -0.5, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"drop probability p must be in \[0, 1\), got") as info:
             noisy_plan(model, x, out, gen, p=bad)
+        assert type(info.value) is ValueError, bad
+    with pytest.raises(ValueError, match="rounds to dropping everything") as info:
+        noisy_plan(model, x, out, gen, p=1 - 2**-26)  # under 1, but its threshold rounds to 2^24
+    assert type(info.value) is ValueError
+    for bad in (True, "0.1", None):
+        with pytest.raises(TypeError, match="p must be a float, got") as info:
+            noisy_plan(model, x, out, gen, p=bad)
+        assert type(info.value) is TypeError, bad
+    assert gen.get_state(stream) == (3, 0)  # the refusals changed nothing
     gen.close()
     gen.close()  # safe twice
-    with pytest.raises(Exception, match="closed"):
+    with pytest.raises(ClosedError, match="PhiloxGenerator is closed") as info:
         noisy_plan(model, x, out, gen, p=0.1)
+    assert type(info.value) is ClosedError
+    model.close()
+
+
+# -- the sanitizer target's Philox check, run here ---------------------------------------------------
+def _script(name):
+    """A benchmark script of this checkout, imported as a module (its checks run in-process)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"rawgraph_bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_sanitize_philox_check_uses_the_seed_the_host_set(device, stream, rng):
+    sanitize = _script("sanitize_kernels")
+    checks = sanitize.Checker()
+    sanitize.check_philox(checks, device, stream, rng)
+    assert checks.failures == [], f"{checks.failures}, seed {rng.seed_used}"

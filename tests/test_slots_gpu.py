@@ -35,9 +35,14 @@ def _trace(rng, steps, max_slots, rate=1.5, mean_len=12, max_len=40):
     return reqs
 
 
-def _drive(pool, reqs, rows, steps, slot_of=None):
+def _drive(pool, reqs, rows, steps, slot_of=None, order=None, history=None):
     """Run the trace: join at its step, one step per tick, leave after its length. Returns each
-    request's final row and how many steps it saw."""
+    request's final row and how many steps it saw.
+
+    ``slot_of(i, pool)`` picks the slot request ``i`` joins (``join(slot=...)``; the slot it gets
+    back must be that one, at the next batch position). ``order`` (a Generator) shuffles the joins
+    and leaves within each tick, so the swap-removes move requests to other batch positions;
+    ``history`` (a dict) receives each request's batch position at every step it runs in."""
     by_join: dict[int, list[int]] = {}
     for i, (t, _len) in enumerate(reqs):
         by_join.setdefault(t, []).append(i)
@@ -45,13 +50,26 @@ def _drive(pool, reqs, rows, steps, slot_of=None):
     slot, final = {}, {}
     pool.busy_steps = 0  # ticks with a live request (a step with none runs nothing)
     for t in range(steps + 1):
-        for i in leaving.pop(t, []):
+        going = leaving.pop(t, [])
+        if order is not None:
+            going = [going[k] for k in order.permutation(len(going))]
+        for i in going:
             final[i] = pool.leave(slot.pop(i))
         if t == steps:
             break
-        for i in by_join.get(t, []):
-            slot[i] = pool.join(rows[i], slot=None if slot_of is None else slot_of(i, pool))
+        coming = by_join.get(t, [])
+        if order is not None:
+            coming = [coming[k] for k in order.permutation(len(coming))]
+        for i in coming:
+            want = None if slot_of is None else slot_of(i, pool)
+            slot[i] = pool.join(rows[i], slot=want)
+            if want is not None:
+                assert slot[i] == want, f"join(slot={want}) gave slot {slot[i]}"
+                assert pool.live[-1] == want and len(pool) == len(slot)  # at the next batch position
             leaving.setdefault(t + reqs[i][1], []).append(i)
+        if history is not None:
+            for i, s in slot.items():
+                history.setdefault(i, []).append(pool._pos[s])
         pool.busy_steps += pool.step() > 0
     for i, s in slot.items():  # still alive at the end
         final[i] = pool.leave(s)
@@ -93,50 +111,83 @@ def test_results_do_not_depend_on_slot_or_batch_position(model, stream, rng):
     reqs = _trace(rng, steps, slots, rate=3.0)
     rows = [random_input(rng, (WIDTH,)) for _ in reqs]
     pool = SlotPool(model, max_slots=slots, stream=stream)
-    plain = _drive(pool, reqs, rows, steps)
+    plain_pos: dict[int, list[int]] = {}
+    plain = _drive(pool, reqs, rows, steps, history=plain_pos)
     perm = rng.permutation(slots)
 
     def scrambled(i, p):  # another free slot, picked through a fixed permutation
         free = [s for s in perm if s not in p._pos]
         return int(free[i % len(free)])
 
-    shuffled = _drive(pool, reqs, rows, steps, slot_of=scrambled)
+    shuffled_pos: dict[int, list[int]] = {}
+    shuffled = _drive(pool, reqs, rows, steps, slot_of=scrambled, order=rng, history=shuffled_pos)
+    assert len(plain) == len(shuffled) == len(reqs) > 200
+    # the second drive really put the requests elsewhere in the batch, not only in other slots
+    moved = sum(plain_pos[i] != shuffled_pos[i] for i in plain_pos)
+    assert moved > len(reqs) // 2, f"only {moved} of {len(reqs)} requests saw other batch positions"
     for i in plain:
-        np.testing.assert_array_equal(plain[i], shuffled[i], err_msg=f"request {i}")
+        np.testing.assert_array_equal(plain[i], shuffled[i], err_msg=f"request {i}, seed {rng.seed_used}")
     pool.close()
 
 
 def test_padding_slots_never_change_live_ones(model, stream, rng):
     pool = SlotPool(model, max_slots=16, sizes=[16], stream=stream)  # every step pads to 16
-    rows = [random_input(rng, (WIDTH,)) for _ in range(3)]
+    rows = [random_input(rng, (WIDTH,)) for _ in range(5)]
     slots = [pool.join(r) for r in rows]
-    scratch = pool.state.to_numpy(stream)[pool.scratch_slot]
-    assert np.isnan(scratch).all()  # padding reads NaN ...
+    gone = sorted(int(k) for k in rng.choice(5, size=2, replace=False))
+    for k in gone:  # two requests leave: their batch positions become padding again
+        np.testing.assert_array_equal(pool.leave(slots[k]), rows[k])
+    live = [(slots[k], rows[k]) for k in range(5) if k not in gone]
+    free = [i for i in range(16) if i not in {s for s, _ in live}]
+    assert len(pool) == 3 and len(free) == 13
+    # Every free slot holds a finite row of its own (as a finished request leaves behind): a step
+    # whose padding named one of them instead of the scratch slot would change it.
+    state = pool.state.to_numpy(stream)
+    state[free] = rng.standard_normal((len(free), WIDTH), dtype=np.float32)
+    pool.state.copy_from_host(state, stream)
+    before = pool.state.to_numpy(stream)
+    assert np.isnan(before[pool.scratch_slot]).all()  # padding reads NaN ...
     for _ in range(4):
         pool.step()
     w = model.weights_numpy(stream)
-    for s, r in zip(slots, rows):
+    for s, r in live:
         want = r.astype(np.float64)
         for _ in range(4):
             want = reference_forward(want[None], w)[0]
         got = pool.read(s)
         assert np.isfinite(got).all()  # ... and no live row sees it
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5, f"seed {rng.seed_used}"
-    free_rows = pool.state.to_numpy(stream)[[i for i in range(16) if i not in slots]]
-    assert np.isnan(free_rows).all()  # free slots were never written either
+    after = pool.state.to_numpy(stream)
+    changed = [i for i in free if not np.array_equal(after[i].view(np.uint32), before[i].view(np.uint32))]
+    assert not changed, f"free slots {changed} were written by padding, seed {rng.seed_used}"
     pool.close()
 
 
-def test_the_pinned_table_is_not_rewritten_under_a_queued_step(model, stream, rng):
-    pool = SlotPool(model, max_slots=8, stream=stream)
-    a, b = random_input(rng, (WIDTH,)), random_input(rng, (WIDTH,))
+@pytest.mark.parametrize("gather", ["kernels", "fused"])
+def test_the_pinned_table_is_not_rewritten_under_a_queued_step(model, stream, rng, gather):
+    # One bucket of 8: the queued step's memcpy node copies table[0:8], so the entry the join
+    # writes (table[1]) is one that step reads. The joining row is a device row: that join ends
+    # in no stream synchronize, so only the table rule makes it wait.
+    pool = SlotPool(model, max_slots=8, sizes=[8], gather=gather, stream=stream)
+    a, b, c = (random_input(rng, (WIDTH,)) for _ in range(3))
     sa = pool.join(a)
+    sc = pool.join(c)
+    np.testing.assert_array_equal(pool.leave(sc), c)  # slot sc now holds c's finite row, and is free
+    b_dev = DeviceBuffer.from_numpy(b, stream=stream)
+    state0 = pool.state.to_numpy(stream)
     ops.spin(get_device(), 200_000_000)(stream)  # the next step waits 200 ms behind this
-    pool.step()  # its table says: sa alone
+    pool.step()  # its table says: sa, then padding (the scratch slot)
     assert not pool._read.query()  # that replay has not read the table yet
     t0 = time.perf_counter()
-    sb = pool.join(b)  # must not touch the table before the queued step has read it
+    sb = pool.join(b_dev)  # must not touch the table before the queued step has read it
     waited = time.perf_counter() - t0
+    assert sb == sc and pool.live == [sa, sb]
+    if gather == "kernels":
+        # What the queued step gathered into its batch row 1: the old table names the scratch
+        # slot there; a table rewritten under it names sb, which still held c.
+        gathered = pool.x.to_numpy(stream)[1]
+        assert not np.array_equal(gathered, c), "the queued step gathered sb: it read the rewritten table"
+        np.testing.assert_array_equal(gathered.view(np.uint32), state0[pool.scratch_slot].view(np.uint32))
     pool.step()  # sa and sb
     w = model.weights_numpy(stream)
     one = lambda v: reference_forward(v[None].astype(np.float64), w)[0]  # noqa: E731
@@ -144,6 +195,7 @@ def test_the_pinned_table_is_not_rewritten_under_a_queued_step(model, stream, rn
     assert np.linalg.norm(got_a - one(one(a))) / np.linalg.norm(one(one(a))) < 1e-5, "a did not get two steps"
     assert np.linalg.norm(got_b - one(b)) / np.linalg.norm(one(b)) < 1e-5, "b ran in the step queued before it joined"
     assert waited > 0.05, f"join returned after {waited * 1e3:.1f} ms, before the queued step read the table"
+    b_dev.close()
     pool.close()
 
 
@@ -171,9 +223,11 @@ def test_bad_slot_operations_are_refused_and_change_nothing(model, stream, rng):
     with pytest.raises(ShapeError):
         pool.join(DeviceBuffer((2, WIDTH)))
     after = pool.state.to_numpy(stream)
-    np.testing.assert_array_equal(np.delete(after, slots[1], axis=0), np.delete(before, slots[1], axis=0))
-    assert len(pool) == 3 and sorted(pool.live) == sorted(s for s in slots if s != slots[1])
-    assert list(pool.table[3:]) == [pool.scratch_slot] * (len(table) - 3)
+    # every row, the left slot's and the scratch slot's included, bit for bit
+    np.testing.assert_array_equal(after.view(np.uint32), before.view(np.uint32), err_msg=f"seed {rng.seed_used}")
+    assert len(pool) == 3 and pool.live == [slots[0], slots[3], slots[2]]  # the last live slot took the leaver's place
+    assert list(pool.table) == [slots[0], slots[3], slots[2]] + [pool.scratch_slot] * (len(table) - 3)
+    assert pool.join(rows[1]) == slots[1]  # the refused joins took no slot
     pool.close()
 
 

@@ -2,7 +2,8 @@
 
 - :mod:`rawgraph.control.device_launch`: graphs instantiated for device launch
   (:class:`DeviceGraph`) and host graphs whose kernel launches them with the device runtime's
-  ``cudaGraphLaunch`` (:func:`launcher_graph`: tail, fire-and-forget, sibling).
+  ``cudaGraphLaunch`` (:func:`launcher_graph`: tail, fire-and-forget, sibling), which hold the
+  target's exec while anything can still launch it (:class:`LauncherGraph`, :class:`LauncherExec`).
 - :mod:`rawgraph.control.conditional`: IF, IF/ELSE, WHILE and SWITCH nodes, added by the
   builder or during capture, whose condition a kernel sets (``cudaGraphSetConditional``); worked
   examples :class:`DepthLoop` (depth decided per replay) and :class:`NormGate` (early exit).
@@ -21,6 +22,8 @@ from .device_launch import (
     TAIL,
     DeviceGraph,
     DeviceLaunchError,
+    LauncherExec,
+    LauncherGraph,
     device_launch_problems,
     launcher_graph,
 )
@@ -49,6 +52,8 @@ __all__ = [
     "TAIL",
     "DeviceGraph",
     "DeviceLaunchError",
+    "LauncherExec",
+    "LauncherGraph",
     "PhiloxGenerator",
     "blocks_for",
     "device_launch_problems",

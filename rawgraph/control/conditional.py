@@ -45,7 +45,7 @@ from cuda.bindings import driver
 
 from .. import _capturing
 from ..builder import BuiltGraph, DepSpec, GraphBuilder, Node
-from ..capture import DEFAULT_CAPTURE_MODE, Capture, CaptureMode
+from ..capture import DEFAULT_CAPTURE_MODE, Capture, CaptureMode, _not_active, capture_info
 from ..device import Device, get_device
 from ..errors import CaptureError, CaptureRefusedError, RawgraphError, ShapeError, call, check, error_name
 from ..graph import KernelNode
@@ -53,7 +53,7 @@ from ..kernels import Kernel, get_kernel
 from ..launch import KernelArgs, Launch, LaunchPlan
 from ..memory import DeviceBuffer, as_device_array, check_array
 from ..model import BlockWeights, TinyBlock
-from ..resource import Resource, shutting_down
+from ..resource import Resource, flush_deferred, shutting_down
 from ..stream import Stream
 
 KINDS = ("if", "while", "switch")
@@ -204,12 +204,20 @@ class ConditionalNode:
 
 
 def _node_params(cond: ConditionalHandle, kind: str, size: int, device: Device) -> Any:
+    """The ``CUgraphNodeParams`` of a conditional node (``cuGraphAddNode``).
+
+    Every input field of ``CUDA_CONDITIONAL_NODE_PARAMS`` is set (handle, type, size, context);
+    ``phGraph_out`` is the driver's output (it writes a pointer to its array of body graphs) and
+    stays null until then. The struct's reserved words and the rest of its union are zero as
+    cuda-bindings allocates them (tests/test_builder_cpu.py reads every byte back).
+    """
     p = driver.CUgraphNodeParams()
     p.type = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
-    p.conditional.handle = cond.raw if cond.raw is not None else driver.CUgraphConditionalHandle(cond.value)
-    p.conditional.type = _COND_T[kind]
-    p.conditional.size = size
-    p.conditional.ctx = device.context
+    c = p.conditional  # a view into p (p stays alive: it is returned)
+    c.handle = cond.raw if cond.raw is not None else driver.CUgraphConditionalHandle(cond.value)
+    c.type = _COND_T[kind]
+    c.size = size
+    c.ctx = device.context
     return p
 
 
@@ -315,6 +323,7 @@ def _end_quietly(handle: Any, record: _capturing.CaptureRecord) -> None:
     _capturing.end(record)
     if not shutting_down():
         driver.cuStreamEndCapture(handle)
+        flush_deferred()  # what garbage collection released while the body capture was open
 
 
 class BodyCapture:
@@ -322,8 +331,12 @@ class BodyCapture:
 
     Made by :meth:`ConditionalNode.capture_body`. Inside the with-block, :meth:`launch` and
     :meth:`run` record kernel nodes into the body (the node map: the body builder's
-    ``kernel_nodes``). On exit the capture ends (``cuStreamEndCapture``, which returns the body
-    graph itself); if the block raised, the capture is still ended and the error propagates.
+    ``kernel_nodes``, each with its dependencies read with ``cuStreamGetCaptureInfo`` before its
+    launch). On exit the capture ends (``cuStreamEndCapture``, which returns the body graph
+    itself); if the block raised, the capture is still ended and the error propagates. Either way
+    the releases held back while it was open (``cuMemFree`` and friends that garbage collection
+    ran inside it, see :mod:`rawgraph.resource`) run then, unless another capture still forbids
+    them (that capture runs them at its own end).
     """
 
     def __init__(self, node: ConditionalNode, body: GraphBuilder, stream: Any, mode: CaptureMode):
@@ -356,11 +369,14 @@ class BodyCapture:
         """Launch into the body and record the node it became (``cuStreamGetCaptureInfo``)."""
         if not self._open:
             raise RawgraphError("BodyCapture.launch outside the with-block")
+        status, _cid, _g, before = capture_info(self.stream.handle)  # the node's dependencies
+        if status != _ACTIVE:
+            raise _not_active(status, f"before launching {launch.kernel.name} into a body")
         launch(self.stream)
         status, _id, _g, deps, _e, n = check(driver.cuStreamGetCaptureInfo(self.stream.handle), "cuStreamGetCaptureInfo")
         if status != _ACTIVE or int(n) != 1:
             raise RawgraphError(f"expected one dependency after launching {launch.kernel.name} into a body, found {n}")
-        kn = KernelNode(deps[0], len(self.body.kernel_nodes), launch, launch.args.snapshot())
+        kn = KernelNode(deps[0], len(self.body.kernel_nodes), launch, launch.args.snapshot(), before)
         self.body.kernel_nodes.append(kn)
         self.body.nodes.append(Node(deps[0], "kernel", len(self.body.nodes)))
         self.body.keep.append(launch)
@@ -378,7 +394,12 @@ class BodyCapture:
         assert self._record is not None and self._abandon is not None
         self._abandon.detach()
         _capturing.end(self._record)
-        err, graph = driver.cuStreamEndCapture(self.stream.handle)
+        try:
+            err, graph = driver.cuStreamEndCapture(self.stream.handle)
+        finally:
+            # The stream has left capture mode: run what garbage collection released inside the
+            # body (a no-op while an enclosing capture still forbids it; that one flushes at its end).
+            flush_deferred()
         if exc_type is not None:
             return False
         if self._record.errors:

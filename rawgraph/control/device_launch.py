@@ -24,6 +24,15 @@ allowed only from a kernel running inside a graph, so it exists only captured in
 only for a :class:`DeviceGraph` (the H200 probe's device launch of an exec instantiated without the
 flag ended in ``CUDA_ERROR_ILLEGAL_ADDRESS``, which destroys the context: see
 ``benchmarks/results/probe_device_launch.txt``).
+
+Ownership: the launcher kernel holds the target's ``CUgraphExec`` as a bare number, so the driver
+knows nothing of the reference. rawgraph keeps the target's exec alive as long as anything can
+still device-launch it: every :class:`LauncherGraph`, every :class:`LauncherExec` and, after a
+launcher exec is destroyed with replays queued, those replays (a fence on the streams it was
+launched on, :func:`rawgraph.builder.hold_for_replays`). Closing the :class:`DeviceGraph` marks
+it closed at once (its own uses and new launcher graphs are refused, and a launcher exec refuses to
+launch, :class:`~rawgraph.errors.ClosedError`, before any driver call); ``cuGraphExecDestroy``
+runs when the last holder lets go, at once if there is none.
 """
 
 from __future__ import annotations
@@ -33,14 +42,15 @@ from typing import Any
 import numpy as np
 from cuda.bindings import driver
 
+from ..builder import hold_for_replays
 from ..capture import Capture
 from ..device import Device
-from ..errors import RawgraphError, call
+from ..errors import ClosedError, RawgraphError, call
 from ..graph import Graph, GraphExec
 from ..kernels import get_kernel
 from ..launch import ArgUse, KernelArgs, Launch, LaunchPlan
 from ..memory import DeviceArray, as_device_array, check_array
-from ..resource import Resource
+from ..resource import Resource, release
 from ..stream import as_stream
 
 # The special cudaStream_t values of cuda_device_runtime_api.h (CUDA 13.0, same in 12.x).
@@ -146,8 +156,14 @@ class DeviceGraph(Resource):
     ``cuGraphInstantiate`` with ``CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH`` (plus
     ``USE_NODE_PRIORITY`` if asked), then ``cuGraphUpload`` on ``stream`` and
     ``cuStreamSynchronize``: a device graph must be on the device before a kernel launches it.
-    The exec can also be launched from the host (:meth:`launch`). Destroyed on ``close()``
-    (``cuGraphExecDestroy``); a launcher graph naming it must not be launched after that.
+    The exec can also be launched from the host (:meth:`launch`).
+
+    ``close()`` (safe twice) marks it closed: :attr:`exec`, :attr:`handle`, :meth:`launch` and new
+    launcher graphs raise :class:`~rawgraph.errors.ClosedError`, and so does launching a
+    :class:`LauncherExec` that names it, before any driver call. Its exec is destroyed
+    (``cuGraphExecDestroy``) at once when no launcher graph was made for it; otherwise when the
+    last launcher graph, launcher exec and queued launcher replay that could still device-launch
+    it are gone (see the module docstring), so closing it with a launcher replay queued is safe.
 
     Parameters
     ----------
@@ -186,28 +202,119 @@ class DeviceGraph(Resource):
         self.graph = graph
         self.device: Device = graph.device
         self.flags = DEVICE_LAUNCH | flags | (USE_NODE_PRIORITY if priority else 0)
-        self.exec = GraphExec(graph, self.flags)
-        self._own(self.exec.close, name="cuGraphExecDestroy (device graph)")
-        self.exec.upload(s)
+        exe = GraphExec(graph, self.flags)
+        self._exec: GraphExec | None = exe
+        # How many launcher graphs were made for it (a list: the release may not refer to self).
+        self._launchers = [0]
+        self._own(_release_target, exe, self._launchers, name="cuGraphExecDestroy (device graph)")
+        exe.upload(s)
         s.synchronize()
-        held = self.exec.driver_flags()
+        held = exe.driver_flags()
         if not held & DEVICE_LAUNCH:  # the launcher trusts this: a plain exec faults the context
             self.close()
             raise DeviceLaunchError(f"the driver holds flags 0x{held:x} for the exec, without DEVICE_LAUNCH")
 
     @property
+    def exec(self) -> GraphExec:
+        """The exec (``CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH``); :class:`ClosedError` once closed."""
+        self._check_open()
+        assert self._exec is not None
+        return self._exec
+
+    @property
     def handle(self) -> int:
         """The ``CUgraphExec`` as an integer (what the launcher kernel receives)."""
-        self._check_open()
         return int(self.exec.handle)
 
     def launch(self, stream: Any) -> None:
         """``cuGraphLaunch`` from the host (device graphs may be launched from either side)."""
-        self._check_open()
         self.exec.launch(stream)
+
+    def close(self) -> None:
+        """Mark it closed and give up its hold on the exec (``cuGraphExecDestroy`` now if no
+        launcher graph was made for it, else when the last launcher lets go); safe twice."""
+        self._finalizer()
+        self._exec = None
 
     def __repr__(self) -> str:
         return f"<DeviceGraph flags=0x{self.flags:x}{' closed' if self.closed else ''}>"
+
+
+def _release_target(exe: GraphExec, launchers: list[int]) -> None:
+    """A :class:`DeviceGraph`'s release: destroy its exec unless a launcher graph was made for it.
+
+    A launcher graph, its execs and their queued replays hold ``exe`` themselves; it is destroyed
+    (its own ``cuGraphExecDestroy`` finalizer) when the last of them lets go. Destroying it now
+    would let a queued launcher replay device-launch a destroyed exec.
+    """
+    if not launchers[0]:
+        exe.close()
+
+
+class LauncherGraph(Graph):
+    """The host graph :func:`launcher_graph` captures: its kernel device-launches :attr:`targets`.
+
+    Keeps the targets' execs alive (:meth:`held_by_replays`), also when it is embedded as a child
+    graph (:meth:`rawgraph.builder.GraphBuilder.child` keeps it). :meth:`instantiate` gives a
+    :class:`LauncherExec`.
+
+    Attributes
+    ----------
+    targets : tuple of DeviceGraph
+    target_execs : tuple of GraphExec
+        The execs the kernel device-launches (held even after their DeviceGraph is closed).
+    """
+
+    targets: tuple[DeviceGraph, ...] = ()
+    target_execs: tuple[GraphExec, ...] = ()
+
+    def held_by_replays(self) -> list[Any]:
+        """What a replay calls into that the driver does not own: the targets' execs."""
+        return list(self.target_execs)
+
+    def instantiate(self, flags: int = 0) -> "LauncherExec":
+        """``cuGraphInstantiate`` into a :class:`LauncherExec`.
+
+        Raises
+        ------
+        ClosedError
+            This graph or a target is closed (before the driver is called).
+        """
+        self._check_open()
+        _check_targets(self.targets)
+        return LauncherExec(self, flags)
+
+
+class LauncherExec(GraphExec):
+    """An exec of a :class:`LauncherGraph`.
+
+    :meth:`launch` refuses once a target :class:`DeviceGraph` is closed; its release holds the
+    targets' execs until the replays it queued have run (:func:`rawgraph.builder.hold_for_replays`).
+    """
+
+    def __init__(self, graph: LauncherGraph, flags: int = 0):
+        super().__init__(graph, flags)
+        self.targets = graph.targets
+        hold_for_replays(self, graph.held_by_replays())
+
+    def launch(self, stream: Any) -> None:
+        """``cuGraphLaunch``, after checking every target is open.
+
+        Raises
+        ------
+        ClosedError
+            This exec, the stream or a target :class:`DeviceGraph` is closed (checked before the
+            driver is called: the kernel would device-launch an exec its owner gave up).
+        """
+        _check_targets(self.targets)
+        super().launch(stream)
+
+
+def _check_targets(targets: tuple[DeviceGraph, ...]) -> None:
+    for t in targets:
+        if not t._finalizer.alive:
+            raise ClosedError("the DeviceGraph this launcher graph device-launches is closed; the launcher is refused "
+                              "before the driver is called")
 
 
 def _launcher(target: DeviceGraph, mode: str | None, rc: DeviceArray | None, device: Device) -> Launch:
@@ -219,13 +326,13 @@ def _launcher(target: DeviceGraph, mode: str | None, rc: DeviceArray | None, dev
 
 
 def launcher_graph(target: DeviceGraph, stream: Any, mode: str | None = "tail", before: LaunchPlan | None = None,
-                   after: LaunchPlan | None = None, rc: Any = None) -> Graph:
+                   after: LaunchPlan | None = None, rc: Any = None) -> LauncherGraph:
     """Capture a host graph: ``before``'s launches, one kernel that device-launches ``target``, ``after``'s.
 
     The launcher kernel calls the device runtime's ``cudaGraphLaunch(target, mode)``; it is
     captured without a warm-up run, because outside a graph a device launch is not allowed. The
-    returned graph keeps ``target`` and the plans alive; instantiate it normally
-    (``graph.instantiate()``) and launch it from the host.
+    returned graph keeps ``target``, its exec and the plans alive; instantiate it normally
+    (``graph.instantiate()``, a :class:`LauncherExec`) and launch it from the host.
 
     Parameters
     ----------
@@ -238,6 +345,11 @@ def launcher_graph(target: DeviceGraph, stream: Any, mode: str | None = "tail", 
         Work captured before / after the launcher node, in stream order with it.
     rc : device array of one int32, optional
         Receives ``cudaGraphLaunch``'s ``cudaError_t`` (0 = ``cudaSuccess``) at every replay.
+
+    Returns
+    -------
+    LauncherGraph
+        Owns the captured ``CUgraph``; holds ``target``'s exec (see the module docstring).
 
     Raises
     ------
@@ -269,8 +381,27 @@ def launcher_graph(target: DeviceGraph, stream: Any, mode: str | None = "tail", 
     with cap:
         for launch in launches:
             cap.launch(launch)
-    graph = cap.captured
+    captured = cap.captured
+    graph = _as_launcher_graph(captured)
+    graph.targets = (target,)
+    graph.target_execs = (target.exec,)
+    target._launchers[0] += 1
     # The node map (graph.nodes) holds every Launch and so its arguments; the node also names
     # target's exec and the plans' buffers, so keep those alive as long as the graph.
     setattr(graph, "device_launch_keep", (target, before, after, rc_arr))
+    return graph
+
+
+def _as_launcher_graph(captured: Graph) -> LauncherGraph:
+    """Move the ``CUgraph`` a capture made into a :class:`LauncherGraph` (the one owner from here on)."""
+    handle = captured.handle
+    captured._finalizer.detach()  # first: never two owners of one handle (a leak beats a double destroy)
+    try:
+        graph = LauncherGraph(handle, captured.nodes, captured.device)
+    except BaseException:
+        release("cuGraphDestroy", driver.cuGraphDestroy, handle)
+        raise
+    for key, value in vars(captured).items():
+        if key not in ("_finalizer", "handle", "nodes", "device"):
+            setattr(graph, key, value)
     return graph

@@ -29,7 +29,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from ..capture import Capture
-from ..errors import DTypeError, LayoutError, RawgraphError, ShapeError, call
+from ..errors import ClosedError, DTypeError, LayoutError, ShapeError, call
 from ..graph import Graph, GraphExec
 from ..memory import DeviceArray, DeviceBuffer, as_device_array
 from ..model import SCRATCH, TinyBlock, Workspace
@@ -62,7 +62,12 @@ def check_rows(x: Any, n: Any, width: int, what: str = "x") -> DeviceArray:
 class StreamOrder:
     """Orders work on successive streams: the first use of a new stream waits for everything
     queued on the one used before (``cuEventRecord`` there, ``cuStreamWaitEvent`` here). Work on
-    one stream is ordered already and costs nothing extra."""
+    one stream is ordered already and costs nothing extra.
+
+    The stream used before may have been closed since: ``cuStreamDestroy`` returns with its work
+    still queued, so the new stream then waits for that stream's tail event (recorded by
+    :meth:`rawgraph.stream.Stream.close`) instead.
+    """
 
     def __init__(self, device: Any):
         self._event = Event(timing=False, device=device)
@@ -71,9 +76,12 @@ class StreamOrder:
     def enter(self, stream: Any) -> Stream:
         s = as_stream(stream)
         last = self._last
-        if last is not None and last.ptr != s.ptr and not last.closed:
-            self._event.record(last)
-            s.wait(self._event)
+        if last is not None and (last.ptr != s.ptr or last is not s and last.closed):
+            if not last.closed:
+                self._event.record(last)
+                s.wait(self._event)
+            elif last.tail is not None:
+                s.wait(last.tail)
         self._last = s
         return s
 
@@ -214,7 +222,7 @@ class BucketGraphs:
             For a bad ``n`` or ``x``, before anything reaches the GPU.
         """
         if self._closed:
-            raise RawgraphError("BucketGraphs is closed")
+            raise ClosedError("BucketGraphs is closed")
         xa = check_rows(x, n, self.width)
         s = self._order.enter(self.stream if stream is None else stream)
         if n > self.largest:

@@ -26,7 +26,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from ..capture import capture_plan
-from ..errors import RawgraphError, ShapeError, call, cuda_error
+from ..errors import ClosedError, RawgraphError, ShapeError, call, cuda_error
 from ..manager import ExecUpdateManager
 from ..memory import DeviceArray, DeviceBuffer
 from ..model import TinyBlock, Workspace
@@ -81,7 +81,7 @@ class RowCountBuckets(BucketGraphs):
     def run(self, x: Any, n: int, stream: Any = None) -> DeviceArray:
         """As :meth:`BucketGraphs.run`, with the kernels bounded to ``n`` rows."""
         if self._closed:
-            raise RawgraphError("RowCountBuckets is closed")
+            raise ClosedError("RowCountBuckets is closed")
         xa = check_rows(x, n, self.width)
         s = self._order.enter(self.stream if stream is None else stream)
         if n > self.largest:
@@ -217,7 +217,7 @@ class ReshapedGraph:
         """Run the block on the first ``n`` rows of ``x`` (``n`` <= ``max_batch``); returns the
         ``n`` result rows, a view of :attr:`output` valid until the next run."""
         if self._closed:
-            raise RawgraphError("ReshapedGraph is closed")
+            raise ClosedError("ReshapedGraph is closed")
         xa = check_rows(x, n, self.width)
         if n > self.max_batch:
             raise ShapeError(f"n = {n} is above max_batch = {self.max_batch}")

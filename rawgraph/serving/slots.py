@@ -44,7 +44,7 @@ from cuda.bindings import driver
 
 from .. import ops
 from ..capture import Capture
-from ..errors import DTypeError, LayoutError, RawgraphError, ShapeError, call, cuda_error
+from ..errors import ClosedError, DTypeError, LayoutError, RawgraphError, ShapeError, call, cuda_error
 from ..graph import Graph, GraphExec
 from ..launch import LaunchPlan
 from ..memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array
@@ -261,6 +261,9 @@ class SlotPool:
             if host.shape != (self.width,):
                 raise ShapeError(f"row has shape {host.shape}, expected ({self.width},)")
             call(driver.cuMemcpyHtoDAsync, dst, host.ctypes.data, host.nbytes, self.stream.handle)
+            # The host row may be freed once join returns. Waited for before the table changes,
+            # so a failed wait leaves the pool as it was (the row went to a free slot).
+            self.stream.synchronize()
         else:
             dev = as_device_array(row, "row")
             if dev.dtype != np.float32:
@@ -274,8 +277,6 @@ class SlotPool:
         self.table[n] = chosen
         self._pos[chosen] = n
         self._version += 1
-        if isinstance(row, np.ndarray):
-            self.stream.synchronize()  # the host row may be freed once join returns
         return chosen
 
     def leave(self, slot: int) -> np.ndarray:
@@ -345,7 +346,7 @@ class SlotPool:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RawgraphError("SlotPool is closed")
+            raise ClosedError("SlotPool is closed")
 
     def close(self) -> None:
         """Destroy the graphs and free the state, tables and scratch; safe twice."""
