@@ -217,9 +217,10 @@ def mem_alloc_params(nbytes: int, ordinal: int) -> Any:
     pp.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
     pp.location.id = int(ordinal)
     pp.win32SecurityAttributes = 0
-    pp.maxSize = 0
-    pp.usage = 0
-    pp.gpuDirectRDMACapable = 0
+    # Fields newer bindings expose (cuda-bindings 13.3.1 has neither); the struct comes zeroed.
+    for name in ("maxSize", "usage", "gpuDirectRDMACapable"):
+        if hasattr(pp, name):
+            setattr(pp, name, 0)
     p.accessDescs = []
     p.accessDescCount = 0
     p.bytesize = int(nbytes)
