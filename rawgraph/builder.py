@@ -129,18 +129,38 @@ class HostCallback:
         if not callable(fn):
             raise TypeError(f"a host node needs a callable, got {type(fn).__name__}")
         self.fn = fn
-        self.calls = 0
-        self.errors: list[str] = []
+        # The thunk closes over a separate record, not over ``self``: a cycle through the thunk
+        # would leave this object to the cyclic collector, holding the thunk (and whatever ``fn``
+        # holds) past the moment the last replay that can call it has run.
+        state = self._state = _CallbackRecord()
 
         def thunk(_user_data: Any) -> None:
-            self.calls += 1
+            state.calls += 1
             try:
                 fn()
             except BaseException:  # noqa: BLE001 - nothing may propagate into the driver's thread
-                self.errors.append(traceback.format_exc())
+                state.errors.append(traceback.format_exc())
 
         self._thunk = _HOST_FN(thunk)  # the function pointer lives as long as this object
         self.address = int(ctypes.cast(self._thunk, ctypes.c_void_p).value or 0)
+
+    @property
+    def calls(self) -> int:
+        """How many times a replay called it."""
+        return self._state.calls
+
+    @property
+    def errors(self) -> list[str]:
+        """The traceback text of every exception ``fn`` raised."""
+        return self._state.errors
+
+
+class _CallbackRecord:
+    __slots__ = ("calls", "errors")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.errors: list[str] = []
 
 
 def _ptr(obj: Any, what: str) -> int:
