@@ -61,9 +61,14 @@ class AdoptedGraph(Graph):
 
     def rebinder(self, flags: int = 0) -> AddressRebinder:
         """Instantiate rawgraph's own exec (``cuGraphInstantiate``) and return an
-        :class:`AddressRebinder` over it (it holds the exec: ``rebinder.exec``)."""
+        :class:`AddressRebinder` over it (it owns the exec, ``rebinder.exec``: closing the
+        rebinder closes it)."""
         exe = self.instantiate(flags)
-        return AddressRebinder(self, exe, device=self.device)
+        try:
+            return AddressRebinder(self, exe, device=self.device, own_exec=True)
+        except BaseException:
+            exe.close()
+            raise
 
     def __repr__(self) -> str:
         return f"<AdoptedGraph from {self.source} 0x{int(self.handle):x}{' closed' if self.closed else ''}>"

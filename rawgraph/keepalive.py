@@ -49,6 +49,18 @@ class KeepAlive:
         if len(self._pending) >= self.batch:
             self.collect()
 
+    def retire_all(self, objs: Any) -> None:
+        """:meth:`retire` each object, even when covering one with a fence fails (it stays
+        pending then); the first failure is raised once all are held: none is let go early."""
+        error: Exception | None = None
+        for obj in objs:
+            try:
+                self.retire(obj)
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+
     def collect(self) -> int:
         """Cover pending objects with a fence (``cuEventRecord`` per stream), release those whose
         fences have fired (``cuEventQuery``); returns how many objects are still held.

@@ -214,6 +214,11 @@ class Launch:
         p.blockDimX, p.blockDimY, p.blockDimZ = self.block
         p.sharedMemBytes = self.shared_mem
         p.kernelParams = (self.args if args is None else args).address
+        # Every field set: a struct's fresh memory is whatever the allocator left there (0xCD
+        # under PYTHONMALLOC=debug), and the driver reads ``extra``, ``kern`` and ``ctx`` too.
+        p.extra = 0
+        p.kern = 0
+        p.ctx = 0
         return p
 
     def packed(self) -> tuple:

@@ -43,7 +43,6 @@ from . import resource as _resource
 from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from .rebind import foreign_holders
 from .keepalive import KeepAlive
-from .stream import Stream, as_stream
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 
@@ -662,16 +661,7 @@ class ExecUpdateManager:
         self._keep.retire(old)  # nothing held when the exec was never launched
 
     def _retire_all(self, objs: list) -> None:
-        """Retire every object, even when covering one with a fence fails (``retire`` keeps it
-        pending then); the first failure is raised once all are held: none is let go early."""
-        error: Exception | None = None
-        for old in objs:
-            try:
-                self._keep.retire(old)
-            except Exception as exc:
-                error = error or exc
-        if error is not None:
-            raise error
+        self._keep.retire_all(objs)
 
     def collect(self) -> int:
         """Cover retired arrays with an event per stream the exec was launched on

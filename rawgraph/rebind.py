@@ -35,6 +35,7 @@ memset parameters), edited in place and pushed with ``cuGraphExecKernelNodeSetPa
 from __future__ import annotations
 
 import ctypes
+import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -42,7 +43,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from cuda.bindings import driver
 
-from .errors import RawgraphError, RawgraphWarning, call, cuda_error
+from .errors import ClosedError, RawgraphError, RawgraphWarning, call, cuda_error
+from .keepalive import KeepAlive
 from .nodes import ConditionalInfo, KernelInfo, MemcpyInfo, MemsetInfo, NodeInfo, ParamInfo, read_graph, walk
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
@@ -354,6 +356,7 @@ class Binding:
     memory: dict[int, dict[str, int]]
     moves: tuple[tuple[int, int, int], ...]  # (old base, size, new base) relative to the captured graph
     owner: object = None  # the token of the rebinder that prepared it: its node ids name that rebinder's exec
+    holds: tuple = ()  # the new buffers' objects: the binding keeps them alive, the rebinder while bound
     blobs: dict[int, bytes] = field(init=False, repr=False)  # kernels' words as bytes, what apply pushes
 
     nodes: frozenset = field(init=False, repr=False)  # every node it names
@@ -382,6 +385,24 @@ class AddressRebinder:
     device : Device, optional
         Its context is made current (library kernels are resolved in it) and used for memory
         nodes' updates; default the current rawgraph device.
+    own_exec : bool, default False
+        Close ``exec`` in :meth:`close` (what :meth:`AdoptedGraph.rebinder` asks for).
+
+    Notes
+    -----
+    Ownership rules, the manager's:
+
+    * a closed rebinder, or one whose :class:`~rawgraph.graph.GraphExec` or
+      :class:`~rawgraph.graph.Graph` was closed, refuses every operation with
+      :class:`~rawgraph.errors.ClosedError` before any driver call (a destroyed handle can be
+      reused by the next exec: a SetParams on it would rewrite another graph). Raw handles
+      (``CUgraphExec``, ``int``) cannot be checked: their owner must outlive the rebinder;
+    * the objects passed as ``new`` (a torch tensor, a CuPy array, a rawgraph buffer) are held
+      while the exec points into them, then until the replays queued before they were moved away
+      have run (:class:`~rawgraph.keepalive.KeepAlive` over the streams the exec was launched on:
+      ``exec.streams`` of a GraphExec, else the streams :meth:`launch` was given). A base address
+      given as an ``int`` holds nothing;
+    * one thread at a time: every operation holds the rebinder's lock.
 
     Raises
     ------
@@ -389,13 +410,28 @@ class AddressRebinder:
     """
 
     def __init__(self, graph: Any, exec: Any, expect_layouts: dict[str, Sequence[tuple[int, int]]] | None = None,
-                 device: Any = None):
+                 device: Any = None, own_exec: bool = False):
         from .device import get_device
+        from .stream import StreamSet
 
+        # Liveness of what the driver calls name (rawgraph owners only: raw handles carry none).
+        self._alive = tuple(f for f in (getattr(exec, "_finalizer", None), getattr(graph, "_finalizer", None))
+                            if f is not None)
+        self._closed = False
+        self._own_exec = own_exec
+        self._lock = threading.RLock()
+        self._check_usable()
         self.device = (device or getattr(graph, "device", None) or get_device()).activate()
         self.graph = graph
         self.exec = exec
         self._exec_handle = getattr(exec, "handle", exec)
+        streams = getattr(exec, "streams", None)
+        self._streams = streams if isinstance(streams, StreamSet) else StreamSet()
+        self._keep = KeepAlive(self._streams, self.device)
+        # Objects the exec may point into now: (base, size, object) of each rebind's new buffer,
+        # and the objects of the binding applied last.
+        self._rebound: list[tuple[int, int, Any]] = []
+        self._applied: tuple = ()
         self.nodes = read_graph(graph)
         self.kernels: dict[int, _KernelState] = {}
         self.memory: dict[int, _MemState] = {}
@@ -422,6 +458,57 @@ class AddressRebinder:
                           stacklevel=2)
         if expect_layouts:
             self.check_layouts(expect_layouts)
+
+    # -- ownership ----------------------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClosedError("AddressRebinder is closed")
+        for f in self._alive:
+            if not f.alive:
+                raise ClosedError("the GraphExec or Graph this rebinder updates is closed")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def retained(self) -> list[Any]:
+        """Objects moved away from but held for replays that may still read them."""
+        return self._keep.retained
+
+    def collect(self) -> int:
+        """Release moved-away objects whose replays have finished (``cuEventRecord`` /
+        ``cuEventQuery`` per stream); returns how many are still held."""
+        with self._lock:
+            return self._keep.collect()
+
+    def close(self) -> None:
+        """Wait for the queued replays that may read a moved-away buffer, then let go of every
+        held object (``cuEventRecord`` + ``cuEventSynchronize`` per stream); the exec too when the
+        rebinder owns it. Later operations raise :class:`ClosedError`. Safe twice; a failed wait
+        keeps the objects and warns (:class:`~rawgraph.errors.ReleaseWarning`)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._keep.close()
+            self._rebound, self._applied = [], ()
+            if self._own_exec and hasattr(self.exec, "close"):
+                self.exec.close()
+
+    def __enter__(self) -> "AddressRebinder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _still_pointed_at(self, lo: int, size: int) -> bool:
+        """Whether any node value the exec holds now lies in ``[lo, lo + size)``."""
+        hi = lo + size
+        for st in self.kernels.values():
+            if scan_words(st.current(), st.info.layout, lo, hi):
+                return True
+        return any(lo <= v < hi for ms in self.memory.values() for v in ms.current.values())
 
     # -- inspection ---------------------------------------------------------------------------
     def check_layouts(self, expect: dict[str, Sequence[tuple[int, int]]]) -> None:
@@ -466,6 +553,7 @@ class AddressRebinder:
         warn : bool
             Emit :class:`UnconfirmedMatchWarning` for matches the layout cannot confirm.
         """
+        self._check_usable()
         lo, size = as_range(buffer)
         hi = lo + size
         out: list[Match] = []
@@ -557,6 +645,11 @@ class AddressRebinder:
             Nothing matches, the new buffer is smaller, a range crosses its allocation's end, a match
             is inside a child graph / conditional body, or a device buffer holds a pointer into it.
         """
+        with self._lock:
+            return self._rebind(old, new, device_buffers)
+
+    def _rebind(self, old: Any, new: Any, device_buffers: Iterable[Any]) -> list[Match]:
+        self._check_usable()
         lo, size = as_range(old)
         lo, size, nb = self._check_move((lo, size), new, device_buffers)
         matches = self.find((lo, size))
@@ -579,16 +672,42 @@ class AddressRebinder:
             else:
                 memory.setdefault(m.node, dict(self.memory[m.node].current))[_side(m.kind)] = m.value + delta
         self._push(kernels, memory, restore_others=False)
+        # Hold the new buffer; let go (after the queued replays) of whatever nothing points into now.
+        if not isinstance(new, int):
+            self._rebound.append((nb, size, new))
+        self._release_unpointed()
         return matches
+
+    def _release_unpointed(self) -> None:
+        keep: list[tuple[int, int, Any]] = []
+        gone: list[tuple[int, int, Any]] = []
+        for entry in self._rebound:
+            (keep if self._still_pointed_at(entry[0], entry[1]) else gone).append(entry)
+        self._rebound = keep
+        self._keep.retire_all(e[2] for e in gone)
 
     def prepare(self, moves: dict[Any, Any] | Sequence[tuple[Any, Any]]) -> Binding:
         """A complete assignment relative to the *captured* graph: each ``old`` range (as captured)
         goes to its ``new`` buffer (range-like or base address); every range not named holds its
         captured address once the binding is applied.
 
-        Checked once here (the same rules as :meth:`rebind`); :meth:`apply` then only writes words
-        and pushes the nodes whose values differ from what the exec holds.
+        Checked once here (the same rules as :meth:`rebind`: a range that a child graph or a
+        conditional body points into is refused, exec updates cannot reach it); :meth:`apply` then
+        only writes words and pushes the nodes whose values differ from what the exec holds. The
+        binding holds the new buffers' objects.
+
+        Raises
+        ------
+        RebindError
+            As :meth:`rebind`.
+        ClosedError
+            The rebinder, its exec or graph is closed.
         """
+        with self._lock:
+            return self._prepare(moves)
+
+    def _prepare(self, moves: dict[Any, Any] | Sequence[tuple[Any, Any]]) -> Binding:
+        self._check_usable()
         items = list(moves.items()) if isinstance(moves, dict) else list(moves)
         kernels: dict[int, np.ndarray] = {}
         memory: dict[int, dict[str, int]] = {}
@@ -611,18 +730,44 @@ class AddressRebinder:
             if not found:
                 raise RebindError(f"nothing in the captured graph holds an address in [0x{lo:x}, +{size}): "
                                   f"nothing to rebind")
+            nested = self._nested_matches(lo, hi)
+            if nested:
+                raise RebindError(f"{nested[0]} is inside a child graph or conditional body: exec updates "
+                                  f"cannot reach it ({len(nested)} such match(es))")
             self._warn_interior(lo, size, alloc, values)
             done.append((lo, size, nb))
-        return Binding(kernels, memory, tuple(done), self._token)
+        holds = tuple(new for _, new in items if not isinstance(new, int))
+        return Binding(kernels, memory, tuple(done), self._token, holds)
+
+    def _nested_matches(self, lo: int, hi: int) -> list[Match]:
+        """Matches in child graphs and conditional bodies (as captured: updates never reach them)."""
+        out: list[Match] = []
+        for info in self._nested:
+            if isinstance(info, KernelInfo) and info.params is not None:
+                out += self._kernel_matches(info, info.params, lo, hi, False)
+            else:
+                out += self._memory_matches(info, lo, hi, False)
+        return out
 
     def apply(self, binding: Binding) -> None:
         """Write a prepared binding into the exec: its nodes get its values, nodes an earlier
         rebind changed and this binding does not name go back to their captured values; only
         nodes whose values change are pushed."""
-        if binding.owner is not self._token:
-            raise RebindError("this binding was prepared by another AddressRebinder: its node ids and captured "
-                              "values belong to that rebinder's graph and exec")
-        self._push(binding.kernels, binding.memory, restore_others=True, blobs=binding.blobs, named=binding.nodes)
+        with self._lock:
+            self._check_usable()
+            if binding.owner is not self._token:
+                raise RebindError("this binding was prepared by another AddressRebinder: its node ids and captured "
+                                  "values belong to that rebinder's graph and exec")
+            self._push(binding.kernels, binding.memory, restore_others=True, blobs=binding.blobs, named=binding.nodes)
+            # Every range now holds the binding's address or its captured one: what earlier
+            # rebinds and bindings moved in is no longer pointed at (unless named again).
+            now = binding.holds
+            if self._applied is not now or self._rebound:
+                keep_ids = {id(o) for o in now}
+                gone = [o for o in self._applied if id(o) not in keep_ids]
+                gone += [o for _, _, o in self._rebound if id(o) not in keep_ids]
+                self._applied, self._rebound = now, []
+                self._keep.retire_all(gone)
 
     def _push(self, kernels: dict[int, np.ndarray], memory: dict[int, dict[str, int]], restore_others: bool,
               blobs: dict[int, bytes] | None = None, named: frozenset | None = None) -> None:
@@ -717,13 +862,18 @@ class AddressRebinder:
     def held(self, node: Any) -> bytes:
         """The parameter bytes rawgraph pushed to (or found in) the exec for a kernel node: the
         exec itself cannot be read back."""
+        self._check_usable()
         return self.kernels[int(node)].current()
 
     def launch(self, stream: Any) -> None:
-        """``cuGraphLaunch`` of the exec on ``stream``."""
+        """``cuGraphLaunch`` of the exec on ``stream`` (noted, so buffers moved away later stay
+        alive until this replay has run)."""
+        self._check_usable()
         if hasattr(self.exec, "launch"):
-            self.exec.launch(stream)
+            self.exec.launch(stream)  # notes the stream in exec.streams (our StreamSet)
             return
-        from .stream import stream_handle
+        from .stream import as_stream
 
-        call(driver.cuGraphLaunch, self._exec_handle, stream_handle(stream))
+        s = as_stream(stream)
+        call(driver.cuGraphLaunch, self._exec_handle, s.handle)
+        self._streams.note(s)

@@ -107,6 +107,7 @@ def measure(sizes=SIZES, torch_ok: bool = True) -> dict:
             p = driver.CUDA_KERNEL_NODE_PARAMS()
             p.func, p.gridDimX, p.gridDimY, p.gridDimZ = node.launch.kernel.handle, 1, 1, 1
             p.blockDimX, p.blockDimY, p.blockDimZ, p.kernelParams = 1, 1, 1, node.launch.args.address
+            p.sharedMemBytes, p.extra, p.kern, p.ctx = 0, 0, 0, 0  # every field set (see Launch.node_params)
 
             def setp():
                 check(driver.cuGraphExecKernelNodeSetParams(exe.handle, node.handle, p), "cuGraphExecKernelNodeSetParams")

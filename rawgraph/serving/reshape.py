@@ -26,7 +26,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from ..capture import capture_plan
-from ..errors import ClosedError, RawgraphError, ShapeError, call, cuda_error
+from ..errors import ClosedError, LayoutError, RawgraphError, ShapeError, call, cuda_error
 from ..manager import ExecUpdateManager
 from ..memory import DeviceArray, DeviceBuffer
 from ..model import TinyBlock, Workspace
@@ -197,8 +197,19 @@ class ReshapedGraph:
     def reshape(self, n: int) -> int:
         """Make the exec that serves ``n`` rows run ``n`` rows (``cuGraphExecKernelNodeSetParams``
         on each node whose function, grid, block, shared memory or arguments differ); returns the
-        pushes made."""
-        sig = self._group_of[n]
+        pushes made.
+
+        Raises
+        ------
+        ClosedError
+            After :meth:`close`.
+        TypeError, ShapeError
+            For an ``n`` that is not an int in ``1..max_batch`` (before any driver call).
+        """
+        if self._closed:
+            raise ClosedError("ReshapedGraph is closed")
+        self._check_n(n)
+        sig = self._group_of[int(n)]
         params, keys, current = self._params[n], self._keys[n], self._current[sig]
         exe, handles = self.execs[sig].handle, self._handles[sig]
         setparams = driver.cuGraphExecKernelNodeSetParams
@@ -219,14 +230,23 @@ class ReshapedGraph:
         if self._closed:
             raise ClosedError("ReshapedGraph is closed")
         xa = check_rows(x, n, self.width)
-        if n > self.max_batch:
-            raise ShapeError(f"n = {n} is above max_batch = {self.max_batch}")
+        self._check_n(n)
+        src, dst, nbytes = xa.ptr, self.input.ptr, n * self._row_bytes
+        # A partly overlapping x would make the copy below undefined (cuMemcpyDtoDAsync).
+        if src != dst and src < dst + self.input.nbytes and dst < src + nbytes:
+            raise LayoutError("x overlaps the persistent input without being it")
         s = self._order.enter(self.stream if stream is None else stream)
-        if xa.ptr != self.input.ptr:
+        if src != dst:
             call(driver.cuMemcpyDtoDAsync, self.input.ptr, xa.ptr, n * self._row_bytes, s.handle)
         self.reshape(n)
         self.execs[self._group_of[n]].launch(s)
         return DeviceArray(self.output.ptr, (n, self.width), np.dtype(np.float32), self.output)
+
+    def _check_n(self, n: Any) -> None:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"n must be an int, got {type(n).__name__}")
+        if not 1 <= n <= self.max_batch:
+            raise ShapeError(f"n = {n} is outside 1..max_batch = {self.max_batch}")
 
     def close(self) -> None:
         if self._closed:

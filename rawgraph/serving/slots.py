@@ -36,6 +36,7 @@ synchronizes each step, it has always fired).
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Sequence
 
@@ -116,6 +117,10 @@ class SlotPool:
 
     def __init__(self, model: TinyBlock, max_slots: int = 256, sizes: Sequence[int] | None = None,
                  table: str = "graph", stream: Any = None, gather: str | None = None):
+        # One thread at a time: two joins must not pick one slot, and the table, the positions and
+        # the pinned/device tables change together (a lock, not an owning thread: a server may
+        # admit requests on one thread and step on another).
+        self._lock = threading.Lock()
         if table not in TABLE_MODES:
             raise ValueError(f"table must be one of {TABLE_MODES}, got {table!r}")
         if gather is None:
@@ -242,42 +247,43 @@ class SlotPool:
         ShapeError, DTypeError
             ``row`` is not ``width`` float32 values.
         """
-        self._check_open()
-        if slot is None:
-            if not self._free:
-                raise SlotError(f"the pool is full ({self.max_slots} slots)")
-            chosen = self._free[-1]
-        else:
-            if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.max_slots:
-                raise SlotError(f"slot {slot!r} is not in 0..{self.max_slots - 1}")
-            if slot in self._pos:
-                raise SlotError(f"slot {slot} is occupied")
-            chosen = int(slot)
-        dst = self.state.ptr + chosen * self.width * 4
-        if isinstance(row, np.ndarray):
-            host = np.ascontiguousarray(row)
-            if host.dtype != np.float32:
-                raise DTypeError(f"row has dtype {host.dtype}, the block runs float32")
-            if host.shape != (self.width,):
-                raise ShapeError(f"row has shape {host.shape}, expected ({self.width},)")
-            call(driver.cuMemcpyHtoDAsync, dst, host.ctypes.data, host.nbytes, self.stream.handle)
-            # The host row may be freed once join returns. Waited for before the table changes,
-            # so a failed wait leaves the pool as it was (the row went to a free slot).
-            self.stream.synchronize()
-        else:
-            dev = as_device_array(row, "row")
-            if dev.dtype != np.float32:
-                raise DTypeError(f"row has dtype {dev.dtype}, the block runs float32")
-            if dev.size != self.width:
-                raise ShapeError(f"row has shape {dev.shape}, expected {self.width} values")
-            call(driver.cuMemcpyDtoDAsync, dst, dev.ptr, dev.nbytes, self.stream.handle)
-        self._table_free()
-        self._free.remove(chosen)
-        n = len(self._pos)
-        self.table[n] = chosen
-        self._pos[chosen] = n
-        self._version += 1
-        return chosen
+        with self._lock:
+            self._check_open()
+            if slot is None:
+                if not self._free:
+                    raise SlotError(f"the pool is full ({self.max_slots} slots)")
+                chosen = self._free[-1]
+            else:
+                if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.max_slots:
+                    raise SlotError(f"slot {slot!r} is not in 0..{self.max_slots - 1}")
+                if slot in self._pos:
+                    raise SlotError(f"slot {slot} is occupied")
+                chosen = int(slot)
+            dst = self.state.ptr + chosen * self.width * 4
+            if isinstance(row, np.ndarray):
+                host = np.ascontiguousarray(row)
+                if host.dtype != np.float32:
+                    raise DTypeError(f"row has dtype {host.dtype}, the block runs float32")
+                if host.shape != (self.width,):
+                    raise ShapeError(f"row has shape {host.shape}, expected ({self.width},)")
+                call(driver.cuMemcpyHtoDAsync, dst, host.ctypes.data, host.nbytes, self.stream.handle)
+                # The host row may be freed once join returns. Waited for before the table changes,
+                # so a failed wait leaves the pool as it was (the row went to a free slot).
+                self.stream.synchronize()
+            else:
+                dev = as_device_array(row, "row")
+                if dev.dtype != np.float32:
+                    raise DTypeError(f"row has dtype {dev.dtype}, the block runs float32")
+                if dev.size != self.width:
+                    raise ShapeError(f"row has shape {dev.shape}, expected {self.width} values")
+                call(driver.cuMemcpyDtoDAsync, dst, dev.ptr, dev.nbytes, self.stream.handle)
+            self._table_free()
+            self._free.remove(chosen)
+            n = len(self._pos)
+            self.table[n] = chosen
+            self._pos[chosen] = n
+            self._version += 1
+            return chosen
 
     def leave(self, slot: int) -> np.ndarray:
         """Retire the request in ``slot``; returns its final state row (a host copy, after every
@@ -288,61 +294,66 @@ class SlotPool:
         SlotError
             ``slot`` is free or out of range.
         """
-        self._check_open()
-        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or slot not in self._pos:
-            raise SlotError(f"slot {slot!r} holds no request")
-        out = np.empty(self.width, np.float32)
-        call(driver.cuMemcpyDtoHAsync, out.ctypes.data, self.state.ptr + int(slot) * self.width * 4, out.nbytes,
-             self.stream.handle)
-        self.stream.synchronize()
-        self._table_free()
-        # swap-remove: the last live slot takes the leaver's place in the batch
-        pos, last = self._pos.pop(int(slot)), len(self._pos)
-        if pos != last:
-            moved = int(self.table[last])
-            self.table[pos] = moved
-            self._pos[moved] = pos
-        self.table[last] = self.scratch_slot
-        self._version += 1
-        self._free.append(int(slot))
-        self._free.sort(reverse=True)
-        return out
+        with self._lock:
+            self._check_open()
+            if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or slot not in self._pos:
+                raise SlotError(f"slot {slot!r} holds no request")
+            out = np.empty(self.width, np.float32)
+            call(driver.cuMemcpyDtoHAsync, out.ctypes.data, self.state.ptr + int(slot) * self.width * 4, out.nbytes,
+                 self.stream.handle)
+            self.stream.synchronize()
+            self._table_free()
+            # swap-remove: the last live slot takes the leaver's place in the batch
+            pos, last = self._pos.pop(int(slot)), len(self._pos)
+            if pos != last:
+                moved = int(self.table[last])
+                self.table[pos] = moved
+                self._pos[moved] = pos
+            self.table[last] = self.scratch_slot
+            self._version += 1
+            self._free.append(int(slot))
+            self._free.sort(reverse=True)
+            return out
 
     # -- steps -------------------------------------------------------------------------------------
     def step(self) -> int:
         """One block step for every live request, results written back into their slots; returns
         the bucket that ran (0 when no request is live). Asynchronous on :attr:`stream`."""
-        n = len(self._pos)
-        if n == 0:
-            return 0
-        b = pick_bucket(self.sizes, n)
-        assert b is not None
-        if self._pinned is None and self._sent[b] != self._version:
-            if self._pushes:
-                exe = self.execs[b].handle
-                for node, params, table in self._pushes[b]:
-                    table[:b] = self.table[:b]
-                    (err,) = driver.cuGraphExecKernelNodeSetParams(exe, node, params)
-                    if err != _SUCCESS:
-                        raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
-                self._sent[b] = self._version
-            else:  # one device table serves every bucket
-                call(driver.cuMemcpyHtoDAsync, self.table_dev.ptr, self.table.ctypes.data, 4 * b, self.stream.handle)
-                for k in self._sent:
-                    self._sent[k] = self._version if k <= b else -1
-        self.execs[b].launch(self.stream)
-        self.steps += 1
-        return b
+        with self._lock:
+            self._check_open()
+            n = len(self._pos)
+            if n == 0:
+                return 0
+            b = pick_bucket(self.sizes, n)
+            assert b is not None
+            if self._pinned is None and self._sent[b] != self._version:
+                if self._pushes:
+                    exe = self.execs[b].handle
+                    for node, params, table in self._pushes[b]:
+                        table[:b] = self.table[:b]
+                        (err,) = driver.cuGraphExecKernelNodeSetParams(exe, node, params)
+                        if err != _SUCCESS:
+                            raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
+                    self._sent[b] = self._version
+                else:  # one device table serves every bucket
+                    call(driver.cuMemcpyHtoDAsync, self.table_dev.ptr, self.table.ctypes.data, 4 * b, self.stream.handle)
+                    for k in self._sent:
+                        self._sent[k] = self._version if k <= b else -1
+            self.execs[b].launch(self.stream)
+            self.steps += 1
+            return b
 
     def read(self, slot: int) -> np.ndarray:
         """The current state row of a live slot (a host copy after the queued steps)."""
-        if slot not in self._pos:
-            raise SlotError(f"slot {slot!r} holds no request")
-        out = np.empty(self.width, np.float32)
-        call(driver.cuMemcpyDtoHAsync, out.ctypes.data, self.state.ptr + int(slot) * self.width * 4, out.nbytes,
-             self.stream.handle)
-        self.stream.synchronize()
-        return out
+        with self._lock:
+            self._check_open()
+            if slot not in self._pos:
+                raise SlotError(f"slot {slot!r} holds no request")
+            out = np.empty(self.width, np.float32)
+            call(driver.cuMemcpyDtoHAsync, out.ctypes.data, self.state.ptr + int(slot) * self.width * 4, out.nbytes,
+                 self.stream.handle)
+            self.stream.synchronize()
+            return out
 
     def _check_open(self) -> None:
         if self._closed:
@@ -350,13 +361,14 @@ class SlotPool:
 
     def close(self) -> None:
         """Destroy the graphs and free the state, tables and scratch; safe twice."""
-        if self._closed:
-            return
-        self._closed = True
-        close_all(self.execs.values(), self.graphs.values(), self._models.values(),
-                  (self.state, self.x, self.y, self.arena, self.table_dev, self._pinned, self._read))
-        if self._own_stream:
-            self.stream.close()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            close_all(self.execs.values(), self.graphs.values(), self._models.values(),
+                      (self.state, self.x, self.y, self.arena, self.table_dev, self._pinned, self._read))
+            if self._own_stream:
+                self.stream.close()
 
     def __enter__(self) -> "SlotPool":
         return self
