@@ -1,6 +1,6 @@
 """Do the tests bite? Put a known bug back into a copy of the tree and require its test to fail.
 
-    PYTHONPATH=. python3 benchmarks/bite_check.py [--only NAME ...] [--out DIR] [--list]
+    PYTHONPATH=. python3 benchmarks/bite_check.py [--only NAME ...] [--module STEM ...] [--out DIR] [--list]
 
 Each module in ``benchmarks/bite_cases/`` defines ``CASES``: a list of dicts with
 
@@ -121,6 +121,7 @@ def check_case(case: dict, baseline: bool, timeout: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", nargs="*", help="case names to run (default: all)")
+    ap.add_argument("--module", nargs="*", help="only the cases of these bite_cases modules (file stems)")
     ap.add_argument("--out", default="out")
     ap.add_argument("--baseline", action="store_true", help="first require the tests to pass unmodified")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per pytest run")
@@ -129,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = load_cases()
     if args.only:
         cases = [c for c in cases if c["name"] in set(args.only)]
+    if args.module:
+        cases = [c for c in cases if c["module"].removesuffix(".py") in set(args.module)]
     if args.list:
         for c in cases:
             print(f"{c['name']:40s} {c['module']:22s} {c['why']}")
@@ -144,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     commit = os.environ.get("RAWGRAPH_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or "unknown"
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "bite_check.json").write_text(json.dumps(
+    name = "bite_check" + ("_" + "_".join(args.module) if args.module else "") + ".json"
+    (Path(args.out) / name).write_text(json.dumps(
         {"commit": commit, "date": time.strftime("%Y-%m-%d"), "counts": counts, "cases": results}, indent=1))
     print("bite_check:", ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), f"of {len(results)}")
     return 0 if counts.get("bites", 0) == len(results) else 1

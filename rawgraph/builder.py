@@ -45,22 +45,18 @@ child graphs. Both are refused here first, with the reason.
 from __future__ import annotations
 
 import ctypes
-import threading
 import traceback
-import warnings
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from cuda.bindings import driver
 
-from . import _capturing
 from .device import Device, get_device
-from .errors import ClosedError, RawgraphError, ReleaseWarning, call
+from .errors import RawgraphError, call
 from .graph import Graph, GraphExec, KernelNode
 from .launch import Launch, LaunchPlan
 from .memory import DeviceArray, DeviceBuffer, HostBuffer
-from .resource import release, shutting_down
+from .keepalive import collect_held, held_objects, hold_for_replays  # noqa: F401 - re-exported
 from .stream import Event
 
 NODE_T = driver.CUgraphNodeType
@@ -288,128 +284,6 @@ def allocation_address(node: Any) -> int:
     if ptr == 0:
         raise RawgraphError("cuGraphMemAllocNodeGetParams returned a null address")
     return ptr
-
-
-# -- objects a queued replay calls into, held past its exec --------------------------------------
-# (fence, objects): released by collect_held once the fence has fired.
-_held: list[tuple[Any, tuple]] = []
-_held_lock = threading.Lock()
-
-
-def hold_for_replays(exe: GraphExec, objs: Iterable[Any]) -> None:
-    """Make ``exe``'s release keep ``objs`` alive until the replays it queued have run.
-
-    ``cuGraphExecDestroy`` returns at once and the driver still runs the launches queued before
-    it; those replays call into memory the driver does not own (a host node's ctypes thunk, an exec
-    a kernel device-launches). So ``exe``'s one release (``close()``, garbage collection or exit)
-    becomes: record a fence on every stream ``exe`` was launched on (``exe.streams``,
-    ``cuEventRecord``), ``cuGraphExecDestroy``, then hold ``objs`` until the fence has fired
-    (:func:`collect_held` lets them go; it runs on every later hold and every built-graph
-    instantiate). If recording the fence fails the streams are synchronized instead
-    (``cuStreamSynchronize``); if that fails too the objects are kept for good and a
-    :class:`~rawgraph.errors.ReleaseWarning` says so: a leak is safer than a call into freed
-    memory. Inside a capture the whole release waits for the capture's end, like every release.
-    At interpreter exit the streams are synchronized, so no queued replay outlives the callbacks.
-
-    Launches made around :meth:`GraphExec.launch` (a raw ``cuGraphLaunch`` on the handle) are not
-    seen and not covered.
-
-    Raises
-    ------
-    ClosedError
-        ``exe`` is closed (checked before anything changes).
-    """
-    objs = tuple(objs)
-    info = exe._finalizer.peek()
-    if info is None:
-        raise ClosedError("GraphExec is closed")
-    if not objs:
-        return
-    _obj, func, args, kwargs = info
-    if func is release and not kwargs:
-        name, fn, fnargs = args[0], args[1], tuple(args[2:])
-    else:  # not a resource.release finalizer: run it as the inner release
-        name, fn, fnargs = "GraphExec release", _call_kwargs, (func, args, kwargs)
-    exe._finalizer.detach()
-    exe._finalizer = weakref.finalize(exe, release, name, _destroy_then_hold, fn, fnargs, exe.streams,
-                                      exe.graph.device, objs)
-    collect_held()
-
-
-def _call_kwargs(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    return func(*args, **kwargs)
-
-
-def _destroy_then_hold(fn: Callable[..., Any], fnargs: tuple, streams: Any, device: Device, objs: tuple) -> Any:
-    """The release :func:`hold_for_replays` installs: fence, destroy, hold (never raises half-way)."""
-    _hold(streams, device, objs)  # first: the fence must follow every launch that was queued
-    return fn(*fnargs)
-
-
-def _hold(streams: Any, device: Device, objs: tuple) -> None:
-    if not streams:
-        return  # never launched: no replay can call into them
-    if shutting_down():
-        # Nothing will collect later; let the queued replays run while the objects still exist.
-        try:
-            streams.synchronize()
-        except Exception:  # the driver may be gone at exit: nothing more to do
-            pass
-        return
-    try:
-        fence = streams.fence(None, device)
-    except Exception as exc:
-        try:
-            streams.synchronize()
-            return
-        except Exception as exc2:
-            warnings.warn(f"rawgraph: destroying an exec: recording a fence after its replays failed ({exc}) and so "
-                          f"did waiting for them ({exc2}); {len(objs)} object(s) its replays may call stay referenced",
-                          ReleaseWarning, stacklevel=3)
-            with _held_lock:
-                _held.append((None, objs))  # never released
-            return
-    with _held_lock:
-        _held.append((fence, objs))
-    collect_held()
-
-
-def collect_held() -> int:
-    """Let go of the objects held for replays that have finished (``cuEventQuery`` on their
-    fences, ``cuEventDestroy`` of the fence events); returns how many objects are still held.
-
-    Does nothing while a capture forbids driver calls on this thread (the next call after it does
-    the work). Safe from any thread.
-    """
-    if _capturing.forbids_unsafe_calls():
-        with _held_lock:
-            return sum(len(o) for _f, o in _held)
-    done: list[tuple[Any, tuple]] = []
-    keep: list[tuple[Any, tuple]] = []
-    with _held_lock:
-        for fence, objs in _held:
-            try:
-                finished = fence is not None and bool(fence.done())
-            except Exception:  # a query failed (a sticky context error): keep them
-                finished = False
-            if finished:
-                done.append((fence, objs))
-            else:
-                keep.append((fence, objs))
-        _held[:] = keep
-        still = sum(len(o) for _f, o in keep)
-    # Outside the lock: dropping the objects may run other releases (an exec this one held).
-    for fence, _objs in done:
-        for ev in fence.owned:
-            ev.close()
-    done.clear()
-    return still
-
-
-def held_objects() -> list[Any]:
-    """Every object held now for replays of destroyed execs (for tests and reports)."""
-    with _held_lock:
-        return [o for _f, objs in _held for o in objs]
 
 
 def node_types(graph_handle: Any) -> list[Any]:

@@ -278,7 +278,6 @@ class ExecUpdateManager:
         cache[id(array)] = (ref, view.ptr, view.nbytes, alive)
         return view.ptr, view.nbytes
 
-    @_locked
     def bind(self, name: str, array: Any) -> int:
         """Point every node argument bound to ``name`` at ``array``; returns driver updates made.
 
@@ -287,39 +286,40 @@ class ExecUpdateManager:
         ``cuGraphExecKernelNodeSetParams`` per node that reads it -- none when the pointer did not
         change. Anything else goes through :meth:`bind_many`, which validates it.
         """
-        if self._closed or self._checked_at != _resource.release_count:
-            self._check_usable()
-            self._checked_at = _resource.release_count
-        cache = self._checked.get(name)
-        hit = cache.get(id(array)) if cache is not None else None
-        if hit is None or hit[0]() is not array or (hit[3] is not None and not hit[3].alive):
-            return self.bind_many({name: array})
-        ptr, nbytes = hit[1], hit[2]
-        if self._writers:
-            self._check_overlap_one(name, ptr, nbytes)
-        old = self._bound_ptr[name][0]
-        pushed = 0
-        if ptr != old:
-            setparams = driver.cuGraphExecKernelNodeSetParams
-            exe, handles, params = self.exec.handle, self._handles, self._params
-            done: list[int] = []
-            for node, views in self._node_slots[name]:
-                for v in views:
-                    v.value = ptr
-                self._node_now[node] = None
-                (err,) = setparams(exe, handles[node], params[node])
-                if err != _SUCCESS:
-                    self._roll_back([(name, old)], done)
-                    raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
-                done.append(node)
-            pushed = len(done)
-            self.update_calls += pushed
-            self._bound_ptr[name] = (ptr, nbytes)
-        old_obj = self._bound_obj[name]
-        if old_obj is not array:
-            self._bound_obj[name] = array
-            self._retire(old_obj)
-        return pushed
+        with self._lock:  # inline, not @_locked: this is the per-replay path
+            if self._closed or self._checked_at != _resource.release_count:
+                self._check_usable()
+                self._checked_at = _resource.release_count
+            cache = self._checked.get(name)
+            hit = cache.get(id(array)) if cache is not None else None
+            if hit is None or hit[0]() is not array or (hit[3] is not None and not hit[3].alive):
+                return self.bind_many({name: array})
+            ptr, nbytes = hit[1], hit[2]
+            if self._writers:
+                self._check_overlap_one(name, ptr, nbytes)
+            old = self._bound_ptr[name][0]
+            pushed = 0
+            if ptr != old:
+                setparams = driver.cuGraphExecKernelNodeSetParams
+                exe, handles, params = self.exec.handle, self._handles, self._params
+                done: list[int] = []
+                for node, views in self._node_slots[name]:
+                    for v in views:
+                        v.value = ptr
+                    self._node_now[node] = None
+                    (err,) = setparams(exe, handles[node], params[node])
+                    if err != _SUCCESS:
+                        self._roll_back([(name, old)], done)
+                        raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
+                    done.append(node)
+                pushed = len(done)
+                self.update_calls += pushed
+                self._bound_ptr[name] = (ptr, nbytes)
+            old_obj = self._bound_obj[name]
+            if old_obj is not array:
+                self._bound_obj[name] = array
+                self._retire(old_obj)
+            return pushed
 
     def _check_overlap_one(self, name: str, ptr: int, nbytes: int) -> None:
         for wname in self._write_names:

@@ -33,16 +33,16 @@ def fake_session() -> Iterator[tuple[FakeDriver, FaultHook]]:
     """The fake driver and the hook installed over ``cuda.bindings.driver``, rawgraph's device and
     kernel caches emptied for the session and restored after it."""
     global FAKE, HOOK
-    import rawgraph.builder as builder
     import rawgraph.device as device
+    import rawgraph.keepalive as keepalive
     import rawgraph.kernels as kernels
 
     gc.collect()  # nothing of an earlier real-driver test may be released into the fake
-    saved = (device._init_state, dict(device._devices), dict(kernels._kernels), list(builder._held))
+    saved = (device._init_state, dict(device._devices), dict(kernels._kernels), list(keepalive._held))
     device._init_state = None
     device._devices.clear()
     kernels._kernels.clear()
-    builder._held.clear()
+    keepalive._held.clear()
     fake = FakeDriver()
     fake.install()
     hook = FaultHook()
@@ -59,7 +59,7 @@ def fake_session() -> Iterator[tuple[FakeDriver, FaultHook]]:
             k.module.close()
         for dev in device._devices.values():
             dev._finalizer.detach()
-        builder._held.clear()
+        keepalive._held.clear()
         hook.uninstall()
         fake.uninstall()
         device._init_state = saved[0]
@@ -67,7 +67,7 @@ def fake_session() -> Iterator[tuple[FakeDriver, FaultHook]]:
         device._devices.update(saved[1])
         kernels._kernels.clear()
         kernels._kernels.update(saved[2])
-        builder._held[:] = saved[3]
+        keepalive._held[:] = saved[3]
         FAKE = HOOK = None
 
 

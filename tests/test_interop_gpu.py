@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import random_input, rel_err
+from helpers import bench_script, random_input, rel_err
 from rawgraph import (
     CaptureRefusedError,
     DTypeError,
@@ -307,20 +307,10 @@ def test_streams_of_another_kind_are_refused(stream):
 
 
 # -- the soak's checks, run here in small -----------------------------------------------------------
-def _script(name):
-    """A benchmark script of this checkout, imported as a module (its checks run in-process)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"rawgraph_bench_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_the_mismatch_counter_the_soak_relies_on_counts_exactly(stream, rng):
-    sanitize = _script("sanitize_kernels")
+    sanitize = bench_script("sanitize_kernels")
     checks = sanitize.Checker()
     for n in (1001, 4096 + 7):
         sanitize.check_count_mismatch(checks, get_device(), stream, rng, n=n)
@@ -329,7 +319,7 @@ def test_the_mismatch_counter_the_soak_relies_on_counts_exactly(stream, rng):
 
 def test_soak_replays_are_checked_against_float64(rng):
     pytest.importorskip("cupy")
-    soak = _script("soak")
+    soak = bench_script("soak")
     seed = int(rng.integers(1 << 31))
     r = soak.replays(3000, seed)
     assert r["checker"]["counted"] == r["checker"]["expected"] > 0, r["checker"]

@@ -4,7 +4,7 @@ eager == replay for the same state, shared generators, seed reset, dropout in th
 import numpy as np
 import pytest
 
-from helpers import random_input, rel_err
+from helpers import bench_script, random_input, rel_err
 from rawgraph import DeviceBuffer, TinyBlock, capture_plan
 from rawgraph.control import (
     PhiloxGenerator,
@@ -179,20 +179,10 @@ def test_noisy_plan_refusals(stream):
 
 
 # -- the sanitizer target's Philox check, run here ---------------------------------------------------
-def _script(name):
-    """A benchmark script of this checkout, imported as a module (its checks run in-process)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"rawgraph_bench_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_the_sanitize_philox_check_uses_the_seed_the_host_set(device, stream, rng):
-    sanitize = _script("sanitize_kernels")
+    sanitize = bench_script("sanitize_kernels")
     checks = sanitize.Checker()
     sanitize.check_philox(checks, device, stream, rng)
     assert checks.failures == [], f"{checks.failures}, seed {rng.seed_used}"

@@ -21,7 +21,7 @@ CASES = [
         tests=[f"{CPU}::test_a_destroyed_exec_holds_what_its_replays_call_until_their_fence_fires",
                f"{CPU}::test_garbage_collection_of_the_exec_holds_too_and_a_never_launched_exec_holds_nothing",
                f"{OWN}::test_a_host_callback_outlives_builder_graph_and_exec_destroyed_with_a_replay_queued"],
-        edits=[("rawgraph/builder.py",
+        edits=[("rawgraph/keepalive.py",
                 "    _hold(streams, device, objs)  # first: the fence must follow every launch that was queued\n",
                 "")],
     ),

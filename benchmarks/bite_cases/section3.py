@@ -47,13 +47,13 @@ CASES = [
          why="SlotPool.join waits for the host row's copy after taking the slot: a failed wait leaves the slot taken",
          tests=[_t("slotpool_join_graph")],
          edits=[("rawgraph/serving/slots.py",
-                 "        self._version += 1\n        return chosen\n",
-                 "        self._version += 1\n        if isinstance(row, np.ndarray):\n            self.stream.synchronize()\n"
-                 "        return chosen\n"),
+                 "            self._version += 1\n            return chosen\n",
+                 "            self._version += 1\n            if isinstance(row, np.ndarray):\n"
+                 "                self.stream.synchronize()\n            return chosen\n"),
                 ("rawgraph/serving/slots.py",
-                 "            # so a failed wait leaves the pool as it was (the row went to a free slot).\n"
-                 "            self.stream.synchronize()\n",
-                 "            # so a failed wait leaves the pool as it was (the row went to a free slot).\n")]),
+                 "                # so a failed wait leaves the pool as it was (the row went to a free slot).\n"
+                 "                self.stream.synchronize()\n",
+                 "                # so a failed wait leaves the pool as it was (the row went to a free slot).\n")]),
     dict(name="s3-pointer-probe-hides-driver-errors",
          why="pointer_device takes any cuPointerGetAttribute failure for host memory (an OOM becomes NotOnDeviceError)",
          tests=[_t("manager_bind_many")],
