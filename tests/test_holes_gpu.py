@@ -47,6 +47,7 @@ class Overlap:
 
     def __init__(self, fn, pause=0.02):
         self.fn, self.pause, self.inside, self.overlaps, self.calls = fn, pause, 0, 0, 0
+        self.__name__ = fn.__name__  # rawgraph.errors.call names the call by it
         self._lock = threading.Lock()
 
     def __call__(self, *args):
@@ -60,6 +61,11 @@ class Overlap:
         finally:
             with self._lock:
                 self.inside -= 1
+
+
+def _referrers(obj):
+    """What still refers to ``obj`` (for a failure message)."""
+    return [type(r).__name__ + (f" {sorted(r)[:6]}" if isinstance(r, dict) else "") for r in gc.get_referrers(obj)]
 
 
 def _two_threads(work_a, work_b):
@@ -107,8 +113,10 @@ def test_the_rebinder_refuses_a_closed_exec_or_graph_before_the_driver(stream, r
 
 def test_the_rebinder_holds_a_moved_in_buffer_until_the_replays_that_read_it_have_run(stream, rng):
     model = _model(rng)
-    hosts, (x, a, b) = _buffers(rng, model, 3, stream)
-    want_a, want_b = _eager(model, a, stream), _eager(model, b, stream)
+    hosts, (x, a_copy, b_copy) = _buffers(rng, model, 3, stream)
+    want_a, want_b = _eager(model, a_copy, stream), _eager(model, b_copy, stream)
+    # a and b are known to the rebinder only (the eager runs above used copies)
+    a, b = (DeviceBuffer.from_numpy(h, stream=stream) for h in hosts[1:])
     out = DeviceBuffer((model.batch, model.width))
     graph = capture_plan(model.plan(x, out), stream)
     exe = graph.instantiate()
@@ -131,7 +139,7 @@ def test_the_rebinder_holds_a_moved_in_buffer_until_the_replays_that_read_it_hav
     stream.synchronize()
     assert reb.collect() == 0
     gc.collect()
-    assert ref_a() is None, "the buffer stayed held after its replays ran"
+    assert ref_a() is None, f"the buffer stayed held after its replays ran: {_referrers(ref_a())}"
     # prepare()/apply(): the binding holds b, then the rebinder while it is applied
     binding = reb.prepare({x: b})
     del b
@@ -150,7 +158,8 @@ def test_the_rebinder_holds_a_moved_in_buffer_until_the_replays_that_read_it_hav
     np.testing.assert_array_equal(out.to_numpy(stream), want_b)
     reb.close()
     gc.collect()
-    assert ref_b() is None and reb.retained == []
+    assert reb.retained == []
+    assert ref_b() is None, f"held after close: {_referrers(ref_b())}"
     exe.close()
     graph.close()
 
@@ -206,8 +215,9 @@ def test_prepare_refuses_a_range_a_child_graph_reads(device, stream, rng):
 # -- item 3: the manager's close waits for queued replays ------------------------------------------------
 def test_manager_close_waits_for_a_queued_replay_before_dropping_what_it_reads(stream, rng):
     model = _model(rng)
-    _, (x, a) = _buffers(rng, model, 2, stream)
-    want = _eager(model, a, stream)
+    hosts, (x, a_copy) = _buffers(rng, model, 2, stream)
+    want = _eager(model, a_copy, stream)  # a copy: the model's eager plans hold their arrays
+    a = DeviceBuffer.from_numpy(hosts[1], stream=stream)
     out = DeviceBuffer((model.batch, model.width))
     graph = capture_plan(model.plan(x, out), stream)
     exe = graph.instantiate()
@@ -224,7 +234,7 @@ def test_manager_close_waits_for_a_queued_replay_before_dropping_what_it_reads(s
     mgr.close()
     queued = not stream.query()
     gc.collect()
-    assert ref() is None, "close kept a retired array"
+    assert ref() is None, f"close kept a retired array: {_referrers(ref())}"
     assert not queued, "close let a retired array go with the replay that reads it still queued"
     np.testing.assert_array_equal(out.to_numpy(stream), want)
     exe.close()
