@@ -18,6 +18,8 @@ from . import _capturing
 from .errors import CaptureRefusedError
 from .resource import release
 
+_here = threading.local()  # per thread: the context rawgraph last made current there
+
 _lock = threading.RLock()  # re-entrant: get_device() holds it while Device() runs driver_status()
 _init_state: tuple[bool, str] | None = None
 _devices: dict[int, "Device"] = {}
@@ -124,7 +126,22 @@ class Device:
         """Make the primary context current on the calling thread (``cuCtxSetCurrent``)."""
         # Always set it: another library on this thread may have made a different context current.
         call(driver.cuCtxSetCurrent, self.context)
+        _here.context = self.context
         return self
+
+    def ensure_current(self) -> None:
+        """Make the context current on this thread unless rawgraph already did (one thread-local
+        read on the hot path; ``cuCtxSetCurrent`` the first time on each thread).
+
+        Needed before every exec update: on a thread with no current context (a new worker
+        thread), ``cuGraphExecKernelNodeSetParams`` crashes the process (driver 580, H200:
+        ``benchmarks/probes/thread_no_context.py``), where launches, copies and event records
+        work and allocations return ``CUDA_ERROR_INVALID_CONTEXT``. A context another library
+        makes current on the thread afterwards is not seen; the exec names its own context, so
+        the update still goes to the right one.
+        """
+        if getattr(_here, "context", None) is not self.context:
+            self.activate()
 
     def synchronize(self) -> None:
         """Wait for all work on the device (``cuCtxSynchronize``): the context-wide fence.

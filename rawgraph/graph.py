@@ -284,6 +284,7 @@ class GraphExec(Resource):
         """
         self._check_open()
         graph._check_open()
+        self.graph.device.ensure_current()
         err, info = driver.cuGraphExecUpdate(self.handle, graph.handle)
         if err == _SUCCESS:
             return

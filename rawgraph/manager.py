@@ -300,6 +300,7 @@ class ExecUpdateManager:
             old = self._bound_ptr[name][0]
             pushed = 0
             if ptr != old:
+                self._device.ensure_current()  # a SetParams on a thread with no context crashes
                 setparams = driver.cuGraphExecKernelNodeSetParams
                 exe, handles, params = self.exec.handle, self._handles, self._params
                 done: list[int] = []
@@ -456,6 +457,7 @@ class ExecUpdateManager:
         that put them there, so the common check is one identity test); on a refused push every
         node is put back.
         """
+        self._device.ensure_current()  # a SetParams on a thread with no context crashes
         setparams = driver.cuGraphExecKernelNodeSetParams
         exe = self.exec.handle
         node_now = self._node_now
@@ -595,6 +597,7 @@ class ExecUpdateManager:
         args.update(scalars)
         if new_grid is not None:
             params.gridDimX, params.gridDimY, params.gridDimZ = new_grid
+        self._device.ensure_current()
         (err,) = driver.cuGraphExecKernelNodeSetParams(self.exec.handle, self._handles[node], params)
         if err != _SUCCESS:
             args.update(old_values)
@@ -613,7 +616,7 @@ class ExecUpdateManager:
         view = args._views[arg]
         setparams = driver.cuGraphExecKernelNodeSetParams
         alive = self._alive
-
+        device = self._device
         lock = self._lock
 
         def setter(value: int | float) -> int:
@@ -624,6 +627,7 @@ class ExecUpdateManager:
                     return 0
                 old = view[0].item()
                 view[0] = value
+                device.ensure_current()
                 (err,) = setparams(self.exec.handle, handle, params)
                 if err != _SUCCESS:
                     view[0] = old

@@ -782,6 +782,8 @@ class AddressRebinder:
                     todo.append((self.memory[node], self.memory[node].original))
         todo += [(self.kernels[node], blob) for node, blob in blobs.items()]
         todo += [(self.memory[node], sides) for node, sides in memory.items()]
+        if todo:
+            self.device.ensure_current()  # a SetParams on a thread with no context crashes
         done: list[tuple[Any, Any]] = []  # (node state, what it held before this call)
         try:
             for st, value in todo:

@@ -3,6 +3,11 @@ core: the address rebinder, the exec-update manager, the indirect graph, the ser
 Each test failed before its fix (``benchmarks/bite_cases/holes_core.py`` puts each hole back)."""
 
 import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import weakref
@@ -320,6 +325,49 @@ def test_reshaped_graph_refuses_bad_sizes_and_a_partly_overlapping_x(stream, rng
     rg.close()
     with pytest.raises(ClosedError):
         rg.reshape(2)
+
+
+# -- exec updates from a thread that never made a context current ---------------------------------------
+NEW_THREAD_CHILD = """
+import json, threading
+import numpy as np
+from rawgraph import AddressRebinder, DeviceBuffer, ExecUpdateManager, ReshapedGraph, Stream, TinyBlock, capture_plan
+s = Stream()
+m = TinyBlock(128, 2, 1, seed=3, form="fused")
+xs = [DeviceBuffer.from_numpy(np.random.default_rng(i).standard_normal((2, 128), dtype=np.float32), stream=s)
+      for i in range(2)]
+out = DeviceBuffer((2, 128))
+g = capture_plan(m.plan(xs[0], out), s)
+e1, e2 = g.instantiate(), g.instantiate()
+mgr, reb = ExecUpdateManager(g, e1), AddressRebinder(g, e2)
+setter = mgr.scalar_setter(0, "B")
+rg = ReshapedGraph(m, max_batch=2, stream=s)
+ops = {"bind": lambda: mgr.bind("x", xs[1]), "set_params": lambda: mgr.set_params(0, grid=(1, 1, 1)),
+       "scalar_setter": lambda: setter(1), "rebind": lambda: reb.rebind(xs[0], xs[1]),
+       "reshape": lambda: rg.reshape(1), "exec.update": lambda: e1.update(g)}
+done = {}
+for name, op in ops.items():
+    def run(name=name, op=op):
+        try:
+            op()
+            done[name] = "ok"
+        except Exception as exc:
+            done[name] = repr(exc)
+    t = threading.Thread(target=run)  # a fresh thread: no current context
+    t.start()
+    t.join()
+print(json.dumps(done))
+"""
+
+
+def test_exec_updates_from_a_thread_with_no_current_context_do_not_crash():
+    # Before the fix cuGraphExecKernelNodeSetParams crashed the process there (driver 580): a child.
+    env = dict(os.environ, PYTHONPATH=str(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(NEW_THREAD_CHILD)], env=env, capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0, f"the child died ({r.returncode}): {r.stderr[-3000:]}"
+    done = json.loads(r.stdout.strip().splitlines()[-1])
+    assert done == {k: "ok" for k in ("bind", "set_params", "scalar_setter", "rebind", "reshape", "exec.update")}, done
 
 
 # -- item 12: one thread at a time in each owner ---------------------------------------------------------

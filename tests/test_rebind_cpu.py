@@ -124,6 +124,9 @@ class _FakeDevice:
     def activate(self):
         return self
 
+    def ensure_current(self):
+        pass
+
 
 @pytest.fixture
 def fake_graph(monkeypatch):

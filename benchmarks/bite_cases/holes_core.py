@@ -89,4 +89,12 @@ CASES = [
         tests=[f"{T}::test_two_threads_applying_one_rebinder_leave_held_and_exec_agreeing"],
         edits=[("rawgraph/rebind.py", "        self._lock = threading.RLock()\n", f"        self._lock = {NULL_LOCK}\n")],
     ),
+    dict(
+        name="exec_update_without_a_current_context",
+        why="a manager/rebinder/reshape update from a fresh thread reaches SetParams with no context (a crash)",
+        tests=[f"{T}::test_exec_updates_from_a_thread_with_no_current_context_do_not_crash"],
+        edits=[("rawgraph/device.py",
+                "        if getattr(_here, \"context\", None) is not self.context:\n            self.activate()\n",
+                "        return\n")],
+    ),
 ]

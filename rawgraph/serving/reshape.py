@@ -213,6 +213,7 @@ class ReshapedGraph:
         params, keys, current = self._params[n], self._keys[n], self._current[sig]
         exe, handles = self.execs[sig].handle, self._handles[sig]
         setparams = driver.cuGraphExecKernelNodeSetParams
+        self.device.ensure_current()  # a SetParams on a thread with no context crashes
         pushed = 0
         for i, key in enumerate(keys):
             if current[i] != key:

@@ -328,6 +328,7 @@ class SlotPool:
             assert b is not None
             if self._pinned is None and self._sent[b] != self._version:
                 if self._pushes:
+                    self.device.ensure_current()  # a SetParams on a thread with no context crashes
                     exe = self.execs[b].handle
                     for node, params, table in self._pushes[b]:
                         table[:b] = self.table[:b]
