@@ -16,7 +16,9 @@ stages=${*:-tests kernels quick}
 for stage in $stages; do
   start=$(date +%s)
   case $stage in
-    tests) PYTHONFAULTHANDLER=1 timeout 300 python3 -m pytest -q -rs --timeout=120 -p no:cacheprovider >"$OUT/gpu_tests.txt" 2>&1 ;;
+    tests)  # -v: a stage cut off by its limit still shows which test was running
+      PYTHONFAULTHANDLER=1 timeout ${TESTS_LIMIT:-420} python3 -m pytest -v -rs --durations=15 --timeout=120 -p no:cacheprovider \
+        >"$OUT/gpu_tests.txt" 2>&1 ;;
     kernels) timeout 200 python3 -m rawgraph.bench.kernel_times --out "$OUT" >"$OUT/kernel.log" 2>&1 ;;
     kernels-sweep) timeout 240 python3 -m rawgraph.bench.kernel_times --sweep --out "$OUT" >"$OUT/kernel.log" 2>&1 ;;
     quick) timeout 200 python3 -m rawgraph.bench.launch_paths --quick --out "$OUT" >"$OUT/launch_quick.log" 2>&1 ;;

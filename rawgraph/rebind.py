@@ -650,6 +650,7 @@ class AddressRebinder:
 
     def _rebind(self, old: Any, new: Any, device_buffers: Iterable[Any]) -> list[Match]:
         self._check_usable()
+        self.device.ensure_current()  # the allocation checks need a context on this thread
         lo, size = as_range(old)
         lo, size, nb = self._check_move((lo, size), new, device_buffers)
         matches = self.find((lo, size))
@@ -708,6 +709,7 @@ class AddressRebinder:
 
     def _prepare(self, moves: dict[Any, Any] | Sequence[tuple[Any, Any]]) -> Binding:
         self._check_usable()
+        self.device.ensure_current()  # the allocation checks need a context on this thread
         items = list(moves.items()) if isinstance(moves, dict) else list(moves)
         kernels: dict[int, np.ndarray] = {}
         memory: dict[int, dict[str, int]] = {}

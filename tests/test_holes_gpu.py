@@ -342,7 +342,7 @@ e1, e2 = g.instantiate(), g.instantiate()
 mgr, reb = ExecUpdateManager(g, e1), AddressRebinder(g, e2)
 setter = mgr.scalar_setter(0, "B")
 rg = ReshapedGraph(m, max_batch=2, stream=s)
-ops = {"bind": lambda: mgr.bind("x", xs[1]), "set_params": lambda: mgr.set_params(0, grid=(1, 1, 1)),
+ops = {"bind": lambda: mgr.bind("x", xs[1]), "prepare": lambda: reb.prepare({xs[0]: xs[1]}), "set_params": lambda: mgr.set_params(0, grid=(1, 1, 1)),
        "scalar_setter": lambda: setter(1), "rebind": lambda: reb.rebind(xs[0], xs[1]),
        "reshape": lambda: rg.reshape(1), "exec.update": lambda: e1.update(g)}
 done = {}
@@ -367,7 +367,8 @@ def test_exec_updates_from_a_thread_with_no_current_context_do_not_crash():
                        text=True, timeout=240)
     assert r.returncode == 0, f"the child died ({r.returncode}): {r.stderr[-3000:]}"
     done = json.loads(r.stdout.strip().splitlines()[-1])
-    assert done == {k: "ok" for k in ("bind", "set_params", "scalar_setter", "rebind", "reshape", "exec.update")}, done
+    assert done == {k: "ok" for k in ("bind", "prepare", "set_params", "scalar_setter", "rebind", "reshape",
+                                       "exec.update")}, done
 
 
 # -- item 12: one thread at a time in each owner ---------------------------------------------------------
