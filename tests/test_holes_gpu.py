@@ -219,10 +219,16 @@ def test_prepare_refuses_a_range_a_child_graph_reads(device, stream, rng):
 
 # -- item 3: the manager's close waits for queued replays ------------------------------------------------
 def test_manager_close_waits_for_a_queued_replay_before_dropping_what_it_reads(stream, rng):
+    # A caching allocator's array (CuPy's pool): cuMemFree would wait for the device, a pool hands
+    # the block to the next allocation at once.
+    cp = pytest.importorskip("cupy")
     model = _model(rng)
     hosts, (x, a_copy) = _buffers(rng, model, 2, stream)
-    want = _eager(model, a_copy, stream)  # a copy: the model's eager plans hold their arrays
-    a = DeviceBuffer.from_numpy(hosts[1], stream=stream)
+    want = _eager(model, a_copy, stream)
+    a = cp.asarray(hosts[1])
+    cp.empty(a.shape, cp.float32).fill(cp.nan)  # CuPy compiles its fill kernel now, not behind the spin
+    cp.cuda.Device().synchronize()
+    a_ptr = a.data.ptr
     out = DeviceBuffer((model.batch, model.width))
     graph = capture_plan(model.plan(x, out), stream)
     exe = graph.instantiate()
@@ -239,9 +245,15 @@ def test_manager_close_waits_for_a_queued_replay_before_dropping_what_it_reads(s
     mgr.close()
     queued = not stream.query()
     gc.collect()
-    assert ref() is None, f"close kept a retired array: {_referrers(ref())}"
+    assert ref() is None, "close kept a retired array"
+    # The pool's next arrays, filled on CuPy's stream (which does not wait for ours)
+    fresh = [cp.empty((model.batch, model.width), cp.float32) for _ in range(4)]
+    for f in fresh:
+        f.fill(cp.nan)
+    reused = any(f.data.ptr == a_ptr for f in fresh)
+    np.testing.assert_array_equal(out.to_numpy(stream), want,
+                                  err_msg=f"the replay read a reused block (reused={reused}, queued={queued})")
     assert not queued, "close let a retired array go with the replay that reads it still queued"
-    np.testing.assert_array_equal(out.to_numpy(stream), want)
     exe.close()
     graph.close()
 
@@ -257,6 +269,8 @@ def test_a_stream_closed_after_a_launch_breaks_no_later_bind_or_close(stream, rn
     with Stream() as t:
         mgr.launch(t)
     assert mgr.bind("x", a) > 0
+    mgr.collect()  # covers the retired x with a fence: the closed stream takes none, its tail stands in
+    stream.synchronize()
     out.poison(stream)
     mgr.launch(stream)
     np.testing.assert_array_equal(out.to_numpy(stream), _eager(model, a, stream))
