@@ -91,6 +91,7 @@ class FaultHook:
         self.fired: tuple[str, int] | None = None
         self.names: list[str] | None = None  # the calls made, when recording
         self.live: dict[tuple[str, int], str] = {}  # (kind, handle) -> the call that made it
+        self.origins: dict[tuple[str, int], str] = {}  # (kind, handle) -> where it was made (file:line <- ...)
         self.problems: list[str] = []  # destroys of handles not alive (double or foreign)
         self.failed_releases: list[tuple[str, int]] = []
         self._to_graph: set[int] = set()  # streams capturing into an existing graph (no create)
@@ -168,6 +169,7 @@ class FaultHook:
                     hook._to_graph.discard(stream)  # the body graph belongs to its node
                 elif handle:
                     hook.live[(create, handle)] = name
+                    hook.origins[(create, handle)] = _origin()
                     hook._dead.discard((create, handle))  # addresses and handles are reused
             elif name == "cuStreamEndCapture" and args:
                 hook._to_graph.discard(int(args[0]))
@@ -178,6 +180,10 @@ class FaultHook:
         wrapper.__name__ = wrapper.__qualname__ = name
         wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
         return wrapper
+
+    def where(self, keys: Any) -> dict[tuple[str, int], str]:
+        """Where each of ``keys`` (handles, e.g. :meth:`leaked`'s) was created: a leak's message."""
+        return {key: self.origins.get(key, "?") for key in keys}
 
     def _destroyed(self, kind: str, handle: Any, failed: bool) -> None:
         key = (kind, int(handle))
@@ -194,6 +200,7 @@ class FaultHook:
         """Forget every count and tally (the start of a case)."""
         self.calls, self.fail_at, self.fired, self.names = 0, None, None, None
         self.live.clear()
+        self.origins.clear()
         self.problems.clear()
         self.failed_releases.clear()
         self._to_graph.clear()
@@ -205,6 +212,18 @@ class FaultHook:
 
     def disarm(self) -> None:
         self.fail_at = None
+
+
+def _origin(depth: int = 8) -> str:
+    """The caller's frames, innermost first, as ``file:line`` (the hook's own left out): cheap
+    enough for every create, and it names the owner of a handle that leaked."""
+    frame = sys._getframe(2)
+    parts = []
+    while frame is not None and len(parts) < depth:
+        name = frame.f_code.co_filename.rsplit("/", 1)[-1]
+        parts.append(f"{name}:{frame.f_lineno}")
+        frame = frame.f_back
+    return " <- ".join(parts)
 
 
 # ----------------------------------------------------------------------------------- cases

@@ -1,6 +1,19 @@
 """Shared test helpers (imported by GPU tests)."""
 
+import os
+
 import numpy as np
+
+# Under compute-sanitizer (device_run.sh sets RAWGRAPH_SANITIZER) every host call and launch is
+# many times slower, while a spin kernel still waits the same device time: a spin meant to keep
+# work queued while Python runs must be longer there.
+SANITIZER_SLOWDOWN = 10 if os.environ.get("RAWGRAPH_SANITIZER") else 1
+
+
+def spin_ns(ns):
+    """``ns`` of device time to queue in front of work that must still be queued when the host
+    code after the launch runs (``ns`` times :data:`SANITIZER_SLOWDOWN`)."""
+    return int(ns) * SANITIZER_SLOWDOWN
 
 
 def rel_err(got, ref):

@@ -132,7 +132,7 @@ def _inject_each(hook, stream, rng, make, op, launch, bound_after_failure=None):
         rig.close()
         del rig, state
         gc.collect()
-        assert not hook.leaked() and not hook.problems, (k, hook.leaked(), hook.problems)
+        assert not hook.leaked() and not hook.problems, (k, hook.where(hook.leaked()), hook.problems)
     return names, fired_setparams
 
 

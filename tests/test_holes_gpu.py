@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from cuda.bindings import driver
 
-from helpers import random_input, rel_err
+from helpers import random_input, rel_err, spin_ns
 from rawgraph import (
     AddressRebinder, BucketGraphs, ClosedError, DeviceArray, DeviceBuffer, ExecUpdateManager, IndirectGraph,
     LayoutError, RebindError, ReshapedGraph, RowCountBuckets, ShapeError, SlotPool, Stream, TinyBlock,
@@ -26,7 +26,7 @@ from rawgraph.errors import call
 
 pytestmark = pytest.mark.gpu
 
-SPIN_NS = 200_000_000  # 200 ms queued in front: long against the Python that follows a launch
+SPIN_NS = spin_ns(200_000_000)  # 200 ms queued in front: long against the Python that follows a launch
 WIDTH = 128
 
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import bench_script, random_input, rel_err
+from helpers import bench_script, random_input, rel_err, spin_ns
 from rawgraph import (
     CaptureRefusedError,
     DTypeError,
@@ -24,7 +24,7 @@ from rawgraph import (
 )
 
 pytestmark = pytest.mark.gpu
-SPIN_NS = 30_000_000  # 30 ms of device time queued first: a missing wait would show in the values
+SPIN_NS = spin_ns(30_000_000)  # 30 ms of device time queued first: a missing wait would show in the values
 
 
 def _torch():

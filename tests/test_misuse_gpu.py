@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from cuda.bindings import driver
 
-from helpers import random_input, rel_err
+from helpers import random_input, rel_err, spin_ns
 from rawgraph import (
     Capture,
     CaptureError,
@@ -40,7 +40,7 @@ GLOBAL, THREAD_LOCAL, RELAXED = CaptureMode.GLOBAL, CaptureMode.THREAD_LOCAL, Ca
 UNSUPPORTED = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
 INVALIDATED = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"
 ILLEGAL_STATE = "CUDA_ERROR_ILLEGAL_STATE"
-SPIN_NS = 100_000_000  # 100 ms: long enough that everything queued behind it is still waiting
+SPIN_NS = spin_ns(100_000_000)  # 100 ms: long enough that everything queued behind it is still waiting
 
 
 def _usable_afterwards(stream, rng):

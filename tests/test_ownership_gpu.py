@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from cuda.bindings import driver
 
-from helpers import random_input, rel_err
+from helpers import random_input, rel_err, spin_ns
 from rawgraph import ClosedError, DeviceBuffer, RawgraphError, Stream, TinyBlock, capture_plan, resource
 from rawgraph.bench import device_launch as bench
 from rawgraph.builder import GraphBuilder, build_plan, edge_data
@@ -28,7 +28,7 @@ from rawgraph.errors import call
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
-SPIN_NS = 300_000_000  # what the replays wait behind: long against the Python between launch and collection
+SPIN_NS = spin_ns(300_000_000)  # what the replays wait behind: long against the Python between launch and collection
 
 
 def _child(code: str, *args: object, debug_malloc: bool = False) -> dict:
@@ -166,8 +166,11 @@ del t
 # replay instead of the target, it would bump `other`, not `counter`.
 decoy = DeviceGraph(capture_plan(bench.bump_chain(other, 1), s2, warmup=False), s2)
 s.synchronize()
-builder.collect_held()
-report = {"queued": queued, "held": held, "destroyed": texec() is None, "counter": int(counter.to_numpy(s)[0]),
+still = builder.collect_held()
+destroyed = texec() is None
+gc.collect()
+report = {"queued": queued, "held": held, "destroyed": destroyed, "destroyed_after_gc": texec() is None,
+          "still_held": still, "counter": int(counter.to_numpy(s)[0]),
           "rc": int(rc.to_numpy(s)[0]), "other": int(other.to_numpy(s)[0])}
 decoy.close()
 s.synchronize()
@@ -182,7 +185,7 @@ def test_closing_a_device_graph_with_a_launcher_replay_queued_is_safe(rng):
     assert got["held"], "the target's exec was destroyed while a queued launcher replay could still launch it"
     assert got["rc"] == 0, "the device-side cudaGraphLaunch failed"
     assert got["counter"] == c0 + 3 and got["other"] == 0, got
-    assert got["destroyed"], "the target's exec was not destroyed once the launcher replay had run"
+    assert got["destroyed"], f"the target's exec was not destroyed once the launcher replay had run: {got}"
 
 
 # -- item 8: a body capture runs the releases it deferred ---------------------------------------------

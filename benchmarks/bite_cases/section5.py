@@ -12,8 +12,8 @@ CASES = [
     dict(name="s5-slots-join-skips-the-table-rule",
          why="join rewrites the pinned table without waiting for the queued step to have read it (_table_free deleted)",
          tests=[f"{T_SLOTS}::test_the_pinned_table_is_not_rewritten_under_a_queued_step"],
-         edits=[(SLOTS, "        self._table_free()\n        self._free.remove(chosen)\n",
-                 "        self._free.remove(chosen)\n")]),
+         edits=[(SLOTS, "            self._table_free()\n            self._free.remove(chosen)\n",
+                 "            self._free.remove(chosen)\n")]),
     # 2
     dict(name="s5-slots-leave-pads-with-the-freed-slot",
          why="leave leaves the freed slot in the table as padding instead of the scratch slot",
