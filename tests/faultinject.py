@@ -182,8 +182,17 @@ class FaultHook:
         return wrapper
 
     def where(self, keys: Any) -> dict[tuple[str, int], str]:
-        """Where each of ``keys`` (handles, e.g. :meth:`leaked`'s) was created: a leak's message."""
-        return {key: self.origins.get(key, "?") for key in keys}
+        """Where each of ``keys`` (handles, e.g. :meth:`leaked`'s) was created, and which live
+        rawgraph objects own it and who holds them: a leak's message."""
+        from helpers import describe_holders
+        from rawgraph.resource import Resource
+
+        out = {}
+        for key in keys:
+            owners = [o for o in gc.get_objects() if isinstance(o, Resource) and _as_int(getattr(o, "handle", None)) == key[1]]
+            held = "; ".join(f"{o!r} held by:\n{describe_holders(o)}" for o in owners[:2]) or "no live owner"
+            out[key] = f"{self.origins.get(key, '?')} | {held}"
+        return out
 
     def _destroyed(self, kind: str, handle: Any, failed: bool) -> None:
         key = (kind, int(handle))
@@ -212,6 +221,13 @@ class FaultHook:
 
     def disarm(self) -> None:
         self.fail_at = None
+
+
+def _as_int(handle: Any) -> int | None:
+    try:
+        return int(handle)
+    except Exception:
+        return None
 
 
 def _origin(depth: int = 8) -> str:

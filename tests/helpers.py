@@ -41,3 +41,28 @@ def bench_script(name):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def describe_holders(obj, depth=3, width=4):
+    """Who keeps ``obj`` alive: its referrers (``gc.get_referrers``), theirs, ``depth`` levels,
+    as one line per object (type and a short repr). A failing lifetime check prints it."""
+    import gc
+    import types
+
+    lines, seen = [], {id(obj)}
+    frontier = [(obj, 0)]
+    while frontier:
+        cur, level = frontier.pop(0)
+        if level >= depth:
+            continue
+        refs = [r for r in gc.get_referrers(cur) if id(r) not in seen and not isinstance(r, types.FrameType)
+                and r is not frontier and r is not lines]
+        for r in refs[:width]:
+            seen.add(id(r))
+            text = repr(r) if not isinstance(r, (dict, list, tuple)) else f"{type(r).__name__} of {len(r)}"
+            if isinstance(r, dict):
+                keys = [k for k, v in r.items() if v is cur][:3]
+                text += f" (keys {keys!r})"
+            lines.append(f"{'  ' * level}<- {type(r).__name__}: {text[:160]}")
+            frontier.append((r, level + 1))
+    return "\n".join(lines)

@@ -253,6 +253,15 @@ def test_rawgraph_streams_in_cupy_and_cuda_core(rng):
     assert back.ptr == s.ptr and not back.owned
 
 
+CUPY_SPIN = r"""
+extern "C" __global__ void cupy_spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+
+
 def test_borrowed_default_streams_launch_but_never_capture(rng):
     cp = pytest.importorskip("cupy")
     null = cp.cuda.Stream.null
@@ -266,16 +275,19 @@ def test_borrowed_default_streams_launch_but_never_capture(rng):
     assert borrowed.is_legacy and not borrowed.owned
     own = Stream()
     mine = cp.full((1, 64), cp.nan, dtype=cp.float32)
+    # CuPy's own spin (not rawgraph's launch path): it holds the legacy stream for 30 ms.
+    cupy_spin = cp.RawKernel(CUPY_SPIN, "cupy_spin")
     for k, on in enumerate((borrowed, null)):  # rawgraph's borrowed stream, then CuPy's own object
         xh = random_input(rng, (1, 64))
         src = cp.asarray(xh)
         with null:
             out.fill(cp.nan)
             null.synchronize()
-            # 30 ms of device work on the borrowed stream, then CuPy writes x on the legacy stream,
-            # the plan runs on the borrowed stream, CuPy reads out: right only if all of it is one
-            # stream in that order.
+            # 30 ms of device work on the borrowed stream, then CuPy spins and writes x on the legacy
+            # stream, the plan runs on the borrowed stream, CuPy reads out: right only if all of it
+            # is one stream in that order (a plan on any other stream reads the old x).
             ops.spin(get_device(), SPIN_NS)(on)
+            cupy_spin((1,), (1,), (cp.uint64(SPIN_NS),))
             x[...] = src
             plan.run(on)  # eager work on a default stream is fine (only capture is refused)
             got = cp.asnumpy(out)

@@ -133,6 +133,8 @@ def test_a_launcher_of_a_closed_device_graph_is_refused_before_the_driver(stream
 LAUNCHER_CHILD = """
 import gc, json, sys, weakref
 import numpy as np
+sys.path.insert(0, "tests")  # cwd is the checkout
+from helpers import describe_holders
 from rawgraph import DeviceBuffer, Stream, capture_plan, get_device, ops
 from rawgraph import builder
 from rawgraph.bench import device_launch as bench
@@ -169,8 +171,9 @@ s.synchronize()
 still = builder.collect_held()
 destroyed = texec() is None
 gc.collect()
+holders = "" if texec() is None else describe_holders(texec())
 report = {"queued": queued, "held": held, "destroyed": destroyed, "destroyed_after_gc": texec() is None,
-          "still_held": still, "counter": int(counter.to_numpy(s)[0]),
+          "still_held": still, "holders": holders, "counter": int(counter.to_numpy(s)[0]),
           "rc": int(rc.to_numpy(s)[0]), "other": int(other.to_numpy(s)[0])}
 decoy.close()
 s.synchronize()
