@@ -43,26 +43,34 @@ def bench_script(name):
     return mod
 
 
-def describe_holders(obj, depth=3, width=4):
+def describe_holders(obj, depth=4, width=4):
     """Who keeps ``obj`` alive: its referrers (``gc.get_referrers``), theirs, ``depth`` levels,
-    as one line per object (type and a short repr). A failing lifetime check prints it."""
+    as one line per object (type and a short repr; a frame names its code). A failing lifetime
+    check prints it."""
     import gc
+    import sys
     import types
 
-    lines, seen = [], {id(obj)}
+    lines: list[str] = []
+    seen = {id(obj), id(lines), id(sys._getframe())}
     frontier = [(obj, 0)]
+    seen.add(id(frontier))
     while frontier:
         cur, level = frontier.pop(0)
         if level >= depth:
             continue
-        refs = [r for r in gc.get_referrers(cur) if id(r) not in seen and not isinstance(r, types.FrameType)
-                and r is not frontier and r is not lines]
+        refs = [r for r in gc.get_referrers(cur) if id(r) not in seen and not (isinstance(r, tuple) and len(r) == 2
+                                                                               and r[0] is cur and isinstance(r[1], int))]
         for r in refs[:width]:
             seen.add(id(r))
-            text = repr(r) if not isinstance(r, (dict, list, tuple)) else f"{type(r).__name__} of {len(r)}"
-            if isinstance(r, dict):
-                keys = [k for k, v in r.items() if v is cur][:3]
-                text += f" (keys {keys!r})"
+            if isinstance(r, types.FrameType):
+                text = f"frame of {r.f_code.co_name} at {r.f_code.co_filename.rsplit('/', 1)[-1]}:{r.f_lineno}"
+            elif isinstance(r, (dict, list, tuple, set)):
+                text = f"{type(r).__name__} of {len(r)}"
+                if isinstance(r, dict):
+                    text += f" (keys {[k for k, v in r.items() if v is cur][:3]!r})"
+            else:
+                text = repr(r)
             lines.append(f"{'  ' * level}<- {type(r).__name__}: {text[:160]}")
             frontier.append((r, level + 1))
     return "\n".join(lines)

@@ -171,7 +171,7 @@ s.synchronize()
 still = builder.collect_held()
 destroyed = texec() is None
 gc.collect()
-holders = "" if texec() is None else describe_holders(texec())
+holders = "" if texec() is None else describe_holders(texec(), depth=6)
 report = {"queued": queued, "held": held, "destroyed": destroyed, "destroyed_after_gc": texec() is None,
           "still_held": still, "holders": holders, "counter": int(counter.to_numpy(s)[0]),
           "rc": int(rc.to_numpy(s)[0]), "other": int(other.to_numpy(s)[0])}
