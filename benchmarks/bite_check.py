@@ -66,17 +66,30 @@ def _copy_tree(dst: Path) -> None:
             shutil.copy2(src, dst / item)
 
 
-def apply_edits(tree: Path, edits) -> str | None:
-    """Apply the edits in ``tree``; None when all applied, else why not."""
+def edited_texts(tree: Path, edits) -> "dict[str, str] | str":
+    """The files of ``tree`` the edits touch, as they read after all of them (nothing is
+    written); a string saying why not when an edit does not apply (a missing file, a stale case)."""
+    texts: dict[str, str] = {}
     for path, old, new in edits:
-        f = tree / path
-        if not f.exists():
-            return f"{path}: no such file"
-        text = f.read_text()
-        n = text.count(old)
+        if path not in texts:
+            f = tree / path
+            if not f.exists():
+                return f"{path}: no such file"
+            texts[path] = f.read_text()
+        n = texts[path].count(old)
         if n != 1:
             return f"{path}: the text to replace occurs {n} times (stale case?): {old[:60]!r}"
-        f.write_text(text.replace(old, new))
+        texts[path] = texts[path].replace(old, new)
+    return texts
+
+
+def apply_edits(tree: Path, edits) -> str | None:
+    """Apply the edits in ``tree``; None when all applied, else why not."""
+    texts = edited_texts(tree, edits)
+    if isinstance(texts, str):
+        return texts
+    for path, text in texts.items():
+        (tree / path).write_text(text)
     return None
 
 

@@ -164,9 +164,9 @@ def _program_log(prog: nvrtc.nvrtcProgram) -> str:
 def _out_buffer(size: int) -> bytearray:
     """A fresh, writable buffer for NVRTC to fill.
 
-    Never ``bytes``: NVRTC writes into the buffer it is given, and CPython shares one object for
-    every one-byte ``bytes`` (``b" " * 1 is b" "``), so an empty log (size 1, a lone NUL) written
-    into ``b" " * 1`` would turn the interpreter's ``b" "`` into ``b"\\x00"`` for the whole process.
+    Never ``bytes``: NVRTC writes into the buffer it is given, and CPython keeps every one-byte
+    ``bytes`` as one shared interpreter object, so an empty log (size 1, a lone NUL) written into a
+    one-byte ``bytes`` would turn the interpreter's space byte into NUL for the whole process.
     """
     return bytearray(max(int(size), 1))
 

@@ -13,7 +13,8 @@ import pytest
 from helpers import bench_script
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = bench_script("bite_check").load_cases()
+BITE = bench_script("bite_check")
+CASES = BITE.load_cases()
 
 
 def test_there_are_cases_for_every_module():
@@ -24,12 +25,9 @@ def test_there_are_cases_for_every_module():
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_the_case_applies_and_compiles(case):
-    texts: dict[str, str] = {}
-    for path, old, new in case["edits"]:
-        text = texts[path] if path in texts else (ROOT / path).read_text()
-        assert text.count(old) == 1, f"{case['name']}: {path} holds the text to replace {text.count(old)} times: {old[:70]!r}"
-        assert new != old
-        texts[path] = text.replace(old, new)
+    texts = BITE.edited_texts(ROOT, case["edits"])
+    assert not isinstance(texts, str), f"{case['name']}: {texts}"
+    assert all(new != old for _p, old, new in case["edits"])
     for path, text in texts.items():
         if path.endswith(".py"):
             compile(text, path, "exec")  # a SyntaxError names the case's file and line
