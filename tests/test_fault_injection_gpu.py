@@ -18,7 +18,7 @@ import gc
 import numpy as np
 import pytest
 
-from helpers import random_input, rel_err
+from helpers import CHECK_DESTRUCTION, random_input, rel_err
 from faultinject import FaultHook, names_call
 from rawgraph import DeviceBuffer, ExecUpdateManager, IndirectGraph, TinyBlock, capture_plan
 from rawgraph.errors import RawgraphError
@@ -132,7 +132,9 @@ def _inject_each(hook, stream, rng, make, op, launch, bound_after_failure=None):
         rig.close()
         del rig, state
         gc.collect()
-        assert not hook.leaked() and not hook.problems, (k, hook.where(hook.leaked()), hook.problems)
+        assert not hook.problems, (k, hook.problems)
+        if CHECK_DESTRUCTION:  # see helpers.CHECK_DESTRUCTION
+            assert not hook.leaked(), (k, hook.where(hook.leaked()))
     return names, fired_setparams
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from cuda.bindings import driver
 
-from helpers import random_input, rel_err, spin_ns
+from helpers import UNDER_SANITIZER, random_input, rel_err, spin_ns
 from rawgraph import (
     Capture,
     CaptureError,
@@ -486,9 +486,7 @@ def test_two_execs_replay_concurrently_on_two_streams(rng):
         np.testing.assert_array_equal(bufs["y"].to_numpy(s), np.maximum(xh, 0))
     # Two 50 ms graphs on two streams overlap: well under the 100 ms they would take in turn.
     # (Skipped under compute-sanitizer, which serialises kernels.)
-    import os
-
-    if not os.environ.get("RAWGRAPH_SANITIZER"):
+    if not UNDER_SANITIZER:
         assert 0.05 <= wall < 0.085, f"two 50 ms replays took {wall * 1e3:.1f} ms"
 
 
