@@ -458,3 +458,41 @@ def test_two_threads_applying_one_rebinder_leave_held_and_exec_agreeing(stream, 
     reb.close()
     exe.close()
     graph.close()
+
+
+def test_two_threads_applying_one_indirect_graph_leave_table_and_bound_agreeing(stream, rng, monkeypatch):
+    model = _model(rng)
+    _, xs = _buffers(rng, model, 3, stream)
+    wants = [_eager(model, x, stream) for x in xs]
+    outs = [DeviceBuffer((model.batch, model.width)) for _ in range(3)]
+    ind = IndirectGraph(model, xs[0], outs[0], stream)
+    ind.launch(stream)  # launched: every apply now asks the read event (cuEventQuery) inside the lock
+    stream.synchronize()
+    pairs = [ind.prepare(x, o) for x, o in zip(xs, outs)]
+    spy = Overlap(driver.cuEventQuery)
+    monkeypatch.setattr(driver, "cuEventQuery", spy)
+    order = [[1, 2, 1, 2], [2, 0, 2, 0]]
+    errors = _two_threads(*[(lambda seq=seq: [ind.apply(pairs[i]) for i in seq]) for seq in order])
+    monkeypatch.undo()
+    assert errors == [] and spy.calls > 0
+    assert spy.overlaps == 0, "two applies ran inside the IndirectGraph at once"
+
+    def replay_checks(i, what):
+        for o in outs:
+            o.poison(stream)
+        ind.launch(stream)
+        for k, o in enumerate(outs):
+            got = o.to_numpy(stream)
+            if k == i:
+                np.testing.assert_array_equal(got, wants[i], err_msg=what)
+            else:
+                assert np.isnan(got).all(), f"{what}: the replay also wrote out{k}"
+
+    # whichever apply came last, the pair it says is bound is the one the table holds
+    last = [k for k in range(3) if ind.bound is pairs[k].arrays]
+    assert len(last) == 1, "bound names none of the applied pairs"
+    replay_checks(last[0], "after the two threads")
+    for i in (0, 1, 2, 1, 0):
+        ind.apply(pairs[i])
+        replay_checks(i, f"pair {i}")
+    ind.close()

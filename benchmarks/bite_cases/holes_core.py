@@ -90,6 +90,14 @@ CASES = [
         edits=[("rawgraph/rebind.py", "        self._lock = threading.RLock()\n", f"        self._lock = {NULL_LOCK}\n")],
     ),
     dict(
+        name="indirect_graph_without_lock",
+        why="item 12: two threads' applies run inside one IndirectGraph at once",
+        tests=[f"{T}::test_two_threads_applying_one_indirect_graph_leave_table_and_bound_agreeing"],
+        edits=[("rawgraph/indirect.py",
+                "        self._lock = threading.Lock()  # apply: the wait, the two stores and the keep-alive together\n",
+                f"        self._lock = {NULL_LOCK}\n")],
+    ),
+    dict(
         name="exec_update_without_a_current_context",
         why="a manager/rebinder/reshape update from a fresh thread reaches SetParams with no context (a crash)",
         tests=[f"{T}::test_exec_updates_from_a_thread_with_no_current_context_do_not_crash"],
