@@ -43,15 +43,19 @@ class CaptureRecord:
         Why the capture was ended by someone else (the stream was closed), if it was.
     """
 
-    __slots__ = ("stream", "mode", "thread", "ident", "errors", "aborted")
+    __slots__ = ("stream", "mode", "thread", "ident", "errors", "aborted", "capture_id", "owner")
 
-    def __init__(self, stream: int, mode: str):
+    def __init__(self, stream: int, mode: str, capture_id: int = 0, owner: Any = None):
         self.stream = int(stream)
         self.mode = mode
         self.thread = threading.current_thread().name
         self.ident = threading.get_ident()
         self.errors: list[BaseException] = []
         self.aborted: str | None = None
+        # The driver's id of this capture and a weak reference to the object recording it (weak:
+        # a capture collected mid-capture must still be collectable, see Capture's finalizer).
+        self.capture_id = int(capture_id)
+        self.owner = owner
 
     def describe(self) -> str:
         return f"stream 0x{self.stream:x} ({self.mode} mode, thread {self.thread!r})"
@@ -80,6 +84,17 @@ def active() -> list[CaptureRecord]:
     """Every open rawgraph capture in the process."""
     with _lock:
         return list(_active.values())
+
+
+def recorder_of(capture_id: int) -> Any:
+    """The open rawgraph capture object with the driver's capture id ``capture_id``, or None
+    (another library's capture, or none). Lets a launch made on a capturing stream outside
+    ``Capture.launch`` (a :class:`~rawgraph.RawKernel` call) be recorded in the node map."""
+    with _lock:
+        for rec in _active.values():
+            if rec.capture_id == capture_id and rec.owner is not None:
+                return rec.owner()
+    return None
 
 
 def forbids_unsafe_calls() -> bool:

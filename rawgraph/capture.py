@@ -46,6 +46,7 @@ from .errors import (CaptureError, CaptureRefusedError, ClosedError, EmptyCaptur
                      error_name)
 from .graph import ForeignNode, Graph, KernelNode
 from .launch import Launch, LaunchPlan
+from .memory import DeviceArray
 from .resource import flush_deferred, release, shutting_down
 from .stream import SPECIAL_HANDLES, Event, Stream, _handle_of, as_stream
 
@@ -149,6 +150,10 @@ class Capture:
         # Fork/join events: the waits copy an event's node set when they are made, but the
         # events stay alive until the capture ends and are destroyed after it.
         self._events: list[Event] = []
+        # The arrays the recorded launches point at, by name (plans run, RawKernel calls), and
+        # whether the names stayed unambiguous: then the graph gets a plan of its own at the end.
+        self.buffers: dict[str, DeviceArray] = {}
+        self._names_ok = True
 
     @property
     def streams(self) -> list[Stream]:
@@ -178,6 +183,8 @@ class Capture:
             _release_side(self._pool, self._events)
             flush_deferred()
             raise
+        self._record.capture_id = self._id  # RawKernel calls on this stream find this object
+        self._record.owner = weakref.ref(self)
         # Ends the capture if this object is collected mid-capture (refers to the stream, not self).
         self._abandon = weakref.finalize(self, _abandon_capture, self.stream, self._record, self._pool, self._events)
         return self
@@ -282,12 +289,19 @@ class Capture:
             call(driver.cuStreamWaitEvent, target.handle, event.handle, 0)
 
     # -- recorded operations --------------------------------------------------------------
-    def launch(self, launch: Launch, stream: Any = None) -> KernelNode:
+    def launch(self, launch: Launch, stream: Any = None, buffers: dict[str, DeviceArray] | None = None) -> KernelNode:
         """Launch into the capture on ``stream`` (default the origin; else a stream of this
         capture) and record the node it became and its dependencies (``cuStreamGetCaptureInfo``
-        before and after the launch)."""
+        before and after the launch).
+
+        ``buffers`` names the arrays ``launch.uses`` points at (a plan's buffers, or what a
+        :class:`~rawgraph.RawKernel` call was given): when every recorded launch's arrays are
+        named, and no name stands for two arrays, the graph gets a plan of its own
+        (``graph.plan``), so :class:`~rawgraph.ExecUpdateManager` binds it with no plan given."""
         if not self._open:
             raise RawgraphError("Capture.launch outside the with-block")
+        if buffers:
+            self.name_buffers(buffers)
         s = self.stream if stream is None else self._in_capture(stream, f"launching {launch.kernel.name}")
         deps = self._deps(s, f"launching {launch.kernel.name}")
         launch(s)
@@ -375,7 +389,45 @@ class Capture:
         stream of this capture, see :meth:`fork`)."""
         plan.check_open()
         s = None if stream is None else self._in_capture(stream, "running a plan")
+        self.name_buffers(plan.buffers)
         return [self.launch(launch, s) for launch in plan.launches]
+
+    def name_buffers(self, buffers: dict[str, DeviceArray]) -> None:
+        """Record names for arrays the recorded launches use (see :meth:`launch`). A name
+        already given to another array makes the names ambiguous: the graph then gets no plan."""
+        for name, view in buffers.items():
+            have = self.buffers.get(name)
+            if have is None:
+                self.buffers[name] = view
+            elif (have.ptr, have.nbytes) != (view.ptr, view.nbytes):
+                self._names_ok = False
+
+    def buffer_name(self, view: DeviceArray, wanted: str) -> str:
+        """The name of ``view`` in this capture: the one it already has (the same address and
+        size), else ``wanted``, else ``wanted`` with a number (``y_2``) if another array has it."""
+        for name, have in self.buffers.items():
+            if (have.ptr, have.nbytes) == (view.ptr, view.nbytes):
+                return name
+        name, k = wanted, 1
+        while name in self.buffers:
+            k += 1
+            name = f"{wanted}_{k}"
+        return name
+
+    def _own_plan(self) -> LaunchPlan | None:
+        """A plan describing the recorded launches, when each argument they use is named."""
+        if not self._names_ok or not self.nodes:
+            return None
+        used: dict[str, set[str]] = {}
+        for node in self.nodes:
+            for use in node.launch.uses.values():
+                if use.buffer not in self.buffers:
+                    return None
+                used.setdefault(use.buffer, set()).add(use.role)
+        bufs = {n: self.buffers[n] for n in used}
+        inputs = tuple(n for n, roles in used.items() if roles == {"read"})
+        outputs = tuple(n for n in used if n not in inputs)
+        return LaunchPlan([n.launch for n in self.nodes], bufs, inputs, outputs, pdl=None)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         self._open = False
@@ -430,6 +482,7 @@ class Capture:
         if err != _SUCCESS:
             check((err,), "cuStreamEndCapture")
         graph = Graph(handle, self.nodes, self.stream.device)
+        graph.plan = self._own_plan()
         graph.other_nodes = list(self.other_nodes)
         try:
             graph.foreign_nodes = self._foreign(graph)

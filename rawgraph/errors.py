@@ -58,6 +58,17 @@ class ForeignNodeError(RawgraphError, ValueError):
     address in: that node would keep reading or writing the old buffer."""
 
 
+class SignatureError(RawgraphError, ValueError):
+    """A kernel's ``__global__`` declaration could not be read (not found, overloaded, or a
+    parameter type that is not known); give the argument types by hand instead."""
+
+
+class ArgumentError(RawgraphError, TypeError, ValueError):
+    """A kernel argument does not fit its C parameter: a float for an ``int``, a value out of the
+    type's range, a host array for a pointer, a struct of the wrong size. Raised before any
+    driver call."""
+
+
 class RawgraphWarning(UserWarning):
     """Base class of rawgraph's warnings."""
 

@@ -11,11 +11,12 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from cuda.bindings import driver
 
 from .device import Device
 from .errors import ClosedError, GraphUpdateError, RawgraphError, call, cuda_error
-from .launch import ARG_DTYPES, KernelArgs, Launch, LaunchPlan
+from .launch import ARG_DTYPES, KernelArgs, Launch, LaunchPlan, arg_dtype
 from .resource import Resource
 from .stream import Stream, StreamSet, as_stream, stream_handle
 
@@ -76,15 +77,15 @@ def read_node_args(handle: Any, launch: Launch) -> dict[str, Any]:
     params = call(driver.cuGraphKernelNodeGetParams, handle)
     table = int(params.kernelParams)
     values: dict[str, Any] = {}
-    ctype = {"ptr": ctypes.c_uint64, "u64": ctypes.c_uint64, "i64": ctypes.c_int64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
     for i, (name, kind) in enumerate(launch.args.spec):
         slot = ctypes.c_void_p.from_address(table + i * ctypes.sizeof(ctypes.c_void_p)).value or 0
-        if kind in ctype:
-            values[name] = ctype[kind].from_address(slot).value  # type: ignore[attr-defined]
-        else:  # a by-value int32 array ("i32[N]")
-            n = launch.args.sizes[name] // 4
-            values[name] = tuple((ctypes.c_int32 * n).from_address(slot))  # type: ignore[assignment]
-    assert set(ctype) == set(ARG_DTYPES)
+        dtype = arg_dtype(kind)
+        # Copied out of the driver's memory (the node owns it); only read, never written.
+        raw = np.frombuffer(ctypes.string_at(slot, dtype.itemsize), dtype=dtype.base)
+        if kind in ARG_DTYPES:
+            values[name] = raw[0].item()
+        else:  # a by-value array ("i32[N]", "u8[N]")
+            values[name] = tuple(int(v) for v in raw)
     return values
 
 

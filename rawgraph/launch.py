@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from cuda.bindings import driver
 
-from .errors import ClosedError, cuda_error
+from .errors import ArgumentError, ClosedError, cuda_error
 from .kernels import Kernel
 from .memory import DeviceArray
 from .stream import stream_handle
@@ -28,25 +28,61 @@ _SUCCESS = driver.CUresult.CUDA_SUCCESS
 # Argument kinds and their C types: size and alignment are the dtype's itemsize.
 ARG_DTYPES: dict[str, np.dtype] = {
     "ptr": np.dtype(np.uint64),
+    "i8": np.dtype(np.int8),
+    "u8": np.dtype(np.uint8),
+    "i16": np.dtype(np.int16),
+    "u16": np.dtype(np.uint16),
     "i32": np.dtype(np.int32),
+    "u32": np.dtype(np.uint32),
     "i64": np.dtype(np.int64),
     "u64": np.dtype(np.uint64),
+    "f16": np.dtype(np.float16),
     "f32": np.dtype(np.float32),
+    "f64": np.dtype(np.float64),
 }
+FLOAT_KINDS = frozenset({"f16", "f32", "f64"})
 
 
 def arg_dtype(kind: str) -> np.dtype:
-    """The dtype of an argument kind: a scalar kind of :data:`ARG_DTYPES`, or ``"i32[N]"`` for a
-    by-value array (a struct of ``N`` int32 in C: size ``4 N``, aligned to 4)."""
+    """The dtype of an argument kind: a scalar kind of :data:`ARG_DTYPES`, ``"i32[N]"`` for a
+    by-value array (a struct of ``N`` int32 in C: size ``4 N``, aligned to 4), or ``"u8[N]"`` for
+    a struct of ``N`` bytes passed by value (its bytes as given; the driver copies ``N`` bytes
+    from the slot, so the slot needs no alignment of its own)."""
     if kind in ARG_DTYPES:
         return ARG_DTYPES[kind]
-    if kind.startswith("i32[") and kind.endswith("]") and kind[4:-1].isdigit() and int(kind[4:-1]) > 0:
-        return np.dtype((np.int32, (int(kind[4:-1]),)))
-    raise ValueError(f"unknown kind {kind!r} (use one of {sorted(ARG_DTYPES)} or 'i32[N]')")
+    for prefix, base in (("i32[", np.int32), ("u8[", np.uint8)):
+        if kind.startswith(prefix) and kind.endswith("]") and kind[len(prefix):-1].isdigit() \
+                and int(kind[len(prefix):-1]) > 0:
+            return np.dtype((base, (int(kind[len(prefix):-1]),)))
+    raise ValueError(f"unknown kind {kind!r} (use one of {sorted(ARG_DTYPES)}, 'i32[N]' or 'u8[N]')")
 
 
 def _arg_align(kind: str) -> int:
     return arg_dtype(kind).base.itemsize
+
+
+def check_scalar(kind: str, value: Any, what: str) -> None:
+    """Refuse a value its C parameter cannot hold, before anything reaches the driver.
+
+    Integer kinds take Python or NumPy integers (not bools, not floats) within the type's range;
+    float kinds take any real number that is finite or not, but not arrays or strings.
+
+    Raises
+    ------
+    ArgumentError
+        Naming ``what`` (the argument), its kind and the value.
+    """
+    if kind in FLOAT_KINDS:
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+            raise ArgumentError(f"{what} ({kind}) takes a number, got {type(value).__name__}")
+        return
+    if kind not in ARG_DTYPES or kind == "ptr":
+        raise ArgumentError(f"{what} ({kind}) is not a scalar argument")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ArgumentError(f"{what} ({kind}) takes an int, got {type(value).__name__} {value!r}")
+    info = np.iinfo(ARG_DTYPES[kind])
+    if not info.min <= int(value) <= info.max:
+        raise ArgumentError(f"{what} ({kind}) cannot hold {value} (range {info.min}..{info.max})")
 
 
 class KernelArgs:
@@ -55,9 +91,10 @@ class KernelArgs:
     Parameters
     ----------
     spec : sequence of (name, kind)
-        In the kernel's parameter order; ``kind`` is one of ``ptr``, ``i32``, ``i64``, ``u64``,
-        ``f32``, or ``i32[N]`` (an int32 array passed by value, e.g. a row table; read and written
-        through :meth:`array`).
+        In the kernel's parameter order; ``kind`` is ``ptr``, a scalar kind of
+        :data:`ARG_DTYPES` (``i8`` .. ``u64``, ``f16``, ``f32``, ``f64``), ``i32[N]`` (an int32
+        array passed by value, e.g. a row table; read and written through :meth:`array`) or
+        ``u8[N]`` (a struct of ``N`` bytes passed by value).
 
     Attributes
     ----------
@@ -262,7 +299,8 @@ class LaunchPlan:
         Chain the launches with programmatic dependent launch: every launch but the first gets
         ``Launch.pdl`` (the first waits for whatever came before it on the stream, which may have
         written the weights). Needs compute capability 9.0; the plan owns its launches, so it sets
-        the flag on them.
+        the flag on them. ``None`` leaves each launch's flag as it is (a plan describing launches
+        already captured).
     """
 
     def __init__(
@@ -272,15 +310,16 @@ class LaunchPlan:
         inputs: Sequence[str] = ("x",),
         outputs: Sequence[str] = ("out",),
         guards: Iterable = (),
-        pdl: bool = False,
+        pdl: bool | None = False,
     ):
         self.launches = list(launches)
         if pdl and len({id(l) for l in self.launches}) != len(self.launches):
             # The flag lives on the Launch: a repeated first launch would become a PDL launch too.
             raise ValueError("a PDL plan needs its own Launch per step (a launch appears twice)")
-        for i, launch in enumerate(self.launches):
-            launch.pdl = bool(pdl) and i > 0
-        self.pdl = bool(pdl)
+        if pdl is not None:
+            for i, launch in enumerate(self.launches):
+                launch.pdl = bool(pdl) and i > 0
+        self.pdl = any(l.pdl for l in self.launches) if pdl is None else bool(pdl)
         self.buffers = dict(buffers)
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)

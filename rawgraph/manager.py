@@ -38,7 +38,7 @@ from cuda.bindings import driver
 
 from .errors import ClosedError, ForeignNodeError, LayoutError, RawgraphWarning, ShapeError, cuda_error
 from .graph import Graph, GraphExec
-from .launch import ARG_DTYPES, KernelArgs
+from .launch import ARG_DTYPES, KernelArgs, check_scalar
 from . import resource as _resource
 from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from .rebind import foreign_holders
@@ -574,13 +574,10 @@ class ExecUpdateManager:
                                f"it has {args.names()}")
             if kinds[arg] == "ptr":
                 raise TypeError(f"{arg!r} is a pointer argument: rebind it with bind() so the array is checked")
-            if kinds[arg] == "f32" and not isinstance(value, (int, float, np.floating, np.integer)):
-                raise TypeError(f"{arg!r} takes a number, got {type(value).__name__}")
-            if kinds[arg] != "f32" and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
-                raise TypeError(f"{arg!r} ({kinds[arg]}) takes an int, got {type(value).__name__}")
-            info = np.iinfo(ARG_DTYPES[kinds[arg]]) if kinds[arg] != "f32" else None
-            if info is not None and not info.min <= int(value) <= info.max:
-                raise TypeError(f"{arg!r} ({kinds[arg]}) cannot hold {value}")
+            if kinds[arg] not in ARG_DTYPES:
+                raise TypeError(f"{arg!r} ({kinds[arg]}) is passed by value as an array: edit it with "
+                                "the launch's args.array() and set_params")
+            check_scalar(kinds[arg], value, repr(arg))
         new_grid = None
         if grid is not None:
             new_grid = tuple(int(g) for g in (tuple(grid) + (1, 1))[:3])
