@@ -1,5 +1,9 @@
 """rawgraph: a driver-level CUDA Graph reference library.
 
+Your own kernel in one call: ``RawKernel(source, name)`` compiles it, calling it launches, and
+inside a ``Capture`` the call records which array each argument holds, so ``ExecUpdateManager``
+rebinds the graph by array (``rebind(old, new)``) with no plan written by hand.
+
 The path from array to replay, in the order to read it:
 ``memory`` (arrays) -> ``launch`` (packed arguments) -> ``model`` (a launch plan) ->
 ``capture`` (graph + node map) -> ``graph`` (exec) -> ``static`` (copy in + replay) or
@@ -12,6 +16,7 @@ construction), ``rebind`` and ``adopt`` (re-bind by address; PyTorch's and CuPy'
 __version__ = "0.1.0"
 
 from .errors import (  # noqa: E402
+    ArgumentError,
     ArrayError,
     CaptureError,
     CaptureRefusedError,
@@ -26,6 +31,7 @@ from .errors import (  # noqa: E402
     NvrtcError,
     RawgraphError,
     ShapeError,
+    SignatureError,
 )
 from .device import Device, driver_status, get_device, gpu_available  # noqa: E402
 from .memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array  # noqa: E402
@@ -36,6 +42,7 @@ from .launch import KernelArgs, Launch, LaunchPlan  # noqa: E402
 from .model import BlockWeights, TinyBlock, Workspace, reference_forward  # noqa: E402
 from .graph import ForeignNode, Graph, GraphExec  # noqa: E402
 from .capture import Capture, CaptureMode, capture_branches, capture_plan  # noqa: E402
+from .rawkernel import RawKernel  # noqa: E402
 from .static import StaticGraph  # noqa: E402
 from .manager import Binding, ExecUpdateManager  # noqa: E402
 from .indirect import IndirectBinding, IndirectGraph  # noqa: E402

@@ -124,7 +124,9 @@ class ExecUpdateManager:
     Parameters
     ----------
     graph : Graph
-        A graph from :func:`~rawgraph.capture.capture_plan` (it carries the plan and node map).
+        A graph with a plan and node map: from :func:`~rawgraph.capture.capture_plan`, or any
+        :class:`~rawgraph.Capture` whose launches named their arrays (``Capture.run`` of a plan,
+        :class:`~rawgraph.RawKernel` calls).
     exec : GraphExec
         An exec instantiated from ``graph``.
     names : sequence of str, optional
@@ -151,7 +153,8 @@ class ExecUpdateManager:
             raise ValueError("exec was not instantiated from this graph")
         plan = graph.plan
         if plan is None:
-            raise ValueError("graph has no launch plan; capture it with capture_plan")
+            raise ValueError("graph has no launch plan: capture it with capture_plan, or launch into the "
+                             "Capture through RawKernel calls or Capture.run so its arrays are named")
         self.graph = graph
         self.exec = exec
         names = tuple(names) if names is not None else plan.inputs + plan.outputs
@@ -365,6 +368,29 @@ class ExecUpdateManager:
         elif self._writers and not binding.complete:
             self._check_overlap_with(binding)
         return self._apply(binding, values)
+
+    @_locked
+    def rebind(self, old: Any, new: Any) -> int:
+        """Move every name bound to ``old`` over to ``new`` (one :meth:`bind_many`); returns the
+        driver updates made.
+
+        ``old`` is the array object that was captured or bound last (matched by identity), or
+        any array with the same address and size. For graphs whose arrays were named at capture
+        (a :class:`~rawgraph.RawKernel` call names each by its C parameter), this is binding by
+        the array itself, with no name to know.
+
+        Raises
+        ------
+        KeyError
+            ``old`` is not bound to any name of this manager.
+        """
+        names = [n for n, obj in self._bound_obj.items() if obj is old]
+        if not names:
+            view = as_device_array(old, "old")
+            names = [n for n, (ptr, nbytes) in self._bound_ptr.items() if (ptr, nbytes) == (view.ptr, view.nbytes)]
+        if not names:
+            raise KeyError(f"{type(old).__name__} is bound to none of {sorted(self.bindings)}")
+        return self.bind_many({n: new for n in names})
 
     @_locked
     def prepare(self, arrays: dict[str, Any]) -> Binding:

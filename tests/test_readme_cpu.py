@@ -91,3 +91,12 @@ def test_readme_command(command, tmp_path):
         assert r.returncode == 2 and "needs a GPU" in r.stderr, f"{command}: rc={r.returncode}\n{r.stderr}"
     else:
         assert r.returncode == 0, f"{command}: rc={r.returncode}\n{r.stderr}"
+
+
+def test_readme_shows_the_own_kernel_example_as_it_is():
+    """The README's Python block is examples/own_kernel.py word for word (the GPU test runs the file)."""
+    text = README.read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    example = (ROOT / "examples" / "own_kernel.py").read_text(encoding="utf-8")
+    assert example in blocks, "README.md does not show examples/own_kernel.py as it is"
+    assert len(example.splitlines()) < 25

@@ -1,0 +1,297 @@
+"""Your own kernel in one call: CUDA source to a callable launch that capture records.
+
+``RawKernel(source, "saxpy")`` compiles the source with NVRTC for the device (through the same
+cache as rawgraph's kernels), loads it, reads the parameter layout from the driver
+(``cuFuncGetParamInfo``: each parameter's offset and size) and the C types from the
+``__global__`` declaration (:func:`rawgraph.signature.parse_signature`, or types given by hand).
+Calling it checks every argument against its C type, packs them and launches
+(``cuLaunchKernel``). On a stream a :class:`~rawgraph.Capture` is capturing, the call is recorded
+in the capture's node map with the array each pointer argument holds, so the graph can be
+rebound afterwards with no launch plan written by hand::
+
+    k = RawKernel(src, "saxpy")
+    with Capture(stream) as cap:
+        k(grid, block, (2.0, x, y, n), stream=stream)
+    exe = cap.graph.instantiate()
+    upd = ExecUpdateManager(cap.graph, exe)
+    upd.rebind(x, x2)      # or upd.bind("x", x2): the C parameter's name
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+from cuda.bindings import driver
+
+from . import _capturing
+from .capture import capture_info
+from .compiler import DEFAULT_OPTIONS, KernelCache, compile_source
+from .device import Device, get_device
+from .errors import ArgumentError, NotOnDeviceError, SignatureError, cuda_error
+from .kernels import Kernel, Module
+from .launch import ARG_DTYPES, ArgUse, KernelArgs, Launch, arg_dtype, check_scalar
+from .memory import DeviceArray, as_device_array
+from .signature import KINDS, Param, parse_signature
+from .stream import stream_handle
+
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
+_ACTIVE = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
+
+# One loaded kernel per (device, source, name, options, format) for the process, as for the
+# kernels in kernels/: a module stays loaded while any graph may hold a node of it.
+_loaded: dict[tuple, Kernel] = {}
+_load_lock = threading.Lock()
+
+
+def param_layout(function: Any) -> list[tuple[int, int]]:
+    """``(offset, size)`` of each parameter of a loaded kernel, in order (``cuFuncGetParamInfo``,
+    asked index by index until the driver says there is none)."""
+    layout: list[tuple[int, int]] = []
+    while True:
+        err, offset, size = driver.cuFuncGetParamInfo(function, len(layout))
+        if err == driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+            return layout
+        if err != _SUCCESS:
+            raise cuda_error(err, "cuFuncGetParamInfo")
+        layout.append((int(offset), int(size)))
+
+
+def _kind_of(t: str) -> str:
+    """A kind of :data:`~rawgraph.launch.ARG_DTYPES` from a kind or a C type given by hand."""
+    t = " ".join(str(t).split())
+    if t in ARG_DTYPES or t.startswith(("i32[", "u8[")):
+        arg_dtype(t)  # refuses a malformed array kind
+        return t
+    if t.endswith("*"):
+        return "ptr"
+    if t in KINDS:
+        return KINDS[t]
+    raise SignatureError(f"unknown argument type {t!r}: give a kind ({sorted(ARG_DTYPES)}, 'u8[N]') or a C type")
+
+
+class RawKernel:
+    """A ``__global__`` function compiled from source, launched by calling it.
+
+    Parameters
+    ----------
+    source : str
+        CUDA C++ source holding the kernel (``extern "C"`` or a template).
+    name : str
+        The kernel's name, or a name expression for a template instantiation (``"scale<4>"``).
+    options : sequence of str
+        Extra NVRTC options (``-std=c++17`` and the architecture are always given).
+    types : sequence of str, optional
+        The C type (``"const float*"``, ``"int"``) or kind (``"ptr"``, ``"f32"``) of each
+        parameter, when the declaration cannot be read (macros, a template's by-value ``T``).
+    device : Device, optional
+    cache : KernelCache or bool
+        The compiled-image cache (default the one rawgraph's kernels use).
+
+    Attributes
+    ----------
+    kernel : Kernel
+        The loaded function (``handle``, ``registers``, ...).
+    params : list of Param
+        Name, C type, kind and role (pointers: ``read`` for ``const``, else ``write``) of each
+        parameter.
+    spec : list of (name, kind)
+        The argument layout packed for each launch.
+
+    Raises
+    ------
+    NvrtcError
+        The source does not compile (the log is in the error).
+    SignatureError
+        The declaration cannot be read and no ``types`` were given, or the types disagree with
+        the sizes the driver reports.
+    """
+
+    def __init__(self, source: str, name: str, options: Sequence[str] = (), types: Sequence[str] | None = None,
+                 device: Device | None = None, cache: KernelCache | bool = True):
+        if not isinstance(source, str) or not isinstance(name, str) or not name:
+            raise TypeError("RawKernel(source, name): both are strings")
+        self.device = (device or get_device()).activate()
+        self.name = name
+        opts = tuple(DEFAULT_OPTIONS) + tuple(str(o) for o in options if str(o) not in DEFAULT_OPTIONS)
+        key = (self.device.ordinal, source, name, opts)
+        kernel = _loaded.get(key)
+        if kernel is None:
+            with _load_lock:
+                kernel = _loaded.get(key)
+                if kernel is None:
+                    base = name.split("<", 1)[0].split("::")[-1].strip()
+                    templated = [name] if "<" in name else []
+                    compiled = compile_source(source, f"{base}.cu", self.device.arch, templated, opts, "cubin", cache)
+                    kernel = Kernel(Module(compiled, self.device), name, compiled.lowered.get(name, name))
+                    _loaded[key] = kernel
+        self.kernel = kernel
+        layout = param_layout(kernel.handle)
+        self.params = self._params(source, name, types, layout)
+        self.spec: list[tuple[str, str]] = []
+        for p, (_off, size) in zip(self.params, layout):
+            kind = p.kind if p.kind != "struct" else f"u8[{size}]"
+            if kind is None:
+                raise SignatureError(f"{name}: parameter {p.name!r} has type {p.ctype!r} (a template parameter): "
+                                     "give types=")
+            if arg_dtype(kind).itemsize != size:
+                raise SignatureError(f"{name}: parameter {p.name!r} ({p.ctype}) is {arg_dtype(kind).itemsize} bytes "
+                                     f"as read, but the kernel takes {size}")
+            self.spec.append((p.name, kind))
+        # Launches reuse one argument buffer: the driver copies the values during cuLaunchKernel.
+        self._args = KernelArgs(self.spec)
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _params(source: str, name: str, types: Sequence[str] | None, layout: list) -> list[Param]:
+        if types is not None:
+            types = list(types)
+            if len(types) != len(layout):
+                raise SignatureError(f"{name} takes {len(layout)} arguments; {len(types)} types were given")
+            try:
+                names = [p.name for p in parse_signature(source, name)]
+            except SignatureError:
+                names = []
+            if len(names) != len(types):
+                names = [f"arg{i}" for i in range(len(types))]
+            out = []
+            for n, t in zip(names, types):
+                kind = _kind_of(t)
+                const = "const" in str(t).split("*")[0].split()
+                out.append(Param(n, str(t), kind, ("read" if const else "write") if kind == "ptr" else None))
+            return out
+        params = parse_signature(source, name)
+        if len(params) != len(layout):
+            raise SignatureError(f"{name}: the declaration has {len(params)} parameters, the kernel {len(layout)}")
+        return params
+
+    # -- arguments --------------------------------------------------------------------------
+    def _pack(self, args: Sequence[Any], into: KernelArgs) -> list[tuple[str, DeviceArray]]:
+        """Check every argument against its parameter and write it into ``into``; returns the
+        pointer arguments' arrays (parameter name, array)."""
+        if not isinstance(args, (tuple, list)):
+            raise ArgumentError(f"{self.name}: args must be a tuple of the kernel's arguments")
+        if len(args) != len(self.spec):
+            raise ArgumentError(f"{self.name} takes {len(self.spec)} arguments "
+                                f"({', '.join(n for n, _ in self.spec)}), got {len(args)}")
+        arrays: list[tuple[str, DeviceArray]] = []
+        for (pname, kind), value in zip(self.spec, args):
+            what = f"{self.name} argument {pname!r}"
+            if kind == "ptr":
+                if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+                    raise ArgumentError(f"{what} is a pointer: pass a device array (a raw address can be "
+                                        "wrapped as rawgraph.DeviceArray(ptr, shape, dtype, owner))")
+                try:
+                    view = as_device_array(value, what)
+                except NotOnDeviceError as exc:
+                    raise ArgumentError(str(exc)) from None
+                into[pname] = view.ptr
+                arrays.append((pname, view))
+            elif kind.startswith("u8["):
+                n = arg_dtype(kind).itemsize
+                raw = value.tobytes() if isinstance(value, (np.void, np.ndarray)) else value
+                if not isinstance(raw, (bytes, bytearray, memoryview)) or len(memoryview(raw).cast("B")) != n:
+                    raise ArgumentError(f"{what} is a {n}-byte struct: pass bytes or a NumPy structured "
+                                        f"scalar of {n} bytes, got {type(value).__name__}")
+                into.array(pname)[:] = np.frombuffer(bytes(raw), dtype=np.uint8)
+            elif kind.startswith("i32["):
+                arr = np.asarray(value)
+                if arr.shape != arg_dtype(kind).shape:
+                    raise ArgumentError(f"{what} takes {arg_dtype(kind).shape[0]} int32 values")
+                into.array(pname)[:] = arr
+            else:
+                check_scalar(kind, value, what)
+                into[pname] = value
+        return arrays
+
+    @staticmethod
+    def _dims(v: Any, what: str) -> tuple[int, int, int]:
+        t = (v,) if isinstance(v, (int, np.integer)) else tuple(v)
+        if not 1 <= len(t) <= 3 or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in t):
+            raise ArgumentError(f"{what} must be an int or 1 to 3 ints, got {v!r}")
+        g = tuple(int(d) for d in t) + (1,) * (3 - len(t))
+        if min(g) < 1:
+            raise ArgumentError(f"{what} must be positive, got {v!r}")
+        return g[0], g[1], g[2]
+
+    # -- launching --------------------------------------------------------------------------
+    def launch(self, grid: Any, block: Any, args: Sequence[Any], stream: Any = None, shared_mem: int = 0,
+               names: dict[str, str] | None = None) -> Launch:
+        """Build the :class:`~rawgraph.Launch` for these arguments without running it: its own
+        argument buffer and, for each pointer argument, which array it uses (named by its C
+        parameter, or by ``names``). What a call records inside a capture."""
+        launch, _arrays = self._launch(grid, block, args, shared_mem, names, None)
+        return launch
+
+    def _launch(self, grid: Any, block: Any, args: Sequence[Any], shared_mem: int, names: dict[str, str] | None,
+                capture: Any) -> tuple[Launch, dict[str, DeviceArray]]:
+        g, b = self._dims(grid, "grid"), self._dims(block, "block")
+        kargs = KernelArgs(self.spec)
+        arrays = self._pack(args, kargs)
+        names = dict(names or {})
+        unknown = set(names) - {n for n, _ in arrays}
+        if unknown:
+            raise ArgumentError(f"{self.name}: names= gives {sorted(unknown)}, which are not pointer parameters")
+        roles = {p.name: p.role or "write" for p in self.params}
+        uses, buffers = {}, {}
+        for pname, view in arrays:
+            wanted = names.get(pname, pname)
+            bname = capture.buffer_name(view, wanted) if capture is not None else wanted
+            buffers[bname] = view
+            uses[pname] = ArgUse(bname, roles[pname])
+        self._smem(shared_mem)
+        try:
+            launch = Launch(self.kernel, g, b, kargs, uses, shared_mem=int(shared_mem), label=self.name)
+        except ValueError as exc:
+            raise ArgumentError(str(exc)) from None
+        return launch, buffers
+
+    def _smem(self, shared_mem: int) -> None:
+        if isinstance(shared_mem, bool) or not isinstance(shared_mem, (int, np.integer)) or shared_mem < 0:
+            raise ArgumentError(f"shared_mem must be an int >= 0, got {shared_mem!r}")
+        if shared_mem > 48 * 1024:
+            self.kernel.allow_dynamic_smem(int(shared_mem))
+
+    def __call__(self, grid: Any, block: Any, args: Sequence[Any], stream: Any = None, shared_mem: int = 0,
+                 names: dict[str, str] | None = None) -> None:
+        """Launch on ``stream`` (any stream-like object; default the legacy stream) with ``args``
+        in the kernel's parameter order (``cuLaunchKernel``).
+
+        Arrays: anything :func:`~rawgraph.as_device_array` takes (``DeviceBuffer``, CuPy, torch,
+        DLPack, ``__cuda_array_interface__``). Scalars are checked against their C type; a struct
+        by value is bytes or a NumPy structured scalar of its size. On a stream a rawgraph
+        :class:`~rawgraph.Capture` is capturing, the launch goes through ``Capture.launch`` and the
+        node map records which array each pointer argument holds (``names`` renames them: C
+        parameter name -> the name to bind it by).
+
+        Raises
+        ------
+        ArgumentError
+            An argument, grid or block that does not fit (before any driver call).
+        """
+        h = stream_handle(stream) if stream is not None else 0
+        if _capturing._active and h:
+            status, cid, _g, _d = capture_info(h)
+            recorder = _capturing.recorder_of(cid) if status == _ACTIVE else None
+            if recorder is not None:
+                launch, buffers = self._launch(grid, block, args, shared_mem, names, recorder)
+                recorder.launch(launch, stream, buffers=buffers)
+                return
+        if names is not None:
+            unknown = set(names) - {n for n, k in self.spec if k == "ptr"}
+            if unknown:
+                raise ArgumentError(f"{self.name}: names= gives {sorted(unknown)}, which are not pointer parameters")
+        g, b = self._dims(grid, "grid"), self._dims(block, "block")
+        if b[0] * b[1] * b[2] > 1024:
+            raise ArgumentError(f"{self.name}: block {b} has more than 1024 threads")
+        self._smem(shared_mem)
+        with self._lock:  # one argument buffer: a second thread must not repack it mid-launch
+            self._pack(args, self._args)
+            (err,) = driver.cuLaunchKernel(self.kernel.handle, *g, *b, int(shared_mem), h, self._args.address, 0)
+        if err != _SUCCESS:
+            raise cuda_error(err, f"cuLaunchKernel({self.name})")
+
+    def __repr__(self) -> str:
+        sig = ", ".join(f"{p.ctype} {p.name}".strip() for p in self.params)
+        return f"<RawKernel {self.name}({sig})>"
