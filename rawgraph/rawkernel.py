@@ -207,7 +207,12 @@ class RawKernel:
 
     @staticmethod
     def _dims(v: Any, what: str) -> tuple[int, int, int]:
-        t = (v,) if isinstance(v, (int, np.integer)) else tuple(v)
+        if isinstance(v, (int, np.integer)):
+            t: tuple = (v,)
+        elif isinstance(v, (tuple, list)):
+            t = tuple(v)
+        else:
+            raise ArgumentError(f"{what} must be an int or 1 to 3 ints, got {v!r}")
         if not 1 <= len(t) <= 3 or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in t):
             raise ArgumentError(f"{what} must be an int or 1 to 3 ints, got {v!r}")
         g = tuple(int(d) for d in t) + (1,) * (3 - len(t))
