@@ -1,0 +1,212 @@
+"""RawKernel on the CPU fake driver (no GPU): what reaches the driver, byte for byte.
+
+The kernels are really compiled (NVRTC, sm_90 CUBIN) and loaded by the fake, which reads each
+kernel's parameter layout from the CUBIN, answers ``cuFuncGetParamInfo`` from it and copies the
+argument values at launch and capture as the driver does. So these tests see the exact bytes a
+launch passes, which node a capture recorded, and what an exec holds after a rebind. Kernels never
+run here; the GPU tests (``tests/test_rawkernel_gpu.py``) check the results.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from cuda.bindings import driver
+
+from fault_cases import fake_session
+from rawgraph import (ArgumentError, Capture, DeviceBuffer, ExecUpdateManager, RawKernel, SignatureError,
+                      Stream)
+
+AXPB = r"""
+extern "C" __global__ void axpb(float a, const float* __restrict__ x, float b, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + b;
+}
+struct Affine { float scale; int shift; double bias; };
+extern "C" __global__ void affine(Affine p, const float* x, float* t, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) t[i] = (float)(p.scale * x[i] + p.bias) + p.shift;
+}
+"""
+AFFINE = np.dtype([("scale", np.float32), ("shift", np.int32), ("bias", np.float64)], align=True)
+
+
+@pytest.fixture
+def fake():
+    import rawgraph.rawkernel as rawkernel
+
+    saved = dict(rawkernel._loaded)
+    rawkernel._loaded.clear()  # modules loaded into the fake must not outlive it
+    with fake_session() as (fk, _hook):
+        try:
+            yield fk
+        finally:
+            for k in rawkernel._loaded.values():
+                k.module.close()
+            rawkernel._loaded.clear()
+    rawkernel._loaded.update(saved)
+
+
+@pytest.fixture
+def launches(fake, monkeypatch):
+    """Every cuLaunchKernel outside a capture: (grid, block, smem, stream, argument bytes)."""
+    seen: list[tuple] = []
+    real = driver.cuLaunchKernel
+
+    def spy(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        blob = fake._kernel_params(f, (gx, gy, gz), (bx, by, bz), smem, int(params), int(extra))["blob"]
+        seen.append(((gx, gy, gz), (bx, by, bz), smem, int(stream), blob))
+        return real(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra)
+
+    monkeypatch.setattr(driver, "cuLaunchKernel", spy)
+    return seen
+
+
+def _value(fake, kernel, blob, i):
+    off, size = fake.layout(kernel.kernel.handle)[i]
+    return blob[off:off + size]
+
+
+def test_the_layout_comes_from_the_driver_and_the_types_from_the_declaration(fake):
+    k = RawKernel(AXPB, "axpb")
+    assert fake.layout(k.kernel.handle) == [(0, 4), (8, 8), (16, 4), (24, 8), (32, 4)]
+    assert k.spec == [("a", "f32"), ("x", "ptr"), ("b", "f32"), ("y", "ptr"), ("n", "i32")]
+    assert [p.role for p in k.params] == [None, "read", None, "write", None]
+    aff = RawKernel(AXPB, "affine")
+    assert aff.spec == [("p", "u8[16]"), ("x", "ptr"), ("t", "ptr"), ("n", "i64")]
+    assert "axpb(float a, const float* x" in repr(k)
+    with pytest.raises(SignatureError, match="4 arguments; 3 types"):
+        RawKernel(AXPB, "affine", types=["u8[16]", "ptr", "ptr"])
+    with pytest.raises(SignatureError, match="16"):
+        RawKernel(AXPB, "affine", types=["u8[12]", "ptr", "ptr", "i64"])
+    with pytest.raises(SignatureError, match="unknown argument type"):
+        RawKernel(AXPB, "affine", types=["Affine", "ptr", "ptr", "i64"])
+
+
+def test_a_call_passes_exactly_its_arguments(fake, launches):
+    k, aff = RawKernel(AXPB, "axpb"), RawKernel(AXPB, "affine")
+    with Stream() as s:
+        x, y = DeviceBuffer(1000), DeviceBuffer(1000)
+        k((4,), 256, (1.5, x, np.float32(-2.0), y, 1000), stream=s)
+        grid, block, smem, h, blob = launches[-1]
+        assert (grid, block, smem, h) == ((4, 1, 1), (256, 1, 1), 0, int(s.handle))
+        got = [_value(fake, k, blob, i) for i in range(5)]
+        assert got == [struct.pack("<f", 1.5), struct.pack("<Q", x.ptr), struct.pack("<f", -2.0),
+                       struct.pack("<Q", y.ptr), struct.pack("<i", 1000)]
+        p = np.zeros((), AFFINE)
+        p["scale"], p["shift"], p["bias"] = 0.5, -7, 1e300
+        aff(1, 32, (p[()], x, y, 1 << 40), stream=s)
+        blob = launches[-1][4]
+        assert _value(fake, aff, blob, 0) == p.tobytes()
+        assert _value(fake, aff, blob, 3) == struct.pack("<q", 1 << 40)
+        aff(1, 32, (bytearray(p.tobytes()), x, y, 3), stream=s)  # bytes-like of the right size
+        assert _value(fake, aff, launches[-1][4], 0) == p.tobytes()
+
+
+def test_bad_arguments_never_reach_the_driver(fake, launches):
+    k, aff = RawKernel(AXPB, "axpb"), RawKernel(AXPB, "affine")
+    with Stream() as s:
+        x, y = DeviceBuffer(64), DeviceBuffer(64)
+        bad = {
+            "a float for an int": ((1.0, x, 0.0, y, 2.5), "'n' \\(i32\\) takes an int"),
+            "2**40 for an int32": ((1.0, x, 0.0, y, 1 << 40), "cannot hold"),
+            "a bool for an int": ((1.0, x, 0.0, y, True), "takes an int"),
+            "a host array for a pointer": ((1.0, np.zeros(64, np.float32), 0.0, y, 64), "host array"),
+            "an address for a pointer": ((1.0, x.ptr, 0.0, y, 64), "is a pointer"),
+            "a list for a float": (([1.0], x, 0.0, y, 64), "takes a number"),
+            "too many": ((1.0, x, 0.0, y, 64, 1), "takes 5 arguments"),
+            "not a tuple": ("abc", "tuple"),
+        }
+        for what, (args, match) in bad.items():
+            with pytest.raises(ArgumentError, match=match):
+                k(1, 64, args, stream=s)
+        for grid, block in ((0, 64), (1, 2048), (1.5, 64), (1, (1, 1, 1, 1)), ((True,), 64)):
+            with pytest.raises(ArgumentError):
+                k(grid, block, (1.0, x, 0.0, y, 64), stream=s)
+        with pytest.raises(ArgumentError, match="16-byte struct"):
+            aff(1, 32, (b"\x00" * 12, x, y, 64), stream=s)
+        with pytest.raises(ArgumentError, match="not pointer parameters"):
+            k(1, 64, (1.0, x, 0.0, y, 64), stream=s, names={"n": "count"})
+        with pytest.raises(ArgumentError, match="shared_mem"):
+            k(1, 64, (1.0, x, 0.0, y, 64), stream=s, shared_mem=-1)
+        assert launches == [], "a refused call reached cuLaunchKernel"
+        x.close()
+        with pytest.raises(Exception, match="closed"):
+            k(1, 64, (1.0, x, 0.0, y, 64), stream=s)
+        assert launches == []
+
+
+def test_a_capture_records_the_call_and_the_manager_rebinds_it_by_array(fake):
+    k = RawKernel(AXPB, "axpb")
+    with Stream() as s:
+        x0, x1, y0, y1 = (DeviceBuffer(512) for _ in range(4))
+        with Capture(s) as cap:
+            k(2, 256, (2.0, x0, 1.0, y0, 512), stream=s)
+        graph = cap.graph
+        (node,) = graph.nodes
+        assert {a: u.buffer for a, u in node.launch.uses.items()} == {"x": "x", "y": "y"}
+        assert graph.plan is not None and graph.plan.inputs == ("x",) and graph.plan.outputs == ("y",)
+        exe = graph.instantiate()
+        upd = ExecUpdateManager(graph, exe)
+
+        def held(i):
+            return _value(fake, k, fake.exec_kernel(exe.handle, node.handle)["blob"], i)
+
+        assert held(1) == struct.pack("<Q", x0.ptr)
+        assert upd.rebind(x0, x1) == 1                   # by the object captured
+        assert held(1) == struct.pack("<Q", x1.ptr) and held(3) == struct.pack("<Q", y0.ptr)
+        assert upd.rebind(y0.view(), y1) == 1            # by a view of the same memory
+        assert held(3) == struct.pack("<Q", y1.ptr)
+        assert held(0) == struct.pack("<f", 2.0) and held(4) == struct.pack("<i", 512)  # scalars kept
+        upd.bind("x", x0)                               # by the C parameter's name
+        assert held(1) == struct.pack("<Q", x0.ptr)
+        with pytest.raises(KeyError, match="bound to none"):
+            upd.rebind(x1, y0)
+        with pytest.raises(Exception, match="overlaps"):
+            upd.rebind(x0, y1)                          # x would overlap the written y
+        assert held(1) == struct.pack("<Q", x0.ptr)
+        upd.close()
+        exe.close()
+        graph.close()
+
+
+def test_names_are_shared_by_one_array_and_numbered_for_two(fake):
+    k = RawKernel(AXPB, "axpb")
+    with Stream() as s:
+        x, y1, y2 = DeviceBuffer(256), DeviceBuffer(256), DeviceBuffer(256)
+        other = DeviceBuffer(256)
+        with Capture(s) as cap:
+            k(1, 256, (1.0, x, 0.0, y1, 256), stream=s, names={"x": "inp"})
+            k(1, 256, (2.0, x, 0.0, y2, 256), stream=s)          # the same x: the same name
+            k(1, 256, (3.0, other, 0.0, y2, 256), stream=s)      # another x: numbered
+        names = [{a: u.buffer for a, u in n.launch.uses.items()} for n in cap.graph.nodes]
+        assert names == [{"x": "inp", "y": "y"}, {"x": "inp", "y": "y_2"}, {"x": "x", "y": "y_2"}]
+        exe = cap.graph.instantiate()
+        upd = ExecUpdateManager(cap.graph, exe, names=["inp"])
+        fresh = DeviceBuffer(256)
+        assert upd.rebind(x, fresh) == 2                         # both nodes that read it
+        blobs = [fake.exec_kernel(exe.handle, n.handle)["blob"] for n in cap.graph.nodes]
+        assert [_value(fake, k, b, 1) for b in blobs] == [struct.pack("<Q", p) for p in (fresh.ptr, fresh.ptr, other.ptr)]
+        upd.close()
+        exe.close()
+        cap.graph.close()
+
+
+def test_a_capture_whose_names_clash_gets_no_plan(fake):
+    """Capture.run of a plan whose buffer names another array already has: no plan is guessed."""
+    from rawgraph.launch import ArgUse, Launch, LaunchPlan
+
+    k = RawKernel(AXPB, "axpb")
+    with Stream() as s:
+        x, y, z = DeviceBuffer(64), DeviceBuffer(64), DeviceBuffer(64)
+        with Capture(s) as cap:
+            k(1, 64, (1.0, x, 0.0, y, 64), stream=s)
+            launch = k.launch(1, 64, (1.0, z, 0.0, y, 64))
+            cap.run(LaunchPlan([launch], {"x": z.view(), "y": y.view()}, ("x",), ("y",)))
+        assert cap.graph.plan is None
+        with pytest.raises(ValueError, match="no launch plan"):
+            ExecUpdateManager(cap.graph, cap.graph.instantiate())
+        assert isinstance(launch, Launch) and launch.uses["x"] == ArgUse("x", "read")
+        cap.graph.close()
