@@ -52,6 +52,10 @@ def _hook_exit() -> None:
         atexit.register(_mark_exiting)
 
 
+def _release_nothing() -> None:
+    """What a borrowed handle's owner releases."""
+
+
 def shutting_down() -> bool:
     """True once the interpreter is exiting (releases are quiet from then on)."""
     return _exiting or sys.is_finalizing()
@@ -111,6 +115,13 @@ class Resource:
         label = name or str(getattr(fn, "__name__", repr(fn)))
         self._finalizer = weakref.finalize(self, release, label, fn, *args)
         _hook_exit()
+
+    def _own_nothing(self) -> None:
+        """For an object that borrows its handle (releases nothing): it can still be closed, but
+        dropping it is no release, so ``release_count`` (which the hot paths compare to see that
+        something may have been closed) does not move. A borrowed stream wrapped per launch must
+        not send the next bind down its slow path."""
+        self._finalizer = weakref.finalize(self, _release_nothing)
 
     @property
     def closed(self) -> bool:

@@ -116,7 +116,7 @@ class Stream(Resource):
         self.non_blocking = non_blocking
         self.owned = False
         self.source = source  # keeps the lender's object (and so its stream) alive
-        self._own(lambda: None, name="(borrowed stream: nothing to release)")
+        self._own_nothing()
         return self
 
     @classmethod

@@ -48,3 +48,31 @@ def test_default_streams_are_refused_for_capture_before_the_driver(obj, monkeypa
     monkeypatch.setattr(driver, "cuStreamBeginCapture", lambda *a: pytest.fail("reached the driver"))
     with pytest.raises(CaptureRefusedError, match="legacy/NULL"):
         Capture(obj)
+
+
+def test_a_borrowed_stream_dropped_per_launch_is_no_release():
+    """A foreign stream is wrapped per launch; dropping the wrapper must not move
+    resource.release_count (the manager's one-compare fast path keys on it), while a real
+    release still does. On the CPU fake driver."""
+    import gc
+
+    from fault_cases import fake_session
+    from rawgraph import Stream, resource
+    from rawgraph.stream import stream_handle
+
+    with fake_session():
+        with Stream() as owner:
+            before = resource.release_count
+            for _ in range(5):
+                assert int(stream_handle(CupyLikeOf(owner.ptr))) == owner.ptr
+            gc.collect()
+            assert resource.release_count == before, "dropped borrowed wrappers counted as releases"
+            borrowed = Stream.from_external(owner.ptr)
+            borrowed.close()
+            assert borrowed.closed and not owner.closed  # closing a borrowed stream releases nothing
+        assert resource.release_count == before + 1  # the owned stream's cuStreamDestroy counts
+
+
+class CupyLikeOf:
+    def __init__(self, ptr):
+        self.ptr = ptr
