@@ -112,6 +112,9 @@ class RawKernel:
                  device: Device | None = None, cache: KernelCache | bool = True):
         if not isinstance(source, str) or not isinstance(name, str) or not name:
             raise TypeError("RawKernel(source, name): both are strings")
+        # The declaration first: a kernel name not in the source is refused before NVRTC and
+        # the driver (cuModuleGetFunction would only say CUDA_ERROR_NOT_FOUND).
+        parsed = parse_signature(source, name) if types is None else None
         self.device = (device or get_device()).activate()
         self.name = name
         opts = tuple(DEFAULT_OPTIONS) + tuple(str(o) for o in options if str(o) not in DEFAULT_OPTIONS)
@@ -128,7 +131,9 @@ class RawKernel:
                     _loaded[key] = kernel
         self.kernel = kernel
         layout = param_layout(kernel.handle)
-        self.params = self._params(source, name, types, layout)
+        self.params = self._params(source, name, types, layout) if parsed is None else parsed
+        if len(self.params) != len(layout):
+            raise SignatureError(f"{name}: the declaration has {len(self.params)} parameters, the kernel {len(layout)}")
         self.spec: list[tuple[str, str]] = []
         for p, (_off, size) in zip(self.params, layout):
             kind = p.kind if p.kind != "struct" else f"u8[{size}]"
@@ -161,10 +166,7 @@ class RawKernel:
                 const = "const" in str(t).split("*")[0].split()
                 out.append(Param(n, str(t), kind, ("read" if const else "write") if kind == "ptr" else None))
             return out
-        params = parse_signature(source, name)
-        if len(params) != len(layout):
-            raise SignatureError(f"{name}: the declaration has {len(params)} parameters, the kernel {len(layout)}")
-        return params
+        return parse_signature(source, name)
 
     # -- arguments --------------------------------------------------------------------------
     def _pack(self, args: Sequence[Any], into: KernelArgs) -> list[tuple[str, DeviceArray]]:

@@ -83,6 +83,15 @@ def test_the_layout_comes_from_the_driver_and_the_types_from_the_declaration(fak
         RawKernel(AXPB, "affine", types=["u8[12]", "ptr", "ptr", "i64"])
     with pytest.raises(SignatureError, match="unknown argument type"):
         RawKernel(AXPB, "affine", types=["Affine", "ptr", "ptr", "i64"])
+    loads = []
+    real = driver.cuModuleLoadData
+    driver.cuModuleLoadData = lambda *a: loads.append(a) or real(*a)
+    try:
+        with pytest.raises(SignatureError, match="no __global__ function named 'axp'"):
+            RawKernel(AXPB, "axp")  # refused from the source, before NVRTC and the driver
+    finally:
+        driver.cuModuleLoadData = real
+    assert loads == []
 
 
 def test_a_call_passes_exactly_its_arguments(fake, launches):

@@ -246,7 +246,7 @@ def test_a_call_on_a_stream_no_rawgraph_capture_records_is_not_in_any_node_map(s
         with Capture(stream) as cap:
             k(1, 256, (1.0, x, 0.0, y, n), stream=stream)
             k(1, 256, (1.0, x, 0.0, z, n), stream=other)  # runs now, on the other stream
-            other.synchronize()
+        other.synchronize()
         assert len(cap.graph.nodes) == 1
         np.testing.assert_array_equal(z.to_numpy(other), x.to_numpy(other))
     cap.graph.close()
