@@ -29,7 +29,7 @@ from . import _capturing
 from .capture import capture_info
 from .compiler import DEFAULT_OPTIONS, KernelCache, compile_source
 from .device import Device, get_device
-from .errors import ArgumentError, NotOnDeviceError, SignatureError, cuda_error
+from .errors import ArgumentError, RawgraphError, SignatureError, cuda_error
 from .kernels import Kernel, Module
 from .launch import ARG_DTYPES, ArgUse, KernelArgs, Launch, arg_dtype, check_scalar
 from .memory import DeviceArray, as_device_array
@@ -131,7 +131,9 @@ class RawKernel:
                     _loaded[key] = kernel
         self.kernel = kernel
         layout = param_layout(kernel.handle)
-        self.params = self._params(source, name, types, layout) if parsed is None else parsed
+        params = self._params(source, name, types, layout) if parsed is None else parsed
+        # An unnamed C parameter (``float*``) still needs a name to pack and bind it by.
+        self.params = [p if p.name else Param(f"arg{i}", p.ctype, p.kind, p.role) for i, p in enumerate(params)]
         if len(self.params) != len(layout):
             raise SignatureError(f"{name}: the declaration has {len(self.params)} parameters, the kernel {len(layout)}")
         self.spec: list[tuple[str, str]] = []
@@ -186,7 +188,7 @@ class RawKernel:
                                         "wrapped as rawgraph.DeviceArray(ptr, shape, dtype, owner))")
                 try:
                     view = as_device_array(value, what)
-                except NotOnDeviceError as exc:
+                except (RawgraphError, ValueError, TypeError) as exc:  # host, strided, closed, bad DLPack
                     raise ArgumentError(str(exc)) from None
                 into[pname] = view.ptr
                 arrays.append((pname, view))
@@ -278,7 +280,7 @@ class RawKernel:
             An argument, grid or block that does not fit (before any driver call).
         """
         h = stream_handle(stream) if stream is not None else 0
-        if _capturing._active and h:
+        if _capturing._active and int(h):  # a CUstream object is truthy even for handle 0
             status, cid, _g, _d = capture_info(h)
             recorder = _capturing.recorder_of(cid) if status == _ACTIVE else None
             if recorder is not None:

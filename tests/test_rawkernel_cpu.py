@@ -219,3 +219,12 @@ def test_a_capture_whose_names_clash_gets_no_plan(fake):
             ExecUpdateManager(cap.graph, cap.graph.instantiate())
         assert isinstance(launch, Launch) and launch.uses["x"] == ArgUse("x", "read")
         cap.graph.close()
+
+
+def test_unnamed_parameters_get_positional_names(fake, launches):
+    k = RawKernel('extern "C" __global__ void fill(float*, int) {}\n', "fill")
+    assert k.spec == [("arg0", "ptr"), ("arg1", "i32")]
+    with Stream() as s:
+        y = DeviceBuffer(8)
+        k(1, 8, (y, 8), stream=s)
+        assert _value(fake, k, launches[-1][4], 0) == struct.pack("<Q", y.ptr)

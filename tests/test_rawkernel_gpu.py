@@ -54,7 +54,6 @@ def _poisoned(shape, stream):
 
 
 def test_eager_call_matches_float64_with_arrays_from_every_source(stream, rng):
-    cp = pytest.importorskip("cupy")
     k = RawKernel(AXPB, "axpb")
     assert [(p.name, p.kind, p.role) for p in k.params] == [
         ("a", "f32", None), ("x", "ptr", "read"), ("b", "f32", None), ("y", "ptr", "write"), ("n", "i32", None)]
@@ -68,6 +67,7 @@ def test_eager_call_matches_float64_with_arrays_from_every_source(stream, rng):
     got = y.to_numpy(stream)
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6, err_msg=f"seed {rng.seed_used}")
     # CuPy arrays (its own stream synchronised first), a DeviceArray view and a DLPack producer
+    cp = pytest.importorskip("cupy")
     stream.synchronize()
     xc, yc = cp.asarray(xh), cp.full(n, cp.nan, cp.float32)
     cp.cuda.Device().synchronize()
@@ -75,7 +75,7 @@ def test_eager_call_matches_float64_with_arrays_from_every_source(stream, rng):
     stream.synchronize()
     np.testing.assert_array_equal(cp.asnumpy(yc), got)  # the same kernel: the same bits
     y2 = _poisoned((n,), stream)
-    k(_grid(n), (256, 1), (np.float32(a), x.view(), b, DeviceArray(y2.ptr, (n,), np.float32, y2), np.int32(n)),
+    k(_grid(n), (256, 1), (np.float32(a), x.view(), b, DeviceArray(y2.ptr, (n,), np.dtype(np.float32), y2), np.int32(n)),
       stream=stream)
     np.testing.assert_array_equal(y2.to_numpy(stream), got)
     torch = pytest.importorskip("torch")
@@ -96,12 +96,12 @@ def test_bad_arguments_are_refused_before_the_driver(stream, rng, monkeypatch):
     real = driver.cuLaunchKernel
     monkeypatch.setattr(driver, "cuLaunchKernel", lambda *a: calls.append(a) or real(*a))
     cases = [
-        ((2.0, x, 1.0, y, 2.5), "n.*takes an int"),              # a float for an int
-        ((2.0, x, 1.0, y, 2 ** 40), "n.*cannot hold"),           # out of int32's range
+        ((2.0, x, 1.0, y, 2.5), "'n' \\(i32\\) takes an int"),  # a float for an int
+        ((2.0, x, 1.0, y, 2 ** 40), "'n' \\(i32\\) cannot hold"),           # out of int32's range
         ((2.0, x, 1.0, y, True), "n.*takes an int"),             # a bool is not an int
-        ((2.0, np.zeros(n, np.float32), 1.0, y, n), "x.*host array"),  # a host array for a pointer
-        ((2.0, x.ptr, 1.0, y, n), "x.*is a pointer"),            # a raw address
-        (("2", x, 1.0, y, n), "a.*takes a number"),              # a string for a float
+        ((2.0, np.zeros(n, np.float32), 1.0, y, n), "'x'.*host array"),  # a host array for a pointer
+        ((2.0, x.ptr, 1.0, y, n), "'x' is a pointer"),            # a raw address
+        (("2", x, 1.0, y, n), "'a' \\(f32\\) takes a number"),              # a string for a float
         ((2.0, x, 1.0, y), "takes 5 arguments"),                 # too few
     ]
     for args, match in cases:
@@ -242,6 +242,7 @@ def test_a_call_on_a_stream_no_rawgraph_capture_records_is_not_in_any_node_map(s
     n = 256
     x = DeviceBuffer.from_numpy(random_input(rng, (n,)), stream=stream)
     y, z = _poisoned((n,), stream), _poisoned((n,), stream)
+    stream.synchronize()  # z's poison lands before the kernel on the other stream writes it
     with Stream() as other:
         with Capture(stream) as cap:
             k(1, 256, (1.0, x, 0.0, y, n), stream=stream)
