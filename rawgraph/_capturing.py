@@ -86,14 +86,15 @@ def active() -> list[CaptureRecord]:
         return list(_active.values())
 
 
-def recorder_of(capture_id: int) -> Any:
-    """The open rawgraph capture object with the driver's capture id ``capture_id``, or None
-    (another library's capture, or none). Lets a launch made on a capturing stream outside
-    ``Capture.launch`` (a :class:`~rawgraph.RawKernel` call) be recorded in the node map."""
+def record_of(capture_id: int) -> "CaptureRecord | None":
+    """The open rawgraph capture with the driver's capture id ``capture_id`` that records launches
+    (its ``owner``, a weak reference to the capture object, is set), or None (another library's
+    capture, or none). Lets a launch made on a capturing stream outside ``Capture.launch`` (a
+    :class:`~rawgraph.RawKernel` call) be recorded in the node map, by the capturing thread."""
     with _lock:
         for rec in _active.values():
             if rec.capture_id == capture_id and rec.owner is not None:
-                return rec.owner()
+                return rec
     return None
 
 

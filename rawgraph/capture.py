@@ -154,6 +154,8 @@ class Capture:
         # whether the names stayed unambiguous: then the graph gets a plan of its own at the end.
         self.buffers: dict[str, DeviceArray] = {}
         self._names_ok = True
+        self._plans: list[LaunchPlan] = []  # the plans run() recorded
+        self._arrays: list[DeviceArray] = []  # every array named to this capture, clashing or not
 
     @property
     def streams(self) -> list[Stream]:
@@ -390,12 +392,14 @@ class Capture:
         plan.check_open()
         s = None if stream is None else self._in_capture(stream, "running a plan")
         self.name_buffers(plan.buffers)
+        self._plans.append(plan)
         return [self.launch(launch, s) for launch in plan.launches]
 
     def name_buffers(self, buffers: dict[str, DeviceArray]) -> None:
         """Record names for arrays the recorded launches use (see :meth:`launch`). A name
         already given to another array makes the names ambiguous: the graph then gets no plan."""
         for name, view in buffers.items():
+            self._arrays.append(view)  # held by the graph, named or not
             have = self.buffers.get(name)
             if have is None:
                 self.buffers[name] = view
@@ -415,19 +419,33 @@ class Capture:
         return name
 
     def _own_plan(self) -> LaunchPlan | None:
-        """A plan describing the recorded launches, when each argument they use is named."""
+        """A plan describing the recorded launches, when each argument they use is named.
+
+        The plan :meth:`run` recorded, when it is the only thing recorded; else one derived from
+        the recorded launches, provided every name stands for one array and each node's captured
+        pointer is the address of the array its argument is named for (a launch whose ``uses``
+        names the wrong buffer would otherwise be rebound in the wrong place). None otherwise."""
         if not self._names_ok or not self.nodes:
             return None
+        launches = [n.launch for n in self.nodes]
+        if len(self._plans) == 1 and len(self._plans[0].launches) == len(launches) \
+                and all(a is b for a, b in zip(self._plans[0].launches, launches)):
+            return self._plans[0]
         used: dict[str, set[str]] = {}
         for node in self.nodes:
-            for use in node.launch.uses.values():
-                if use.buffer not in self.buffers:
+            offsets = node.launch.args.offsets
+            for arg, use in node.launch.uses.items():
+                view = self.buffers.get(use.buffer)
+                if view is None:
+                    return None
+                captured = int.from_bytes(node.captured_args[offsets[arg]:offsets[arg] + 8], "little")
+                if captured != view.ptr:
                     return None
                 used.setdefault(use.buffer, set()).add(use.role)
         bufs = {n: self.buffers[n] for n in used}
         inputs = tuple(n for n, roles in used.items() if roles == {"read"})
         outputs = tuple(n for n in used if n not in inputs)
-        return LaunchPlan([n.launch for n in self.nodes], bufs, inputs, outputs, pdl=None)
+        return LaunchPlan(launches, bufs, inputs, outputs, pdl=None)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         self._open = False
@@ -483,6 +501,8 @@ class Capture:
             check((err,), "cuStreamEndCapture")
         graph = Graph(handle, self.nodes, self.stream.device)
         graph.plan = self._own_plan()
+        # The arrays the nodes point at live as long as the graph, plan or not: a replay reads them.
+        graph.arrays = list({id(a): a for a in self._arrays}.values())
         graph.other_nodes = list(self.other_nodes)
         try:
             graph.foreign_nodes = self._foreign(graph)
@@ -649,8 +669,9 @@ def capture_branches(
     the other (the linear form: the same launches in one chain). The plans must not write what
     another plan reads or writes.
 
-    The plans stay owned by the caller, who must keep them (and their buffers) alive as long as
-    the graph is used; ``graph.plan`` is left unset (the exec-update manager binds one plan).
+    The graph holds the plans' buffers (``graph.arrays``). ``graph.plan`` is the plans' union (one
+    plan over every launch, binding each name everywhere it is used) when no name stands for two
+    arrays, else None; the guards of the plans are not in it, so keep the plans' owners open.
     With ``warmup`` every plan first runs once eagerly on ``stream``, which is then synchronised.
     """
     plans = list(plans)

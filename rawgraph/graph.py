@@ -97,6 +97,8 @@ class Graph(Resource):
         self.nodes = list(nodes)
         self.device = device
         self.plan: LaunchPlan | None = None  # set by capture_plan; keeps argument buffers alive
+        # The arrays the recorded nodes point at, held while the graph lives (set by Capture).
+        self.arrays: list[Any] = []
         # nodes recorded other than kernels: (node, "alloc" | "free" | "memcpy" | "event", detail)
         self.other_nodes: list[tuple[Any, str, Any]] = []
         # nodes a capture found but did not record (set by Capture; see ForeignNode)

@@ -12,6 +12,7 @@ the call (freed argument memory showed up as ``CUDA_ERROR_MISALIGNED_ADDRESS`` o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -28,6 +29,7 @@ _SUCCESS = driver.CUresult.CUDA_SUCCESS
 # Argument kinds and their C types: size and alignment are the dtype's itemsize.
 ARG_DTYPES: dict[str, np.dtype] = {
     "ptr": np.dtype(np.uint64),
+    "bool": np.dtype(np.bool_),
     "i8": np.dtype(np.int8),
     "u8": np.dtype(np.uint8),
     "i16": np.dtype(np.int16),
@@ -65,7 +67,9 @@ def check_scalar(kind: str, value: Any, what: str) -> None:
     """Refuse a value its C parameter cannot hold, before anything reaches the driver.
 
     Integer kinds take Python or NumPy integers (not bools, not floats) within the type's range;
-    float kinds take any real number that is finite or not, but not arrays or strings.
+    ``bool`` takes a Python or NumPy bool only; float kinds take any real number their type can
+    hold: ``inf`` and ``nan`` as given, but not a finite value that would round to infinity
+    (``1e39`` for an ``f32``), and not arrays or strings.
 
     Raises
     ------
@@ -73,8 +77,19 @@ def check_scalar(kind: str, value: Any, what: str) -> None:
         Naming ``what`` (the argument), its kind and the value.
     """
     if kind in FLOAT_KINDS:
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.floating, np.integer)):
             raise ArgumentError(f"{what} ({kind}) takes a number, got {type(value).__name__}")
+        try:
+            f = float(value)
+        except OverflowError:
+            raise ArgumentError(f"{what} ({kind}) cannot hold {value}: too large for a float") from None
+        if math.isfinite(f) and abs(f) > float(np.finfo(ARG_DTYPES[kind]).max):
+            raise ArgumentError(f"{what} ({kind}) cannot hold {value}: it would become infinite "
+                                f"(largest {float(np.finfo(ARG_DTYPES[kind]).max):g})")
+        return
+    if kind == "bool":
+        if not isinstance(value, (bool, np.bool_)):
+            raise ArgumentError(f"{what} (bool) takes True or False, got {type(value).__name__} {value!r}")
         return
     if kind not in ARG_DTYPES or kind == "ptr":
         raise ArgumentError(f"{what} ({kind}) is not a scalar argument")
@@ -92,7 +107,7 @@ class KernelArgs:
     ----------
     spec : sequence of (name, kind)
         In the kernel's parameter order; ``kind`` is ``ptr``, a scalar kind of
-        :data:`ARG_DTYPES` (``i8`` .. ``u64``, ``f16``, ``f32``, ``f64``), ``i32[N]`` (an int32
+        :data:`ARG_DTYPES` (``bool``, ``i8`` .. ``u64``, ``f16``, ``f32``, ``f64``), ``i32[N]`` (an int32
         array passed by value, e.g. a row table; read and written through :meth:`array`) or
         ``u8[N]`` (a struct of ``N`` bytes passed by value).
 

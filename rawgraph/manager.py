@@ -573,7 +573,7 @@ class ExecUpdateManager:
             New grid (1 to 3 positive ints). For a kernel compiled with fixed cluster dimensions
             each grid dimension must be a multiple of the cluster's.
         **scalars
-            New values of ``i32``/``i64``/``u64``/``f32`` arguments, by name.
+            New values of scalar arguments (any kind of :data:`~rawgraph.launch.ARG_DTYPES` but ``ptr``), by name.
 
         Returns
         -------

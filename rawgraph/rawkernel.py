@@ -29,7 +29,7 @@ from . import _capturing
 from .capture import capture_info
 from .compiler import DEFAULT_OPTIONS, KernelCache, compile_source
 from .device import Device, get_device
-from .errors import ArgumentError, RawgraphError, SignatureError, cuda_error
+from .errors import ArgumentError, CaptureRefusedError, RawgraphError, SignatureError, cuda_error
 from .kernels import Kernel, Module
 from .launch import ARG_DTYPES, ArgUse, KernelArgs, Launch, arg_dtype, check_scalar
 from .memory import DeviceArray, as_device_array
@@ -56,6 +56,17 @@ def param_layout(function: Any) -> list[tuple[int, int]]:
         if err != _SUCCESS:
             raise cuda_error(err, "cuFuncGetParamInfo")
         layout.append((int(offset), int(size)))
+
+
+def _pointee(ctype: str) -> np.dtype | None:
+    """The element dtype a pointer parameter's C type points at (``const float*`` -> float32),
+    or None when it is not one scalar type (``void*``, ``float4*``, ``float**``, a struct)."""
+    words = ctype.replace("*", " * ").split()
+    if words.count("*") != 1 or words[-1] != "*":
+        return None
+    base = " ".join(w for w in words[:-1] if w not in ("const", "volatile"))
+    kind = KINDS.get(base)
+    return ARG_DTYPES[kind] if kind is not None else None
 
 
 def _kind_of(t: str) -> str:
@@ -146,6 +157,8 @@ class RawKernel:
                 raise SignatureError(f"{name}: parameter {p.name!r} ({p.ctype}) is {arg_dtype(kind).itemsize} bytes "
                                      f"as read, but the kernel takes {size}")
             self.spec.append((p.name, kind))
+        # What each pointer parameter points at, to refuse an array of another element type.
+        self._pointees = {p.name: _pointee(p.ctype) for p in self.params if p.kind == "ptr"}
         # Launches reuse one argument buffer: the driver copies the values during cuLaunchKernel.
         self._args = KernelArgs(self.spec)
         self._lock = threading.Lock()
@@ -190,6 +203,13 @@ class RawKernel:
                     view = as_device_array(value, what)
                 except (RawgraphError, ValueError, TypeError) as exc:  # host, strided, closed, bad DLPack
                     raise ArgumentError(str(exc)) from None
+                want = self._pointees.get(pname)
+                # Bytes are raw memory on either side (a byte array for any pointer, any array
+                # for a char pointer); another element type is one the kernel would misread.
+                if want is not None and 1 not in (view.dtype.itemsize, want.itemsize) \
+                        and not (want.kind == view.dtype.kind and want.itemsize == view.dtype.itemsize):
+                    raise ArgumentError(f"{what} points at {want.name} ({self._ctype(pname)}), "
+                                        f"got an array of {view.dtype.name}")
                 into[pname] = view.ptr
                 arrays.append((pname, view))
             elif kind.startswith("u8["):
@@ -208,6 +228,9 @@ class RawKernel:
                 check_scalar(kind, value, what)
                 into[pname] = value
         return arrays
+
+    def _ctype(self, pname: str) -> str:
+        return next(p.ctype for p in self.params if p.name == pname)
 
     @staticmethod
     def _dims(v: Any, what: str) -> tuple[int, int, int]:
@@ -235,32 +258,47 @@ class RawKernel:
 
     def _launch(self, grid: Any, block: Any, args: Sequence[Any], shared_mem: int, names: dict[str, str] | None,
                 capture: Any) -> tuple[Launch, dict[str, DeviceArray]]:
-        g, b = self._dims(grid, "grid"), self._dims(block, "block")
+        g, b, names = self._config(grid, block, shared_mem, names)
         kargs = KernelArgs(self.spec)
         arrays = self._pack(args, kargs)
-        names = dict(names or {})
-        unknown = set(names) - {n for n, _ in arrays}
-        if unknown:
-            raise ArgumentError(f"{self.name}: names= gives {sorted(unknown)}, which are not pointer parameters")
         roles = {p.name: p.role or "write" for p in self.params}
-        uses, buffers = {}, {}
+        uses: dict[str, ArgUse] = {}
+        buffers: dict[str, DeviceArray] = {}
         for pname, view in arrays:
-            wanted = names.get(pname, pname)
-            bname = capture.buffer_name(view, wanted) if capture is not None else wanted
+            if capture is None:
+                bname = names.get(pname, pname)
+            else:
+                bname = capture.buffer_name(view, names.get(pname, pname))
+                if pname in names and bname != names[pname]:
+                    # An explicit name is a promise to bind by it: never rename it quietly.
+                    raise ArgumentError(f"{self.name}: names= asks {pname!r} to be {names[pname]!r}, but in this "
+                                        f"capture " + (f"that array is already {bname!r}"
+                                                       if bname in capture.buffers else
+                                                       f"{names[pname]!r} is another array"))
+            if bname in buffers and (buffers[bname].ptr, buffers[bname].nbytes) != (view.ptr, view.nbytes):
+                raise ArgumentError(f"{self.name}: names= gives the name {bname!r} to two different arrays")
             buffers[bname] = view
             uses[pname] = ArgUse(bname, roles[pname])
-        self._smem(shared_mem)
-        try:
-            launch = Launch(self.kernel, g, b, kargs, uses, shared_mem=int(shared_mem), label=self.name)
-        except ValueError as exc:
-            raise ArgumentError(str(exc)) from None
+        launch = Launch(self.kernel, g, b, kargs, uses, shared_mem=int(shared_mem), label=self.name)
         return launch, buffers
 
-    def _smem(self, shared_mem: int) -> None:
+    def _config(self, grid: Any, block: Any, shared_mem: Any, names: dict[str, str] | None
+                ) -> tuple[tuple[int, int, int], tuple[int, int, int], dict[str, str]]:
+        """Grid, block, shared memory and ``names=`` checked (before any driver call)."""
+        g, b = self._dims(grid, "grid"), self._dims(block, "block")
+        if b[0] * b[1] * b[2] > 1024:
+            raise ArgumentError(f"{self.name}: block {b} has more than 1024 threads")
         if isinstance(shared_mem, bool) or not isinstance(shared_mem, (int, np.integer)) or shared_mem < 0:
             raise ArgumentError(f"shared_mem must be an int >= 0, got {shared_mem!r}")
+        names = dict(names or {})
+        unknown = set(names) - {n for n, k in self.spec if k == "ptr"}
+        if unknown:
+            raise ArgumentError(f"{self.name}: names= gives {sorted(unknown)}, which are not pointer parameters")
+        if any(not isinstance(v, str) or not v for v in names.values()):
+            raise ArgumentError(f"{self.name}: names= maps parameter names to non-empty strings")
         if shared_mem > 48 * 1024:
             self.kernel.allow_dynamic_smem(int(shared_mem))
+        return g, b, names
 
     def __call__(self, grid: Any, block: Any, args: Sequence[Any], stream: Any = None, shared_mem: int = 0,
                  names: dict[str, str] | None = None) -> None:
@@ -282,19 +320,19 @@ class RawKernel:
         h = stream_handle(stream) if stream is not None else 0
         if _capturing._active and int(h):  # a CUstream object is truthy even for handle 0
             status, cid, _g, _d = capture_info(h)
-            recorder = _capturing.recorder_of(cid) if status == _ACTIVE else None
-            if recorder is not None:
+            rec = _capturing.record_of(cid) if status == _ACTIVE else None
+            recorder = rec.owner() if rec is not None and rec.owner is not None else None
+            if rec is not None and recorder is not None:
+                if rec.ident != threading.get_ident():
+                    # The node map is read and written by the capturing thread: two threads
+                    # recording at once would pair a node with the other's launch.
+                    raise CaptureRefusedError(
+                        f"{self.name}: the stream is being captured by thread {rec.thread!r}; launch into "
+                        "that capture from the thread that opened it")
                 launch, buffers = self._launch(grid, block, args, shared_mem, names, recorder)
                 recorder.launch(launch, stream, buffers=buffers)
                 return
-        if names is not None:
-            unknown = set(names) - {n for n, k in self.spec if k == "ptr"}
-            if unknown:
-                raise ArgumentError(f"{self.name}: names= gives {sorted(unknown)}, which are not pointer parameters")
-        g, b = self._dims(grid, "grid"), self._dims(block, "block")
-        if b[0] * b[1] * b[2] > 1024:
-            raise ArgumentError(f"{self.name}: block {b} has more than 1024 threads")
-        self._smem(shared_mem)
+        g, b, _names = self._config(grid, block, shared_mem, names)
         with self._lock:  # one argument buffer: a second thread must not repack it mid-launch
             self._pack(args, self._args)
             (err,) = driver.cuLaunchKernel(self.kernel.handle, *g, *b, int(shared_mem), h, self._args.address, 0)

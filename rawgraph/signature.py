@@ -27,7 +27,7 @@ class Param:
 # Normalised scalar type -> kind. ``long`` is 64-bit: NVRTC follows the host ABI, LP64 on Linux.
 # ``__half`` is really a 2-byte struct, but it is passed like an f16 scalar.
 KINDS: dict[str, str] = {
-    "bool": "u8", "char": "i8", "signed char": "i8", "unsigned char": "u8",
+    "bool": "bool", "char": "i8", "signed char": "i8", "unsigned char": "u8",
     "short": "i16", "unsigned short": "u16", "int": "i32", "unsigned int": "u32",
     "long": "i64", "unsigned long": "u64", "long long": "i64", "unsigned long long": "u64",
     "int8_t": "i8", "uint8_t": "u8", "int16_t": "i16", "uint16_t": "u16",

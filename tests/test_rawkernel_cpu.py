@@ -228,3 +228,171 @@ def test_unnamed_parameters_get_positional_names(fake, launches):
         y = DeviceBuffer(8)
         k(1, 8, (y, 8), stream=s)
         assert _value(fake, k, launches[-1][4], 0) == struct.pack("<Q", y.ptr)
+
+
+KINDS_SRC = r"""
+extern "C" __global__ void kinds(bool on, float h, double d, unsigned short u, const int* idx, void* raw,
+                                 unsigned char* bytes, float* y) {}
+"""
+
+
+def test_bool_floats_and_byte_pointers_pack_and_refuse_what_they_cannot_hold(fake, launches):
+    from rawgraph.graph import read_node_args
+
+    k = RawKernel(KINDS_SRC, "kinds")
+    assert k.spec == [("on", "bool"), ("h", "f32"), ("d", "f64"), ("u", "u16"), ("idx", "ptr"),
+                      ("raw", "ptr"), ("bytes", "ptr"), ("y", "ptr")]
+    with Stream() as s:
+        idx, y = DeviceBuffer(4, np.int32), DeviceBuffer(4)
+        raw, b8 = DeviceBuffer(16, np.float64), DeviceBuffer(16, np.uint8)
+        k(1, 1, (True, 1.5, float("inf"), 65535, idx, raw, y, b8), stream=s)  # any array for void*/u8*
+        blob = launches[-1][4]
+        assert [_value(fake, k, blob, i) for i in range(4)] == [
+            b"\x01", struct.pack("<f", 1.5), struct.pack("<d", float("inf")), struct.pack("<H", 65535)]
+        k(1, 1, (np.bool_(False), np.float16(-2), 0.0, 0, idx, raw, b8, b8), stream=s)  # a byte array for float*
+        assert _value(fake, k, launches[-1][4], 0) == b"\x00"
+        n = len(launches)
+        bad = {
+            "an int for a bool": ((1, 1.0, 0.0, 0, idx, raw, b8, y), "takes True or False"),
+            "a finite value past f32": ((True, 1e39, 0.0, 0, idx, raw, b8, y), "would become infinite"),
+            "an int past any float": ((True, 1.0, 2 ** 2000, 0, idx, raw, b8, y), "too large"),
+            "65536 for an unsigned short": ((True, 1.0, 0.0, 65536, idx, raw, b8, y), "cannot hold"),
+            "floats for const int*": ((True, 1.0, 0.0, 0, y, raw, b8, y), "'idx' points at int32"),
+            "ints for float*": ((True, 1.0, 0.0, 0, idx, raw, b8, idx), "'y' points at float32"),
+            "a bool for a float": ((True, True, 0.0, 0, idx, raw, b8, y), "takes a number"),
+        }
+        for what, (args, match) in bad.items():
+            with pytest.raises(ArgumentError, match=match):
+                k(1, 1, args, stream=s)
+        assert len(launches) == n, "a refused call reached cuLaunchKernel"
+        with Capture(s) as cap:
+            k(1, 1, (True, 0.25, -3.0, 7, idx, raw, b8, y), stream=s)
+        (node,) = cap.graph.nodes
+        got = read_node_args(node.handle, node.launch)
+        assert got["on"] is True and got["h"] == 0.25 and got["d"] == -3.0 and got["u"] == 7
+        assert got["idx"] == idx.ptr and got["y"] == y.ptr
+        exe = cap.graph.instantiate()
+        upd = ExecUpdateManager(cap.graph, exe)
+        assert upd.set_params(0, on=False, u=9) == 1
+        held = fake.exec_kernel(exe.handle, node.handle)["blob"]
+        assert _value(fake, k, held, 0) == b"\x00" and _value(fake, k, held, 3) == struct.pack("<H", 9)
+        with pytest.raises(ArgumentError, match="takes True or False"):
+            upd.set_params(0, on=0)
+        assert _value(fake, k, fake.exec_kernel(exe.handle, node.handle)["blob"], 0) == b"\x00"
+        upd.close()
+        exe.close()
+        cap.graph.close()
+
+
+def test_a_call_from_another_thread_into_an_open_capture_is_refused(fake, launches):
+    import threading
+
+    from rawgraph import CaptureRefusedError
+
+    k = RawKernel(AXPB, "axpb")
+    with Stream() as s:
+        x, y = DeviceBuffer(64), DeviceBuffer(64)
+        errors: list[BaseException] = []
+
+        def other():
+            try:
+                k(1, 64, (1.0, x, 0.0, y, 64), stream=s)
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                errors.append(e)
+
+        with Capture(s) as cap:
+            k(1, 64, (2.0, x, 0.0, y, 64), stream=s)
+            t = threading.Thread(target=other, name="intruder")
+            t.start()
+            t.join()
+        assert len(errors) == 1 and isinstance(errors[0], CaptureRefusedError), errors
+        assert "MainThread" in str(errors[0])
+        assert len(cap.graph.nodes) == 1 and cap.graph.foreign_nodes == []
+        assert len(launches) == 1, "the refused call reached cuLaunchKernel"
+        cap.graph.close()
+
+
+def test_explicit_names_are_never_renamed(fake):
+    k = RawKernel(AXPB, "axpb")
+    with Stream() as s:
+        x, other, y, y2 = (DeviceBuffer(64) for _ in range(4))
+        with Capture(s) as cap:
+            k(1, 64, (1.0, x, 0.0, y, 64), stream=s, names={"x": "inp"})
+            with pytest.raises(ArgumentError, match="'inp' is another array"):
+                k(1, 64, (1.0, other, 0.0, y, 64), stream=s, names={"x": "inp"})
+            with pytest.raises(ArgumentError, match="already 'inp'"):
+                k(1, 64, (1.0, x, 0.0, y, 64), stream=s, names={"x": "source"})
+            with pytest.raises(ArgumentError, match="two different arrays"):
+                k(1, 64, (1.0, other, 0.0, y2, 64), stream=s, names={"x": "z", "y": "z"})
+            k(1, 64, (1.0, x, 0.0, y, 64), stream=s, names={"x": "inp"})  # the same array, the same name
+        # Refused before any driver call, so the capture itself is unharmed: two nodes, one plan.
+        assert len(cap.graph.nodes) == 2
+        assert cap.graph.plan is not None and set(cap.graph.plan.buffers) == {"inp", "y"}
+        cap.graph.close()
+
+
+def test_the_plan_a_capture_keeps_is_checked_against_the_captured_pointers(fake):
+    import gc
+    import weakref
+
+    from rawgraph.launch import LaunchPlan
+
+    k = RawKernel(AXPB, "axpb")
+    with Stream() as s:
+        x, y, z = DeviceBuffer(64), DeviceBuffer(64), DeviceBuffer(64)
+        # A launch whose uses name "x" while its argument holds z's address: no plan is guessed.
+        with Capture(s) as cap:
+            launch = k.launch(1, 64, (1.0, z, 0.0, y, 64))
+            cap.launch(launch, buffers={"x": x.view(), "y": y.view()})
+        assert cap.graph.plan is None
+        cap.graph.close()
+        # No plan (two arrays named "x"), yet the graph holds every array its nodes point at.
+        with Capture(s) as cap:
+            k(1, 64, (1.0, x, 0.0, y, 64), stream=s)
+            cap.run(LaunchPlan([k.launch(1, 64, (1.0, z, 0.0, y, 64))], {"x": z.view(), "y": y.view()}))
+        assert cap.graph.plan is None
+        ref = weakref.ref(z)
+        graph = cap.graph
+        del cap, launch, z
+        gc.collect()
+        assert ref() is not None and any(a.owner is ref() for a in graph.arrays)
+        graph.close()
+        # One plan run and nothing else: the graph's plan is that plan itself, guards and all.
+        w = DeviceBuffer(64)
+        plan = LaunchPlan([k.launch(1, 64, (1.0, w, 0.0, y, 64))], {"x": w.view(), "y": y.view()}, ("x",), ("y",))
+        with Capture(s) as cap:
+            cap.run(plan)
+        assert cap.graph.plan is plan
+        cap.graph.close()
+        # A RawKernel call on a forked side stream is recorded there, after the fork.
+        with Capture(s, side_streams=1) as cap:
+            k(1, 64, (1.0, x, 0.0, y, 64), stream=s)
+            (side,) = cap.fork(1)
+            k(1, 64, (1.0, y, 0.0, w, 64), stream=side)
+            cap.join(side)
+        first, second = cap.graph.nodes
+        assert int(first.handle) in second.deps and cap.graph.foreign_nodes == []
+        assert cap.graph.plan is not None and cap.graph.plan.inputs == ("x",)
+        assert set(cap.graph.plan.outputs) == {"y", "y_2"}
+        cap.graph.close()
+
+
+def test_a_call_inside_a_conditional_body_is_recorded_in_the_body(fake):
+    from rawgraph.control import conditional as cn
+
+    k = RawKernel(AXPB, "axpb")
+    with Stream() as s, Stream() as body_stream:
+        x, y = DeviceBuffer(64), DeviceBuffer(64)
+        with Capture(s) as cap:
+            h = cn.capture_handle(cap, default=1)
+            node = cn.capture_conditional(cap, "if", h)
+            with node.capture_body(0, body_stream):
+                k(1, 64, (3.0, x, 0.5, y, 64), stream=body_stream)
+        (kn,) = node.body_kernel_nodes(0)
+        assert kn.launch.kernel is k.kernel and set(kn.launch.uses) == {"x", "y"}
+        assert _value(fake, k, kn.captured_args, 0) == struct.pack("<f", 3.0)
+        assert any(getattr(a, "owner", None) is x for a in node.bodies[0].keep)  # held by the body
+        with pytest.raises(Exception, match="own stream"):
+            with node.capture_body(0, body_stream) as bc:
+                bc.launch(kn.launch, stream=s)
+        cap.graph.close()

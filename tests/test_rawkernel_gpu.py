@@ -248,8 +248,44 @@ def test_a_call_on_a_stream_no_rawgraph_capture_records_is_not_in_any_node_map(s
             k(1, 256, (1.0, x, 0.0, y, n), stream=stream)
             k(1, 256, (1.0, x, 0.0, z, n), stream=other)  # runs now, on the other stream
         other.synchronize()
-        assert len(cap.graph.nodes) == 1
+        assert len(cap.graph.nodes) == 1 and cap.graph.foreign_nodes == []
         np.testing.assert_array_equal(z.to_numpy(other), x.to_numpy(other))
+    cap.graph.close()
+
+
+GATED = r"""
+extern "C" __global__ void gated(bool on, const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = on ? 2.0f * x[i] : -x[i];
+}
+"""
+
+
+@pytest.mark.parametrize("taken", [1, 0])
+def test_a_call_in_a_conditional_body_runs_when_the_device_says_so(stream, rng, taken):
+    from rawgraph.control import conditional as cn
+
+    k = RawKernel(GATED, "gated")
+    n = int(rng.integers(500, 3000))
+    xh = random_input(rng, (n,))
+    x, y = DeviceBuffer.from_numpy(xh, stream=stream), _poisoned((n,), stream)
+    with Stream() as body_stream:
+        with Capture(stream) as cap:
+            h = cn.capture_handle(cap, default=taken)
+            node = cn.capture_conditional(cap, "if", h)
+            with node.capture_body(0, body_stream):
+                k(_grid(n), 256, (True, x, y, n), stream=body_stream)
+    (kn,) = node.body_kernel_nodes(0)
+    assert set(kn.launch.uses) == {"x", "y"}
+    exe = cap.graph.instantiate()
+    exe.launch(stream)
+    got = y.to_numpy(stream)
+    if taken:
+        np.testing.assert_array_equal(got, (2.0 * xh.astype(np.float64)).astype(np.float32),
+                                      err_msg=f"seed {rng.seed_used}")
+    else:
+        assert np.isnan(got).all(), "the body ran although the condition was 0"
+    exe.close()
     cap.graph.close()
 
 

@@ -144,7 +144,7 @@ SCALARS = [
     ("int16_t", "int16_t", "i16"), ("uint16_t", "uint16_t", "u16"),
     ("char", "char", "i8"), ("signed char", "signed char", "i8"), ("int8_t", "int8_t", "i8"),
     ("unsigned char", "unsigned char", "u8"), ("char unsigned", "unsigned char", "u8"), ("uint8_t", "uint8_t", "u8"),
-    ("bool", "bool", "u8"), ("float", "float", "f32"), ("double", "double", "f64"),
+    ("bool", "bool", "bool"), ("float", "float", "f32"), ("double", "double", "f64"),
     ("__half", "__half", "f16"), ("half", "half", "f16"),
     ("const int", "int", "i32"), ("int const", "int", "i32"), ("const unsigned long long", "unsigned long long", "u64"),
     ("cudaGraphConditionalHandle", "cudaGraphConditionalHandle", "u64"),

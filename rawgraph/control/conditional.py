@@ -36,6 +36,7 @@ device-computed norm is under a threshold).
 
 from __future__ import annotations
 
+import sys
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -54,7 +55,7 @@ from ..launch import KernelArgs, Launch, LaunchPlan
 from ..memory import DeviceBuffer, as_device_array, check_array
 from ..model import BlockWeights, TinyBlock
 from ..resource import Resource, flush_deferred, shutting_down
-from ..stream import Stream
+from ..stream import Stream, stream_handle
 
 KINDS = ("if", "while", "switch")
 _COND_T = {
@@ -351,6 +352,7 @@ class BodyCapture:
         self._open = False
         self._record: _capturing.CaptureRecord | None = None
         self._abandon: weakref.finalize | None = None
+        self.buffers: dict = {}  # no names kept in a body (see buffer_name)
 
     def __enter__(self) -> "BodyCapture":
         self.stream._check_open()
@@ -363,12 +365,29 @@ class BodyCapture:
         self._record = _capturing.CaptureRecord(self.stream.ptr, self.mode.name)
         _capturing.begin(self._record)
         self._abandon = weakref.finalize(self, _end_quietly, self.stream.handle, self._record)
+        # A RawKernel call on this stream is recorded through launch() (found by capture id).
+        try:
+            self._record.capture_id = capture_info(self.stream.handle)[1]
+        except BaseException:
+            self.__exit__(*sys.exc_info())  # no __exit__ runs for a failed __enter__: end it here
+            raise
+        self._record.owner = weakref.ref(self)
         return self
 
-    def launch(self, launch: Launch) -> KernelNode:
-        """Launch into the body and record the node it became (``cuStreamGetCaptureInfo``)."""
+    def buffer_name(self, view: Any, wanted: str) -> str:
+        """The name a RawKernel call's array gets in the body: ``wanted`` (a body has no plan
+        to bind by; the array is held as long as the body's graph)."""
+        return wanted
+
+    def launch(self, launch: Launch, stream: Any = None, buffers: dict | None = None) -> KernelNode:
+        """Launch into the body and record the node it became (``cuStreamGetCaptureInfo``).
+        ``buffers`` (what a RawKernel call was given) are held by the body's builder."""
         if not self._open:
             raise RawgraphError("BodyCapture.launch outside the with-block")
+        if stream is not None and int(stream_handle(stream)) != self.stream.ptr:
+            raise CaptureRefusedError("BodyCapture.launch: a body is captured on its own stream only")
+        if buffers:
+            self.body.keep.extend(buffers.values())
         status, _cid, _g, before = capture_info(self.stream.handle)  # the node's dependencies
         if status != _ACTIVE:
             raise _not_active(status, f"before launching {launch.kernel.name} into a body")
