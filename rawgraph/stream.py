@@ -11,6 +11,7 @@ streams.
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Any
 
 from cuda.bindings import driver
@@ -67,6 +68,18 @@ def _handle_of(obj: Any) -> int:
         f"{type(obj).__name__} is not a stream: pass a rawgraph.Stream, an object with __cuda_stream__, "
         "a torch.cuda.Stream, a CuPy stream, a CUstream or a raw handle"
     )
+
+
+# Borrowed-stream wrappers by (handle, device ordinal), held weakly: while anything holds one (an
+# exec's StreamSet, a Capture), wrapping the same handle again returns it. Nothing here keeps a
+# lender's stream object alive.
+_wrappers: "weakref.WeakValueDictionary[tuple[int, int], Stream]" = weakref.WeakValueDictionary()
+# Handles already checked against the device's context (cuStreamGetCtx) and their non-blocking
+# flag, so a fresh wrapper of a known handle makes no driver call. A handle the driver reused for
+# a stream of another context after the first was destroyed would pass unchecked (the launch then
+# fails in the driver instead); bounded, oldest dropped first.
+_checked: dict[tuple[int, int], bool] = {}
+_CHECKED_MAX = 64
 
 
 class Stream(Resource):
@@ -152,16 +165,30 @@ class Stream(Resource):
             return obj
         handle = _handle_of(obj)
         dev = device or get_device()
-        non_blocking = False
-        if handle not in SPECIAL_HANDLES:
-            ctx = call(driver.cuStreamGetCtx, handle)
-            if int(ctx) != int(dev.context):
-                raise NotOnDeviceError(
-                    f"stream 0x{handle:x} belongs to another context than device {dev.ordinal}'s primary context"
-                )
-            flags = int(call(driver.cuStreamGetFlags, handle))
-            non_blocking = bool(flags & int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING))
-        return cls._borrowed(handle, dev, non_blocking, obj)
+        key = (handle, dev.ordinal)
+        known = _wrappers.get(key)
+        if known is not None and known._finalizer.alive:
+            # Someone still holds the wrapper of this handle (an exec's stream registry, a
+            # capture): its lender is alive, so the handle is still that stream. Reusing it
+            # makes a launch on a torch or CuPy stream cost no driver call and no new finalizer.
+            return known
+        non_blocking = _checked.get(key)
+        if non_blocking is None:
+            non_blocking = False
+            if handle not in SPECIAL_HANDLES:
+                ctx = call(driver.cuStreamGetCtx, handle)
+                if int(ctx) != int(dev.context):
+                    raise NotOnDeviceError(
+                        f"stream 0x{handle:x} belongs to another context than device {dev.ordinal}'s primary context"
+                    )
+                flags = int(call(driver.cuStreamGetFlags, handle))
+                non_blocking = bool(flags & int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING))
+            if len(_checked) >= _CHECKED_MAX:
+                _checked.pop(next(iter(_checked)))
+            _checked[key] = non_blocking
+        wrapper = cls._borrowed(handle, dev, non_blocking, obj)
+        _wrappers[key] = wrapper
+        return wrapper
 
     # -- the CUDA stream protocol ---------------------------------------------------------
     def __cuda_stream__(self) -> tuple[int, int]:

@@ -37,8 +37,13 @@ def fake_session() -> Iterator[tuple[FakeDriver, FaultHook]]:
     import rawgraph.keepalive as keepalive
     import rawgraph.kernels as kernels
 
+    import rawgraph.stream as stream
+
     gc.collect()  # nothing of an earlier real-driver test may be released into the fake
     saved = (device._init_state, dict(device._devices), dict(kernels._kernels), list(keepalive._held))
+    # Borrowed-stream checks made on one driver must not vouch for a handle on the other.
+    stream._checked.clear()
+    stream._wrappers.clear()
     device._init_state = None
     device._devices.clear()
     kernels._kernels.clear()
@@ -54,6 +59,8 @@ def fake_session() -> Iterator[tuple[FakeDriver, FaultHook]]:
         yield fake, hook
     finally:
         gc.collect()
+        stream._checked.clear()
+        stream._wrappers.clear()
         hook.active = False
         for k in list(kernels._kernels.values()):
             k.module.close()

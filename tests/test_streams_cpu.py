@@ -76,3 +76,44 @@ def test_a_borrowed_stream_dropped_per_launch_is_no_release():
 class CupyLikeOf:
     def __init__(self, ptr):
         self.ptr = ptr
+
+
+def test_a_borrowed_stream_is_checked_once_and_its_wrapper_reused_while_held(monkeypatch):
+    """Launching on a foreign stream again and again: one cuStreamGetCtx for the handle, one
+    wrapper while an exec's stream registry holds it, and the lender is never kept alive by the
+    cache. On the CPU fake driver."""
+    import gc
+    import weakref
+
+    from cuda.bindings import driver
+
+    from fault_cases import fake_session
+    from rawgraph import Stream
+    from rawgraph.stream import StreamSet, as_stream, stream_handle
+
+    with fake_session():
+        with Stream() as owner:
+            asked: list[int] = []
+            real = driver.cuStreamGetCtx
+            monkeypatch.setattr(driver, "cuStreamGetCtx", lambda h: asked.append(int(h)) or real(h))
+            registry = StreamSet()
+            lenders = [CupyLikeOf(owner.ptr) for _ in range(4)]  # torch makes a new object per current_stream()
+            wrappers = []
+            for lender in lenders:
+                w = as_stream(lender)
+                registry.note(w)
+                wrappers.append(w)
+            assert all(w is wrappers[0] for w in wrappers), "a held wrapper was not reused"
+            assert registry.streams == {owner.ptr: wrappers[0]}
+            assert asked == [owner.ptr]
+            lender_ref = weakref.ref(lenders[-1])
+            del lenders, wrappers, w, lender
+            registry.clear()
+            gc.collect()
+            assert lender_ref() is None, "the wrapper cache kept a lender alive"
+            fresh = as_stream(CupyLikeOf(owner.ptr))     # a new wrapper: the handle is known
+            assert int(stream_handle(CupyLikeOf(owner.ptr))) == owner.ptr
+            assert asked == [owner.ptr] and fresh.ptr == owner.ptr
+            fresh.close()                                 # a closed wrapper is never handed out
+            again = as_stream(CupyLikeOf(owner.ptr))
+            assert again is not fresh and not again.closed
