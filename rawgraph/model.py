@@ -28,6 +28,7 @@ from .errors import LayoutError, ShapeError
 from .launch import LaunchPlan
 from .resource import Resource
 from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
+from .serving.protocol import RowScratch
 from .stream import Stream
 
 FORMS = ("unfused", "fused", "block")
@@ -109,7 +110,7 @@ class BlockWeights(Resource):
             return [(w1.to_numpy(own), w2.to_numpy(own)) for w1, w2 in self.pairs]
 
 
-class Workspace(Resource):
+class Workspace(RowScratch):
     """Per-batch scratch (activations) of a block: ``h``, ``a``, ``z``, ``act0``, ``act1``, each
     ``(rows, width)`` float32 (``cuMemAlloc`` / ``cuMemFree``).
 
@@ -120,24 +121,8 @@ class Workspace(Resource):
     """
 
     def __init__(self, rows: int, width: int, device: Device | None = None):
-        self.rows = _positive_int("rows", rows)
         self.width = _positive_int("width", width)
-        self.device = (device or get_device()).activate()
-        owned: list[DeviceBuffer] = []
-        self._own(_close_all, owned, name="cuMemFree (workspace)")
-        self.buffers = {name: DeviceBuffer((self.rows, self.width), np.float32, self.device) for name in SCRATCH}
-        owned.extend(self.buffers.values())
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers.values())
-
-    def views(self, batch: int) -> dict[str, DeviceArray]:
-        """The first ``batch`` rows of each scratch buffer."""
-        self._check_open()
-        if not 1 <= batch <= self.rows:
-            raise ShapeError(f"workspace holds {self.rows} rows, asked for {batch}")
-        return {name: DeviceArray(b.ptr, (batch, self.width), b.dtype, b) for name, b in self.buffers.items()}
+        super().__init__(_positive_int("rows", rows), {name: self.width for name in SCRATCH}, device)
 
 
 class TinyBlock(Resource):
@@ -221,6 +206,30 @@ class TinyBlock(Resource):
         is ``workspace`` if given, else its own."""
         return TinyBlock(self.width, batch, form=self.form, device=self.device, pdl=self.pdl,
                          weights=self.block_weights, workspace=workspace)
+
+    # -- the row-wise model protocol (rawgraph.serving.protocol) ---------------------------
+    def make_workspace(self, rows: int) -> Workspace:
+        """Scratch for every batch size up to ``rows`` (for :meth:`with_batch`)."""
+        self._check_open()
+        return Workspace(rows, self.width, self.device)
+
+    def scratch_layout(self, batch: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Name -> (shape, dtype) of the scratch a ``batch``-row plan uses."""
+        return {name: ((int(batch), self.width), np.dtype(np.float32)) for name in SCRATCH}
+
+    @property
+    def weights_nbytes(self) -> int:
+        return self.block_weights.nbytes
+
+    def row_count_arg(self, launch: Any) -> tuple[str, int] | None:
+        """The argument bounding a launch's rows: ``B`` of the matmul and block kernels, ``n``
+        (rows x width values) of relu and add."""
+        names = launch.args.names()
+        if "B" in names:
+            return "B", 1
+        if launch.kernel.short_name in ("relu", "add") and "n" in names:
+            return "n", self.width
+        return None
 
     # -- plans ----------------------------------------------------------------------------
     def check_io(self, x: Any, out: Any) -> tuple[DeviceArray, DeviceArray]:

@@ -32,12 +32,31 @@ from ..capture import Capture
 from ..errors import ClosedError, DTypeError, LayoutError, ShapeError, call
 from ..graph import Graph, GraphExec
 from ..memory import DeviceArray, DeviceBuffer, as_device_array
-from ..model import SCRATCH, TinyBlock, Workspace
 from ..stream import Event, Stream, as_stream
 from .lifecycle import close_all, instantiate_uploaded
+from .protocol import RowwiseModel, check_model
 from .sizes import check_sizes, pick_bucket, vllm_sizes
 
 SCRATCH_MODES = ("arena", "graph", "private")
+
+
+def _nbytes(workspace: Any) -> int:
+    return int(getattr(workspace, "nbytes", 0)) if workspace is not None else 0
+
+
+def graph_scratch(cap: Capture, layout: dict[str, tuple[tuple[int, ...], Any]]) -> tuple[int, dict[str, DeviceArray]]:
+    """One allocation inside the capture (``cuMemAllocAsync``: a memory node) holding every
+    scratch array of ``layout`` (name -> (shape, dtype)), each 256-byte aligned; returns its
+    address (for the matching ``cap.mem_free``) and the arrays. Each is empty with no owner:
+    graph memory is only valid while a replay runs between the node and its free."""
+    offsets, total = {}, 0
+    for name, (shape, dtype) in layout.items():
+        offsets[name] = total
+        total += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 256) * 256
+    ptr = cap.mem_alloc(max(total, 256))
+    views = {name: DeviceArray(ptr + offsets[name], tuple(int(d) for d in shape), np.dtype(dtype), None)
+             for name, (shape, dtype) in layout.items()}
+    return ptr, views
 
 
 def check_rows(x: Any, n: Any, width: int, what: str = "x") -> DeviceArray:
@@ -96,9 +115,10 @@ class BucketGraphs:
 
     Parameters
     ----------
-    model : TinyBlock
-        Gives the weights (shared, never copied), form and PDL choice; its own batch size does
-        not matter.
+    model : RowwiseModel
+        Any model keeping the row-wise protocol (:mod:`rawgraph.serving.protocol`), e.g. a
+        :class:`~rawgraph.TinyBlock`; its weights are shared, never copied, and its own batch
+        size does not matter.
     sizes : sequence of int, optional
         Bucket sizes; default :func:`~rawgraph.serving.sizes.vllm_sizes` of ``max_batch``.
     max_batch : int, default 256
@@ -125,25 +145,25 @@ class BucketGraphs:
         ``fallback_chunks``, and ``bucket:<b>`` per bucket.
     """
 
-    def __init__(self, model: TinyBlock, sizes: Sequence[int] | None = None, max_batch: int = 256,
+    def __init__(self, model: RowwiseModel, sizes: Sequence[int] | None = None, max_batch: int = 256,
                  stream: Any = None, scratch: str = "arena", zero_padding: bool = True):
         if scratch not in SCRATCH_MODES:
             raise ValueError(f"scratch must be one of {SCRATCH_MODES}, got {scratch!r}")
-        model._check_open()
+        check_model(model)
         self.sizes = check_sizes(vllm_sizes(max_batch) if sizes is None else sizes)
         self.largest = self.sizes[-1]
         self.width = model.width
         self.device = model.device
         self.scratch = scratch
         self.zero_padding = bool(zero_padding)
-        self.weights = model.block_weights
+        self.model = model
         self._own_stream = stream is None
         self.stream = Stream(device=self.device) if stream is None else as_stream(stream)
         free0 = self.device.memory_info()[0]
         self.input = DeviceBuffer((self.largest, self.width), np.float32, self.device)
         self.output = DeviceBuffer((self.largest, self.width), np.float32, self.device)
-        self.arena = Workspace(self.largest, self.width, self.device) if scratch == "arena" else None
-        self._models: dict[int, TinyBlock] = {}
+        self.arena = model.make_workspace(self.largest) if scratch == "arena" else None
+        self._models: dict[int, Any] = {}
         for b in self.sizes:
             # scratch "graph": no workspace at all, the plans get memory allocated in the capture
             self._models[b] = model.with_batch(b, workspace=self.arena if scratch == "arena" else
@@ -167,9 +187,7 @@ class BucketGraphs:
             t0 = clock()
             with Capture(s) as cap:
                 if scratch == "graph":
-                    ptr = cap.mem_alloc(len(SCRATCH) * b * self.width * 4)
-                    views = {name: DeviceArray(ptr + i * b * self.width * 4, (b, self.width), np.dtype(np.float32), None)
-                             for i, name in enumerate(SCRATCH)}
+                    ptr, views = graph_scratch(cap, m.scratch_layout(b))
                     plan = m.plan(xv, ov, scratch=views)
                 cap.run(plan)
                 if scratch == "graph":
@@ -187,10 +205,10 @@ class BucketGraphs:
             self.graphs[b], self.execs[b] = graph, exe
         free2 = self.device.memory_info()[0]
         self.memory = {
-            "weights": self.weights.nbytes,
+            "weights": int(getattr(model, "weights_nbytes", 0)),
             "io": self.input.nbytes + self.output.nbytes,
-            "workspace": (self.arena.nbytes if self.arena else
-                          sum(m.workspace.nbytes for m in self._models.values() if m.workspace is not None)),
+            "workspace": (_nbytes(self.arena) if self.arena is not None else
+                          sum(_nbytes(getattr(m, "workspace", None)) for m in self._models.values())),
             "allocated": free0 - free1,
             "graphs": free1 - free2,
         }

@@ -29,22 +29,12 @@ from ..capture import capture_plan
 from ..errors import ClosedError, LayoutError, RawgraphError, ShapeError, call, cuda_error
 from ..manager import ExecUpdateManager
 from ..memory import DeviceArray, DeviceBuffer
-from ..model import TinyBlock, Workspace
 from .buckets import BucketGraphs, StreamOrder, check_rows
 from .lifecycle import close_all, instantiate_uploaded
+from .protocol import RowwiseModel, check_model, row_count_arg
 from .sizes import pick_bucket
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
-
-
-def _row_args(launch: Any, width: int) -> tuple[str, int]:
-    """Which argument of a launch bounds its rows, and the factor from rows to its value."""
-    names = launch.args.names()
-    if "B" in names:
-        return "B", 1
-    if launch.kernel.short_name in ("relu", "add") and "n" in names:
-        return "n", width
-    raise RawgraphError(f"{launch.kernel.name} takes no row count rawgraph knows how to rebind")
 
 
 class RowCountBuckets(BucketGraphs):
@@ -57,18 +47,20 @@ class RowCountBuckets(BucketGraphs):
         Bucket size -> the :class:`ExecUpdateManager` that rebinds its row counts.
     """
 
-    def __init__(self, model: TinyBlock, sizes: Sequence[int] | None = None, max_batch: int = 256,
+    def __init__(self, model: RowwiseModel, sizes: Sequence[int] | None = None, max_batch: int = 256,
                  stream: Any = None, scratch: str = "arena", zero_padding: bool = True):
         super().__init__(model, sizes, max_batch, stream, scratch, zero_padding)
-        self.managers = {b: ExecUpdateManager(self.graphs[b], self.execs[b], names=()) for b in self.sizes}
-        # per bucket, one checked setter per node for its row count, and the factor rows -> value
-        self._setters: dict[int, list[tuple[Any, int]]] = {}
-        for b in self.sizes:
-            setters = []
-            for i, node in enumerate(self.graphs[b].nodes):
-                arg, factor = _row_args(node.launch, self.width)
-                setters.append((self.managers[b].scalar_setter(i, arg), factor))
-            self._setters[b] = setters
+        self.managers: dict[int, ExecUpdateManager] = {}
+        try:
+            # per bucket, one checked setter per node for its row count, and the factor rows -> value
+            self._setters: dict[int, list[tuple[Any, int]]] = {}
+            for b in self.sizes:
+                self.managers[b] = mgr = ExecUpdateManager(self.graphs[b], self.execs[b], names=())
+                self._setters[b] = [(mgr.scalar_setter(i, arg), factor) for i, (arg, factor) in
+                                    enumerate(row_count_arg(model, node.launch) for node in self.graphs[b].nodes)]
+        except BaseException:
+            self.close()  # a model that names no row count: nothing of the captures may stay
+            raise
         self._live = {b: b for b in self.sizes}
 
     def _launch(self, b: int, n: int, s: Any) -> None:
@@ -117,8 +109,9 @@ class ReshapedGraph:
 
     Parameters
     ----------
-    model : TinyBlock
-        Weights, form and PDL choice (shared, not copied).
+    model : RowwiseModel
+        Any model keeping the row-wise protocol (:mod:`rawgraph.serving.protocol`); its
+        weights are shared, not copied. Every size's plan must have the same number of launches.
     max_batch : int, default 256
     stream : stream-like, optional
 
@@ -135,10 +128,10 @@ class ReshapedGraph:
         Node pushes made by :meth:`run` so far.
     """
 
-    def __init__(self, model: TinyBlock, max_batch: int = 256, stream: Any = None):
+    def __init__(self, model: RowwiseModel, max_batch: int = 256, stream: Any = None):
         from ..stream import Stream, as_stream
 
-        model._check_open()
+        check_model(model)
         if max_batch < 1:
             raise ShapeError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = int(max_batch)
@@ -149,7 +142,7 @@ class ReshapedGraph:
         s = self.stream
         self.input = DeviceBuffer((self.max_batch, self.width), np.float32, self.device)
         self.output = DeviceBuffer((self.max_batch, self.width), np.float32, self.device)
-        self.arena = Workspace(self.max_batch, self.width, self.device)
+        self.arena = model.make_workspace(self.max_batch)
         self.input.poison(s)
         clock = time.perf_counter
         self.setup: dict[str, float] = {"warmup": 0.0, "capture": 0.0, "instantiate": 0.0, "upload": 0.0}

@@ -49,9 +49,9 @@ from ..errors import ClosedError, DTypeError, LayoutError, RawgraphError, ShapeE
 from ..graph import Graph, GraphExec
 from ..launch import LaunchPlan
 from ..memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array
-from ..model import TinyBlock, Workspace
 from ..stream import Event, Stream, as_stream
 from .lifecycle import close_all, instantiate_uploaded
+from .protocol import RowwiseModel, check_model
 from .sizes import check_sizes, pick_bucket, vllm_sizes
 
 TABLE_MODES = ("graph", "copy", "params")
@@ -59,6 +59,13 @@ GATHER_MODES = ("fused", "kernels")
 
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
+
+
+def _routable(plan: LaunchPlan) -> bool:
+    """Whether every kernel of ``plan`` touching its input or output takes the row table."""
+    names = set(plan.inputs) | set(plan.outputs)
+    return all("rows" in launch.args.names() and arg in ops.ROW_FLAGS
+               for launch in plan.launches for arg, use in launch.uses.items() if use.buffer in names)
 
 
 def _route_rows(plan: LaunchPlan, table: int, state: int) -> int:
@@ -93,16 +100,18 @@ class SlotPool:
 
     Parameters
     ----------
-    model : TinyBlock
-        Weights, form and PDL choice (shared, not copied).
+    model : RowwiseModel
+        Any model keeping the row-wise protocol (:mod:`rawgraph.serving.protocol`); its
+        weights are shared, not copied.
     max_slots : int, default 256
     sizes : sequence of int, optional
         Bucket sizes (default the vLLM-style list up to ``max_slots``).
     table : {"graph", "copy", "params"}
         How the index table reaches the device (module docstring).
     gather : {"fused", "kernels"}, optional
-        Where rows are gathered and scattered (module docstring); default ``"fused"`` for the
-        fused form with tables on the device, ``"kernels"`` otherwise.
+        Where rows are gathered and scattered (module docstring); default ``"fused"`` when the
+        table is on the device and every kernel touching the input or output takes the row
+        table (TinyBlock's fused form), ``"kernels"`` otherwise.
     stream : stream-like, optional
         Where capture, joins, leaves and steps run (default: a new stream).
 
@@ -115,7 +124,7 @@ class SlotPool:
     steps : int
     """
 
-    def __init__(self, model: TinyBlock, max_slots: int = 256, sizes: Sequence[int] | None = None,
+    def __init__(self, model: RowwiseModel, max_slots: int = 256, sizes: Sequence[int] | None = None,
                  table: str = "graph", stream: Any = None, gather: str | None = None):
         # One thread at a time: two joins must not pick one slot, and the table, the positions and
         # the pinned/device tables change together (a lock, not an owning thread: a server may
@@ -123,17 +132,12 @@ class SlotPool:
         self._lock = threading.Lock()
         if table not in TABLE_MODES:
             raise ValueError(f"table must be one of {TABLE_MODES}, got {table!r}")
-        if gather is None:
-            gather = "fused" if model.form == "fused" and table != "params" and model.width % 4 == 0 else "kernels"
-        if gather not in GATHER_MODES:
+        check_model(model)
+        if gather is not None and gather not in GATHER_MODES:
             raise ValueError(f"gather must be one of {GATHER_MODES}, got {gather!r}")
-        if gather == "fused" and model.form != "fused":
-            raise LayoutError(f"gather='fused' needs the fused form (its matmuls take the row table); "
-                              f"the {model.form} form gathers with gather='kernels'")
         if gather == "fused" and table == "params":
             raise LayoutError("table='params' passes the table by value to the gather and scatter kernels: "
                               "use gather='kernels'")
-        model._check_open()
         if isinstance(max_slots, bool) or not isinstance(max_slots, int) or max_slots < 1:
             raise ShapeError(f"max_slots must be a positive int, got {max_slots!r}")
         self.max_slots = max_slots
@@ -143,7 +147,6 @@ class SlotPool:
         if table == "params":
             ops.row_param_cap(self.sizes[-1])  # refuses buckets over the by-value capacity
         self.mode = table
-        self.gather = gather
         self.width = width = model.width
         self.device = model.device
         self._own_stream = stream is None
@@ -155,7 +158,7 @@ class SlotPool:
         top = self.sizes[-1]
         self.x = DeviceBuffer((top, width), np.float32, self.device)
         self.y = DeviceBuffer((top, width), np.float32, self.device)
-        self.arena = Workspace(top, width, self.device)
+        self.arena = model.make_workspace(top)
         self.table_dev = DeviceBuffer(top, np.int32, self.device)
         # The host table: pinned for the in-graph copy, pageable for the copy before launch (a
         # pageable cuMemcpyHtoDAsync has staged the bytes by the time it returns).
@@ -165,7 +168,7 @@ class SlotPool:
         self._free = list(range(max_slots - 1, -1, -1))  # pop() gives the lowest free slot
         self._pos: dict[int, int] = {}  # live slot -> its position in table[:n]
         self._read = Event(timing=False, device=self.device)  # recorded after each replay read the table
-        self._models: dict[int, TinyBlock] = {}
+        self._models: dict[int, Any] = {}
         self.graphs: dict[int, Graph] = {}
         self.execs: dict[int, GraphExec] = {}
         self.setup = {"warmup": 0.0, "capture": 0.0, "instantiate": 0.0, "upload": 0.0}
@@ -180,47 +183,59 @@ class SlotPool:
         self._version = 0  # bumped by every join and leave: which table a bucket last received
         self._sent: dict[int, int] = {}
         self._edges: dict[int, list[Any]] = {}
-        for b in reversed(self.sizes):
-            m = self._models[b] = model.with_batch(b, workspace=self.arena)
-            plan = m.plan(DeviceArray(self.x.ptr, (b, width), f32, self.x), DeviceArray(self.y.ptr, (b, width), f32, self.y))
-            edges: list[Any] = []  # the gather and scatter launches, when not fused
-            if gather == "fused":
-                _route_rows(plan, self.table_dev.ptr, self.state.ptr)
-            elif table == "params":
-                edges = [ops.gather_rows_param(self.device, views, "state", "x", b, label=f"gather{b}"),
-                         ops.scatter_rows_param(self.device, views, "y", "state", b, label=f"scatter{b}")]
-                for launch in edges:
-                    launch.args.array("table")[:] = self.scratch_slot
-            else:
-                edges = [ops.gather_rows(self.device, views, "state", "table", "x", b, label=f"gather{b}"),
-                         ops.scatter_rows(self.device, views, "y", "table", "state", b, label=f"scatter{b}")]
-            self._edges[b] = edges  # the pool owns their argument buffers (the by-value tables)
-            t0 = clock()
-            for launch in (*edges[:1], *plan.launches, *edges[1:]):
-                launch(s)
-            s.synchronize()
-            self.setup["warmup"] += clock() - t0
-            t0 = clock()
-            with Capture(s) as cap:
-                if self._pinned is not None:
-                    cap.memcpy_htod(self.table_dev.ptr, self._pinned.ptr, 4 * b)
-                    cap.event_record(self._read)
-                nodes = [cap.launch(edges[0])] if edges else []
-                cap.run(plan)
-                if edges:
-                    nodes.append(cap.launch(edges[1]))
-            graph = cap.captured
-            graph.plan = plan
-            self.setup["capture"] += clock() - t0
-            exe = instantiate_uploaded(graph, s, self.setup)
-            self.graphs[b], self.execs[b] = graph, exe
-            if table == "params":
-                self._pushes[b] = [(node.handle, node.launch.node_params(), node.launch.args.array("table"))
-                                   for node in nodes]
-            self._sent[b] = 0
+        self._closed = False  # close() may run on a half-built pool (below)
+        try:
+            for b in reversed(self.sizes):
+                m = self._models[b] = model.with_batch(b, workspace=self.arena)
+                plan = m.plan(DeviceArray(self.x.ptr, (b, width), f32, self.x), DeviceArray(self.y.ptr, (b, width), f32, self.y))
+                if gather is None:
+                    # The largest bucket's plan decides: fused where every kernel touching x and out
+                    # picks its rows through a table (rawgraph's matmuls), else gather kernels.
+                    gather = "fused" if table != "params" and width % 4 == 0 and _routable(plan) else "kernels"
+                edges: list[Any] = []  # the gather and scatter launches, when not fused
+                if gather == "fused" and not _routable(plan):
+                    raise LayoutError(f"gather='fused' needs every kernel that reads x or writes out to take the row "
+                                      f"table (TinyBlock's fused form); {model!r} has others: use gather='kernels'")
+                if gather == "fused":
+                    _route_rows(plan, self.table_dev.ptr, self.state.ptr)
+                elif table == "params":
+                    edges = [ops.gather_rows_param(self.device, views, "state", "x", b, label=f"gather{b}"),
+                             ops.scatter_rows_param(self.device, views, "y", "state", b, label=f"scatter{b}")]
+                    for launch in edges:
+                        launch.args.array("table")[:] = self.scratch_slot
+                else:
+                    edges = [ops.gather_rows(self.device, views, "state", "table", "x", b, label=f"gather{b}"),
+                             ops.scatter_rows(self.device, views, "y", "table", "state", b, label=f"scatter{b}")]
+                self._edges[b] = edges  # the pool owns their argument buffers (the by-value tables)
+                t0 = clock()
+                for launch in (*edges[:1], *plan.launches, *edges[1:]):
+                    launch(s)
+                s.synchronize()
+                self.setup["warmup"] += clock() - t0
+                t0 = clock()
+                with Capture(s) as cap:
+                    if self._pinned is not None:
+                        cap.memcpy_htod(self.table_dev.ptr, self._pinned.ptr, 4 * b)
+                        cap.event_record(self._read)
+                    nodes = [cap.launch(edges[0])] if edges else []
+                    cap.run(plan)
+                    if edges:
+                        nodes.append(cap.launch(edges[1]))
+                graph = cap.captured
+                graph.plan = plan
+                self.setup["capture"] += clock() - t0
+                exe = instantiate_uploaded(graph, s, self.setup)
+                self.graphs[b], self.execs[b] = graph, exe
+                if table == "params":
+                    self._pushes[b] = [(node.handle, node.launch.node_params(), node.launch.args.array("table"))
+                                       for node in nodes]
+                self._sent[b] = 0
+        except BaseException:
+            self.close()  # what was made so far: nothing stays allocated after a refusal
+            raise
+        self.gather = gather
         self.state.poison(s)
         self.steps = 0
-        self._closed = False
 
     # -- requests --------------------------------------------------------------------------------
     @property
