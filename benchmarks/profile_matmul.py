@@ -20,10 +20,10 @@ from cuda.bindings import driver
 
 from rawgraph import ops
 from rawgraph.bench.kernel_times import _label, candidate_shapes
-from rawgraph.device import get_device
-from rawgraph.errors import call
-from rawgraph.memory import DeviceBuffer
-from rawgraph.stream import Event, Stream
+from rawgraph.runtime.device import get_device
+from rawgraph.runtime.errors import call
+from rawgraph.runtime.memory import DeviceBuffer
+from rawgraph.runtime.stream import Event, Stream
 
 
 def max_active_clusters(launch, cluster: int) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 
 from rawgraph import DeviceBuffer, LaunchPlan, Stream, TinyBlock, capture_plan, get_device, ops
 from rawgraph.control.rng import PhiloxGenerator, dropout_constants, reference_keep, reference_numbers, uniform24
-from rawgraph.memory import POISON_BITS
+from rawgraph.runtime.memory import POISON_BITS
 from rawgraph.ops import gemm_shape, matvec_shape
 
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from rawgraph.experiment import main
+from rawgraph.bench.seed import main
 
 if __name__ == "__main__":
     sys.exit(main())

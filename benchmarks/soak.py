@@ -41,8 +41,8 @@ import cupy as cp
 from rawgraph import (CaptureMode, DeviceBuffer, ExecUpdateManager, Stream, TinyBlock, as_device_array, capture_plan,
                       get_device, ops)
 from rawgraph.bench.provenance import environment
-from rawgraph.capture import Capture
-from rawgraph.model import reference_forward
+from rawgraph.graphs.capture import Capture
+from rawgraph.models.tinyblock import reference_forward
 
 
 def rss_bytes() -> int:

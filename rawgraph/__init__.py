@@ -15,7 +15,7 @@ construction), ``rebind`` and ``adopt`` (re-bind by address; PyTorch's and CuPy'
 
 __version__ = "0.1.0"
 
-from .errors import (  # noqa: E402
+from .runtime.errors import (  # noqa: E402
     ArgumentError,
     ArrayError,
     CaptureError,
@@ -33,24 +33,24 @@ from .errors import (  # noqa: E402
     ShapeError,
     SignatureError,
 )
-from .device import Device, driver_status, get_device, gpu_available  # noqa: E402
-from .memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array  # noqa: E402
-from .stream import Event, Stream  # noqa: E402
-from .compiler import KernelCache, compile_source, nvrtc_version  # noqa: E402
-from .kernels import get_kernel, kernel_dir, kernel_files  # noqa: E402
-from .launch import KernelArgs, Launch, LaunchPlan  # noqa: E402
-from .model import BlockWeights, TinyBlock, Workspace, reference_forward  # noqa: E402
-from .graph import ForeignNode, Graph, GraphExec  # noqa: E402
-from .capture import Capture, CaptureMode, capture_branches, capture_plan  # noqa: E402
-from .rawkernel import RawKernel  # noqa: E402
-from .static import StaticGraph  # noqa: E402
-from .manager import Binding, ExecUpdateManager  # noqa: E402
-from .indirect import IndirectBinding, IndirectGraph  # noqa: E402
-from .nodes import read_graph  # noqa: E402
-from .builder import BuiltGraph, GraphBuilder, build_plan  # noqa: E402
-from .rebind import AddressRebinder, LayoutMismatchError, RebindError  # noqa: E402
-from .adopt import AdoptedGraph, adopt, from_cupy, from_torch  # noqa: E402
-from .branches import TwoBranchBlock  # noqa: E402
+from .runtime.device import Device, driver_status, get_device, gpu_available  # noqa: E402
+from .runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array  # noqa: E402
+from .runtime.stream import Event, Stream  # noqa: E402
+from .runtime.compiler import KernelCache, compile_source, nvrtc_version  # noqa: E402
+from .runtime.module import get_kernel, kernel_dir, kernel_files  # noqa: E402
+from .runtime.launch import KernelArgs, Launch, LaunchPlan  # noqa: E402
+from .models.tinyblock import BlockWeights, TinyBlock, Workspace, reference_forward  # noqa: E402
+from .graphs.graph import ForeignNode, Graph, GraphExec  # noqa: E402
+from .graphs.capture import Capture, CaptureMode, capture_branches, capture_plan  # noqa: E402
+from .runtime.rawkernel import RawKernel  # noqa: E402
+from .updates.static import StaticGraph  # noqa: E402
+from .updates.manager import Binding, ExecUpdateManager  # noqa: E402
+from .updates.indirect import IndirectBinding, IndirectGraph  # noqa: E402
+from .graphs.nodes import read_graph  # noqa: E402
+from .graphs.builder import BuiltGraph, GraphBuilder, build_plan  # noqa: E402
+from .updates.rebind import AddressRebinder, LayoutMismatchError, RebindError  # noqa: E402
+from .updates.adopt import AdoptedGraph, adopt, from_cupy, from_torch  # noqa: E402
+from .models.branches import TwoBranchBlock  # noqa: E402
 from . import control  # noqa: E402
 from . import serving  # noqa: E402
 from .serving import BucketGraphs, ReshapedGraph, RowCountBuckets, SlotError, SlotPool  # noqa: E402

@@ -24,7 +24,7 @@ BENCH_SUITES: dict[str, tuple[str, str]] = {
 def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
-    from .compiler import nvrtc_version
+    from .runtime.compiler import nvrtc_version
 
     out = {}
     try:
@@ -36,9 +36,9 @@ def _versions() -> dict[str, str]:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from .compiler import default_cache_dir, supported_archs
-    from .device import driver_status, driver_version, get_device
-    from .kernels import kernel_dir
+    from .runtime.compiler import default_cache_dir, supported_archs
+    from .runtime.device import driver_status, driver_version, get_device
+    from .runtime.module import kernel_dir
 
     v = _versions()
     ok, reason = driver_status()
@@ -60,7 +60,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _need_gpu() -> bool:
-    from .device import driver_status
+    from .runtime.device import driver_status
 
     ok, reason = driver_status()
     if not ok:
@@ -71,10 +71,10 @@ def _need_gpu() -> bool:
 def cmd_demo(args: argparse.Namespace) -> int:
     if not _need_gpu():
         return 2
-    from .device import get_device
-    from .memory import DeviceBuffer
-    from .model import TinyBlock
-    from .stream import Stream
+    from .runtime.device import get_device
+    from .runtime.memory import DeviceBuffer
+    from .models.tinyblock import TinyBlock
+    from .runtime.stream import Stream
 
     dev = get_device(args.device)
     rng = np.random.default_rng()
@@ -98,7 +98,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_seed(args: argparse.Namespace) -> int:
     if not _need_gpu():
         return 2
-    from .experiment import main
+    from .bench.seed import main
 
     return main()
 
@@ -106,11 +106,11 @@ def cmd_seed(args: argparse.Namespace) -> int:
 def cmd_dot(args: argparse.Namespace) -> int:
     if not _need_gpu():
         return 2
-    from .capture import capture_plan
-    from .dot import export
-    from .memory import DeviceBuffer
-    from .model import TinyBlock
-    from .stream import Stream
+    from .graphs.capture import capture_plan
+    from .graphs.dot import export
+    from .runtime.memory import DeviceBuffer
+    from .models.tinyblock import TinyBlock
+    from .runtime.stream import Stream
 
     with Stream() as stream, TinyBlock(args.width, args.batch, args.layers, form=args.form) as model, \
             DeviceBuffer((args.batch, args.width)) as x, DeviceBuffer((args.batch, args.width)) as out:

@@ -14,7 +14,7 @@ if importlib.util.find_spec("torch") is not None:
     except Exception:  # reported by the interop tests that need it
         pass
 
-from rawgraph.device import driver_status
+from rawgraph.runtime.device import driver_status
 from singletons import corrupted_singletons
 
 SEED_ENV = "RAWGRAPH_TEST_SEED"

@@ -33,11 +33,11 @@ def fake_session() -> Iterator[tuple[FakeDriver, FaultHook]]:
     """The fake driver and the hook installed over ``cuda.bindings.driver``, rawgraph's device and
     kernel caches emptied for the session and restored after it."""
     global FAKE, HOOK
-    import rawgraph.device as device
-    import rawgraph.keepalive as keepalive
-    import rawgraph.kernels as kernels
+    import rawgraph.runtime.device as device
+    import rawgraph.graphs.keepalive as keepalive
+    import rawgraph.runtime.module as kernels
 
-    import rawgraph.stream as stream
+    import rawgraph.runtime.stream as stream
 
     gc.collect()  # nothing of an earlier real-driver test may be released into the fake
     saved = (device._init_state, dict(device._devices), dict(kernels._kernels), list(keepalive._held))
@@ -81,8 +81,8 @@ def fake_session() -> Iterator[tuple[FakeDriver, FaultHook]]:
 def _clean_up(fake: FakeDriver) -> list[str]:
     """What a case left behind that would spoil the next ones: captures still open in the fake or
     in rawgraph's registry, releases still deferred. Each is ended, run or dropped, and named."""
-    import rawgraph._capturing as capturing
-    import rawgraph.resource as resource
+    import rawgraph.runtime._capturing as capturing
+    import rawgraph.runtime.resource as resource
 
     problems = []
     for rec in capturing.active():
@@ -108,7 +108,7 @@ def _own(st: dict, *objs: Any) -> Any:
 
 def close_state(st: dict) -> None:
     """Close what a case made, newest first (an exec before its graph, both before buffers)."""
-    from rawgraph.builder import collect_held
+    from rawgraph.graphs.builder import collect_held
 
     for obj in reversed(st.get("_own", [])):
         if obj is not None:
@@ -207,7 +207,7 @@ def no_capture_open() -> None:
     assert FAKE is not None
     open_ = [hex(h) for h, s in FAKE.streams.items() if s.seq is not None]
     assert not open_, f"streams still capturing: {open_}"
-    import rawgraph._capturing as cap
+    import rawgraph.runtime._capturing as cap
 
     assert not cap.active(), f"rawgraph still counts open captures: {[r.describe() for r in cap.active()]}"
 
@@ -254,7 +254,7 @@ def _manager(layers: int = 2) -> Callable[[], dict]:
 def mgr_consistent(st: dict) -> None:
     """Every node's shadow equals what the exec holds; each name's slots hold one pointer, the
     one the manager says is bound (no half-applied bind), and the bound object is that array."""
-    from rawgraph.memory import as_device_array
+    from rawgraph.runtime.memory import as_device_array
 
     mgr = st["mgr"]
     assert FAKE is not None
@@ -347,7 +347,7 @@ def _launch_mgr(st: dict) -> None:
 
 # ------------------------------------------------------------------------------- address rebinder
 def _rebinder_setup() -> dict:
-    from rawgraph.rebind import AddressRebinder
+    from rawgraph.updates.rebind import AddressRebinder
 
     st = _base({}, layers=2)
     _captured(st)
@@ -531,7 +531,7 @@ MODULE_FILE, MODULE_KERNELS = "block", ["block_kernel<1, 8>", "block_kernel<2, 4
 
 
 def _module_setup() -> dict:
-    import rawgraph.kernels as kernels
+    import rawgraph.runtime.module as kernels
 
     for key in [k for k in kernels._kernels if k[1] == MODULE_FILE]:
         kernels._kernels.pop(key).module.close()
@@ -539,7 +539,7 @@ def _module_setup() -> dict:
 
 
 def _module(st: dict) -> None:
-    from rawgraph.kernels import get_kernels
+    from rawgraph.runtime.module import get_kernels
 
     st["kernels"] = get_kernels(MODULE_FILE, MODULE_KERNELS)
 
@@ -591,7 +591,7 @@ def _ind_apply_setup(retire: bool = False) -> Callable[[], dict]:
 
 def ind_consistent(st: dict) -> None:
     """The pinned table holds the pair the graph says is bound."""
-    from rawgraph.memory import as_device_array
+    from rawgraph.runtime.memory import as_device_array
 
     ind = st["ind"]
     held = tuple(int(v) for v in ind._table)
@@ -950,7 +950,7 @@ def _depthloop(capture: bool) -> Callable[[dict], None]:
     def run(st: dict) -> None:
         from rawgraph.control import DepthLoop
 
-        st["loop"] = _own(st, DepthLoop(st["w"], B, st["x"], st["out"], form="fused", capture=capture, stream=st["s"]))
+        st["loop"] = _own(st, DepthLoop(st["model"], st["x"], st["out"], capture=capture, stream=st["s"]))
 
     return run
 
@@ -1058,7 +1058,7 @@ def _closing_stream(st: dict) -> Any:
 def _close_cases() -> list[Case]:
     from rawgraph import (BlockWeights, BucketGraphs, DeviceBuffer, Event, HostBuffer, IndirectGraph, ReshapedGraph,
                           RowCountBuckets, SlotPool, StaticGraph, TinyBlock, Workspace, capture_plan, get_kernel)
-    from rawgraph.kernels import Module
+    from rawgraph.runtime.module import Module
     from rawgraph.control import DepthLoop, DeviceGraph, NormGate
 
     s_ = lambda st: st["s"]  # noqa: E731
@@ -1083,7 +1083,7 @@ def _close_cases() -> list[Case]:
          lambda o, st: o.run(st["x"], 1)),
         ("close SlotPool", lambda st: SlotPool(st["model"], max_slots=2, sizes=[1, 2], stream=st["s"]),
          lambda o, st: o.join(np.zeros(W, np.float32))),
-        ("close DepthLoop", lambda st: DepthLoop(st["model"].block_weights, B, st["x"], st["out"], form="fused"),
+        ("close DepthLoop", lambda st: DepthLoop(st["model"], st["x"], st["out"]),
          lambda o, st: o.launch(st["s"])),
         ("close NormGate", lambda st: NormGate(st["model"], st["x"], st["out"], 1.0), lambda o, st: o.launch(st["s"])),
         ("close DeviceGraph", lambda st: DeviceGraph(_own(st, capture_plan(st["model"].plan(st["x"], st["out"]), st["s"])),

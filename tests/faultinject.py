@@ -11,7 +11,7 @@ a handle a scenario created and never passed to its destroy call is a leak.
 :func:`run_case` drives one (operation, k) case of a :class:`Case` and classifies it:
 
 ``recovered``
-    a typed error naming the failing call (a :class:`~rawgraph.errors.CudaError` in the raised
+    a typed error naming the failing call (a :class:`~rawgraph.runtime.errors.CudaError` in the raised
     error's chain whose ``call`` is that function and whose ``name`` the injected code); the
     library's shadow state still matches the driver's; the next call succeeded and is right.
 ``closed``
@@ -21,7 +21,7 @@ a handle a scenario created and never passed to its destroy call is a leak.
     the failure never surfaced (a fallback such as synchronizing when an event cannot be
     recorded), no rawgraph warning said the result is degraded, and the result is right.
 ``warned``
-    a release failed: no exception, a :class:`~rawgraph.errors.ReleaseWarning` naming the call,
+    a release failed: no exception, a :class:`~rawgraph.runtime.errors.ReleaseWarning` naming the call,
     everything else released, and the object refuses further use.
 ``inconsistent``
     anything else: an untyped error, a wrong name, shadow parameters that differ from the
@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from cuda.bindings import driver
 
-from rawgraph.errors import ClosedError, CudaError, RawgraphError, RawgraphWarning, ReleaseWarning
+from rawgraph.runtime.errors import ClosedError, CudaError, RawgraphError, RawgraphWarning, ReleaseWarning
 
 OUTCOMES = ("recovered", "closed", "absorbed", "warned", "inconsistent", "leak")
 GOOD = ("recovered", "closed", "absorbed", "warned")
@@ -185,7 +185,7 @@ class FaultHook:
         """Where each of ``keys`` (handles, e.g. :meth:`leaked`'s) was created, and which live
         rawgraph objects own it and who holds them: a leak's message."""
         from helpers import describe_holders
-        from rawgraph.resource import Resource
+        from rawgraph.runtime.resource import Resource
 
         out = {}
         for key in keys:

@@ -1,4 +1,4 @@
-"""Adopting PyTorch graphs (rawgraph.adopt): torch's CUDAGraph(keep_graph=True) read back,
+"""Adopting PyTorch graphs (rawgraph.updates.adopt): torch's CUDAGraph(keep_graph=True) read back,
 instantiated as rawgraph's own exec, its static input and output moved by address to new tensors
 (no copy): equal to torch's own copy_ + replay to the bit, over 1,000 random rebinds."""
 
@@ -9,9 +9,9 @@ import pytest
 
 from helpers import rel_err
 from rawgraph import Stream
-from rawgraph.errors import RawgraphError
-from rawgraph.nodes import KernelInfo
-from rawgraph.rebind import InteriorPointerWarning
+from rawgraph.runtime.errors import RawgraphError
+from rawgraph.graphs.nodes import KernelInfo
+from rawgraph.updates.rebind import InteriorPointerWarning
 
 pytestmark = pytest.mark.gpu
 REBINDS = 1000
@@ -21,7 +21,7 @@ def _torch():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA here")
-    from rawgraph.adopt import TORCH_MIN, _version
+    from rawgraph.updates.adopt import TORCH_MIN, _version
 
     if _version(torch.__version__) < TORCH_MIN:
         pytest.skip(f"torch {torch.__version__} has no CUDAGraph(keep_graph=True)")
@@ -48,7 +48,7 @@ def _capture(torch, fn, static_in):
 def _random_rebinds(torch, rng, fn, shape_in, slack=1):
     """Adopt, then REBINDS times: fresh input into a random pool tensor, rebind input and output,
     launch rawgraph's exec, and compare with torch's copy_ + replay of its own exec."""
-    from rawgraph.adopt import from_torch
+    from rawgraph.updates.adopt import from_torch
 
     gen = torch.Generator(device="cuda").manual_seed(int(rng.integers(1 << 62)))
     static_in = torch.randn(shape_in, device="cuda", generator=gen)
@@ -132,7 +132,7 @@ def test_torch_mlp_rebinds_equal_torch_replay(rng):
 
 def test_refusals_without_keep_graph_and_not_a_graph():
     torch = _torch()
-    from rawgraph.adopt import from_cupy, from_torch
+    from rawgraph.updates.adopt import from_cupy, from_torch
 
     x = torch.ones(16, device="cuda")
     g = torch.cuda.CUDAGraph()  # keep_graph=False: torch drops the cudaGraph_t after instantiating
@@ -154,7 +154,7 @@ def test_refusals_without_keep_graph_and_not_a_graph():
 
 def test_adopted_graph_is_not_destroyed_by_rawgraph(rng):
     torch = _torch()
-    from rawgraph.adopt import from_torch
+    from rawgraph.updates.adopt import from_torch
 
     x = torch.randn(64, device="cuda")
     g, out = _capture(torch, lambda t: t * 3 + 1, x)

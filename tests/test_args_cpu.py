@@ -18,8 +18,8 @@ from rawgraph import (
     TinyBlock,
     as_device_array,
 )
-from rawgraph.errors import check, cuda_error
-from rawgraph.ops import GEMM_MIN_BATCH, _check_shape, gemm_shape, matmul_shape, matvec_shape, residency_pad, gemm_smem_bytes
+from rawgraph.runtime.errors import check, cuda_error
+from rawgraph.ops.gemm import GEMM_MIN_BATCH, _check_shape, gemm_shape, matmul_shape, matvec_shape, residency_pad, gemm_smem_bytes
 
 
 def test_packed_layout_alignment_and_pointer_table():
@@ -130,7 +130,7 @@ def test_gemm_cut_rule():
 def _fake_device(smem_per_sm=233472, optin=232448, reserved=1024):
     from types import SimpleNamespace
 
-    from rawgraph.device import DeviceInfo
+    from rawgraph.runtime.device import DeviceInfo
 
     info = DeviceInfo(0, "fake H200", (9, 0), 132, 1 << 30, 50 << 20, smem_per_sm, optin, reserved)
     return SimpleNamespace(info=info)
@@ -194,7 +194,7 @@ def test_strided_views_are_refused():
 
 
 def test_dtype_and_shape_checks():
-    from rawgraph.memory import check_array
+    from rawgraph.runtime.memory import check_array
 
     view = as_device_array(FakeCAI((4, 8), typestr="<f8"))
     with pytest.raises(DTypeError):

@@ -17,7 +17,7 @@ from rawgraph import (
     get_device,
     ops,
 )
-from rawgraph.memory import POISON_BITS
+from rawgraph.runtime.memory import POISON_BITS
 from rawgraph.serving import graph_memory, trim_graph_memory, vllm_sizes
 
 pytestmark = pytest.mark.gpu
@@ -55,7 +55,7 @@ def _cut(bg, b):
 def _copy(dst_ptr, src_ptr, nbytes, stream):
     from cuda.bindings import driver
 
-    from rawgraph.errors import call
+    from rawgraph.runtime.errors import call
 
     call(driver.cuMemcpyDtoDAsync, dst_ptr, src_ptr, nbytes, stream.handle)
 
@@ -126,7 +126,7 @@ def test_above_the_largest_bucket_runs_in_chunks(model, weights_host, stream, rn
     got = np.empty((n, WIDTH), np.float32)
     from cuda.bindings import driver
 
-    from rawgraph.errors import call
+    from rawgraph.runtime.errors import call
 
     call(driver.cuMemcpyDtoHAsync, got.ctypes.data, res.ptr, got.nbytes, stream.handle)
     stream.synchronize()
@@ -153,7 +153,7 @@ def test_one_arena_replayed_in_random_order_stays_correct(model, stream, rng):
         got = np.empty_like(want)
         from cuda.bindings import driver
 
-        from rawgraph.errors import call
+        from rawgraph.runtime.errors import call
 
         call(driver.cuMemcpyDtoHAsync, got.ctypes.data, res.ptr, got.nbytes, stream.handle)
         stream.synchronize()

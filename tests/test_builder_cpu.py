@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from cuda.bindings import driver
 
-from rawgraph import builder
+from rawgraph.graphs import builder
 from rawgraph.control import conditional as cn
-from rawgraph.errors import ClosedError, ReleaseWarning
-from rawgraph.launch import KernelArgs, Launch
-from rawgraph.resource import Resource
+from rawgraph.runtime.errors import ClosedError, ReleaseWarning
+from rawgraph.runtime.launch import KernelArgs, Launch
+from rawgraph.runtime.resource import Resource
 
 ROOT = Path(__file__).resolve().parent.parent
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
@@ -119,7 +119,7 @@ def test_allocation_address_reads_dptr_while_the_struct_is_alive():
     code = textwrap.dedent(
         """
         from cuda.bindings import driver
-        from rawgraph import builder
+        from rawgraph.graphs import builder
 
         ADDR = 0x7F0012345600
 

@@ -1,4 +1,4 @@
-"""Explicit graph construction (rawgraph.builder): the same graph as capture, every node kind, clone rules."""
+"""Explicit graph construction (rawgraph.graphs.builder): the same graph as capture, every node kind, clone rules."""
 
 import numpy as np
 import pytest
@@ -7,8 +7,8 @@ from cuda.bindings import driver
 from helpers import random_input, rel_err
 from rawgraph import DeviceArray, DeviceBuffer, Event, ExecUpdateManager, HostBuffer, RawgraphError, TinyBlock, capture_plan
 from rawgraph.control import conditional as cn
-from rawgraph.builder import GraphBuilder, HostCallback, build_plan, edge_list
-from rawgraph.graph import read_node_args
+from rawgraph.graphs.builder import GraphBuilder, HostCallback, build_plan, edge_list
+from rawgraph.graphs.graph import read_node_args
 
 pytestmark = pytest.mark.gpu
 

@@ -18,8 +18,8 @@ from rawgraph import (
     TinyBlock,
     capture_plan,
 )
-from rawgraph.errors import check
-from rawgraph.graph import read_node_args
+from rawgraph.runtime.errors import check
+from rawgraph.graphs.graph import read_node_args
 
 pytestmark = pytest.mark.gpu
 

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from rawgraph.device import gpu_available
+from rawgraph.runtime.device import gpu_available
 
 
 def _run(*args):
@@ -36,7 +36,7 @@ def test_demo_on_gpu():
 
 @pytest.mark.gpu
 def test_seed_experiment():
-    from rawgraph.experiment import run
+    from rawgraph.bench.seed import run
 
     r = run(rounds=20)
     assert r["max_abs_diff"] == 0.0

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from rawgraph import NvrtcError
-from rawgraph.compiler import KernelCache, compile_source, default_cache_dir
-from rawgraph.kernels import kernel_files, kernel_source
+from rawgraph.runtime.compiler import KernelCache, compile_source, default_cache_dir
+from rawgraph.runtime.module import kernel_files, kernel_source
 from rawgraph.ops import EPILOGUES, MATVEC_TILES, MatmulShape, matmul_expr
 
 ARCHS = ["sm_80", "sm_90"]

@@ -10,11 +10,11 @@ from cuda.bindings import driver
 from helpers import random_input, rel_err
 from rawgraph import BlockWeights, Capture, DeviceBuffer, ExecUpdateManager, RawgraphError, Stream, TinyBlock, capture_plan
 from rawgraph.control import conditional as cn
-from rawgraph.builder import GraphBuilder
-from rawgraph.errors import RawgraphWarning
-from rawgraph.memory import POISON_BITS
-from rawgraph.model import reference_forward
-from rawgraph.nodes import ConditionalInfo, read_graph
+from rawgraph.graphs.builder import GraphBuilder
+from rawgraph.runtime.errors import RawgraphWarning
+from rawgraph.runtime.memory import POISON_BITS
+from rawgraph.models.tinyblock import reference_forward
+from rawgraph.graphs.nodes import ConditionalInfo, read_graph
 
 gpu = pytest.mark.gpu
 N = 1000
@@ -115,7 +115,8 @@ def test_while_depth_loop_gives_the_bits_of_plain_graphs_of_each_depth(device, s
     weights = BlockWeights(width, max_depth, seed=seed)
     xh = random_input(rng, (batch, width))
     x, out = DeviceBuffer.from_numpy(xh), DeviceBuffer((batch, width))
-    loop = cn.DepthLoop(weights, batch, x, out, form=form, capture=capture, stream=stream)
+    model = TinyBlock(width, batch, form=form, weights=weights)
+    loop = cn.DepthLoop(model, x, out, capture=capture, stream=stream)
     assert loop.graph.node_count() == 4  # memcpy, init, WHILE, memcpy
     plain_out = DeviceBuffer((batch, width))
     ws = weights.numpy(stream)

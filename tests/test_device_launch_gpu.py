@@ -12,8 +12,8 @@ from rawgraph import Capture, DeviceBuffer, Graph, LaunchPlan, capture_plan, get
 from rawgraph.bench import device_launch as bench
 from rawgraph.control import DeviceGraph, DeviceLaunchError, device_launch_problems, launcher_graph
 from rawgraph.control.device_launch import _launcher  # a second launcher node inside the launching graph
-from rawgraph.errors import call
-from rawgraph.launch import ArgUse, KernelArgs, Launch
+from rawgraph.runtime.errors import call
+from rawgraph.runtime.launch import ArgUse, KernelArgs, Launch
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,4 @@
-"""The DLPack consumer (rawgraph.dlpack) on NumPy's own CPU capsules and hand-made ones: no GPU needed."""
+"""The DLPack consumer (rawgraph.runtime.dlpack) on NumPy's own CPU capsules and hand-made ones: no GPU needed."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from enum import IntEnum
 import numpy as np
 import pytest
 
-from rawgraph.dlpack import DLPackView, contiguous_c, dlpack_device, is_cuda_device, view_dlpack
-from rawgraph.errors import ArrayError, DTypeError, NotOnDeviceError
+from rawgraph.runtime.dlpack import DLPackView, contiguous_c, dlpack_device, is_cuda_device, view_dlpack
+from rawgraph.runtime.errors import ArrayError, DTypeError, NotOnDeviceError
 
 _get_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCapsule_GetName", ctypes.pythonapi))
 _new_capsule = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
@@ -362,7 +362,7 @@ def test_contiguous_c_truth_table(shape, strides, expected):
     assert contiguous_c(shape, strides) is expected
 
 
-# -- through as_device_array (rawgraph.memory): what rawgraph accepts and refuses ---------------------
+# -- through as_device_array (rawgraph.runtime.memory): what rawgraph accepts and refuses ---------------------
 def test_as_device_array_takes_a_cuda_dlpack_tensor_without_a_copy():
     from rawgraph import as_device_array
 

@@ -3,7 +3,7 @@ import re
 import pytest
 
 from rawgraph import DeviceBuffer, TinyBlock, capture_plan
-from rawgraph.dot import export, to_dot
+from rawgraph.graphs.dot import export, to_dot
 
 pytestmark = pytest.mark.gpu
 

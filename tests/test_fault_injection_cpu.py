@@ -63,8 +63,8 @@ def test_the_operations_cover_the_issue_list():
 
 # -- the harness's parts ------------------------------------------------------------------------
 def test_cubin_layouts_are_the_kernels_signatures():
-    from rawgraph.compiler import compile_source
-    from rawgraph.kernels import kernel_source
+    from rawgraph.runtime.compiler import compile_source
+    from rawgraph.runtime.module import kernel_source
 
     kernels = cubin_kernels(compile_source(kernel_source("control"), "control.cu", "sm_90").image)
     # rg_axpb(const float* x, float* y, int n, float a, float b); rg_noop(); rg_set_cond(u64, const unsigned*)
@@ -111,7 +111,7 @@ def test_the_hook_fails_exactly_the_kth_call_and_tallies_handles(session):
 
 
 def test_names_call_reads_the_error_chain():
-    from rawgraph.errors import CaptureError, CudaError
+    from rawgraph.runtime.errors import CaptureError, CudaError
 
     inner = CudaError(2, "CUDA_ERROR_OUT_OF_MEMORY", "x", "cuLaunchKernelEx(relu)")
     try:
@@ -128,7 +128,7 @@ def test_names_call_reads_the_error_chain():
 def _bad_cases() -> list[Case]:
     """Operations built to be wrong in each way the classifier must see."""
     from rawgraph import DeviceBuffer, Stream
-    from rawgraph.errors import call
+    from rawgraph.runtime.errors import call
 
     def setup() -> dict:
         s = Stream()

@@ -21,8 +21,8 @@ import pytest
 from helpers import CHECK_DESTRUCTION, random_input, rel_err
 from faultinject import FaultHook, names_call
 from rawgraph import DeviceBuffer, ExecUpdateManager, IndirectGraph, TinyBlock, capture_plan
-from rawgraph.errors import RawgraphError
-from rawgraph.rebind import AddressRebinder
+from rawgraph.runtime.errors import RawgraphError
+from rawgraph.updates.rebind import AddressRebinder
 
 pytestmark = pytest.mark.gpu
 OOM = "CUDA_ERROR_OUT_OF_MEMORY"
@@ -33,7 +33,7 @@ WIDTH, BATCH, LAYERS = 128, 2, 2  # fused form: x is read by nodes 0 and 1, out 
 def hook(device):
     """The fault hook over the real driver, for this test only (the kernel cache's modules are
     alive by design and not counted as leaks)."""
-    import rawgraph.kernels as kernels
+    import rawgraph.runtime.module as kernels
 
     gc.collect()
     h = FaultHook()

@@ -7,10 +7,11 @@ import pytest
 from cuda.bindings import driver
 
 from helpers import random_input, rel_err
-from rawgraph import Capture, CaptureError, CaptureRefusedError, DeviceBuffer, Stream, _capturing, get_device, ops
-from rawgraph.branches import TwoBranchBlock, concat, split
-from rawgraph.errors import check
-from rawgraph.memory import DeviceArray
+from rawgraph import Capture, CaptureError, CaptureRefusedError, DeviceBuffer, Stream, get_device, ops
+from rawgraph.runtime import _capturing
+from rawgraph.models.branches import TwoBranchBlock, concat, split
+from rawgraph.runtime.errors import check
+from rawgraph.runtime.memory import DeviceArray
 
 pytestmark = pytest.mark.gpu
 

@@ -22,7 +22,7 @@ from rawgraph import (
     LayoutError, RebindError, ReshapedGraph, RowCountBuckets, ShapeError, SlotPool, Stream, TinyBlock,
     capture_plan, get_device, ops,
 )
-from rawgraph.errors import call
+from rawgraph.runtime.errors import call
 
 pytestmark = pytest.mark.gpu
 
@@ -52,7 +52,7 @@ class Overlap:
 
     def __init__(self, fn, pause=0.02):
         self.fn, self.pause, self.inside, self.overlaps, self.calls = fn, pause, 0, 0, 0
-        self.__name__ = fn.__name__  # rawgraph.errors.call names the call by it
+        self.__name__ = fn.__name__  # rawgraph.runtime.errors.call names the call by it
         self._lock = threading.Lock()
 
     def __call__(self, *args):

@@ -8,9 +8,9 @@ from cuda.bindings import driver
 
 from helpers import random_input
 from rawgraph import ClosedError, DeviceBuffer, LayoutError, ShapeError, TinyBlock, ops
-from rawgraph.device import get_device
-from rawgraph.indirect import IndirectGraph, make_indirect
-from rawgraph.memory import DeviceArray
+from rawgraph.runtime.device import get_device
+from rawgraph.updates.indirect import IndirectGraph, make_indirect
+from rawgraph.runtime.memory import DeviceArray
 
 pytestmark = pytest.mark.gpu
 

@@ -75,7 +75,7 @@ def _shapes():
 @pytest.fixture(scope="module")
 def compiled_cuts():
     """Compile every hand-picked cut in one NVRTC program (one compile, not one per test)."""
-    from rawgraph.kernels import get_kernels
+    from rawgraph.runtime.module import get_kernels
 
     from rawgraph import get_device
 
@@ -95,7 +95,7 @@ def test_gemm_residency_cap_holds(device, stream, rng, bn):
     """The padded launch really fits at most per_sm CTAs per SM, where the kernel alone fits more."""
     from cuda.bindings import driver
 
-    from rawgraph.errors import call
+    from rawgraph.runtime.errors import call
 
     bufs = {"x": DeviceBuffer((64, 4096)), "W": DeviceBuffer((4096, 4096)), "y": DeviceBuffer((64, 4096))}
     views = {k: v.view() for k, v in bufs.items()}
@@ -154,7 +154,7 @@ def test_matmul_unaligned_weights_use_scalar_loads(device, stream, rng):
     k, n = 64, 128
     wh = random_input(rng, (k, n))
     big = DeviceBuffer.from_numpy(np.concatenate([[1.0], wh.ravel()]).astype(np.float32))
-    from rawgraph.memory import DeviceArray
+    from rawgraph.runtime.memory import DeviceArray
 
     wview = DeviceArray(big.ptr + 4, (k, n), np.dtype(np.float32), big)
     xh = random_input(rng, (2, k))

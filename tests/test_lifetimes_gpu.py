@@ -11,20 +11,9 @@ import pytest
 from cuda.bindings import driver
 
 from helpers import random_input, rel_err
-from rawgraph import (
-    Capture,
-    CaptureError,
-    CaptureMode,
-    CaptureRefusedError,
-    CudaError,
-    DeviceBuffer,
-    Stream,
-    TinyBlock,
-    _capturing,
-    get_device,
-    ops,
-)
-from rawgraph.errors import ReleaseWarning, check
+from rawgraph import Capture, CaptureError, CaptureMode, CaptureRefusedError, CudaError, DeviceBuffer, Stream, TinyBlock, get_device, ops
+from rawgraph.runtime import _capturing
+from rawgraph.runtime.errors import ReleaseWarning, check
 
 pytestmark = pytest.mark.gpu
 

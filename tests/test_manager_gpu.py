@@ -160,7 +160,7 @@ def test_prepared_bindings_replay_each_pair_and_push_only_changed_nodes(stream, 
     to the bit to an eager run on its input; applying what is applied pushes nothing."""
     if form == "block":
         from rawgraph import ops
-        from rawgraph.device import get_device
+        from rawgraph.runtime.device import get_device
 
         if not ops.has_clusters(get_device()):
             pytest.skip("the block form needs thread-block clusters")

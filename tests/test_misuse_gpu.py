@@ -11,28 +11,10 @@ import pytest
 from cuda.bindings import driver
 
 from helpers import UNDER_SANITIZER, random_input, rel_err, spin_ns
-from rawgraph import (
-    Capture,
-    CaptureError,
-    CaptureMode,
-    CaptureRefusedError,
-    ClosedError,
-    CudaError,
-    DeviceBuffer,
-    Event,
-    ExecUpdateManager,
-    LaunchPlan,
-    ShapeError,
-    StaticGraph,
-    Stream,
-    TinyBlock,
-    _capturing,
-    capture_plan,
-    get_device,
-    ops,
-)
-from rawgraph.errors import EmptyCaptureWarning, ForeignNodeError, check, cuda_error, error_name
-from rawgraph.memory import POISON_BITS
+from rawgraph import Capture, CaptureError, CaptureMode, CaptureRefusedError, ClosedError, CudaError, DeviceBuffer, Event, ExecUpdateManager, LaunchPlan, ShapeError, StaticGraph, Stream, TinyBlock, capture_plan, get_device, ops
+from rawgraph.runtime import _capturing
+from rawgraph.runtime.errors import EmptyCaptureWarning, ForeignNodeError, check, cuda_error, error_name
+from rawgraph.runtime.memory import POISON_BITS
 
 pytestmark = pytest.mark.gpu
 

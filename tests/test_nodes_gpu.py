@@ -1,4 +1,4 @@
-"""Every node read back (rawgraph.nodes): rawgraph's kernels decoded generically agree with their
+"""Every node read back (rawgraph.graphs.nodes): rawgraph's kernels decoded generically agree with their
 launch plans, and a hand-built graph with one node of every type reads back field by field."""
 
 import ctypes
@@ -10,12 +10,12 @@ from cuda.bindings import driver
 
 from helpers import random_input
 from rawgraph import DeviceBuffer, TinyBlock, capture_plan, ops
-from rawgraph.dot import to_dot
-from rawgraph.errors import call
-from rawgraph.launch import ARG_DTYPES, LaunchPlan
-from rawgraph.nodes import (ChildGraphInfo, ConditionalInfo, EmptyInfo, EventInfo, HostInfo, KernelInfo, MemAllocInfo,
+from rawgraph.graphs.dot import to_dot
+from rawgraph.runtime.errors import call
+from rawgraph.runtime.launch import ARG_DTYPES, LaunchPlan
+from rawgraph.graphs.nodes import (ChildGraphInfo, ConditionalInfo, EmptyInfo, EventInfo, HostInfo, KernelInfo, MemAllocInfo,
                             MemcpyInfo, MemFreeInfo, MemsetInfo, read_graph, walk)
-from rawgraph.stream import Event
+from rawgraph.runtime.stream import Event
 
 pytestmark = pytest.mark.gpu
 T = driver.CUgraphNodeType
@@ -23,7 +23,7 @@ T = driver.CUgraphNodeType
 
 def _arg_layout(args):
     """(offset, size) per argument as rawgraph packs it (by-value arrays where launch.py has them)."""
-    import rawgraph.launch as L
+    import rawgraph.runtime.launch as L
 
     dtype = getattr(L, "arg_dtype", ARG_DTYPES.__getitem__)
     return [(args.offsets[n], dtype(k).itemsize) for n, k in args.spec]

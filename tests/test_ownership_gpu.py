@@ -18,12 +18,13 @@ import pytest
 from cuda.bindings import driver
 
 from helpers import CHECK_DESTRUCTION, random_input, rel_err, spin_ns
-from rawgraph import ClosedError, DeviceBuffer, RawgraphError, Stream, TinyBlock, capture_plan, resource
+from rawgraph import ClosedError, DeviceBuffer, RawgraphError, Stream, TinyBlock, capture_plan
+from rawgraph.runtime import resource
 from rawgraph.bench import device_launch as bench
-from rawgraph.builder import GraphBuilder, build_plan, edge_data
+from rawgraph.graphs.builder import GraphBuilder, build_plan, edge_data
 from rawgraph.control import DeviceGraph, LauncherExec, launcher_graph
 from rawgraph.control import conditional as cn
-from rawgraph.errors import call
+from rawgraph.runtime.errors import call
 
 pytestmark = pytest.mark.gpu
 
@@ -49,8 +50,8 @@ def _child(code: str, *args: object, debug_malloc: bool = False) -> dict:
 HOST_NODE_CHILD = """
 import gc, json, sys, weakref
 from rawgraph import Stream, get_device, ops
-from rawgraph import builder
-from rawgraph.builder import GraphBuilder, HostCallback
+from rawgraph.graphs import builder
+from rawgraph.graphs.builder import GraphBuilder, HostCallback
 
 token, spin_ns = int(sys.argv[1]), int(sys.argv[2])
 dev = get_device()
@@ -136,7 +137,7 @@ import numpy as np
 sys.path.insert(0, "tests")  # cwd is the checkout
 from helpers import describe_holders
 from rawgraph import DeviceBuffer, Stream, capture_plan, get_device, ops
-from rawgraph import builder
+from rawgraph.graphs import builder
 from rawgraph.bench import device_launch as bench
 from rawgraph.control import DeviceGraph, launcher_graph
 
@@ -270,7 +271,7 @@ DEBUG_MALLOC_CHILD = """
 import json, sys
 import numpy as np
 from rawgraph import DeviceArray, DeviceBuffer, Stream, get_device
-from rawgraph.builder import GraphBuilder
+from rawgraph.graphs.builder import GraphBuilder
 from rawgraph.control import conditional as cn
 
 dev = get_device()

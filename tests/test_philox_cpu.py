@@ -4,7 +4,7 @@ Philox, the counter layout, the dropout constants; and the refusals that need no
 import numpy as np
 import pytest
 
-from rawgraph.compiler import compile_source
+from rawgraph.runtime.compiler import compile_source
 from rawgraph.control import (
     DeviceGraph,
     DeviceLaunchError,
@@ -18,8 +18,8 @@ from rawgraph.control import (
     uniform24,
 )
 from rawgraph.control.device_launch import AUTO_FREE, UPLOAD
-from rawgraph.kernels import kernel_source
-from rawgraph.model import reference_forward
+from rawgraph.runtime.module import kernel_source
+from rawgraph.models.tinyblock import reference_forward
 
 # Random123's kat_vectors for philox4x32_10: (counter, key, result).
 KAT = [

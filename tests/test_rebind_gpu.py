@@ -1,4 +1,4 @@
-"""Rebinding by address (rawgraph.rebind) on rawgraph's own graphs, hand-built memory nodes and a
+"""Rebinding by address (rawgraph.updates.rebind) on rawgraph's own graphs, hand-built memory nodes and a
 CuPy-captured graph: every random rebind checked against a fresh eager run, and the refusals."""
 
 import numpy as np
@@ -7,8 +7,8 @@ from cuda.bindings import driver
 
 from helpers import random_input, rel_err
 from rawgraph import DeviceBuffer, TinyBlock, capture_plan
-from rawgraph.errors import call
-from rawgraph.rebind import AddressRebinder, LayoutMismatchError, RebindError
+from rawgraph.runtime.errors import call
+from rawgraph.updates.rebind import AddressRebinder, LayoutMismatchError, RebindError
 
 pytestmark = pytest.mark.gpu
 REBINDS = 1000
@@ -159,7 +159,7 @@ extern "C" __global__ void fma_relu(const float* x, const float* w, float* y, lo
 
 def test_cupy_graph_random_rebinds(stream, rng):
     cp = pytest.importorskip("cupy")
-    from rawgraph.adopt import from_cupy
+    from rawgraph.updates.adopt import from_cupy
 
     n, s = 4096, np.float32(rng.uniform(0.5, 2.0))
     k = cp.RawKernel(CUPY_SRC, "fma_relu")
@@ -207,8 +207,8 @@ def test_cupy_graph_random_rebinds(stream, rng):
 
 def test_parameters_are_copied_and_exec_updates_leave_the_graph_alone(stream, rng, device):
     from rawgraph import ops
-    from rawgraph.launch import LaunchPlan
-    from rawgraph.nodes import read_graph
+    from rawgraph.runtime.launch import LaunchPlan
+    from rawgraph.graphs.nodes import read_graph
 
     n = 1024
     a = DeviceBuffer.from_numpy(random_input(rng, n))

@@ -9,8 +9,8 @@ import warnings
 import pytest
 from cuda.bindings import driver
 
-from rawgraph.errors import ReleaseWarning
-from rawgraph.resource import Resource
+from rawgraph.runtime.errors import ReleaseWarning
+from rawgraph.runtime.resource import Resource
 
 
 class Owner(Resource):
@@ -56,7 +56,7 @@ def test_releases_at_interpreter_exit_are_quiet():
     code = textwrap.dedent(
         """
         from cuda.bindings import driver
-        from rawgraph.resource import Resource
+        from rawgraph.runtime.resource import Resource
         class Owner(Resource):
             def __init__(self):
                 self._own(lambda: (driver.CUresult.CUDA_ERROR_DEINITIALIZED,), name="cuFakeDestroy")
@@ -70,7 +70,7 @@ def test_releases_at_interpreter_exit_are_quiet():
 def test_a_release_during_an_open_capture_waits_for_its_end():
     # A finalizer can fire inside a capture body (garbage collection); cuMemFree there would fail
     # and invalidate the capture, so the release is held until the capture ends.
-    from rawgraph import _capturing, resource
+    from rawgraph.runtime import _capturing, resource
 
     calls = []
     rec = _capturing.CaptureRecord(0x1234, "GLOBAL")

@@ -14,7 +14,7 @@ from rawgraph.control import (
     reference_noisy_forward,
     uniform24,
 )
-from rawgraph.errors import CaptureRefusedError, ClosedError
+from rawgraph.runtime.errors import CaptureRefusedError, ClosedError
 
 pytestmark = pytest.mark.gpu
 

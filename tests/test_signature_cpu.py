@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from rawgraph.errors import RawgraphError, SignatureError
-from rawgraph.kernels import kernel_files, kernel_source
-from rawgraph.signature import KINDS, Param, parse_signature
+from rawgraph.runtime.errors import RawgraphError, SignatureError
+from rawgraph.runtime.module import kernel_files, kernel_source
+from rawgraph.runtime.signature import KINDS, Param, parse_signature
 
 
 def P(name, ctype, kind, role=None):

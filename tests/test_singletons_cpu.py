@@ -2,7 +2,7 @@
 
 import pytest
 
-from rawgraph.compiler import compile_source
+from rawgraph.runtime.compiler import compile_source
 from singletons import corrupted_singletons
 
 CLEAN = 'extern "C" __global__ void rg_singleton_clean(float* x) { x[threadIdx.x] = 1.0f; }\n'

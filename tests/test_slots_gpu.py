@@ -7,7 +7,7 @@ import pytest
 
 from helpers import random_input
 from rawgraph import DeviceBuffer, DTypeError, LayoutError, ShapeError, SlotError, SlotPool, TinyBlock, get_device, ops
-from rawgraph.model import reference_forward
+from rawgraph.models.tinyblock import reference_forward
 
 pytestmark = pytest.mark.gpu
 WIDTH = 128

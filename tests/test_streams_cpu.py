@@ -5,7 +5,7 @@ import pytest
 from cuda.bindings import driver
 
 from rawgraph import Capture, CaptureRefusedError
-from rawgraph.stream import _handle_of
+from rawgraph.runtime.stream import _handle_of
 
 
 class Protocol:
@@ -57,8 +57,9 @@ def test_a_borrowed_stream_dropped_per_launch_is_no_release():
     import gc
 
     from fault_cases import fake_session
-    from rawgraph import Stream, resource
-    from rawgraph.stream import stream_handle
+    from rawgraph import Stream
+    from rawgraph.runtime import resource
+    from rawgraph.runtime.stream import stream_handle
 
     with fake_session():
         with Stream() as owner:
@@ -89,7 +90,7 @@ def test_a_borrowed_stream_is_checked_once_and_its_wrapper_reused_while_held(mon
 
     from fault_cases import fake_session
     from rawgraph import Stream
-    from rawgraph.stream import StreamSet, as_stream, stream_handle
+    from rawgraph.runtime.stream import StreamSet, as_stream, stream_handle
 
     with fake_session():
         with Stream() as owner:

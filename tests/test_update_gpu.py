@@ -78,7 +78,7 @@ def test_update_error_names_the_failing_node(stream, rng):
     from cuda.bindings import driver
 
     from rawgraph import Capture, Graph, ops
-    from rawgraph.errors import check
+    from rawgraph.runtime.errors import check
 
     dev = get_device()
     with Capture(stream) as cap:

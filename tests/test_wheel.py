@@ -11,8 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
 import pathlib, sys, rawgraph, rawgraph.bench.launch_paths
-from rawgraph.kernels import kernel_dir, kernel_source, kernel_files
-from rawgraph.compiler import compile_source, KernelCache
+from rawgraph.runtime.module import kernel_dir, kernel_source, kernel_files
+from rawgraph.runtime.compiler import compile_source, KernelCache
 here = pathlib.Path(rawgraph.__file__).resolve()
 assert str(here).startswith(sys.argv[2]), (here, sys.argv[2])
 assert str(kernel_dir()).startswith(str(here.parent)), kernel_dir()

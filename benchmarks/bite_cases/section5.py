@@ -46,7 +46,7 @@ CASES = [
     dict(name="s5-manager-pushes-the-conditional-node",
          why="the exec-update manager also pushes the graph's recorded non-kernel nodes (its conditionals)",
          tests=["tests/test_conditional_gpu.py::test_exec_update_leaves_conditional_graphs_alone_but_body_kernels_rebind"],
-         edits=[("rawgraph/manager.py", "        if changed:\n            self.update_calls += len(changed)\n",
+         edits=[("rawgraph/updates/manager.py", "        if changed:\n            self.update_calls += len(changed)\n",
                  "        if changed:\n            self.update_calls += len(changed)\n"
                  "            for other, _kind, _detail in getattr(self.graph, \"other_nodes\", ()):\n"
                  "                setparams(exe, other, changed[0][2])\n")]),
@@ -79,13 +79,13 @@ CASES = [
     dict(name="s5-fused-form-drops-its-relu",
          why="the fused TinyBlock's first matmul loses its relu epilogue: eager and replays agree, float64 does not",
          tests=["tests/test_interop_gpu.py::test_soak_replays_are_checked_against_float64"],
-         edits=[("rawgraph/model.py", 'ops.matmul(dev, bufs, src, f"W1[{i}]", "a", "relu", label=f"L{i}.matmul_relu")',
+         edits=[("rawgraph/models/tinyblock.py", 'ops.matmul(dev, bufs, src, f"W1[{i}]", "a", "relu", label=f"L{i}.matmul_relu")',
                  'ops.matmul(dev, bufs, src, f"W1[{i}]", "a", "none", label=f"L{i}.matmul_relu")')]),
     # 10
     dict(name="s5-borrowed-legacy-stream-launches-elsewhere",
          why="a borrowed legacy stream hands the driver a new non-blocking stream instead of the NULL stream",
          tests=["tests/test_interop_gpu.py::test_borrowed_default_streams_launch_but_never_capture"],
-         edits=[("rawgraph/stream.py", "        self.handle = driver.CUstream(handle)\n        self.ptr = int(handle)\n",
+         edits=[("rawgraph/runtime/stream.py", "        self.handle = driver.CUstream(handle)\n        self.ptr = int(handle)\n",
                  "        self.handle = (call(driver.cuStreamCreate, int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING))\n"
                  "                       if handle in LEGACY_HANDLES else driver.CUstream(handle))\n"
                  "        self.ptr = int(handle)\n")]),

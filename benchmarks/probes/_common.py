@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 from cuda.bindings import driver, nvrtc
 
 import rawgraph
-from rawgraph.errors import NvrtcError, error_name
+from rawgraph.runtime.errors import NvrtcError, error_name
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 NO_GPU_EXIT = 2
@@ -63,7 +63,7 @@ def _cu_message(code: Any) -> str:
 def step(name: str, fn: Callable[..., Any], *args: Any, quiet: bool = False) -> Any:
     """Call a ``cuda.bindings.driver`` function; print OK/FAIL/EXC; return its values or None.
 
-    The values are unpacked as :func:`rawgraph.errors.check` does: nothing -> True (so a caller
+    The values are unpacked as :func:`rawgraph.runtime.errors.check` does: nothing -> True (so a caller
     can tell success from failure), one value -> it, several -> a tuple.
     """
     try:
@@ -415,7 +415,7 @@ def add_kernel_node(name: str, graph, deps: list, kernel, args, quiet: bool = Tr
 
 
 def median_line(name: str, samples: Sequence[float]) -> dict:
-    from rawgraph.timing import stats
+    from rawgraph.runtime.timing import stats
 
     s = stats(samples)
     print(f"TIME {name}: median={s['median']:.3f} p10={s['p10']:.3f} p90={s['p90']:.3f} us (n={len(samples)})", flush=True)

@@ -31,12 +31,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cuda.bindings import driver  # noqa: E402
 
 import _common as C  # noqa: E402
-from rawgraph.compiler import CompiledImage  # noqa: E402
-from rawgraph.kernels import Kernel, Module  # noqa: E402
-from rawgraph.launch import KernelArgs  # noqa: E402
-from rawgraph.memory import DeviceBuffer  # noqa: E402
-from rawgraph.stream import Stream  # noqa: E402
-from rawgraph.timing import device_us  # noqa: E402
+from rawgraph.runtime.compiler import CompiledImage  # noqa: E402
+from rawgraph.runtime.module import Kernel, Module  # noqa: E402
+from rawgraph.runtime.launch import KernelArgs  # noqa: E402
+from rawgraph.runtime.memory import DeviceBuffer  # noqa: E402
+from rawgraph.runtime.stream import Stream  # noqa: E402
+from rawgraph.runtime.timing import device_us  # noqa: E402
 
 # cudaGraphSetConditional lives in the device runtime. NVRTC declares the device-runtime API only
 # when compiling with -rdc; without it the call is "identifier undefined". cuda.core's tests

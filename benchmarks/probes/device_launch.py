@@ -42,12 +42,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cuda.bindings import driver  # noqa: E402
 
 import _common as C  # noqa: E402
-from rawgraph.compiler import CompiledImage  # noqa: E402
-from rawgraph.kernels import Kernel, Module  # noqa: E402
-from rawgraph.launch import KernelArgs  # noqa: E402
-from rawgraph.memory import DeviceBuffer  # noqa: E402
-from rawgraph.stream import Stream  # noqa: E402
-from rawgraph.timing import device_us  # noqa: E402
+from rawgraph.runtime.compiler import CompiledImage  # noqa: E402
+from rawgraph.runtime.module import Kernel, Module  # noqa: E402
+from rawgraph.runtime.launch import KernelArgs  # noqa: E402
+from rawgraph.runtime.memory import DeviceBuffer  # noqa: E402
+from rawgraph.runtime.stream import Stream  # noqa: E402
+from rawgraph.runtime.timing import device_us  # noqa: E402
 
 # The special cudaStream_t values device code passes to cudaGraphLaunch
 # (cuda_device_runtime_api.h: cudaStreamGraphTailLaunch, ...FireAndForget, ...AsSibling).

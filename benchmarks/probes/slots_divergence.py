@@ -9,7 +9,7 @@ import numpy as np
 
 from rawgraph import DeviceBuffer, SlotPool, Stream, TinyBlock
 from rawgraph.bench.slots import join_leave_trace
-from rawgraph.memory import DeviceArray
+from rawgraph.runtime.memory import DeviceArray
 from rawgraph.serving.sizes import vllm_sizes
 
 W = 1024

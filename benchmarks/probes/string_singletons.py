@@ -52,11 +52,11 @@ def main() -> int:
     try:
         import numpy as np
 
-        from rawgraph.capture import capture_plan
-        from rawgraph.manager import ExecUpdateManager
-        from rawgraph.memory import DeviceBuffer
-        from rawgraph.model import TinyBlock
-        from rawgraph.stream import Stream
+        from rawgraph.graphs.capture import capture_plan
+        from rawgraph.updates.manager import ExecUpdateManager
+        from rawgraph.runtime.memory import DeviceBuffer
+        from rawgraph.models.tinyblock import TinyBlock
+        from rawgraph.runtime.stream import Stream
 
         rng = np.random.default_rng(5)
         s = Stream()

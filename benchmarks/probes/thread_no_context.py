@@ -12,7 +12,7 @@ import sys, threading
 import numpy as np
 from cuda.bindings import driver
 from rawgraph import TinyBlock, DeviceBuffer, capture_plan, ExecUpdateManager, Stream, Event
-from rawgraph.errors import call
+from rawgraph.runtime.errors import call
 s = Stream()
 m = TinyBlock(128, 2, 1, seed=1, form="fused")
 xs = [DeviceBuffer.from_numpy(np.random.rand(2, 128).astype(np.float32), stream=s) for _ in range(2)]

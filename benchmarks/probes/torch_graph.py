@@ -72,9 +72,9 @@ IMPORT_CASES = {
     ),
 }
 
-# The pytest cases: a conftest like the project's (numpy + rawgraph.device) and two tests in one
+# The pytest cases: a conftest like the project's (numpy + rawgraph.runtime.device) and two tests in one
 # module, run in file order.
-CONFTEST = "import numpy as np\nfrom rawgraph.device import driver_status\n"
+CONFTEST = "import numpy as np\nfrom rawgraph.runtime.device import driver_status\n"
 TEST_CUPY = '''
 def test_{order}_cupy():
     import pytest
@@ -145,7 +145,7 @@ def import_order_part() -> None:
         print(f"STEP import {name}: {status}", flush=True)
         print_block(name, out)
 
-    # pytest: conftest imports numpy + rawgraph.device; module order decides import order.
+    # pytest: conftest imports numpy + rawgraph.runtime.device; module order decides import order.
     for order, first, second in (("a", TEST_CUPY, TEST_TORCH), ("b", TEST_TORCH, TEST_CUPY)):
         label = "pytest_cupy_then_torch" if order == "a" else "pytest_torch_then_cupy"
         with tempfile.TemporaryDirectory(prefix="rg_probe_") as d:
@@ -361,7 +361,7 @@ def graph_part() -> int:
     C.guarded("torch replay", replay)
 
     def own_launch():
-        from rawgraph.stream import Stream
+        from rawgraph.runtime.stream import Stream
 
         exe = C.step("cuGraphInstantiate(torch's raw graph)", driver.cuGraphInstantiate, graph, 0)
         if exe is None:

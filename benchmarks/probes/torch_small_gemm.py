@@ -5,7 +5,7 @@ and (64, 128) take 2-6 us (README kernel table, launch-path sweep: torch_graph a
 
 For batches 1-16, 32, 64 at width 128 (and 1024 at b8): the median device time of torch.mm
 (CUDA events around 200 back-to-back calls), with TF32 off and on, and with cuBLASLt preferred.
-Then, per batch, the kernel(s) torch's graph of one mm holds (rawgraph.nodes: name, grid, block).
+Then, per batch, the kernel(s) torch's graph of one mm holds (rawgraph.graphs.nodes: name, grid, block).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def time_mm(a: torch.Tensor, b: torch.Tensor, reps: int = 200) -> float:
 
 
 def kernels_of(a: torch.Tensor, b: torch.Tensor) -> list[str]:
-    from rawgraph.adopt import from_torch
-    from rawgraph.nodes import KernelInfo, read_graph, walk
+    from rawgraph.updates.adopt import from_torch
+    from rawgraph.graphs.nodes import KernelInfo, read_graph, walk
 
     g = torch.cuda.CUDAGraph(keep_graph=True)
     s = torch.cuda.Stream()

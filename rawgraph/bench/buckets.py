@@ -25,14 +25,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..device import get_device
-from ..memory import DeviceBuffer
-from ..model import TinyBlock
+from ..runtime.device import get_device
+from ..runtime.memory import DeviceBuffer
+from ..models.tinyblock import TinyBlock
 from ..serving import BucketGraphs, ReshapedGraph, RowCountBuckets, graph_memory, trim_graph_memory
 from ..serving.graphmem import reset_high_water
 from ..serving.sizes import padding_waste, pick_bucket, powers_of_two, vllm_sizes
-from ..stream import Stream
-from ..timing import stats
+from ..runtime.stream import Stream
+from ..runtime.timing import stats
 from .provenance import environment
 
 
@@ -61,14 +61,14 @@ class _Eager:
     """A plan per batch size over one arena, launched eagerly (no graph)."""
 
     def __init__(self, model: TinyBlock, max_batch: int, stream: Stream):
-        from ..model import Workspace
+        from ..models.tinyblock import Workspace
 
         t0 = time.perf_counter()
         self.input = DeviceBuffer((max_batch, model.width))
         self.output = DeviceBuffer((max_batch, model.width))
         self.arena = Workspace(max_batch, model.width)
         self.models = {n: model.with_batch(n, workspace=self.arena) for n in range(1, max_batch + 1)}
-        from ..memory import DeviceArray
+        from ..runtime.memory import DeviceArray
 
         f32 = np.dtype(np.float32)
         self.plans = {n: m.plan(DeviceArray(self.input.ptr, (n, model.width), f32, self.input),
@@ -81,7 +81,7 @@ class _Eager:
     def run(self, x: Any, n: int, stream: Any = None) -> Any:
         from cuda.bindings import driver
 
-        from ..errors import call
+        from ..runtime.errors import call
 
         call(driver.cuMemcpyDtoDAsync, self.input.ptr, x.ptr, n * self.width * 4, self.stream.handle)
         self.plans[n].run(self.stream)
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # -- correct before timed: every strategy against the float64 reference at a few sizes
     ref_w = model.weights_numpy(s)
-    from ..model import reference_forward
+    from ..models.tinyblock import reference_forward
 
     for n in sorted({1, 7, 64, top} & set(uniform)):
         ref = reference_forward(src_host[:n], ref_w)
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 def _read(res: Any, n: int, width: int, s: Stream) -> np.ndarray:
     from cuda.bindings import driver
 
-    from ..errors import call
+    from ..runtime.errors import call
 
     host = np.empty((n, width), np.float32)
     call(driver.cuMemcpyDtoHAsync, host.ctypes.data, res.ptr, host.nbytes, s.handle)

@@ -9,7 +9,7 @@ the commit measured) and printed as a table:
    events around each replay, after warm-up; median, p10, p90) of
 
    - ``plain``: a captured graph of exactly depth d (one exec per depth, instantiated beforehand);
-   - ``while``: one :class:`~rawgraph.control.conditional.DepthLoop` exec of max depth with d in device
+   - ``while``: one :class:`~rawgraph.control.loops.DepthLoop` exec of max depth with d in device
      memory (written once before the timed replays);
 
    and the host cost of *changing* depth (wall clock, each followed by a replay and a sync):
@@ -36,14 +36,15 @@ import numpy as np
 from cuda.bindings import driver
 
 from ..control import conditional as cn
-from ..builder import GraphBuilder
-from ..capture import capture_plan
-from ..device import get_device
-from ..errors import GraphUpdateError
-from ..memory import DeviceBuffer
-from ..model import BlockWeights, TinyBlock
-from ..stream import Stream
-from ..timing import device_us, stats
+from ..control.loops import DepthLoop
+from ..graphs.builder import GraphBuilder
+from ..graphs.capture import capture_plan
+from ..runtime.device import get_device
+from ..runtime.errors import GraphUpdateError
+from ..runtime.memory import DeviceBuffer
+from ..models.tinyblock import BlockWeights, TinyBlock
+from ..runtime.stream import Stream
+from ..runtime.timing import device_us, stats
 from .provenance import environment
 
 
@@ -66,7 +67,8 @@ def depth_part(width: int, max_depth: int, rounds: int, form: str, s: Stream) ->
     rng = np.random.default_rng(width)
     x = DeviceBuffer.from_numpy(rng.standard_normal((batch, width), dtype=np.float32), stream=s)
     out = DeviceBuffer((batch, width))
-    loop = cn.DepthLoop(weights, batch, x, out, form=form, stream=s)
+    layered = TinyBlock(width, batch, form=form, weights=weights)
+    loop = DepthLoop(layered, x, out, stream=s)
     rows = []
     top = TinyBlock(width, batch, max_depth, seed=1234, form=form)
     top_graph = capture_plan(top.plan(x, out), s)

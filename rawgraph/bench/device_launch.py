@@ -13,8 +13,8 @@ captured once and instantiated twice: plain, and for device launch (:class:`Devi
   device in each mode.
 
 Two clocks, never mixed: device time between CUDA events recorded around each host launch
-(:func:`~rawgraph.timing.device_us`), and end-to-end host time of launch + ``cuStreamSynchronize``
-(:func:`~rawgraph.timing.synced_us`); warm-up rounds first, then medians with p10/p90. Every row
+(:func:`~rawgraph.runtime.timing.device_us`), and end-to-end host time of launch + ``cuStreamSynchronize``
+(:func:`~rawgraph.runtime.timing.synced_us`); warm-up rounds first, then medians with p10/p90. Every row
 also checks that the target ran once per launch (its counter), so a launch that silently did
 nothing cannot pass as fast. The JSON records the commit (:mod:`rawgraph.bench.provenance`).
 
@@ -34,16 +34,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..capture import capture_plan
+from ..graphs.capture import capture_plan
 from ..control.device_launch import DeviceGraph, launcher_graph
 from ..control.rng import PhiloxGenerator, noisy_plan
-from ..device import get_device
-from ..kernels import get_kernel
-from ..launch import ArgUse, KernelArgs, Launch, LaunchPlan
-from ..memory import DeviceBuffer
-from ..model import TinyBlock
-from ..stream import Stream
-from ..timing import device_us, stats, synced_us
+from ..runtime.device import get_device
+from ..runtime.module import get_kernel
+from ..runtime.launch import ArgUse, KernelArgs, Launch, LaunchPlan
+from ..runtime.memory import DeviceBuffer
+from ..models.tinyblock import TinyBlock
+from ..runtime.stream import Stream
+from ..runtime.timing import device_us, stats, synced_us
 from .provenance import environment
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)

@@ -3,8 +3,8 @@ same launches captured linearly (one chain), eager, and PyTorch's graphs of the 
 (one stream, and forked onto a side stream inside the capture), in one process.
 
 Every path is checked before it is timed (rawgraph's graphs equal eager to the bit; torch within
-1e-4). Clocks: CUDA-event device time around each replay (:func:`~rawgraph.timing.device_us`)
-and synced host end-to-end time (:func:`~rawgraph.timing.synced_us`), in ``--rounds`` rounds
+1e-4). Clocks: CUDA-event device time around each replay (:func:`~rawgraph.runtime.timing.device_us`)
+and synced host end-to-end time (:func:`~rawgraph.runtime.timing.synced_us`), in ``--rounds`` rounds
 whose path order is shuffled every round; the samples of all rounds give median, p10 and p90.
 Capture and instantiation happen once per configuration, never inside a timed replay.
 
@@ -50,7 +50,7 @@ def _rel(got: np.ndarray, ref: np.ndarray) -> float:
 def _torch_paths(torch: Any, model: Any, xh: np.ndarray) -> tuple[dict[str, Callable[[], None]], Any, dict]:
     """PyTorch graphs of both branches: linear (one stream) and fork/join (branch b on a side
     stream inside the capture). Returns the replays, torch's stream, and per-path outputs."""
-    from ..branches import split
+    from ..models.branches import split
 
     wa = [(torch.as_tensor(w1, device="cuda"), torch.as_tensor(w2, device="cuda")) for w1, w2 in model.a.weights_numpy()]
     wb = [(torch.as_tensor(w1, device="cuda"), torch.as_tensor(w2, device="cuda")) for w1, w2 in model.b.weights_numpy()]
@@ -88,11 +88,11 @@ def _torch_paths(torch: Any, model: Any, xh: np.ndarray) -> tuple[dict[str, Call
 def run_config(torch: Any, width: int, batch: int, layers: int, form: str, rounds: int, per_round: int,
                rng: np.random.Generator) -> list[dict]:
     """Check and time every path at one size; one record per path."""
-    from ..branches import TwoBranchBlock, concat, split
-    from ..graph import GraphExec
-    from ..memory import DeviceBuffer
-    from ..stream import Stream
-    from ..timing import device_us, stats, synced_us
+    from ..models.branches import TwoBranchBlock, concat, split
+    from ..graphs.graph import GraphExec
+    from ..runtime.memory import DeviceBuffer
+    from ..runtime.stream import Stream
+    from ..runtime.timing import device_us, stats, synced_us
 
     s = Stream()
     model = TwoBranchBlock(width, batch, layers, seed=int(rng.integers(1 << 30)), form=form)
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the sweep; write ``<out>/<name>.json`` (with the commit measured) and print the table."""
     args = build_parser().parse_args(argv)
     torch = _torch(not args.no_torch)  # before rawgraph touches the GPU
-    from ..device import get_device
+    from ..runtime.device import get_device
     from .. import ops
 
     dev = get_device()

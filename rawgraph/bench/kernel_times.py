@@ -26,14 +26,14 @@ from cuda.bindings import driver
 
 from .. import ops
 from ..ops import FLAG_EARLY
-from ..capture import Capture
-from ..device import get_device
-from ..errors import call
-from ..kernels import get_kernels
-from ..launch import LaunchPlan
-from ..memory import DeviceBuffer
-from ..stream import Event, Stream
-from ..timing import stats
+from ..graphs.capture import Capture
+from ..runtime.device import get_device
+from ..runtime.errors import call
+from ..runtime.module import get_kernels
+from ..runtime.launch import LaunchPlan
+from ..runtime.memory import DeviceBuffer
+from ..runtime.stream import Event, Stream
+from ..runtime.timing import stats
 from .progress import SweepProgress
 
 REPS = 64

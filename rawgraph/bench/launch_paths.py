@@ -20,16 +20,16 @@ from pathlib import Path
 import numpy as np
 
 from .. import ops
-from ..capture import Capture, capture_plan
-from ..device import get_device
-from ..indirect import IndirectGraph
-from ..manager import ExecUpdateManager
-from ..launch import ARG_DTYPES
-from ..memory import DeviceArray, DeviceBuffer
-from ..model import TinyBlock
-from ..static import StaticGraph
-from ..stream import Stream
-from ..timing import device_us, pipelined_us, stats, synced_us
+from ..graphs.capture import Capture, capture_plan
+from ..runtime.device import get_device
+from ..updates.indirect import IndirectGraph
+from ..updates.manager import ExecUpdateManager
+from ..runtime.launch import ARG_DTYPES
+from ..runtime.memory import DeviceArray, DeviceBuffer
+from ..models.tinyblock import TinyBlock
+from ..updates.static import StaticGraph
+from ..runtime.stream import Stream
+from ..runtime.timing import device_us, pipelined_us, stats, synced_us
 from .provenance import environment
 from .progress import SweepProgress
 
@@ -275,7 +275,7 @@ class Runner:
     def _torch_graph_rebind(self, torch, block, static_in, ref_out, tstream, rs, key, est) -> None:
         """torch's graph adopted (``keep_graph=True``), our own exec of it, its static input and
         output moved by address to one of two (input, output) pairs before every launch."""
-        from ..adopt import from_torch
+        from ..updates.adopt import from_torch
 
         x0 = static_in.clone()
         g = torch.cuda.CUDAGraph(keep_graph=True)
@@ -357,7 +357,7 @@ class Runner:
 
     def _cupy_rawkernel_graph(self, cp, cstream, rs, key, model, x, ref_cupy, est) -> None:
         """The same block from rawgraph's own .cu sources as CuPy RawKernels, captured by CuPy."""
-        from ..kernels import kernel_source
+        from ..runtime.module import kernel_source
         from ..ops import matmul_expr, matmul_shape
 
         shape = matmul_shape(model.batch, model.width, model.width, self.dev.info.multiprocessors)

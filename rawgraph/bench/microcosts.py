@@ -13,12 +13,12 @@ import numpy as np
 from cuda.bindings import driver
 
 from .. import ops
-from ..capture import Capture
-from ..device import get_device
-from ..errors import check
-from ..launch import LaunchPlan
-from ..stream import Stream
-from ..timing import stats
+from ..graphs.capture import Capture
+from ..runtime.device import get_device
+from ..runtime.errors import check
+from ..runtime.launch import LaunchPlan
+from ..runtime.stream import Stream
+from ..runtime.timing import stats
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -49,8 +49,8 @@ def _empty_graph(nodes: int, stream: Stream):
 def _bind_costs(stream: Stream) -> dict:
     """``ExecUpdateManager.bind`` per call on a 1-node graph: alternating between two checked
     inputs (one SetParams each) and re-binding the bound one (no driver call)."""
-    from ..manager import ExecUpdateManager
-    from ..memory import DeviceBuffer
+    from ..updates.manager import ExecUpdateManager
+    from ..runtime.memory import DeviceBuffer
 
     dev = get_device()
     bufs = {n: DeviceBuffer(256) for n in ("x", "x2", "y")}
@@ -135,7 +135,7 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
 
     Per round, in turn, each a synchronized step on the same exec alternating between the same two
     input/output pairs: ``replay`` (launch only), ``apply2_replay`` (a prepared two-name
-    :class:`~rawgraph.manager.Binding` applied, then launch), ``bind2_replay`` (``bind_many`` of
+    :class:`~rawgraph.updates.manager.Binding` applied, then launch), ``bind2_replay`` (``bind_many`` of
     the two names, then launch), ``raw_setparams_replay`` (the same node pushes made straight with
     ``cuGraphExecKernelNodeSetParams``, then launch), ``bind2_noop_replay`` (binding what is
     already bound: no push) and, when torch is importable, ``torch_graph_replay`` and
@@ -144,11 +144,11 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
     raw pushes alone, of ``cuGraphLaunch`` right after pushes and with none, and the device time
     of the replay (events) after pushes and with none. Medians with p10/p90 in microseconds.
     """
-    from ..capture import capture_plan
-    from ..manager import ExecUpdateManager
-    from ..memory import DeviceBuffer
-    from ..model import TinyBlock
-    from ..stream import Event
+    from ..graphs.capture import capture_plan
+    from ..updates.manager import ExecUpdateManager
+    from ..runtime.memory import DeviceBuffer
+    from ..models.tinyblock import TinyBlock
+    from ..runtime.stream import Event
 
     rng = np.random.default_rng(5)
     s = Stream()
@@ -182,7 +182,7 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
 
     # The same pushes with the pointers of the other pair, from argument blocks filled once: what
     # the driver charges when the values really change (pushing unchanged values may cost less).
-    from ..launch import KernelArgs
+    from ..runtime.launch import KernelArgs
 
     def params_for(pair: dict) -> list:
         out = []

@@ -44,8 +44,8 @@ def _version(package: str) -> str | None:
 
 def environment(**extra: Any) -> dict[str, Any]:
     """Commit, GPU, driver and library versions, date (plus ``extra``), for a results JSON."""
-    from ..compiler import nvrtc_version
-    from ..device import driver_version, get_device, gpu_available
+    from ..runtime.compiler import nvrtc_version
+    from ..runtime.device import driver_version, get_device, gpu_available
 
     info: dict[str, Any] = {
         "commit": commit(),

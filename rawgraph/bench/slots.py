@@ -39,13 +39,13 @@ from typing import Any
 
 import numpy as np
 
-from ..device import get_device
-from ..memory import DeviceArray, DeviceBuffer
-from ..model import TinyBlock
+from ..runtime.device import get_device
+from ..runtime.memory import DeviceArray, DeviceBuffer
+from ..models.tinyblock import TinyBlock
 from ..serving import SlotPool
 from ..serving.sizes import pick_bucket, vllm_sizes
-from ..stream import Stream
-from ..timing import stats
+from ..runtime.stream import Stream
+from ..runtime.timing import stats
 from .provenance import environment
 
 STRATEGIES = ("graph_table", "graph_table_kernels", "copy_table", "setparams", "torch_vllm")

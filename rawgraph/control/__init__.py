@@ -5,14 +5,15 @@
   ``cudaGraphLaunch`` (:func:`launcher_graph`: tail, fire-and-forget, sibling), which hold the
   target's exec while anything can still launch it (:class:`LauncherGraph`, :class:`LauncherExec`).
 - :mod:`rawgraph.control.conditional`: IF, IF/ELSE, WHILE and SWITCH nodes, added by the
-  builder or during capture, whose condition a kernel sets (``cudaGraphSetConditional``); worked
-  examples :class:`DepthLoop` (depth decided per replay) and :class:`NormGate` (early exit).
+  builder or during capture, whose condition a kernel sets (``cudaGraphSetConditional``).
+- :mod:`rawgraph.control.loops`: worked examples over any row-wise model: :class:`DepthLoop`
+  (depth decided per replay) and :class:`NormGate` (early exit).
 - :mod:`rawgraph.control.rng`: a Philox4x32-10 generator whose seed and offset live in device
   memory and are advanced by the graph itself (:class:`PhiloxGenerator`, :func:`noisy_plan`), so
   every replay draws fresh numbers.
 
-Sits above capture/graph in the import order (errors -> driver objects -> launch -> graph ->
-capture -> control); nothing below imports it.
+Sits beside ``serving`` in the import order (runtime -> ops -> graphs -> updates -> serving,
+control -> models -> bench); nothing below imports it, and it imports no model.
 """
 
 from .device_launch import (
@@ -27,7 +28,8 @@ from .device_launch import (
     device_launch_problems,
     launcher_graph,
 )
-from .conditional import DepthLoop, NormGate, add_conditional, capture_conditional, make_handle
+from .conditional import add_conditional, capture_conditional, make_handle
+from .loops import DepthLoop, NormGate
 from .rng import (
     PhiloxGenerator,
     blocks_for,

@@ -14,8 +14,8 @@ condition with the device-runtime builtin ``cudaGraphSetConditional(handle, valu
 With ``default`` given, the handle is reset to it at the start of every launch
 (``CU_GRAPH_COND_ASSIGN_DEFAULT``); without, it keeps no defined value until a kernel sets it.
 
-Nodes are added two ways, with the same result: by a :class:`~rawgraph.builder.GraphBuilder`
-(:func:`add_conditional`), or inside a :class:`~rawgraph.capture.Capture` (:func:`capture_conditional`:
+Nodes are added two ways, with the same result: by a :class:`~rawgraph.graphs.builder.GraphBuilder`
+(:func:`add_conditional`), or inside a :class:`~rawgraph.graphs.capture.Capture` (:func:`capture_conditional`:
 ``cuStreamGetCaptureInfo`` -> ``cuGraphAddNode`` on the capturing graph with the capture's current
 dependencies -> ``cuStreamUpdateCaptureDependencies``), after which the capture goes on behind
 the node. Bodies are filled with a body builder (:attr:`ConditionalNode.bodies`) or captured on a
@@ -29,9 +29,9 @@ or embedded as a child graph (``CUDA_ERROR_NOT_SUPPORTED``). An exec's condition
 ``cuGraphExecNodeSetParams`` (``CUDA_ERROR_NOT_SUPPORTED`` on the H200); the kernel nodes of
 its bodies do take ``cuGraphExecKernelNodeSetParams``.
 
-Worked examples: :class:`DepthLoop` (a TinyBlock whose depth is read from device memory at every
-replay: one exec for every depth up to a maximum) and :class:`NormGate` (skip the block when a
-device-computed norm is under a threshold).
+Worked examples over any row-wise model (:mod:`rawgraph.control.loops`): ``DepthLoop`` (a
+model's depth read from device memory at every replay: one exec for every depth up to a maximum)
+and ``NormGate`` (skip the model when a device-computed norm is under a threshold).
 """
 
 from __future__ import annotations
@@ -44,18 +44,17 @@ from typing import Any, Literal
 import numpy as np
 from cuda.bindings import driver
 
-from .. import _capturing
-from ..builder import BuiltGraph, DepSpec, GraphBuilder, Node
-from ..capture import DEFAULT_CAPTURE_MODE, Capture, CaptureMode, _not_active, capture_info
-from ..device import Device, get_device
-from ..errors import CaptureError, CaptureRefusedError, RawgraphError, ShapeError, call, check, error_name
-from ..graph import KernelNode
-from ..kernels import Kernel, get_kernel
-from ..launch import KernelArgs, Launch, LaunchPlan
-from ..memory import DeviceBuffer, as_device_array, check_array
-from ..model import BlockWeights, TinyBlock
-from ..resource import Resource, flush_deferred, shutting_down
-from ..stream import Stream, stream_handle
+from ..runtime import _capturing
+from ..graphs.builder import BuiltGraph, DepSpec, GraphBuilder, Node
+from ..graphs.capture import DEFAULT_CAPTURE_MODE, Capture, CaptureMode, _not_active, capture_info
+from ..runtime.device import Device, get_device
+from ..runtime.errors import CaptureError, CaptureRefusedError, RawgraphError, ShapeError, call, check, error_name
+from ..graphs.graph import KernelNode
+from ..runtime.module import Kernel, get_kernel
+from ..runtime.launch import KernelArgs, Launch, LaunchPlan
+from ..runtime.memory import DeviceBuffer, as_device_array, check_array
+from ..runtime.resource import Resource, flush_deferred, shutting_down
+from ..runtime.stream import Stream, stream_handle
 
 KINDS = ("if", "while", "switch")
 _COND_T = {
@@ -336,7 +335,7 @@ class BodyCapture:
     launch). On exit the capture ends (``cuStreamEndCapture``, which returns the body graph
     itself); if the block raised, the capture is still ended and the error propagates. Either way
     the releases held back while it was open (``cuMemFree`` and friends that garbage collection
-    ran inside it, see :mod:`rawgraph.resource`) run then, unless another capture still forbids
+    ran inside it, see :mod:`rawgraph.runtime.resource`) run then, unless another capture still forbids
     them (that capture runs them at its own end).
     """
 
@@ -485,211 +484,5 @@ def _u32_ptr(obj: Any, what: str) -> int:
     return arr.ptr
 
 
-# ------------------------------------------------------------------------- worked examples
-def _close_all(owned: list) -> None:
-    for obj in owned:
-        obj.close()
-
-
-class DepthLoop(Resource):
-    """A TinyBlock whose depth is read from device memory at every replay (a WHILE over layers).
-
-    One exec serves every depth ``0..max_depth`` (``max_depth = weights.layers``) with no
-    re-instantiation and no parameter update: write the depth into :attr:`depth` (host
-    :meth:`set_depth`, or any kernel) before a replay. Depth ``d`` gives the bits of a plain
-    ``d``-layer TinyBlock with the same weights; depth 0 copies ``x`` to ``out``.
-
-    The graph::
-
-        memcpy x -> cur;  rg_depth_init (counter = 0, cond = depth > 0)
-        WHILE cond:
-            rg_select_layer   copy W1[counter], W2[counter] into the fixed weight buffers
-            <one layer>       the plain plan's kernels, reading cur and the fixed weights, writing nxt
-            rg_layer_advance  cur = nxt; counter += 1; cond = counter < depth
-        memcpy cur -> out
-
-    A captured body reads fixed addresses, so each iteration copies its layer's weights into
-    fixed buffers (2 * width^2 * 4 bytes of reads and writes per layer) and its output back to its
-    input (batch * width * 4 bytes): the arithmetic kernels are the plain plan's own, so the bits
-    match. Owns: the fixed weights, the activations, the counter and depth words, the pointer
-    tables (``cuMemFree``), and the graph and exec (``cuGraphDestroy`` / ``cuGraphExecDestroy``).
-
-    Parameters
-    ----------
-    weights : BlockWeights
-        Every layer's weights (not owned).
-    batch : int
-    x, out : device arrays
-        ``(batch, width)`` float32, read / written at every replay.
-    form : {"unfused", "fused", "block"}
-    capture : bool, default False
-        Build the graph by stream capture (the body on a second stream) instead of the builder.
-    stream : Stream, optional
-        For capture and the set-up copies (default: a private one).
-    """
-
-    def __init__(self, weights: BlockWeights, batch: int, x: Any, out: Any, form: str = "unfused",
-                 capture: bool = False, stream: Stream | None = None):
-        weights._check_open()
-        self.device = weights.device.activate()
-        self.width, self.max_depth, self.batch = weights.width, weights.layers, int(batch)
-        owned: list[Any] = []
-        self._own(_close_all, owned, name="cuGraphExecDestroy + cuGraphDestroy + cuMemFree (DepthLoop)")
-        self._owned = owned
-        w, b = self.width, self.batch
-        # One layer over fixed weight buffers (pdl off: plain edges inside the body).
-        self.fixed = BlockWeights(w, 1, seed=0, device=self.device)
-        self.layer = TinyBlock(w, b, form=form, device=self.device, pdl=False, weights=self.fixed)
-        owned.append(self.layer)
-        owned.append(self.fixed)
-        self.cur, self.nxt = DeviceBuffer((b, w), np.float32, self.device), DeviceBuffer((b, w), np.float32, self.device)
-        self.counter = DeviceBuffer(1, np.uint32, self.device)
-        self.depth = DeviceBuffer(1, np.uint32, self.device)
-        self.w1_table = DeviceBuffer(self.max_depth, np.uint64, self.device)
-        self.w2_table = DeviceBuffer(self.max_depth, np.uint64, self.device)
-        owned.extend([self.cur, self.nxt, self.counter, self.depth, self.w1_table, self.w2_table])
-        self.weights = weights
-        self.x = check_array(as_device_array(x, "x"), (b, w), np.float32, "x", self.device)
-        self.out = check_array(as_device_array(out, "out"), (b, w), np.float32, "out", self.device)
-        own_stream = stream is None
-        s = stream if stream is not None else Stream(device=self.device)
-        try:
-            self.w1_table.copy_from_host(np.array([p[0].ptr for p in weights.pairs], np.uint64), s)
-            self.w2_table.copy_from_host(np.array([p[1].ptr for p in weights.pairs], np.uint64), s)
-            self.set_depth(self.max_depth, s)
-            self.body_plan = self.layer.plan(self.cur, self.nxt)
-            self.graph = self._capture(s) if capture else self._build()
-            owned.append(self.graph)
-            self.exec = self.graph.instantiate()
-            owned.insert(0, self.exec)
-        finally:
-            if own_stream:
-                s.close()
-
-    def _launches(self, cond: ConditionalHandle) -> tuple[Launch, Launch, Launch]:
-        dev, w = self.device, self.width
-        n = w * w
-        init = _launch(dev, "rg_depth_init", [("h", "u64"), ("counter", "ptr"), ("depth", "ptr"), ("max_depth", "i32")],
-                       {"h": int(cond), "counter": self.counter.ptr, "depth": self.depth.ptr, "max_depth": self.max_depth})
-        w1, w2 = self.fixed.pairs[0]
-        select = _launch(dev, "rg_select_layer", [("w1_table", "ptr"), ("w2_table", "ptr"), ("counter", "ptr"),
-                                                  ("w1", "ptr"), ("w2", "ptr"), ("n", "i32")],
-                         {"w1_table": self.w1_table.ptr, "w2_table": self.w2_table.ptr, "counter": self.counter.ptr,
-                          "w1": w1.ptr, "w2": w2.ptr, "n": n}, _grid(n // 4 if n % 4 == 0 else n, dev), THREADS)
-        m = self.batch * w
-        advance = _launch(dev, "rg_layer_advance", [("h", "u64"), ("cur", "ptr"), ("nxt", "ptr"), ("n", "i32"),
-                                                    ("counter", "ptr"), ("depth", "ptr"), ("max_depth", "i32")],
-                          {"h": int(cond), "cur": self.cur.ptr, "nxt": self.nxt.ptr, "n": m, "counter": self.counter.ptr,
-                           "depth": self.depth.ptr, "max_depth": self.max_depth}, _grid(m, dev), THREADS)
-        return init, select, advance
-
-    def _build(self) -> BuiltGraph:
-        nbytes = self.batch * self.width * 4
-        with GraphBuilder(self.device) as g:
-            cond = make_handle(g)
-            init, select, advance = self._launches(cond)
-            first = g.memcpy(self.cur, self.x, nbytes)
-            k = g.kernel(init, deps=first)
-            loop = add_conditional(g, "while", cond, deps=k)
-            body = loop.bodies[0]
-            s = body.kernel(select)
-            layer = body.run(self.body_plan, deps=s)
-            body.kernel(advance, deps=layer[-1])
-            g.memcpy(self.out, self.cur, nbytes, deps=loop.node)
-            self.loop = loop
-            return g.build()
-
-    def _capture(self, s: Stream) -> Any:
-        nbytes = self.batch * self.width * 4
-        with Stream(device=self.device) as body_stream:
-            cap = Capture(s)
-            with cap:
-                cond = capture_handle(cap)
-                init, select, advance = self._launches(cond)
-                _dtod(cap, self.cur.ptr, self.x.ptr, nbytes)
-                cap.launch(init)
-                loop = capture_conditional(cap, "while", cond)
-                with loop.capture_body(0, body_stream) as body:
-                    body.launch(select)
-                    body.run(self.body_plan)
-                    body.launch(advance)
-                _dtod(cap, self.out.ptr, self.cur.ptr, nbytes)
-            self.loop = loop
-            graph = cap.captured
-            graph.plan = self.body_plan
-            return graph
-
-    def set_depth(self, depth: int, stream: Any) -> None:
-        """Write the depth the next replays run (``cuMemcpyHtoDAsync`` + stream sync); values
-        above ``max_depth`` run ``max_depth`` layers."""
-        self._check_open()
-        if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 0:
-            raise ValueError(f"depth must be an int >= 0, got {depth!r}")
-        self.depth.copy_from_host(np.array([min(int(depth), 0xFFFFFFFF)], np.uint32), stream)
-
-    def launch(self, stream: Any) -> None:
-        """One replay (``cuGraphLaunch``) at the depth now in :attr:`depth`."""
-        self._check_open()
-        self.exec.launch(stream)
-
-
-def _dtod(cap: Capture, dst: int, src: int, nbytes: int) -> None:
-    """A device-to-device copy captured as a memcpy node (recorded in ``cap.other_nodes``)."""
-    call(driver.cuMemcpyDtoDAsync, int(dst), int(src), int(nbytes), cap.stream.handle)
-    graph, deps, _e = _capture_info(cap)
-    if len(deps) != 1:
-        raise RawgraphError(f"expected one dependency after cuMemcpyDtoDAsync, found {len(deps)}")
-    cap.other_nodes.append((deps[0], "memcpy", (int(dst), int(src), int(nbytes))))
-
-
-class NormGate(Resource):
-    """Run a TinyBlock plan only when ``||x||_2 >= threshold``, decided on the device (IF).
-
-    The graph: ``memcpy x -> out``; ``rg_norm_gate`` (one CTA: the norm in float64, written to
-    :attr:`norm`, cond = norm >= threshold); ``IF cond: plan (x -> out)``. Under the threshold the
-    replay ends after the norm with ``out == x`` (an early exit); at or above it, ``out`` holds the
-    block's output, the bits of the plan run eagerly.
-
-    Parameters
-    ----------
-    model : TinyBlock
-    x, out : device arrays of the model's shape
-    threshold : float
-    """
-
-    def __init__(self, model: TinyBlock, x: Any, out: Any, threshold: float):
-        self.device = model.device.activate()
-        owned: list[Any] = []
-        self._own(_close_all, owned, name="cuGraphExecDestroy + cuGraphDestroy + cuMemFree (NormGate)")
-        self.model = model
-        self.threshold = float(threshold)
-        if not np.isfinite(self.threshold):
-            raise ValueError(f"threshold must be finite, got {threshold}")
-        self.plan = model.plan(x, out)
-        xa, oa = self.plan.buffers["x"], self.plan.buffers["out"]
-        self.norm = DeviceBuffer(1, np.float32, self.device)
-        owned.append(self.norm)
-        with GraphBuilder(self.device) as g:
-            cond = make_handle(g)
-            gate = _launch(self.device, "rg_norm_gate",
-                           [("h", "u64"), ("x", "ptr"), ("n", "i32"), ("threshold", "f32"), ("norm", "ptr")],
-                           {"h": int(cond), "x": xa.ptr, "n": xa.size, "threshold": self.threshold, "norm": self.norm.ptr},
-                           (1, 1, 1), THREADS)
-            c = g.memcpy(oa, xa, xa.nbytes)
-            k = g.kernel(gate, deps=c)
-            self.node = add_conditional(g, "if", cond, deps=k)
-            self.node.bodies[0].run(self.plan, pdl=False)
-            self.graph = g.build()
-        owned.insert(0, self.graph)
-        self.exec = self.graph.instantiate()
-        owned.insert(0, self.exec)
-
-    def launch(self, stream: Any) -> None:
-        """One replay (``cuGraphLaunch``)."""
-        self._check_open()
-        self.exec.launch(stream)
-
-
-__all__ = ["ConditionalHandle", "ConditionalNode", "ConditionalUnsupportedError", "BodyCapture", "DepthLoop",
-           "NormGate", "add_conditional", "axpb", "capture_conditional", "capture_handle", "check_kind",
+__all__ = ["ConditionalHandle", "ConditionalNode", "ConditionalUnsupportedError", "BodyCapture", "add_conditional", "axpb", "capture_conditional", "capture_handle", "check_kind",
            "control_kernel", "countdown", "driver_cuda_version", "make_handle", "noop", "set_condition"]

@@ -2,7 +2,7 @@
 
 Two pieces:
 
-- :class:`DeviceGraph`: a :class:`~rawgraph.graph.Graph` instantiated with
+- :class:`DeviceGraph`: a :class:`~rawgraph.graphs.graph.Graph` instantiated with
   ``CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH`` (``cuGraphInstantiate``) and uploaded
   (``cuGraphUpload``), after checking in Python the restrictions the driver documents for such
   graphs (only kernel, memcpy, memset and child-graph nodes; not empty; no
@@ -19,7 +19,7 @@ Two pieces:
   * ``"sibling"`` (``cudaStreamGraphFireAndForgetAsSibling``): fire-and-forget as a sibling of
     the launching graph (a child of its parent, here the host launch).
 
-The launcher is never handed out as a plain :class:`~rawgraph.launch.Launch`: device launches are
+The launcher is never handed out as a plain :class:`~rawgraph.runtime.launch.Launch`: device launches are
 allowed only from a kernel running inside a graph, so it exists only captured into a graph, and
 only for a :class:`DeviceGraph` (the H200 probe's device launch of an exec instantiated without the
 flag ended in ``CUDA_ERROR_ILLEGAL_ADDRESS``, which destroys the context: see
@@ -29,9 +29,9 @@ Ownership: the launcher kernel holds the target's ``CUgraphExec`` as a bare numb
 knows nothing of the reference. rawgraph keeps the target's exec alive as long as anything can
 still device-launch it: every :class:`LauncherGraph`, every :class:`LauncherExec` and, after a
 launcher exec is destroyed with replays queued, those replays (a fence on the streams it was
-launched on, :func:`rawgraph.builder.hold_for_replays`). Closing the :class:`DeviceGraph` marks
+launched on, :func:`rawgraph.graphs.builder.hold_for_replays`). Closing the :class:`DeviceGraph` marks
 it closed at once (its own uses and new launcher graphs are refused, and a launcher exec refuses to
-launch, :class:`~rawgraph.errors.ClosedError`, before any driver call); ``cuGraphExecDestroy``
+launch, :class:`~rawgraph.runtime.errors.ClosedError`, before any driver call); ``cuGraphExecDestroy``
 runs when the last holder lets go, at once if there is none.
 """
 
@@ -42,16 +42,16 @@ from typing import Any
 import numpy as np
 from cuda.bindings import driver
 
-from ..builder import hold_for_replays
-from ..capture import Capture
-from ..device import Device
-from ..errors import ClosedError, RawgraphError, call
-from ..graph import Graph, GraphExec
-from ..kernels import get_kernel
-from ..launch import ArgUse, KernelArgs, Launch, LaunchPlan
-from ..memory import DeviceArray, as_device_array, check_array
-from ..resource import Resource, release
-from ..stream import as_stream
+from ..graphs.builder import hold_for_replays
+from ..graphs.capture import Capture
+from ..runtime.device import Device
+from ..runtime.errors import ClosedError, RawgraphError, call
+from ..graphs.graph import Graph, GraphExec
+from ..runtime.module import get_kernel
+from ..runtime.launch import ArgUse, KernelArgs, Launch, LaunchPlan
+from ..runtime.memory import DeviceArray, as_device_array, check_array
+from ..runtime.resource import Resource, release
+from ..runtime.stream import as_stream
 
 # The special cudaStream_t values of cuda_device_runtime_api.h (CUDA 13.0, same in 12.x).
 TAIL = 0x0100000000000000
@@ -159,7 +159,7 @@ class DeviceGraph(Resource):
     The exec can also be launched from the host (:meth:`launch`).
 
     ``close()`` (safe twice) marks it closed: :attr:`exec`, :attr:`handle`, :meth:`launch` and new
-    launcher graphs raise :class:`~rawgraph.errors.ClosedError`, and so does launching a
+    launcher graphs raise :class:`~rawgraph.runtime.errors.ClosedError`, and so does launching a
     :class:`LauncherExec` that names it, before any driver call. Its exec is destroyed
     (``cuGraphExecDestroy``) at once when no launcher graph was made for it; otherwise when the
     last launcher graph, launcher exec and queued launcher replay that could still device-launch
@@ -255,7 +255,7 @@ class LauncherGraph(Graph):
     """The host graph :func:`launcher_graph` captures: its kernel device-launches :attr:`targets`.
 
     Keeps the targets' execs alive (:meth:`held_by_replays`), also when it is embedded as a child
-    graph (:meth:`rawgraph.builder.GraphBuilder.child` keeps it). :meth:`instantiate` gives a
+    graph (:meth:`rawgraph.graphs.builder.GraphBuilder.child` keeps it). :meth:`instantiate` gives a
     :class:`LauncherExec`.
 
     Attributes
@@ -289,7 +289,7 @@ class LauncherExec(GraphExec):
     """An exec of a :class:`LauncherGraph`.
 
     :meth:`launch` refuses once a target :class:`DeviceGraph` is closed; its release holds the
-    targets' execs until the replays it queued have run (:func:`rawgraph.builder.hold_for_replays`).
+    targets' execs until the replays it queued have run (:func:`rawgraph.graphs.builder.hold_for_replays`).
     """
 
     def __init__(self, graph: LauncherGraph, flags: int = 0):

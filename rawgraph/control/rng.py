@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from ..device import Device, get_device
-from ..errors import RawgraphError, ShapeError
-from ..kernels import get_kernel
-from ..launch import ArgUse, KernelArgs, Launch, LaunchPlan
-from ..memory import DeviceArray, DeviceBuffer, as_device_array, check_array
-from ..resource import Resource
+from ..runtime.device import Device, get_device
+from ..runtime.errors import RawgraphError, ShapeError
+from ..runtime.module import get_kernel
+from ..runtime.launch import ArgUse, KernelArgs, Launch, LaunchPlan
+from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
+from ..runtime.resource import Resource
 
 M0, M1 = 0xD2511F53, 0xCD9E8D57  # Philox4x32 multipliers
 W0, W1 = 0x9E3779B9, 0xBB67AE85  # Weyl key increments
@@ -142,7 +142,7 @@ def _grid(blocks: int, device: Device) -> tuple[int, int, int]:
 class PhiloxGenerator(Resource):
     """A Philox4x32-10 stream whose state ``{seed, offset}`` (two uint64) lives in device memory.
 
-    Owns a 16-byte :class:`~rawgraph.memory.DeviceBuffer` (``cuMemAlloc`` / ``cuMemFree`` on
+    Owns a 16-byte :class:`~rawgraph.runtime.memory.DeviceBuffer` (``cuMemAlloc`` / ``cuMemFree`` on
     ``close()``). Kernels built here read the state when they run, never at capture; the offset
     counts 4-number blocks and is advanced by the ``philox_advance`` node a plan ends with.
 

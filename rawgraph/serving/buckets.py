@@ -28,11 +28,11 @@ from typing import Any, Sequence
 import numpy as np
 from cuda.bindings import driver
 
-from ..capture import Capture
-from ..errors import ClosedError, DTypeError, LayoutError, ShapeError, call
-from ..graph import Graph, GraphExec
-from ..memory import DeviceArray, DeviceBuffer, as_device_array
-from ..stream import Event, Stream, as_stream
+from ..graphs.capture import Capture
+from ..runtime.errors import ClosedError, DTypeError, LayoutError, ShapeError, call
+from ..graphs.graph import Graph, GraphExec
+from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array
+from ..runtime.stream import Event, Stream, as_stream
 from .lifecycle import close_all, instantiate_uploaded
 from .protocol import RowwiseModel, check_model
 from .sizes import check_sizes, pick_bucket, vllm_sizes
@@ -85,7 +85,7 @@ class StreamOrder:
 
     The stream used before may have been closed since: ``cuStreamDestroy`` returns with its work
     still queued, so the new stream then waits for that stream's tail event (recorded by
-    :meth:`rawgraph.stream.Stream.close`) instead.
+    :meth:`rawgraph.runtime.stream.Stream.close`) instead.
     """
 
     def __init__(self, device: Any):

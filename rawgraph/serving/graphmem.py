@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from cuda.bindings import driver
 
-from ..device import Device, get_device
-from ..errors import call
+from ..runtime.device import Device, get_device
+from ..runtime.errors import call
 
 _ATTRS = {
     "used_current": "CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT",

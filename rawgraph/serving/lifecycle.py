@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable
 
-from ..graph import Graph, GraphExec
-from ..stream import Stream
+from ..graphs.graph import Graph, GraphExec
+from ..runtime.stream import Stream
 
 
 def instantiate_uploaded(graph: Graph, stream: Stream, setup: dict[str, float]) -> GraphExec:

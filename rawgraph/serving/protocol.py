@@ -43,7 +43,7 @@ Optional (a class without them still runs everywhere, without the capability):
 ``weights_nbytes`` : int
     Bytes of weights shared by every batch size (memory accounting only).
 ``_check_open()``
-    Raise :class:`~rawgraph.errors.ClosedError` once closed.
+    Raise :class:`~rawgraph.runtime.errors.ClosedError` once closed.
 """
 
 from __future__ import annotations
@@ -52,11 +52,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..device import Device, get_device
-from ..errors import ShapeError
-from ..launch import Launch, LaunchPlan
-from ..memory import DeviceArray, DeviceBuffer
-from ..resource import Resource
+from ..runtime.device import Device, get_device
+from ..runtime.errors import ShapeError
+from ..runtime.launch import Launch, LaunchPlan
+from ..runtime.memory import DeviceArray, DeviceBuffer
+from ..runtime.resource import Resource
 
 REQUIRED = ("width", "batch", "device", "plan", "with_batch", "make_workspace", "scratch_layout", "reference",
             "close")

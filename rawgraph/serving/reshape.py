@@ -25,10 +25,10 @@ from typing import Any, Sequence
 import numpy as np
 from cuda.bindings import driver
 
-from ..capture import capture_plan
-from ..errors import ClosedError, LayoutError, RawgraphError, ShapeError, call, cuda_error
-from ..manager import ExecUpdateManager
-from ..memory import DeviceArray, DeviceBuffer
+from ..graphs.capture import capture_plan
+from ..runtime.errors import ClosedError, LayoutError, RawgraphError, ShapeError, call, cuda_error
+from ..updates.manager import ExecUpdateManager
+from ..runtime.memory import DeviceArray, DeviceBuffer
 from .buckets import BucketGraphs, StreamOrder, check_rows
 from .lifecycle import close_all, instantiate_uploaded
 from .protocol import RowwiseModel, check_model, row_count_arg
@@ -129,7 +129,7 @@ class ReshapedGraph:
     """
 
     def __init__(self, model: RowwiseModel, max_batch: int = 256, stream: Any = None):
-        from ..stream import Stream, as_stream
+        from ..runtime.stream import Stream, as_stream
 
         check_model(model)
         if max_batch < 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 from typing import Sequence
 
-from ..errors import ShapeError
+from ..runtime.errors import ShapeError
 
 
 def vllm_sizes(max_batch: int) -> list[int]:

@@ -12,7 +12,7 @@ The table (int32, ``table[:n]`` the live slots, the rest the scratch slot) reach
 of three ways (``table=``):
 
 - ``"graph"`` (default): every bucket graph begins with a memcpy node that copies the table from
-  pinned host memory (:class:`~rawgraph.memory.HostBuffer`); the host keeps the pinned table
+  pinned host memory (:class:`~rawgraph.runtime.memory.HostBuffer`); the host keeps the pinned table
   current as requests join and leave, and a step is one ``cuGraphLaunch``.
 - ``"copy"``: one ``cuMemcpyHtoDAsync`` of the table before the launch (vLLM's way: copy the
   indices, then replay), skipped when no request joined or left since the last copy.
@@ -44,12 +44,12 @@ import numpy as np
 from cuda.bindings import driver
 
 from .. import ops
-from ..capture import Capture
-from ..errors import ClosedError, DTypeError, LayoutError, RawgraphError, ShapeError, call, cuda_error
-from ..graph import Graph, GraphExec
-from ..launch import LaunchPlan
-from ..memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array
-from ..stream import Event, Stream, as_stream
+from ..graphs.capture import Capture
+from ..runtime.errors import ClosedError, DTypeError, LayoutError, RawgraphError, ShapeError, call, cuda_error
+from ..graphs.graph import Graph, GraphExec
+from ..runtime.launch import LaunchPlan
+from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array
+from ..runtime.stream import Event, Stream, as_stream
 from .lifecycle import close_all, instantiate_uploaded
 from .protocol import RowwiseModel, check_model
 from .sizes import check_sizes, pick_bucket, vllm_sizes

@@ -9,7 +9,7 @@ Two forms of the same arithmetic:
   and a multiple of 4, on compute capability 9.0.
 
 On compute capability 9.0 the launches of a plan are chained with programmatic dependent launch
-(``pdl``, see :class:`~rawgraph.launch.LaunchPlan`): each kernel's weight loads and launch overlap
+(``pdl``, see :class:`~rawgraph.runtime.launch.LaunchPlan`): each kernel's weight loads and launch overlap
 the kernel before it. ``pdl=False`` gives plain stream order, for comparison.
 
 ``unfused`` and ``fused`` round identically (relu is exact and the residual is one fp32 add in
@@ -22,14 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from . import ops
-from .device import Device, get_device
-from .errors import LayoutError, ShapeError
-from .launch import LaunchPlan
-from .resource import Resource
-from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
-from .serving.protocol import RowScratch
-from .stream import Stream
+from .. import ops
+from ..runtime.device import Device, get_device
+from ..runtime.errors import LayoutError, ShapeError
+from ..runtime.launch import ArgUse, KernelArgs, Launch, LaunchPlan
+from ..runtime.module import get_kernel
+from ..runtime.resource import Resource
+from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
+from ..serving.protocol import RowScratch
+from ..runtime.stream import Stream
 
 FORMS = ("unfused", "fused", "block")
 
@@ -190,6 +191,7 @@ class TinyBlock(Resource):
                                  f"{self.batch} x {self.width} batch")
         owned: list[Resource] = []
         self._own(_close_all, owned, name="cuMemFree (model)")
+        self._owned = owned
         if weights is None:
             weights = BlockWeights(self.width, self.layers, self.seed, self.device)
             owned.append(weights)
@@ -287,6 +289,41 @@ class TinyBlock(Resource):
             a.owner._finalizer for a in (xa, oa) if isinstance(a.owner, DeviceBuffer)
         ]
         return LaunchPlan(launches, bufs, ("x",), ("out",), guards, pdl=self.pdl)
+
+    def layer_plan(self, x: Any, out: Any, layer: Any) -> LaunchPlan:
+        """One layer of this block, picked on the device: the layer whose index is the ``uint32``
+        at ``layer`` when the plan runs (what :class:`~rawgraph.control.DepthLoop` iterates).
+
+        ``rg_select_layer`` (``kernels/control.cu``) copies that layer's ``W1`` and ``W2`` into
+        fixed buffers, then the layer's own kernels run over them with plain edges (no PDL: a
+        conditional body). A captured node reads fixed addresses, hence the copy
+        (``2 * width^2 * 4`` bytes each way per layer); the arithmetic kernels are the plain
+        plan's, so the bits match. The fixed weights, the pointer tables and the one-layer model
+        are this model's (freed by :meth:`close`), made anew per call so two loops never share them.
+        """
+        self._check_open()
+        la = check_array(as_device_array(layer, "layer"), (1,), np.uint32, "layer", self.device)
+        fixed = BlockWeights(self.width, 1, seed=0, device=self.device)
+        self._owned.append(fixed)
+        one = TinyBlock(self.width, self.batch, form=self.form, device=self.device, pdl=False, weights=fixed)
+        self._owned.insert(0, one)
+        tables = [DeviceBuffer.from_numpy(np.array([pair[i].ptr for pair in self.weights], np.uint64), self.device)
+                  for i in (0, 1)]
+        self._owned.extend(tables)
+        n = self.width * self.width
+        args = KernelArgs([("w1_table", "ptr"), ("w2_table", "ptr"), ("counter", "ptr"), ("w1", "ptr"), ("w2", "ptr"),
+                           ("n", "i32")])
+        w1, w2 = fixed.pairs[0]
+        args.update({"w1_table": tables[0].ptr, "w2_table": tables[1].ptr, "counter": la.ptr, "w1": w1.ptr,
+                     "w2": w2.ptr, "n": n})
+        uses = {"counter": ArgUse("layer", "read"), "w1": ArgUse("W1[0]", "write"), "w2": ArgUse("W2[0]", "write")}
+        cols = n // 4 if n % 4 == 0 else n
+        grid = (max(1, min(-(-cols // 256), 2 * self.device.info.multiprocessors)), 1, 1)
+        select = Launch(get_kernel("control", "rg_select_layer", self.device), grid, (256, 1, 1), args, uses, 0,
+                        "select_layer")
+        body = one.plan(x, out)
+        return LaunchPlan([select, *body.launches], {**body.buffers, "layer": la}, ("x",), ("out",),
+                          [*body._guards, self._finalizer], pdl=False)
 
     def forward(self, x: Any, out: Any, stream: Stream) -> None:
         """Run eagerly on ``stream`` (plans are cached per (x, out) address pair)."""

@@ -15,7 +15,7 @@ launched from a library) is resolved with ``cuKernelGetFunction`` in the current
 
 What is read is the *graph's* copy of the parameters. An exec's parameters cannot be read back
 (the driver has no ``cuGraphExec*GetParams``): after ``cuGraphExec*SetParams`` only the caller
-knows what the exec holds (see :mod:`rawgraph.rebind`, which keeps its own copy).
+knows what the exec holds (see :mod:`rawgraph.updates.rebind`, which keeps its own copy).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from cuda.bindings import driver
 
-from .errors import call, cuda_error
+from ..runtime.errors import call, cuda_error
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _INVALID_VALUE = driver.CUresult.CUDA_ERROR_INVALID_VALUE
@@ -331,7 +331,7 @@ def read_layout(function: Any) -> tuple[list[ParamInfo] | None, str]:
 def function_name(function: Any) -> str:
     """``cuFuncGetName`` as text ("" when the driver has none: the call is missing, or answers
     ``CUDA_ERROR_INVALID_VALUE`` or one of :func:`read_layout`'s "unavailable" codes). Any other
-    failure raises :class:`~rawgraph.errors.CudaError` (a kernel without its name would escape
+    failure raises :class:`~rawgraph.runtime.errors.CudaError` (a kernel without its name would escape
     name-based checks such as ``AddressRebinder(expect_layouts=...)``)."""
     err, vals = _raw(driver.cuFuncGetName, driver.CUfunction(_int(function)))
     if isinstance(err, str) or err == _INVALID_VALUE or err in _NO_LAYOUT:

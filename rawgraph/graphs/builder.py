@@ -3,15 +3,15 @@
 Capture records what a stream *would* have run; a :class:`GraphBuilder` says what the graph *is*:
 each node is added with its dependencies (``deps=``), so independent work needs no second stream,
 and the graph's shape is written down rather than inferred. ``build()`` returns the same
-:class:`~rawgraph.graph.Graph` a capture returns, with a node map of
-:class:`~rawgraph.graph.KernelNode` for the kernel nodes, so ``verify_node_map`` and the
-:class:`~rawgraph.manager.ExecUpdateManager` work on it unchanged.
+:class:`~rawgraph.graphs.graph.Graph` a capture returns, with a node map of
+:class:`~rawgraph.graphs.graph.KernelNode` for the kernel nodes, so ``verify_node_map`` and the
+:class:`~rawgraph.updates.manager.ExecUpdateManager` work on it unchanged.
 
 Ownership of node parameters
 ----------------------------
 The driver copies every node's parameters when the node is added: a kernel node's argument
 *values* (read through ``kernelParams``), a memcpy's addresses, a memset's value. Editing a
-:class:`~rawgraph.launch.KernelArgs` after :meth:`GraphBuilder.kernel` does not change the node
+:class:`~rawgraph.runtime.launch.KernelArgs` after :meth:`GraphBuilder.kernel` does not change the node
 (the node map keeps the bytes that were copied, as capture does). What the driver does *not*
 copy, and the built graph therefore keeps alive: the device buffers the nodes point at (through
 the launch plan or the launches), events of event nodes, and the Python callables of host nodes.
@@ -51,13 +51,13 @@ from typing import Any, Callable, Iterable
 
 from cuda.bindings import driver
 
-from .device import Device, get_device
-from .errors import RawgraphError, call
+from ..runtime.device import Device, get_device
+from ..runtime.errors import RawgraphError, call
 from .graph import Graph, GraphExec, KernelNode
-from .launch import Launch, LaunchPlan
-from .memory import DeviceArray, DeviceBuffer, HostBuffer
+from ..runtime.launch import Launch, LaunchPlan
+from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer
 from .keepalive import collect_held, held_objects, hold_for_replays  # noqa: F401 - re-exported
-from .stream import Event
+from ..runtime.stream import Event
 
 NODE_T = driver.CUgraphNodeType
 DEP_DEFAULT = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT
@@ -318,12 +318,12 @@ def clone_refusal(graph_handle: Any) -> str | None:
 
 
 class BuiltGraph(Graph):
-    """A :class:`~rawgraph.graph.Graph` made by a :class:`GraphBuilder`.
+    """A :class:`~rawgraph.graphs.graph.Graph` made by a :class:`GraphBuilder`.
 
     Same API as a captured graph; additionally keeps alive what its nodes refer to but the driver
     did not copy (``keep``: launches, events, host callbacks), and records every node it holds
     (``built_nodes``). Its kernel nodes record their dependencies (``KernelNode.deps``), so
-    :meth:`~rawgraph.graph.Graph.verify_edges` checks a built graph as it checks a captured one.
+    :meth:`~rawgraph.graphs.graph.Graph.verify_edges` checks a built graph as it checks a captured one.
     """
 
     def __init__(self, handle: Any, nodes: list[KernelNode], device: Device):
@@ -761,7 +761,7 @@ def _is_edge(t: Any) -> bool:
 
 
 def build_plan(plan: LaunchPlan, device: Device | None = None) -> BuiltGraph:
-    """The graph of ``plan`` built explicitly: what :func:`~rawgraph.capture.capture_plan` gives,
+    """The graph of ``plan`` built explicitly: what :func:`~rawgraph.graphs.capture.capture_plan` gives,
     without a stream or a warm-up run."""
     b = GraphBuilder(device)
     try:

@@ -4,7 +4,7 @@ Each launch made through :meth:`Capture.launch` reads the launching stream's cap
 set with ``cuStreamGetCaptureInfo`` before the launch (the nodes the new node will depend on, of
 any size) and after it (exactly the node the launch became). That is how rawgraph knows which
 graph node holds which launch, and which edges lead into it, without guessing from node order
-afterwards (:meth:`~rawgraph.graph.Graph.verify_edges` checks the edges against the driver's).
+afterwards (:meth:`~rawgraph.graphs.graph.Graph.verify_edges` checks the edges against the driver's).
 
 Fork/join
 ---------
@@ -14,13 +14,13 @@ into the same graph), :meth:`Capture.join` records an event on each side stream 
 origin wait on it. Neither makes a node: a captured event is a set of nodes, and waiting on it
 only moves the waiting stream's dependency set. Every side stream must be joined back before the
 end, else the driver ends the capture with ``CUDA_ERROR_STREAM_CAPTURE_UNJOINED``; rawgraph
-raises it as a :class:`~rawgraph.errors.CaptureError` naming the streams left unjoined.
+raises it as a :class:`~rawgraph.runtime.errors.CaptureError` naming the streams left unjoined.
 
 Foreign work
 ------------
 Work that reaches a capturing stream without going through :class:`Capture` (a CuPy kernel, a
 ``cuMemsetD32Async``, a torch op) becomes nodes rawgraph did not record. They are mapped, not
-rejected: :attr:`Graph.foreign_nodes <rawgraph.graph.Graph.foreign_nodes>` lists each with its
+rejected: :attr:`Graph.foreign_nodes <rawgraph.graphs.graph.Graph.foreign_nodes>` lists each with its
 node type and dependencies (``foreign="refuse"`` restores the old refusal).
 
 Capture mode
@@ -41,14 +41,14 @@ from typing import Any, Literal, Sequence
 
 from cuda.bindings import driver
 
-from . import _capturing
-from .errors import (CaptureError, CaptureRefusedError, ClosedError, EmptyCaptureWarning, RawgraphError, call, check,
+from ..runtime import _capturing
+from ..runtime.errors import (CaptureError, CaptureRefusedError, ClosedError, EmptyCaptureWarning, RawgraphError, call, check,
                      error_name)
 from .graph import ForeignNode, Graph, KernelNode
-from .launch import Launch, LaunchPlan
-from .memory import DeviceArray
-from .resource import flush_deferred, release, shutting_down
-from .stream import SPECIAL_HANDLES, Event, Stream, _handle_of, as_stream
+from ..runtime.launch import Launch, LaunchPlan
+from ..runtime.memory import DeviceArray
+from ..runtime.resource import flush_deferred, release, shutting_down
+from ..runtime.stream import SPECIAL_HANDLES, Event, Stream, _handle_of, as_stream, capture_info
 
 
 class CaptureMode(enum.Enum):
@@ -67,20 +67,8 @@ _UNJOINED = driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNJOINED
 FOREIGN_POLICIES = ("map", "refuse")
 
 
-def capture_info(handle: Any) -> tuple[Any, int, Any, tuple[int, ...]]:
-    """``cuStreamGetCaptureInfo`` of a stream: ``(status, capture id, graph, dependencies)``.
-
-    The dependencies are the node handles (as integers) the next node captured on the stream will
-    depend on; the id and graph are meaningful only while the status is ACTIVE.
-    """
-    status, cid, graph, deps, _edges, ndeps = check(driver.cuStreamGetCaptureInfo(handle), "cuStreamGetCaptureInfo")
-    if status != _ACTIVE:
-        return status, 0, None, ()
-    return status, int(cid), graph, tuple(int(d) for d in list(deps or [])[: int(ndeps)])
-
-
 class Capture:
-    """Context manager that captures work on ``stream`` into a :class:`~rawgraph.graph.Graph`.
+    """Context manager that captures work on ``stream`` into a :class:`~rawgraph.graphs.graph.Graph`.
 
     On a clean exit the graph is in :attr:`graph`. If the body raises (for example a forbidden
     ``cuStreamSynchronize`` or ``cuMemAlloc`` during a global-mode capture), the capture is ended,
@@ -368,7 +356,7 @@ class Capture:
 
     def memcpy_htod(self, dst: int, src: int, nbytes: int) -> None:
         """Record a host-to-device copy (``cuMemcpyHtoDAsync`` becomes a memcpy node). From pinned
-        host memory (:class:`~rawgraph.memory.HostBuffer`) the node reads the host bytes when each
+        host memory (:class:`~rawgraph.runtime.memory.HostBuffer`) the node reads the host bytes when each
         replay reaches it, not at capture."""
         if not self._open:
             raise RawgraphError("Capture.memcpy_htod outside the with-block")

@@ -4,7 +4,7 @@ An exec reads its arrays where its node parameters point, when each replay reach
 After an update moves a node to a new array, replays queued before the update still read the old
 one: a caching allocator (PyTorch's, CuPy's pool) that got it back could hand it to someone else
 under them. :class:`KeepAlive` holds each replaced object until an event recorded after those
-replays (one per stream in the exec's :class:`~rawgraph.stream.StreamSet`) has fired.
+replays (one per stream in the exec's :class:`~rawgraph.runtime.stream.StreamSet`) has fired.
 
 One event per stream covers a whole batch of retired objects, so retiring costs no driver call on
 most updates. Used by the exec-update manager, the address rebinder and the indirect graph.
@@ -21,11 +21,11 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from . import _capturing
-from .device import Device
-from .errors import ClosedError, ReleaseWarning
-from .resource import release, shutting_down
-from .stream import Event, Fence, StreamSet
+from ..runtime import _capturing
+from ..runtime.device import Device
+from ..runtime.errors import ClosedError, ReleaseWarning
+from ..runtime.resource import release, shutting_down
+from ..runtime.stream import Event, Fence, StreamSet
 
 if TYPE_CHECKING:  # GraphExec sits above this module
     from .graph import GraphExec
@@ -101,7 +101,7 @@ class KeepAlive:
 
         The pending ones are covered first (a fence, or, if recording one fails, a synchronize of
         every stream). If waiting fails as well, the objects are kept (a leak is safer than memory
-        freed under a running replay) and a :class:`~rawgraph.errors.ReleaseWarning` says so: this
+        freed under a running replay) and a :class:`~rawgraph.runtime.errors.ReleaseWarning` says so: this
         never raises half-way.
         """
         try:
@@ -144,7 +144,7 @@ def hold_for_replays(exe: GraphExec, objs: Iterable[Any]) -> None:
     (:func:`collect_held` lets them go; it runs on every later hold and every built-graph
     instantiate). If recording the fence fails the streams are synchronized instead
     (``cuStreamSynchronize``); if that fails too the objects are kept for good and a
-    :class:`~rawgraph.errors.ReleaseWarning` says so: a leak is safer than a call into freed
+    :class:`~rawgraph.runtime.errors.ReleaseWarning` says so: a leak is safer than a call into freed
     memory. Inside a capture the whole release waits for the capture's end, like every release.
     At interpreter exit the streams are synchronized, so no queued replay outlives the callbacks.
 

@@ -1,8 +1,5 @@
-"""Launch builders for the kernels in ``kernels/``: launch shape, checked operands, named arguments.
-
-Each builder validates its operands once, at plan time, and returns a :class:`~rawgraph.launch.Launch`
-whose arguments are already packed. Nothing here runs per call.
-"""
+"""The matmul family (``kernels/matmul.cu``) and the one-kernel block (``kernels/block.cu``):
+the cut chosen per shape, operands checked, arguments packed once."""
 
 from __future__ import annotations
 
@@ -10,11 +7,51 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .device import Device
-from .errors import LayoutError, ShapeError
-from .kernels import get_kernel
-from .launch import ArgUse, KernelArgs, Launch
-from .memory import DeviceArray, check_array
+from ..runtime.device import Device
+from ..runtime.errors import LayoutError, ShapeError
+from ..runtime.module import get_kernel
+from ..runtime.launch import ArgUse, KernelArgs, Launch
+from ..runtime.memory import DeviceArray, check_array
+
+__all__ = [
+    "THREADS",
+    "EPILOGUES",
+    "GEMM_MIN_BATCH",
+    "GEMM_MIN_ELEMENTS",
+    "GEMM_MID_ELEMENTS",
+    "MATVEC_MAX_BATCH_L2",
+    "GEMM_TILE_M",
+    "GEMM_TILE_N",
+    "GEMM_KC",
+    "GEMM_STAGES",
+    "FLAG_EARLY",
+    "FLAG_IND_X",
+    "FLAG_IND_Y",
+    "FLAG_IND_R",
+    "INDIRECT_FLAGS",
+    "FLAG_ROWS_X",
+    "FLAG_ROWS_R",
+    "FLAG_ROWS_Y",
+    "ROW_FLAGS",
+    "EARLY_MAX_W_BYTES",
+    "MAX_SPLIT",
+    "XS_FLOATS",
+    "UNROLL",
+    "MATVEC_TILES",
+    "has_clusters",
+    "MatmulShape",
+    "matvec_shape",
+    "gemm_shape",
+    "gemm_smem_bytes",
+    "residency_pad",
+    "matmul_shape",
+    "matmul_expr",
+    "matmul",
+    "BLOCK_MAX_WIDTH",
+    "BLOCK_CLUSTER",
+    "block_fits",
+    "block",
+]
 
 THREADS = 256  # matmul.cu's RG_THREADS
 EPILOGUES = {"none": 0, "relu": 1, "add": 2}
@@ -346,139 +383,3 @@ def block(device: Device, buffers: dict[str, DeviceArray], x: str, w1: str, w2: 
     args.update({"x": xa.ptr, "W1": w1a.ptr, "W2": w2a.ptr, "y": ya.ptr, "B": batch, "W": width, "flags": 0})
     uses = {"x": ArgUse(x, "read"), "W1": ArgUse(w1, "read"), "W2": ArgUse(w2, "read"), "y": ArgUse(y, "write")}
     return Launch(kernel, (cluster, -(-batch // bt), 1), (THREADS, 1, 1), args, uses, 0, label or "block")
-
-
-def _elementwise_grid(n: int, device: Device) -> tuple[int, int, int]:
-    return (max(1, min(-(-n // THREADS), device.info.multiprocessors * 8)), 1, 1)
-
-
-def relu(device: Device, buffers: dict[str, DeviceArray], x: str, y: str, label: str = "") -> Launch:
-    """``y = relu(x)`` (NaN propagates)."""
-    xa, ya = buffers[x], buffers[y]
-    check_array(xa, xa.shape, _F32, x)
-    check_array(ya, xa.shape, _F32, y)
-    args = KernelArgs([("x", "ptr"), ("y", "ptr"), ("n", "i64")])
-    args.update({"x": xa.ptr, "y": ya.ptr, "n": xa.size})
-    uses = {"x": ArgUse(x, "read"), "y": ArgUse(y, "write")}
-    return Launch(get_kernel("elementwise", "relu", device), _elementwise_grid(xa.size, device), (THREADS, 1, 1), args, uses, 0, label or "relu")
-
-
-def add(device: Device, buffers: dict[str, DeviceArray], a: str, b: str, y: str, label: str = "") -> Launch:
-    """``y = a + b``."""
-    aa, ba, ya = buffers[a], buffers[b], buffers[y]
-    check_array(aa, aa.shape, _F32, a)
-    check_array(ba, aa.shape, _F32, b)
-    check_array(ya, aa.shape, _F32, y)
-    args = KernelArgs([("a", "ptr"), ("b", "ptr"), ("y", "ptr"), ("n", "i64")])
-    args.update({"a": aa.ptr, "b": ba.ptr, "y": ya.ptr, "n": aa.size})
-    uses = {"a": ArgUse(a, "read"), "b": ArgUse(b, "read"), "y": ArgUse(y, "write")}
-    return Launch(get_kernel("elementwise", "add", device), _elementwise_grid(aa.size, device), (THREADS, 1, 1), args, uses, 0, label or "add")
-
-
-def empty(device: Device) -> Launch:
-    """One empty kernel, 1 block of 1 thread: the launch-cost floor."""
-    return Launch(get_kernel("elementwise", "empty", device), (1, 1, 1), (1, 1, 1), KernelArgs([]), {}, 0, "empty")
-
-
-def spin(device: Device, ns: int) -> Launch:
-    """One CTA of one thread that busy-waits ``ns`` nanoseconds on the device's clock."""
-    if ns < 0:
-        raise ValueError(f"spin time must be >= 0 ns, got {ns}")
-    args = KernelArgs([("ns", "u64")])
-    args["ns"] = int(ns)
-    return Launch(get_kernel("elementwise", "spin", device), (1, 1, 1), (1, 1, 1), args, {}, 0, "spin")
-
-
-def count_mismatch(device: Device, buffers: dict[str, DeviceArray], a: str, b: str, count: str, label: str = "") -> Launch:
-    """``*count += number of 32-bit elements whose bits differ between a and b``."""
-    aa, ba, ca = buffers[a], buffers[b], buffers[count]
-    if aa.dtype.itemsize != 4 or ba.dtype != aa.dtype:
-        raise ValueError("count_mismatch compares 32-bit elements of one dtype")
-    check_array(ba, aa.shape, aa.dtype, b)
-    check_array(ca, (1,), np.uint64, count, align=8)
-    args = KernelArgs([("a", "ptr"), ("b", "ptr"), ("n", "i64"), ("count", "ptr")])
-    args.update({"a": aa.ptr, "b": ba.ptr, "n": aa.size, "count": ca.ptr})
-    uses = {"a": ArgUse(a, "read"), "b": ArgUse(b, "read"), "count": ArgUse(count, "write")}
-    return Launch(get_kernel("elementwise", "count_mismatch", device), _elementwise_grid(aa.size, device), (THREADS, 1, 1),
-                  args, uses, 0, label or "count_mismatch")
-
-
-def _rows_launch(device: Device, buffers: dict[str, DeviceArray], src: str, idx: str, dst: str, rows: int,
-                 gather: bool, label: str) -> Launch:
-    sa, ia, da = buffers[src], buffers[idx], buffers[dst]
-    width = (da if gather else sa).shape[-1]
-    if ia.dtype != np.int32 or ia.size < rows:
-        raise ShapeError(f"{idx} must hold at least {rows} int32 row indices, got {ia.shape} {ia.dtype}")
-    check_array(sa, sa.shape, _F32, src)
-    check_array(da, da.shape, _F32, dst)
-    if (da if gather else sa).shape[0] < rows:
-        raise ShapeError(f"{'dst' if gather else 'src'} has fewer than {rows} rows")
-    args = KernelArgs([("src", "ptr"), ("idx", "ptr"), ("dst", "ptr"), ("rows", "i32"), ("width", "i32")])
-    args.update({"src": sa.ptr, "idx": ia.ptr, "dst": da.ptr, "rows": rows, "width": width})
-    uses = {"src": ArgUse(src, "read"), "idx": ArgUse(idx, "read"), "dst": ArgUse(dst, "write")}
-    name = "gather_rows" if gather else "scatter_rows"
-    return Launch(get_kernel("elementwise", name, device), _elementwise_grid(rows * width, device), (THREADS, 1, 1),
-                  args, uses, 0, label or name)
-
-
-def gather_rows(device: Device, buffers: dict[str, DeviceArray], src: str, idx: str, dst: str, rows: int,
-                label: str = "") -> Launch:
-    """``dst[i] = src[idx[i]]`` for ``i < rows`` (rows of ``src`` picked by an int32 table)."""
-    return _rows_launch(device, buffers, src, idx, dst, rows, True, label)
-
-
-def scatter_rows(device: Device, buffers: dict[str, DeviceArray], src: str, idx: str, dst: str, rows: int,
-                 label: str = "") -> Launch:
-    """``dst[idx[i]] = src[i]`` for ``i < rows`` (rows written back through an int32 table)."""
-    return _rows_launch(device, buffers, src, idx, dst, rows, False, label)
-
-
-ROW_PARAM_CAPS = (16, 64, 256, 1024)  # kernels/rows.cu's instantiated RowTable capacities (4 KB at most)
-
-
-def row_param_cap(rows: int) -> int:
-    """The smallest by-value row-table capacity that holds ``rows`` entries."""
-    for cap in ROW_PARAM_CAPS:
-        if rows <= cap:
-            return cap
-    raise ShapeError(f"a by-value row table holds at most {ROW_PARAM_CAPS[-1]} rows (4 KB of kernel "
-                     f"parameters), got {rows}")
-
-
-def _rows_param_launch(device: Device, buffers: dict[str, DeviceArray], src: str, dst: str, rows: int, gather: bool,
-                       label: str) -> Launch:
-    sa, da = buffers[src], buffers[dst]
-    check_array(sa, sa.shape, _F32, src)
-    check_array(da, da.shape, _F32, dst)
-    batch = da if gather else sa
-    if len(batch.shape) != 2 or batch.shape[0] < rows or rows < 1:
-        raise ShapeError(f"{'dst' if gather else 'src'} must be 2-D with at least {rows} rows, got {batch.shape}")
-    width = batch.shape[1]
-    cap = row_param_cap(rows)
-    name = "gather_rows_param" if gather else "scatter_rows_param"
-    args = KernelArgs([("src", "ptr"), ("dst", "ptr"), ("rows", "i32"), ("width", "i32"), ("table", f"i32[{cap}]")])
-    args.update({"src": sa.ptr, "dst": da.ptr, "rows": rows, "width": width})
-    uses = {"src": ArgUse(src, "read"), "dst": ArgUse(dst, "write")}
-    return Launch(get_kernel("rows", f"{name}<{cap}>", device), _elementwise_grid(rows * width, device), (THREADS, 1, 1),
-                  args, uses, 0, label or name)
-
-
-def gather_rows_param(device: Device, buffers: dict[str, DeviceArray], src: str, dst: str, rows: int,
-                      label: str = "") -> Launch:
-    """``dst[i] = src[table[i]]`` for ``i < rows``, the table passed by value: its ``table``
-    argument (``args.array("table")``), changed per step with ``cuGraphExecKernelNodeSetParams``."""
-    return _rows_param_launch(device, buffers, src, dst, rows, True, label)
-
-
-def scatter_rows_param(device: Device, buffers: dict[str, DeviceArray], src: str, dst: str, rows: int,
-                       label: str = "") -> Launch:
-    """``dst[table[i]] = src[i]`` for ``i < rows``, the table passed by value (see
-    :func:`gather_rows_param`)."""
-    return _rows_param_launch(device, buffers, src, dst, rows, False, label)
-
-
-def fill_uniform(device: Device, buf: DeviceArray, seed: int, scale: float) -> Launch:
-    """Deterministic uniform values in ``[-scale, scale)`` from ``seed`` (``kernels/init.cu``)."""
-    args = KernelArgs([("y", "ptr"), ("n", "i64"), ("seed", "u64"), ("scale", "f32")])
-    args.update({"y": buf.ptr, "n": buf.size, "seed": seed & (2**64 - 1), "scale": scale})
-    return Launch(get_kernel("init", "fill_uniform", device), _elementwise_grid(buf.size, device), (THREADS, 1, 1), args, {}, 0, "fill_uniform")

@@ -3,7 +3,7 @@
 ``RawKernel(source, "saxpy")`` compiles the source with NVRTC for the device (through the same
 cache as rawgraph's kernels), loads it, reads the parameter layout from the driver
 (``cuFuncGetParamInfo``: each parameter's offset and size) and the C types from the
-``__global__`` declaration (:func:`rawgraph.signature.parse_signature`, or types given by hand).
+``__global__`` declaration (:func:`rawgraph.runtime.signature.parse_signature`, or types given by hand).
 Calling it checks every argument against its C type, packs them and launches
 (``cuLaunchKernel``). On a stream a :class:`~rawgraph.Capture` is capturing, the call is recorded
 in the capture's node map with the array each pointer argument holds, so the graph can be
@@ -26,15 +26,14 @@ import numpy as np
 from cuda.bindings import driver
 
 from . import _capturing
-from .capture import capture_info
 from .compiler import DEFAULT_OPTIONS, KernelCache, compile_source
 from .device import Device, get_device
 from .errors import ArgumentError, CaptureRefusedError, RawgraphError, SignatureError, cuda_error
-from .kernels import Kernel, Module
+from .module import Kernel, Module
 from .launch import ARG_DTYPES, ArgUse, KernelArgs, Launch, arg_dtype, check_scalar
 from .memory import DeviceArray, as_device_array
 from .signature import KINDS, Param, parse_signature
-from .stream import stream_handle
+from .stream import capture_info, stream_handle
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _ACTIVE = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
@@ -70,7 +69,7 @@ def _pointee(ctype: str) -> np.dtype | None:
 
 
 def _kind_of(t: str) -> str:
-    """A kind of :data:`~rawgraph.launch.ARG_DTYPES` from a kind or a C type given by hand."""
+    """A kind of :data:`~rawgraph.runtime.launch.ARG_DTYPES` from a kind or a C type given by hand."""
     t = " ".join(str(t).split())
     if t in ARG_DTYPES or t.startswith(("i32[", "u8[")):
         arg_dtype(t)  # refuses a malformed array kind

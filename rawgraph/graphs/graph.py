@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 from cuda.bindings import driver
 
-from .device import Device
-from .errors import ClosedError, GraphUpdateError, RawgraphError, call, cuda_error
-from .launch import ARG_DTYPES, KernelArgs, Launch, LaunchPlan, arg_dtype
-from .resource import Resource
-from .stream import Stream, StreamSet, as_stream, stream_handle
+from ..runtime.device import Device
+from ..runtime.errors import ClosedError, GraphUpdateError, RawgraphError, call, cuda_error
+from ..runtime.launch import ARG_DTYPES, KernelArgs, Launch, LaunchPlan, arg_dtype
+from ..runtime.resource import Resource
+from ..runtime.stream import Stream, StreamSet, as_stream, stream_handle
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _KERNEL = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
@@ -136,7 +136,7 @@ class Graph(Resource):
 
     def read_nodes(self) -> list[Any]:
         """Every node decoded by type, child graphs and conditional bodies included
-        (:func:`rawgraph.nodes.read_graph`: ``cuGraphGetNodes``, ``cuGraphNodeGetType``, the
+        (:func:`rawgraph.graphs.nodes.read_graph`: ``cuGraphGetNodes``, ``cuGraphNodeGetType``, the
         per-type getters, ``cuFuncGetParamInfo`` for kernel parameter layouts)."""
         from .nodes import read_graph  # nodes.py sits below graph.py and never imports it
 

@@ -28,8 +28,9 @@ def kernel_dir() -> Path:
     env = os.environ.get(KERNEL_DIR_ENV)
     if env:
         return Path(env)
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "kernels", here.parent / "kernels"):
+    package = Path(__file__).resolve().parent.parent  # rawgraph/ (this file is rawgraph/runtime/module.py)
+    here = package
+    for candidate in (package / "kernels", package.parent / "kernels"):
         if candidate.is_dir() and any(candidate.glob("*.cu")):
             return candidate
     raise FileNotFoundError(
@@ -82,7 +83,7 @@ class Module(Resource):
 
     def function(self, symbol: str) -> driver.CUfunction:
         """``cuModuleGetFunction``; with lazy loading this is also where the kernel gets loaded.
-        Raises :class:`~rawgraph.errors.ClosedError` (before the driver is called) after ``close()``."""
+        Raises :class:`~rawgraph.runtime.errors.ClosedError` (before the driver is called) after ``close()``."""
         self._check_open()
         return call(driver.cuModuleGetFunction, self.handle, symbol.encode())
 

@@ -13,9 +13,9 @@ that write the output). ``bind(name, array)``:
 Only the recorded launches are updated. Foreign nodes (``graph.foreign_nodes``: a CuPy kernel, a
 memset launched straight on the capturing stream) and recorded non-kernel nodes (``graph.other_nodes``:
 memcpys, conditionals) are read once, and a buffer one of them holds an address in cannot be bound
-away from its captured address (:class:`~rawgraph.errors.ForeignNodeError`): that node would go on
+away from its captured address (:class:`~rawgraph.runtime.errors.ForeignNodeError`): that node would go on
 using the old buffer. A node whose parameters the driver does not give back (a conditional's body on
-driver 580) cannot be checked: the manager warns (:class:`~rawgraph.errors.RawgraphWarning`) and
+driver 580) cannot be checked: the manager warns (:class:`~rawgraph.runtime.errors.RawgraphWarning`) and
 binds.
 
 A replay after ``bind`` reads the new array where it lies. The manager keeps each array it bound
@@ -36,13 +36,13 @@ from typing import Any, Sequence
 import numpy as np
 from cuda.bindings import driver
 
-from .errors import ClosedError, ForeignNodeError, LayoutError, RawgraphWarning, ShapeError, cuda_error
-from .graph import Graph, GraphExec
-from .launch import ARG_DTYPES, KernelArgs, check_scalar
-from . import resource as _resource
-from .memory import DeviceArray, DeviceBuffer, as_device_array, check_array
+from ..runtime.errors import ClosedError, ForeignNodeError, LayoutError, RawgraphWarning, ShapeError, cuda_error
+from ..graphs.graph import Graph, GraphExec
+from ..runtime.launch import ARG_DTYPES, KernelArgs, check_scalar
+from ..runtime import resource as _resource
+from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from .rebind import foreign_holders
-from .keepalive import KeepAlive
+from ..graphs.keepalive import KeepAlive
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 
@@ -124,7 +124,7 @@ class ExecUpdateManager:
     Parameters
     ----------
     graph : Graph
-        A graph with a plan and node map: from :func:`~rawgraph.capture.capture_plan`, or any
+        A graph with a plan and node map: from :func:`~rawgraph.graphs.capture.capture_plan`, or any
         :class:`~rawgraph.Capture` whose launches named their arrays (``Capture.run`` of a plan,
         :class:`~rawgraph.RawKernel` calls).
     exec : GraphExec
@@ -269,7 +269,7 @@ class ExecUpdateManager:
             raise ForeignNodeError(
                 f"cannot bind {name!r} to another buffer: {', '.join(pinned[1][:4])} of this graph holds an address "
                 f"in it, and the manager updates only the launches it recorded, so that node would keep using "
-                f"the old buffer; move every address at once with rawgraph.rebind.AddressRebinder")
+                f"the old buffer; move every address at once with rawgraph.updates.rebind.AddressRebinder")
         try:
             ref = weakref.ref(array)
         except TypeError:  # not weak-referenceable: checked every time
@@ -573,7 +573,7 @@ class ExecUpdateManager:
             New grid (1 to 3 positive ints). For a kernel compiled with fixed cluster dimensions
             each grid dimension must be a multiple of the cluster's.
         **scalars
-            New values of scalar arguments (any kind of :data:`~rawgraph.launch.ARG_DTYPES` but ``ptr``), by name.
+            New values of scalar arguments (any kind of :data:`~rawgraph.runtime.launch.ARG_DTYPES` but ``ptr``), by name.
 
         Returns
         -------

@@ -2,7 +2,7 @@
 
 The driver's own dump (``cuGraphDebugDotPrint``) is written as well: it shows what the driver
 holds, while the labelled version names each kernel node by its launch (kernel, grid, and the plan
-buffers its arguments are bound to), labels every other node from what :mod:`rawgraph.nodes`
+buffers its arguments are bound to), labels every other node from what :mod:`rawgraph.graphs.nodes`
 reads back (a foreign kernel's name and grid, memcpy/memset addresses and sizes, events,
 allocations, conditionals), draws child graphs and conditional bodies as clusters, and draws
 programmatic (PDL) edges dashed.
@@ -89,7 +89,7 @@ def _emit(infos: list[NodeInfo], known: dict[int, Any], lines: list[str], indent
 def to_dot(graph: Any, name: str = "rawgraph") -> str:
     """DOT text for any graph (a rawgraph Graph, an adopted graph, or a raw ``CUgraph``): kernel
     nodes of rawgraph's node map labelled from their launch, every other node from what the
-    driver returns for it (:func:`rawgraph.nodes.read_graph`)."""
+    driver returns for it (:func:`rawgraph.graphs.nodes.read_graph`)."""
     known = {int(n.handle): n for n in getattr(graph, "nodes", [])}
     if hasattr(graph, "_check_open"):
         graph._check_open()
@@ -119,7 +119,7 @@ def export(graph: Any, path: str | Path, picture: bool = True) -> dict[str, Path
     if hasattr(graph, "debug_dot_print"):
         graph.debug_dot_print(str(out["driver_dot"]), flags)
     else:
-        from .errors import call
+        from ..runtime.errors import call
 
         call(driver.cuGraphDebugDotPrint, getattr(graph, "handle", graph), str(out["driver_dot"]).encode(), flags)
     exe = shutil.which("dot")

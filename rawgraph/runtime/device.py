@@ -230,7 +230,7 @@ def pointer_device(ptr: int) -> int | None:
 
 def pointer_is_device_memory(ptr: int) -> bool:
     """True for device (or managed) memory, False for host or unknown memory (raises
-    :class:`~rawgraph.errors.CudaError` as :func:`pointer_device` does)."""
+    :class:`~rawgraph.runtime.errors.CudaError` as :func:`pointer_device` does)."""
     kind = _pointer_attribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr)
     if kind is None:
         return False

@@ -18,12 +18,13 @@ from cuda.bindings import driver
 
 from . import _capturing
 from .device import Device, get_device
-from .errors import ClosedError, NotOnDeviceError, ReleaseWarning, call, cuda_error, error_name
+from .errors import ClosedError, NotOnDeviceError, ReleaseWarning, call, check, cuda_error, error_name
 from .resource import Resource, release, shutting_down
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _NOT_READY = driver.CUresult.CUDA_ERROR_NOT_READY
 _NONE = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+_CAPTURE_ACTIVE = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
 
 # Handles with a fixed meaning: 0 and CU_STREAM_LEGACY (1) are the legacy default stream,
 # CU_STREAM_PER_THREAD (2) the per-thread default stream. None of them can be captured.
@@ -244,7 +245,7 @@ class Stream(Resource):
         holders who launched on this stream (an exec's :class:`StreamSet`, ``StreamOrder``) can
         still wait for that work, an event is recorded first (``cuEventRecord``): :attr:`tail`.
         If that record fails the stream is synchronized instead (``cuStreamSynchronize``), and if
-        that fails too the failure is reported as a :class:`~rawgraph.errors.ReleaseWarning`:
+        that fails too the failure is reported as a :class:`~rawgraph.runtime.errors.ReleaseWarning`:
         closing never stops half-way.
         """
         if self._finalizer.alive and self.tail is None and not _capturing.forbids_unsafe_calls():
@@ -297,8 +298,8 @@ class StreamSet:
 
     An exec's replays run on whatever streams its launches named. Whoever holds memory a replay
     reads (a bound array that was just replaced) must wait for those replays to finish before
-    letting it go. :class:`~rawgraph.graph.GraphExec` keeps one of these (``exec.streams``): every
-    :meth:`~rawgraph.graph.GraphExec.launch` notes its stream, one dict lookup.
+    letting it go. :class:`~rawgraph.graphs.graph.GraphExec` keeps one of these (``exec.streams``): every
+    :meth:`~rawgraph.graphs.graph.GraphExec.launch` notes its stream, one dict lookup.
 
     A stream closed since its launch cannot take an event any more; its :attr:`Stream.tail` (the
     event :meth:`Stream.close` recorded) stands for it until that event has fired.
@@ -327,7 +328,7 @@ class StreamSet:
 
         Records an event (``cuEventRecord``) on each open stream, taken from ``pool`` when it holds
         one; a closed stream contributes its tail event until that has fired, then is forgotten.
-        A failed record raises (:class:`~rawgraph.errors.CudaError`) after returning the events
+        A failed record raises (:class:`~rawgraph.runtime.errors.CudaError`) after returning the events
         already taken to ``pool``: nothing is left half-covered.
         """
         owned: list[Event] = []
@@ -463,3 +464,15 @@ class Event(Resource):
         self._check_open()
         end._check_open()
         return float(call(driver.cuEventElapsedTime, self.handle, end.handle))
+
+
+def capture_info(handle: Any) -> tuple[Any, int, Any, tuple[int, ...]]:
+    """``cuStreamGetCaptureInfo`` of a stream: ``(status, capture id, graph, dependencies)``.
+
+    The dependencies are the node handles (as integers) the next node captured on the stream will
+    depend on; the id and graph are meaningful only while the status is ACTIVE.
+    """
+    status, cid, graph, deps, _edges, ndeps = check(driver.cuStreamGetCaptureInfo(handle), "cuStreamGetCaptureInfo")
+    if status != _CAPTURE_ACTIVE:
+        return status, 0, None, ()
+    return status, int(cid), graph, tuple(int(d) for d in list(deps or [])[: int(ndeps)])

@@ -7,7 +7,7 @@ This module reads that struct with :mod:`ctypes` and returns a :class:`DLPackVie
 shape, strides, dtype and device of the data, plus the capsule itself as ``keepalive``.
 
 It deliberately judges nothing about *where* the memory is (host, device, which GPU): that is
-:mod:`rawgraph.memory`'s job, which sits above this module. It only reports ``device_type`` and
+:mod:`rawgraph.runtime.memory`'s job, which sits above this module. It only reports ``device_type`` and
 offers :func:`is_cuda_device` and :func:`contiguous_c` to make that judgement easy.
 
 Ownership
@@ -21,8 +21,8 @@ no code here ever has to call a C function pointer. The one cost: a capsule pass
 must not also be handed to another consumer, which would rename it and free the memory when
 *it* is done.
 
-Only the standard library, NumPy and :mod:`rawgraph.errors` are imported, so
-:mod:`rawgraph.memory` can build on this module without an import cycle.
+Only the standard library, NumPy and :mod:`rawgraph.runtime.errors` are imported, so
+:mod:`rawgraph.runtime.memory` can build on this module without an import cycle.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Adopting graphs rawgraph did not build: PyTorch's, CuPy's, or any raw ``CUgraph``.
 
-An :class:`AdoptedGraph` is a :class:`~rawgraph.graph.Graph` that does not own its handle: it
+An :class:`AdoptedGraph` is a :class:`~rawgraph.graphs.graph.Graph` that does not own its handle: it
 never calls ``cuGraphDestroy`` and keeps the owner (the ``torch.cuda.CUDAGraph``, the
 ``cupy.cuda.Graph``) alive instead, since the owner destroys the graph when it goes. rawgraph then
 instantiates its *own* exec of it (``Graph.instantiate``) and moves the captured static inputs and
-outputs to new buffers by address (:class:`~rawgraph.rebind.AddressRebinder`): no copy into a
+outputs to new buffers by address (:class:`~rawgraph.updates.rebind.AddressRebinder`): no copy into a
 static buffer per replay.
 
 Neither torch nor CuPy is imported by rawgraph: :func:`from_torch` and :func:`from_cupy` take the
@@ -17,9 +17,9 @@ from typing import Any
 
 from cuda.bindings import driver
 
-from .device import Device, get_device
-from .errors import RawgraphError
-from .graph import Graph, GraphExec
+from ..runtime.device import Device, get_device
+from ..runtime.errors import RawgraphError
+from ..graphs.graph import Graph, GraphExec
 from .rebind import AddressRebinder
 
 TORCH_MIN = (2, 8)

@@ -3,7 +3,7 @@ view of anyone's device memory, from ``__cuda_array_interface__``).
 
 Everything that takes an array in rawgraph goes through :func:`as_device_array`, so CuPy arrays,
 PyTorch CUDA tensors and rawgraph's own buffers are accepted the same way, without a copy, and a
-NumPy array gets a clear :class:`~rawgraph.errors.NotOnDeviceError` instead of a crash on the GPU.
+NumPy array gets a clear :class:`~rawgraph.runtime.errors.NotOnDeviceError` instead of a crash on the GPU.
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ def as_device_array(obj: Any, what: str = "array") -> DeviceArray:
 
 
 def _from_dlpack(obj: Any, what: str) -> DeviceArray:
-    """A DLPack producer's tensor as a :class:`DeviceArray`, no copy (see :mod:`rawgraph.dlpack`).
+    """A DLPack producer's tensor as a :class:`DeviceArray`, no copy (see :mod:`rawgraph.runtime.dlpack`).
 
     The producer's device is asked first (``__dlpack_device__``), so a host tensor is refused
     before anything is exported. ``owner`` is ``(obj, capsule)``: the capsule keeps exported

@@ -5,7 +5,7 @@ A :class:`Resource` registers its release call with ``weakref.finalize``: ``clos
 interpreter exit.
 
 A release that fails is never dropped silently: the driver's ``(err,)`` result (or an exception
-from a composite release) becomes a :class:`~rawgraph.errors.ReleaseWarning` naming the call and
+from a composite release) becomes a :class:`~rawgraph.runtime.errors.ReleaseWarning` naming the call and
 the error. The one exception is interpreter exit, where the driver library may already be
 unloaded and a failure says nothing about the program: then releases are quiet.
 """
@@ -72,7 +72,7 @@ def release(name: str, fn: Callable[..., Any], *args: Any) -> None:
     if _capturing.forbids_unsafe_calls() and not shutting_down():
         # A release inside an open capture (garbage collection, or a close() in the capture body)
         # would fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate the capture: run it
-        # when the capture ends (flush_deferred, called by rawgraph.capture after cuStreamEndCapture).
+        # when the capture ends (flush_deferred, called by rawgraph.graphs.capture after cuStreamEndCapture).
         with _deferred_lock:
             _deferred.append((name, fn, args))
         return

@@ -11,17 +11,17 @@ import platform
 
 import numpy as np
 
-from . import __version__
-from .capture import capture_plan
-from .device import get_device
-from .errors import ArrayError
-from .graph import read_node_args
-from .manager import ExecUpdateManager
-from .memory import DeviceBuffer
-from .model import TinyBlock
-from .static import StaticGraph
-from .stream import Stream
-from .timing import stats, synced_us
+from .. import __version__
+from ..graphs.capture import capture_plan
+from ..runtime.device import get_device
+from ..runtime.errors import ArrayError
+from ..graphs.graph import read_node_args
+from ..updates.manager import ExecUpdateManager
+from ..runtime.memory import DeviceBuffer
+from ..models.tinyblock import TinyBlock
+from ..updates.static import StaticGraph
+from ..runtime.stream import Stream
+from ..runtime.timing import stats, synced_us
 
 
 def run(width: int = 128, batch: int = 1, layers: int = 1, form: str = "unfused", rounds: int = 200, seed: int = 83) -> dict:

@@ -19,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from .capture import CaptureMode, DEFAULT_CAPTURE_MODE, capture_branches
-from .device import Device, get_device
-from .errors import ShapeError
-from .graph import Graph
-from .launch import LaunchPlan
-from .model import TinyBlock, reference_forward
-from .resource import Resource
-from .stream import Stream
+from ..graphs.capture import CaptureMode, DEFAULT_CAPTURE_MODE, capture_branches
+from ..runtime.device import Device, get_device
+from ..runtime.errors import ShapeError
+from ..graphs.graph import Graph
+from ..runtime.launch import LaunchPlan
+from .tinyblock import TinyBlock, reference_forward
+from ..runtime.resource import Resource
+from ..runtime.stream import Stream
 
 
 def split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -100,7 +100,7 @@ class TwoBranchBlock(Resource):
 
     def capture(self, plans: tuple[LaunchPlan, LaunchPlan], stream: Any, fork: bool = True,
                 mode: CaptureMode = DEFAULT_CAPTURE_MODE, warmup: bool = True) -> Graph:
-        """Capture both branches into one graph (:func:`~rawgraph.capture.capture_branches`):
+        """Capture both branches into one graph (:func:`~rawgraph.graphs.capture.capture_branches`):
         fork/join (two independent chains) or, with ``fork=False``, linearly (one chain, a then
         b). Keep ``plans`` alive while the graph is used."""
         self._check_open()

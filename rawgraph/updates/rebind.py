@@ -1,7 +1,7 @@
 """Rebinding by address: move every pointer into one buffer to another buffer, in any graph's exec.
 
 For a graph rawgraph did not build there is no node map saying which argument is ``x``. What there
-is: every kernel node's parameter bytes and layout (:mod:`rawgraph.nodes`), and every memcpy /
+is: every kernel node's parameter bytes and layout (:mod:`rawgraph.graphs.nodes`), and every memcpy /
 memset node's addresses. :class:`AddressRebinder` scans them for values inside a buffer's address
 range and moves each match by the same delta (``new + (value - old)``), so a pointer into the
 middle of the buffer stays at the same offset in the new one.
@@ -43,9 +43,9 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from cuda.bindings import driver
 
-from .errors import ClosedError, RawgraphError, RawgraphWarning, call, cuda_error
-from .keepalive import KeepAlive
-from .nodes import ConditionalInfo, KernelInfo, MemcpyInfo, MemsetInfo, NodeInfo, ParamInfo, read_graph, walk
+from ..runtime.errors import ClosedError, RawgraphError, RawgraphWarning, call, cuda_error
+from ..graphs.keepalive import KeepAlive
+from ..graphs.nodes import ConditionalInfo, KernelInfo, MemcpyInfo, MemsetInfo, NodeInfo, ParamInfo, read_graph, walk
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 WORD = 8
@@ -139,7 +139,7 @@ def allocation_of(ptr: int) -> tuple[int, int] | None:
     """``(base, size)`` of the allocation holding ``ptr`` (``cuMemGetAddressRange``), or None
     where the driver knows none (host memory, or an address in no allocation: the driver's
     ``CUDA_ERROR_NOT_FOUND`` / ``..._INVALID_VALUE``). Any other failure raises
-    :class:`~rawgraph.errors.CudaError`: taken for "no allocation", it would skip the bounds check."""
+    :class:`~rawgraph.runtime.errors.CudaError`: taken for "no allocation", it would skip the bounds check."""
     err, base, size = driver.cuMemGetAddressRange(driver.CUdeviceptr(int(ptr)))
     if err in (driver.CUresult.CUDA_ERROR_NOT_FOUND, driver.CUresult.CUDA_ERROR_INVALID_VALUE):
         return None
@@ -392,14 +392,14 @@ class AddressRebinder:
     -----
     Ownership rules, the manager's:
 
-    * a closed rebinder, or one whose :class:`~rawgraph.graph.GraphExec` or
-      :class:`~rawgraph.graph.Graph` was closed, refuses every operation with
-      :class:`~rawgraph.errors.ClosedError` before any driver call (a destroyed handle can be
+    * a closed rebinder, or one whose :class:`~rawgraph.graphs.graph.GraphExec` or
+      :class:`~rawgraph.graphs.graph.Graph` was closed, refuses every operation with
+      :class:`~rawgraph.runtime.errors.ClosedError` before any driver call (a destroyed handle can be
       reused by the next exec: a SetParams on it would rewrite another graph). Raw handles
       (``CUgraphExec``, ``int``) cannot be checked: their owner must outlive the rebinder;
     * the objects passed as ``new`` (a torch tensor, a CuPy array, a rawgraph buffer) are held
       while the exec points into them, then until the replays queued before they were moved away
-      have run (:class:`~rawgraph.keepalive.KeepAlive` over the streams the exec was launched on:
+      have run (:class:`~rawgraph.graphs.keepalive.KeepAlive` over the streams the exec was launched on:
       ``exec.streams`` of a GraphExec, else the streams :meth:`launch` was given). A base address
       given as an ``int`` holds nothing;
     * one thread at a time: every operation holds the rebinder's lock.
@@ -411,8 +411,8 @@ class AddressRebinder:
 
     def __init__(self, graph: Any, exec: Any, expect_layouts: dict[str, Sequence[tuple[int, int]]] | None = None,
                  device: Any = None, own_exec: bool = False):
-        from .device import get_device
-        from .stream import StreamSet
+        from ..runtime.device import get_device
+        from ..runtime.stream import StreamSet
 
         # Liveness of what the driver calls name (rawgraph owners only: raw handles carry none).
         self._alive = tuple(f for f in (getattr(exec, "_finalizer", None), getattr(graph, "_finalizer", None))
@@ -486,7 +486,7 @@ class AddressRebinder:
         """Wait for the queued replays that may read a moved-away buffer, then let go of every
         held object (``cuEventRecord`` + ``cuEventSynchronize`` per stream); the exec too when the
         rebinder owns it. Later operations raise :class:`ClosedError`. Safe twice; a failed wait
-        keeps the objects and warns (:class:`~rawgraph.errors.ReleaseWarning`)."""
+        keeps the objects and warns (:class:`~rawgraph.runtime.errors.ReleaseWarning`)."""
         with self._lock:
             if self._closed:
                 return
@@ -876,7 +876,7 @@ class AddressRebinder:
         if hasattr(self.exec, "launch"):
             self.exec.launch(stream)  # notes the stream in exec.streams (our StreamSet)
             return
-        from .stream import as_stream
+        from ..runtime.stream import as_stream
 
         s = as_stream(stream)
         call(driver.cuGraphLaunch, self._exec_handle, s.handle)

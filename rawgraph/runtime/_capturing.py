@@ -7,7 +7,7 @@ Three rules need this knowledge below the capture module:
   one of its captures is active anywhere in the process (:func:`active`);
 - a release that garbage collection runs while a capture is open (a finalizer can fire between
   any two bytecodes) must not call ``cuMemFree`` and friends into it: that fails and invalidates
-  the capture, so :mod:`rawgraph.resource` defers it until the capture ends
+  the capture, so :mod:`rawgraph.runtime.resource` defers it until the capture ends
   (:func:`forbids_unsafe_calls`);
 - a capture body that catches a driver error and carries on must not end with a half-built
   graph, so every rawgraph error raised on a capturing thread is noted on that thread's open

@@ -20,7 +20,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from .errors import ArgumentError, ClosedError, cuda_error
-from .kernels import Kernel
+from .module import Kernel
 from .memory import DeviceArray
 from .stream import stream_handle
 

@@ -13,20 +13,21 @@ from typing import Any
 import numpy as np
 from cuda.bindings import driver
 
-from .capture import DEFAULT_CAPTURE_MODE, CaptureMode, capture_plan
-from .errors import DTypeError, ShapeError, call
-from .graph import Graph, GraphExec
-from .memory import DeviceBuffer, as_device_array
-from .model import TinyBlock
-from .stream import Stream, stream_handle
+from ..graphs.capture import DEFAULT_CAPTURE_MODE, CaptureMode, capture_plan
+from ..runtime.errors import DTypeError, ShapeError, call
+from ..graphs.graph import Graph, GraphExec
+from ..runtime.memory import DeviceBuffer, as_device_array
+from ..runtime.stream import Stream, stream_handle
 
 
 class StaticGraph:
-    """A TinyBlock captured on static input/output buffers.
+    """A model captured on static input/output buffers (PyTorch's way: copy in, replay).
 
     Parameters
     ----------
-    model : TinyBlock
+    model : row-wise model
+        Any object with ``plan(x, out)``, ``batch``, ``width`` and ``device``
+        (:mod:`rawgraph.serving.protocol`), e.g. a :class:`~rawgraph.TinyBlock`.
     stream : Stream
         Used for warm-up, capture and upload.
     mode : CaptureMode
@@ -43,7 +44,7 @@ class StaticGraph:
     exec : GraphExec
     """
 
-    def __init__(self, model: TinyBlock, stream: Stream, mode: CaptureMode = DEFAULT_CAPTURE_MODE, flags: int = 0):
+    def __init__(self, model: Any, stream: Stream, mode: CaptureMode = DEFAULT_CAPTURE_MODE, flags: int = 0):
         shape = (model.batch, model.width)
         self.model = model
         self.static_input = DeviceBuffer(shape, np.float32, model.device)

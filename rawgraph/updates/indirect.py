@@ -8,7 +8,7 @@ stores into pinned memory: no copy of the data, no ``cuGraphExecKernelNodeSetPar
 re-capture. Two placements of the slots (``table=``):
 
 - ``"device"`` (default): the slots live in device memory and the graph begins with a memcpy node
-  that copies them from a pinned host table (:class:`~rawgraph.memory.HostBuffer`) at each replay;
+  that copies them from a pinned host table (:class:`~rawgraph.runtime.memory.HostBuffer`) at each replay;
 - ``"mapped"``: the kernels read the pinned host table itself, over the bus
   (``cuMemHostGetDevicePointer``), and the graph has no extra node.
 
@@ -30,16 +30,15 @@ from typing import Any
 import numpy as np
 from cuda.bindings import driver
 
-from . import ops
-from . import resource as _resource
-from .capture import Capture
-from .errors import ClosedError, LayoutError, ReleaseWarning, call
-from .graph import Graph, GraphExec
-from .launch import LaunchPlan
-from .memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array, check_array
-from .model import TinyBlock
-from .keepalive import KeepAlive
-from .stream import Event, Stream, as_stream
+from .. import ops
+from ..runtime import resource as _resource
+from ..graphs.capture import Capture
+from ..runtime.errors import ClosedError, LayoutError, ReleaseWarning, call
+from ..graphs.graph import Graph, GraphExec
+from ..runtime.launch import LaunchPlan
+from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array, check_array
+from ..graphs.keepalive import KeepAlive
+from ..runtime.stream import Event, Stream, as_stream
 
 TABLE_PLACES = ("device", "mapped")
 SLOTS = ("x", "out")  # slot i of the table holds the pointer of SLOTS[i]
@@ -93,8 +92,9 @@ class IndirectGraph:
 
     Parameters
     ----------
-    model : TinyBlock
-        Form ``fused`` or ``block`` (their kernels take the indirect flags).
+    model : row-wise model
+        One whose kernels take rawgraph's indirect flags (``kernels/rawgraph.cuh``): a
+        :class:`~rawgraph.TinyBlock` of form ``fused`` or ``block``.
     x, out : array-like
         The first input and output, ``(batch, width)`` float32 on the model's device, 16-byte
         aligned (the kernels' vector loads were chosen for aligned operands).
@@ -109,7 +109,7 @@ class IndirectGraph:
     exec : GraphExec
     """
 
-    def __init__(self, model: TinyBlock, x: Any, out: Any, stream: Any, table: str = "device"):
+    def __init__(self, model: Any, x: Any, out: Any, stream: Any, table: str = "device"):
         if table not in TABLE_PLACES:
             raise ValueError(f"table must be one of {TABLE_PLACES}, got {table!r}")
         self.model, self.table_place = model, table
@@ -235,7 +235,7 @@ class IndirectGraph:
         tail event), then release the exec, graph, tables and event; safe twice.
 
         Never stops half-way: if a wait fails, the failure is reported as a
-        :class:`~rawgraph.errors.ReleaseWarning` and everything is still released."""
+        :class:`~rawgraph.runtime.errors.ReleaseWarning` and everything is still released."""
         with self._lock:
             if self._closed:
                 return

@@ -1,0 +1,68 @@
+"""The package's layout: one import direction between subpackages, and the module sizes."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "rawgraph"
+# Lower layers never import higher ones: driver objects, launch builders, graphs, updates,
+# serving and control (side by side, neither importing the other), models, benchmarks.
+LAYERS = {"runtime": 0, "ops": 1, "graphs": 2, "updates": 3, "serving": 4, "control": 4, "models": 5, "bench": 6}
+TOP = 7  # rawgraph/__init__.py, cli.py, __main__.py
+
+
+def _layer(path: Path) -> tuple[str, int]:
+    rel = path.relative_to(PKG)
+    if len(rel.parts) == 1:
+        return "", TOP
+    return rel.parts[0], LAYERS[rel.parts[0]]
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    """(target subpackage, line) of every rawgraph import in a file, relative or absolute."""
+    tree = ast.parse(path.read_text())
+    pkg_parts = list(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = pkg_parts[: len(pkg_parts) - (node.level - 1)]
+            mod = base + (node.module.split(".") if node.module else [])
+            targets = [mod + [a.name] for a in node.names] if not node.module else [mod]
+        elif node.module and node.module.split(".")[0] == "rawgraph":
+            targets = [node.module.split(".")]
+        else:
+            continue
+        for t in targets:
+            if len(t) >= 2 and t[0] == "rawgraph" and t[1] in LAYERS:
+                found.append((t[1], node.lineno))
+    return found
+
+
+SOURCES = sorted(p for p in PKG.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PKG)))
+def test_imports_run_one_way(path):
+    sub, rank = _layer(path)
+    for target, line in _imports(path):
+        if target == sub:
+            continue
+        assert LAYERS[target] < rank, f"{path.relative_to(ROOT)}:{line} imports rawgraph.{target} (a layer not below {sub or 'the top'})"
+
+
+def test_read_back_sits_below_graph():
+    # nodes.py reads any graph back (foreign ones too): it needs only the errors, never Graph,
+    # Capture or the updaters built on it.
+    tree = ast.parse((PKG / "graphs" / "nodes.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
+    assert imported <= {"runtime.errors"}, imported
+
+
+def test_every_subpackage_is_listed_in_pyproject():
+    text = (ROOT / "pyproject.toml").read_text()
+    for sub in LAYERS:
+        assert f'"rawgraph.{sub}"' in text, sub
