@@ -4,13 +4,24 @@ Your own kernel in one call: ``RawKernel(source, name)`` compiles it, calling it
 inside a ``Capture`` the call records which array each argument holds, so ``ExecUpdateManager``
 rebinds the graph by array (``rebind(old, new)``) with no plan written by hand.
 
-The path from array to replay, in the order to read it:
-``memory`` (arrays) -> ``launch`` (packed arguments) -> ``model`` (a launch plan) ->
-``capture`` (graph + node map) -> ``graph`` (exec) -> ``static`` (copy in + replay) or
-``manager`` (re-bind node arguments + replay) -> ``serving`` (bucket graphs, re-shaped graphs,
-slots). Graphs from anywhere: ``nodes`` (read any graph back), ``builder`` (explicit
-construction), ``rebind`` and ``adopt`` (re-bind by address; PyTorch's and CuPy's graphs);
-``control`` (conditional nodes, device graph launch, graph-safe RNG).
+The package, in the order to read it (each layer imports only the ones before it):
+
+- ``runtime``: the driver objects: errors, owned resources, device, memory (arrays from
+  anywhere, DLPack), streams and events, NVRTC and loaded modules, packed launches and launch
+  plans, and ``RawKernel``.
+- ``ops``: launch builders for rawgraph's own kernels (``kernels/*.cu``): the matmul family, the
+  elementwise kernels, row gathers and scatters.
+- ``graphs``: ``Capture`` (graph + node map), ``Graph``/``GraphExec``, the explicit
+  ``GraphBuilder``, reading any graph back (``nodes``), DOT export, keep-alive of what queued
+  replays read.
+- ``updates``: new data into an exec without re-capture: ``ExecUpdateManager`` (re-bind kernel
+  arguments), ``AddressRebinder`` and ``adopt`` (any graph, PyTorch's and CuPy's too),
+  ``IndirectGraph`` (a pointer table in the graph), ``StaticGraph`` (copy in, PyTorch's way).
+- ``serving`` and ``control``: many batch sizes over any row-wise model (buckets, re-shaped graphs,
+  slots; the protocol in ``serving.protocol``), and work decided on the device (conditional nodes,
+  device graph launch, graph-safe RNG, ``DepthLoop``/``NormGate``).
+- ``models``: ``TinyBlock`` and the two-branch block: users of all of the above.
+- ``bench`` and ``cli``: benchmarks and the ``rawgraph`` command.
 """
 
 __version__ = "0.1.0"

@@ -1,0 +1,6 @@
+"""Graphs: made by stream capture or by hand, instantiated, read back, drawn.
+
+``capture`` (``Capture``: graph + node map, fork/join), ``graph`` (``Graph``, ``GraphExec``),
+``builder`` (``GraphBuilder``: every node type), ``nodes`` (read back every node of any graph),
+``dot`` (DOT/PNG), ``keepalive`` (what queued replays read stays alive until they ran).
+"""
