@@ -20,7 +20,8 @@ PLAIN = {"elementwise": ["relu", "add", "empty", "spin", "count_mismatch", "gath
          "control": ["rg_set_cond", "rg_countdown", "rg_axpb", "rg_noop", "rg_depth_init", "rg_select_layer",
                      "rg_layer_advance", "rg_norm_gate"],
          "philox": ["philox_draw", "philox_dropout", "philox_advance"],
-         "device_launch": ["rg_graph_launch", "rg_bump", "rg_snapshot"]}
+         "device_launch": ["rg_graph_launch", "rg_bump", "rg_snapshot"],
+         "device_update": ["rg_du_update_rows", "rg_du_update_table", "rg_du_rows", "rg_du_mark"]}
 
 
 def _matvec_shapes(splits):
