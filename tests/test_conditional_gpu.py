@@ -10,6 +10,7 @@ from cuda.bindings import driver
 from helpers import random_input, rel_err
 from rawgraph import BlockWeights, Capture, DeviceBuffer, ExecUpdateManager, RawgraphError, Stream, TinyBlock, capture_plan
 from rawgraph.control import conditional as cn
+from rawgraph.control.loops import DepthLoop, NormGate
 from rawgraph.graphs.builder import GraphBuilder
 from rawgraph.runtime.errors import RawgraphWarning
 from rawgraph.runtime.memory import POISON_BITS
@@ -116,7 +117,7 @@ def test_while_depth_loop_gives_the_bits_of_plain_graphs_of_each_depth(device, s
     xh = random_input(rng, (batch, width))
     x, out = DeviceBuffer.from_numpy(xh), DeviceBuffer((batch, width))
     model = TinyBlock(width, batch, form=form, weights=weights)
-    loop = cn.DepthLoop(model, x, out, capture=capture, stream=stream)
+    loop = DepthLoop(model, x, out, capture=capture, stream=stream)
     assert loop.graph.node_count() == 4  # memcpy, init, WHILE, memcpy
     plain_out = DeviceBuffer((batch, width))
     ws = weights.numpy(stream)
@@ -144,7 +145,7 @@ def test_norm_gate_skips_the_block_under_the_threshold(device, stream, rng, fact
     xh = random_input(rng, (4, 256))
     x, out = DeviceBuffer.from_numpy(xh), DeviceBuffer((4, 256))
     norm = float(np.linalg.norm(xh.astype(np.float64)))
-    gate = cn.NormGate(model, x, out, threshold=norm * factor)
+    gate = NormGate(model, x, out, threshold=norm * factor)
     out.poison(stream)
     gate.launch(stream)
     got = out.to_numpy(stream)
