@@ -231,3 +231,79 @@ extern "C" __global__ void rg_du_mark(unsigned int* counter)
     rg_du_wait();
     if (threadIdx.x == 0 && blockIdx.x == 0) counter[0] += 1u;
 }
+
+// ------------------------------------------------------------- the head of a device-shaped graph
+// rawgraph.serving.DeviceShapedGraph: one entry per kernel node of the model's plan, 40 bytes, the
+// layout of device_shaped.py's ENTRY_DTYPE:
+//   offset  0  node            the device node handle (cuGraphKernelNodeGetAttribute)
+//   offset  8  grid[3]         the grid the node was captured with (at max_batch rows)
+//   offset 20  axis            the grid axis along rows (0, 1, 2), or -1: grid untouched
+//   offset 24  rows_per_block  rows one block covers along that axis
+//   offset 28  param_offset    byte offset of the node's row-count parameter, or -1: none
+//   offset 32  param_size      4 (int32) or 8 (int64)
+//   offset 36  factor          the parameter's value is n * factor
+struct rg_du_shape_entry {
+    unsigned long long node;
+    unsigned int grid[3];
+    int axis;
+    int rows_per_block;
+    int param_offset;
+    int param_size;
+    int factor;
+};
+static_assert(sizeof(rg_du_shape_entry) == 40, "shape entry size");
+
+// n = *n_live clamped to [0, max_rows]. Per entry (one thread each): grid[axis] =
+// ceil(n / rows_per_block) clamped to [1, the captured grid[axis]], the row-count parameter =
+// n * factor, the node enabled iff n > 0, all in one cudaGraphKernelNodeUpdatesApply; rc[i] = its
+// cudaError_t. rc[count] = the n used (thread 0). Launch with at least `count` threads in total.
+// A node that follows through a programmatic edge sees the updates only after the fence.
+extern "C" __global__ void rg_du_shape(const rg_du_shape_entry* table, int count, const int* n_live, int max_rows,
+                                       int* rc)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    int n = *n_live;
+    n = n < 0 ? 0 : (n > max_rows ? max_rows : n);
+    if (i == 0) rc[count] = n;
+    if (i < count) {
+        const rg_du_shape_entry e = table[i];
+        const cudaGraphDeviceNode_t node = (cudaGraphDeviceNode_t)e.node;
+        rg_du_update u[3];
+        int k = 0;
+        if (e.axis >= 0 && e.axis < 3 && e.rows_per_block > 0) {
+            unsigned int g[3] = {e.grid[0], e.grid[1], e.grid[2]};
+            long long b = ((long long)n + e.rows_per_block - 1) / e.rows_per_block;
+            b = b < 1 ? 1 : (b > (long long)g[e.axis] ? (long long)g[e.axis] : b);
+            g[e.axis] = (unsigned int)b;
+            u[k].node = node;
+            u[k].field = cudaGraphKernelNodeFieldGridDim;
+            u[k].updateData.gridDim = make_uint3(g[0], g[1], g[2]);
+            ++k;
+        }
+        const long long v64 = (long long)n * e.factor;
+        const int v32 = (int)v64;
+        if (e.param_offset >= 0) {
+            if (e.param_size == 8) rg_du_param(u[k++], node, (size_t)e.param_offset, &v64, 8);
+            else rg_du_param(u[k++], node, (size_t)e.param_offset, &v32, 4);
+        }
+        rg_du_enable(u[k++], node, n > 0);
+        rc[i] = rg_du_apply(u, k);
+    }
+    rg_du_fence_and_trigger();
+}
+
+// n_live[0] = how many of table[0 .. count) are >= 0 (a slot table: -1 marks a free slot). One
+// block; the n that a device-shaped graph's head reads, computed inside the same graph.
+extern "C" __global__ void rg_du_count_live(const int* table, int count, int* n_live)
+{
+    __shared__ int total;
+    rg_du_wait();
+    if (threadIdx.x == 0) total = 0;
+    __syncthreads();
+    int mine = 0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) mine += table[i] >= 0 ? 1 : 0;
+    if (mine) atomicAdd(&total, mine);
+    __syncthreads();
+    if (threadIdx.x == 0) n_live[0] = total;
+    rg_du_fence_and_trigger();
+}

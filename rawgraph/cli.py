@@ -1,10 +1,11 @@
-"""``rawgraph`` command line: ``info``, ``demo``, ``seed``, ``dot``, ``bench [SUITE]``."""
+"""``rawgraph`` command line: ``info``, ``demo``, ``seed``, ``dot``, ``doctor --demo``, ``bench [SUITE]``."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -122,6 +123,68 @@ def cmd_dot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """``rawgraph doctor --demo``: build one seeded fault per class, check each, print the reports
+    (a rich table when rich is installed) and verify's first diverging node. Exit 0 when every
+    fault is found where it was seeded, 1 otherwise, 2 without a GPU or without ``--demo``."""
+    if not args.demo:
+        print("rawgraph doctor: only --demo runs from the command line; examine your own graphs with "
+              "rawgraph.doctor.check(graph)", file=sys.stderr)
+        return 2
+    if not _need_gpu():
+        return 2
+    import json
+
+    from .doctor import faults
+    from .doctor.verify import verify
+    from .runtime.stream import Stream
+
+    try:
+        from rich.console import Console
+
+        console: Any = Console()
+    except ImportError:
+        console = None
+    missed: list[str] = []
+    out: dict[str, Any] = {}
+    with Stream() as stream:
+        made = faults.all_faults(stream, torch=not args.no_torch, cupy=not args.no_cupy)
+        try:
+            for fault in made:
+                report = fault.check()
+                hit = [f for f in report.findings if f.cls == fault.cls and f.path == fault.node]
+                status = "found" if hit else "MISSED"
+                if not hit:
+                    missed.append(fault.name)
+                title = f"{fault.cls} {fault.name}: {fault.story} -> {status} at node {fault.node}"
+                out[fault.name] = {"story": fault.story, "found": bool(hit), **report.to_dict()}
+                if args.json:
+                    continue
+                if console is not None:
+                    console.rule(title)
+                    console.print(report.rich_table())
+                else:
+                    print(f"== {title}")
+                    print(report)
+        finally:
+            for fault in made:
+                fault.close()
+        wrong = faults.wrong_argument(stream)
+        try:
+            res = verify(wrong.exec, stream)
+        finally:
+            wrong.close()
+        out["verify"] = {"ok": res.ok, "node": res.node, "node_label": res.node_label, "text": str(res)}
+        if res.node != 1:
+            missed.append("verify")
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"verify (middle kernel given another constant by cuGraphExecKernelNodeSetParams): {res}")
+        print("every seeded fault found" if not missed else f"MISSED: {', '.join(missed)}")
+    return 0 if not missed else 1
+
+
 def _bench_help() -> str:
     default = next(iter(BENCH_SUITES))
     suites = ", ".join(f"{name} ({'default; ' if name == default else ''}{help_})" for name, (_mod, help_) in BENCH_SUITES.items())
@@ -185,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "dot":
             s.add_argument("--output", default="tinyblock_graph")
         s.set_defaults(fn=fn)
+    s = sub.add_parser("doctor", help="the graph doctor: --demo builds one seeded fault per class and reports it")
+    s.add_argument("--demo", action="store_true", help="build the seeded faults, check them, print the reports")
+    s.add_argument("--json", action="store_true", help="print the reports as JSON")
+    s.add_argument("--no-torch", action="store_true", help="skip the PyTorch faults")
+    s.add_argument("--no-cupy", action="store_true", help="skip the CuPy fault")
+    s.set_defaults(fn=cmd_doctor)
     s = sub.add_parser("seed", help="the seed note's static-address experiment at driver level")
     s.set_defaults(fn=cmd_seed)
     s = sub.add_parser("bench", add_help=False,

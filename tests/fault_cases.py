@@ -816,7 +816,8 @@ def _step_check(st: dict) -> None:
     if pool.mode == "copy":
         assert FAKE.read(pool.table_dev.ptr, 4 * b) == pool.table[:b].tobytes()
     if pool.mode == "params":
-        for node, _params, table in pool._pushes[b]:
+        shadow, tables = pool._pushes[b]
+        for node, table in zip(shadow.handles, tables):
             k = held_kernel(pool.execs[b], node)
             layout = FAKE.layout(k["func"])
             off, size = layout[[n for n, _ in pool._edges[b][0].args.spec].index("table")]

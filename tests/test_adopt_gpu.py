@@ -11,7 +11,7 @@ from helpers import rel_err
 from rawgraph import Stream
 from rawgraph.runtime.errors import RawgraphError
 from rawgraph.graphs.nodes import KernelInfo
-from rawgraph.updates.rebind import InteriorPointerWarning
+from rawgraph.updates.addresses import InteriorPointerWarning
 
 pytestmark = pytest.mark.gpu
 REBINDS = 1000

@@ -21,7 +21,8 @@ PLAIN = {"elementwise": ["relu", "add", "empty", "spin", "count_mismatch", "gath
                      "rg_layer_advance", "rg_norm_gate"],
          "philox": ["philox_draw", "philox_dropout", "philox_advance"],
          "device_launch": ["rg_graph_launch", "rg_bump", "rg_snapshot"],
-         "device_update": ["rg_du_update_rows", "rg_du_update_table", "rg_du_rows", "rg_du_mark"]}
+         "device_update": ["rg_du_update_rows", "rg_du_update_table", "rg_du_rows", "rg_du_mark", "rg_du_shape",
+                           "rg_du_count_live"]}
 
 
 def _matvec_shapes(splits):
@@ -53,7 +54,18 @@ def block_names(arch):
 
 
 def test_every_source_is_covered():
-    assert sorted(kernel_files()) == sorted(list(PLAIN) + ["matmul", "block", "rows"])
+    assert sorted(kernel_files()) == sorted(list(PLAIN) + ["matmul", "block", "rows", "sgemm"])
+
+
+# Issue 23's fp32 GEMM (benchmarks/gemm_sweep.py times every cut): one cut of each kernel, each
+# epilogue, compiles for Hopper (clusters and named barriers need sm_90).
+SGEMM = [f"sgemm_kernel<{e}, 64, 64, 16, 3, 1, 1>" for e in (0, 1, 2)] + \
+        [f"sgemm_split_kernel<{e}, 128, 64, 16, 3, 2, 2, 1>" for e in (0, 2)]
+
+
+def test_sgemm_cuts_compile_for_sm90():
+    out = compile_source(kernel_source("sgemm"), "sgemm.cu", "sm_90", SGEMM, cache=False)
+    assert set(out.lowered) == set(SGEMM) and all(out.lowered.values())
 
 
 def test_headers_are_spliced_into_the_source():

@@ -10,7 +10,7 @@ import pytest
 
 from rawgraph.updates.adopt import _version
 from rawgraph.graphs.nodes import KernelInfo, ParamInfo, pack_params
-from rawgraph.updates.rebind import RebindError, as_range, scan_words
+from rawgraph.updates.addresses import RebindError, as_range, scan_words
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -420,7 +420,7 @@ def test_foreign_holders_finds_struct_words_and_overlapping_memsets(fake_graph):
     from cuda.bindings import driver as d
 
     from rawgraph.graphs.graph import ForeignNode
-    from rawgraph.updates.rebind import foreign_holders
+    from rawgraph.updates.addresses import foreign_holders
 
     x, out, other = fake_graph["x"], fake_graph["out"], fake_graph["other"]
     graph = SimpleNamespace(handle=0x1, foreign_nodes=[ForeignNode(d.CUgraphNode(0xA1), "KERNEL", ()),
@@ -444,7 +444,7 @@ def test_holders_follow_the_pitch_and_include_recorded_non_kernel_nodes(fake_gra
 
     from cuda.bindings import driver as d
 
-    from rawgraph.updates.rebind import foreign_holders
+    from rawgraph.updates.addresses import foreign_holders
 
     out = fake_graph["out"]
 

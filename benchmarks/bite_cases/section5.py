@@ -46,10 +46,12 @@ CASES = [
     dict(name="s5-manager-pushes-the-conditional-node",
          why="the exec-update manager also pushes the graph's recorded non-kernel nodes (its conditionals)",
          tests=["tests/test_conditional_gpu.py::test_exec_update_leaves_conditional_graphs_alone_but_body_kernels_rebind"],
-         edits=[("rawgraph/updates/manager.py", "        if changed:\n            self.update_calls += len(changed)\n",
-                 "        if changed:\n            self.update_calls += len(changed)\n"
+         edits=[("rawgraph/updates/manager.py",
+                 "        if changed:\n            self._shadow.push(changed, self._unapply, (changed, olds))\n",
+                 "        if changed:\n            self._shadow.push(changed, self._unapply, (changed, olds))\n"
+                 "            from cuda.bindings import driver\n"
                  "            for other, _kind, _detail in getattr(self.graph, \"other_nodes\", ()):\n"
-                 "                setparams(exe, other, changed[0][2])\n")]),
+                 "                driver.cuGraphExecKernelNodeSetParams(self.exec.handle, other, self._params[changed[0]])\n")]),
     # 7
     dict(name="s5-device-launch-modes-swapped",
          why="fire_and_forget and sibling launch with each other's cudaStream_t",

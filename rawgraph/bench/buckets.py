@@ -5,7 +5,8 @@ Strategies (record key ``strategy``): ``eager`` (a plan per size, launched eager
 (a graph per size visited: capture on miss, setup paid once), ``pow2``, ``vllm`` and ``max``
 (bucket graphs over one arena), ``vllm_graphmem`` (the vLLM list with scratch allocated inside
 each graph: the driver's pool), ``rowcount`` (the vLLM list, kernels told the live row count),
-``reshaped`` (one graph re-shaped per step) and ``torch`` (PyTorch bucket graphs of the vLLM list
+``reshaped`` (one graph re-shaped per step), ``device`` (one exec whose grids and row counts a head
+kernel sets on the device at each replay: :class:`~rawgraph.serving.DeviceShapedGraph`) and ``torch`` (PyTorch bucket graphs of the vLLM list
 sharing one ``graph_pool_handle()``, captured largest first, the same weights).
 
 Traces: ``uniform`` (every batch size 1..max, rounds interleaved across strategies) and
@@ -29,6 +30,7 @@ from ..runtime.device import get_device
 from ..runtime.memory import DeviceBuffer
 from ..models.tinyblock import TinyBlock
 from ..serving import BucketGraphs, ReshapedGraph, RowCountBuckets, graph_memory, trim_graph_memory
+from ..serving.device_shaped import DeviceShapedGraph
 from ..serving.graphmem import reset_high_water
 from ..serving.sizes import padding_waste, pick_bucket, powers_of_two, vllm_sizes
 from ..runtime.stream import Stream
@@ -151,6 +153,51 @@ class _TorchBuckets:
         self.outs.clear()
 
 
+class _DeviceShaped:
+    """:class:`DeviceShapedGraph` behind the ``run(x, n)`` of the other strategies."""
+
+    def __init__(self, model: TinyBlock, max_batch: int, stream: Stream):
+        self.dsg = DeviceShapedGraph(model, max_batch=max_batch, stream=stream)
+        self.setup = self.dsg.setup
+        self.memory = {"buffers": self.dsg.nbytes}
+        self.groups = {"one": list(range(1, max_batch + 1))}  # one exec
+
+    def run(self, x: Any, n: int, stream: Any = None) -> Any:
+        return self.dsg.run(n, stream, x=x)
+
+    def close(self) -> None:
+        self.dsg.close()
+
+
+def update_costs(model: TinyBlock, dsg: DeviceShapedGraph, exact: Any, top: int, s: Stream,
+                 rounds: int = 200) -> dict:
+    """The device-side update against the host's: device time of one replay of the device-shaped
+    exec (head + updated nodes) and of the exact-size exec at ``top`` rows (event-timed), their
+    difference per updated node; and the host's ``cuGraphExecKernelNodeSetParams`` per call (the
+    exact exec's nodes pushed their own parameters, median of ``rounds`` passes)."""
+    from cuda.bindings import driver
+
+    from ..runtime.timing import device_us
+
+    nodes = len(dsg.entries)
+    dsg.set_rows(top, s)
+    dev_shaped = stats(device_us(lambda: dsg.replay(s), s, rounds))
+    exe = exact.execs[top]
+    dev_exact = stats(device_us(lambda: exe.launch(s), s, rounds))
+    graph = exact.graphs[top]
+    params = [(node.handle, node.launch.node_params()) for node in graph.nodes]
+    per_call = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for h, p in params:
+            driver.cuGraphExecKernelNodeSetParams(exe.handle, h, p)
+        per_call.append((time.perf_counter() - t0) * 1e6 / max(1, len(params)))
+    s.synchronize()
+    return {"nodes": nodes, "device_shaped_replay_us": dev_shaped, "exact_replay_us": dev_exact,
+            "device_update_us_per_node": (dev_shaped["median"] - dev_exact["median"]) / max(1, nodes),
+            "host_setparams_us_per_call": stats(per_call)}
+
+
 def _time_step(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -194,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         ("vllm_graphmem", lambda: BucketGraphs(model, sizes=vllm, stream=s, scratch="graph"), len(vllm)),
         ("rowcount", lambda: RowCountBuckets(model, sizes=vllm, stream=s), len(vllm)),
         ("reshaped", lambda: ReshapedGraph(model, max_batch=top, stream=s), 1),
+        ("device", lambda: _DeviceShaped(model, top, s), 1),
         ("exact", lambda: BucketGraphs(model, sizes=visited, stream=s), len(visited)),
         ("eager", lambda: _Eager(model, top, s), 0),
     ]
@@ -288,15 +336,21 @@ def main(argv: list[str] | None = None) -> int:
     for name, sizes in (("vllm", vllm), ("pow2", pow2), ("max", [top]), ("exact", visited), ("torch", vllm),
                         ("vllm_graphmem", vllm)):
         waste[name] = {"uniform": padding_waste(sizes, uniform), "decode": padding_waste(sizes, decode)}
-    for name in ("eager", "reshaped", "rowcount"):
+    for name in ("eager", "reshaped", "rowcount", "device"):
         waste[name] = {"uniform": 0.0, "decode": 0.0}
+    device_update: dict = {}
+    if "device" in strategies and "exact" in strategies:
+        try:
+            device_update = update_costs(model, strategies["device"].dsg, strategies["exact"], top, s)
+        except Exception as exc:  # reported as a finding
+            findings.append(f"device update costs not measured: {type(exc).__name__}: {exc}")
     result = {
         "env": environment(torch=getattr(torch, "__version__", None)),
         "config": {"width": args.width, "layers": args.layers, "form": args.form, "max_batch": top,
                    "rounds": args.rounds, "decode_steps": args.steps, "rate": args.rate, "mean_len": args.mean_len,
                    "seed": args.seed},
         "strategies": info, "uniform": {name: {str(n): v for n, v in per_n[name].items()} for name in names},
-        "decode": decode_summary, "decode_trace": decode, "decode_requests_finished": requests, "padding_waste": waste, "findings": findings,
+        "decode": decode_summary, "decode_trace": decode, "decode_requests_finished": requests, "padding_waste": waste, "device_update": device_update, "findings": findings,
         "weights_bytes": model.block_weights.nbytes, "wall_s": time.perf_counter() - t_start,
     }
     result["targets"] = targets(result)
@@ -361,6 +415,21 @@ def targets(result: dict) -> list[dict]:
         r = med("vllm", worst) / med("torch", worst)
         out.append({"target": "latency: vLLM bucket step <= 0.75x PyTorch buckets at every n <= 64", "value": r,
                     "limit": 0.75, "met": r <= 0.75, "worst_n": worst})
+    if "device" in info and "vllm" in info:
+        ratio = info["device"]["memory"]["device_growth"] / max(1, info["vllm"]["memory"]["device_growth"])
+        out.append({"target": f"memory: device-shaped (1 exec) <= 0.1x the vLLM buckets ({info['vllm']['buckets']})",
+                    "value": ratio, "limit": 0.1, "met": ratio <= 0.1})
+        keys = ("capture", "instantiate", "warmup", "upload", "attributes")
+        ours = sum(info["device"]["setup_s"].get(k, 0.0) for k in keys)
+        theirs = sum(info["vllm"]["setup_s"].get(k, 0.0) for k in keys)
+        out.append({"target": "setup: device-shaped <= 0.1x the vLLM buckets", "value": ours / max(theirs, 1e-12),
+                    "limit": 0.1, "met": ours <= 0.1 * theirs})
+    if "device" in uni and "exact" in uni:
+        ns = [int(n) for n in uni["device"] if n in uni["exact"]]
+        worst = max(ns, key=lambda n: med("device", n) / med("exact", n))
+        r = med("device", worst) / med("exact", worst)
+        out.append({"target": "latency: device-shaped step <= 1.05x exact-size graph at every n", "value": r,
+                    "limit": 1.05, "met": r <= 1.05, "worst_n": worst})
     return out
 
 
@@ -384,6 +453,13 @@ def report(result: dict) -> str:
     for name in uni:
         vals = [uni[name].get(str(n), {}).get("median", float("nan")) for n in (1, 9, 17, 64, 100, 129, 256)]
         lines.append(f"  {name:14s} " + " ".join(f"{v:8.1f}" for v in vals))
+    du = result.get("device_update") or {}
+    if du:
+        lines.append("")
+        lines.append(f"device-side update: {du['nodes']} nodes, replay {du['device_shaped_replay_us']['median']:.1f} us "
+                     f"vs exact {du['exact_replay_us']['median']:.1f} us (device time) = "
+                     f"{du['device_update_us_per_node']:.2f} us/node; host cuGraphExecKernelNodeSetParams "
+                     f"{du['host_setparams_us_per_call']['median']:.2f} us/call")
     lines.append("")
     for t in result["targets"]:
         extra = f" (worst n={t['worst_n']})" if "worst_n" in t else ""

@@ -55,7 +55,43 @@ def node_label(info: NodeInfo) -> str:
     return info.kind if info.kind != "host" else "host"
 
 
-def _emit(infos: list[NodeInfo], known: dict[int, Any], lines: list[str], indent: str, graph: Any) -> None:
+# Fill colour of a node carrying a finding of each severity (the worst one wins).
+SEVERITY_COLOURS = {"error": "#ff9999", "warning": "#ffd27f", "info": "#cfe8ff"}
+_SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+
+
+def finding_marks(findings: Any) -> dict[int, tuple[str, list[str]]]:
+    """Per node handle: (fill colour, label lines) for the findings on it.
+
+    ``findings`` is anything iterable of objects with ``node_id``, ``severity``, ``cls`` and
+    ``name`` (``rawgraph.doctor.Finding``; a ``Report`` gives its ``findings``): the graph layer
+    never imports the doctor, it only reads those fields."""
+    items = getattr(findings, "findings", findings) or ()
+    worst: dict[int, str] = {}
+    lines: dict[int, list[str]] = {}
+    for f in items:
+        h = int(f.node_id)
+        sev = str(f.severity)
+        if h not in worst or _SEVERITY_RANK.get(sev, 3) < _SEVERITY_RANK.get(worst[h], 3):
+            worst[h] = sev
+        text = f"! {sev}: {f.cls} {f.name}"
+        if text not in lines.setdefault(h, []):
+            lines[h].append(text)
+    return {h: (SEVERITY_COLOURS.get(worst[h], "#dddddd"), lines[h]) for h in worst}
+
+
+def _style(h: int, marks: dict[int, tuple[str, list[str]]]) -> tuple[list[str], str]:
+    """The label lines and the extra attributes (fill) of node ``h``'s findings."""
+    got = marks.get(h)
+    if got is None:
+        return [], ""
+    colour, extra = got
+    return extra, f', style=filled, fillcolor="{colour}"'
+
+
+def _emit(infos: list[NodeInfo], known: dict[int, Any], lines: list[str], indent: str, graph: Any,
+          marks: dict[int, tuple[str, list[str]]] | None = None) -> None:
+    marks = marks or {}
     for info in infos:
         h = info.id
         node = known.get(h)
@@ -65,10 +101,14 @@ def _emit(infos: list[NodeInfo], known: dict[int, Any], lines: list[str], indent
             label = f"#{node.index} {l.label or l.kernel.short_name}\\n{l.kernel.name}\\ngrid {l.grid} block {l.block}"
             if bound:
                 label += "\\n" + bound
-            lines.append(f'{indent}n{h:x} [label="{label}", kind="kernel"];')
+            extra, fill = _style(h, marks)
+            label += "".join("\\n" + _quote(t)[1:-1] for t in extra)
+            lines.append(f'{indent}n{h:x} [label="{label}", kind="kernel"{fill}];')
             continue
         kind = "foreign_kernel" if info.kind == "kernel" else info.kind
-        lines.append(f"{indent}n{h:x} [label={_quote(node_label(info))}, kind={_quote(kind)}];")
+        extra, fill = _style(h, marks)
+        text = "\\n".join([node_label(info)] + extra)
+        lines.append(f"{indent}n{h:x} [label={_quote(text)}, kind={_quote(kind)}{fill}];")
         bodies: list[tuple[str, list[NodeInfo], int]] = []
         if isinstance(info, ChildGraphInfo):
             bodies.append((f"child graph of n{h:x}", info.nodes, info.child))
@@ -78,7 +118,7 @@ def _emit(infos: list[NodeInfo], known: dict[int, Any], lines: list[str], indent
         for i, (title, body, handle) in enumerate(bodies):
             lines.append(f"{indent}subgraph cluster_{h:x}_{i} {{")
             lines.append(f"{indent}  label={_quote(title)}; style=dashed;")
-            _emit(body, known, lines, indent + "  ", handle)
+            _emit(body, known, lines, indent + "  ", handle, marks)
             for a, b, _kind in graph_edges(driver.CUgraph(handle)):
                 lines.append(f"{indent}  n{a:x} -> n{b:x};")
             if body:  # the node "contains" its body: a dotted edge to the body's first node
@@ -86,10 +126,13 @@ def _emit(infos: list[NodeInfo], known: dict[int, Any], lines: list[str], indent
             lines.append(f"{indent}}}")
 
 
-def to_dot(graph: Any, name: str = "rawgraph") -> str:
+def to_dot(graph: Any, name: str = "rawgraph", findings: Any = None) -> str:
     """DOT text for any graph (a rawgraph Graph, an adopted graph, or a raw ``CUgraph``): kernel
     nodes of rawgraph's node map labelled from their launch, every other node from what the
-    driver returns for it (:func:`rawgraph.graphs.nodes.read_graph`)."""
+    driver returns for it (:func:`rawgraph.graphs.nodes.read_graph`).
+
+    ``findings`` (a ``rawgraph.doctor`` ``Report`` or its findings) colours each node carrying one
+    by its worst severity and adds a line per finding to its label (see :func:`finding_marks`)."""
     known = {int(n.handle): n for n in getattr(graph, "nodes", [])}
     if hasattr(graph, "_check_open"):
         graph._check_open()
@@ -97,7 +140,7 @@ def to_dot(graph: Any, name: str = "rawgraph") -> str:
         graph.device.activate()
     handle = getattr(graph, "handle", graph)
     lines = [f"digraph {_quote(name)} {{", "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']
-    _emit(read_graph(handle), known, lines, "  ", handle)
+    _emit(read_graph(handle), known, lines, "  ", handle, finding_marks(findings) if findings is not None else None)
     for a, b, kind in graph_edges(handle):
         style = ' [style=dashed, label="PDL"]' if kind == "programmatic" else ""
         lines.append(f"  n{a:x} -> n{b:x}{style};")
@@ -105,16 +148,17 @@ def to_dot(graph: Any, name: str = "rawgraph") -> str:
     return "\n".join(lines) + "\n"
 
 
-def export(graph: Any, path: str | Path, picture: bool = True) -> dict[str, Path]:
+def export(graph: Any, path: str | Path, picture: bool = True, findings: Any = None) -> dict[str, Path]:
     """Write ``<path>.dot`` (labelled), ``<path>.driver.dot`` (``cuGraphDebugDotPrint``) and,
-    when Graphviz's ``dot`` is on PATH and ``picture`` is set, ``<path>.png``.
+    when Graphviz's ``dot`` is on PATH and ``picture`` is set, ``<path>.png``; ``findings`` as
+    for :func:`to_dot`.
 
     Returns the paths written.
     """
     base = Path(path)
     base.parent.mkdir(parents=True, exist_ok=True)
     out = {"dot": base.with_suffix(".dot"), "driver_dot": base.with_suffix(".driver.dot")}
-    out["dot"].write_text(to_dot(graph, base.stem))
+    out["dot"].write_text(to_dot(graph, base.stem, findings))
     flags = int(driver.CUgraphDebugDot_flags.CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE)
     if hasattr(graph, "debug_dot_print"):
         graph.debug_dot_print(str(out["driver_dot"]), flags)

@@ -18,6 +18,7 @@ either form); ``block`` sums in another order, so it agrees with them to float t
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -231,6 +232,24 @@ class TinyBlock(Resource):
             return "B", 1
         if launch.kernel.short_name in ("relu", "add") and "n" in names:
             return "n", self.width
+        return None
+
+    def row_grid(self, launch: Any) -> tuple[int, int] | None:
+        """The grid axis along the rows and the rows per block (``rawgraph.serving.protocol``):
+        the matmul kernels tile batch rows on axis 2 (``bt`` rows for ``matvec_kernel`` /
+        ``matvec_split_kernel``, ``GEMM_TILE_M`` for the GEMMs), the block kernel on axis 1 (its
+        ``bt``); relu and add are grid-stride (None)."""
+        name = launch.kernel.name
+        m = re.fullmatch(r"\s*(\w+)\s*<([^>]*)>\s*", name)
+        if m is None:
+            return None
+        base, targs = m.group(1), [t.strip() for t in m.group(2).split(",")]
+        if base in ("matvec_kernel", "matvec_split_kernel") and len(targs) >= 4:
+            return 2, int(targs[3])
+        if base in ("gemm_kernel", "gemm_split_kernel"):
+            return 2, ops.GEMM_TILE_M
+        if base == "block_kernel" and len(targs) == 2:
+            return 1, int(targs[0])
         return None
 
     # -- plans ----------------------------------------------------------------------------

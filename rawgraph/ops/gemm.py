@@ -47,6 +47,7 @@ __all__ = [
     "matmul_shape",
     "matmul_expr",
     "matmul",
+    "routes_rows",
     "BLOCK_MAX_WIDTH",
     "BLOCK_CLUSTER",
     "block_fits",
@@ -326,6 +327,16 @@ def matmul(
         uses["r"] = ArgUse(r, "read")
     name = {"none": "matmul", "relu": "matmul_relu", "add": "matmul_add"}[epilogue]
     return Launch(kernel, shape.grid, (shape.threads, 1, 1), args, uses, smem, label or name)
+
+
+def routes_rows(launch: Launch) -> bool:
+    """Whether ``launch`` runs one of rawgraph's own matmul kernels (``kernels/matmul.cu``), the
+    only ones whose ``rows`` argument is a row table (a user's kernel with an argument of that name
+    is not: writing a table pointer into it would corrupt the launch)."""
+    name = launch.kernel.name
+    if not name.startswith(("matvec_kernel<", "matvec_split_kernel<", "gemm_kernel<", "gemm_split_kernel<")):
+        return False
+    return get_kernel("matmul", name, launch.kernel.module.device) is launch.kernel
 
 
 def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray, wa: DeviceArray, clusters: bool) -> None:

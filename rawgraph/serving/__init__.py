@@ -12,3 +12,4 @@ from .graphmem import graph_memory, trim_graph_memory  # noqa: F401
 from .buckets import BucketGraphs  # noqa: F401
 from .reshape import ReshapedGraph, RowCountBuckets  # noqa: F401
 from .slots import SlotError, SlotPool  # noqa: F401
+from .device_shaped import DeviceShapedError, DeviceShapedGraph  # noqa: F401

@@ -39,7 +39,16 @@ Optional (a class without them still runs everywhere, without the capability):
 ``row_count_arg(launch) -> (name, factor) or None``
     Which scalar argument of one of its plan's launches bounds the rows it touches, and the
     factor from rows to that value (``("n", width)`` for an elementwise kernel over
-    ``rows * width`` values). Needed by :class:`~rawgraph.serving.RowCountBuckets`.
+    ``rows * width`` values). Needed by :class:`~rawgraph.serving.RowCountBuckets` and
+    :class:`~rawgraph.serving.DeviceShapedGraph`.
+``row_grid(launch) -> (axis, rows_per_block) or None``
+    Which grid axis of one of its plan's launches runs along the rows, and how many rows one
+    block covers there: a ``batch``-row plan's launch then has ``ceil(batch / rows_per_block)``
+    blocks on ``axis`` (0, 1 or 2). ``None``: the grid does not follow the rows (a grid-stride
+    elementwise kernel, bounded by its row-count argument alone). Needed by
+    :class:`~rawgraph.serving.DeviceShapedGraph`, whose head kernel sets that axis to cover
+    exactly the live rows; a model without it gets no grid change (its row-count arguments
+    still bound the work).
 ``weights_nbytes`` : int
     Bytes of weights shared by every batch size (memory accounting only).
 ``_check_open()``
@@ -111,6 +120,28 @@ def row_count_arg(model: Any, launch: Launch) -> tuple[str, int]:
     if name not in launch.args.names():
         raise TypeError(f"{type(model).__name__}.row_count_arg names {name!r}, not an argument of {launch.kernel.name}")
     return str(name), int(factor)
+
+
+def row_grid(model: Any, launch: Launch) -> tuple[int, int] | None:
+    """The model's answer to which grid axis of ``launch`` runs along its rows (see the
+    protocol): ``(axis, rows_per_block)``, or None when the model has no ``row_grid`` or says
+    the grid does not follow the rows; a ``TypeError`` for an answer that is not one."""
+    ask = getattr(model, "row_grid", None)
+    found = ask(launch) if ask is not None else None
+    if found is None:
+        return None
+    try:
+        axis, rows_per_block = found
+    except (TypeError, ValueError):
+        raise TypeError(f"{type(model).__name__}.row_grid must give (axis, rows_per_block) or None, "
+                        f"got {found!r}") from None
+    for name, v in (("axis", axis), ("rows_per_block", rows_per_block)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{type(model).__name__}.row_grid gave a non-int {name} {v!r} for {launch.kernel.name}")
+    if not 0 <= axis <= 2 or rows_per_block < 1:
+        raise TypeError(f"{type(model).__name__}.row_grid gave axis {axis}, rows_per_block {rows_per_block} for "
+                        f"{launch.kernel.name}: the axis must be 0, 1 or 2 and a block must cover >= 1 row")
+    return int(axis), int(rows_per_block)
 
 
 class RowScratch(Resource):

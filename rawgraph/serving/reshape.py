@@ -26,16 +26,14 @@ import numpy as np
 from cuda.bindings import driver
 
 from ..graphs.capture import capture_plan
-from ..runtime.errors import ClosedError, LayoutError, RawgraphError, ShapeError, call, cuda_error
+from ..runtime.errors import ClosedError, LayoutError, RawgraphError, ShapeError, call
 from ..updates.manager import ExecUpdateManager
+from ..updates.shadow import ExecShadow
 from ..runtime.memory import DeviceArray, DeviceBuffer
 from .buckets import BucketGraphs, StreamOrder, check_rows
 from .lifecycle import close_all, instantiate_uploaded
 from .protocol import RowwiseModel, check_model, row_count_arg
 from .sizes import pick_bucket
-
-_SUCCESS = driver.CUresult.CUDA_SUCCESS
-
 
 class RowCountBuckets(BucketGraphs):
     """Bucket graphs that also rebind each kernel's row count to the live ``n`` (see the module
@@ -167,6 +165,10 @@ class ReshapedGraph:
         self._group_of: dict[int, tuple] = {b: sig for sig, sizes in self.groups.items() for b in sizes}
         self.graphs: dict[tuple, Any] = {}
         self.execs: dict[tuple, Any] = {}
+        # Per exec, its shadow (rawgraph.updates.shadow): node i's parameters are those of the
+        # size it was re-shaped to last, whose key (function, grid, block, shared memory,
+        # arguments) _current holds.
+        self._shadows: dict[tuple, ExecShadow] = {}
         self._current: dict[tuple, list] = {}
         self._handles: dict[tuple, list] = {}
         for sig, sizes in self.groups.items():
@@ -180,10 +182,12 @@ class ReshapedGraph:
             self.setup["capture"] += clock() - t0
             exe = instantiate_uploaded(graph, s, self.setup)
             self.graphs[sig], self.execs[sig] = graph, exe
-            self._handles[sig] = [n.handle for n in graph.nodes]
+            shadow = self._shadows[sig] = ExecShadow(exe, self.device)
+            for node, params in zip(graph.nodes, self._params[max(sizes)]):
+                shadow.add(node.handle, params)
+            self._handles[sig] = shadow.handles
             self._current[sig] = list(self._keys[max(sizes)])
         self._order = StreamOrder(self.device)
-        self.pushes = 0
         self._row_bytes = self.width * 4
         self._closed = False
 
@@ -204,19 +208,29 @@ class ReshapedGraph:
         self._check_n(n)
         sig = self._group_of[int(n)]
         params, keys, current = self._params[n], self._keys[n], self._current[sig]
-        exe, handles = self.execs[sig].handle, self._handles[sig]
-        setparams = driver.cuGraphExecKernelNodeSetParams
-        self.device.ensure_current()  # a SetParams on a thread with no context crashes
-        pushed = 0
+        shadow = self._shadows[sig]
+        held = shadow.params
+        changed: list[int] = []
+        olds: list[tuple] = []
         for i, key in enumerate(keys):
             if current[i] != key:
-                (err,) = setparams(exe, handles[i], params[i])
-                if err != _SUCCESS:
-                    raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
-                current[i] = key
-                pushed += 1
-        self.pushes += pushed
-        return pushed
+                changed.append(i)
+                olds.append((held[i], current[i]))
+                held[i], current[i] = params[i], key
+        # a refused push puts every node back (_unshape, then the shadow re-pushes those taken)
+        return shadow.push(changed, self._unshape, (sig, changed, olds))
+
+    def _unshape(self, log: tuple) -> None:
+        """Undo of a refused re-shape: each changed node's shadow gets its parameters back."""
+        sig, changed, olds = log
+        held, current = self._shadows[sig].params, self._current[sig]
+        for i, (params, key) in zip(changed, olds):
+            held[i], current[i] = params, key
+
+    @property
+    def pushes(self) -> int:
+        """Node pushes made by :meth:`run` and :meth:`reshape` so far (the shadows' count)."""
+        return sum(shadow.pushes for shadow in self._shadows.values())
 
     def run(self, x: Any, n: int, stream: Any = None) -> DeviceArray:
         """Run the block on the first ``n`` rows of ``x`` (``n`` <= ``max_batch``); returns the

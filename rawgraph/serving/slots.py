@@ -45,11 +45,12 @@ from cuda.bindings import driver
 
 from .. import ops
 from ..graphs.capture import Capture
-from ..runtime.errors import ClosedError, DTypeError, LayoutError, RawgraphError, ShapeError, call, cuda_error
+from ..runtime.errors import ClosedError, DTypeError, LayoutError, RawgraphError, ShapeError, call
 from ..graphs.graph import Graph, GraphExec
 from ..runtime.launch import LaunchPlan
 from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array
 from ..runtime.stream import Event, Stream, as_stream
+from ..updates.shadow import ExecShadow
 from .lifecycle import close_all, instantiate_uploaded
 from .protocol import RowwiseModel, check_model
 from .sizes import check_sizes, pick_bucket, vllm_sizes
@@ -58,13 +59,10 @@ TABLE_MODES = ("graph", "copy", "params")
 GATHER_MODES = ("fused", "kernels")
 
 
-_SUCCESS = driver.CUresult.CUDA_SUCCESS
-
-
 def _routable(plan: LaunchPlan) -> bool:
     """Whether every kernel of ``plan`` touching its input or output takes the row table."""
     names = set(plan.inputs) | set(plan.outputs)
-    return all("rows" in launch.args.names() and arg in ops.ROW_FLAGS
+    return all(ops.routes_rows(launch) and arg in ops.ROW_FLAGS
                for launch in plan.launches for arg, use in launch.uses.items() if use.buffer in names)
 
 
@@ -81,7 +79,7 @@ def _route_rows(plan: LaunchPlan, table: int, state: int) -> int:
         for arg, use in launch.uses.items():
             if use.buffer not in names:
                 continue
-            if "rows" not in launch.args.names() or arg not in ops.ROW_FLAGS:
+            if not ops.routes_rows(launch) or arg not in ops.ROW_FLAGS:
                 raise LayoutError(f"kernel {launch.label!r} cannot pick the rows of its argument {arg!r} through a table")
             todo.append((launch, arg))
     for launch, arg in todo:
@@ -89,6 +87,13 @@ def _route_rows(plan: LaunchPlan, table: int, state: int) -> int:
         launch.args["rows"] = table
         launch.args["flags"] = int(launch.args["flags"]) | ops.ROW_FLAGS[arg]
     return len(todo)
+
+
+def _unsend(log: tuple) -> None:
+    """Undo of a refused table push: each node's by-value table gets what it held back."""
+    tables, olds = log
+    for t, old in zip(tables, olds):
+        t[: len(old)] = old
 
 
 class SlotError(RawgraphError, ValueError):
@@ -177,9 +182,10 @@ class SlotPool:
                  "x": self.x.view(), "y": self.y.view()}
         clock = time.perf_counter
         self.table_dev.copy_from_host(self.table, s)
-        # "params": per bucket, the persistent by-value tables of its gather and scatter nodes and
-        # the CUDA_KERNEL_NODE_PARAMS that push them
-        self._pushes: dict[int, list[tuple[Any, Any, np.ndarray]]] = {}
+        # "params": per bucket, the shadow of its exec (rawgraph.updates.shadow) holding its gather
+        # and scatter nodes, and their persistent by-value tables (what the shadow's
+        # CUDA_KERNEL_NODE_PARAMS point at)
+        self._pushes: dict[int, tuple[ExecShadow, list[np.ndarray]]] = {}
         self._version = 0  # bumped by every join and leave: which table a bucket last received
         self._sent: dict[int, int] = {}
         self._edges: dict[int, list[Any]] = {}
@@ -227,8 +233,10 @@ class SlotPool:
                 exe = instantiate_uploaded(graph, s, self.setup)
                 self.graphs[b], self.execs[b] = graph, exe
                 if table == "params":
-                    self._pushes[b] = [(node.handle, node.launch.node_params(), node.launch.args.array("table"))
-                                       for node in nodes]
+                    shadow = ExecShadow(exe, self.device)
+                    for node in nodes:
+                        shadow.add(node.handle, node.launch.node_params(), node.launch.label)
+                    self._pushes[b] = (shadow, [node.launch.args.array("table") for node in nodes])
                 self._sent[b] = 0
         except BaseException:
             self.close()  # what was made so far: nothing stays allocated after a refusal
@@ -343,13 +351,12 @@ class SlotPool:
             assert b is not None
             if self._pinned is None and self._sent[b] != self._version:
                 if self._pushes:
-                    self.device.ensure_current()  # a SetParams on a thread with no context crashes
-                    exe = self.execs[b].handle
-                    for node, params, table in self._pushes[b]:
-                        table[:b] = self.table[:b]
-                        (err,) = driver.cuGraphExecKernelNodeSetParams(exe, node, params)
-                        if err != _SUCCESS:
-                            raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
+                    shadow, tables = self._pushes[b]
+                    olds = [t[:b].copy() for t in tables]
+                    for t in tables:
+                        t[:b] = self.table[:b]
+                    # a refused push puts the old tables back in both nodes (_unsend)
+                    shadow.push(range(len(tables)), _unsend, (tables, olds))
                     self._sent[b] = self._version
                 else:  # one device table serves every bucket
                     call(driver.cuMemcpyHtoDAsync, self.table_dev.ptr, self.table.ctypes.data, 4 * b, self.stream.handle)

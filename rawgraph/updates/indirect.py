@@ -37,8 +37,8 @@ from ..runtime.errors import ClosedError, LayoutError, ReleaseWarning, call
 from ..graphs.graph import Graph, GraphExec
 from ..runtime.launch import LaunchPlan
 from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array, check_array
-from ..graphs.keepalive import KeepAlive
 from ..runtime.stream import Event, Stream, as_stream
+from .shadow import BaseBinding, ExecShadow
 
 TABLE_PLACES = ("device", "mapped")
 SLOTS = ("x", "out")  # slot i of the table holds the pointer of SLOTS[i]
@@ -68,23 +68,29 @@ def make_indirect(plan: LaunchPlan, slots: dict[str, int]) -> int:
     return len(todo)
 
 
-class IndirectBinding:
-    """An (x, out) pair validated once by :meth:`IndirectGraph.prepare`; it holds both arrays."""
+class IndirectBinding(BaseBinding):
+    """An (x, out) pair validated once by :meth:`IndirectGraph.prepare`; it holds both arrays
+    (``arrays``, its ``holds``) and is applied while both are open (the binding family's one
+    liveness rule, :class:`~rawgraph.updates.shadow.BaseBinding`)."""
 
-    __slots__ = ("graph", "ptrs", "arrays", "owners", "checked_at")
+    __slots__ = ("ptrs",)
 
-    def __init__(self, graph: "IndirectGraph", ptrs: tuple[int, int], arrays: tuple, owners: tuple):
-        self.graph = graph
+    def __init__(self, graph: "IndirectGraph", ptrs: tuple[int, int], arrays: tuple):
+        super().__init__(graph, arrays)
         self.ptrs = ptrs
-        self.arrays = arrays
-        self.owners = owners  # finalizers of DeviceBuffers among the arrays
-        self.checked_at = _resource.release_count
 
-    def _still_open(self) -> bool:
-        if any(fin is not None and not fin.alive for fin in self.owners):
-            return False
-        self.checked_at = _resource.release_count
-        return True
+    @property
+    def graph(self) -> "IndirectGraph":
+        return self.owner
+
+    @property
+    def arrays(self) -> tuple:
+        return self.holds
+
+    @property
+    def owners(self) -> tuple:
+        """Finalizers of the DeviceBuffers among the arrays."""
+        return self.alive
 
 
 class IndirectGraph:
@@ -148,9 +154,11 @@ class IndirectGraph:
         self.exec.upload(s)
         s.synchronize()
         self._bound: tuple = (x, out)
-        # Replaced pairs a queued replay may still read, held until the streams the exec was
-        # launched on (exec.streams, whoever launched) have run past those replays.
-        self._keep = KeepAlive(self.exec.streams, self.device, batch=64)
+        # The exec's shadow (rawgraph.updates.shadow) for its keep-alive: replaced pairs a queued
+        # replay may still read, held until the streams the exec was launched on (exec.streams,
+        # whoever launched) have run past those replays. No node is pushed: the table moves.
+        self._shadow = ExecShadow(self.exec, self.device, batch=64)
+        self._keep = self._shadow.keep
         self._launched = False
         self._closed = False
         self._checked_at = -1
@@ -174,17 +182,16 @@ class IndirectGraph:
         self._check_usable()
         xa, oa = self._check("x", x), self._check("out", out)
         self._check_overlap(xa.ptr, oa.ptr)
-        owners = tuple(a._finalizer if isinstance(a, DeviceBuffer) else None for a in (x, out))
-        return IndirectBinding(self, (xa.ptr, oa.ptr), (x, out), owners)
+        return IndirectBinding(self, (xa.ptr, oa.ptr), (x, out))
 
     def apply(self, binding: IndirectBinding) -> None:
         """Point the next replays at a prepared pair: two stores into the pinned table, once the
         last replay has read it (``cuEventQuery``, ``cuEventSynchronize`` if it has not)."""
-        if binding.graph is not self:
+        if binding.owner is not self:
             raise ValueError("this binding was prepared by another IndirectGraph")
         if self._closed or binding.checked_at != _resource.release_count:
             self._check_usable()
-            if not binding._still_open():
+            if not binding.is_open():
                 raise ClosedError("an array of this binding was closed after it was prepared")
         with self._lock:
             if self._closed:
@@ -193,10 +200,10 @@ class IndirectGraph:
                 self._read.synchronize()  # the host-memory rule: a queued replay has not read it yet
             vx, vo = self._views
             vx.value, vo.value = binding.ptrs
-            if self._bound is not binding.arrays:
+            if self._bound is not binding.holds:
                 # The table holds the new pair now: say so before retiring the old one, which
                 # may fail (a fence not recorded) and keeps it held either way.
-                old, self._bound = self._bound, binding.arrays
+                old, self._bound = self._bound, binding.holds
                 self._keep.retire(old)
 
     def bind(self, x: Any, out: Any) -> None:

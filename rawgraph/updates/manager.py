@@ -8,7 +8,11 @@ that write the output). ``bind(name, array)``:
 2. writes the new pointer into the persistent argument buffers of the affected nodes only;
 3. compares the new pointer with each node's shadow -- the argument buffer that holds exactly what
    the exec holds (the driver has no getter for exec node parameters) -- and calls
-   ``cuGraphExecKernelNodeSetParams`` only for nodes whose arguments actually changed.
+   ``cuGraphExecKernelNodeSetParams`` only for nodes whose arguments actually changed, through the
+   shadow core (:mod:`rawgraph.updates.shadow`), which puts every node back if one is refused.
+
+The checks are in :mod:`rawgraph.updates.validate`, the scalar and grid setters in
+:mod:`rawgraph.updates.setters`.
 
 Only the recorded launches are updated. Foreign nodes (``graph.foreign_nodes``: a CuPy kernel, a
 memset launched straight on the capturing stream) and recorded non-kernel nodes (``graph.other_nodes``:
@@ -27,98 +31,26 @@ reads it.
 from __future__ import annotations
 
 import ctypes
-import functools
 import threading
 import warnings
-import weakref
 from typing import Any, Sequence
 
 import numpy as np
-from cuda.bindings import driver
 
-from ..runtime.errors import ClosedError, ForeignNodeError, LayoutError, RawgraphWarning, ShapeError, cuda_error
+from ..runtime.errors import ClosedError, RawgraphWarning
 from ..graphs.graph import Graph, GraphExec
-from ..runtime.launch import ARG_DTYPES, KernelArgs, check_scalar
 from ..runtime import resource as _resource
-from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
-from .rebind import foreign_holders
-from ..graphs.keepalive import KeepAlive
+from ..runtime.launch import KernelArgs
+from ..runtime.memory import DeviceArray, as_device_array
+from .addresses import foreign_holders
+from .setters import ParamSetters, _locked
+from .shadow import ExecShadow, KernelShadow, finalizers
+from .validate import Binding, BindingChecks
 
-_SUCCESS = driver.CUresult.CUDA_SUCCESS
-
-
-def _locked(method: Any) -> Any:
-    """Run ``method`` holding the manager's lock: the shadow parameters, the bound pointers and the
-    exec change together, so two threads binding at once cannot leave them disagreeing."""
-
-    @functools.wraps(method)
-    def locked(self: "ExecUpdateManager", *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            return method(self, *args, **kwargs)
-
-    return locked
+__all__ = ["Binding", "ExecUpdateManager"]
 
 
-class Binding:
-    """A validated set of arrays for one :class:`ExecUpdateManager`, ready to push.
-
-    Made by :meth:`ExecUpdateManager.prepare` (which holds its arrays strongly: drop the binding
-    to let them go) or kept internally by :meth:`ExecUpdateManager.bind_many` (weakly: the cache
-    keeps nothing alive). Applying it (:meth:`ExecUpdateManager.apply`) writes its pointers into
-    the argument slots of the nodes whose slots hold something else and pushes those nodes.
-
-    Attributes
-    ----------
-    names : tuple of str
-        The bindings it sets, in order.
-    complete : bool
-        It names every bindable buffer of its manager (its overlap check then holds whatever else
-        is bound, so it is not repeated).
-    """
-
-    __slots__ = ("manager", "names", "entries", "nodes", "complete", "values", "refs", "alive", "checked_at",
-                 "pin_epoch", "__weakref__")
-
-    def __init__(self, manager: "ExecUpdateManager", entries: tuple, nodes: tuple, complete: bool):
-        self.manager = manager
-        self.names = tuple(name for name, _ in entries)
-        # (name, (ptr, nbytes)) per array
-        self.entries = entries
-        # per node touched: (node, handle, params, full, idx, vals, views, writes). ``full``: the
-        # pointers of every bindable slot of the node when the set covers them all (else None,
-        # and ``idx``/``vals`` say which slots it sets to what); ``views``: those slots;
-        # ``writes``: (slot, pointer) pairs when ``full`` is known.
-        self.nodes = nodes
-        self.complete = complete
-        self.values: tuple | None = None  # the arrays, held strongly (prepare)
-        self.refs: tuple = ()  # weak references to them (the bind_many cache)
-        self.alive: tuple = ()  # the finalizers of DeviceBuffers among them
-        # resource.release_count when every object named here was last seen open
-        self.checked_at = -1
-        # the manager's pin epoch its entries were checked against (see ExecUpdateManager.adopt)
-        self.pin_epoch = manager._pin_epoch
-
-    def matches(self, values: tuple) -> bool:
-        """The same live objects as when validated (weak identity; no closed DeviceBuffer)."""
-        if len(values) != len(self.refs):
-            return False
-        for ref, obj in zip(self.refs, values):
-            if ref() is not obj:
-                return False
-        return self.checked_at == _resource.release_count or self._still_open()
-
-    def _still_open(self) -> bool:
-        for fin in self.alive:
-            if fin is not None and not fin.alive:
-                return False
-        self.checked_at = _resource.release_count
-        return True
-
-    def __repr__(self) -> str:
-        return f"Binding({', '.join(self.names)}; {len(self.nodes)} nodes)"
-
-
-class ExecUpdateManager:
+class ExecUpdateManager(BindingChecks, ParamSetters):
     """Named buffer bindings over one graph exec.
 
     Parameters
@@ -174,15 +106,17 @@ class ExecUpdateManager:
         self._pin_epoch = -1
         self._pin_foreign(*foreign_holders(graph, self._bound_ptr))
         self._write_names = [n for n in names if "write" in self._roles[n]]
-        # Per-node persistent arguments (copies: binding never disturbs the eager plan) and the
-        # CUDA_KERNEL_NODE_PARAMS pointing at them, built once.
-        self._args: list[KernelArgs] = []
-        self._params: list[Any] = []
-        for node in graph.nodes:
-            args = KernelArgs.from_bytes(node.launch.args.spec, node.captured_args)
-            self._args.append(args)
-            self._params.append(node.launch.node_params(args))
-        self._handles = [n.handle for n in graph.nodes]
+        # The exec's shadow (rawgraph.updates.shadow): per node, persistent arguments (copies:
+        # binding never disturbs the eager plan) and the CUDA_KERNEL_NODE_PARAMS pointing at them,
+        # built once; the streams the exec was launched on (by this manager or anyone else:
+        # GraphExec.launch notes them) and the arrays replaced while replays on them may be queued.
+        self._shadow = shadow = ExecShadow(exec, graph.device, self._BATCH)
+        nodes = [KernelShadow.of_launch(n.handle, n.launch, n.captured_args) for n in graph.nodes]
+        for node in nodes:
+            shadow.add_kernel(node)
+        self._args: list[KernelArgs] = [node.args for node in nodes if node.args is not None]
+        self._params = shadow.params
+        self._handles = shadow.handles
         # Per binding, the argument slots it rewrites grouped by node, as ctypes views into the
         # persistent argument buffers (a .value store costs less than a NumPy item store).
         self._node_slots: dict[str, list[tuple[int, list]]] = {}
@@ -212,12 +146,11 @@ class ExecUpdateManager:
         self._checked_at = -1
         # name -> {id(array): (weakref, ptr, nbytes, owner finalizer or None)}
         self._checked: dict[str, dict[int, tuple]] = {name: {} for name in names}
-        self.update_calls = 0
         self._device = graph.device
-        # The streams the exec was launched on (by this manager or anyone else: GraphExec.launch
-        # notes them) and the arrays replaced while replays on them may still be queued.
-        self._streams = exec.streams
-        self._keep = KeepAlive(exec.streams, graph.device, self._BATCH)
+        # Per binding, the nodes it rewrites (what bind pushes when its pointer changes).
+        self._name_nodes = {name: [node for node, _views in self._node_slots[name]] for name in names}
+        self._streams = shadow.streams
+        self._keep = shadow.keep
         # One thread at a time changes the shadow parameters and the exec (see _locked).
         self._lock = threading.RLock()
         # Liveness of what a driver call here names: the exec (its handle) and the graph (its node
@@ -235,6 +168,11 @@ class ExecUpdateManager:
                           f"({', '.join(unreadable[:4])}): if they use a bound buffer, binding it away leaves them "
                           f"on the old one", RawgraphWarning, stacklevel=3)
 
+    @property
+    def update_calls(self) -> int:
+        """How many ``cuGraphExecKernelNodeSetParams`` calls took (the shadow's count)."""
+        return self._shadow.pushes
+
     def _check_usable(self) -> None:
         if self._closed:
             raise ClosedError("ExecUpdateManager is closed")
@@ -248,38 +186,6 @@ class ExecUpdateManager:
         """The array ``name`` is bound to now (a view; ``owner`` is the object passed to bind)."""
         shape, dtype = self._specs[name]
         return DeviceArray(self._bound_ptr[name][0], shape, dtype, self._bound_obj[name])
-
-    def _resolve(self, name: str, array: Any) -> tuple[int, int]:
-        """``(ptr, nbytes)`` of a checked array (shape, dtype, layout, device).
-
-        Arrays don't change shape or address, so one already checked is remembered per
-        (name, object) -- by weak reference, so the cache keeps nothing alive -- and re-binding it
-        costs a dict lookup. A closed DeviceBuffer fails the lookup and is refused by the full check.
-        """
-        if name not in self.bindings:
-            raise KeyError(f"unknown binding {name!r}; bindable: {sorted(self.bindings)}")
-        cache = self._checked[name]
-        hit = cache.get(id(array))
-        if hit is not None and hit[0]() is array and (hit[3] is None or hit[3].alive):
-            return hit[1], hit[2]
-        shape, dtype = self._specs[name]
-        view = check_array(as_device_array(array, name), shape, dtype, name, self._device)
-        pinned = self._pinned.get(name)
-        if pinned is not None and view.ptr != pinned[0]:
-            raise ForeignNodeError(
-                f"cannot bind {name!r} to another buffer: {', '.join(pinned[1][:4])} of this graph holds an address "
-                f"in it, and the manager updates only the launches it recorded, so that node would keep using "
-                f"the old buffer; move every address at once with rawgraph.updates.rebind.AddressRebinder")
-        try:
-            ref = weakref.ref(array)
-        except TypeError:  # not weak-referenceable: checked every time
-            return view.ptr, view.nbytes
-        owner = view.owner
-        alive = owner._finalizer if isinstance(owner, DeviceBuffer) else None
-        if len(cache) > 1024:
-            cache.clear()
-        cache[id(array)] = (ref, view.ptr, view.nbytes, alive)
-        return view.ptr, view.nbytes
 
     def bind(self, name: str, array: Any) -> int:
         """Point every node argument bound to ``name`` at ``array``; returns driver updates made.
@@ -300,24 +206,15 @@ class ExecUpdateManager:
             ptr, nbytes = hit[1], hit[2]
             if self._writers:
                 self._check_overlap_one(name, ptr, nbytes)
-            old = self._bound_ptr[name][0]
             pushed = 0
-            if ptr != old:
-                self._device.ensure_current()  # a SetParams on a thread with no context crashes
-                setparams = driver.cuGraphExecKernelNodeSetParams
-                exe, handles, params = self.exec.handle, self._handles, self._params
-                done: list[int] = []
+            if ptr != self._bound_ptr[name][0]:
+                node_now = self._node_now
                 for node, views in self._node_slots[name]:
                     for v in views:
                         v.value = ptr
-                    self._node_now[node] = None
-                    (err,) = setparams(exe, handles[node], params[node])
-                    if err != _SUCCESS:
-                        self._roll_back([(name, old)], done)
-                        raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
-                    done.append(node)
-                pushed = len(done)
-                self.update_calls += pushed
+                    node_now[node] = None
+                # a refused push puts the bound pointer back into the slots (_unbind)
+                pushed = self._shadow.push(self._name_nodes[name], self._unbind, name)
                 self._bound_ptr[name] = (ptr, nbytes)
             old_obj = self._bound_obj[name]
             if old_obj is not array:
@@ -325,16 +222,13 @@ class ExecUpdateManager:
                 self._retire(old_obj)
             return pushed
 
-    def _check_overlap_one(self, name: str, ptr: int, nbytes: int) -> None:
-        for wname in self._write_names:
-            if wname == name:
-                for other, (op, on) in self._bound_ptr.items():
-                    if other != name and ptr < op + on and op < ptr + nbytes:
-                        raise LayoutError(f"{name} (written) overlaps {other}")
-            else:
-                wp, wn = self._bound_ptr[wname]
-                if wp < ptr + nbytes and ptr < wp + wn:
-                    raise LayoutError(f"{wname} (written) overlaps {name}")
+    def _unbind(self, name: str) -> None:
+        """Undo of a refused bind: the slots of ``name`` get its bound pointer back."""
+        ptr = self._bound_ptr[name][0]
+        for node, views in self._node_slots[name]:
+            for v in views:
+                v.value = ptr
+            self._node_now[node] = None
 
     @_locked
     def bind_many(self, arrays: dict[str, Any]) -> int:
@@ -403,8 +297,8 @@ class ExecUpdateManager:
         self._check_usable()
         values = tuple(arrays.values())
         binding = self._make_binding(arrays, values)
-        binding.values = values
-        binding.alive = tuple(a._finalizer if isinstance(a, DeviceBuffer) else None for a in values)
+        binding.values = binding.holds = values
+        binding.alive = finalizers(values)
         binding.checked_at = _resource.release_count
         return binding
 
@@ -427,68 +321,22 @@ class ExecUpdateManager:
             if not binding._still_open():
                 raise ClosedError("an array of this Binding was closed after it was prepared")
         if binding.pin_epoch != self._pin_epoch:  # prepared before adopt() read new foreign nodes
-            for name, (ptr, _n) in binding.entries:
-                pinned = self._pinned.get(name)
-                if pinned is not None and ptr != pinned[0]:
-                    raise ForeignNodeError(f"this Binding moves {name!r}, which {', '.join(pinned[1][:4])} of the "
-                                           f"adopted graph holds an address in; the manager cannot move that node")
-            binding.pin_epoch = self._pin_epoch
+            self._check_pins(binding, self._pin_epoch)
         if self._writers and not binding.complete:
             self._check_overlap_with(binding)
         return self._apply(binding, values)
-
-    def _check_overlap_with(self, binding: Binding) -> None:
-        spans = dict(self._bound_ptr)
-        spans.update(binding.entries)
-        self._check_overlap(spans)
-
-    def _make_binding(self, arrays: dict[str, Any], values: tuple) -> Binding:
-        """Validate a set of arrays (refusing before anything changes) and precompute its slots."""
-        entries = tuple((name, self._resolve(name, a)) for name, a in arrays.items())
-        if self._writers:
-            spans = dict(self._bound_ptr)
-            spans.update(entries)
-            self._check_overlap(spans)
-        want: dict[int, list] = {}
-        for name, (ptr, _nb) in entries:
-            for node, positions in self._slot_index[name]:
-                w = want.setdefault(node, [None] * len(self._node_views[node]))
-                for i in positions:
-                    w[i] = ptr
-        nodes = []
-        for node, w in want.items():
-            full = tuple(w) if None not in w else None
-            idx = tuple(i for i, v in enumerate(w) if v is not None)
-            views = self._node_views[node]
-            writes = tuple(zip(views, full)) if full is not None else ()
-            nodes.append((node, self._handles[node], self._params[node], full, idx, tuple(w[i] for i in idx),
-                          views, writes))
-        return Binding(self, entries, tuple(nodes), set(arrays) >= set(self.bindings))
-
-    def _remember(self, key: tuple, binding: Binding, values: tuple) -> None:
-        try:
-            binding.refs = tuple(weakref.ref(a) for a in values)
-        except TypeError:  # an array that cannot be weakly referenced: checked every time
-            return
-        binding.alive = tuple(a._finalizer if isinstance(a, DeviceBuffer) else None for a in values)
-        binding.checked_at = _resource.release_count
-        if len(self._cache) > 4096:
-            self._cache.clear()
-        self._cache[key] = binding
 
     def _apply(self, binding: Binding, values: tuple) -> int:
         """Write a binding's pointers into the nodes whose slots differ and push those nodes.
 
         Per node, the pointers its slots hold are cached as a tuple (the very tuple of the binding
         that put them there, so the common check is one identity test); on a refused push every
-        node is put back.
+        node is put back (_unapply, then the shadow pushes the nodes the driver took again).
         """
-        self._device.ensure_current()  # a SetParams on a thread with no context crashes
-        setparams = driver.cuGraphExecKernelNodeSetParams
-        exe = self.exec.handle
         node_now = self._node_now
-        changed: list = []
-        for node, handle, params, full, idx, vals, views, writes in binding.nodes:
+        changed: list[int] = []
+        olds: list[tuple] = []
+        for node, full, idx, vals, views, writes in binding.nodes:
             now = node_now[node]
             if now is full and now is not None:
                 continue  # this binding's pointers are there already
@@ -511,19 +359,11 @@ class ExecUpdateManager:
                     continue
                 for view, a in zip(views, new):
                     view.value = a
-            changed.append((node, handle, params, now))
+            changed.append(node)
+            olds.append(now)
             node_now[node] = new
-            (err,) = setparams(exe, handle, params)
-            if err != _SUCCESS:
-                for i, (n, h, p, old) in enumerate(reversed(changed)):
-                    for view, a in zip(self._node_views[n], old):
-                        view.value = a
-                    node_now[n] = old
-                    if i:  # the driver took the new values: give it the old ones back
-                        setparams(exe, h, p)
-                raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
         if changed:
-            self.update_calls += len(changed)
+            self._shadow.push(changed, self._unapply, (changed, olds))
         self._bound_ptr.update(binding.entries)
         bound_obj = self._bound_obj
         if self._streams:  # replayed: a replaced array may still be read by queued replays
@@ -538,135 +378,13 @@ class ExecUpdateManager:
             bound_obj.update(zip(binding.names, values))
         return len(changed)
 
-    def _roll_back(self, changed: list[tuple[str, int]], pushed: list[int]) -> None:
-        """Undo a half-done bind: old pointers back into the slots, old parameters back into the
-        nodes the driver already took new ones for."""
-        for name, old in reversed(changed):
-            for node, views in self._node_slots[name]:
-                for v in views:
-                    v.value = old
-                self._node_now[node] = None
-        for node in pushed:
-            driver.cuGraphExecKernelNodeSetParams(self.exec.handle, self._handles[node], self._params[node])
+    def _unapply(self, log: tuple[list[int], list[tuple]]) -> None:
+        """Undo of a refused apply: each changed node's slots get the pointers they held."""
+        for node, old in zip(*log):
+            for view, a in zip(self._node_views[node], old):
+                view.value = a
+            self._node_now[node] = old
 
-    def _check_overlap(self, spans: dict[str, tuple[int, int]]) -> None:
-        for wname in self._write_names:
-            wp, wn = spans[wname]
-            for rname, (rp, rn) in spans.items():
-                if rname != wname and wp < rp + rn and rp < wp + wn:
-                    raise LayoutError(f"{wname} (written) overlaps {rname}")
-
-    # -- scalars and launch shape ---------------------------------------------------------
-    @_locked
-    def set_params(self, node: int, grid: tuple[int, ...] | None = None, **scalars: int | float) -> int:
-        """Change a node's scalar arguments and/or grid in the exec (``cuGraphExecKernelNodeSetParams``).
-
-        The change takes effect for launches made after the call. Pointer arguments are not
-        accepted here (:meth:`bind` validates what they point at); the block size is compiled
-        into the kernels and not accepted either.
-
-        Parameters
-        ----------
-        node : int
-            Node index in capture order.
-        grid : tuple of int, optional
-            New grid (1 to 3 positive ints). For a kernel compiled with fixed cluster dimensions
-            each grid dimension must be a multiple of the cluster's.
-        **scalars
-            New values of scalar arguments (any kind of :data:`~rawgraph.runtime.launch.ARG_DTYPES` but ``ptr``), by name.
-
-        Returns
-        -------
-        int
-            1 when the node was pushed, 0 when nothing changed.
-
-        Raises
-        ------
-        KeyError
-            Unknown node or argument.
-        TypeError
-            A pointer argument, or a value of the wrong type.
-        ShapeError
-            An empty grid, or one that does not fit the kernel's cluster dimensions.
-        """
-        self._check_usable()
-        if not 0 <= node < len(self._args):
-            raise KeyError(f"node {node} is not in this graph (0..{len(self._args) - 1})")
-        args, params = self._args[node], self._params[node]
-        kinds = dict(args.spec)
-        for arg, value in scalars.items():
-            if arg not in kinds:
-                raise KeyError(f"node {node} ({self.graph.nodes[node].launch.kernel.name}) has no argument {arg!r}; "
-                               f"it has {args.names()}")
-            if kinds[arg] == "ptr":
-                raise TypeError(f"{arg!r} is a pointer argument: rebind it with bind() so the array is checked")
-            if kinds[arg] not in ARG_DTYPES:
-                raise TypeError(f"{arg!r} ({kinds[arg]}) is passed by value as an array: edit it with "
-                                "the launch's args.array() and set_params")
-            check_scalar(kinds[arg], value, repr(arg))
-        new_grid = None
-        if grid is not None:
-            new_grid = tuple(int(g) for g in (tuple(grid) + (1, 1))[:3])
-            if len(tuple(grid)) > 3 or min(new_grid) < 1:
-                raise ShapeError(f"grid must be 1 to 3 positive ints, got {grid}")
-            cluster = self.graph.nodes[node].launch.kernel.cluster_dims
-            if any(c and g % c for g, c in zip(new_grid, cluster)):
-                raise ShapeError(f"grid {new_grid} is not a multiple of the kernel's cluster dimensions {cluster}")
-        old_values = {arg: args[arg] for arg in scalars}
-        old_grid = (params.gridDimX, params.gridDimY, params.gridDimZ)
-        if all(old_values[a] == (np.float32(v) if kinds[a] == "f32" else v) for a, v in scalars.items()) and \
-                (new_grid is None or new_grid == old_grid):
-            return 0
-        args.update(scalars)
-        if new_grid is not None:
-            params.gridDimX, params.gridDimY, params.gridDimZ = new_grid
-        self._device.ensure_current()
-        (err,) = driver.cuGraphExecKernelNodeSetParams(self.exec.handle, self._handles[node], params)
-        if err != _SUCCESS:
-            args.update(old_values)
-            params.gridDimX, params.gridDimY, params.gridDimZ = old_grid
-            raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
-        self.update_calls += 1
-        return 1
-
-    def scalar_setter(self, node: int, arg: str) -> Any:
-        """A fast setter for one scalar argument of one node: checked here once (as
-        :meth:`set_params` checks), then each call ``setter(value)`` writes the value and pushes
-        the node only when it changed (``cuGraphExecKernelNodeSetParams``); returns the pushes
-        made (0 or 1). For per-step updates such as a live row count."""
-        self.set_params(node, None, **{arg: self._args[node][arg]})  # validates node, arg and kind
-        args, params, handle = self._args[node], self._params[node], self._handles[node]
-        view = args._views[arg]
-        setparams = driver.cuGraphExecKernelNodeSetParams
-        alive = self._alive
-        device = self._device
-        lock = self._lock
-
-        def setter(value: int | float) -> int:
-            with lock:
-                if self._closed or not (alive[0].alive and alive[1].alive):
-                    self._check_usable()
-                if view[0] == value:
-                    return 0
-                old = view[0].item()
-                view[0] = value
-                device.ensure_current()
-                (err,) = setparams(self.exec.handle, handle, params)
-                if err != _SUCCESS:
-                    view[0] = old
-                    raise cuda_error(err, "cuGraphExecKernelNodeSetParams")
-                self.update_calls += 1
-                return 1
-
-        return setter
-
-    def node_params(self, node: int) -> dict[str, Any]:
-        """What this manager last gave the exec for ``node``: grid and argument values (the
-        driver has no getter for exec node parameters; this is the shadow it keeps)."""
-        p, args = self._params[node], self._args[node]
-        return {"grid": (p.gridDimX, p.gridDimY, p.gridDimZ), **{n: args[n] for n in args.names()}}
-
-    # -- replay ---------------------------------------------------------------------------
     def launch(self, stream: Any) -> None:
         """Replay the exec on ``stream`` (``cuGraphLaunch``; any stream-like object) with the
         current bindings. The stream is remembered, so arrays re-bound later stay alive until
@@ -685,10 +403,10 @@ class ExecUpdateManager:
     _BATCH = 32
 
     def _retire(self, old: Any) -> None:
-        self._keep.retire(old)  # nothing held when the exec was never launched
+        self._shadow.retire(old)  # nothing held when the exec was never launched
 
     def _retire_all(self, objs: list) -> None:
-        self._keep.retire_all(objs)
+        self._shadow.retire_all(objs)
 
     def collect(self) -> int:
         """Cover retired arrays with an event per stream the exec was launched on

@@ -26,10 +26,13 @@ A match is *confirmed* when the 8-byte word lies inside one parameter of at leas
 known layout (``cuFuncGetParamInfo``); otherwise (a word across two parameters, in padding, or no
 layout) a :class:`UnconfirmedMatchWarning` names it, and it is still moved.
 
-The driver has no getter for an exec's parameters, so the rebinder keeps its own copy of what
-every node of the exec holds: a persistent parameter buffer per kernel node (and the memcpy /
-memset parameters), edited in place and pushed with ``cuGraphExecKernelNodeSetParams`` /
-``cuGraphExecMemcpyNodeSetParams`` / ``cuGraphExecMemsetNodeSetParams``, changed nodes only.
+The driver has no getter for an exec's parameters, so the rebinder keeps a copy of what every
+node of the exec holds, in the shadow core (:mod:`rawgraph.updates.shadow`): a persistent
+parameter buffer per kernel node (and the memcpy / memset parameters), edited in place and pushed
+with ``cuGraphExecKernelNodeSetParams`` / ``cuGraphExecMemcpyNodeSetParams`` /
+``cuGraphExecMemsetNodeSetParams``, changed nodes only, rolled back whole when one is refused.
+The scanning itself (:func:`scan_words`, :func:`as_range`, allocation bounds, :class:`Match`) is
+in :mod:`rawgraph.updates.addresses`.
 """
 
 from __future__ import annotations
@@ -37,300 +40,83 @@ from __future__ import annotations
 import ctypes
 import threading
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 from cuda.bindings import driver
 
-from ..runtime.errors import ClosedError, RawgraphError, RawgraphWarning, call, cuda_error
-from ..graphs.keepalive import KeepAlive
-from ..graphs.nodes import ConditionalInfo, KernelInfo, MemcpyInfo, MemsetInfo, NodeInfo, ParamInfo, read_graph, walk
+from ..runtime.errors import ClosedError, call
+from ..graphs.nodes import KernelInfo, MemcpyInfo, MemsetInfo, NodeInfo, read_graph, walk
+from .addresses import (WORD, InteriorPointerWarning, LayoutMismatchError, Match, RebindError,  # noqa: F401
+                        UnconfirmedMatchWarning, WordHit, allocation_of, as_range, check_allocation,
+                        foreign_holders, scan_words)
+from .shadow import BaseBinding, ExecShadow, KernelShadow
 
-_SUCCESS = driver.CUresult.CUDA_SUCCESS
-WORD = 8
 _memmove = ctypes.memmove
 
 
-class RebindError(RawgraphError, ValueError):
-    """A rebind was refused (nothing matched, too small, allocation boundary, unreachable pointer)."""
+class _KernelState(KernelShadow):
+    """What rawgraph knows the exec holds for one kernel node: its shadow (a persistent, editable
+    copy of the parameter bytes, :class:`~rawgraph.updates.shadow.KernelShadow`), what it held at
+    capture, and the same words as bytes (``held``): comparing and copying bytes objects costs
+    tens of nanoseconds where NumPy calls on a 20-word array cost a microsecond each, and an
+    apply runs once per replay."""
 
-
-class LayoutMismatchError(RebindError):
-    """A kernel's parameter layout differs from the one the caller said to expect."""
-
-
-class UnconfirmedMatchWarning(RawgraphWarning):
-    """A matching word sits where the parameter layout cannot confirm it is one pointer."""
-
-
-class InteriorPointerWarning(RawgraphWarning):
-    """A pointer into the middle of a range that is only part of a larger allocation (a pooled
-    tensor): it may belong to another tensor that once lived there (allocator reuse)."""
-
-
-# --------------------------------------------------------------------------- pure scanning
-@dataclass(frozen=True)
-class WordHit:
-    """One 8-byte word of a parameter blob whose value lies in a range.
-
-    ``layout_offset`` is the word's offset in the device-side layout; ``param`` the index of the
-    parameter containing its first byte (None in padding or without layout); ``offset`` its byte
-    offset in that parameter (in the blob when ``param`` is None).
-    """
-
-    layout_offset: int
-    value: int
-    param: int | None
-    offset: int
-    confirmed: bool
-
-
-def scan_words(blob: bytes, layout: Sequence[ParamInfo] | None, lo: int, hi: int) -> list[WordHit]:
-    """Every 8-byte-aligned word of ``blob`` (little-endian) with ``lo <= value < hi``.
-
-    No GPU needed: this is the pure part of matching.
-    """
-    n = len(blob) // WORD
-    if n == 0:
-        return []
-    words = np.frombuffer(bytes(blob[: n * WORD]), dtype="<u8")
-    idx = np.nonzero((words >= np.uint64(lo)) & (words < np.uint64(hi)))[0]
-    hits = []
-    for i in idx.tolist():
-        off = i * WORD
-        param = next((p for p in layout or () if p.offset <= off < p.offset + p.size), None)
-        confirmed = param is not None and param.size >= WORD and off + WORD <= param.offset + param.size
-        hits.append(WordHit(off, int(words[i]), None if param is None else param.index,
-                            off - (param.offset if param is not None else 0), confirmed))
-    return hits
-
-
-def as_range(obj: Any) -> tuple[int, int]:
-    """``(base, nbytes)`` of a buffer: a ``(ptr, nbytes)`` tuple, a rawgraph buffer/array, a torch
-    tensor (``data_ptr``), a CuPy array (``data.ptr``) or anything with ``__cuda_array_interface__``
-    (contiguous)."""
-    if isinstance(obj, tuple) and len(obj) == 2:
-        base, size = int(obj[0]), int(obj[1])
-    elif hasattr(obj, "data_ptr") and hasattr(obj, "element_size"):  # torch.Tensor
-        if hasattr(obj, "is_contiguous") and not obj.is_contiguous():
-            raise RebindError("a non-contiguous tensor is not one address range")
-        base, size = int(obj.data_ptr()), int(obj.numel()) * int(obj.element_size())
-    elif hasattr(obj, "ptr") and hasattr(obj, "nbytes"):  # DeviceBuffer, DeviceArray
-        base, size = int(obj.ptr), int(obj.nbytes)
-    elif hasattr(obj, "data") and hasattr(getattr(obj, "data"), "ptr") and hasattr(obj, "nbytes"):  # CuPy
-        base, size = int(obj.data.ptr), int(obj.nbytes)
-    elif hasattr(obj, "__cuda_array_interface__"):
-        cai = obj.__cuda_array_interface__
-        if cai.get("strides") is not None:
-            raise RebindError("a strided array is not one address range")
-        count = 1
-        for s in cai["shape"]:
-            count *= int(s)
-        base, size = int(cai["data"][0]), count * np.dtype(cai["typestr"]).itemsize
-    else:
-        raise TypeError(f"cannot take an address range from {type(obj).__name__}; pass (ptr, nbytes)")
-    if base <= 0 or size <= 0:
-        raise RebindError(f"empty or null range (0x{base:x}, {size} bytes)")
-    return base, size
-
-
-def allocation_of(ptr: int) -> tuple[int, int] | None:
-    """``(base, size)`` of the allocation holding ``ptr`` (``cuMemGetAddressRange``), or None
-    where the driver knows none (host memory, or an address in no allocation: the driver's
-    ``CUDA_ERROR_NOT_FOUND`` / ``..._INVALID_VALUE``). Any other failure raises
-    :class:`~rawgraph.runtime.errors.CudaError`: taken for "no allocation", it would skip the bounds check."""
-    err, base, size = driver.cuMemGetAddressRange(driver.CUdeviceptr(int(ptr)))
-    if err in (driver.CUresult.CUDA_ERROR_NOT_FOUND, driver.CUresult.CUDA_ERROR_INVALID_VALUE):
-        return None
-    if err != _SUCCESS:
-        raise cuda_error(err, "cuMemGetAddressRange")
-    return int(base), int(size)
-
-
-def check_allocation(base: int, size: int, what: str) -> tuple[int, int] | None:
-    """Refuse a range that runs past the end of the allocation holding its first byte."""
-    alloc = allocation_of(base)
-    if alloc is None:
-        warnings.warn(f"{what} 0x{base:x}: the driver knows no allocation there (cuMemGetAddressRange); "
-                      f"allocation bounds not checked", UnconfirmedMatchWarning, stacklevel=3)
-        return None
-    a, n = alloc
-    if base + size > a + n:
-        raise RebindError(
-            f"{what} [0x{base:x}, +{size}) runs {base + size - (a + n)} bytes past the end of its allocation "
-            f"[0x{a:x}, +{n}): it overlaps another allocation, whose pointers would move too")
-    return alloc
-
-
-# --------------------------------------------------------------------------- nodes nobody updates
-def _span(start: int, width: int, height: int, planes: int, pitch: int, slice_height: int) -> int:
-    """Bytes from ``start`` to the end of the last row a pitched copy or memset touches."""
-    height, planes = max(height, 1), max(planes, 1)
-    if pitch <= 0 or (height == 1 and planes == 1):
-        return max(width, 1)
-    rows = (planes - 1) * max(slice_height, height) + (height - 1)
-    return rows * pitch + max(width, 1)
-
-
-def foreign_holders(graph: Any, spans: dict[str, tuple[int, int]]) -> tuple[dict[str, list[str]], list[str]]:
-    """Which nodes the exec-update manager does not update hold an address in each span (it pins
-    those spans), and which of them cannot be read.
-
-    Those nodes are ``graph.foreign_nodes`` (work the capture did not record) and the recorded
-    non-kernel nodes ``graph.other_nodes``, child graphs and conditional bodies read through. A
-    kernel node holds an address when an 8-byte-aligned word of its parameter bytes
-    (``cuGraphKernelNodeGetParams``, all of them: a struct can carry a pointer too) lies in the
-    span; a memcpy or memset node when the bytes from its first to its last touched byte (every
-    row, at its pitch) overlap it. A kernel whose parameters, or a conditional whose bodies, the driver does not give back is
-    listed as unreadable.
-
-    Parameters
-    ----------
-    graph : Graph (its ``foreign_nodes`` and ``other_nodes``)
-    spans : dict of name -> (ptr, nbytes)
-
-    Returns
-    -------
-    holders : dict of name -> list of str
-        Only names some such node points into; each entry describes the node.
-    unreadable : list of str
-    """
-    kinds = {int(f.handle): "foreign" for f in graph.foreign_nodes}
-    kinds.update({int(h): "recorded" for h, _kind, _detail in getattr(graph, "other_nodes", ())})
-    if not kinds:
-        return {}, []
-    holders: dict[str, list[str]] = {}
-    unreadable: list[str] = []
-
-    def overlaps(start: int, nbytes: int, lo: int, size: int) -> bool:
-        return start < lo + size and lo < start + nbytes
-
-    for top in (info for info in read_graph(graph) if info.id in kinds):
-        for info in walk([top]):
-            label = f"{info.kind}{' ' + info.name if isinstance(info, KernelInfo) else ''}"
-            where = f"{kinds[top.id]} node {info.index} ({label})"
-            for name, (lo, size) in spans.items():
-                if isinstance(info, KernelInfo):
-                    hit = info.params is not None and bool(scan_words(info.params, None, lo, lo + size))
-                elif isinstance(info, MemcpyInfo):
-                    hit = any(kind in ("device", "unified")
-                              and overlaps(addr, _span(addr, info.width, info.height, info.planes, pitch, rows), lo, size)
-                              for addr, kind, pitch, rows in ((info.src, info.src_type, info.src_pitch, info.src_height),
-                                                              (info.dst, info.dst_type, info.dst_pitch, info.dst_height)))
-                elif isinstance(info, MemsetInfo):
-                    width = info.width * max(info.element_size, 1)
-                    hit = overlaps(info.dst, _span(info.dst, width, info.height, 1, info.pitch, 0), lo, size)
-                else:
-                    hit = False
-                if hit:
-                    holders.setdefault(name, []).append(where)
-            if (isinstance(info, KernelInfo) and info.params is None) or (isinstance(info, ConditionalInfo) and info.error):
-                unreadable.append(where)
-    return holders, unreadable
-
-
-# --------------------------------------------------------------------------- matches
-@dataclass(frozen=True)
-class Match:
-    """A place in the exec that holds an address inside the range asked about.
-
-    Attributes
-    ----------
-    node : int
-        The node's handle.
-    node_index : int
-        Position among the graph's top-level nodes (``cuGraphGetNodes`` order).
-    kind : str
-        ``"kernel"``, ``"memcpy.src"``, ``"memcpy.dst"`` or ``"memset"``.
-    name : str
-        The kernel's name (``cuFuncGetName``); ``""`` for memory nodes.
-    param : int or None
-        Parameter index (None where the layout does not say).
-    offset : int
-        Byte offset within the parameter (within the parameter bytes when ``param`` is None).
-    layout_offset : int
-        Byte offset in the device-side parameter layout.
-    value : int
-        The address held now.
-    confirmed : bool
-    reachable : bool
-        False for nodes inside child graphs or conditional bodies: exec updates reach only the
-        top-level nodes, so such a match makes a rebind refuse.
-    """
-
+    info: KernelInfo
     node: int
-    node_index: int
-    kind: str
-    name: str
-    param: int | None
-    offset: int
-    layout_offset: int
-    value: int
-    confirmed: bool = True
-    reachable: bool = True
+    slot: int
+    original: bytes  # the parameter bytes as captured
+    words: np.ndarray  # the shadow's 8-byte words of the device-side layout, as the exec holds them
+    original_words: np.ndarray  # as captured (read-only)
+    held: bytes  # the same words as bytes
+    original_blob: bytes
 
-    def __str__(self) -> str:
-        where = f"param {self.param} +{self.offset}" if self.param is not None else f"bytes +{self.layout_offset}"
-        flag = "" if self.confirmed else " (unconfirmed)"
-        return f"node {self.node_index} {self.kind} {self.name or ''} {where}: 0x{self.value:x}{flag}".replace("  ", " ")
-
-
-class _KernelState:
-    """What rawgraph knows the exec holds for one kernel node: a persistent, editable copy."""
-
-    def __init__(self, info: KernelInfo):
-        self.info = info
+    @classmethod
+    def of_info(cls, info: KernelInfo) -> "_KernelState":
         assert info.params is not None
-        n = len(info.params)
-        self.original = bytes(info.params)
-        self._storage = np.zeros(max(1, (n + WORD - 1) // WORD), dtype=np.uint64)
-        self.bytes = self._storage.view(np.uint8)
-        self.bytes[:n] = np.frombuffer(info.params, dtype=np.uint8)
-        self.words = self._storage  # 8-byte words of the device-side layout, as the exec holds them
-        self.original_words = self._storage.copy()  # as captured
-        self.original_words.setflags(write=False)
-        # The same words as bytes: what the exec holds now and held at capture. Comparing and
-        # copying bytes objects costs tens of nanoseconds where NumPy calls on a 20-word array
-        # cost a microsecond each, and an apply runs once per replay.
-        self.held = self.original_words.tobytes()
-        self.original_blob = self.held
-        self.size = n
-        base = int(self._storage.ctypes.data)
-        self.address = base
-        self.handle, self.node = info.handle, info.id
-        p = driver.CUDA_KERNEL_NODE_PARAMS()
-        p.func = info.func_field
-        p.kern = info.kern
-        p.ctx = info.ctx
-        p.gridDimX, p.gridDimY, p.gridDimZ = info.grid
-        p.blockDimX, p.blockDimY, p.blockDimZ = info.block
-        p.sharedMemBytes = info.shared_mem
-        if info.layout is not None:
-            # kernelParams: one pointer per parameter into the persistent copy (the driver copies
-            # the values during the SetParams call; the copy stays for the next edit).
-            self._table = np.array([base + q.offset for q in info.layout] or [0], dtype=np.uintp)
-            p.kernelParams = int(self._table.ctypes.data)
-            p.extra = 0
-        else:
-            # No layout (an ``extra``-launched node): hand the whole buffer back the same way.
-            self._size = ctypes.c_size_t(n)
-            self._extra = np.array([1, base, 2, ctypes.addressof(self._size), 0], dtype=np.uintp)
-            p.kernelParams = 0
-            p.extra = int(self._extra.ctypes.data)
-        self.params = p
+        offsets = None if info.layout is None else [q.offset for q in info.layout]
+        st = cls.of_bytes(bytes(info.params), offsets, {
+            "handle": info.handle, "func": info.func_field, "kern": info.kern, "ctx": info.ctx, "grid": info.grid,
+            "block": info.block, "shared_mem": info.shared_mem})
+        assert isinstance(st, cls)
+        st.info, st.node = info, info.id
+        st.original = bytes(info.params)
+        st.words = st.storage
+        st.original_words = st.storage.copy()
+        st.original_words.setflags(write=False)
+        st.held = st.original_blob = st.original_words.tobytes()
+        return st
 
-    def current(self) -> bytes:
-        return bytes(self.bytes[: self.size])
+    def write(self, blob: bytes) -> bytes | None:
+        """Put ``blob`` (the whole layout) into the shadow; returns what it held (None: the same)."""
+        before = self.held
+        if blob == before:
+            return None
+        if len(blob) != len(before):  # a binding not made by prepare(): never write past the buffer
+            raise RebindError(f"node {self.info.index} ({self.info.name}): {len(blob)} parameter bytes given, its "
+                              f"layout holds {len(before)}")
+        _memmove(self.address, blob, len(blob))
+        self.held = blob
+        return before
+
+    def restore(self, before: bytes) -> None:
+        _memmove(self.address, before, len(before))
+        self.held = before
+
+    def moved(self) -> bool:
+        return self.held != self.original_blob
 
 
 class _MemState:
     """A memcpy / memset node: the parameters read from the graph (edited in place) and the
     addresses the exec holds now and held at capture."""
 
+    slot: int
+
     def __init__(self, info: NodeInfo, params: Any):
         self.info = info
         self.params = params
+        self.node = info.id
         if isinstance(info, MemcpyInfo):
             self.original = {"src": info.src, "dst": info.dst}
         else:
@@ -338,35 +124,75 @@ class _MemState:
             self.original = {"dst": info.dst}
         self.current = dict(self.original)
 
+    def write(self, sides: dict[str, int]) -> tuple | None:
+        """Move the node's addresses to ``sides`` in its parameters; returns what they were."""
+        want = dict(self.current)
+        want.update(sides)
+        if want == self.current:
+            return None
+        p = self.params
+        before: tuple
+        if isinstance(self.info, MemcpyInfo):
+            before = (self.current, int(p.srcDevice), int(p.dstDevice))
+            # The start address is base + X/Y/Z offsets: move the base by the start's delta.
+            p.srcDevice = before[1] + (want["src"] - self.current["src"])
+            p.dstDevice = before[2] + (want["dst"] - self.current["dst"])
+        else:
+            before = (self.current, int(p.dst))
+            p.dst = want["dst"]
+        self.current = want
+        return before
+
+    def restore(self, before: tuple) -> None:
+        if isinstance(self.info, MemcpyInfo):
+            self.current, self.params.srcDevice, self.params.dstDevice = before
+        else:
+            self.current, self.params.dst = before
+
+    def moved(self) -> bool:
+        return self.current != self.original
+
+
+def _undo(log: list[tuple[Any, Any]]) -> None:
+    """Undo of a refused push: every node state edited gets what it held back."""
+    for st, before in reversed(log):
+        st.restore(before)
+
 
 def _side(kind: str) -> str:
     """The address a memory match names: ``memcpy.src`` -> ``src``; ``memcpy.dst`` and ``memset`` -> ``dst``."""
     return "src" if kind == "memcpy.src" else "dst"
 
 
-@dataclass
-class Binding:
+class AddressBinding(BaseBinding):
     """A prepared, complete assignment for an exec (see :meth:`AddressRebinder.prepare`).
 
     ``kernels``: node id -> the whole parameter layout as 8-byte words; ``memory``: node id ->
     its addresses. Nodes not named hold their captured values once the binding is applied.
+    ``moves``: (old base, size, new base) relative to the captured graph; ``owner``: the token of
+    the rebinder that prepared it (its node ids name that rebinder's exec); ``holds``: the new
+    buffers' objects (the binding keeps them alive, the rebinder while bound).
     """
 
-    kernels: dict[int, np.ndarray]
-    memory: dict[int, dict[str, int]]
-    moves: tuple[tuple[int, int, int], ...]  # (old base, size, new base) relative to the captured graph
-    owner: object = None  # the token of the rebinder that prepared it: its node ids name that rebinder's exec
-    holds: tuple = ()  # the new buffers' objects: the binding keeps them alive, the rebinder while bound
-    blobs: dict[int, bytes] = field(init=False, repr=False)  # kernels' words as bytes, what apply pushes
+    __slots__ = ("kernels", "memory", "moves", "blobs", "nodes")
 
-    nodes: frozenset = field(init=False, repr=False)  # every node it names
-
-    def __post_init__(self) -> None:
+    def __init__(self, kernels: dict[int, np.ndarray], memory: dict[int, dict[str, int]],
+                 moves: tuple[tuple[int, int, int], ...], owner: object = None, holds: tuple = ()):
+        super().__init__(owner, holds)
+        self.kernels = kernels
+        self.memory = memory
+        self.moves = moves
         # Fixed once prepared: apply pushes these bytes, so the arrays must not change under them.
-        for words in self.kernels.values():
+        for words in kernels.values():
             words.setflags(write=False)
-        self.blobs = {node: words.tobytes() for node, words in self.kernels.items()}
-        self.nodes = frozenset(self.kernels) | frozenset(self.memory)
+        self.blobs = {node: words.tobytes() for node, words in kernels.items()}  # what apply pushes
+        self.nodes = frozenset(kernels) | frozenset(memory)  # every node it names
+
+    def __repr__(self) -> str:
+        return f"AddressBinding({len(self.kernels)} kernel nodes, {len(self.memory)} memory nodes, moves={self.moves})"
+
+
+Binding = AddressBinding  # the name this module always gave it
 
 
 class AddressRebinder:
@@ -412,7 +238,6 @@ class AddressRebinder:
     def __init__(self, graph: Any, exec: Any, expect_layouts: dict[str, Sequence[tuple[int, int]]] | None = None,
                  device: Any = None, own_exec: bool = False):
         from ..runtime.device import get_device
-        from ..runtime.stream import StreamSet
 
         # Liveness of what the driver calls name (rawgraph owners only: raw handles carry none).
         self._alive = tuple(f for f in (getattr(exec, "_finalizer", None), getattr(graph, "_finalizer", None))
@@ -424,10 +249,13 @@ class AddressRebinder:
         self.device = (device or getattr(graph, "device", None) or get_device()).activate()
         self.graph = graph
         self.exec = exec
-        self._exec_handle = getattr(exec, "handle", exec)
-        streams = getattr(exec, "streams", None)
-        self._streams = streams if isinstance(streams, StreamSet) else StreamSet()
-        self._keep = KeepAlive(self._streams, self.device)
+        # The exec's shadow (rawgraph.updates.shadow): every kernel, memcpy and memset node's
+        # parameters as the exec holds them, the streams it was launched on (exec.streams of a
+        # GraphExec, else those launch() was given) and the keep-alive over them.
+        self._shadow = shadow = ExecShadow(exec, self.device)
+        self._exec_handle = shadow.handle
+        self._streams = shadow.streams
+        self._keep = shadow.keep
         # Objects the exec may point into now: (base, size, object) of each rebind's new buffer,
         # and the objects of the binding applied last.
         self._rebound: list[tuple[int, int, Any]] = []
@@ -436,7 +264,6 @@ class AddressRebinder:
         self.kernels: dict[int, _KernelState] = {}
         self.memory: dict[int, _MemState] = {}
         self.unreadable: list[KernelInfo] = []
-        self.pushes = 0  # SetParams calls made (kernel and memory nodes)
         self._token = object()  # names this rebinder in its Bindings (an id() can be reused)
         self._dirty: set[int] = set()  # nodes whose exec values differ from the captured ones
         self._last_alloc: tuple[int, int] | None = None  # allocation of the last range checked
@@ -445,11 +272,14 @@ class AddressRebinder:
                 if info.params is None:
                     self.unreadable.append(info)
                     continue
-                self.kernels[info.id] = _KernelState(info)
+                st = self.kernels[info.id] = _KernelState.of_info(info)
+                st.slot = shadow.add_kernel(st, info.name)
             elif isinstance(info, MemcpyInfo):
-                self.memory[info.id] = _MemState(info, call(driver.cuGraphMemcpyNodeGetParams, info.handle))
+                ms = self.memory[info.id] = _MemState(info, call(driver.cuGraphMemcpyNodeGetParams, info.handle))
+                ms.slot = shadow.add(info.handle, ms.params, setter=(self._set_memcpy, "cuGraphExecMemcpyNodeSetParams"))
             elif isinstance(info, MemsetInfo):
-                self.memory[info.id] = _MemState(info, call(driver.cuGraphMemsetNodeGetParams, info.handle))
+                ms = self.memory[info.id] = _MemState(info, call(driver.cuGraphMemsetNodeGetParams, info.handle))
+                ms.slot = shadow.add(info.handle, ms.params, setter=(self._set_memset, "cuGraphExecMemsetNodeSetParams"))
         self._nested = [n for n in walk(self.nodes) if n.depth > 0]
         if self.unreadable:
             names = ", ".join(f"{i.index}:{i.name or '?'} ({i.layout_error or 'no parameter bytes'})" for i in self.unreadable[:4])
@@ -470,6 +300,17 @@ class AddressRebinder:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def pushes(self) -> int:
+        """SetParams calls that took (kernel and memory nodes; the shadow's count)."""
+        return self._shadow.pushes
+
+    def _set_memcpy(self, exe: Any, node: Any, params: Any) -> Any:
+        return driver.cuGraphExecMemcpyNodeSetParams(exe, node, params, self.device.context)
+
+    def _set_memset(self, exe: Any, node: Any, params: Any) -> Any:
+        return driver.cuGraphExecMemsetNodeSetParams(exe, node, params, self.device.context)
 
     @property
     def retained(self) -> list[Any]:
@@ -760,6 +601,8 @@ class AddressRebinder:
             if binding.owner is not self._token:
                 raise RebindError("this binding was prepared by another AddressRebinder: its node ids and captured "
                                   "values belong to that rebinder's graph and exec")
+            if not binding.is_open():
+                raise ClosedError("a buffer of this binding was closed after it was prepared")
             self._push(binding.kernels, binding.memory, restore_others=True, blobs=binding.blobs, named=binding.nodes)
             # Every range now holds the binding's address or its captured one: what earlier
             # rebinds and bindings moved in is no longer pointed at (unless named again).
@@ -773,6 +616,9 @@ class AddressRebinder:
 
     def _push(self, kernels: dict[int, np.ndarray], memory: dict[int, dict[str, int]], restore_others: bool,
               blobs: dict[int, bytes] | None = None, named: frozenset | None = None) -> None:
+        """Write the new values into the node states and push the changed ones through the shadow
+        (a push refused half-way puts every node this call changed back: the exec runs all of
+        its old bindings, never a mix)."""
         if blobs is None:
             blobs = {node: words.tobytes() for node, words in kernels.items()}
         todo: list[tuple[Any, Any]] = []  # (node state, what to give it), in push order
@@ -784,84 +630,23 @@ class AddressRebinder:
                     todo.append((self.memory[node], self.memory[node].original))
         todo += [(self.kernels[node], blob) for node, blob in blobs.items()]
         todo += [(self.memory[node], sides) for node, sides in memory.items()]
-        if todo:
-            self.device.ensure_current()  # a SetParams on a thread with no context crashes
-        done: list[tuple[Any, Any]] = []  # (node state, what it held before this call)
+        log: list[tuple[Any, Any]] = []  # (node state, what it held before this call)
+        slots: list[int] = []
         try:
             for st, value in todo:
-                if isinstance(st, _KernelState):
-                    done.append((st, st.held))
-                    self._push_kernel(st, value)
-                else:
-                    done.append((st, dict(st.current)))
-                    self._push_memory(st, value)
-        except BaseException as exc:
-            # A push refused half-way: give the nodes this call changed their old values back, so
-            # the exec runs all of its old bindings, never a mix (a node the driver refused kept
-            # its old values, and so did its copy: pushing those again is no call at all).
-            for st, before in reversed(done):
-                try:
-                    if isinstance(st, _KernelState):
-                        self._push_kernel(st, before)
-                    else:
-                        self._push_memory(st, before)
-                except Exception as again:  # that node keeps the new values; its copy says so
-                    if hasattr(exc, "add_note"):
-                        exc.add_note(f"rawgraph: putting node {st.info.index} back failed too ({again}); it holds "
-                                     "the new values")
+                before = st.write(value)
+                if before is not None:
+                    log.append((st, before))
+                    slots.append(st.slot)
+        except BaseException:
+            _undo(log)  # a refused write (a forged binding): nothing was pushed yet
             raise
-
-    def _push_kernel(self, st: _KernelState, blob: bytes) -> None:
-        """Copy ``blob`` (the whole layout) into the node's persistent buffer and push it with
-        ``cuGraphExecKernelNodeSetParams``, unless the exec holds exactly these bytes already."""
-        if blob == st.held:
-            return
-        if len(blob) != len(st.held):  # a binding not made by prepare(): never write past the buffer
-            raise RebindError(f"node {st.info.index} ({st.info.name}): {len(blob)} parameter bytes given, its layout "
-                              f"holds {len(st.held)}")
-        _memmove(st.address, blob, len(blob))
-        (err,) = driver.cuGraphExecKernelNodeSetParams(self._exec_handle, st.handle, st.params)
-        if err != _SUCCESS:
-            _memmove(st.address, st.held, len(st.held))  # the exec kept its old values: so does our copy
-            raise cuda_error(err, f"cuGraphExecKernelNodeSetParams({st.info.name})")
-        st.held = blob
-        self.pushes += 1
-        if blob == st.original_blob:
-            self._dirty.discard(st.node)
-        else:
-            self._dirty.add(st.node)
-
-    def _mark(self, node: int, dirty: bool) -> None:
-        if dirty:
-            self._dirty.add(node)
-        else:
-            self._dirty.discard(node)
-
-    def _push_memory(self, st: _MemState, sides: dict[str, int]) -> None:
-        want = dict(st.current)
-        want.update(sides)
-        if want == st.current:
-            return
-        p, ctx = st.params, self.device.context
-        if isinstance(st.info, MemcpyInfo):
-            saved = (int(p.srcDevice), int(p.dstDevice))
-            # The start address is base + X/Y/Z offsets: move the base by the start's delta.
-            p.srcDevice = saved[0] + (want["src"] - st.current["src"])
-            p.dstDevice = saved[1] + (want["dst"] - st.current["dst"])
-            (err,) = driver.cuGraphExecMemcpyNodeSetParams(self._exec_handle, st.info.handle, p, ctx)
-            if err != _SUCCESS:
-                p.srcDevice, p.dstDevice = saved
-                raise cuda_error(err, "cuGraphExecMemcpyNodeSetParams")
-        else:
-            saved_dst = int(p.dst)
-            p.dst = want["dst"]
-            (err,) = driver.cuGraphExecMemsetNodeSetParams(self._exec_handle, st.info.handle, p, ctx)
-            if err != _SUCCESS:
-                p.dst = saved_dst
-                raise cuda_error(err, "cuGraphExecMemsetNodeSetParams")
-        st.current = want
-        self.pushes += 1
-        self._mark(st.info.id, want != st.original)
+        self._shadow.push(slots, _undo, log)
+        for st, _before in log:
+            if st.moved():
+                self._dirty.add(st.node)
+            else:
+                self._dirty.discard(st.node)
 
     def held(self, node: Any) -> bytes:
         """The parameter bytes rawgraph pushed to (or found in) the exec for a kernel node: the
@@ -880,4 +665,4 @@ class AddressRebinder:
 
         s = as_stream(stream)
         call(driver.cuGraphLaunch, self._exec_handle, s.handle)
-        self._streams.note(s)
+        self._shadow.note(s)

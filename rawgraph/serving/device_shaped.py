@@ -1,0 +1,479 @@
+"""One exec for every batch size: the shape decided on the device (device-updatable kernel nodes).
+
+:class:`DeviceShapedGraph` captures a row-wise model's plan once, at ``max_batch`` rows, behind a
+head kernel (``rg_du_shape``, ``kernels/device_update.cu``). At every replay the head reads the
+live row count ``n`` (an int32 in device memory) and, through ``cudaGraphKernelNodeUpdatesApply``
+from the device, changes each node of the plan for this and later replays:
+
+- the grid axis along the rows (the protocol's ``row_grid``) becomes ``ceil(n / rows_per_block)``
+  blocks, so no block exists for padding rows;
+- the row-count argument (the protocol's ``row_count_arg``: ``B`` of the matmul and block kernels,
+  ``n = rows * width`` (int64) of relu and add) becomes ``n * factor``;
+- the node is enabled iff ``n > 0`` (``n = 0`` runs nothing).
+
+Nothing is bucketed, nothing is padded, and the host makes one ``cuGraphLaunch`` per step (plus the
+4-byte copy of ``n`` when the host knows it; a kernel earlier in the same graph may compute it
+instead, see ``prologue`` and ``n_live``).
+
+How it is built (issue 25, ``benchmarks/probes/device_updatable.py``): capture [prologue] -> head
+-> plan, with the head's first successor on a full edge (the plan's first launch is never a PDL
+launch) and the plan's own PDL chain kept; then ``cuGraphKernelNodeSetAttribute(
+CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE)`` on each plan node and
+``cuGraphKernelNodeGetAttribute`` for its device handle; the handle table is written to device
+memory; ``cuGraphInstantiate`` once, ``cuGraphUpload``, replays.
+
+What the driver forbids for a graph holding device-updatable nodes, and what is refused here
+before any driver call (:class:`DeviceShapedError`): a second instantiate of the graph, an exec
+update (``cuGraphExecUpdate``) of or from it, cloning it, and an
+:class:`~rawgraph.ExecUpdateManager` over it (its host ``cuGraphExecKernelNodeSetParams`` would
+silently override the device's updates at the next upload or launch). Tools that reach the exec
+through its raw handle (``AddressRebinder``, ``adopt``) are not stopped: do not point them at it.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from cuda.bindings import driver
+
+from ..graphs.capture import Capture
+from ..graphs.graph import Graph, GraphExec
+from ..runtime.errors import ClosedError, LayoutError, RawgraphError, ShapeError, call
+from ..runtime.launch import KernelArgs, Launch, LaunchPlan
+from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
+from ..runtime.module import get_kernel
+from ..runtime.resource import Resource
+from .buckets import StreamOrder, check_rows
+from .protocol import RowwiseModel, check_model, row_count_arg, row_grid
+
+__all__ = ["DeviceShapedError", "DeviceShapedGraph", "ENTRY_DTYPE", "ShapeEntry", "shape_entries", "pack_table",
+           "grid_for"]
+
+# One entry of the head kernel's table: kernels/device_update.cu's rg_du_shape_entry (40 bytes).
+ENTRY_DTYPE = np.dtype([("node", "<u8"), ("grid", "<u4", (3,)), ("axis", "<i4"), ("rows_per_block", "<i4"),
+                        ("param_offset", "<i4"), ("param_size", "<i4"), ("factor", "<i4")])
+assert ENTRY_DTYPE.itemsize == 40
+
+_INT_KINDS = {"i32": 4, "u32": 4, "i64": 8, "u64": 8}
+_HEAD_THREADS = 256
+_ATTR = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE
+# cuGraphKernelNode{Set,Get}Attribute take a CUkernelNodeAttrID (the launch attribute values under
+# another enum in cuda-bindings 13.x); the launch attribute itself where a binding lacks it.
+_NATTR = getattr(getattr(driver, "CUkernelNodeAttrID", driver.CUlaunchAttributeID),
+                 "CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE", _ATTR)
+
+
+class DeviceShapedError(RawgraphError, ValueError):
+    """An operation the driver forbids on a graph with device-updatable kernel nodes (a second
+    instantiate, an exec update, a clone, host parameter pushes through an update manager),
+    refused before any driver call."""
+
+
+# ----------------------------------------------------------------------- the table (no GPU)
+@dataclass(frozen=True)
+class ShapeEntry:
+    """What the head kernel does to one node of the plan.
+
+    index: the launch's position in the plan; grid: its captured (``max_batch``-row) grid; axis:
+    the grid axis along the rows (-1: grid untouched) and rows_per_block; param: the row-count
+    argument's name, its byte offset and size in the parameter buffer, and the factor rows -> value.
+    """
+
+    index: int
+    label: str
+    kernel: str
+    grid: tuple[int, int, int]
+    axis: int
+    rows_per_block: int
+    param: str
+    param_offset: int
+    param_size: int
+    factor: int
+
+
+def grid_for(entry: ShapeEntry, n: int) -> tuple[int, int, int]:
+    """The grid the head gives ``entry``'s node for ``n`` live rows (what ``rg_du_shape``
+    computes; ``n = 0`` keeps one block on the axis, the node being disabled then)."""
+    g = list(entry.grid)
+    if entry.axis >= 0:
+        g[entry.axis] = max(1, min(-(-int(n) // entry.rows_per_block), entry.grid[entry.axis]))
+    return (g[0], g[1], g[2])
+
+
+def shape_entries(model: Any, launches: Sequence[Launch], max_batch: int) -> list[ShapeEntry]:
+    """One :class:`ShapeEntry` per launch of ``model``'s ``max_batch``-row plan, checked against
+    the launches: a row-grid axis must hold ``ceil(max_batch / rows_per_block)`` blocks and carry
+    no compiled-in cluster dimension above 1, every launch must name an integer row-count
+    argument (4 or 8 bytes) holding ``max_batch * factor``.
+
+    Raises
+    ------
+    TypeError
+        A launch whose row count the model cannot name, or an answer of the wrong form.
+    ShapeError
+        An answer the launch contradicts.
+    """
+    entries = []
+    for i, launch in enumerate(launches):
+        name, factor = row_count_arg(model, launch)
+        kind = dict(launch.args.spec)[name]
+        if kind not in _INT_KINDS:
+            raise TypeError(f"{launch.kernel.name}: row-count argument {name} is a {kind}, not a 4- or 8-byte int")
+        if factor < 1:
+            raise ShapeError(f"{launch.kernel.name}: row-count factor {factor} must be >= 1")
+        held = launch.args[name]
+        if held != max_batch * factor:
+            raise ShapeError(f"{launch.kernel.name}: row-count argument {name} holds {held}, expected "
+                             f"max_batch * factor = {max_batch} * {factor}")
+        if kind in ("i32", "u32") and max_batch * factor >= 2 ** 31:
+            raise ShapeError(f"{launch.kernel.name}: {max_batch} * {factor} does not fit its int32 {name}")
+        rg = row_grid(model, launch)
+        axis, rpb = (-1, 0) if rg is None else rg
+        if rg is not None:
+            want = -(-max_batch // rpb)
+            if launch.grid[axis] != want:
+                raise ShapeError(f"{launch.kernel.name}: row_grid says axis {axis} with {rpb} rows per block, so "
+                                 f"{want} blocks for {max_batch} rows, but the launch has grid {launch.grid}")
+            cluster = getattr(launch.kernel, "cluster_dims", (0, 0, 0))
+            if cluster[axis] > 1:
+                raise ShapeError(f"{launch.kernel.name}: its grid axis {axis} carries cluster dimension "
+                                 f"{cluster[axis]}; a row count would not stay a multiple of it")
+        entries.append(ShapeEntry(i, launch.label, launch.kernel.name, tuple(launch.grid), axis, rpb,  # type: ignore[arg-type]
+                                  name, int(launch.args.offsets[name]), _INT_KINDS[kind], int(factor)))
+    return entries
+
+
+def pack_table(entries: Sequence[ShapeEntry], handles: Sequence[int]) -> np.ndarray:
+    """The head kernel's table: ``entries`` with each node's device handle."""
+    if len(handles) != len(entries):
+        raise ValueError(f"{len(entries)} entries, {len(handles)} device node handles")
+    table = np.zeros(len(entries), ENTRY_DTYPE)
+    for row, e, h in zip(table, entries, handles):
+        row["node"] = int(h)
+        row["grid"] = e.grid
+        row["axis"], row["rows_per_block"] = e.axis, e.rows_per_block
+        row["param_offset"], row["param_size"], row["factor"] = e.param_offset, e.param_size, e.factor
+    return table
+
+
+# ------------------------------------------------------------------- graph and exec, guarded
+class _UpdatableGraph(Graph):
+    """A graph holding device-updatable nodes: one live exec at a time, no update, no clone, no
+    plan for an update manager (the captured graph's class is switched to this one)."""
+
+    _exec_ref: Any = None
+
+    @property  # type: ignore[override]
+    def plan(self) -> LaunchPlan | None:
+        raise DeviceShapedError("this graph holds device-updatable kernel nodes: host updates of its exec "
+                                "(ExecUpdateManager, cuGraphExecKernelNodeSetParams) would override the device's "
+                                "updates; re-shape it through DeviceShapedGraph.set_rows / run")
+
+    @plan.setter
+    def plan(self, value: Any) -> None:
+        pass  # Graph.__init__ sets None; nothing else may give this graph a plan
+
+    def instantiate(self, flags: int = 0) -> GraphExec:
+        self._check_open()
+        live = self._exec_ref() if self._exec_ref is not None else None
+        if live is not None and not live.closed:
+            raise DeviceShapedError("a graph with device-updatable kernel nodes can be instantiated only once "
+                                    "(the driver answers CUDA_ERROR_NOT_SUPPORTED while its exec lives)")
+        exe = _UpdatableExec(self, flags)
+        self._exec_ref = weakref.ref(exe)
+        return exe
+
+    def clone(self) -> Graph:
+        raise DeviceShapedError("a graph with device-updatable kernel nodes cannot be cloned (cuGraphClone "
+                                "answers CUDA_ERROR_NOT_SUPPORTED)")
+
+
+class _UpdatableExec(GraphExec):
+    """The exec of an :class:`_UpdatableGraph`: no ``cuGraphExecUpdate``."""
+
+    def update(self, graph: Graph) -> None:
+        raise DeviceShapedError("an exec with device-updatable kernel nodes cannot go through cuGraphExecUpdate")
+
+
+def _close_reversed(owned: list) -> None:
+    for obj in reversed(owned):
+        obj.close()
+
+
+def _set_updatable(node: Any) -> int:
+    """Opt one captured kernel node in; its device handle (``cuGraphKernelNodeGetAttribute``)."""
+    v = driver.CUkernelNodeAttrValue()
+    v.deviceUpdatableKernelNode.deviceUpdatable = 1
+    call(driver.cuGraphKernelNodeSetAttribute, node, _NATTR, v)
+    got = call(driver.cuGraphKernelNodeGetAttribute, node, _NATTR)
+    handle = int(got.deviceUpdatableKernelNode.devNode) or int(v.deviceUpdatableKernelNode.devNode)
+    if not handle or not int(got.deviceUpdatableKernelNode.deviceUpdatable):
+        raise RawgraphError("cuGraphKernelNodeSetAttribute(DEVICE_UPDATABLE) returned no device node handle")
+    return handle
+
+
+def _check_offsets(entries: Sequence[ShapeEntry], launches: Sequence[Launch]) -> None:
+    """The packed offsets against the function's own layout (``cuFuncGetParamInfo``), where the
+    driver gives one: the head writes at these offsets on the device."""
+    from ..graphs.nodes import read_layout
+
+    for e in entries:
+        launch = launches[e.index]
+        layout, _why = read_layout(launch.kernel.handle)
+        if not layout:
+            continue
+        i = launch.args.names().index(e.param)
+        if i >= len(layout) or (layout[i].offset, layout[i].size) != (e.param_offset, e.param_size):
+            raise ShapeError(f"{launch.kernel.name}: argument {e.param} packed at offset {e.param_offset} "
+                             f"({e.param_size} B), the function's layout says "
+                             f"{(layout[i].offset, layout[i].size) if i < len(layout) else 'no such parameter'}")
+
+
+# ---------------------------------------------------------------------------- the graph
+class DeviceShapedGraph(Resource):
+    """One exec that serves every batch size from 0 to ``max_batch``: the grids and row counts
+    are set on the device at each replay (see the module docstring).
+
+    Parameters
+    ----------
+    model : RowwiseModel
+        Any row-wise model (:mod:`rawgraph.serving.protocol`) that names a row-count argument of
+        every launch (``row_count_arg``); ``row_grid`` (optional) lets the grids shrink too.
+        Its weights are shared, not copied.
+    max_batch : int, default 256
+    stream : stream-like, optional
+        Default stream for set-up and runs (a private one if None).
+    n_live : device int32 array of shape (1,), optional
+        Where the head reads ``n``; default a buffer of this object, written by :meth:`set_rows`.
+        Given, its writer (a kernel before the replay, or ``prologue`` inside it) decides ``n``.
+        Values outside ``0..max_batch`` are clamped on the device.
+    prologue : LaunchPlan or callable(stream), optional
+        Work captured into the graph before the head (e.g. a kernel computing ``n_live`` from a
+        slot table): a plan is recorded with ``Capture.run``, a callable is called with the
+        capturing stream.
+
+    Attributes
+    ----------
+    input, output : DeviceBuffer
+        Persistent ``(max_batch, width)`` buffers the plan reads and writes.
+    n_live : DeviceArray
+        The int32 the head reads.
+    entries : list of ShapeEntry
+        What the head does to each node of the plan.
+    graph, exec : the captured graph and its one exec (guarded: see the module docstring).
+    setup : dict
+        Seconds: ``plans``, ``warmup``, ``capture``, ``attributes`` (opting the nodes in),
+        ``instantiate``, ``upload``.
+    """
+
+    def __init__(self, model: RowwiseModel, max_batch: int = 256, stream: Any = None, n_live: Any = None,
+                 prologue: "LaunchPlan | Callable[[Any], None] | None" = None):
+        from ..runtime.stream import Stream, as_stream
+
+        check_model(model)
+        if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
+            raise ShapeError(f"max_batch must be an int >= 1, got {max_batch!r}")
+        self.max_batch = int(max_batch)
+        self.width = int(model.width)
+        self.device = model.device
+        self._closed = False
+        owned: list[Any] = []
+        self._own(_close_reversed, owned, name="DeviceShapedGraph.close")
+        self._owned = owned
+        try:
+            self._build(model, stream, n_live, prologue, owned, Stream, as_stream)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, model: Any, stream: Any, n_live: Any, prologue: Any, owned: list, Stream: Any,
+               as_stream: Any) -> None:
+        clock = time.perf_counter
+        self.setup: dict[str, float] = {k: 0.0 for k in ("plans", "warmup", "capture", "attributes", "instantiate",
+                                                          "upload")}
+        if stream is None:
+            self.stream = Stream(device=self.device)
+            owned.append(self.stream)
+        else:
+            self.stream = as_stream(stream)
+        s = self.stream
+        self._order = StreamOrder(self.device)
+        owned.append(self._order)
+        t0 = clock()
+        f32 = np.dtype(np.float32)
+        self.input = DeviceBuffer((self.max_batch, self.width), np.float32, self.device)
+        owned.append(self.input)
+        self.output = DeviceBuffer((self.max_batch, self.width), np.float32, self.device)
+        owned.append(self.output)
+        if n_live is None:
+            self._n_buf: DeviceBuffer | None = DeviceBuffer((1,), np.int32, self.device)
+            owned.append(self._n_buf)
+            self.n_live = self._n_buf.view()
+        else:
+            self._n_buf = None
+            self.n_live = check_array(as_device_array(n_live, "n_live"), (1,), np.int32, "n_live", self.device)
+        self.arena = model.make_workspace(self.max_batch)
+        if self.arena is not None:
+            owned.append(self.arena)
+        self.model = model.with_batch(self.max_batch, workspace=self.arena)
+        owned.append(self.model)
+        self.plan = self.model.plan(DeviceArray(self.input.ptr, (self.max_batch, self.width), f32, self.input),
+                                    DeviceArray(self.output.ptr, (self.max_batch, self.width), f32, self.output))
+        self.entries = shape_entries(model, self.plan.launches, self.max_batch)
+        _check_offsets(self.entries, self.plan.launches)
+        count = len(self.entries)
+        self._table = DeviceBuffer((count * ENTRY_DTYPE.itemsize // 8,), np.uint64, self.device)
+        owned.append(self._table)
+        self._rc = DeviceBuffer((count + 1,), np.int32, self.device)
+        owned.append(self._rc)
+        head_args = KernelArgs([("table", "ptr"), ("count", "i32"), ("n_live", "ptr"), ("max_rows", "i32"),
+                                ("rc", "ptr")])
+        head_args.update({"table": self._table.ptr, "count": count, "n_live": self.n_live.ptr,
+                          "max_rows": self.max_batch, "rc": self._rc.ptr})
+        threads = min(_HEAD_THREADS, max(32, -(-count // 32) * 32))
+        self.head = Launch(get_kernel("device_update", "rg_du_shape", self.device), (-(-count // threads), 1, 1),
+                           (threads, 1, 1), head_args, {}, 0, "device_shape")
+        self.setup["plans"] = clock() - t0
+        # Warm-up: the plan once eagerly (module loading and first touch outside the capture);
+        # never the head, whose table holds no handles yet.
+        t0 = clock()
+        self.input.poison(s)
+        if n_live is None:
+            self.set_rows(self.max_batch, s)
+        self.plan.run(s)
+        s.synchronize()
+        self.setup["warmup"] = clock() - t0
+        t0 = clock()
+        cap = Capture(s)
+        with cap:
+            if prologue is not None:
+                if isinstance(prologue, LaunchPlan):
+                    cap.run(prologue)
+                else:
+                    prologue(cap.stream)
+            cap.launch(self.head)
+            first = len(cap.nodes)
+            cap.run(self.plan)
+        graph = cap.captured
+        graph.__class__ = _UpdatableGraph  # before anything may instantiate it: see _UpdatableGraph
+        self.graph: _UpdatableGraph = graph  # type: ignore[assignment]
+        owned.append(graph)
+        self._nodes = cap.nodes[first:]
+        self._prologue = prologue
+        self.setup["capture"] = clock() - t0
+        if len(self._nodes) != count or not all(n.launch is l for n, l in zip(self._nodes, self.plan.launches)):
+            raise RawgraphError("the capture's node map does not follow the plan's launch order")
+        t0 = clock()
+        self.device.activate()
+        self.handles = [_set_updatable(node.handle) for node in self._nodes]
+        self._table.copy_from_host(pack_table(self.entries, self.handles).view(np.uint64), s)
+        self.setup["attributes"] = clock() - t0
+        t0 = clock()
+        self.exec = graph.instantiate()
+        owned.append(self.exec)
+        self.setup["instantiate"] = clock() - t0
+        t0 = clock()
+        # An exec whose own kernels update its nodes must be uploaded before its first launch.
+        self.exec.upload(s)
+        s.synchronize()
+        self.setup["upload"] = clock() - t0
+        self._row_bytes = self.width * 4
+        self.replays = 0
+
+    # -- n ----------------------------------------------------------------------------------
+    def set_rows(self, n: int, stream: Any = None) -> None:
+        """Write ``n`` (``0..max_batch``) where the head reads it, ordered on ``stream`` before
+        the next replay there (``cuMemcpyHtoDAsync`` from pageable memory: staged before it
+        returns, so nothing waits)."""
+        self._check()
+        self._check_n(n)
+        s = self._order.enter(self.stream if stream is None else stream)
+        value = np.array([int(n)], np.int32)
+        call(driver.cuMemcpyHtoDAsync, self.n_live.ptr, value.ctypes.data, 4, s.handle)
+
+    def replay(self, stream: Any = None) -> None:
+        """One ``cuGraphLaunch``: the head reads whatever ``n_live`` holds when it runs."""
+        self._check()
+        s = self._order.enter(self.stream if stream is None else stream)
+        self.exec.launch(s)
+        self.replays += 1
+
+    def run(self, n: int, stream: Any = None, x: Any = None) -> DeviceArray:
+        """Run the model on the first ``n`` rows of :attr:`input` (or of ``x``, copied in first):
+        :meth:`set_rows` then :meth:`replay`; returns the ``n`` result rows, a view of
+        :attr:`output` valid until the next run (``n = 0`` runs nothing and returns a 0-row view)."""
+        self._check()
+        self._check_n(n)
+        if self._n_buf is None:
+            raise DeviceShapedError("this graph reads n from the caller's n_live: write it there and call replay()")
+        s = self._order.enter(self.stream if stream is None else stream)
+        if x is not None and n > 0:
+            xa = check_rows(x, n, self.width)
+            src, dst, nbytes = xa.ptr, self.input.ptr, n * self._row_bytes
+            if src != dst and src < dst + self.input.nbytes and dst < src + nbytes:
+                raise LayoutError("x overlaps the persistent input without being it")
+            if src != dst:
+                call(driver.cuMemcpyDtoDAsync, dst, src, nbytes, s.handle)
+        self.set_rows(n, s)
+        self.exec.launch(s)
+        self.replays += 1
+        return DeviceArray(self.output.ptr, (int(n), self.width), np.dtype(np.float32), self.output)
+
+    # -- what the head did ------------------------------------------------------------------
+    def status(self, stream: Any = None) -> tuple[int, list[int]]:
+        """``(n, codes)`` of the last replay that finished on ``stream``: the ``n`` the head used
+        (clamped) and each node's ``cudaError_t`` from ``cudaGraphKernelNodeUpdatesApply``
+        (waits for ``stream``)."""
+        self._check()
+        rc = self._rc.to_numpy(self.stream if stream is None else stream)
+        return int(rc[-1]), [int(c) for c in rc[:-1]]
+
+    def check_status(self, stream: Any = None) -> int:
+        """The ``n`` the last replay used; raises :class:`RawgraphError` naming every node whose
+        device-side update failed."""
+        n, codes = self.status(stream)
+        bad = [(e.label or e.kernel, c) for e, c in zip(self.entries, codes) if c != 0]
+        if bad:
+            raise RawgraphError(f"device-side node updates failed (cudaError_t per node): {bad}")
+        return n
+
+    # -- refused ----------------------------------------------------------------------------
+    def clone(self) -> Any:
+        """Refused: the driver cannot clone a graph holding device-updatable nodes."""
+        return self.graph.clone()
+
+    def update(self, graph: Any) -> None:
+        """Refused: ``cuGraphExecUpdate`` is not allowed on this exec."""
+        self.exec.update(graph)
+
+    # -- accounting and lifetime ------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        """Device bytes this object allocated (input, output, arena, table, status; weights not
+        counted)."""
+        arena = getattr(self.arena, "nbytes", 0) if self.arena is not None else 0
+        own_n = 4 if self._n_buf is not None else 0
+        return self.input.nbytes + self.output.nbytes + arena + self._table.nbytes + self._rc.nbytes + own_n
+
+    def _check_n(self, n: Any) -> None:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"n must be an int, got {type(n).__name__}")
+        if not 0 <= n <= self.max_batch:
+            raise ShapeError(f"n = {n} is outside 0..max_batch = {self.max_batch}")
+
+    def _check(self) -> None:
+        if not self._finalizer.alive:
+            raise ClosedError("DeviceShapedGraph is closed")
+
+    def close(self) -> None:
+        """Free the exec, the graph, the model view, the arena and the buffers (in that order);
+        safe twice."""
+        self._finalizer()
+
+    def __repr__(self) -> str:
+        state = " closed" if self.closed else ""
+        return f"<DeviceShapedGraph width={self.width} max_batch={self.max_batch} nodes={len(getattr(self, 'entries', []))}{state}>"

@@ -1,0 +1,182 @@
+"""What the exec-update manager checks before anything changes: the arrays a bind names (shape,
+dtype, device, layout, overlap, pinned by a foreign node) and the :class:`Binding` it makes of a
+checked set. :class:`BindingChecks` is the part of
+:class:`~rawgraph.updates.manager.ExecUpdateManager` that refuses; it never touches the exec.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from ..runtime import resource as _resource
+from ..runtime.errors import ForeignNodeError, LayoutError
+from ..runtime.memory import DeviceBuffer, as_device_array, check_array
+from .shadow import BaseBinding, finalizers
+
+
+class Binding(BaseBinding):
+    """A validated set of arrays for one :class:`~rawgraph.updates.manager.ExecUpdateManager`,
+    ready to push.
+
+    Made by :meth:`ExecUpdateManager.prepare` (which holds its arrays strongly: drop the binding
+    to let them go) or kept internally by :meth:`ExecUpdateManager.bind_many` (weakly: the cache
+    keeps nothing alive). Applying it (:meth:`ExecUpdateManager.apply`) writes its pointers into
+    the argument slots of the nodes whose slots hold something else and pushes those nodes.
+
+    Attributes
+    ----------
+    names : tuple of str
+        The bindings it sets, in order.
+    complete : bool
+        It names every bindable buffer of its manager (its overlap check then holds whatever else
+        is bound, so it is not repeated).
+    """
+
+    __slots__ = ("names", "entries", "nodes", "complete", "values", "refs", "pin_epoch")
+
+    def __init__(self, manager: Any, entries: tuple, nodes: tuple, complete: bool):
+        super().__init__(manager)
+        self.checked_at = -1  # nothing named was seen open yet (prepare and the cache set it)
+        self.names = tuple(name for name, _ in entries)
+        # (name, (ptr, nbytes)) per array
+        self.entries = entries
+        # per node touched: (node, full, idx, vals, views, writes). ``full``: the pointers of
+        # every bindable slot of the node when the set covers them all (else None, and
+        # ``idx``/``vals`` say which slots it sets to what); ``views``: those slots; ``writes``:
+        # (slot, pointer) pairs when ``full`` is known.
+        self.nodes = nodes
+        self.complete = complete
+        self.values: tuple | None = None  # the arrays, held strongly (prepare: also its ``holds``)
+        self.refs: tuple = ()  # weak references to them (the bind_many cache)
+        # the manager's pin epoch its entries were checked against (see ExecUpdateManager.adopt)
+        self.pin_epoch = manager._pin_epoch
+
+    @property
+    def manager(self) -> Any:
+        return self.owner
+
+    def matches(self, values: tuple) -> bool:
+        """The same live objects as when validated (weak identity; no closed DeviceBuffer)."""
+        if len(values) != len(self.refs):
+            return False
+        for ref, obj in zip(self.refs, values):
+            if ref() is not obj:
+                return False
+        return self.is_open()
+
+    def __repr__(self) -> str:
+        return f"Binding({', '.join(self.names)}; {len(self.nodes)} nodes)"
+
+
+class BindingChecks:
+    """The manager's refusals: every one runs before anything changes."""
+
+    bindings: dict[str, list[tuple[int, str, str]]]
+    _specs: dict[str, tuple]
+    _device: Any
+    _pinned: dict[str, tuple[int, list[str]]]
+    _checked: dict[str, dict[int, tuple]]
+    _bound_ptr: dict[str, tuple[int, int]]
+    _write_names: list[str]
+    _writers: bool
+    _slot_index: dict[str, list[tuple[int, list[int]]]]
+    _node_views: dict[int, tuple]
+    _cache: dict[tuple, Binding]
+
+    def _resolve(self, name: str, array: Any) -> tuple[int, int]:
+        """``(ptr, nbytes)`` of a checked array (shape, dtype, layout, device).
+
+        Arrays don't change shape or address, so one already checked is remembered per
+        (name, object) -- by weak reference, so the cache keeps nothing alive -- and re-binding it
+        costs a dict lookup. A closed DeviceBuffer fails the lookup and is refused by the full check.
+        """
+        if name not in self.bindings:
+            raise KeyError(f"unknown binding {name!r}; bindable: {sorted(self.bindings)}")
+        cache = self._checked[name]
+        hit = cache.get(id(array))
+        if hit is not None and hit[0]() is array and (hit[3] is None or hit[3].alive):
+            return hit[1], hit[2]
+        shape, dtype = self._specs[name]
+        view = check_array(as_device_array(array, name), shape, dtype, name, self._device)
+        pinned = self._pinned.get(name)
+        if pinned is not None and view.ptr != pinned[0]:
+            raise ForeignNodeError(
+                f"cannot bind {name!r} to another buffer: {', '.join(pinned[1][:4])} of this graph holds an address "
+                f"in it, and the manager updates only the launches it recorded, so that node would keep using "
+                f"the old buffer; move every address at once with rawgraph.updates.rebind.AddressRebinder")
+        try:
+            ref = weakref.ref(array)
+        except TypeError:  # not weak-referenceable: checked every time
+            return view.ptr, view.nbytes
+        owner = view.owner
+        alive = owner._finalizer if isinstance(owner, DeviceBuffer) else None
+        if len(cache) > 1024:
+            cache.clear()
+        cache[id(array)] = (ref, view.ptr, view.nbytes, alive)
+        return view.ptr, view.nbytes
+
+    def _check_overlap_one(self, name: str, ptr: int, nbytes: int) -> None:
+        for wname in self._write_names:
+            if wname == name:
+                for other, (op, on) in self._bound_ptr.items():
+                    if other != name and ptr < op + on and op < ptr + nbytes:
+                        raise LayoutError(f"{name} (written) overlaps {other}")
+            else:
+                wp, wn = self._bound_ptr[wname]
+                if wp < ptr + nbytes and ptr < wp + wn:
+                    raise LayoutError(f"{wname} (written) overlaps {name}")
+
+    def _check_overlap(self, spans: dict[str, tuple[int, int]]) -> None:
+        for wname in self._write_names:
+            wp, wn = spans[wname]
+            for rname, (rp, rn) in spans.items():
+                if rname != wname and wp < rp + rn and rp < wp + wn:
+                    raise LayoutError(f"{wname} (written) overlaps {rname}")
+
+    def _check_overlap_with(self, binding: Binding) -> None:
+        spans = dict(self._bound_ptr)
+        spans.update(binding.entries)
+        self._check_overlap(spans)
+
+    def _check_pins(self, binding: Binding, epoch: int) -> None:
+        """A binding prepared before adopt() read new foreign nodes: check it against the new pins."""
+        for name, (ptr, _n) in binding.entries:
+            pinned = self._pinned.get(name)
+            if pinned is not None and ptr != pinned[0]:
+                raise ForeignNodeError(f"this Binding moves {name!r}, which {', '.join(pinned[1][:4])} of the "
+                                       f"adopted graph holds an address in; the manager cannot move that node")
+        binding.pin_epoch = epoch
+
+    def _make_binding(self, arrays: dict[str, Any], values: tuple) -> Binding:
+        """Validate a set of arrays (refusing before anything changes) and precompute its slots."""
+        entries = tuple((name, self._resolve(name, a)) for name, a in arrays.items())
+        if self._writers:
+            spans = dict(self._bound_ptr)
+            spans.update(entries)
+            self._check_overlap(spans)
+        want: dict[int, list] = {}
+        for name, (ptr, _nb) in entries:
+            for node, positions in self._slot_index[name]:
+                w = want.setdefault(node, [None] * len(self._node_views[node]))
+                for i in positions:
+                    w[i] = ptr
+        nodes = []
+        for node, w in want.items():
+            full = tuple(w) if None not in w else None
+            idx = tuple(i for i, v in enumerate(w) if v is not None)
+            views = self._node_views[node]
+            writes = tuple(zip(views, full)) if full is not None else ()
+            nodes.append((node, full, idx, tuple(w[i] for i in idx), views, writes))
+        return Binding(self, entries, tuple(nodes), set(arrays) >= set(self.bindings))
+
+    def _remember(self, key: tuple, binding: Binding, values: tuple) -> None:
+        try:
+            binding.refs = tuple(weakref.ref(a) for a in values)
+        except TypeError:  # an array that cannot be weakly referenced: checked every time
+            return
+        binding.alive = finalizers(values)
+        binding.checked_at = _resource.release_count
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        self._cache[key] = binding

@@ -1,0 +1,201 @@
+"""DeviceShapedGraph without a GPU (issue 25, item 2): the head kernel's table (entries per node:
+grid axis, rows per block, row-count offset and size, factor) from TinyBlock plans built on the
+CPU fake driver (tests/fakedriver.py), the pure helpers, and the refusals of what the driver
+forbids, made before any driver call."""
+
+from __future__ import annotations
+
+import re
+import types
+
+import numpy as np
+import pytest
+from cuda.bindings import driver
+
+from fault_cases import fake_session
+from rawgraph.ops import GEMM_TILE_M
+from rawgraph.serving.device_shaped import (ENTRY_DTYPE, DeviceShapedError, ShapeEntry, grid_for, pack_table,
+                                            shape_entries)
+from rawgraph.serving.protocol import row_grid
+
+
+def _launch(name, args=()):
+    return types.SimpleNamespace(kernel=types.SimpleNamespace(name=name), args=None)
+
+
+@pytest.fixture(scope="module")
+def fake():
+    with fake_session() as (fake, hook):
+        hook.active = False
+        yield fake
+
+
+def test_entry_layout_matches_the_kernel_struct():
+    # kernels/device_update.cu's rg_du_shape_entry: node @0, grid @8, axis @20, rows_per_block @24,
+    # param_offset @28, param_size @32, factor @36, 40 bytes.
+    assert ENTRY_DTYPE.itemsize == 40
+    assert [ENTRY_DTYPE.fields[f][1] for f in ("node", "grid", "axis", "rows_per_block", "param_offset", "param_size",
+                                                "factor")] == [0, 8, 20, 24, 28, 32, 36]
+    src = open("kernels/device_update.cu").read()
+    assert "struct rg_du_shape_entry" in src and 'sizeof(rg_du_shape_entry) == 40' in src
+
+
+def test_pack_table_bytes():
+    e = ShapeEntry(0, "L0.matmul1", "matvec_kernel<0, 4, 64, 8>", (4, 1, 8), 2, 8, "B", 32, 4, 1)
+    f = ShapeEntry(1, "L0.relu", "relu", (64, 1, 1), -1, 0, "n", 16, 8, 64)
+    t = pack_table([e, f], [0x7F0000001000, 0x7F0000002000])
+    raw = t.tobytes()
+    assert len(raw) == 80
+    words = np.frombuffer(raw, np.int32)
+    assert int(np.frombuffer(raw[:8], np.uint64)[0]) == 0x7F0000001000
+    assert list(words[2:10]) == [4, 1, 8, 2, 8, 32, 4, 1]
+    assert list(words[12:20]) == [64, 1, 1, -1, 0, 16, 8, 64]
+    with pytest.raises(ValueError):
+        pack_table([e], [])
+
+
+@pytest.mark.parametrize("n,want", [(0, (4, 1, 1)), (1, (4, 1, 1)), (8, (4, 1, 1)), (9, (4, 1, 2)), (64, (4, 1, 8)),
+                                    (500, (4, 1, 8))])
+def test_grid_for_covers_exactly_n_rows(n, want):
+    e = ShapeEntry(0, "", "matvec_kernel<0, 4, 64, 8>", (4, 1, 8), 2, 8, "B", 32, 4, 1)
+    assert grid_for(e, n) == want
+    untouched = ShapeEntry(1, "", "relu", (64, 1, 1), -1, 0, "n", 16, 8, 64)
+    assert grid_for(untouched, n) == (64, 1, 1)
+
+
+def test_tinyblock_row_grid_parses_every_kernel_form():
+    from rawgraph.models.tinyblock import TinyBlock
+
+    rg = TinyBlock.row_grid
+    assert rg(None, _launch("matvec_kernel<0, 4, 64, 8>")) == (2, 8)
+    assert rg(None, _launch("matvec_split_kernel<1, 1, 16, 2, 4>")) == (2, 2)
+    assert rg(None, _launch("gemm_kernel<2, 128, 2>")) == (2, GEMM_TILE_M)
+    assert rg(None, _launch("gemm_split_kernel<0, 64, 8, 1>")) == (2, GEMM_TILE_M)
+    assert rg(None, _launch("block_kernel<4, 8>")) == (1, 4)
+    assert rg(None, _launch("relu")) is None and rg(None, _launch("add")) is None
+
+
+def test_row_grid_helper_checks_the_answer():
+    launch = _launch("k")
+    assert row_grid(object(), launch) is None
+    for bad in ((3, 8), (0, 0), ("2", 8), (2,), 5):
+        model = types.SimpleNamespace(row_grid=lambda l, bad=bad: bad)
+        with pytest.raises(TypeError):
+            row_grid(model, launch)
+    assert row_grid(types.SimpleNamespace(row_grid=lambda l: (1, 4)), launch) == (1, 4)
+
+
+def _expect(model, launch, max_batch):
+    name = launch.kernel.name
+    if name in ("relu", "add"):
+        return -1, 0, "n", 8, model.width
+    if name.startswith("block_kernel"):
+        return 1, int(re.findall(r"\d+", name)[0]), "B", 4, 1
+    if name.startswith("gemm"):
+        return 2, GEMM_TILE_M, "B", 4, 1
+    return 2, int(re.findall(r"\d+", name.split("<")[1])[3]), "B", 4, 1
+
+
+@pytest.mark.parametrize("form,width,max_batch", [("unfused", 64, 64), ("fused", 64, 64), ("unfused", 1024, 256),
+                                                   ("fused", 1024, 256), ("block", 64, 64), ("unfused", 64, 5)])
+def test_table_entries_of_tinyblock_plans(fake, form, width, max_batch):
+    from rawgraph import DeviceBuffer, TinyBlock
+
+    with TinyBlock(width, max_batch, 2, seed=1, form=form) as model, \
+            DeviceBuffer((max_batch, width)) as x, DeviceBuffer((max_batch, width)) as out:
+        plan = model.plan(x, out)
+        entries = shape_entries(model, plan.launches, max_batch)
+        assert len(entries) == len(plan.launches) == 2 * model.kernels_per_layer
+        for e, launch in zip(entries, plan.launches):
+            axis, rpb, param, size, factor = _expect(model, launch, max_batch)
+            assert (e.axis, e.rows_per_block, e.param, e.param_size, e.factor) == (axis, rpb, param, size, factor)
+            assert e.param_offset == launch.args.offsets[param]
+            assert e.param_offset == {"B": 32, "n": 16 if launch.kernel.name == "relu" else 24}[param]
+            assert e.grid == launch.grid
+            if axis >= 0:
+                assert launch.grid[axis] == -(-max_batch // rpb)
+                assert grid_for(e, max_batch) == launch.grid
+
+
+def test_table_refuses_a_model_that_lies(fake):
+    from rawgraph import DeviceBuffer, TinyBlock
+    from rawgraph.runtime.errors import ShapeError
+
+    with TinyBlock(64, 64, 1, form="unfused") as model, DeviceBuffer((64, 64)) as x, DeviceBuffer((64, 64)) as out:
+        plan = model.plan(x, out)
+        liar = types.SimpleNamespace(width=64, row_count_arg=model.row_count_arg,
+                                     row_grid=lambda l: (0, 1) if "matvec" in l.kernel.name or "gemm" in l.kernel.name
+                                     else None)
+        with pytest.raises(ShapeError, match="row_grid says"):
+            shape_entries(liar, plan.launches, 64)
+        with pytest.raises(ShapeError, match="holds 64"):
+            shape_entries(model, plan.launches, 32)  # the plan is a 64-row plan
+        silent = types.SimpleNamespace(width=64)
+        with pytest.raises(TypeError, match="row-count"):
+            shape_entries(silent, plan.launches, 64)
+
+
+@pytest.fixture
+def updatable_attrs(monkeypatch):
+    """The fake driver has no device-updatable nodes: opting a node in hands back a made-up
+    device handle per node."""
+    handles: dict[int, int] = {}
+
+    def set_attr(node, attr, value):
+        handles.setdefault(int(node), 0x7F00_0000_0000 + 0x100 * (len(handles) + 1))
+        value.deviceUpdatableKernelNode.devNode = handles[int(node)]
+        return (driver.CUresult.CUDA_SUCCESS,)
+
+    def get_attr(node, attr):
+        v = driver.CUkernelNodeAttrValue()
+        v.deviceUpdatableKernelNode.deviceUpdatable = 1
+        v.deviceUpdatableKernelNode.devNode = handles[int(node)]
+        return (driver.CUresult.CUDA_SUCCESS, v)
+
+    monkeypatch.setattr(driver, "cuGraphKernelNodeSetAttribute", set_attr)
+    monkeypatch.setattr(driver, "cuGraphKernelNodeGetAttribute", get_attr)
+    return handles
+
+
+def test_build_writes_the_table_and_refuses_what_the_driver_forbids(fake, updatable_attrs, monkeypatch):
+    from rawgraph import DeviceShapedGraph, ExecUpdateManager, TinyBlock
+
+    calls: list[str] = []
+    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model:
+        dsg = DeviceShapedGraph(model, max_batch=64)
+        try:
+            assert len(updatable_attrs) == len(dsg.entries) == 4
+            table = np.frombuffer(dsg._table.to_numpy(dsg.stream).tobytes(), ENTRY_DTYPE)
+            assert [int(h) for h in table["node"]] == dsg.handles
+            assert list(table["axis"]) == [e.axis for e in dsg.entries]
+            assert list(table["param_offset"]) == [e.param_offset for e in dsg.entries]
+            assert int(dsg.n_live.ptr) and dsg.head.kernel.name == "rg_du_shape"
+            # every refusal comes before any driver call
+            for name in ("cuGraphInstantiate", "cuGraphExecUpdate", "cuGraphClone", "cuGraphExecKernelNodeSetParams"):
+                real = getattr(driver, name)
+                monkeypatch.setattr(driver, name, lambda *a, _n=name, _r=real: calls.append(_n) or _r(*a))
+            with pytest.raises(DeviceShapedError, match="instantiated only once"):
+                dsg.graph.instantiate()
+            with pytest.raises(DeviceShapedError, match="cuGraphExecUpdate"):
+                dsg.exec.update(dsg.graph)
+            with pytest.raises(DeviceShapedError, match="cuGraphExecUpdate"):
+                dsg.update(dsg.graph)
+            with pytest.raises(DeviceShapedError, match="cloned"):
+                dsg.clone()
+            with pytest.raises(DeviceShapedError, match="ExecUpdateManager"):
+                ExecUpdateManager(dsg.graph, dsg.exec)
+            assert calls == []
+            from rawgraph.runtime.errors import ShapeError
+
+            with pytest.raises(ShapeError):
+                dsg.set_rows(65)
+            with pytest.raises(TypeError):
+                dsg.run(True)
+        finally:
+            dsg.close()
+            dsg.close()  # twice is safe
+        assert dsg.closed and dsg.exec.closed and dsg.graph.closed
+        from rawgraph.runtime.errors import ClosedError
+
+        with pytest.raises(ClosedError):
+            dsg.run(1)

@@ -1,0 +1,277 @@
+"""The graph doctor without a GPU (issue 24): the classification of one address from made-up
+driver facts, the PyTorch allocator view from a made-up snapshot, Report / Finding / to_dict / the
+text table, the DOT annotation, the command's refusal without a GPU, and ``check`` over graphs
+built on the CPU fake driver (tests/fakedriver.py) with facts read from the fake's allocations."""
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from cuda.bindings import driver
+
+from rawgraph.doctor import CLASS_NAMES, Finding, PointerFacts, Report, TorchView, classify_pointer
+from rawgraph.doctor.verify import compare
+from rawgraph.graphs.dot import SEVERITY_COLOURS, finding_marks
+from rawgraph.runtime.device import gpu_available
+
+DEV = PointerFacts(0x7F0000001000, "device", buffer_id=7, device_ordinal=0, range_start=0x7F0000000000,
+                   range_size=1 << 20)
+
+
+def _classes(*args, **kw):
+    return [(c, s) for c, s, _o, _a in classify_pointer(*args, **kw)]
+
+
+# ------------------------------------------------------------------------------- classes 1 to 4
+def test_live_device_memory_is_clean():
+    assert _classes(True, True, False, DEV) == []
+
+
+def test_dangling_known_pointer_is_an_error_and_a_foreign_word_only_possible():
+    gone = PointerFacts(0x7F0000001000)
+    assert _classes(True, True, False, gone) == [(1, "error")]
+    assert _classes(False, True, False, gone) == [(1, "warning")]  # a whole 8-byte parameter
+    assert _classes(False, False, False, gone) == []  # a word inside a struct: not taken for a pointer
+
+
+def test_reallocated_since_baseline_by_buffer_id():
+    again = PointerFacts(DEV.address, "device", buffer_id=8, range_start=DEV.range_start, range_size=DEV.range_size)
+    assert _classes(True, True, False, again, old=DEV) == [(1, "error")]
+    # the same allocation: clean
+    assert _classes(True, True, False, DEV, old=DEV) == []
+    # freed since the baseline: an error even for a foreign word
+    assert _classes(False, False, False, PointerFacts(DEV.address), old=DEV) == [(1, "error")]
+
+
+def test_stream_ordered_pool():
+    pooled = PointerFacts(DEV.address, "device", buffer_id=3, mempool=0xABC, range_start=DEV.range_start,
+                          range_size=4096)
+    got = classify_pointer(False, False, False, pooled)
+    assert [(c, s) for c, s, _o, _a in got] == [(2, "warning")]
+    assert "0xabc" in got[0][2] and "cuMemFreeAsync" in got[0][3]
+
+
+def test_host_memory_kinds():
+    pinned = PointerFacts(0x5000, "host", buffer_id=1, host_flags=0)
+    registered = PointerFacts(0x5000, "host", buffer_id=1, host_flags=None)
+    unknown = PointerFacts(0x5000)
+    assert pinned.host_kind == "pinned" and registered.host_kind == "registered" and unknown.host_kind == "pageable"
+    assert _classes(True, True, True, pinned) == [(3, "info")]
+    assert _classes(True, True, True, unknown) == [(3, "warning")]
+    assert _classes(True, True, True, unknown, old=pinned) == [(3, "error")]  # freed since
+    again = PointerFacts(0x5000, "host", buffer_id=2, host_flags=0)
+    assert _classes(True, True, True, again, old=pinned) == [(3, "error")]  # allocated again
+
+
+SNAPSHOT = [
+    {"address": 0x1000000, "total_size": 0x200000, "segment_pool_id": (0, 0),
+     "blocks": [{"size": 0x1000, "state": "active_allocated"}, {"size": 0x1000, "state": "inactive"},
+                {"size": 0x1FE000, "state": "active_allocated"}]},
+    {"address": 0x4000000, "total_size": 0x200000, "segment_pool_id": (1, 0),
+     "blocks": [{"address": 0x4000000, "size": 0x200000, "state": "inactive"}]},
+]
+
+
+def test_torch_view_blocks_from_a_snapshot():
+    view = TorchView.from_snapshot(SNAPSHOT)
+    b = view.block_of(0x1001010)
+    assert (b.address, b.size, b.state, b.private) == (0x1001000, 0x1000, "inactive", False)
+    assert view.block_of(0x4000010).private and view.block_of(0x3000000) is None
+
+
+def test_allocator_freed_outside_private_pools_only():
+    view = TorchView.from_snapshot(SNAPSHOT)
+    f = PointerFacts(0x1001010, "device", buffer_id=1)
+    assert _classes(False, False, False, f, view.block_of(0x1001010)) == [(4, "error")]
+    assert _classes(False, False, False, f, view.block_of(0x1000010)) == []  # active
+    assert _classes(False, False, False, f, view.block_of(0x4000010)) == []  # a graph's private pool
+    # reused: the block the baseline saw is not the one there now
+    old = view.block_of(0x1000010)
+    now = TorchView.from_snapshot([{**SNAPSHOT[0], "blocks": [{"size": 0x800, "state": "active_allocated"}]}])
+    assert _classes(False, False, False, f, now.block_of(0x1000010), old_block=old) == [(4, "error")]
+
+
+# ------------------------------------------------------------------------------- report
+def _finding(cls=5, sev="error", node=1, node_id=0x10):
+    return Finding(cls, CLASS_NAMES[cls], sev, node, "kernel", "scale", 0x7F00, "owner text", "advice text",
+                   str(node), node_id, "arg x", ("0",))
+
+
+def test_report_to_dict_text_and_rich():
+    r = Report([_finding(), _finding(2, "warning", 0, 0x20)], "BuiltGraph 0x1", 2, 0.001)
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["by_class"] == {"unordered-overlap": 1, "stream-ordered-pool": 1}
+    assert d["by_severity"] == {"error": 1, "warning": 1} and d["ok"] is False
+    assert d["findings"][0]["address"] == "0x7f00" and d["findings"][0]["related"] == ["0"]
+    text = str(r)
+    assert "5/unordered-overlap" in text and "-> advice text" in text and "with node(s) 0" in text
+    assert r.of_class(5) and r.of_class("stream-ordered-pool") and not r.of_class(1)
+    assert "clean" in str(Report([], "g", 3)) and Report([], "g").ok
+    assert Report([_finding(7, "info")]).ok  # info only
+    rich = pytest.importorskip("rich")
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    console.print(r.rich_table())
+    assert "unordered-overlap" in console.export_text()
+    del rich
+
+
+def test_dot_annotation_marks_worst_severity():
+    marks = finding_marks(Report([_finding(5, "warning"), _finding(1, "error"), _finding(3, "info", 2, 0x30)]))
+    assert marks[0x10][0] == SEVERITY_COLOURS["error"]
+    assert marks[0x10][1] == ["! warning: 5 unordered-overlap", "! error: 1 dangling"]
+    assert marks[0x30][0] == SEVERITY_COLOURS["info"]
+
+
+def test_compare_tolerance_and_nan():
+    assert compare("o", np.array([1.0, np.nan]), np.array([1.0 + 1e-9, np.nan]), 1e-5, 1e-6) is None
+    m = compare("o", np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([[1.0, 2.0], [3.5, 4.0]]), 1e-5, 1e-6)
+    assert m.index == (1, 0) and m.count == 1 and abs(m.max_abs - 0.5) < 1e-12
+    assert compare("i", np.array([1, 2]), np.array([1, 3]), 0, 0).index == (1,)
+
+
+# ------------------------------------------------------------------------------- the command
+def test_doctor_without_gpu_says_so():
+    if gpu_available():
+        pytest.skip("this machine has a GPU; tests/test_doctor_gpu.py runs the demo")
+    r = subprocess.run([sys.executable, "-m", "rawgraph", "doctor", "--demo"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "needs a GPU" in r.stderr
+
+
+def test_doctor_without_demo_is_a_usage_error():
+    r = subprocess.run([sys.executable, "-m", "rawgraph", "doctor"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--demo" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "rawgraph", "doctor", "--nope"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "unrecognized arguments: --nope" in r.stderr
+
+
+# ------------------------------------------------------------------------------- on the fake driver
+@pytest.fixture
+def fake():
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    import rawgraph.runtime.rawkernel as rawkernel
+    from fault_cases import fake_session
+
+    # RawKernel's loaded-kernel cache outlives a fake session: start and end each one empty
+    saved = dict(rawkernel._loaded)
+    rawkernel._loaded.clear()
+    try:
+        with fake_session() as (drv, _hook):
+            yield drv
+    finally:
+        rawkernel._loaded.clear()
+        rawkernel._loaded.update(saved)
+
+
+def _fake_facts(drv):
+    def facts(addr):
+        a = drv.find_alloc(addr)
+        if a is None:
+            return PointerFacts(addr)
+        kind = "host" if a.kind == "host" else "device"
+        return PointerFacts(addr, kind, buffer_id=a.base, range_start=a.base, range_size=a.size,
+                            host_flags=0 if kind == "host" else None)
+    return facts
+
+
+def _kernels():
+    from rawgraph.doctor import faults
+
+    return faults.kernels()
+
+
+def test_check_on_the_fake_driver_finds_dangling_and_missing_edge(fake):
+    from rawgraph import DeviceBuffer, GraphBuilder
+    from rawgraph.doctor import check
+
+    k = _kernels()
+    x, y, z = DeviceBuffer(64), DeviceBuffer(64), DeviceBuffer(64)
+    b = GraphBuilder()
+    w = b.kernel(k["fill"].launch(1, 64, (x, 1.0, 64)))
+    b.kernel(k["scale"].launch(1, 64, (x, y, 2.0, 64)), deps=[w])  # ordered: clean
+    b.kernel(k["scale"].launch(1, 64, (x, z, 3.0, 64)))  # no edge from the writer: overlap
+    g = b.build()
+    r = check(g, facts=_fake_facts(fake), torch=False)
+    assert [(f.cls, f.path, f.severity) for f in r.findings] == [(5, "2", "error")], str(r)
+    assert r.findings[0].related == ("0",) and r.nodes == 3
+    y.close()  # node 1 now writes freed memory
+    r = check(g, facts=_fake_facts(fake), torch=False)
+    assert {(f.cls, f.path) for f in r.findings} == {(5, "2"), (1, "1")}, str(r)
+    d = r.findings[[f.cls for f in r.findings].index(1)]
+    assert d.where == "arg y" and d.kernel == "scale" and d.severity == "error"
+    g.close()
+    x.close()
+    z.close()
+
+
+def test_check_on_the_fake_driver_host_copy_and_baseline(fake):
+    from rawgraph import DeviceBuffer, GraphBuilder, HostBuffer
+    from rawgraph.doctor import check
+
+    h, y = HostBuffer(64, np.float32), DeviceBuffer(64)
+    b = GraphBuilder()
+    b.memcpy(y, h, 256)
+    g = b.build()
+    facts = _fake_facts(fake)
+    base = check(g, facts=facts, torch=False)
+    assert base.findings == []  # live pinned memory: info only
+    assert [f.name for f in check(g, facts=facts, torch=False, include_info=True).findings] == ["host-memory"]
+    h.close()
+    r = check(g, facts=facts, torch=False, baseline=base)
+    assert [(f.cls, f.severity, f.where) for f in r.findings] == [(3, "error", "memcpy.src")], str(r)
+    g.close()
+    y.close()
+
+
+def test_check_on_the_fake_driver_input_written_by_the_graph(fake):
+    from rawgraph import DeviceBuffer, LaunchPlan, build_plan
+    from rawgraph.doctor import check
+
+    k = _kernels()
+    x, y = DeviceBuffer(64), DeviceBuffer(64)
+    launches = [k["scale"].launch(1, 64, (x, y, 2.0, 64), names={"x": "x", "y": "y"}),
+                k["fill"].launch(1, 64, (x, 0.0, 64), names={"y": "x"})]  # writes the plan's input
+    plan = LaunchPlan(launches, {"x": x.view(), "y": y.view()}, inputs=("x",), outputs=("y",))
+    g = build_plan(plan)
+    r = check(g, facts=_fake_facts(fake), torch=False)
+    assert [(f.cls, f.path, f.severity) for f in r.findings] == [(6, "1", "error")], str(r)
+    g.close()
+    x.close()
+    y.close()
+
+
+def test_fake_check_gives_node_ids_the_dot_export_colours(fake):
+    from rawgraph import DeviceBuffer, GraphBuilder
+    from rawgraph.doctor import check
+    from rawgraph.graphs.dot import to_dot
+
+    k = _kernels()
+    x, y = DeviceBuffer(64), DeviceBuffer(64)
+    b = GraphBuilder()
+    b.kernel(k["fill"].launch(1, 64, (x, 1.0, 64)))
+    b.kernel(k["scale"].launch(1, 64, (x, y, 2.0, 64)))
+    g = b.build()
+    r = check(g, facts=_fake_facts(fake), torch=False)
+    text = to_dot(g, findings=r)
+    line = next(ln for ln in text.splitlines() if f"n{r.findings[0].node_id:x} [" in ln)
+    assert "unordered-overlap" in line and SEVERITY_COLOURS["error"] in line
+    assert to_dot(g).count("fillcolor") == 0
+    g.close()
+    x.close()
+    y.close()
+
+
+def test_conditional_handle_words_and_said_defaults():
+    from rawgraph.doctor.check import _said_defaults
+
+    h = SimpleNamespace(value=0x55, default=None)
+    node = SimpleNamespace(cond=SimpleNamespace(value=0x66, default=3))
+    assert _said_defaults([h, node]) == {0x55: None, 0x66: 3}
+    assert _said_defaults({0x77: 1}) == {0x77: 1}
+    assert driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL  # the binding names the type the records use
