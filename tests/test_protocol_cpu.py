@@ -344,3 +344,25 @@ def test_depth_loop_and_norm_gate_build_over_the_model(fake, example, capture):
         b.close()
     m.close()
     assert not _leaks(fake[1])
+
+
+ROWS_SRC = r"""
+extern "C" __global__ void halve_rows(const float* x, float* y, int rows, int width) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < rows * width) y[i] = 0.5f * x[i];
+}"""
+
+
+def test_only_rawgraphs_matmuls_route_rows_a_user_rows_argument_is_never_rewritten(fake):
+    # A slot pool rewrites x/y and the `rows` table of kernels that route rows themselves; a user
+    # kernel that merely names an argument `rows` must be gathered with kernels, untouched.
+    from rawgraph import DeviceBuffer, RawKernel, TinyBlock, ops
+
+    k = RawKernel(ROWS_SRC, "halve_rows")
+    x, y = DeviceBuffer((4, WIDTH)), DeviceBuffer((4, WIDTH))
+    user = k.launch(1, 256, (x, y, 4, WIDTH))
+    assert not ops.routes_rows(user)
+    block = TinyBlock(WIDTH, 4, form="fused", pdl=False)
+    plan = block.plan(DeviceBuffer((4, WIDTH)), DeviceBuffer((4, WIDTH)))
+    assert all(ops.routes_rows(launch) for launch in plan.launches)
+    block.close()
