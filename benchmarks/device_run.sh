@@ -3,7 +3,7 @@
 #   bash benchmarks/device_run.sh [tests] [kernels] [kernels-sweep] [quick] [full] [seed] [profile] [sweep4096]
 #                                 [sanitize] [memcheck] [kernelcheck] [soak] [probes] [torchprobe] [buckets] [slots]
 #                                 [kernels1024] [devlaunch] [control] [forkjoin] [rebindpaths] [newtests] [pack]
-#                                 [memcheck-all] [debugmalloc] [bitecheck]
+#                                 [memcheck-all] [debugmalloc] [bitecheck] [regress] [gemmquick]
 # Each stage has its own time limit, so a hang in one still brings back the others' logs.
 # RAWGRAPH_COMMIT names the commit measured in every results JSON (the device copy has no .git).
 set -u
@@ -80,6 +80,22 @@ for stage in $stages; do
     newtests)  # only the test files added since the last full run
       PYTHONFAULTHANDLER=1 timeout 200 python3 -m pytest -q -rs --timeout=60 -p no:cacheprovider $NEW_TESTS \
         >"$OUT/gpu_new_tests.txt" 2>&1 ;;
+    regress)  # no-regression check of a redesign: w128 b1, one layer, the tree at $OLD_TREE (an older
+      # checkout, e.g. git archive of the base commit, carried) and this one, alternating, then the table
+      for t in old new old new; do
+        if [ $t = old ]; then d=${OLD_TREE:?set OLD_TREE}; c=${OLD_COMMIT:-old}; else d=$(pwd); c=$RAWGRAPH_COMMIT; fi
+        n=$(ls -d /tmp/paths_$t* 2>/dev/null | wc -l)
+        (cd "$d" && RAWGRAPH_COMMIT=$c PYTHONPATH=$(pwd) timeout ${REGRESS_LIMIT:-90} python3 -m rawgraph.bench.launch_paths \
+          --quick --layers 1 --width 128 --batch 1 --no-cupy --out /tmp/paths_$t$n --name paths) >"$OUT/paths_$t$n.log" 2>&1
+        echo "  regress $t$n: rc=$?" | tee -a "$OUT/env.txt"
+      done
+      cp /tmp/paths_new0/paths.json "$OUT/launch_paths_w128_new.json" 2>/dev/null
+      cp /tmp/paths_old0/paths.json "$OUT/launch_paths_w128_old.json" 2>/dev/null
+      python3 benchmarks/compare_paths.py $(for f in /tmp/paths_*/paths.json; do t=$(basename $(dirname $f)); echo ${t:6:3}=$f; done) \
+        --json "$OUT/compare_paths.json" >"$OUT/compare_paths.txt" 2>&1 ;;
+    gemmquick)  # issue 23's fp32 GEMM candidates at six shapes against the current cut and cuBLAS
+      timeout ${GEMM_LIMIT:-120} python3 benchmarks/gemm_sweep.py --quick --out /tmp/gemm >"$OUT/gemm.log" 2>&1
+      cp /tmp/gemm/gemm_sweep.json "$OUT/" 2>/dev/null ;;
     pack)  # everything under $OUT as one archive (the device tool brings back at most 8 files)
       tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/" ;;
     soak) timeout 420 python3 benchmarks/soak.py --out "$OUT" >"$OUT/soak.log" 2>&1 ;;
