@@ -82,7 +82,7 @@ for stage in $stages; do
         >"$OUT/gpu_new_tests.txt" 2>&1 ;;
     regress)  # no-regression check of a redesign: w128 b1, one layer, the tree at $OLD_TREE (an older
       # checkout, e.g. git archive of the base commit, carried) and this one, alternating, then the table
-      for t in old new old new; do
+      for t in ${REGRESS_RUNS:-old new old new}; do
         if [ $t = old ]; then d=${OLD_TREE:?set OLD_TREE}; c=${OLD_COMMIT:-old}; else d=$(pwd); c=$RAWGRAPH_COMMIT; fi
         n=$(ls -d /tmp/paths_$t* 2>/dev/null | wc -l)
         (cd "$d" && RAWGRAPH_COMMIT=$c PYTHONPATH=$(pwd) timeout ${REGRESS_LIMIT:-90} python3 -m rawgraph.bench.launch_paths \
