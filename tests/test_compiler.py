@@ -22,7 +22,8 @@ PLAIN = {"elementwise": ["relu", "add", "empty", "spin", "count_mismatch", "gath
          "philox": ["philox_draw", "philox_dropout", "philox_advance"],
          "device_launch": ["rg_graph_launch", "rg_bump", "rg_snapshot"],
          "device_update": ["rg_du_update_rows", "rg_du_update_table", "rg_du_rows", "rg_du_mark", "rg_du_shape",
-                           "rg_du_count_live"]}
+                           "rg_du_count_live"],
+         "allreduce": ["rg_allreduce_oneshot"]}
 
 
 def _matvec_shapes(splits):
