@@ -366,3 +366,37 @@ def test_only_rawgraphs_matmuls_route_rows_a_user_rows_argument_is_never_rewritt
     plan = block.plan(DeviceBuffer((4, WIDTH)), DeviceBuffer((4, WIDTH)))
     assert all(ops.routes_rows(launch) for launch in plan.launches)
     block.close()
+
+
+class _OneLayer:
+    """A TinyBlock seen as a plain row-wise model: its layer_plan hidden, so DepthLoop repeats
+    its whole (PDL-chained on sm_90) plan."""
+
+    def __init__(self, block):
+        self._b = block
+        self.width, self.batch, self.device = block.width, block.batch, block.device
+
+    def plan(self, x, out, scratch=None):
+        return self._b.plan(x, out, scratch)
+
+
+def test_a_captured_depth_loop_body_gets_plain_edges_never_a_pdl_chain(fake, monkeypatch):
+    # Programmatic edges inside a conditional body are not what the builder path makes either:
+    # a captured body launches the model's PDL launches with cuLaunchKernel.
+    from cuda.bindings import driver
+
+    from rawgraph import DeviceBuffer, TinyBlock
+
+    block = TinyBlock(WIDTH, 2, form="fused", pdl=True)
+    x, out = DeviceBuffer((2, WIDTH)), DeviceBuffer((2, WIDTH))
+    assert any(l.pdl for l in block.plan(x, out).launches)
+    calls = []
+    real = driver.cuLaunchKernelEx
+    monkeypatch.setattr(driver, "cuLaunchKernelEx", lambda *a: calls.append(a) or real(*a))
+    loop = DepthLoop(_OneLayer(block), x, out, max_depth=2, capture=True, stream=fake[2])
+    assert calls == []
+    assert len(loop.body_plan.launches) == 2
+    loop.close()
+    for b in (x, out):
+        b.close()
+    block.close()

@@ -378,9 +378,11 @@ class BodyCapture:
         to bind by; the array is held as long as the body's graph)."""
         return wanted
 
-    def launch(self, launch: Launch, stream: Any = None, buffers: dict | None = None) -> KernelNode:
+    def launch(self, launch: Launch, stream: Any = None, buffers: dict | None = None,
+               pdl: bool | None = None) -> KernelNode:
         """Launch into the body and record the node it became (``cuStreamGetCaptureInfo``).
-        ``buffers`` (what a RawKernel call was given) are held by the body's builder."""
+        ``buffers`` (what a RawKernel call was given) are held by the body's builder. ``pdl=False``
+        launches a PDL launch plainly (``cuLaunchKernel``: a default edge, not a programmatic one)."""
         if not self._open:
             raise RawgraphError("BodyCapture.launch outside the with-block")
         if stream is not None and int(stream_handle(stream)) != self.stream.ptr:
@@ -390,7 +392,12 @@ class BodyCapture:
         status, _cid, _g, before = capture_info(self.stream.handle)  # the node's dependencies
         if status != _ACTIVE:
             raise _not_active(status, f"before launching {launch.kernel.name} into a body")
-        launch(self.stream)
+        if pdl is False and launch.pdl:
+            f, gx, gy, gz, bx, by, bz, sm, a = launch.packed()
+            check(driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, self.stream.handle, a, 0),
+                  f"cuLaunchKernel({launch.kernel.name})")
+        else:
+            launch(self.stream)
         status, _id, _g, deps, _e, n = check(driver.cuStreamGetCaptureInfo(self.stream.handle), "cuStreamGetCaptureInfo")
         if status != _ACTIVE or int(n) != 1:
             raise RawgraphError(f"expected one dependency after launching {launch.kernel.name} into a body, found {n}")
@@ -400,11 +407,12 @@ class BodyCapture:
         self.body.keep.append(launch)
         return kn
 
-    def run(self, plan: LaunchPlan) -> None:
-        """Record every launch of ``plan`` in order (PDL launches become programmatic edges)."""
+    def run(self, plan: LaunchPlan, pdl: bool | None = None) -> None:
+        """Record every launch of ``plan`` in order (PDL launches become programmatic edges;
+        ``pdl=False``: default edges throughout, as :meth:`GraphBuilder.run` does)."""
         plan.check_open()
         for launch in plan.launches:
-            self.launch(launch)
+            self.launch(launch, pdl=pdl)
         self.body.keep.append(plan)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:

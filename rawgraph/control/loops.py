@@ -160,7 +160,9 @@ class DepthLoop(Resource):
                 cap.launch(init)
                 loop = capture_conditional(cap, "while", cond)
                 with loop.capture_body(0, body_stream) as body:
-                    body.run(self.body_plan)
+                    # plain edges in the body, as the builder path makes them: a model's PDL chain
+                    # (TinyBlock on sm_90) is never captured into a conditional body
+                    body.run(self.body_plan, pdl=False)
                     body.launch(advance)
                 _dtod(cap, self.out.ptr, self.cur.ptr, nbytes)
             self.loop = loop
