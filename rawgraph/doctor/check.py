@@ -741,22 +741,27 @@ def _overlaps(refs: list[_Ref], order: _Order) -> list[Finding]:
 def _inputs(obj: Any, refs: list[_Ref], order: _Order, inputs: Iterable[Any], plan: Any,
             view: TorchView | None) -> list[Finding]:
     """Class 6: an input written inside the graph, or sitting where an intermediate was."""
-    ranges: list[tuple[str, int, int]] = []
+    # (label, lo, hi, the plan's own launches or None): for a plan input, only a write by one of
+    # the plan's launches makes it an intermediate; a node outside the plan that writes it (a
+    # slot pool's gather, a loop's copy in) is how the graph feeds its plan, not aliasing.
+    ranges: list[tuple[str, int, int, Any]] = []
     for i, x in enumerate(inputs or ()):
         lo, n = as_range(x)
-        ranges.append((f"input {i}", lo, lo + n))
+        ranges.append((f"input {i}", lo, lo + n, None))
     if plan is not None and obj is not None:
+        own = {id(launch) for launch in getattr(plan, "launches", ())}
         for name in getattr(plan, "inputs", ()):
             buf = plan.buffers.get(name)
             if buf is not None:
-                ranges.append((f"plan input {name!r}", int(buf.ptr), int(buf.ptr) + int(buf.nbytes)))
+                ranges.append((f"plan input {name!r}", int(buf.ptr), int(buf.ptr) + int(buf.nbytes), own))
     out: list[Finding] = []
-    for label, lo, hi in ranges:
+    for label, lo, hi, own in ranges:
         touching = sorted((r for r in refs if not r.host and r.address < hi and lo < r.address + max(r.nbytes, 1)),
                           key=lambda r: order.key(r.node))
         if not touching:
             continue
-        writers = [r for r in touching if r.role == "write"]
+        writers = [r for r in touching if r.role == "write" and
+                   (own is None or (r.node.kernel_node is not None and id(r.node.kernel_node.launch) in own))]
         primary = (writers or touching)[0].node
         related = tuple(dict.fromkeys(r.node.path for r in touching if r.node is not primary))
         if writers:
