@@ -189,8 +189,10 @@ def current_cut(m: int, k: int, n: int, sms: int) -> OldCut:
                  + (f"/cap{shape.per_sm}" if shape.per_sm else ""))
         if shape.per_sm:
             raise RuntimeError("current cut uses a residency cap; not replicated here")
+        # once ops.SGEMM_CUTS has the shape, today's choice is an sgemm cut: compile it from its own file
+        file = ops.matmul_file(shape) if hasattr(ops, "matmul_file") else "matmul"
         return OldCut(shape.kernel, exprs, tuple(shape.grid), shape.threads, int(ops.gemm_smem_bytes(shape)), early,
-                      label, "rawgraph.ops")
+                      label, "rawgraph.ops", file)
     # Replica of ops.gemm_shape / matmul_shape (commit d0f48ca) for the GEMM; matvec picks become the GEMM default.
     tiles = _cdiv(m, 64)
     if k * n < (1 << 22) and m > 64 and tiles <= 2:

@@ -5,7 +5,9 @@ initcheck (memcheck runs the GPU test suite).
 
 Odd sizes put tails in every loop (batch, K and N not multiples of the tiles); hand-picked cuts
 reach the cluster split forms and both GEMM tiles and slice counts, which the automatic cut
-would only choose for large products. Exit status 1 if any result is wrong.
+would only choose for large products, and issue 23's fp32 GEMM (``kernels/sgemm.cu``) through
+its four paths: no split, a cluster split, in-CTA K slices (with and without a split), row tables
+and pointer slots. Exit status 1 if any result is wrong.
 
     PYTHONPATH=. python3 benchmarks/sanitize_kernels.py
 """
@@ -18,8 +20,8 @@ import numpy as np
 
 from rawgraph import DeviceBuffer, LaunchPlan, Stream, TinyBlock, capture_plan, get_device, ops
 from rawgraph.control.rng import PhiloxGenerator, dropout_constants, reference_keep, reference_numbers, uniform24
-from rawgraph.runtime.memory import POISON_BITS
-from rawgraph.ops import gemm_shape, matvec_shape
+from rawgraph.runtime.memory import POISON_BITS, DeviceArray
+from rawgraph.ops import gemm_shape, matvec_shape, sgemm_shape
 
 
 def _rel(got: np.ndarray, ref: np.ndarray) -> float:
@@ -134,6 +136,46 @@ def main() -> int:
     # GEMM: both column tiles, one and two K slices, with and without a cluster split
     for tile, slices, split in ((64, 2, 2), (128, 1, 1), (64, 1, 4), (128, 2, 1)):
         matmul_case("gemm", 33, 1000, 996, "add", gemm_shape(33, 1000, 996, sm, True, split, tile, 0, slices))
+    # sgemm (kernels/sgemm.cu): the epilogue straight from registers (no split: 64 x 64 tiles,
+    # and 128 x 128 at MINB 2), a cluster split (S = 3: not a power of two; S = 8 with 8-row
+    # stages), in-CTA K slices alone (KS = 2, 4) and with a split; M, K, N with tails
+    # (K % 16 != 0, N % 64 != 0, M % BM != 0), every epilogue
+    for batch, k, n, epilogue, cut in ((33, 1000, 996, "add", (64, 64, 16, 3, 1, 1, 1)),
+                                       (70, 1004, 260, "relu", (128, 128, 8, 2, 1, 1, 2)),
+                                       (37, 1000, 996, "none", (64, 128, 8, 4, 3, 1, 1)),
+                                       (100, 1000, 132, "add", (32, 128, 16, 3, 8, 1, 1)),
+                                       (70, 1000, 196, "relu", (32, 128, 16, 3, 1, 2, 1)),
+                                       (65, 520, 260, "add", (64, 64, 32, 2, 1, 4, 1)),
+                                       (33, 1000, 996, "add", (64, 128, 16, 3, 2, 2, 1))):
+        matmul_case("sgemm", batch, k, n, epilogue, sgemm_shape(batch, k, n, *cut))
+    # sgemm through pointer slots (the indirect launch path): x, y and r read from 8-byte slots,
+    # y and r 4 bytes off 16-byte alignment (scalar epilogue stores); a split with slices
+    def sgemm_indirect_case(batch, k, n, cut):
+        xh, wh, rh = (rng.standard_normal(sh, dtype=np.float32) for sh in ((batch, k), (k, n), (batch, n)))
+        bufs = {"x": DeviceBuffer.from_numpy(xh, stream=s), "W": DeviceBuffer.from_numpy(wh, stream=s),
+                "r": DeviceBuffer.from_numpy(np.concatenate([np.zeros(1, np.float32), rh.ravel()]), stream=s),
+                "y": DeviceBuffer(batch * n + 1)}
+        r_off = DeviceArray(bufs["r"].ptr + 4, (batch, n), np.dtype(np.float32), bufs["r"])
+        y_off = DeviceArray(bufs["y"].ptr + 4, (batch, n), np.dtype(np.float32), bufs["y"])
+        views = {"x": bufs["x"].view(), "W": bufs["W"].view(), "r": r_off, "y": y_off}
+        launch = ops.matmul(dev, views, "x", "W", "y", "add", r="r", shape=sgemm_shape(batch, k, n, *cut))
+        slots = DeviceBuffer.from_numpy(np.array([views[a].ptr for a in ("x", "y", "r")], np.uint64), stream=s)
+        for i, arg in enumerate(("x", "y", "r")):
+            launch.args[arg] = slots.ptr + 8 * i
+            launch.args["flags"] = int(launch.args["flags"]) | ops.INDIRECT_FLAGS[arg]
+        bufs["y"].poison(s)
+        launch(s)
+        got = bufs["y"].to_numpy(s).ravel()
+        ref = xh.astype(np.float64) @ wh + rh
+        check(f"sgemm indirect {launch.kernel.name} b{batch} k{k} n{n}", got[1:].reshape(batch, n), ref)
+        if got[:1].view(np.uint32)[0] != POISON_BITS:
+            print("FAIL sgemm indirect: the float before y was written", flush=True)
+            failures.append("sgemm indirect before y")
+        for b in (*bufs.values(), slots):
+            b.close()
+
+    sgemm_indirect_case(37, 1000, 260, (64, 64, 16, 3, 2, 2, 1))
+    sgemm_indirect_case(5, 36, 68, (32, 64, 8, 2, 1, 1, 1))
     # the single-kernel block: clusters of 4 and 8, batch tails
     for batch, width, cluster in ((5, 132, 8), (1, 200, 4), (3, 36, 8)):
         xh = rng.standard_normal((batch, width), dtype=np.float32)
@@ -186,6 +228,8 @@ def main() -> int:
 
     routed_case("matvec", 5, 260, lambda b, k: matvec_shape(b, k, k, sm, 4, True))
     routed_case("gemm", 37, 264, lambda b, k: gemm_shape(b, k, k, sm, True, 2, 64, 0, 1))
+    routed_case("sgemm", 37, 264, lambda b, k: sgemm_shape(b, k, k, 64, 64, 16, 3, 1, 1, 1))
+    routed_case("sgemm", 70, 264, lambda b, k: sgemm_shape(b, k, k, 32, 128, 8, 3, 3, 2, 1))
     # row gathers and scatters: through a device table and by value (two capacities), odd sizes
     for rows, width, states in ((13, 33, 40), (50, 17, 61)):
         table = rng.permutation(states)[:rows].astype(np.int32)

@@ -82,3 +82,45 @@ def describe_holders(obj, depth=4, width=4):
             lines.append(f"{'  ' * level}<- {type(r).__name__}: {text[:160]}")
             frontier.append((r, level + 1))
     return "\n".join(lines)
+
+
+def torch_with_graphs():
+    """torch, skipping the test where it is missing, has no CUDA, or is too old to hand out its
+    graph (``CUDAGraph(keep_graph=True)``, torch >= 2.8)."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    from rawgraph.updates.adopt import TORCH_MIN, _version
+
+    if _version(torch.__version__) < TORCH_MIN:
+        pytest.skip(f"torch {torch.__version__} has no CUDAGraph(keep_graph=True)")
+    return torch
+
+
+def refuses_what_the_driver_forbids(dsg, monkeypatch, names):
+    """A DeviceShapedGraph refuses a second instantiate, exec updates, a clone and an update
+    manager before any of the driver calls ``names`` is made."""
+    import pytest
+    from cuda.bindings import driver
+
+    from rawgraph import ExecUpdateManager
+    from rawgraph.serving import DeviceShapedError
+
+    calls: list[str] = []
+    for name in names:
+        real = getattr(driver, name)
+        monkeypatch.setattr(driver, name, lambda *a, _n=name, _r=real: calls.append(_n) or _r(*a))
+    with pytest.raises(DeviceShapedError, match="instantiated only once"):
+        dsg.graph.instantiate()
+    with pytest.raises(DeviceShapedError, match="cuGraphExecUpdate"):
+        dsg.exec.update(dsg.graph)
+    with pytest.raises(DeviceShapedError, match="cuGraphExecUpdate"):
+        dsg.update(dsg.graph)
+    with pytest.raises(DeviceShapedError, match="cloned"):
+        dsg.clone()
+    with pytest.raises(DeviceShapedError, match="ExecUpdateManager"):
+        ExecUpdateManager(dsg.graph, dsg.exec)
+    assert calls == []
+

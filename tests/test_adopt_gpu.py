@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from helpers import rel_err
+from helpers import rel_err, torch_with_graphs
 from rawgraph import Stream
 from rawgraph.runtime.errors import RawgraphError
 from rawgraph.graphs.nodes import KernelInfo
@@ -18,13 +18,7 @@ REBINDS = 1000
 
 
 def _torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA here")
-    from rawgraph.updates.adopt import TORCH_MIN, _version
-
-    if _version(torch.__version__) < TORCH_MIN:
-        pytest.skip(f"torch {torch.__version__} has no CUDAGraph(keep_graph=True)")
+    torch = torch_with_graphs()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     return torch

@@ -10,12 +10,13 @@ import types
 
 import numpy as np
 import pytest
+
+from helpers import refuses_what_the_driver_forbids
 from cuda.bindings import driver
 
 from fault_cases import fake_session
 from rawgraph.ops import GEMM_TILE_M
-from rawgraph.serving.device_shaped import (ENTRY_DTYPE, DeviceShapedError, ShapeEntry, grid_for, pack_table,
-                                            shape_entries)
+from rawgraph.serving.device_shaped import ENTRY_DTYPE, ShapeEntry, grid_for, pack_table, shape_entries
 from rawgraph.serving.protocol import row_grid
 
 
@@ -158,9 +159,8 @@ def updatable_attrs(monkeypatch):
 
 
 def test_build_writes_the_table_and_refuses_what_the_driver_forbids(fake, updatable_attrs, monkeypatch):
-    from rawgraph import DeviceShapedGraph, ExecUpdateManager, TinyBlock
+    from rawgraph import DeviceShapedGraph, TinyBlock
 
-    calls: list[str] = []
     with TinyBlock(64, 1, 1, seed=2, form="unfused") as model:
         dsg = DeviceShapedGraph(model, max_batch=64)
         try:
@@ -171,20 +171,8 @@ def test_build_writes_the_table_and_refuses_what_the_driver_forbids(fake, updata
             assert list(table["param_offset"]) == [e.param_offset for e in dsg.entries]
             assert int(dsg.n_live.ptr) and dsg.head.kernel.name == "rg_du_shape"
             # every refusal comes before any driver call
-            for name in ("cuGraphInstantiate", "cuGraphExecUpdate", "cuGraphClone", "cuGraphExecKernelNodeSetParams"):
-                real = getattr(driver, name)
-                monkeypatch.setattr(driver, name, lambda *a, _n=name, _r=real: calls.append(_n) or _r(*a))
-            with pytest.raises(DeviceShapedError, match="instantiated only once"):
-                dsg.graph.instantiate()
-            with pytest.raises(DeviceShapedError, match="cuGraphExecUpdate"):
-                dsg.exec.update(dsg.graph)
-            with pytest.raises(DeviceShapedError, match="cuGraphExecUpdate"):
-                dsg.update(dsg.graph)
-            with pytest.raises(DeviceShapedError, match="cloned"):
-                dsg.clone()
-            with pytest.raises(DeviceShapedError, match="ExecUpdateManager"):
-                ExecUpdateManager(dsg.graph, dsg.exec)
-            assert calls == []
+            refuses_what_the_driver_forbids(dsg, monkeypatch, ("cuGraphInstantiate", "cuGraphExecUpdate",
+                                                                "cuGraphClone", "cuGraphExecKernelNodeSetParams"))
             from rawgraph.runtime.errors import ShapeError
 
             with pytest.raises(ShapeError):

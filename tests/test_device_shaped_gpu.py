@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda.bindings import driver
 
-from helpers import random_input, rel_err
-from rawgraph import DeviceBuffer, DeviceShapedError, DeviceShapedGraph, ExecUpdateManager, TinyBlock
+from helpers import random_input, rel_err, refuses_what_the_driver_forbids
+from rawgraph import DeviceBuffer, DeviceShapedError, DeviceShapedGraph, TinyBlock
 from rawgraph.models.tinyblock import reference_forward
 from rawgraph.runtime.launch import KernelArgs, Launch, LaunchPlan
 from rawgraph.runtime.memory import POISON_BITS
@@ -124,24 +123,10 @@ def test_n_written_by_a_kernel_in_the_same_graph(device, stream, rng):
 
 
 def test_refusals_come_before_any_driver_call(device, stream, rng, monkeypatch):
-    calls: list[str] = []
     names = ("cuGraphInstantiate", "cuGraphInstantiateWithParams", "cuGraphExecUpdate", "cuGraphClone",
              "cuGraphExecKernelNodeSetParams")
     with TinyBlock(64, 1, 1, form="unfused") as model, DeviceShapedGraph(model, 64, stream) as dsg:
-        for name in names:
-            real = getattr(driver, name)
-            monkeypatch.setattr(driver, name, lambda *a, _n=name, _r=real: calls.append(_n) or _r(*a))
-        with pytest.raises(DeviceShapedError, match="instantiated only once"):
-            dsg.graph.instantiate()
-        with pytest.raises(DeviceShapedError, match="cuGraphExecUpdate"):
-            dsg.exec.update(dsg.graph)
-        with pytest.raises(DeviceShapedError, match="cuGraphExecUpdate"):
-            dsg.update(dsg.graph)
-        with pytest.raises(DeviceShapedError, match="cloned"):
-            dsg.clone()
-        with pytest.raises(DeviceShapedError, match="ExecUpdateManager"):
-            ExecUpdateManager(dsg.graph, dsg.exec)
-        assert calls == []
+        refuses_what_the_driver_forbids(dsg, monkeypatch, names)
         # still serving after the refusals
         xh = random_input(rng, (64, 64))
         dsg.input.copy_from_host(xh, stream)

@@ -6,6 +6,8 @@ slots, RawKernel captures, torch and CuPy graphs adopted cleanly)."""
 import numpy as np
 import pytest
 
+from helpers import torch_with_graphs
+
 from rawgraph import Stream
 from rawgraph.doctor import check, verify, watch
 from rawgraph.doctor import faults
@@ -14,15 +16,7 @@ from rawgraph.doctor.verify import VerifyError
 pytestmark = pytest.mark.gpu
 
 
-def _torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA here")
-    from rawgraph.updates.adopt import TORCH_MIN, _version
-
-    if _version(torch.__version__) < TORCH_MIN:
-        pytest.skip(f"torch {torch.__version__} has no CUDAGraph(keep_graph=True)")
-    return torch
+_torch = torch_with_graphs
 
 
 def _named(report, fault):

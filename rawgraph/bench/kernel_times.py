@@ -9,7 +9,9 @@ device-to-device copy measured in the same run (bytes read + written).
 Every matmul is timed twice: as a chain of programmatic dependent launches (how rawgraph's plans
 run on sm_90: each launch's weight loads overlap the one before) and in plain stream order.
 ``--sweep`` also times every other cut (column tile, K split, kernel) of each shape, so the
-choice ``ops.matmul_shape`` makes can be checked against the best one measured.
+choice ``ops.matmul_shape`` makes can be checked against the best one measured; from 32 rows on
+that includes a few cuts of issue 23's fp32 GEMM (``kernels/sgemm.cu``, :data:`SGEMM_SWEEP`) and
+the shape's ``ops.SGEMM_CUTS`` entry, if any.
 
     PYTHONPATH=. python3 -m rawgraph.bench.kernel_times [--out benchmarks/results] [--sweep]
 """
@@ -93,9 +95,45 @@ def _weights(width: int, l2_bytes: int, stream: Stream) -> list[DeviceBuffer]:
     return ws
 
 
-def candidate_shapes(batch: int, width: int, multiprocessors: int, clusters: bool) -> list[ops.MatmulShape]:
-    """Every cut of a (batch, width, width) product the kernels can run, the default first."""
-    default = ops.matmul_shape(batch, width, width, multiprocessors, clusters=clusters)
+# sgemm cut structures the sweep adds (BM, BN, KS, MINB; BK 16), each with every split that leaves
+# every K part at least one stage: a few of benchmarks/gemm_sweep.py's STRUCTS (which times many
+# more and prints ops.SGEMM_CUTS), for comparing them with the matmul.cu cuts in the same run.
+SGEMM_SWEEP = ((128, 128, 1, 1), (64, 128, 2, 1), (128, 64, 2, 1), (64, 64, 4, 1), (32, 128, 4, 1))
+SGEMM_SWEEP_BK = 16
+
+
+def sgemm_candidates(batch: int, k: int, n: int, clusters: bool, smem_limit: int = 0) -> list[ops.MatmulShape]:
+    """The sgemm cuts ``--sweep`` times for a (batch, K, N) product: the ``ops.SGEMM_CUTS`` entry
+    first (if any), then :data:`SGEMM_SWEEP`'s structures; none below ``GEMM_MIN_BATCH`` rows or
+    where K or N is not a multiple of 4. Stages: up to 4, no more than a K part has plus one."""
+    if batch < ops.GEMM_MIN_BATCH or k % 4 or n % 4:
+        return []
+    cuts = []
+    cut = ops.SGEMM_CUTS.get((batch, k, n))
+    if cut is not None:
+        cuts.append(tuple(cut))
+    for bm, bn, ks, minb in SGEMM_SWEEP:
+        for split in (1, 2, 4, 8):
+            parts = split * ks
+            kc = ops._cdiv(ops._cdiv(k, parts), SGEMM_SWEEP_BK) * SGEMM_SWEEP_BK
+            if kc * (parts - 1) >= k:  # an empty K part: wasted CTAs
+                continue
+            cuts.append((bm, bn, SGEMM_SWEEP_BK, max(2, min(4, kc // SGEMM_SWEEP_BK + 1)), split, ks, minb))
+    out = []
+    for bm, bn, bk, stages, split, ks, minb in cuts:
+        if split > 1 and not clusters:
+            continue
+        shape = ops.sgemm_shape(batch, k, n, bm, bn, bk, stages, split, ks, minb, clusters)
+        if not smem_limit or ops.gemm_smem_bytes(shape) <= smem_limit:
+            out.append(shape)
+    return out
+
+
+def candidate_shapes(batch: int, width: int, multiprocessors: int, clusters: bool,
+                     smem_limit: int = 0) -> list[ops.MatmulShape]:
+    """Every cut of a (batch, width, width) product the kernels can run, the default first
+    (sgemm cuts: :func:`sgemm_candidates`)."""
+    default = ops.matmul_shape(batch, width, width, multiprocessors, clusters=clusters, smem_limit=smem_limit)
     out = [default]
     splits = (1, 2, 4, 8) if clusters else (1,)
     bt = 1
@@ -111,6 +149,7 @@ def candidate_shapes(batch: int, width: int, multiprocessors: int, clusters: boo
                 for slices, per_sm in ((2, 0), (1, 0), (1, 2)):
                     if width // split >= ops.GEMM_KC and (per_sm == 0 or split > 1):
                         out.append(ops.gemm_shape(batch, width, width, multiprocessors, clusters, split, tile_n, per_sm, slices))
+    out.extend(sgemm_candidates(batch, width, width, clusters, smem_limit))
     seen, unique = set(), []
     for s in out:
         if s not in seen:
@@ -120,6 +159,9 @@ def candidate_shapes(batch: int, width: int, multiprocessors: int, clusters: boo
 
 
 def _label(s: ops.MatmulShape) -> str:
+    if s.kernel == "sgemm":
+        return (f"sgemm/{s.bt}x{s.tc}/k{s.bk}/st{s.stages}/s{s.split}/ks{s.slices}"
+                + (f"/mb{s.minb}" if s.minb > 1 else ""))
     return (f"{s.kernel}/t{s.tc}/s{s.split}" + (f"/sl{s.slices}" if s.slices > 1 else "")
             + (f"/cap{s.per_sm}" if s.per_sm else ""))
 
@@ -168,11 +210,17 @@ def measure(widths=WIDTHS, batches=BATCHES, sweep: bool = False) -> dict:
     except Exception:
         pass
     sms = dev.info.multiprocessors
-    # One NVRTC program for every instantiation the run needs, not one per shape.
-    names = {ops.matmul_expr(e, s) for w in widths for b in batches
-             for s in (candidate_shapes(b, w, sms, clusters) if sweep else [ops.matmul_shape(b, w, w, sms, clusters=clusters)])
-             for e in ("none", "relu", "add")}
-    get_kernels("matmul", sorted(names), dev)
+    optin = dev.info.smem_per_block_optin
+    # One NVRTC program per source for every instantiation the run needs, not one per shape.
+    names: dict[str, set[str]] = {}
+    for w in widths:
+        for b in batches:
+            default = ops.matmul_shape(b, w, w, sms, clusters=clusters, smem_limit=optin)
+            for s in (candidate_shapes(b, w, sms, clusters, optin) if sweep else [default]):
+                for e in (("none", "relu", "add") if s == default or s.kernel != "sgemm" else ("none",)):
+                    names.setdefault(ops.matmul_file(s), set()).add(ops.matmul_expr(e, s))
+    for file, exprs in sorted(names.items()):
+        get_kernels(file, sorted(exprs), dev)
     bw = copy_bandwidth(stream)
     rows = []
     bar = SweepProgress(len(widths) * len(batches), "kernels")  # one step per row; --sweep names the cut
@@ -200,7 +248,7 @@ def measure(widths=WIDTHS, batches=BATCHES, sweep: bool = False) -> dict:
             err = float(np.linalg.norm(y.to_numpy() - ref) / np.linalg.norm(ref))
             if not err < 1e-5:
                 raise AssertionError(f"matmul w{width} b{batch}: relative error {err:.2e}")
-            shape = ops.matmul_shape(batch, width, width, sms, clusters=clusters)
+            shape = ops.matmul_shape(batch, width, width, sms, clusters=clusters, smem_limit=optin)
             row = {"width": width, "batch": batch, "weights_rotated": len(ws), "rel_err": err,
                    "shape": _label(shape), "ctas": shape.ctas}
             for name, epi in (("matmul", "none"), ("matmul_relu", "relu"), ("matmul_add", "add")):
@@ -223,7 +271,7 @@ def measure(widths=WIDTHS, batches=BATCHES, sweep: bool = False) -> dict:
                                                        bufs, stream, pdl=True)
             if sweep:
                 row["sweep"] = {}
-                cands = candidate_shapes(batch, width, sms, clusters)
+                cands = candidate_shapes(batch, width, sms, clusters, optin)
                 for j, cand in enumerate(cands, 1):
                     bar.detail(f"cut {j}/{len(cands)} {_label(cand)}")
                     row["sweep"][_label(cand)] = _graph_time_us(chain("none", cand), bufs, stream, pdl=clusters)["median"]

@@ -358,13 +358,13 @@ class Runner:
     def _cupy_rawkernel_graph(self, cp, cstream, rs, key, model, x, ref_cupy, est) -> None:
         """The same block from rawgraph's own .cu sources as CuPy RawKernels, captured by CuPy."""
         from ..runtime.module import kernel_source
-        from ..ops import matmul_expr, matmul_shape
+        from ..ops import matmul_expr, matmul_file, matmul_shape
 
         shape = matmul_shape(model.batch, model.width, model.width, self.dev.info.multiprocessors)
         exprs = [matmul_expr("relu", shape), matmul_expr("add", shape)]
         # CuPy's own NVRTC builds it for this GPU; launched plainly (no PDL), clusters come from
         # the kernels' __cluster_dims__.
-        mod = cp.RawModule(code=kernel_source("matmul"), options=("-std=c++17",), name_expressions=exprs)
+        mod = cp.RawModule(code=kernel_source(matmul_file(shape)), options=("-std=c++17",), name_expressions=exprs)
         k_relu, k_add = (mod.get_function(e) for e in exprs)
         ws = [(cp.asarray(w1), cp.asarray(w2)) for w1, w2 in model.weights]
         a = cp.empty_like(x)

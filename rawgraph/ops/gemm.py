@@ -1,5 +1,6 @@
-"""The matmul family (``kernels/matmul.cu``) and the one-kernel block (``kernels/block.cu``):
-the cut chosen per shape, operands checked, arguments packed once."""
+"""The matmul family (``kernels/matmul.cu``, and issue 23's fp32 GEMM ``kernels/sgemm.cu``) and the
+one-kernel block (``kernels/block.cu``): the cut chosen per shape, operands checked, arguments
+packed once."""
 
 from __future__ import annotations
 
@@ -40,9 +41,13 @@ __all__ = [
     "MATVEC_TILES",
     "has_clusters",
     "MatmulShape",
+    "SGEMM_CUTS",
     "matvec_shape",
     "gemm_shape",
+    "sgemm_shape",
+    "sgemm_smem_bytes",
     "gemm_smem_bytes",
+    "matmul_file",
     "residency_pad",
     "matmul_shape",
     "matmul_expr",
@@ -81,6 +86,12 @@ MAX_SPLIT = 8        # portable cluster size
 XS_FLOATS = 4096     # matmul.cu's RG_XS_FLOATS
 UNROLL = 8           # matmul.cu's RG_UNROLL
 MATVEC_TILES = {4: (128, 64, 32, 16), 1: (32, 16, 8)}  # column tiles per load width
+# Issue 23's fp32 GEMM (kernels/sgemm.cu), chosen per exact shape: (M, K, N) -> (BM, BN, BK, STAGES,
+# S, KS, MINB), the literal benchmarks/gemm_sweep.py prints (its best timed cut per shape, on the
+# GPU it ran on). matmul_shape consults it first; a shape not in it (or whose operands or device
+# the cut cannot serve) gets the matmul.cu rule below. Empty until a sweep's table is pasted in.
+SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, int, int, int, int, int, int]] = {}
+SGEMM_MAX_THREADS_PER_SM = 2048  # sm_80 .. sm_90: __launch_bounds__' MINB * threads must fit
 
 
 def has_clusters(device: Device) -> bool:
@@ -98,6 +109,11 @@ class MatmulShape:
     (0 = no cap), enforced by asking for otherwise unused dynamic shared memory (see
     :func:`residency_pad`); slices: GEMM only, groups of 256 threads in a CTA that split its K
     range again (1 or 2).
+
+    ``"sgemm"`` (``kernels/sgemm.cu``, built by :func:`sgemm_shape`): ``bt`` is the row tile BM,
+    ``tc`` the column tile BN, ``split`` the cluster size S, ``slices`` the in-CTA K slices KS
+    (each of BM * BN / 64 threads); ``bk`` (K rows per pipeline stage), ``stages`` and ``minb``
+    (``__launch_bounds__``' minimum CTAs per SM) are its own; 0 for the other kernels.
     """
 
     kernel: str
@@ -108,9 +124,24 @@ class MatmulShape:
     grid: tuple[int, int, int]
     per_sm: int = 0
     slices: int = 1
+    bk: int = 0
+    stages: int = 0
+    minb: int = 0
+
+    @property
+    def bm(self) -> int:
+        """Output rows per CTA (the GEMMs' row tile; matvec's batch tile)."""
+        return self.bt
+
+    @property
+    def bn(self) -> int:
+        """Output columns per CTA."""
+        return self.tc
 
     @property
     def threads(self) -> int:
+        if self.kernel == "sgemm":
+            return self.slices * (self.bt // 8) * (self.tc // 8)
         return THREADS * self.slices
 
     @property
@@ -212,10 +243,52 @@ def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool,
     return MatmulShape("gemm", 4, tile_n, GEMM_TILE_M, split, grid, per_sm, slices)
 
 
+def sgemm_shape(batch: int, k: int, n: int, bm: int, bn: int, bk: int, stages: int, split: int = 1,
+                slices: int = 1, minb: int = 1, clusters: bool = True) -> MatmulShape:
+    """A cut of ``kernels/sgemm.cu``: BM x BN output tiles, K in steps of ``bk`` through ``stages``
+    cp.async stages, K split over a cluster of ``split`` CTAs and again over ``slices`` groups of
+    BM * BN / 64 threads inside each CTA; ``minb`` is ``__launch_bounds__``' minimum CTAs per SM.
+    Grid (ceil(N / BN), S, ceil(M / BM)). The arguments are those of a ``SGEMM_CUTS`` entry
+    ``(BM, BN, BK, STAGES, S, KS, MINB)``; what the kernel's static_asserts and the launch forbid
+    raises :class:`ShapeError` here (operand layout is :func:`matmul`'s check)."""
+    if min(batch, k, n) < 1:
+        raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
+    if bm < 32 or bm % 32 or bn < 64 or bn % 64:
+        raise ShapeError(f"sgemm tiles need BM % 32 == 0 and BN % 64 == 0 (a warp covers 32 x 64), got {bm} x {bn}")
+    if bk < 4 or bk % 4:
+        raise ShapeError(f"sgemm K step BK must be a positive multiple of 4, got {bk}")
+    if stages < 2:
+        raise ShapeError(f"sgemm needs at least 2 pipeline stages, got {stages}")
+    if not 1 <= split <= MAX_SPLIT or (split > 1 and not clusters):
+        raise ShapeError(f"sgemm split {split} must be 1..{MAX_SPLIT}; above 1 it needs clusters (sm_90)")
+    if not 1 <= slices <= 8:
+        raise ShapeError(f"sgemm K slices per CTA must be 1..8, got {slices}")
+    threads = slices * (bm // 8) * (bn // 8)
+    if threads > 1024:
+        raise ShapeError(f"sgemm cut {bm} x {bn} with {slices} slices needs {threads} threads per CTA (at most 1024)")
+    if minb < 1 or minb * threads > SGEMM_MAX_THREADS_PER_SM:
+        raise ShapeError(f"sgemm MINB {minb} x {threads} threads exceeds {SGEMM_MAX_THREADS_PER_SM} threads per SM")
+    grid = (_cdiv(n, bn), split, _cdiv(batch, bm))
+    if grid[2] > 65535:
+        raise ShapeError(f"sgemm grid z {grid[2]} (batch {batch} / BM {bm}) exceeds 65535")
+    return MatmulShape("sgemm", 4, bn, bm, split, grid, 0, slices, bk, stages, minb)
+
+
+def sgemm_smem_bytes(bm: int, bn: int, bk: int, stages: int, split: int, slices: int) -> int:
+    """sgemm.cu's ``sgemm_smem_floats`` x 4: ``slices`` x ``stages`` of a BM x BK x tile (rows
+    padded to BK + 4 floats) and a BK x BN W tile, or, when K is cut (S * KS > 1) and that is
+    larger, the ``slices`` partial BM x BN tiles (rows padded to BN + 4) that reuse them."""
+    pipe = slices * stages * (bm * (bk + 4) + bk * bn)
+    part = slices * bm * (bn + 4) if split * slices > 1 else 0
+    return 4 * max(pipe, part)
+
+
 def gemm_smem_bytes(shape: MatmulShape) -> int:
     """Dynamic shared memory of a matmul launch: 0 for matvec (static only); for the GEMM
     ``slices`` x 3 stages of a 64 x 16 x slice (rows padded to 20 floats) and a 16 x ``tc`` W
-    slice (matmul.cu's RG_GM_*)."""
+    slice (matmul.cu's RG_GM_*); for sgemm :func:`sgemm_smem_bytes`."""
+    if shape.kernel == "sgemm":
+        return sgemm_smem_bytes(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices)
     if shape.kernel != "gemm":
         return 0
     return shape.slices * GEMM_STAGES * (GEMM_TILE_M * (GEMM_KC + 4) + GEMM_KC * shape.tc) * 4
@@ -241,15 +314,25 @@ def residency_pad(device: Device, used_smem: int, per_sm: int) -> int:
 
 
 def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: bool = True,
-                 x_aligned16: bool = True, clusters: bool = True) -> MatmulShape:
+                 x_aligned16: bool = True, clusters: bool = True, smem_limit: int = 0) -> MatmulShape:
     """Choose the kernel and its cut for a (batch, K, N) product on ``multiprocessors`` SMs.
 
     The choice depends only on the shape, W's and x's alignment and the device, never on the
     epilogue, so the fused and unfused forms of a block run the same sums (and round alike).
+    An exact (batch, K, N) entry of :data:`SGEMM_CUTS` comes first, where its cut can run here
+    (aligned operands, clusters if it splits, at most ``smem_limit`` bytes of dynamic shared
+    memory per CTA when that is given); a malformed entry raises :class:`ShapeError`.
     """
     if min(batch, k, n) < 1:
         raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
     gemm_ok = k % 4 == 0 and n % 4 == 0 and w_aligned16 and x_aligned16
+    cut = SGEMM_CUTS.get((batch, k, n))
+    if cut is not None and gemm_ok:
+        if len(cut) != 7:
+            raise ShapeError(f"SGEMM_CUTS[{(batch, k, n)}] = {cut}: expected (BM, BN, BK, STAGES, S, KS, MINB)")
+        sg = sgemm_shape(batch, k, n, *cut, clusters=True)
+        if (sg.split == 1 or clusters) and (not smem_limit or gemm_smem_bytes(sg) <= smem_limit):
+            return sg
     if batch >= GEMM_MIN_BATCH and k * n >= GEMM_MIN_ELEMENTS and gemm_ok:
         return gemm_shape(batch, k, n, multiprocessors, clusters)
     if batch > MATVEC_MAX_BATCH_L2 and k * n >= GEMM_MID_ELEMENTS and gemm_ok and clusters:
@@ -266,8 +349,19 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
     return matvec_shape(batch, k, n, multiprocessors, vec, clusters)
 
 
+def matmul_file(shape: MatmulShape) -> str:
+    """The ``kernels/`` source (``get_kernel``'s file) of a cut: ``"sgemm"`` or ``"matmul"``."""
+    return "sgemm" if shape.kernel == "sgemm" else "matmul"
+
+
 def matmul_expr(epilogue: str, shape: MatmulShape) -> str:
+    """The kernel's name expression (spelled as ``benchmarks/gemm_sweep.py`` spells sgemm cuts)."""
     e = EPILOGUES[epilogue]
+    if shape.kernel == "sgemm":
+        if shape.split > 1:
+            return (f"sgemm_split_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.split}, "
+                    f"{shape.slices}, {shape.minb}>")
+        return f"sgemm_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.slices}, {shape.minb}>"
     if shape.kernel == "gemm":
         if shape.split > 1:
             return f"gemm_split_kernel<{e}, {shape.tc}, {shape.split}, {shape.slices}>"
@@ -308,18 +402,25 @@ def matmul(
     if r is not None:
         check_array(buffers[r], (batch, n), _F32, r)
     clusters = has_clusters(device)
+    optin = device.info.smem_per_block_optin
     if shape is None:
-        shape = matmul_shape(batch, k, n, device.info.multiprocessors, wa.ptr % 16 == 0, xa.ptr % 16 == 0, clusters)
+        shape = matmul_shape(batch, k, n, device.info.multiprocessors, wa.ptr % 16 == 0, xa.ptr % 16 == 0, clusters,
+                             optin)
     else:
-        _check_shape(shape, batch, k, n, xa, wa, clusters)
-    kernel = get_kernel("matmul", matmul_expr(epilogue, shape), device)
+        _check_shape(shape, batch, k, n, xa, wa, clusters, optin)
+    kernel = get_kernel(matmul_file(shape), matmul_expr(epilogue, shape), device)
     smem = gemm_smem_bytes(shape)
+    if shape.kernel == "sgemm" and optin and kernel.static_smem + smem > optin:
+        raise ShapeError(f"{kernel.name} needs {kernel.static_smem + smem} B of shared memory per CTA; this device "
+                         f"allows {optin}")
     smem += residency_pad(device, kernel.static_smem + smem, shape.per_sm)
     if smem:
         kernel.allow_dynamic_smem(smem)
     args = KernelArgs([("x", "ptr"), ("W", "ptr"), ("y", "ptr"), ("r", "ptr"), ("B", "i32"), ("K", "i32"), ("N", "i32"),
                        ("flags", "i32"), ("rows", "ptr")])
-    early = int(shape.kernel == "matvec" and k * n * 4 <= EARLY_MAX_W_BYTES)  # FLAG_EARLY
+    # FLAG_EARLY: matvec and sgemm (as benchmarks/gemm_sweep.py times it) launch their successor at
+    # the start for W up to 8 MB; matmul.cu's gemm after its K loop.
+    early = int(shape.kernel in ("matvec", "sgemm") and k * n * 4 <= EARLY_MAX_W_BYTES)
     args.update({"x": xa.ptr, "W": wa.ptr, "y": ya.ptr, "r": buffers[r].ptr if r else 0, "B": batch, "K": k, "N": n,
                  "flags": early, "rows": 0})
     uses = {"x": ArgUse(x, "read"), "W": ArgUse(w, "read"), "y": ArgUse(y, "write")}
@@ -330,20 +431,34 @@ def matmul(
 
 
 def routes_rows(launch: Launch) -> bool:
-    """Whether ``launch`` runs one of rawgraph's own matmul kernels (``kernels/matmul.cu``), the
-    only ones whose ``rows`` argument is a row table (a user's kernel with an argument of that name
-    is not: writing a table pointer into it would corrupt the launch)."""
+    """Whether ``launch`` runs one of rawgraph's own matmul kernels (``kernels/matmul.cu``,
+    ``kernels/sgemm.cu``), the only ones whose ``rows`` argument is a row table (a user's kernel
+    with an argument of that name is not: writing a table pointer into it would corrupt the launch)."""
     name = launch.kernel.name
-    if not name.startswith(("matvec_kernel<", "matvec_split_kernel<", "gemm_kernel<", "gemm_split_kernel<")):
+    if name.startswith(("sgemm_kernel<", "sgemm_split_kernel<")):
+        file = "sgemm"
+    elif name.startswith(("matvec_kernel<", "matvec_split_kernel<", "gemm_kernel<", "gemm_split_kernel<")):
+        file = "matmul"
+    else:
         return False
-    return get_kernel("matmul", name, launch.kernel.module.device) is launch.kernel
+    return get_kernel(file, name, launch.kernel.module.device) is launch.kernel
 
 
-def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray, wa: DeviceArray, clusters: bool) -> None:
-    """Refuse a hand-picked cut the kernel cannot run correctly on these operands."""
+def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray, wa: DeviceArray, clusters: bool,
+                 smem_limit: int = 0) -> None:
+    """Refuse a hand-picked cut the kernel cannot run correctly on these operands (and, for sgemm,
+    a cut needing more than ``smem_limit`` bytes of shared memory per CTA, when that is given)."""
     if shape.split > 1 and not clusters:
         raise ShapeError(f"split {shape.split} needs thread-block clusters (compute capability 9.0)")
-    if shape.kernel == "gemm":
+    if shape.kernel == "sgemm":
+        if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
+            raise LayoutError("the sgemm kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
+        want = sgemm_shape(batch, k, n, shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices,
+                           shape.minb, clusters)
+        if smem_limit and gemm_smem_bytes(shape) > smem_limit:
+            raise ShapeError(f"sgemm cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
+                             f"shared memory per CTA; this device allows {smem_limit}")
+    elif shape.kernel == "gemm":
         if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
             raise LayoutError("the gemm kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
         want = gemm_shape(batch, k, n, 1, clusters, shape.split, shape.tc, shape.per_sm, shape.slices)
