@@ -188,14 +188,18 @@ class ExecShadow:
         self.device.ensure_current()  # a SetParams on a thread with no context crashes
         setparams = driver.cuGraphExecKernelNodeSetParams
         exe, handles, params, setters = self.handle, self.handles, self.params, self.setters
-        for k, node in enumerate(nodes):
-            setter = None if setters is None else setters[node]
-            if setter is None:
+        if setters is None:  # every node a kernel node: the per-replay path, kept to the bone
+            for node in nodes:
                 (err,) = setparams(exe, handles[node], params[node])
-            else:
-                (err,) = setter[0](exe, handles[node], params[node])
-            if err != _SUCCESS:
-                raise self._roll_back(nodes, k, err, undo, log)
+                if err != _SUCCESS:
+                    raise self._roll_back(nodes, nodes.index(node), err, undo, log)
+        else:
+            for k, node in enumerate(nodes):
+                setter = setters[node]
+                call = setparams if setter is None else setter[0]
+                (err,) = call(exe, handles[node], params[node])
+                if err != _SUCCESS:
+                    raise self._roll_back(nodes, k, err, undo, log)
         self.pushes += len(nodes)
         return len(nodes)
 
