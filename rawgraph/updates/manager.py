@@ -111,7 +111,6 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
         # built once; the streams the exec was launched on (by this manager or anyone else:
         # GraphExec.launch notes them) and the arrays replaced while replays on them may be queued.
         self._shadow = shadow = ExecShadow(exec, graph.device, self._BATCH)
-        self._push = shadow.push  # bound once: the per-replay paths call it (the shadow holds no ref back)
         nodes = [KernelShadow.of_launch(n.handle, n.launch, n.captured_args) for n in graph.nodes]
         for node in nodes:
             shadow.add_kernel(node)
@@ -215,7 +214,7 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
                         v.value = ptr
                     node_now[node] = None
                 # a refused push puts the bound pointer back into the slots (_unbind)
-                pushed = self._push(self._name_nodes[name], self._unbind, name)
+                pushed = self._shadow.push(self._name_nodes[name], self._unbind, name)
                 self._bound_ptr[name] = (ptr, nbytes)
             old_obj = self._bound_obj[name]
             if old_obj is not array:
@@ -364,7 +363,7 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
             olds.append(now)
             node_now[node] = new
         if changed:
-            self._push(changed, self._unapply, (changed, olds))
+            self._shadow.push(changed, self._unapply, (changed, olds))
         self._bound_ptr.update(binding.entries)
         bound_obj = self._bound_obj
         if self._streams:  # replayed: a replaced array may still be read by queued replays
