@@ -1,11 +1,15 @@
 """Serving many batch sizes from graphs: bucket sizes, bucket graphs over one set of weights and
 one scratch arena, graph memory pools, and the driver-level alternatives that re-shape a graph
-instead of capturing one per size.
+instead of capturing one per size. Every class takes any model keeping the row-wise protocol
+(``protocol``).
 
-Reads bottom-up: ``sizes`` (bucket lists, no GPU) -> ``graphmem`` (the driver's graph memory
-pool) -> ``lifecycle`` (instantiate + upload, close in order) -> ``buckets`` (:class:`BucketGraphs`) -> ``reshape`` (row-count rebinding, one re-shaped
-graph) -> ``slots`` (continuous batching over fixed slots and an index table). Nothing here is imported by the modules below it in :mod:`rawgraph`.
-"""
+Reads bottom-up: ``protocol`` (what a model must offer, shared scratch) -> ``sizes`` (bucket
+lists, no GPU) -> ``graphmem`` (the driver's graph memory pool) -> ``lifecycle`` (instantiate +
+upload, close in order) -> ``buckets`` (:class:`BucketGraphs`) -> ``reshape`` (row-count
+rebinding, one re-shaped graph) -> ``slots`` (continuous batching over fixed slots and an index
+table) -> ``device_shaped`` (one exec whose grids and row counts a kernel sets on the device) ->
+``choose`` (the fastest of these for a sample of a batch-size trace, measured). Nothing here is
+imported by the modules below it in :mod:`rawgraph`."""
 
 from .sizes import pick_bucket, powers_of_two, vllm_sizes  # noqa: F401
 from .graphmem import graph_memory, trim_graph_memory  # noqa: F401
@@ -13,3 +17,4 @@ from .buckets import BucketGraphs  # noqa: F401
 from .reshape import ReshapedGraph, RowCountBuckets  # noqa: F401
 from .slots import SlotError, SlotPool  # noqa: F401
 from .device_shaped import DeviceShapedError, DeviceShapedGraph  # noqa: F401
+from .choose import Choice, ChooseError, choose_strategy, regret  # noqa: F401
