@@ -37,16 +37,14 @@ starting new shapes after that many seconds; shapes are ordered so that a cut-of
 the grid (key shapes first). ``--table FILE`` prints the table of a finished run's JSON, or of the
 shapes a killed run left in ``partial.jsonl``.
 
-Only top-level names of ``rawgraph`` are used (``compile_source``, optionally ``driver_status``),
-and ``rawgraph.ops`` (looked up at run time) for the current cut; without it the current gemm
-rule is replicated here. Everything on the device goes through ``cuda.bindings.driver``.
+rawgraph is used for its kernel sources (``rawgraph.runtime.module.kernel_source``), NVRTC
+(``compile_source``) and its current cut (``rawgraph.ops``). Everything on the device goes through ``cuda.bindings.driver``.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
 import json
 import math
 import multiprocessing
@@ -146,7 +144,7 @@ class OldCut:
     smem: int
     early_: int
     label: str
-    source: str        # "rawgraph.ops" or "replica"
+    source: str        # where the cut came from ("rawgraph.ops")
     file: str = "matmul"
 
     def expr(self, epi: str) -> str:
@@ -159,56 +157,21 @@ class OldCut:
         return self.early_
 
 
-def _find_ops():
-    """rawgraph's matmul cut rule, wherever the package keeps it now (None if not found)."""
-    for name in ("rawgraph.ops", "rawgraph.ops.gemm"):
-        try:
-            mod = importlib.import_module(name)
-        except Exception:
-            continue
-        if all(hasattr(mod, a) for a in ("matmul_shape", "matmul_expr", "gemm_smem_bytes")):
-            return mod
-    return None
-
-
-def _pick_split_replica(ctas: int, k: int, min_rows: int, target: float) -> int:
-    split = 1
-    while split < 8 and ctas * split < target and k // (2 * split) >= min_rows:
-        split *= 2
-    return split
-
-
 def current_cut(m: int, k: int, n: int, sms: int) -> OldCut:
-    """What ops.matmul_shape picks today (clusters on): via rawgraph.ops, else a replica of its gemm rule."""
-    ops = _find_ops()
-    if ops is not None:
-        shape = ops.matmul_shape(m, k, n, sms, clusters=True)
-        exprs = tuple(ops.matmul_expr(e, shape) for e in ("none", "relu", "add"))
-        early = int(shape.kernel == "matvec" and k * n * 4 <= getattr(ops, "EARLY_MAX_W_BYTES", EARLY_MAX_W_BYTES))
-        label = (f"{shape.kernel}/t{shape.tc}/s{shape.split}" + (f"/sl{shape.slices}" if shape.slices > 1 else "")
-                 + (f"/cap{shape.per_sm}" if shape.per_sm else ""))
-        if shape.per_sm:
-            raise RuntimeError("current cut uses a residency cap; not replicated here")
-        # once ops.SGEMM_CUTS has the shape, today's choice is an sgemm cut: compile it from its own file
-        file = ops.matmul_file(shape) if hasattr(ops, "matmul_file") else "matmul"
-        return OldCut(shape.kernel, exprs, tuple(shape.grid), shape.threads, int(ops.gemm_smem_bytes(shape)), early,
-                      label, "rawgraph.ops", file)
-    # Replica of ops.gemm_shape / matmul_shape (commit d0f48ca) for the GEMM; matvec picks become the GEMM default.
-    tiles = _cdiv(m, 64)
-    if k * n < (1 << 22) and m > 64 and tiles <= 2:
-        split, tn, sl = 8, 64, 1
-    elif k * n < (1 << 22) and m > 64 and tiles == 3:
-        split, tn, sl = 4, 128, 2
-    else:
-        tn, sl = 64, 2
-        split = _pick_split_replica(_cdiv(n, tn) * tiles, k // sl, 16, 0.9 * sms)
+    """What ``rawgraph.ops.matmul_shape`` picks today (clusters on), asked of rawgraph itself so the
+    column never drifts from the library's rule."""
+    from rawgraph import ops
 
-    def ex(e):
-        return f"gemm_split_kernel<{e}, {tn}, {split}, {sl}>" if split > 1 else f"gemm_kernel<{e}, {tn}, {sl}>"
-
-    smem = sl * 3 * (64 * 20 + 16 * tn) * 4
-    label = f"gemm/t{tn}/s{split}" + (f"/sl{sl}" if sl > 1 else "")
-    return OldCut("gemm", (ex(0), ex(1), ex(2)), (_cdiv(n, tn), split, tiles), 256 * sl, smem, 0, label, "replica")
+    shape = ops.matmul_shape(m, k, n, sms, clusters=True)
+    exprs = tuple(ops.matmul_expr(e, shape) for e in ("none", "relu", "add"))
+    early = int(shape.kernel == "matvec" and k * n * 4 <= ops.EARLY_MAX_W_BYTES)
+    label = (f"{shape.kernel}/t{shape.tc}/s{shape.split}" + (f"/sl{shape.slices}" if shape.slices > 1 else "")
+             + (f"/cap{shape.per_sm}" if shape.per_sm else ""))
+    if shape.per_sm:
+        raise RuntimeError("current cut uses a residency cap; not replicated here")
+    # once ops.SGEMM_CUTS has the shape, today's choice is an sgemm cut: compile it from its own file
+    return OldCut(shape.kernel, exprs, tuple(shape.grid), shape.threads, int(ops.gemm_smem_bytes(shape)), early,
+                  label, "rawgraph.ops", ops.matmul_file(shape))
 
 
 # Tile structures (BM, BN, KS, MINB) the generator draws from. Threads = KS * BM * BN / 64.
@@ -330,27 +293,12 @@ def candidates(m: int, k: int, n: int, sms: int, limit: int) -> list[Cut]:
 # Compilation (NVRTC, one program per chunk of name expressions, chunks in parallel processes)
 # ---------------------------------------------------------------------------------------------
 
-_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([A-Za-z0-9_.-]+\.cuh)"[ \t]*$', re.M)
-
-
-def kernel_dir() -> Path:
-    env = os.environ.get("RAWGRAPH_KERNEL_DIR")
-    return Path(env) if env else ROOT / "kernels"
-
-
 def kernel_source(name: str) -> str:
-    """kernels/<name>.cu with its local .cuh includes spliced in (as rawgraph's kernel loader does)."""
-    folder = kernel_dir()
-    seen: set[str] = set()
+    """kernels/<name>.cu with its local .cuh includes spliced in: rawgraph's own loader, so the
+    sweep compiles exactly the text rawgraph would ($RAWGRAPH_KERNEL_DIR honoured there too)."""
+    from rawgraph.runtime.module import kernel_source as splice_source
 
-    def splice(mt: re.Match) -> str:
-        h = mt.group(1)
-        if h in seen:
-            return f"// {h}: already included"
-        seen.add(h)
-        return _INCLUDE.sub(splice, (folder / h).read_text())
-
-    return _INCLUDE.sub(splice, (folder / f"{name}.cu").read_text())
+    return splice_source(name)
 
 
 OPTIONS = ("-std=c++17", "--ptxas-options=-v")
@@ -1148,6 +1096,8 @@ def commit() -> str:
 
 
 def source_hashes() -> dict:
+    from rawgraph import kernel_dir
+
     out = {}
     for f in ("sgemm.cu", "matmul.cu", "rawgraph.cuh"):
         p = kernel_dir() / f
