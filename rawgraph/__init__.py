@@ -34,6 +34,7 @@ from .runtime.errors import (  # noqa: E402
     ClosedError,
     CudaError,
     DTypeError,
+    DeviceUpdatableError,
     ForeignNodeError,
     GraphUpdateError,
     LayoutError,

@@ -105,22 +105,24 @@ def refuses_what_the_driver_forbids(dsg, monkeypatch, names):
     import pytest
     from cuda.bindings import driver
 
-    from rawgraph import ExecUpdateManager
+    from rawgraph import AddressRebinder, DeviceUpdatableError, ExecUpdateManager
     from rawgraph.serving import DeviceShapedError
 
     calls: list[str] = []
     for name in names:
         real = getattr(driver, name)
         monkeypatch.setattr(driver, name, lambda *a, _n=name, _r=real: calls.append(_n) or _r(*a))
-    with pytest.raises(DeviceShapedError, match="instantiated only once"):
+    with pytest.raises(DeviceUpdatableError, match="instantiated only once"):
         dsg.graph.instantiate()
-    with pytest.raises(DeviceShapedError, match="cuGraphExecUpdate"):
+    with pytest.raises(DeviceUpdatableError, match="cuGraphExecUpdate"):
         dsg.exec.update(dsg.graph)
-    with pytest.raises(DeviceShapedError, match="cuGraphExecUpdate"):
+    with pytest.raises(DeviceUpdatableError, match="cuGraphExecUpdate"):
         dsg.update(dsg.graph)
     with pytest.raises(DeviceShapedError, match="cloned"):
         dsg.clone()
-    with pytest.raises(DeviceShapedError, match="ExecUpdateManager"):
+    with pytest.raises(DeviceUpdatableError, match="ExecUpdateManager"):
         ExecUpdateManager(dsg.graph, dsg.exec)
+    with pytest.raises(DeviceUpdatableError, match="AddressRebinder"):
+        AddressRebinder(dsg.graph, dsg.exec)
     assert calls == []
 

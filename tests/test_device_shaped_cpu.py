@@ -187,3 +187,39 @@ def test_build_writes_the_table_and_refuses_what_the_driver_forbids(fake, updata
 
         with pytest.raises(ClosedError):
             dsg.run(1)
+
+
+def test_graph_marked_device_updatable_follows_the_drivers_rules(fake, monkeypatch):
+    """The rules live on Graph itself (any graph, not only DeviceShapedGraph's): one live exec,
+    no exec update, no host update path; marking after an exec exists is refused."""
+    from rawgraph import AddressRebinder, DeviceUpdatableError, ExecUpdateManager, Stream, TinyBlock, capture_plan
+    from rawgraph.runtime.memory import DeviceBuffer
+
+    with TinyBlock(64, 1, 1, seed=3, form="unfused") as model, DeviceBuffer((1, 64), np.float32) as x, \
+            DeviceBuffer((1, 64), np.float32) as out, Stream() as stream:
+        graph = capture_plan(model.plan(x, out), stream)
+        with graph:
+            first = graph.instantiate()
+            with pytest.raises(DeviceUpdatableError, match="before instantiating"):
+                graph.mark_device_updatable()
+            first.close()
+            graph.mark_device_updatable()
+            assert graph.device_updatable
+            calls = []
+            for name in ("cuGraphInstantiate", "cuGraphExecUpdate", "cuGraphExecKernelNodeSetParams"):
+                real = getattr(driver, name)
+                monkeypatch.setattr(driver, name, lambda *a, _n=name, _r=real: calls.append(_n) or _r(*a))
+            exe = graph.instantiate()
+            assert calls == ["cuGraphInstantiate"]
+            with pytest.raises(DeviceUpdatableError, match="instantiated only once"):
+                graph.instantiate()
+            with pytest.raises(DeviceUpdatableError, match="cuGraphExecUpdate"):
+                exe.update(graph)
+            with pytest.raises(DeviceUpdatableError, match="ExecUpdateManager"):
+                ExecUpdateManager(graph, exe)
+            with pytest.raises(DeviceUpdatableError, match="AddressRebinder"):
+                AddressRebinder(graph, exe)
+            assert calls == ["cuGraphInstantiate"]
+            exe.close()
+            graph.instantiate().close()  # once the exec is closed, one more may live
+            assert calls == ["cuGraphInstantiate"] * 2

@@ -8,6 +8,7 @@ graph keeps the launch plan whose argument buffers its nodes were captured from)
 from __future__ import annotations
 
 import ctypes
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from ..runtime.device import Device
-from ..runtime.errors import ClosedError, GraphUpdateError, RawgraphError, call, cuda_error
+from ..runtime.errors import ClosedError, DeviceUpdatableError, GraphUpdateError, RawgraphError, call, cuda_error
 from ..runtime.launch import ARG_DTYPES, KernelArgs, Launch, LaunchPlan, arg_dtype
 from ..runtime.resource import Resource
 from ..runtime.stream import Stream, StreamSet, as_stream, stream_handle
@@ -103,7 +104,26 @@ class Graph(Resource):
         self.other_nodes: list[tuple[Any, str, Any]] = []
         # nodes a capture found but did not record (set by Capture; see ForeignNode)
         self.foreign_nodes: list[ForeignNode] = []
+        # Set by mark_device_updatable: some nodes are updated by kernels on the device.
+        self.device_updatable = False
+        self._live_exec: weakref.ref | None = None
         self._own(driver.cuGraphDestroy, handle)
+
+    def mark_device_updatable(self) -> None:
+        """Record that kernel nodes of this graph were opted in to device-side updates
+        (``CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE``), before it is instantiated.
+
+        From then on the graph follows the driver's rules for such graphs, refused here before
+        any driver call (:class:`~rawgraph.DeviceUpdatableError`): one live exec at a time
+        (``cuGraphInstantiate`` answers ``CUDA_ERROR_NOT_SUPPORTED`` while one lives), no
+        ``cuGraphExecUpdate`` of its exec, and no host parameter pushes through the update paths
+        of :mod:`rawgraph.updates` (they would override what the device wrote).
+        """
+        self._check_open()
+        live = self._live_exec() if self._live_exec is not None else None
+        if live is not None and not live.closed:
+            raise DeviceUpdatableError("mark the graph device-updatable before instantiating it")
+        self.device_updatable = True
 
     def node_count(self) -> int:
         """Number of nodes the driver holds (``cuGraphGetNodes``)."""
@@ -236,8 +256,15 @@ class GraphExec(Resource):
                 "CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD needs cuGraphInstantiateWithParams and an upload "
                 "stream; instantiate without it and call GraphExec.upload(stream)"
             )
+        if graph.device_updatable:
+            live = graph._live_exec() if graph._live_exec is not None else None
+            if live is not None and not live.closed:
+                raise DeviceUpdatableError(
+                    "a graph with device-updatable kernel nodes can be instantiated only once at a time "
+                    "(the driver answers CUDA_ERROR_NOT_SUPPORTED while its exec lives); close that exec first")
         graph.device.activate()
         self.handle = call(driver.cuGraphInstantiate, graph.handle, self.flags)
+        graph._live_exec = weakref.ref(self)
         self._own(driver.cuGraphExecDestroy, self.handle)
         # Every stream a launch named: what holders of memory its replays read wait for.
         self.streams = StreamSet()
@@ -287,6 +314,9 @@ class GraphExec(Resource):
         """
         self._check_open()
         graph._check_open()
+        if self.graph.device_updatable or graph.device_updatable:
+            raise DeviceUpdatableError("an exec with device-updatable kernel nodes cannot go through "
+                                       "cuGraphExecUpdate (the driver refuses it)")
         self.graph.device.ensure_current()
         err, info = driver.cuGraphExecUpdate(self.handle, graph.handle)
         if err == _SUCCESS:

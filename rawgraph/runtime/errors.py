@@ -58,6 +58,12 @@ class ForeignNodeError(RawgraphError, ValueError):
     address in: that node would keep reading or writing the old buffer."""
 
 
+class DeviceUpdatableError(RawgraphError, ValueError):
+    """An operation the driver forbids on a graph or exec holding device-updatable kernel nodes
+    (a second instantiate, ``cuGraphExecUpdate``, host parameter pushes), refused before any
+    driver call."""
+
+
 class SignatureError(RawgraphError, ValueError):
     """A kernel's ``__global__`` declaration could not be read (not found, overloaded, or a
     parameter type that is not known); give the argument types by hand instead."""

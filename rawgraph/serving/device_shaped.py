@@ -22,18 +22,19 @@ CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE)`` on each plan node and
 ``cuGraphKernelNodeGetAttribute`` for its device handle; the handle table is written to device
 memory; ``cuGraphInstantiate`` once, ``cuGraphUpload``, replays.
 
-What the driver forbids for a graph holding device-updatable nodes, and what is refused here
-before any driver call (:class:`DeviceShapedError`): a second instantiate of the graph, an exec
-update (``cuGraphExecUpdate``) of or from it, cloning it, and an
-:class:`~rawgraph.ExecUpdateManager` over it (its host ``cuGraphExecKernelNodeSetParams`` would
-silently override the device's updates at the next upload or launch). Tools that reach the exec
-through its raw handle (``AddressRebinder``, ``adopt``) are not stopped: do not point them at it.
+What the driver forbids for a graph holding device-updatable nodes is refused before any driver
+call: the captured graph is marked (:meth:`~rawgraph.graphs.graph.Graph.mark_device_updatable`),
+so a second instantiate of it, an exec update (``cuGraphExecUpdate``) of or from it, and every
+host update path of :mod:`rawgraph.updates` over its exec (``ExecUpdateManager``,
+``AddressRebinder`` given the :class:`~rawgraph.GraphExec`: their ``cuGraphExecKernelNodeSetParams``
+would silently override the device's updates) raise :class:`~rawgraph.DeviceUpdatableError`;
+cloning raises :class:`DeviceShapedError` (a subclass). A tool handed only the raw
+``CUgraphExec`` handle cannot know: do not point one at it.
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -41,8 +42,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from ..graphs.capture import Capture
-from ..graphs.graph import Graph, GraphExec
-from ..runtime.errors import ClosedError, LayoutError, RawgraphError, ShapeError, call
+from ..runtime.errors import ClosedError, DeviceUpdatableError, LayoutError, RawgraphError, ShapeError, call
 from ..runtime.launch import KernelArgs, Launch, LaunchPlan
 from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from ..runtime.module import get_kernel
@@ -67,10 +67,10 @@ _NATTR = getattr(getattr(driver, "CUkernelNodeAttrID", driver.CUlaunchAttributeI
                  "CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE", _ATTR)
 
 
-class DeviceShapedError(RawgraphError, ValueError):
-    """An operation the driver forbids on a graph with device-updatable kernel nodes (a second
-    instantiate, an exec update, a clone, host parameter pushes through an update manager),
-    refused before any driver call."""
+class DeviceShapedError(DeviceUpdatableError):
+    """Misuse of a :class:`DeviceShapedGraph` or an operation the driver forbids on its graph (a
+    second instantiate, an exec update, a clone, host parameter pushes), refused before any
+    driver call."""
 
 
 # ----------------------------------------------------------------------- the table (no GPU)
@@ -158,45 +158,6 @@ def pack_table(entries: Sequence[ShapeEntry], handles: Sequence[int]) -> np.ndar
         row["axis"], row["rows_per_block"] = e.axis, e.rows_per_block
         row["param_offset"], row["param_size"], row["factor"] = e.param_offset, e.param_size, e.factor
     return table
-
-
-# ------------------------------------------------------------------- graph and exec, guarded
-class _UpdatableGraph(Graph):
-    """A graph holding device-updatable nodes: one live exec at a time, no update, no clone, no
-    plan for an update manager (the captured graph's class is switched to this one)."""
-
-    _exec_ref: Any = None
-
-    @property  # type: ignore[override]
-    def plan(self) -> LaunchPlan | None:
-        raise DeviceShapedError("this graph holds device-updatable kernel nodes: host updates of its exec "
-                                "(ExecUpdateManager, cuGraphExecKernelNodeSetParams) would override the device's "
-                                "updates; re-shape it through DeviceShapedGraph.set_rows / run")
-
-    @plan.setter
-    def plan(self, value: Any) -> None:
-        pass  # Graph.__init__ sets None; nothing else may give this graph a plan
-
-    def instantiate(self, flags: int = 0) -> GraphExec:
-        self._check_open()
-        live = self._exec_ref() if self._exec_ref is not None else None
-        if live is not None and not live.closed:
-            raise DeviceShapedError("a graph with device-updatable kernel nodes can be instantiated only once "
-                                    "(the driver answers CUDA_ERROR_NOT_SUPPORTED while its exec lives)")
-        exe = _UpdatableExec(self, flags)
-        self._exec_ref = weakref.ref(exe)
-        return exe
-
-    def clone(self) -> Graph:
-        raise DeviceShapedError("a graph with device-updatable kernel nodes cannot be cloned (cuGraphClone "
-                                "answers CUDA_ERROR_NOT_SUPPORTED)")
-
-
-class _UpdatableExec(GraphExec):
-    """The exec of an :class:`_UpdatableGraph`: no ``cuGraphExecUpdate``."""
-
-    def update(self, graph: Graph) -> None:
-        raise DeviceShapedError("an exec with device-updatable kernel nodes cannot go through cuGraphExecUpdate")
 
 
 def _close_reversed(owned: list) -> None:
@@ -359,8 +320,8 @@ class DeviceShapedGraph(Resource):
             first = len(cap.nodes)
             cap.run(self.plan)
         graph = cap.captured
-        graph.__class__ = _UpdatableGraph  # before anything may instantiate it: see _UpdatableGraph
-        self.graph: _UpdatableGraph = graph  # type: ignore[assignment]
+        graph.mark_device_updatable()  # before anything may instantiate it: the driver's rules, see Graph
+        self.graph = graph
         owned.append(graph)
         self._nodes = cap.nodes[first:]
         self._prologue = prologue
@@ -443,8 +404,10 @@ class DeviceShapedGraph(Resource):
 
     # -- refused ----------------------------------------------------------------------------
     def clone(self) -> Any:
-        """Refused: the driver cannot clone a graph holding device-updatable nodes."""
-        return self.graph.clone()
+        """Refused: the driver cannot clone a graph holding device-updatable nodes (``cuGraphClone``
+        answers ``CUDA_ERROR_NOT_SUPPORTED``)."""
+        raise DeviceShapedError("a graph with device-updatable kernel nodes cannot be cloned (cuGraphClone "
+                                "answers CUDA_ERROR_NOT_SUPPORTED)")
 
     def update(self, graph: Any) -> None:
         """Refused: ``cuGraphExecUpdate`` is not allowed on this exec."""

@@ -44,7 +44,7 @@ from ..runtime.launch import KernelArgs
 from ..runtime.memory import DeviceArray, as_device_array
 from .addresses import foreign_holders
 from .setters import ParamSetters, _locked
-from .shadow import ExecShadow, KernelShadow, finalizers
+from .shadow import ExecShadow, KernelShadow, finalizers, refuse_device_updatable
 from .validate import Binding, BindingChecks
 
 __all__ = ["Binding", "ExecUpdateManager"]
@@ -83,6 +83,7 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
     def __init__(self, graph: Graph, exec: GraphExec, names: Sequence[str] | None = None):
         if exec.graph is not graph:
             raise ValueError("exec was not instantiated from this graph")
+        refuse_device_updatable(exec)  # before the foreign-node scan below calls the driver
         plan = graph.plan
         if plan is None:
             raise ValueError("graph has no launch plan: capture it with capture_plan, or launch into the "

@@ -30,7 +30,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from ..runtime import resource as _resource
-from ..runtime.errors import cuda_error
+from ..runtime.errors import DeviceUpdatableError, cuda_error
 from ..runtime.launch import KernelArgs
 from ..runtime.memory import DeviceBuffer
 from ..runtime.stream import StreamSet
@@ -117,6 +117,18 @@ class KernelShadow:
 Undo = Callable[[Any], None]
 
 
+def refuse_device_updatable(exec: Any) -> None:
+    """Raise :class:`~rawgraph.DeviceUpdatableError` for an exec whose graph holds device-updatable
+    kernel nodes (:meth:`~rawgraph.graphs.graph.Graph.mark_device_updatable`): a host push
+    (``cuGraphExecKernelNodeSetParams``) would override what the device wrote."""
+    graph = getattr(exec, "graph", None)
+    if graph is not None and getattr(graph, "device_updatable", False):
+        raise DeviceUpdatableError(
+            "this exec holds device-updatable kernel nodes: host parameter pushes (ExecUpdateManager, "
+            "AddressRebinder, slot pools, re-shaped graphs: cuGraphExecKernelNodeSetParams) would override "
+            "the device's updates; change its shape through the kernel that updates it (DeviceShapedGraph)")
+
+
 class ExecShadow:
     """The shadow of one exec: its nodes' parameters, the push of changed nodes with rollback,
     the streams it was launched on and the keep-alive over them.
@@ -146,6 +158,7 @@ class ExecShadow:
     __slots__ = ("exec", "handle", "device", "handles", "params", "setters", "labels", "pushes", "streams", "keep")
 
     def __init__(self, exec: Any, device: Any, batch: int = 32):
+        refuse_device_updatable(exec)
         self.exec = exec
         self.handle = getattr(exec, "handle", exec)
         self.device = device
