@@ -120,7 +120,10 @@ _doctor_findings: list[str] = []
 
 
 @pytest.fixture(autouse=True)
-def _doctor_every_graph(request, monkeypatch):
+def _doctor_every_graph(request):
+    # Patched by hand, not with monkeypatch: an autouse fixture asking for monkeypatch would set it
+    # up before a test's fake-driver fixture, so its undo would run after the fake is uninstalled
+    # and put the fake's entries back into cuda.bindings.driver for every later (GPU) test.
     if os.environ.get(DOCTOR_ENV, "1") != "1" or request.node.fspath.basename in DOCTOR_EXEMPT:
         yield
         return
@@ -138,8 +141,33 @@ def _doctor_every_graph(request, monkeypatch):
             _doctor_findings.append(f"{request.node.nodeid}: check raised {type(exc).__name__}: {exc}")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Graph, "instantiate", checked)
-    yield
+    Graph.instantiate = checked
+    try:
+        yield
+    finally:
+        Graph.instantiate = real
+
+
+# The driver module as the session found it. Fake-driver tests replace its functions and put them
+# back; a patch undone in the wrong order (monkeypatch's undo after a fake's uninstall restores the
+# fake) would silently route every later test's driver calls to the fake. Checked after each
+# file's teardown (module-scoped fake drivers stay installed between the tests of their file): a
+# difference is restored and fails the file's last test.
+from cuda.bindings import driver as _driver  # noqa: E402
+
+_DRIVER_AS_FOUND = {name: getattr(_driver, name) for name in dir(_driver) if name.startswith("cu")}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    if nextitem is not None and nextitem.fspath == item.fspath:
+        return
+    changed = [name for name, fn in _DRIVER_AS_FOUND.items() if getattr(_driver, name, None) is not fn]
+    for name in changed:
+        setattr(_driver, name, _DRIVER_AS_FOUND[name])
+    if changed:
+        raise AssertionError(f"{item.fspath.basename} left cuda.bindings.driver patched after its teardown "
+                             f"({', '.join(changed[:6])}); restored for the tests after it")
 
 
 @pytest.hookimpl(trylast=True)

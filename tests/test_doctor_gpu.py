@@ -45,9 +45,17 @@ def test_dangling_freed_buffer(seeded):
 def test_stream_ordered_pool_buffer_freed_after_capture(seeded, stream):
     f = faults.stream_ordered_pool(stream)
     seeded.append(f)
+    # while it was live (the baseline): a warning naming the pool
+    live = [x for x in f.options["baseline"].findings if x.path == f.node or str(x.node_index) == f.node]
+    assert [(x.name, x.severity) for x in live] == [("stream-ordered-pool", "warning")]
+    assert "pool" in live[0].owner
+    # freed back to the pool: the driver no longer knows the address, the baseline does
     hit = _named(f.check(), f)
-    assert hit.name == "stream-ordered-pool" and hit.severity == "warning"
-    assert "pool" in hit.owner
+    assert hit.name == "stream-ordered-pool" and hit.severity == "error"
+    assert "cuMemFreeAsync" in hit.owner
+    # without the baseline it reads as any freed memory
+    plain = check(f.graph)
+    assert [x.name for x in plain.findings] == ["dangling"]
 
 
 def test_host_staging_buffer_freed_and_reallocated(seeded):

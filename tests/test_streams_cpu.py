@@ -79,7 +79,7 @@ class CupyLikeOf:
         self.ptr = ptr
 
 
-def test_a_borrowed_stream_is_checked_once_and_its_wrapper_reused_while_held(monkeypatch):
+def test_a_borrowed_stream_is_checked_once_and_its_wrapper_reused_while_held():
     """Launching on a foreign stream again and again: one cuStreamGetCtx for the handle, one
     wrapper while an exec's stream registry holds it, and the lender is never kept alive by the
     cache. On the CPU fake driver."""
@@ -92,11 +92,12 @@ def test_a_borrowed_stream_is_checked_once_and_its_wrapper_reused_while_held(mon
     from rawgraph import Stream
     from rawgraph.runtime.stream import StreamSet, as_stream, stream_handle
 
-    with fake_session():
+    # the patch is undone before the fake driver is uninstalled (an undo after it would restore the fake)
+    with fake_session(), pytest.MonkeyPatch.context() as mp:
         with Stream() as owner:
             asked: list[int] = []
             real = driver.cuStreamGetCtx
-            monkeypatch.setattr(driver, "cuStreamGetCtx", lambda h: asked.append(int(h)) or real(h))
+            mp.setattr(driver, "cuStreamGetCtx", lambda h: asked.append(int(h)) or real(h))
             registry = StreamSet()
             lenders = [CupyLikeOf(owner.ptr) for _ in range(4)]  # torch makes a new object per current_stream()
             wrappers = []

@@ -524,6 +524,14 @@ def classify_pointer(known: bool, whole: bool, host: bool, facts: PointerFacts, 
                     "original owner alive as long as the graph, or rebind the node"))
         return out
     if not facts.live:
+        if old is not None and old.live and old.mempool:
+            # The driver forgets memory given back to a stream-ordered pool (cuPointerGetAttributes
+            # answers as for freed memory) though the pool keeps it for its next allocation.
+            out.append((2, "error", f"memory of stream-ordered pool 0x{old.mempool:x} at the baseline, freed since "
+                                    f"(cuMemFreeAsync): the pool gives this address to its next cuMemAllocAsync",
+                        "the graph reads or writes whatever the pool hands this address to next: allocate it inside "
+                        "the graph (memory nodes), or with cuMemAlloc, and keep it alive as long as the graph"))
+            return out
         if known or (old is not None and old.live):
             sev, what = "error", ("freed since the baseline" if old is not None and old.live else "no live allocation")
         elif whole:

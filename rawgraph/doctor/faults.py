@@ -113,6 +113,9 @@ def stream_ordered_pool(stream: Stream) -> Fault:
 
     The device's default pool keeps what is freed (release threshold raised for the fault, put
     back by :meth:`Fault.close`), so the memory stays the pool's and the next allocation takes it.
+    The driver forgets the address once it is freed (``cuPointerGetAttributes`` answers as for
+    freed memory, measured on an H100 with driver 580), so the check is given a baseline taken
+    while the buffer was live: it names the pool there.
     """
     k = kernels()
     dev = get_device()
@@ -126,6 +129,7 @@ def stream_ordered_pool(stream: Stream) -> Fault:
     b = GraphBuilder()
     b.kernel(k["scale"].launch(_grid(), BLOCK, (DeviceArray(ptr, (N,), np.dtype(np.float32)), y, 2.0, N)))
     graph = b.build()
+    base = check(graph)
     call(driver.cuMemFreeAsync, ptr, stream.handle)
     stream.synchronize()
 
@@ -134,7 +138,7 @@ def stream_ordered_pool(stream: Stream) -> Fault:
         call(driver.cuMemPoolTrimTo, pool, 0)
 
     return Fault("stream-ordered-pool", 2, graph, "0", "a cudaMallocAsync buffer freed after capture",
-                 keep=[y], closers=[restore, graph.close, y.close])
+                 {"baseline": base}, keep=[y], closers=[restore, graph.close, y.close])
 
 
 def host_memory() -> Fault:
@@ -165,10 +169,14 @@ def host_memory_cupy() -> Fault:
     host[:] = 1.0
     dev = cupy.empty(N, cupy.float32)
     s = cupy.cuda.Stream(non_blocking=True)
-    with s:
-        s.begin_capture()
-        dev.set(host, stream=s)
-        cg = s.end_capture()
+    # What ndarray.set does, through the runtime call itself: CuPy 14 refuses ndarray.set on a
+    # capturing stream ("H2D transfers are disallowed"), the runtime captures it as a memcpy node.
+    rt = cupy.cuda.runtime
+    s.begin_capture()
+    try:
+        rt.memcpyAsync(dev.data.ptr, host.ctypes.data, N * 4, rt.memcpyHostToDevice, s.ptr)
+    finally:
+        cg = s.end_capture()  # never leave a capture open: every later sync in the context fails
     adopted = from_cupy(cg)
     base = check(adopted)
     del host, mem

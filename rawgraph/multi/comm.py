@@ -74,7 +74,7 @@ def nccl_available() -> tuple[bool, str]:
 
 
 def unique_id_to_bytes(uid: Any) -> bytes:
-    """CuPy's unique id (a tuple of 128 C ``char`` values, signed) as 128 bytes."""
+    """CuPy's unique id (bytes in CuPy 14; a tuple of 128 signed C ``char`` values before) as 128 bytes."""
     vals = [int(v) % 256 for v in uid]
     if len(vals) != UNIQUE_ID_BYTES:
         raise NcclError(f"an NCCL unique id has {UNIQUE_ID_BYTES} bytes, got {len(vals)}")
@@ -135,8 +135,16 @@ class NcclComm(Resource):
         import cupy
 
         cupy.cuda.runtime.setDevice(self.device.ordinal)
+        uid = bytes(unique_id)
+        if len(uid) != UNIQUE_ID_BYTES:
+            raise NcclError(f"an NCCL unique id has {UNIQUE_ID_BYTES} bytes, got {len(uid)}")
         try:
-            comm = self.nccl.NcclCommunicator(self.world, unique_id_from_bytes(unique_id), self.rank)
+            try:
+                # CuPy 14 takes the id as bytes; older CuPy as a tuple of signed chars. A wrong
+                # form is a TypeError of the argument check, raised before NCCL is called.
+                comm = self.nccl.NcclCommunicator(self.world, uid, self.rank)
+            except TypeError:
+                comm = self.nccl.NcclCommunicator(self.world, unique_id_from_bytes(uid), self.rank)
         except Exception as exc:
             raise NcclError(f"ncclCommInitRank (rank {self.rank} of {self.world}) failed: {exc}") from exc
         self._comm = comm

@@ -205,14 +205,14 @@ class ExecShadow:
             for node in nodes:
                 (err,) = setparams(exe, handles[node], params[node])
                 if err != _SUCCESS:
-                    raise self._roll_back(nodes, nodes.index(node), err, undo, log)
+                    raise self.roll_back(nodes, nodes.index(node), err, undo, log)
         else:
             for k, node in enumerate(nodes):
                 setter = setters[node]
                 call = setparams if setter is None else setter[0]
                 (err,) = call(exe, handles[node], params[node])
                 if err != _SUCCESS:
-                    raise self._roll_back(nodes, k, err, undo, log)
+                    raise self.roll_back(nodes, k, err, undo, log)
         self.pushes += len(nodes)
         return len(nodes)
 
@@ -223,10 +223,11 @@ class ExecShadow:
         label = self.labels[node]
         return driver.cuGraphExecKernelNodeSetParams, f"{_SETPARAMS}({label})" if label else _SETPARAMS
 
-    def _roll_back(self, nodes: Sequence[int], k: int, err: Any, undo: Undo | None, log: Any) -> BaseException:
+    def roll_back(self, nodes: Sequence[int], k: int, err: Any, undo: Undo | None, log: Any) -> BaseException:
         """The k-th push of ``nodes`` was refused (the driver kept that node's old values): the
         shadow goes back, then the nodes before it (the driver took their new values) get the
-        old ones again. Returns the error to raise."""
+        old ones again. Returns the error to raise. (:meth:`push` calls it; so do owners whose
+        per-replay path pushes kernel nodes inline, as the manager's ``bind`` and ``apply`` do.)"""
         exc = cuda_error(err, self._call(nodes[k])[1])
         if undo is not None:
             undo(log)
