@@ -19,6 +19,7 @@ BENCH_SUITES: dict[str, tuple[str, str]] = {
     "kernels": ("rawgraph.bench.kernel_times", "device time per kernel against cuBLAS, --sweep for every cut"),
     "buckets": ("rawgraph.bench.buckets", "dynamic batch: bucket strategies, re-shaped graphs, PyTorch buckets"),
     "slots": ("rawgraph.bench.slots", "continuous batching: slots and index tables against PyTorch the vLLM way"),
+    "choose": ("rawgraph.bench.choose", "the measured-cost strategy choice and its regret over a whole trace"),
 }
 
 

@@ -1,0 +1,135 @@
+"""The regret of the measured-cost choice (issue 25, item 4): :func:`rawgraph.serving.choose_strategy`
+picks a strategy from the first ``--sample`` steps of a decode-like batch-size trace; then every
+strategy replays the whole trace, in interleaved rounds, and the choice's median time is
+compared with the best fixed strategy's (:func:`rawgraph.serving.regret`; target <= 3 %).
+
+Each strategy replays ``run(x, n)`` per step on one stream (``run(n)`` for the device-shaped
+graph), synchronized once per pass over the trace, as the choice's own timer does; the figure
+per strategy is the median over ``--rounds`` passes (p10/p90 beside it). All four are built
+once and stay resident, so rounds interleave. Writes ``<out>/<name>.json`` with the commit.
+
+    python -m rawgraph.bench.choose --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .provenance import environment
+
+TARGET_REGRET = 0.03
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rawgraph bench choose", description=__doc__.split("\n\n")[0])
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--form", choices=("unfused", "fused", "block"), default="fused")
+    p.add_argument("--max-batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=1000, help="steps of the whole trace")
+    p.add_argument("--sample", type=int, default=200, help="first steps the choice is made from")
+    p.add_argument("--seconds", type=float, default=0.3, help="the choice's time per candidate")
+    p.add_argument("--rounds", type=int, default=7, help="passes over the whole trace per strategy")
+    p.add_argument("--rate", type=float, default=6.0)
+    p.add_argument("--mean-len", type=float, default=32.0)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--name", default="choose")
+    return p
+
+
+def trace_seconds(adapter: Any, trace: list[int], rounds: int) -> list[float]:
+    """Seconds per pass of ``adapter`` over ``trace``, one warm-up pass first."""
+    for n in trace:
+        adapter.step(n)
+    adapter.sync()
+    out = []
+    clock = time.perf_counter
+    for _ in range(rounds):
+        t0 = clock()
+        for n in trace:
+            adapter.step(n)
+        adapter.sync()
+        out.append(clock() - t0)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from ..models.tinyblock import TinyBlock
+    from ..runtime.device import gpu_available
+    from ..runtime.stream import Stream
+    from ..runtime.timing import stats
+    from ..serving.choose import DEFAULT_CANDIDATES, Adapter, choose_strategy, footprint, regret
+    from .buckets import decode_trace
+
+    if not gpu_available():
+        print("rawgraph bench choose: needs a GPU", file=sys.stderr)
+        return 2
+    trace, _finished = decode_trace(args.steps, args.max_batch, args.rate, args.mean_len, args.seed)
+    sample = trace[: args.sample]
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with TinyBlock(args.width, args.layers, args.max_batch, seed=3, form=args.form) as model, Stream() as s:
+        t0 = time.perf_counter()
+        choice = choose_strategy(model, sample, args.max_batch, stream=s, seconds=args.seconds)
+        choose_s = time.perf_counter() - t0
+        built: dict[str, Any] = {}
+        skipped = dict(choice.skipped)
+        try:
+            for name, factory in DEFAULT_CANDIDATES.items():
+                try:
+                    built[name] = factory(model, args.max_batch, s)
+                except Exception as exc:  # the choice skipped it too, with its reason
+                    skipped.setdefault(name, f"failed to build: {type(exc).__name__}: {exc}")
+            adapters = {name: Adapter(obj, s) for name, obj in built.items()}
+            samples: dict[str, list[float]] = {name: [] for name in built}
+            for _ in range(args.rounds):  # interleaved: one pass of each strategy per round
+                for name, ad in adapters.items():
+                    samples[name] += trace_seconds(ad, trace, 1)
+            memory = {name: footprint(obj) for name, obj in built.items()}
+        finally:
+            for obj in built.values():
+                obj.close()
+    medians = {name: float(np.median(v)) for name, v in samples.items()}
+    best = min(medians, key=lambda k: medians[k])
+    r = regret(choice.name, medians) if choice.name in medians else None
+    result: dict[str, Any] = {
+        "env": environment(),
+        "config": vars(args),
+        "trace_mean_batch": float(np.mean(trace)), "sample_mean_batch": float(np.mean(sample)),
+        "choice": {"name": choice.name, "sample_seconds": choice.seconds, "skipped": choice.skipped,
+                   "memory": choice.memory, "wall_s": choose_s},
+        "trace_seconds": {name: stats(v) for name, v in samples.items()},
+        "us_per_step": {name: 1e6 * m / len(trace) for name, m in medians.items()},
+        "memory": memory, "skipped": skipped,
+        "best_fixed": best, "regret": r, "target_regret": TARGET_REGRET,
+        "met": r is not None and r <= TARGET_REGRET,
+    }
+    path = out_dir / f"{args.name}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(f"trace: {len(trace)} steps, mean batch {result['trace_mean_batch']:.1f}; sample: first {len(sample)} "
+          f"(mean {result['sample_mean_batch']:.1f}); choice made in {choose_s:.2f} s")
+    for name in medians:
+        st = result["trace_seconds"][name]
+        mark = " <- choice" if name == choice.name else ""
+        print(f"  {name:14s} {result['us_per_step'][name]:8.2f} us/step  (pass p10 {1e3 * st['p10']:.2f} / "
+              f"median {1e3 * st['median']:.2f} / p90 {1e3 * st['p90']:.2f} ms){mark}")
+    for name, why in skipped.items():
+        print(f"  {name:14s} skipped: {why}")
+    rtxt = "n/a" if r is None else f"{100 * r:.2f} %"
+    print(f"best fixed: {best}; regret of the choice: {rtxt} (target <= {100 * TARGET_REGRET:.0f} %: "
+          f"{'met' if result['met'] else 'MISSED'})")
+    print(f"json: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
