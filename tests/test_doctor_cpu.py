@@ -52,6 +52,13 @@ def test_stream_ordered_pool():
     got = classify_pointer(False, False, False, pooled)
     assert [(c, s) for c, s, _o, _a in got] == [(2, "warning")]
     assert "0xabc" in got[0][2] and "cuMemFreeAsync" in got[0][3]
+    # freed back to its pool: the driver forgets the address (as for any freed memory); a
+    # baseline taken while it was live names the pool, and it is an error now
+    gone = PointerFacts(DEV.address)
+    assert _classes(True, True, False, gone, old=pooled) == [(2, "error")]
+    assert _classes(True, True, False, gone) == [(1, "error")]  # no baseline: any freed memory
+    plain_old = PointerFacts(DEV.address, "device", buffer_id=3, range_start=DEV.range_start, range_size=4096)
+    assert _classes(True, True, False, gone, old=plain_old) == [(1, "error")]
 
 
 def test_host_memory_kinds():
