@@ -284,15 +284,17 @@ class SlotPool:
                 chosen = int(slot)
             dst = self.state.ptr + chosen * self.width * 4
             if isinstance(row, np.ndarray):
-                host = np.ascontiguousarray(row)
-                if host.dtype != np.float32:
-                    raise DTypeError(f"row has dtype {host.dtype}, the block runs float32")
-                if host.shape != (self.width,):
-                    raise ShapeError(f"row has shape {host.shape}, expected ({self.width},)")
-                call(driver.cuMemcpyHtoDAsync, dst, host.ctypes.data, host.nbytes, self.stream.handle)
-                # The host row may be freed once join returns. Waited for before the table changes,
-                # so a failed wait leaves the pool as it was (the row went to a free slot).
-                self.stream.synchronize()
+                if row.dtype != np.float32:
+                    raise DTypeError(f"row has dtype {row.dtype}, the block runs float32")
+                if row.shape != (self.width,):
+                    raise ShapeError(f"row has shape {row.shape}, expected ({self.width},)")
+                # The caller may reuse the row once join returns. A copy of it in fresh (pageable)
+                # host memory is staged by cuMemcpyHtoDAsync before the call returns (CUDA's API
+                # synchronization rules for pageable sources), so nothing waits for the stream;
+                # copying the caller's row straight from pinned memory would be a DMA that reads it
+                # later, after join returned.
+                staged = np.array(row, dtype=np.float32, order="C", copy=True)
+                call(driver.cuMemcpyHtoDAsync, dst, staged.ctypes.data, staged.nbytes, self.stream.handle)
             else:
                 dev = as_device_array(row, "row")
                 if dev.dtype != np.float32:
