@@ -45,17 +45,13 @@ CASES = [
          edits=[("rawgraph/updates/indirect.py", "                old, self._bound = self._bound, binding.holds\n"
                  "                self._keep.retire(old)\n",
                  "                self._keep.retire(self._bound)\n                self._bound = binding.holds\n")]),
-    dict(name="s3-slots-join-waits-after-the-table",
-         why="SlotPool.join waits for the host row's copy after taking the slot: a failed wait leaves the slot taken",
-         tests=[_t("slotpool_join_graph")],
+    dict(name="s3-slots-join-waits-for-the-stream",
+         why="SlotPool.join of a host row synchronizes the stream again (issue 23: a join costs no stream-wide wait)",
+         tests=["tests/test_slots_cpu.py::test_a_host_row_joins_with_no_wait_and_the_callers_row_is_free_at_once"],
          edits=[("rawgraph/serving/slots.py",
-                 "            self._version += 1\n            return chosen\n",
-                 "            self._version += 1\n            if isinstance(row, np.ndarray):\n"
-                 "                self.stream.synchronize()\n            return chosen\n"),
-                ("rawgraph/serving/slots.py",
-                 "                # so a failed wait leaves the pool as it was (the row went to a free slot).\n"
-                 "                self.stream.synchronize()\n",
-                 "                # so a failed wait leaves the pool as it was (the row went to a free slot).\n")]),
+                 "                call(driver.cuMemcpyHtoDAsync, dst, staged.ctypes.data, staged.nbytes, self.stream.handle)\n",
+                 "                call(driver.cuMemcpyHtoDAsync, dst, staged.ctypes.data, staged.nbytes, self.stream.handle)\n"
+                 "                self.stream.synchronize()\n")]),
     dict(name="s3-pointer-probe-hides-driver-errors",
          why="pointer_device takes any cuPointerGetAttribute failure for host memory (an OOM becomes NotOnDeviceError)",
          tests=[_t("manager_bind_many")],

@@ -38,10 +38,12 @@ CASES = [
     dict(name="s5-slots-refused-join-writes-its-row",
          why="join copies a host row into the slot before checking its dtype and shape",
          tests=[f"{T_SLOTS}::test_bad_slot_operations_are_refused_and_change_nothing"],
-         edits=[(SLOTS, "                host = np.ascontiguousarray(row)\n",
+         edits=[(SLOTS, "            if isinstance(row, np.ndarray):\n                if row.dtype != np.float32:\n",
+                 "            if isinstance(row, np.ndarray):\n"
                  "                host = np.ascontiguousarray(row)\n"
                  "                call(driver.cuMemcpyHtoDAsync, dst, host.ctypes.data, min(host.nbytes, self.width * 4),\n"
-                 "                     self.stream.handle)\n")]),
+                 "                     self.stream.handle)\n"
+                 "                if row.dtype != np.float32:\n")]),
     # 6
     dict(name="s5-manager-pushes-the-conditional-node",
          why="the exec-update manager also pushes the graph's recorded non-kernel nodes (its conditionals)",
