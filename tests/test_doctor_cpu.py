@@ -282,3 +282,50 @@ def test_conditional_handle_words_and_said_defaults():
     assert _said_defaults([h, node]) == {0x55: None, 0x66: 3}
     assert _said_defaults({0x77: 1}) == {0x77: 1}
     assert driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL  # the binding names the type the records use
+
+
+def test_host_mappings_keep_device_and_pinned_ranges():
+    from rawgraph.doctor.check import host_mappings
+
+    maps = ("7ffe66400000-7ffe66500000 rw-p 00000000 00:00 0                          [stack]\n"
+            "55d0c0000000-55d0c0100000 rw-p 00000000 00:00 0                          [heap]\n"
+            "7f1200000000-7f1200200000 r-xp 00000000 08:01 123   /usr/lib/libcublasLt.so.13\n"
+            "7f1300000000-7f1300200000 rw-s 00000000 00:05 77    /dev/nvidiactl\n"
+            "7f1400000000-7f1400200000 rw-p 00000000 00:00 0 \n"
+            "garbage line\n")
+    spans = host_mappings(maps)
+    assert (0x7FFE66400000, 0x7FFE66500000) in spans and (0x55D0C0000000, 0x55D0C0100000) in spans
+    assert (0x7F1200000000, 0x7F1200200000) in spans
+    assert not any(lo == 0x7F1300000000 or lo == 0x7F1400000000 for lo, _ in spans)  # pinned / anonymous kept
+    import sys
+    if sys.platform.startswith("linux"):  # this process maps at least its stack and its libraries
+        assert host_mappings()
+
+
+@pytest.mark.parametrize("default", [1, 0, None])
+def test_a_built_conditionals_default_reaches_the_doctor(fake, default):
+    # GraphBuilder keeps what add_conditional knows of the node (its handle's default) in the
+    # built graph's other_nodes: a handle made with a default is no finding, one without is.
+    from rawgraph import DeviceBuffer, GraphBuilder
+    from rawgraph.control import add_conditional, make_handle
+    from rawgraph.doctor import check
+
+    k = _kernels()
+    y = DeviceBuffer(64)
+    b = GraphBuilder()
+    first = b.kernel(k["fill"].launch(1, 64, (y, 1.0, 64)))
+    node = add_conditional(b, "if", make_handle(b, default=default), deps=first)
+    node.bodies[0].kernel(k["scale"].launch(1, 64, (y, y, 2.0, 64)))
+    g = b.build()
+    try:
+        details = [d for _h, kind, d in g.other_nodes if kind == "conditional"]
+        assert details == [node]
+        r = check(g, facts=_fake_facts(fake), torch=False)
+        got = [(f.cls, f.name, f.severity) for f in r.findings if f.cls == 7]
+        if default is None:
+            assert got and got[0][1] == "conditional-default" and got[0][2] == "error", str(r)
+        else:
+            assert got == [], str(r)
+    finally:
+        g.close()
+        y.close()

@@ -244,7 +244,9 @@ def add_conditional(builder: GraphBuilder, kind: str, cond: ConditionalHandle, s
     params = _node_params(cond, kind, size, builder.device)
     node, params = builder.node(params, "conditional", deps)
     cond.used_by = node
-    return _wrap(node, kind, cond, size, builder.device, params, builder)
+    cn = _wrap(node, kind, cond, size, builder.device, params, builder)
+    builder.details[node.index] = cn  # the built graph's other_nodes carry it (the doctor reads the default)
+    return cn
 
 
 def _ancestry(builder: GraphBuilder) -> list[int]:

@@ -421,9 +421,15 @@ def check(graph: Any, *, inputs: Iterable[Any] = (), baseline: Report | None = N
 
     found: list[Finding] = []
     seen: set[tuple] = set()
+    host_spans: list[tuple[int, int]] | None = None
     for ref in refs:
         if _inside(ref.address, owned):
             continue
+        if not ref.known and not ref.host:  # a foreign word: plain host memory is no device pointer
+            if host_spans is None:
+                host_spans = host_mappings()
+            if _inside(ref.address, host_spans):
+                continue
         f = fact(ref.address)
         block = view.block_of(ref.address) if view is not None and not ref.host else None
         if block is not None:
@@ -456,6 +462,33 @@ def check(graph: Any, *, inputs: Iterable[Any] = (), baseline: Report | None = N
 
 def _inside(addr: int, ranges: list[tuple[int, int]]) -> bool:
     return any(lo <= addr < hi for lo, hi in ranges)
+
+
+def host_mappings(maps: str | None = None) -> list[tuple[int, int]]:
+    """Address ranges this process maps as plain host memory: its stack and heap and its mapped
+    files outside ``/dev`` (``/proc/self/maps``; empty where there is none). No device
+    allocation lies there, so a foreign kernel's parameter word inside one is not taken for a
+    device pointer (cuBLASLt's split-K kernels carry host stack addresses in their parameters).
+    Mappings of ``/dev/nvidia*`` (pinned host memory, UVA) and anonymous ones are kept."""
+    if maps is None:
+        try:
+            with open("/proc/self/maps") as f:
+                maps = f.read()
+        except OSError:
+            return []
+    out = []
+    for line in maps.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6:
+            continue
+        name = parts[5].strip()
+        if name.startswith("[stack") or name == "[heap]" or (name.startswith("/") and not name.startswith("/dev/")):
+            lo, _, hi = parts[0].partition("-")
+            try:
+                out.append((int(lo, 16), int(hi, 16)))
+            except ValueError:
+                continue
+    return out
 
 
 def _finding(node: _Node, cls: int, name: str, severity: str, address: int, owner: str, advice: str,

@@ -402,6 +402,9 @@ class GraphBuilder:
         self.nodes: list[Node] = []
         self.kernel_nodes: list[KernelNode] = []
         self.keep: list[Any] = []
+        # Node.index -> what the layer that added the node knows of it (a conditional node's
+        # ConditionalNode: its handle's default, its bodies), passed on in the graph's other_nodes.
+        self.details: dict[int, Any] = {}
         self.plan: LaunchPlan | None = None
         self._body_of = _body_of
         if _handle is not None:
@@ -721,7 +724,7 @@ class GraphBuilder:
         g.built_nodes = list(self.nodes)
         g.keep = list(self.keep)
         g.plan = self.plan
-        g.other_nodes = [(n.handle, n.kind, None) for n in self.nodes if n.kind != "kernel"]
+        g.other_nodes = [(n.handle, n.kind, self.details.get(n.index)) for n in self.nodes if n.kind != "kernel"]
         self._built = True
         return g
 
