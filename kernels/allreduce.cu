@@ -16,7 +16,7 @@
 // the captured node replays as is: flags from replay k (epoch k) never satisfy replay k + 1.
 //
 // A peer that never arrives (dead, stalled, not replaying) must not hang the GPU for ever: a
-// wait longer than `timeout_ns` (%globaltimer) writes 1 to `error` and lets the block go on
+// wait longer than `timeout_us` (%globaltimer) writes 1 to `error` and lets the block go on
 // (the sum is then wrong and the host reports the error word).
 
 #define RG_AR_MAX_WORLD 8
@@ -66,8 +66,11 @@ __device__ __forceinline__ void rg_ar_barrier(const unsigned long long* peer_sig
 
 extern "C" __global__ void rg_allreduce_oneshot(const unsigned long long* peer_data, const unsigned long long* peer_signal,
                                                 float* out, long long n, int rank, int world, int max_blocks,
-                                                unsigned long long timeout_ns)
+                                                unsigned int timeout_us)
 {
+    // Microseconds in 32 bits, not nanoseconds in 64: a 64-bit 10^10 among the parameters reads
+    // like a device address to anyone scanning them (the graph doctor did).
+    const unsigned long long timeout_ns = 1000ull * timeout_us;
     unsigned int* signal = reinterpret_cast<unsigned int*>(peer_signal[rank]);
     unsigned int* epochs = signal + 2 * (size_t)max_blocks * RG_AR_MAX_WORLD;
     unsigned int* error = epochs + max_blocks;

@@ -103,9 +103,12 @@ def dangling() -> Fault:
     b = GraphBuilder()
     b.kernel(k["scale"].launch(_grid(), BLOCK, (x, y, 2.0, N)))
     graph = b.build()
+    # A baseline while x lives: the next allocation of its size (a later fault's, in the demo)
+    # may take x's address, which is then live again; the baseline tells the new owner apart.
+    base = check(graph)
     x.close()  # the graph still holds x's address
-    return Fault("dangling", 1, graph, "0", "a buffer freed while a graph still points at it", keep=[y],
-                 closers=[graph.close, y.close])
+    return Fault("dangling", 1, graph, "0", "a buffer freed while a graph still points at it",
+                 {"baseline": base}, keep=[y], closers=[graph.close, y.close])
 
 
 def stream_ordered_pool(stream: Stream) -> Fault:

@@ -186,10 +186,10 @@ class PeerAllReduce(Resource):
         launch = self._launches.get(key)
         if launch is None:
             args = KernelArgs([("peer_data", "ptr"), ("peer_signal", "ptr"), ("out", "ptr"), ("n", "i64"),
-                               ("rank", "i32"), ("world", "i32"), ("max_blocks", "i32"), ("timeout_ns", "u64")])
+                               ("rank", "i32"), ("world", "i32"), ("max_blocks", "i32"), ("timeout_us", "u32")])
             args.update({"peer_data": self._tables[0].ptr, "peer_signal": self._tables[1].ptr, "out": oa.ptr,
                          "n": int(n), "rank": self.rank, "world": self.world, "max_blocks": self.max_blocks,
-                         "timeout_ns": self.timeout_ns})
+                         "timeout_us": min(max(1, -(-self.timeout_ns // 1000)), 2**32 - 1)})
             launch = Launch(self._kernel, (self.max_blocks, 1, 1), (THREADS, 1, 1), args, {}, 0, "allreduce_oneshot")
             self._launches[key] = launch
         return launch
