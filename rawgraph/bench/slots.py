@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.device import get_device
 from ..runtime.memory import DeviceArray, DeviceBuffer
 from ..models.tinyblock import TinyBlock
 from ..serving import SlotPool
@@ -167,7 +166,11 @@ class TorchSlots:
 
 
 def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_len: float, seed: int,
-        torch_ok: bool = True, bare: bool = True) -> dict:
+        torch_ok: bool = True, bare: bool = True, rows_from: str = "host") -> dict:
+    """``rows_from``: where a joining request's row comes from, ``"host"`` (a NumPy row: rawgraph's
+    pools copy it with no wait, torch's ``copy_`` from a CPU tensor) or ``"device"``."""
+    if rows_from not in ("host", "device"):
+        raise ValueError(f"rows_from must be 'host' or 'device', got {rows_from!r}")
     torch = None
     if torch_ok:
         try:
@@ -178,7 +181,6 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
                 torch.backends.cuda.matmul.allow_tf32 = False
         except ImportError:
             torch = None
-    dev = get_device()
     sizes = vllm_sizes(max_slots)
     model = TinyBlock(width, 1, layers, seed=11, form="fused")
     trace = join_leave_trace(steps, max_slots, rate, mean_len, seed)
@@ -203,6 +205,10 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
     finals: dict[str, dict[int, np.ndarray]] = {k: {} for k in names}
     lat: dict[str, list[tuple[int, float]]] = {k: [] for k in names}
     host: dict[str, list[float]] = {k: [] for k in names}
+    # host time of the joins before a step and the leaves after it, per step that had any
+    join_us: dict[str, list[float]] = {k: [] for k in names}
+    leave_us: dict[str, list[float]] = {k: [] for k in names}
+    torch_host_rows = torch.from_numpy(rows_host) if torch is not None else None
     bare_us: list[float] = []
     clock = time.perf_counter
     f32 = np.dtype(np.float32)
@@ -213,10 +219,16 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
         next_id += admit
         for k in order_rng.permutation(names):
             pool = pools[k]
+            t0 = clock()
             for r in ids:
                 i = r % row_pool_n
-                row = torch_rows[i] if k == "torch_vllm" else DeviceArray(rows.ptr + i * width * 4, (width,), f32, rows)
+                if rows_from == "host":
+                    row = torch_host_rows[i] if k == "torch_vllm" else rows_host[i]
+                else:
+                    row = torch_rows[i] if k == "torch_vllm" else DeviceArray(rows.ptr + i * width * 4, (width,), f32, rows)
                 slot_of[k][r] = pool.join(row)
+            if ids:
+                join_us[k].append((clock() - t0) * 1e6)
             if k == "torch_vllm":
                 pool.sync()
                 t0 = clock(); b = pool.step(); t1 = clock(); pool.sync(); t2 = clock()
@@ -225,8 +237,11 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
                 t0 = clock(); b = pool.step(); t1 = clock(); s.synchronize(); t2 = clock()
             lat[k].append((b, (t2 - t0) * 1e6))
             host[k].append((t1 - t0) * 1e6)
+            t0 = clock()
             for r in leaving:
                 finals[k][r] = pool.leave(slot_of[k].pop(r))
+            if leaving:
+                leave_us[k].append((clock() - t0) * 1e6)
         if idle is not None and step % 4 == 0:  # a bare cuGraphLaunch of the same bucket, on an idle stream
             p = pools["graph_table"]
             b = pick_bucket(p.sizes, len(p)) if len(p) else p.sizes[0]
@@ -244,7 +259,8 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
     out: dict[str, Any] = {
         "env": environment(torch=getattr(torch, "__version__", None)),
         "config": {"steps": steps, "width": width, "layers": layers, "max_slots": max_slots, "rate": rate,
-                   "mean_len": mean_len, "seed": seed, "sizes": sizes, "requests": total_requests},
+                   "mean_len": mean_len, "seed": seed, "sizes": sizes, "requests": total_requests,
+                   "rows_from": rows_from},
         "setup_s": setup_s, "check": check,
         "bare_launch_us": stats(bare_us) if bare_us else {"median": float("nan")},
     }
@@ -255,6 +271,8 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
             by_bucket.setdefault(b, []).append(v)
         wall = sum(v for _, v in lat[k]) / 1e6
         per[k] = {"step_us": stats([v for _, v in lat[k]]), "host_us": stats(host[k]),
+                  "join_host_us": stats(join_us[k]) if join_us[k] else None,
+                  "leave_host_us": stats(leave_us[k]) if leave_us[k] else None,
                   "by_bucket": {str(b): {**stats(v), "p99": float(np.percentile(v, 99)), "steps": len(v)}
                                 for b, v in sorted(by_bucket.items())},
                   "p99_us": float(np.percentile([v for _, v in lat[k]], 99)),
@@ -323,9 +341,13 @@ def report(result: dict) -> str:
     lines = [f"continuous batching, w{result['config']['width']} L{result['config']['layers']} fused, "
              f"{result['config']['steps']} steps, {result['config']['requests']} requests, up to "
              f"{result['config']['max_slots']} slots (us)"]
-    lines.append(f"{'strategy':20s} {'p50':>8s} {'p99':>8s} {'host p50':>9s} {'req/s':>9s}")
+    lines.append(f"{'strategy':20s} {'p50':>8s} {'p99':>8s} {'host p50':>9s} {'join p50':>9s} {'leave p50':>9s} "
+                 f"{'req/s':>9s}   (join/leave: host us per step that had any, rows from "
+                 f"{result['config'].get('rows_from', 'device')})")
     for k, v in result["strategies"].items():
+        j, lv = v.get("join_host_us"), v.get("leave_host_us")
         lines.append(f"{k:20s} {v['step_us']['median']:8.1f} {v['p99_us']:8.1f} {v['host_us']['median']:9.2f} "
+                     f"{(j or {}).get('median', float('nan')):9.2f} {(lv or {}).get('median', float('nan')):9.2f} "
                      f"{v['requests_per_s']:9.0f}")
     lines.append(f"bare cuGraphLaunch host {result['bare_launch_us']['median']:.2f} us")
     c = result["check"]
@@ -356,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--no-bare", action="store_true", help="skip the bare cuGraphLaunch reference (and its idle pool)")
+    p.add_argument("--rows", choices=("host", "device"), default="host",
+                   help="a joining request's row: a host NumPy row (default) or a device row")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     return p
 
@@ -363,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     result = run(args.steps, args.width, args.layers, args.max_slots, args.rate, args.mean_len, args.seed,
-                 not args.no_torch, not args.no_bare)
+                 not args.no_torch, not args.no_bare, args.rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "slots.json").write_text(json.dumps(result, indent=1))
     text = report(result)
