@@ -208,7 +208,7 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
     # host time of the joins before a step and the leaves after it, per step that had any
     join_us: dict[str, list[float]] = {k: [] for k in names}
     leave_us: dict[str, list[float]] = {k: [] for k in names}
-    torch_host_rows = torch.from_numpy(rows_host) if torch is not None else None
+    torch_host_rows: Any = torch.from_numpy(rows_host) if torch is not None else None
     bare_us: list[float] = []
     clock = time.perf_counter
     f32 = np.dtype(np.float32)
