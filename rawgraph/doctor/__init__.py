@@ -4,7 +4,8 @@ against eager.
 - :func:`check` (:mod:`.check`): a static report of every node's addresses and orderings, classes
   1 to 7 (dangling, stream-ordered pool, host memory, allocator-freed, unordered overlap,
   input-is-intermediate, conditional default / host callback / closed device graph), each decided
-  from driver facts (:mod:`.facts`);
+  from driver facts (:mod:`.facts`; classes 1 to 4 of one address in :mod:`.classify`), reported
+  as :class:`Finding` and :class:`Report` (:mod:`.report`);
 - :func:`verify`, :class:`Verifier`, :func:`watch` (:mod:`.verify`): replay against eager every N
   replays, and the first diverging node of a rawgraph graph;
 - :mod:`.faults`: one seeded fault per class (tests and ``rawgraph doctor --demo``).

@@ -36,7 +36,7 @@ the graph's: no class applies inside them.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from cuda.bindings import driver
@@ -44,184 +44,13 @@ from cuda.bindings import driver
 from ..graphs.graph import GraphExec, KernelNode
 from ..graphs.nodes import (ChildGraphInfo, ConditionalInfo, HostInfo, KernelInfo, MemAllocInfo, MemcpyInfo,
                             MemsetInfo, NodeInfo, read_graph)
-from ..runtime.errors import RawgraphError
 from ..runtime.launch import KernelArgs
 from ._scan import as_range, scan_words
-from .facts import PLAUSIBLE_HI, PLAUSIBLE_LO, PointerFacts, TorchBlock, TorchView, pointer_facts
+from .classify import classify_pointer, host_mappings
+from .facts import PLAUSIBLE_HI, PLAUSIBLE_LO, PointerFacts, TorchView, pointer_facts
+from .report import _RANK, CLASS_NAMES, NAMES_7, SEVERITIES, DoctorError, Finding, Report  # noqa: F401 (re-exported)
 
-CLASS_NAMES: dict[int, str] = {
-    1: "dangling",
-    2: "stream-ordered-pool",
-    3: "host-memory",
-    4: "allocator-freed",
-    5: "unordered-overlap",
-    6: "input-is-intermediate",
-    7: "conditional-default",
-}
-# Class 7 covers three things a replay depends on beyond addresses; each has its own short name.
-NAMES_7 = ("conditional-default", "host-callback", "closed-device-graph")
-SEVERITIES = ("error", "warning", "info")
-_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 UNKNOWN = object()  # a conditional handle's default the driver cannot say
-
-
-class DoctorError(RawgraphError, ValueError):
-    """``check`` or ``verify`` was given something it cannot examine."""
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One thing in a graph that can make a replay silently wrong.
-
-    Attributes
-    ----------
-    cls : int
-        The class, 1 to 7 (see the module docstring).
-    name : str
-        Its short name (``"dangling"``, ``"stream-ordered-pool"``, ``"host-memory"``,
-        ``"allocator-freed"``, ``"unordered-overlap"``, ``"input-is-intermediate"``,
-        ``"conditional-default"``, ``"host-callback"``, ``"closed-device-graph"``).
-    severity : str
-        ``"error"`` (a replay is wrong now, or the graph says it will be), ``"warning"`` (it is
-        right only while an owner outside the graph keeps its promise) or ``"info"``.
-    node_index : int
-        The node's position in ``cuGraphGetNodes`` order within its graph.
-    node_type : str
-        ``"kernel"``, ``"memcpy"``, ...
-    kernel : str
-        The kernel's name (``cuFuncGetName``; a rawgraph launch's label where it has one).
-    address : int
-        The address concerned (0 where none).
-    owner : str
-        What owns that address, as the driver and the allocators describe it.
-    advice : str
-    path : str
-        Where the node sits: ``"3"`` for top-level node 3, ``"3/0.1"`` for node 1 of body 0 of node 3.
-    node_id : int
-        The ``CUgraphNode`` handle (DOT annotation uses it).
-    where : str
-        Which part of the node holds the address (``"param 2 +0"``, ``"memcpy.src"``, ...).
-    related : tuple of str
-        Paths of the other nodes involved (the other side of an overlap, the setters of a handle).
-    """
-
-    cls: int
-    name: str
-    severity: str
-    node_index: int
-    node_type: str
-    kernel: str
-    address: int
-    owner: str
-    advice: str
-    path: str = ""
-    node_id: int = 0
-    where: str = ""
-    related: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["address"] = f"0x{self.address:x}"
-        d["node_id"] = f"0x{self.node_id:x}"
-        d["related"] = list(self.related)
-        return d
-
-    def __str__(self) -> str:
-        who = f"{self.node_type} {self.kernel}".strip()
-        at = f" at 0x{self.address:x}" if self.address else ""
-        return f"[{self.severity}] {self.cls}/{self.name}: node {self.path or self.node_index} ({who}){at}: {self.owner}"
-
-
-@dataclass
-class Report:
-    """What :func:`check` found.
-
-    Attributes
-    ----------
-    findings : list of Finding
-        Most severe first, then in node order.
-    graph : str
-        The graph examined (its kind and handle).
-    nodes : int
-        How many nodes were read (child graphs and bodies included).
-    seconds : float
-        Wall time of the check.
-    facts : dict of int -> PointerFacts
-        The driver facts of every address examined: a later ``check(graph, baseline=report)``
-        compares with them (an allocation freed and made again at the same address).
-    torch_blocks : dict of int -> TorchBlock
-        PyTorch's block of each address, when its allocator was seen.
-    notes : list of str
-        What could not be examined, and why.
-    """
-
-    findings: list[Finding] = field(default_factory=list)
-    graph: str = ""
-    nodes: int = 0
-    seconds: float = 0.0
-    facts: dict[int, PointerFacts] = field(default_factory=dict)
-    torch_blocks: dict[int, TorchBlock] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        """No finding of severity error or warning."""
-        return not any(f.severity in ("error", "warning") for f in self.findings)
-
-    def of_class(self, cls: int | str) -> list[Finding]:
-        """The findings of one class (by number or short name)."""
-        return [f for f in self.findings if (f.cls == cls if isinstance(cls, int) else f.name == cls)]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the findings, counts by class and severity, and the notes."""
-        by_class: dict[str, int] = {}
-        by_sev: dict[str, int] = {}
-        for f in self.findings:
-            by_class[f.name] = by_class.get(f.name, 0) + 1
-            by_sev[f.severity] = by_sev.get(f.severity, 0) + 1
-        return {"graph": self.graph, "nodes": self.nodes, "seconds": self.seconds, "ok": self.ok,
-                "by_class": by_class, "by_severity": by_sev,
-                "findings": [f.to_dict() for f in self.findings], "notes": list(self.notes)}
-
-    def rows(self) -> list[tuple[str, ...]]:
-        """One row of text per finding: severity, class, node, type/kernel, address, owner, advice."""
-        return [(f.severity, f"{f.cls} {f.name}", f.path or str(f.node_index),
-                 f"{f.node_type} {_short(f.kernel)}".strip(), f"0x{f.address:x}" if f.address else "-",
-                 f.owner, f.advice) for f in self.findings]
-
-    HEADERS = ("severity", "class", "node", "node type / kernel", "address", "owner", "advice")
-
-    def __str__(self) -> str:
-        head = f"rawgraph doctor: {self.graph}: {self.nodes} nodes, {len(self.findings)} finding(s)"
-        if not self.findings:
-            return head + " -- clean" + "".join(f"\n  note: {n}" for n in self.notes)
-        lines = [head]
-        for f in self.findings:
-            lines.append(f"  {f}")
-            if f.related:
-                lines.append(f"      with node(s) {', '.join(f.related)}")
-            lines.append(f"      -> {f.advice}")
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def rich_table(self) -> Any:
-        """The findings as a ``rich.table.Table`` (needs rich; imported here only)."""
-        from rich.table import Table
-
-        table = Table(title=f"rawgraph doctor: {self.graph} ({self.nodes} nodes)", show_lines=True)
-        for h in self.HEADERS:
-            table.add_column(h, overflow="fold")
-        colour = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-        for row, f in zip(self.rows(), self.findings):
-            table.add_row(*row, style=colour.get(f.severity))
-        return table
-
-    def __rich__(self) -> Any:
-        return self.rich_table()
-
-
-def _short(name: str, limit: int = 48) -> str:
-    return name if len(name) <= limit else name[: limit - 3] + "..."
 
 
 # =========================================================================== the graph as read
@@ -464,33 +293,6 @@ def _inside(addr: int, ranges: list[tuple[int, int]]) -> bool:
     return any(lo <= addr < hi for lo, hi in ranges)
 
 
-def host_mappings(maps: str | None = None) -> list[tuple[int, int]]:
-    """Address ranges this process maps as plain host memory: its stack and heap and its mapped
-    files outside ``/dev`` (``/proc/self/maps``; empty where there is none). No device
-    allocation lies there, so a foreign kernel's parameter word inside one is not taken for a
-    device pointer (cuBLASLt's split-K kernels carry host stack addresses in their parameters).
-    Mappings of ``/dev/nvidia*`` (pinned host memory, UVA) and anonymous ones are kept."""
-    if maps is None:
-        try:
-            with open("/proc/self/maps") as f:
-                maps = f.read()
-        except OSError:
-            return []
-    out = []
-    for line in maps.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 6:
-            continue
-        name = parts[5].strip()
-        if name.startswith("[stack") or name == "[heap]" or (name.startswith("/") and not name.startswith("/dev/")):
-            lo, _, hi = parts[0].partition("-")
-            try:
-                out.append((int(lo, 16), int(hi, 16)))
-            except ValueError:
-                continue
-    return out
-
-
 def _finding(node: _Node, cls: int, name: str, severity: str, address: int, owner: str, advice: str,
              where: str = "", related: tuple[str, ...] = ()) -> Finding:
     info = node.info
@@ -499,110 +301,6 @@ def _finding(node: _Node, cls: int, name: str, severity: str, address: int, owne
 
 
 # =========================================================================== pure classification
-def classify_pointer(known: bool, whole: bool, host: bool, facts: PointerFacts, block: TorchBlock | None = None,
-                     old: PointerFacts | None = None, old_block: TorchBlock | None = None
-                     ) -> list[tuple[int, str, str, str]]:
-    """The classes 1 to 4 one address falls in, from its facts alone (no GPU needed).
-
-    Parameters
-    ----------
-    known : bool
-        The address is certainly a pointer (a memcpy or memset side, a pointer argument of a
-        rawgraph launch). A foreign kernel's word is taken for a pointer only when the driver
-        knows an allocation there, or (for class 1) when it is a whole 8-byte parameter.
-    whole : bool
-        The word is a whole 8-byte parameter of a foreign kernel.
-    host : bool
-        A memcpy side whose memory type is host.
-    facts : PointerFacts
-        The driver now.
-    block : TorchBlock, optional
-        PyTorch's block holding the address now.
-    old, old_block : optional
-        The same at the baseline.
-
-    Returns
-    -------
-    list of (class, severity, owner, advice)
-    """
-    out: list[tuple[int, str, str, str]] = []
-    if host:
-        kind = facts.host_kind
-        was = old.host_kind if old is not None else None
-        if facts.live and old is not None and old.live and _realloc(old, facts):
-            out.append((3, "error", f"{kind} host memory at this address was freed and allocated again since the "
-                                    f"baseline (buffer id {old.buffer_id} -> {facts.buffer_id})",
-                        "the graph copies to/from whoever owns it now: keep the staging buffer alive as long as the "
-                        "graph, or rebind the memcpy node (cuGraphExecMemcpyNodeSetParams)"))
-        elif not facts.live and was in ("pinned", "registered"):
-            out.append((3, "error", f"host memory that was {was} at the baseline is no longer known to the driver "
-                                    f"(freed or unregistered)",
-                        "the graph copies to/from freed host memory: keep the staging buffer alive as long as the "
-                        "graph, or rebind the memcpy node"))
-        elif not facts.live:
-            out.append((3, "warning", "pageable host memory, or pinned memory already freed: cuPointerGetAttributes "
-                                      "and cuMemHostGetFlags know no allocation there",
-                        "stage through pinned memory the graph owns (cuMemHostAlloc, rawgraph HostBuffer) and keep "
-                        "it alive as long as the graph"))
-        else:
-            flags = f" (cuMemHostGetFlags 0x{facts.host_flags:x})" if facts.host_flags is not None else ""
-            out.append((3, "info", f"{kind} host memory{flags}, alive now",
-                        "its owner must outlive the graph: a pool that recycles it (CuPy's pinned pool, torch's "
-                        "pin_memory cache) lets the graph copy into someone else's buffer"))
-        return out
-    if facts.live and old is not None and old.live and _realloc(old, facts):
-        out.append((1, "error", f"{facts.memory_type} allocation [0x{facts.range_start:x}, +{facts.range_size}) is "
-                                f"not the one at the baseline (buffer id {old.buffer_id} -> {facts.buffer_id})",
-                    "the memory the graph was captured with was freed and this address allocated again: keep the "
-                    "original owner alive as long as the graph, or rebind the node"))
-        return out
-    if not facts.live:
-        if old is not None and old.live and old.mempool:
-            # The driver forgets memory given back to a stream-ordered pool (cuPointerGetAttributes
-            # answers as for freed memory) though the pool keeps it for its next allocation.
-            out.append((2, "error", f"memory of stream-ordered pool 0x{old.mempool:x} at the baseline, freed since "
-                                    f"(cuMemFreeAsync): the pool gives this address to its next cuMemAllocAsync",
-                        "the graph reads or writes whatever the pool hands this address to next: allocate it inside "
-                        "the graph (memory nodes), or with cuMemAlloc, and keep it alive as long as the graph"))
-            return out
-        if known or (old is not None and old.live):
-            sev, what = "error", ("freed since the baseline" if old is not None and old.live else "no live allocation")
-        elif whole:
-            sev, what = "warning", "possible pointer (a whole 8-byte parameter) into no live allocation"
-        else:
-            return out
-        out.append((1, sev, f"{what}: cuPointerGetAttributes knows no memory at this address",
-                    "a replay reads or writes freed memory: keep the buffer alive as long as the graph (or its "
-                    "execs), or rebind the node to a live buffer"))
-        return out
-    if facts.mempool:
-        out.append((2, "warning", f"memory of stream-ordered pool 0x{facts.mempool:x} (cuMemAllocAsync / "
-                                  f"cudaMallocAsync), [0x{facts.range_start:x}, +{facts.range_size})",
-                    "after its cuMemFreeAsync the pool gives this address to the next allocation while the graph "
-                    "still uses it: allocate it inside the graph (memory nodes), or with cuMemAlloc, and keep it "
-                    "alive as long as the graph"))
-    if block is not None:
-        if block.state != "active_allocated" and not block.private:
-            out.append((4, "error", f"PyTorch block [0x{block.address:x}, +{block.size}) is {block.state} in the "
-                                    f"caching allocator (segment 0x{block.segment:x}); the driver still has the memory",
-                        "the tensor the graph was captured with has been freed and the next allocation takes its "
-                        "memory: keep it alive as long as the graph"))
-        elif old_block is not None and (old_block.address, old_block.size) != (block.address, block.size) \
-                and not block.private:
-            out.append((4, "error", f"PyTorch block at this address changed since the baseline "
-                                    f"([0x{old_block.address:x}, +{old_block.size}) -> [0x{block.address:x}, "
-                                    f"+{block.size}) {block.state})",
-                        "the tensor the graph was captured with was freed and its memory given to another tensor: "
-                        "keep it alive as long as the graph"))
-    return out
-
-
-def _realloc(old: PointerFacts, now: PointerFacts) -> bool:
-    if old.buffer_id and now.buffer_id and old.buffer_id != now.buffer_id:
-        return True
-    return bool(old.range_size and now.range_size and (old.range_start, old.range_size) != (now.range_start, now.range_size))
-
-
 # =========================================================================== reading the tree
 def _conditional_records(obj: Any) -> dict[int, _Conditional]:
     """What rawgraph recorded of conditional nodes (their handle, default and bodies), by node

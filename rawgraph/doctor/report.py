@@ -1,0 +1,185 @@
+"""What the graph doctor reports: :class:`Finding` (one thing in a graph that can make a replay
+silently wrong: class, severity, node, address, owner, advice) and :class:`Report` (the findings of
+one :func:`~rawgraph.doctor.check.check`, the driver facts they were decided from, text and rich
+tables, JSON). The classes are listed in :mod:`rawgraph.doctor.check`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..runtime.errors import RawgraphError
+from .facts import PointerFacts, TorchBlock
+
+CLASS_NAMES: dict[int, str] = {
+    1: "dangling",
+    2: "stream-ordered-pool",
+    3: "host-memory",
+    4: "allocator-freed",
+    5: "unordered-overlap",
+    6: "input-is-intermediate",
+    7: "conditional-default",
+}
+# Class 7 covers three things a replay depends on beyond addresses; each has its own short name.
+NAMES_7 = ("conditional-default", "host-callback", "closed-device-graph")
+SEVERITIES = ("error", "warning", "info")
+_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+class DoctorError(RawgraphError, ValueError):
+    """``check`` or ``verify`` was given something it cannot examine."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing in a graph that can make a replay silently wrong.
+
+    Attributes
+    ----------
+    cls : int
+        The class, 1 to 7 (see :mod:`rawgraph.doctor.check`).
+    name : str
+        Its short name (``"dangling"``, ``"stream-ordered-pool"``, ``"host-memory"``,
+        ``"allocator-freed"``, ``"unordered-overlap"``, ``"input-is-intermediate"``,
+        ``"conditional-default"``, ``"host-callback"``, ``"closed-device-graph"``).
+    severity : str
+        ``"error"`` (a replay is wrong now, or the graph says it will be), ``"warning"`` (it is
+        right only while an owner outside the graph keeps its promise) or ``"info"``.
+    node_index : int
+        The node's position in ``cuGraphGetNodes`` order within its graph.
+    node_type : str
+        ``"kernel"``, ``"memcpy"``, ...
+    kernel : str
+        The kernel's name (``cuFuncGetName``; a rawgraph launch's label where it has one).
+    address : int
+        The address concerned (0 where none).
+    owner : str
+        What owns that address, as the driver and the allocators describe it.
+    advice : str
+    path : str
+        Where the node sits: ``"3"`` for top-level node 3, ``"3/0.1"`` for node 1 of body 0 of node 3.
+    node_id : int
+        The ``CUgraphNode`` handle (DOT annotation uses it).
+    where : str
+        Which part of the node holds the address (``"param 2 +0"``, ``"memcpy.src"``, ...).
+    related : tuple of str
+        Paths of the other nodes involved (the other side of an overlap, the setters of a handle).
+    """
+
+    cls: int
+    name: str
+    severity: str
+    node_index: int
+    node_type: str
+    kernel: str
+    address: int
+    owner: str
+    advice: str
+    path: str = ""
+    node_id: int = 0
+    where: str = ""
+    related: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["address"] = f"0x{self.address:x}"
+        d["node_id"] = f"0x{self.node_id:x}"
+        d["related"] = list(self.related)
+        return d
+
+    def __str__(self) -> str:
+        who = f"{self.node_type} {self.kernel}".strip()
+        at = f" at 0x{self.address:x}" if self.address else ""
+        return f"[{self.severity}] {self.cls}/{self.name}: node {self.path or self.node_index} ({who}){at}: {self.owner}"
+
+
+@dataclass
+class Report:
+    """What :func:`check` found.
+
+    Attributes
+    ----------
+    findings : list of Finding
+        Most severe first, then in node order.
+    graph : str
+        The graph examined (its kind and handle).
+    nodes : int
+        How many nodes were read (child graphs and bodies included).
+    seconds : float
+        Wall time of the check.
+    facts : dict of int -> PointerFacts
+        The driver facts of every address examined: a later ``check(graph, baseline=report)``
+        compares with them (an allocation freed and made again at the same address).
+    torch_blocks : dict of int -> TorchBlock
+        PyTorch's block of each address, when its allocator was seen.
+    notes : list of str
+        What could not be examined, and why.
+    """
+
+    findings: list[Finding] = field(default_factory=list)
+    graph: str = ""
+    nodes: int = 0
+    seconds: float = 0.0
+    facts: dict[int, PointerFacts] = field(default_factory=dict)
+    torch_blocks: dict[int, TorchBlock] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No finding of severity error or warning."""
+        return not any(f.severity in ("error", "warning") for f in self.findings)
+
+    def of_class(self, cls: int | str) -> list[Finding]:
+        """The findings of one class (by number or short name)."""
+        return [f for f in self.findings if (f.cls == cls if isinstance(cls, int) else f.name == cls)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the findings, counts by class and severity, and the notes."""
+        by_class: dict[str, int] = {}
+        by_sev: dict[str, int] = {}
+        for f in self.findings:
+            by_class[f.name] = by_class.get(f.name, 0) + 1
+            by_sev[f.severity] = by_sev.get(f.severity, 0) + 1
+        return {"graph": self.graph, "nodes": self.nodes, "seconds": self.seconds, "ok": self.ok,
+                "by_class": by_class, "by_severity": by_sev,
+                "findings": [f.to_dict() for f in self.findings], "notes": list(self.notes)}
+
+    def rows(self) -> list[tuple[str, ...]]:
+        """One row of text per finding: severity, class, node, type/kernel, address, owner, advice."""
+        return [(f.severity, f"{f.cls} {f.name}", f.path or str(f.node_index),
+                 f"{f.node_type} {_short(f.kernel)}".strip(), f"0x{f.address:x}" if f.address else "-",
+                 f.owner, f.advice) for f in self.findings]
+
+    HEADERS = ("severity", "class", "node", "node type / kernel", "address", "owner", "advice")
+
+    def __str__(self) -> str:
+        head = f"rawgraph doctor: {self.graph}: {self.nodes} nodes, {len(self.findings)} finding(s)"
+        if not self.findings:
+            return head + " -- clean" + "".join(f"\n  note: {n}" for n in self.notes)
+        lines = [head]
+        for f in self.findings:
+            lines.append(f"  {f}")
+            if f.related:
+                lines.append(f"      with node(s) {', '.join(f.related)}")
+            lines.append(f"      -> {f.advice}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def rich_table(self) -> Any:
+        """The findings as a ``rich.table.Table`` (needs rich; imported here only)."""
+        from rich.table import Table
+
+        table = Table(title=f"rawgraph doctor: {self.graph} ({self.nodes} nodes)", show_lines=True)
+        for h in self.HEADERS:
+            table.add_column(h, overflow="fold")
+        colour = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+        for row, f in zip(self.rows(), self.findings):
+            table.add_row(*row, style=colour.get(f.severity))
+        return table
+
+    def __rich__(self) -> Any:
+        return self.rich_table()
+
+
+def _short(name: str, limit: int = 48) -> str:
+    return name if len(name) <= limit else name[: limit - 3] + "..."
