@@ -40,3 +40,42 @@ def test_a_host_row_joins_with_no_wait_and_the_callers_row_is_free_at_once(table
         finally:
             mp.undo()
             fc.close_state(st)
+
+
+def test_a_leave_that_does_not_wait_hands_back_the_row_later():
+    from rawgraph.serving.slots import PendingRow
+
+    with fake_session() as (fake, hook), pytest.MonkeyPatch.context() as mp:
+        hook.active = False
+        st = fc._pool_setup("graph", joined=2, step=True)()
+        try:
+            pool = st["pool"]
+            waits: list[str] = []
+            for name in ("cuStreamSynchronize", "cuCtxSynchronize"):
+                real = getattr(driver, name)
+                mp.setattr(driver, name, lambda *a, _n=name, _r=real: waits.append(_n) or _r(*a))
+            slot = sorted(st["rows"])[0]
+            want = fake.read(pool.state.ptr + slot * fc.W * 4, fc.W * 4)
+            row = pool.leave(slot, wait=False)
+            assert isinstance(row, PendingRow) and waits == [], f"leave waited for the stream: {waits}"
+            del st["rows"][slot]
+            fc.pool_consistent(st)  # the slot is free again at once
+            # the slot joins again and leaves again before the first row was taken: the first row
+            # is taken out of the way, not overwritten
+            again = np.full(fc.W, 7.75, np.float32)
+            assert pool.join(again, slot=slot) == slot
+            second = pool.leave(slot, wait=False)
+            assert row.done() and row.result().tobytes() == want
+            assert second.result().tobytes() == again.tobytes()
+            assert waits == []
+            # one more left pending survives the pool's close
+            last = sorted(st["rows"])[0]
+            pending = pool.leave(last, wait=False)
+            want_last = st["rows"].pop(last).tobytes()
+            pool.close()
+            assert pending.done() and pending.result().tobytes() == want_last
+            with pytest.raises(Exception, match="closed"):
+                pool.leave(last)
+        finally:
+            mp.undo()
+            fc.close_state(st)

@@ -35,14 +35,15 @@ def _trace(rng, steps, max_slots, rate=1.5, mean_len=12, max_len=40):
     return reqs
 
 
-def _drive(pool, reqs, rows, steps, slot_of=None, order=None, history=None):
+def _drive(pool, reqs, rows, steps, slot_of=None, order=None, history=None, wait=True):
     """Run the trace: join at its step, one step per tick, leave after its length. Returns each
     request's final row and how many steps it saw.
 
     ``slot_of(i, pool)`` picks the slot request ``i`` joins (``join(slot=...)``; the slot it gets
     back must be that one, at the next batch position). ``order`` (a Generator) shuffles the joins
     and leaves within each tick, so the swap-removes move requests to other batch positions;
-    ``history`` (a dict) receives each request's batch position at every step it runs in."""
+    ``history`` (a dict) receives each request's batch position at every step it runs in.
+    ``wait=False`` leaves with ``leave(slot, wait=False)`` and takes the rows at the end."""
     by_join: dict[int, list[int]] = {}
     for i, (t, _len) in enumerate(reqs):
         by_join.setdefault(t, []).append(i)
@@ -54,7 +55,7 @@ def _drive(pool, reqs, rows, steps, slot_of=None, order=None, history=None):
         if order is not None:
             going = [going[k] for k in order.permutation(len(going))]
         for i in going:
-            final[i] = pool.leave(slot.pop(i))
+            final[i] = pool.leave(slot.pop(i), wait=wait)
         if t == steps:
             break
         coming = by_join.get(t, [])
@@ -72,8 +73,8 @@ def _drive(pool, reqs, rows, steps, slot_of=None, order=None, history=None):
                 history.setdefault(i, []).append(pool._pos[s])
         pool.busy_steps += pool.step() > 0
     for i, s in slot.items():  # still alive at the end
-        final[i] = pool.leave(s)
-    return final
+        final[i] = pool.leave(s, wait=wait)
+    return {i: r if isinstance(r, np.ndarray) else r.result() for i, r in final.items()}
 
 
 def _expected(reqs, rows, weights, steps):
@@ -292,3 +293,19 @@ def test_gather_and_table_choices_the_kernels_cannot_run_are_refused(stream):
     with pytest.raises(ValueError, match="gather must be"):
         SlotPool(m, max_slots=4, gather="scattered", stream=stream)
     m.close()
+
+
+def test_leaving_without_a_wait_gives_the_rows_a_waiting_leave_gives(model, stream, rng):
+    """leave(slot, wait=False): the row comes back through the pool's pinned rows after its own
+    event, with the same bits as a leave that synchronizes the stream, over a random trace (slots
+    are reused while earlier rows are still pending)."""
+    steps, max_slots = 120, 16
+    reqs = _trace(rng, steps, max_slots)
+    rows = [random_input(rng, (WIDTH,)) for _ in reqs]
+    got = {}
+    for wait in (True, False):
+        with SlotPool(model, max_slots, [1, 2, 4, 8, 16], stream=stream) as pool:
+            got[wait] = _drive(pool, reqs, rows, steps, wait=wait)
+    assert got[True].keys() == got[False].keys() and len(got[True]) == len(reqs)
+    for i in got[True]:
+        assert got[True][i].tobytes() == got[False][i].tobytes(), f"request {i}"

@@ -21,8 +21,10 @@ step, in a fresh random order, so drift hits all alike):
 
 Per step: the synced latency (host clock from the call to the end of the step's work) and the
 host time of the call alone; ``bare_launch`` is the host time of the same bucket's
-``cuGraphLaunch`` called directly, interleaved. Joins and leaves happen between steps and are not
-timed. At the end, the final rows of finished requests are compared: the rawgraph pools
+``cuGraphLaunch`` called directly, interleaved. Joins and leaves happen between steps, outside
+the step's figures; their own host time per step is reported beside them (``join_host_us``,
+``leave_host_us``): rows join from the host (``--rows``), rawgraph's pools leave with
+``leave(slot, wait=False)`` (the row is taken at the end), torch's with a ``.cpu()``. At the end, the final rows of finished requests are compared: the rawgraph pools
 bit-equal, torch's relative error over rows that are still finite (the block has no
 normalisation, so a row that lives for dozens of steps overflows to inf/NaN at w1024 L8; timing
 does not depend on the values).
@@ -238,8 +240,8 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
             lat[k].append((b, (t2 - t0) * 1e6))
             host[k].append((t1 - t0) * 1e6)
             t0 = clock()
-            for r in leaving:
-                finals[k][r] = pool.leave(slot_of[k].pop(r))
+            for r in leaving:  # rawgraph's pools hand the row back later (leave(wait=False)), torch's now
+                finals[k][r] = pool.leave(slot_of[k].pop(r), **({} if k == "torch_vllm" else {"wait": False}))
             if leaving:
                 leave_us[k].append((clock() - t0) * 1e6)
         if idle is not None and step % 4 == 0:  # a bare cuGraphLaunch of the same bucket, on an idle stream
@@ -255,6 +257,7 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
         pool = pools[k]
         for r, slot in list(slot_of[k].items()):
             pool.leave(slot)
+    finals = {k: {r: v if isinstance(v, np.ndarray) else v.result() for r, v in f.items()} for k, f in finals.items()}
     check = _cross_check(finals)
     out: dict[str, Any] = {
         "env": environment(torch=getattr(torch, "__version__", None)),

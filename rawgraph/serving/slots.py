@@ -100,6 +100,44 @@ class SlotError(RawgraphError, ValueError):
     """A slot operation that does not fit the pool's state (full, free, occupied, unknown)."""
 
 
+class PendingRow:
+    """The final row of a request that left with ``SlotPool.leave(slot, wait=False)``, on its way
+    to the host: :meth:`result` waits for its own copy (an event after it), :meth:`done` asks."""
+
+    __slots__ = ("_pool", "_slot", "_row")
+
+    def __init__(self, pool: "SlotPool", slot: int):
+        self._pool, self._slot = pool, slot
+        self._row: np.ndarray | None = None
+
+    def done(self) -> bool:
+        """True once the row is on the host (``cuEventQuery``)."""
+        with self._pool._lock:
+            if self._row is not None:
+                return True
+            ev = self._pool._ring_events[self._slot]
+            return ev is not None and ev.query()
+
+    def result(self) -> np.ndarray:
+        """The row (``width`` float32), waiting for its copy only (``cuEventSynchronize``)."""
+        with self._pool._lock:
+            self._take()
+            assert self._row is not None
+            return self._row
+
+    def _take(self) -> None:
+        """Under the pool's lock: wait for the copy, keep the row, give the pinned row back."""
+        if self._row is not None:
+            return
+        pool, slot = self._pool, self._slot
+        ev, ring = pool._ring_events[slot], pool._ring
+        assert ev is not None and ring is not None
+        ev.synchronize()
+        self._row = ring.array[slot].copy()
+        if pool._ring_owner[slot] is self:
+            pool._ring_owner[slot] = None
+
+
 class SlotPool:
     """``max_slots`` request slots over one model; :meth:`step` advances every live request.
 
@@ -173,6 +211,11 @@ class SlotPool:
         self._free = list(range(max_slots - 1, -1, -1))  # pop() gives the lowest free slot
         self._pos: dict[int, int] = {}  # live slot -> its position in table[:n]
         self._read = Event(timing=False, device=self.device)  # recorded after each replay read the table
+        # leave(wait=False): one pinned row per slot, the event after its copy, the PendingRow
+        # that still needs it (made at the first such leave)
+        self._ring: HostBuffer | None = None
+        self._ring_events: list[Event | None] = []
+        self._ring_owner: list[PendingRow | None] = []
         self._models: dict[int, Any] = {}
         self.graphs: dict[int, Graph] = {}
         self.execs: dict[int, GraphExec] = {}
@@ -310,9 +353,14 @@ class SlotPool:
             self._version += 1
             return chosen
 
-    def leave(self, slot: int) -> np.ndarray:
+    def leave(self, slot: int, wait: bool = True) -> "np.ndarray | PendingRow":
         """Retire the request in ``slot``; returns its final state row (a host copy, after every
         step queued so far).
+
+        ``wait=False`` returns a :class:`PendingRow` at once instead: the row is copied
+        (``cuMemcpyDtoHAsync``) into a pinned row of the pool behind the queued steps, and
+        ``result()`` waits for that copy only (its event), not for the stream. The slot is free
+        again at once; a later leave of the same slot first takes the earlier row out of the way.
 
         Raises
         ------
@@ -323,10 +371,15 @@ class SlotPool:
             self._check_open()
             if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or slot not in self._pos:
                 raise SlotError(f"slot {slot!r} holds no request")
-            out = np.empty(self.width, np.float32)
-            call(driver.cuMemcpyDtoHAsync, out.ctypes.data, self.state.ptr + int(slot) * self.width * 4, out.nbytes,
-                 self.stream.handle)
-            self.stream.synchronize()
+            src = self.state.ptr + int(slot) * self.width * 4
+            out: np.ndarray | PendingRow
+            if wait:
+                host = np.empty(self.width, np.float32)
+                call(driver.cuMemcpyDtoHAsync, host.ctypes.data, src, self.width * 4, self.stream.handle)
+                self.stream.synchronize()
+                out = host
+            else:
+                out = self._leave_pending(int(slot), src)
             self._table_free()
             # swap-remove: the last live slot takes the leaver's place in the batch
             pos, last = self._pos.pop(int(slot)), len(self._pos)
@@ -384,14 +437,35 @@ class SlotPool:
         if self._closed:
             raise ClosedError("SlotPool is closed")
 
+    def _leave_pending(self, slot: int, src: int) -> "PendingRow":
+        if self._ring is None:
+            self._ring = HostBuffer((self.max_slots, self.width), np.float32, self.device)
+            self._ring_events = [None] * self.max_slots
+            self._ring_owner = [None] * self.max_slots
+        earlier = self._ring_owner[slot]
+        if earlier is not None:
+            earlier._take()  # its copy is older than anything queued since: only that one is waited for
+        event = self._ring_events[slot]
+        if event is None:
+            event = self._ring_events[slot] = Event(timing=False, device=self.device)
+        call(driver.cuMemcpyDtoHAsync, self._ring.ptr + slot * self.width * 4, src, self.width * 4, self.stream.handle)
+        event.record(self.stream)
+        row = self._ring_owner[slot] = PendingRow(self, slot)
+        return row
+
     def close(self) -> None:
-        """Destroy the graphs and free the state, tables and scratch; safe twice."""
+        """Destroy the graphs and free the state, tables and scratch; safe twice. Rows of
+        ``leave(wait=False)`` not yet taken are taken first (their ``result()`` still works)."""
         with self._lock:
             if self._closed:
                 return
+            for row in self._ring_owner:
+                if row is not None:
+                    row._take()
             self._closed = True
             close_all(self.execs.values(), self.graphs.values(), self._models.values(),
-                      (self.state, self.x, self.y, self.arena, self.table_dev, self._pinned, self._read))
+                      (self.state, self.x, self.y, self.arena, self.table_dev, self._pinned, self._read),
+                      [e for e in self._ring_events if e is not None], (self._ring,) if self._ring is not None else ())
             if self._own_stream:
                 self.stream.close()
 
