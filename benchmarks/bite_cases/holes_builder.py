@@ -64,7 +64,7 @@ CASES = [
             "PYTHONMALLOC=debug)",
         tests=[f"{CPU}::test_allocation_address_reads_dptr_while_the_struct_is_alive",
                f"{OWN}::test_graph_memory_nodes_build_and_run_under_the_debug_allocator"],
-        edits=[("rawgraph/graphs/builder.py",
+        edits=[("rawgraph/graphs/params.py",
                 "    params = call(driver.cuGraphMemAllocNodeGetParams, node)\n    ptr = int(params.dptr)\n"
                 "    del params  # only now may the struct go\n",
                 "    ptr = int(call(driver.cuGraphMemAllocNodeGetParams, node).dptr)\n")],
