@@ -223,3 +223,40 @@ def test_graph_marked_device_updatable_follows_the_drivers_rules(fake, monkeypat
             exe.close()
             graph.instantiate().close()  # once the exec is closed, one more may live
             assert calls == ["cuGraphInstantiate"] * 2
+
+
+def test_a_slot_pool_shaped_on_the_device_runs_one_exec_over_the_table(fake, updatable_attrs):
+    """SlotPool(shape="device"): one DeviceShapedGraph over the model seen through the slot table
+    (gather, the model, scatter); a step copies the table when it changed, writes n = the live
+    rows for the head, and replays the one exec; the gather and scatter are bounded by their rows."""
+    from rawgraph import SlotPool, TinyBlock
+    from rawgraph.runtime.errors import LayoutError
+
+    with TinyBlock(64, 1, 1, seed=4, form="unfused") as model:
+        with pytest.raises(LayoutError):
+            SlotPool(model, 8, shape="device", table="graph")
+        with pytest.raises(ValueError):
+            SlotPool(model, 8, shape="sideways")
+        pool = SlotPool(model, 8, shape="device")
+        try:
+            dsg = pool._shaped
+            assert pool.mode == "copy" and pool.gather == "kernels" and not pool.execs
+            assert dsg.graph.device_updatable and dsg.max_batch == 8
+            names = [e.kernel for e in dsg.entries]
+            assert names[0].startswith("gather_rows") and names[-1].startswith("scatter_rows"), names
+            assert [e.param for e in dsg.entries][:1] == ["rows"] and dsg.entries[-1].param == "rows"
+            assert dsg.entries[0].axis == -1  # grid-stride: the grid stays, the row count bounds it
+            rows = [np.full(64, 1.0 + i, np.float32) for i in range(3)]
+            slots = [pool.join(r) for r in rows]
+            launches = dsg.replays
+            assert pool.step() == 3 and dsg.replays == launches + 1
+            assert int(np.frombuffer(fake.read(dsg.n_live.ptr, 4), np.int32)[0]) == 3
+            table = np.frombuffer(fake.read(pool.table_dev.ptr, 4 * 3), np.int32)
+            assert sorted(int(v) for v in table) == sorted(slots)
+            pool.leave(slots[1])
+            assert pool.step() == 2
+            assert int(np.frombuffer(fake.read(dsg.n_live.ptr, 4), np.int32)[0]) == 2
+        finally:
+            pool.close()
+            pool.close()
+        assert dsg.closed and dsg.exec.closed

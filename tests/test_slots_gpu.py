@@ -309,3 +309,24 @@ def test_leaving_without_a_wait_gives_the_rows_a_waiting_leave_gives(model, stre
     assert got[True].keys() == got[False].keys() and len(got[True]) == len(reqs)
     for i in got[True]:
         assert got[True][i].tobytes() == got[False][i].tobytes(), f"request {i}"
+
+
+def test_a_pool_shaped_on_the_device_matches_each_request_alone_and_the_bucket_pool(model, stream, rng):
+    """shape="device": one exec, grids and row counts set on the device to the live rows each
+    step. Over a random trace every request equals its own steps alone (float64 reference), and
+    the bucket pool running the same gather-kernel path gives the same rows within 1e-5."""
+    steps, slots = 600, 32
+    reqs = _trace(rng, steps, slots)
+    rows = [random_input(rng, (WIDTH,)) for _ in reqs]
+    with SlotPool(model, max_slots=slots, shape="device", stream=stream) as pool:
+        assert (pool.mode, pool.gather, pool.shape) == ("copy", "kernels", "device")
+        final = _drive(pool, reqs, rows, steps)
+        assert pool._shaped.check_status(stream) >= 0
+    with SlotPool(model, max_slots=slots, table="copy", gather="kernels", stream=stream) as buckets:
+        other = _drive(buckets, reqs, rows, steps)
+    want, seen = _expected(reqs, rows, model.weights_numpy(stream), steps)
+    assert len(final) == len(reqs) > 50
+    worst = max(float(np.linalg.norm(final[i] - want[i]) / np.linalg.norm(want[i])) for i in final)
+    assert worst < 1e-4, f"worst rel err {worst:.2e}, seed {rng.seed_used}"
+    apart = max(float(np.linalg.norm(final[i] - other[i]) / np.linalg.norm(other[i])) for i in final)
+    assert apart < 1e-5, f"device-shaped vs buckets rel diff {apart:.2e}, seed {rng.seed_used}"

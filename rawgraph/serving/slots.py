@@ -47,7 +47,7 @@ from .. import ops
 from ..graphs.capture import Capture
 from ..runtime.errors import ClosedError, DTypeError, LayoutError, RawgraphError, ShapeError, call
 from ..graphs.graph import Graph, GraphExec
-from ..runtime.launch import LaunchPlan
+from ..runtime.launch import Launch, LaunchPlan
 from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array
 from ..runtime.stream import Event, Stream, as_stream
 from ..updates.shadow import ExecShadow
@@ -98,6 +98,59 @@ def _unsend(log: tuple) -> None:
 
 class SlotError(RawgraphError, ValueError):
     """A slot operation that does not fit the pool's state (full, free, occupied, unknown)."""
+
+
+class _SlotRows:
+    """A row-wise model seen through the slot table: its plan gathers ``state[table[i]]`` into the
+    input, runs the model and scatters the output back (``rows`` kernels), so a
+    :class:`~rawgraph.serving.device_shaped.DeviceShapedGraph` over it serves a slot pool with one
+    exec. The gather and scatter are bounded by their ``rows`` argument (grid-stride kernels:
+    the grid stays); every other launch is the model's own answer."""
+
+    _EDGES = ("gather_rows", "scatter_rows")
+
+    def __init__(self, model: Any, state: DeviceArray, table: DeviceArray):
+        self._model, self._state, self._table = model, state, table
+        self.width, self.batch, self.device = model.width, model.batch, model.device
+
+    def plan(self, x: Any, out: Any, scratch: Any = None) -> LaunchPlan:
+        inner = self._model.plan(x, out, scratch)
+        b = self.batch
+        # names of their own: the model's plan may call its buffers anything
+        views = {"slot_state": self._state, "slot_table": self._table, "slot_x": as_device_array(x, "x"),
+                 "slot_y": as_device_array(out, "out")}
+        gather = ops.gather_rows(self.device, views, "slot_state", "slot_table", "slot_x", b, label=f"gather{b}")
+        scatter = ops.scatter_rows(self.device, views, "slot_y", "slot_table", "slot_state", b, label=f"scatter{b}")
+        buffers = {**inner.buffers, **views}
+        # pdl=None: the model's launches keep their own PDL flags; the gather and scatter wait fully
+        return LaunchPlan([gather, *inner.launches, scatter], buffers, inner.inputs, inner.outputs, pdl=None)
+
+    def with_batch(self, batch: int, workspace: Any = None) -> "_SlotRows":
+        return _SlotRows(self._model.with_batch(batch, workspace=workspace), self._state, self._table)
+
+    def make_workspace(self, rows: int) -> Any:
+        return self._model.make_workspace(rows)
+
+    def scratch_layout(self, batch: int) -> Any:
+        return self._model.scratch_layout(batch)
+
+    def reference(self, x: Any) -> Any:
+        return self._model.reference(x)
+
+    def row_count_arg(self, launch: Launch) -> tuple[str, int] | None:
+        if launch.kernel.name in self._EDGES:
+            return ("rows", 1)
+        ask = getattr(self._model, "row_count_arg", None)
+        return ask(launch) if ask is not None else None
+
+    def row_grid(self, launch: Launch) -> tuple[int, int] | None:
+        if launch.kernel.name in self._EDGES:
+            return None
+        ask = getattr(self._model, "row_grid", None)
+        return ask(launch) if ask is not None else None
+
+    def close(self) -> None:
+        self._model.close()
 
 
 class PendingRow:
@@ -157,6 +210,13 @@ class SlotPool:
         table (TinyBlock's fused form), ``"kernels"`` otherwise.
     stream : stream-like, optional
         Where capture, joins, leaves and steps run (default: a new stream).
+    shape : {"buckets", "device"}
+        ``"buckets"``: a graph per bucket size, the live rows padded up to the bucket.
+        ``"device"``: one exec of ``max_slots`` rows whose grids and row counts are set on the
+        device at each step to exactly the live rows (a
+        :class:`~rawgraph.serving.device_shaped.DeviceShapedGraph` over the model seen through
+        the table: gather, model, scatter); needs ``table="copy"`` and ``gather="kernels"``
+        (chosen when not given); ``sizes`` is not used.
 
     Attributes
     ----------
@@ -168,11 +228,23 @@ class SlotPool:
     """
 
     def __init__(self, model: RowwiseModel, max_slots: int = 256, sizes: Sequence[int] | None = None,
-                 table: str = "graph", stream: Any = None, gather: str | None = None):
+                 table: str | None = None, stream: Any = None, gather: str | None = None, shape: str = "buckets"):
         # One thread at a time: two joins must not pick one slot, and the table, the positions and
         # the pinned/device tables change together (a lock, not an owning thread: a server may
         # admit requests on one thread and step on another).
         self._lock = threading.Lock()
+        if shape not in ("buckets", "device"):
+            raise ValueError(f"shape must be 'buckets' or 'device', got {shape!r}")
+        if shape == "device":
+            if table not in (None, "copy") or gather not in (None, "kernels"):
+                raise LayoutError("shape='device' runs one exec whose gather and scatter kernels read a device "
+                                  "table copied before each step: use table='copy', gather='kernels'")
+            table, gather = "copy", "kernels"
+            if isinstance(max_slots, int) and not isinstance(max_slots, bool) and sizes is None:
+                sizes = [max_slots]
+        table = "graph" if table is None else table
+        self.shape = shape
+        self._shaped: Any = None
         if table not in TABLE_MODES:
             raise ValueError(f"table must be one of {TABLE_MODES}, got {table!r}")
         check_model(model)
@@ -234,7 +306,14 @@ class SlotPool:
         self._edges: dict[int, list[Any]] = {}
         self._closed = False  # close() may run on a half-built pool (below)
         try:
-            for b in reversed(self.sizes):
+            if shape == "device":
+                from .device_shaped import DeviceShapedGraph
+
+                t0 = clock()
+                self._shaped = DeviceShapedGraph(_SlotRows(model, views["state"], views["table"]), max_slots, s)
+                self.setup["capture"] += clock() - t0
+                self._sent[max_slots] = 0
+            for b in (() if shape == "device" else reversed(self.sizes)):
                 m = self._models[b] = model.with_batch(b, workspace=self.arena)
                 plan = m.plan(DeviceArray(self.x.ptr, (b, width), f32, self.x), DeviceArray(self.y.ptr, (b, width), f32, self.y))
                 if gather is None:
@@ -402,6 +481,13 @@ class SlotPool:
             n = len(self._pos)
             if n == 0:
                 return 0
+            if self._shaped is not None:  # one exec shaped to n on the device: no bucket, no padding
+                if self._sent[self.max_slots] != self._version:
+                    call(driver.cuMemcpyHtoDAsync, self.table_dev.ptr, self.table.ctypes.data, 4 * n, self.stream.handle)
+                    self._sent[self.max_slots] = self._version
+                self._shaped.run(n, self.stream)
+                self.steps += 1
+                return n
             b = pick_bucket(self.sizes, n)
             assert b is not None
             if self._pinned is None and self._sent[b] != self._version:
@@ -463,7 +549,7 @@ class SlotPool:
                 if row is not None:
                     row._take()
             self._closed = True
-            close_all(self.execs.values(), self.graphs.values(), self._models.values(),
+            close_all((self._shaped,), self.execs.values(), self.graphs.values(), self._models.values(),
                       (self.state, self.x, self.y, self.arena, self.table_dev, self._pinned, self._read),
                       [e for e in self._ring_events if e is not None], (self._ring,) if self._ring is not None else ())
             if self._own_stream:
