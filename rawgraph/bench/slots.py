@@ -15,6 +15,8 @@ step, in a fresh random order, so drift hits all alike):
   then the replay (fused gather);
 - ``setparams``: ``table="params"``: the table is a by-value parameter of the gather and scatter
   kernels, pushed with ``cuGraphExecKernelNodeSetParams`` after a join or leave;
+- ``device_shaped``: ``shape="device"``: one exec of ``max_slots`` rows whose grids and row counts
+  a head kernel sets on the device to the live rows each step (gather kernels, copied table);
 - ``torch_vllm``: PyTorch done the vLLM way: a persistent state tensor, bucket graphs captured
   with ``index_select`` / ``index_copy_`` over a static index tensor, and per step a ``copy_`` of
   the indices from pinned memory, then ``replay()``.
@@ -53,7 +55,9 @@ STRATEGIES = ("graph_table", "graph_table_kernels", "copy_table", "setparams", "
 POOL_OPTIONS = {"graph_table": {"table": "graph", "gather": "fused"},
                 "graph_table_kernels": {"table": "graph", "gather": "kernels"},
                 "copy_table": {"table": "copy", "gather": "fused"},
-                "setparams": {"table": "params", "gather": "kernels"}}
+                "setparams": {"table": "params", "gather": "kernels"},
+                # one exec shaped to the live rows on the device (issue 25): no buckets, no padding
+                "device_shaped": {"shape": "device"}}
 RAWGRAPH = tuple(POOL_OPTIONS)
 
 
