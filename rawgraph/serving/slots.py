@@ -271,9 +271,11 @@ class SlotPool:
         self.state = DeviceBuffer((max_slots + 1, width), np.float32, self.device)
         self.state.poison(s)
         top = self.sizes[-1]
-        self.x = DeviceBuffer((top, width), np.float32, self.device)
-        self.y = DeviceBuffer((top, width), np.float32, self.device)
-        self.arena = model.make_workspace(top)
+        # shape="device": the device-shaped graph holds its own input, output and workspace
+        xy_rows = 1 if shape == "device" else top
+        self.x = DeviceBuffer((xy_rows, width), np.float32, self.device)
+        self.y = DeviceBuffer((xy_rows, width), np.float32, self.device)
+        self.arena = None if shape == "device" else model.make_workspace(top)
         self.table_dev = DeviceBuffer(top, np.int32, self.device)
         # The host table: pinned for the in-graph copy, pageable for the copy before launch (a
         # pageable cuMemcpyHtoDAsync has staged the bytes by the time it returns).
