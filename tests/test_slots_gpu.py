@@ -314,7 +314,9 @@ def test_leaving_without_a_wait_gives_the_rows_a_waiting_leave_gives(model, stre
 def test_a_pool_shaped_on_the_device_matches_each_request_alone_and_the_bucket_pool(model, stream, rng):
     """shape="device": one exec, grids and row counts set on the device to the live rows each
     step. Over a random trace every request equals its own steps alone (float64 reference), and
-    the bucket pool running the same gather-kernel path gives the same rows within 1e-5."""
+    the bucket pool running the same gather-kernel path gives the same rows within the same bound
+    (its matmul cuts follow the bucket size, the device-shaped exec's the largest: the summation
+    order may differ, and a row lives up to 40 steps)."""
     steps, slots = 600, 32
     reqs = _trace(rng, steps, slots)
     rows = [random_input(rng, (WIDTH,)) for _ in reqs]
@@ -329,4 +331,4 @@ def test_a_pool_shaped_on_the_device_matches_each_request_alone_and_the_bucket_p
     worst = max(float(np.linalg.norm(final[i] - want[i]) / np.linalg.norm(want[i])) for i in final)
     assert worst < 1e-4, f"worst rel err {worst:.2e}, seed {rng.seed_used}"
     apart = max(float(np.linalg.norm(final[i] - other[i]) / np.linalg.norm(other[i])) for i in final)
-    assert apart < 1e-5, f"device-shaped vs buckets rel diff {apart:.2e}, seed {rng.seed_used}"
+    assert apart < 1e-4, f"device-shaped vs buckets rel diff {apart:.2e}, seed {rng.seed_used}"
