@@ -9,7 +9,7 @@ bash benchmarks/device_run.sh tests >/dev/null 2>&1
 echo "tests done at $(el)s"
 grep -E " (FAILED|ERROR)" $OUT/gpu_tests.txt | head -40; tail -1 $OUT/gpu_tests.txt
 if [ $(el) -lt 400 ]; then
-  OLD_TREE=$(cd ../.snap_old && pwd) OLD_COMMIT=66a84c8 REGRESS_LIMIT=40 REGRESS_RUNS="old new old new" bash benchmarks/device_run.sh regress >/dev/null 2>&1
+  OLD_TREE=$(cd "${OLD_TREE:-../.snap_old}" && pwd) OLD_COMMIT=66a84c8 REGRESS_LIMIT=40 REGRESS_RUNS="old new old new" bash benchmarks/device_run.sh regress >/dev/null 2>&1
   grep -E "graph_update|manager_bind|graph |graph_indirect|torch_graph" $OUT/compare_paths.txt
 fi
 echo "regress done at $(el)s"
