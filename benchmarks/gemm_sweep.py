@@ -947,25 +947,9 @@ class Sweep:
         torch.mm(tx, tw[0], out=ty)
         torch.cuda.synchronize()
         out = judge(ty.cpu().numpy(), *refb)
-        s = torch.cuda.Stream()
-        with torch.cuda.stream(s):
-            torch.mm(tx, tw[1 % len(tw)], out=ty)
-            s.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s):
-                for i in range(REPS):
-                    torch.mm(tx, tw[i % len(tw)], out=ty)
-            g.replay()
-            s.synchronize()
-            samples = []
-            for _ in range(self.a.repeats):
-                ea, eb = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                ea.record(s)
-                g.replay()
-                eb.record(s)
-                eb.synchronize()
-                samples.append(ea.elapsed_time(eb) * 1e3 / REPS)
-        del g
+        from rawgraph.bench.kernel_times import cublas_graph_samples
+
+        samples = cublas_graph_samples(torch, tx, tw, ty, REPS, self.a.repeats)
         us = float(np.median(samples))
         flop = 2.0 * m * k * n
         out.update({"us": us, "tflops": flop / us / 1e6, "pct_peak": 100 * flop / us / 1e6 / self.peak_tflops})

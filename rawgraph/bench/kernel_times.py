@@ -166,6 +166,32 @@ def _label(s: ops.MatmulShape) -> str:
             + (f"/cap{s.per_sm}" if s.per_sm else ""))
 
 
+def cublas_graph_samples(torch, tx, tws, ty, reps: int = REPS, repeats: int = 15) -> list[float]:
+    """cuBLAS in a graph, as rawgraph's kernels are timed: a PyTorch graph of ``reps``
+    ``torch.mm(tx, tws[i % len(tws)], out=ty)`` (rotating weights so the L2 cache does not hold
+    them), replayed ``repeats`` times; device µs per ``mm`` per replay (CUDA events)."""
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.mm(tx, tws[1 % len(tws)], out=ty)  # warm-up: cuBLAS handle and workspace
+        s.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            for i in range(reps):
+                torch.mm(tx, tws[i % len(tws)], out=ty)
+        g.replay()
+        s.synchronize()
+        samples = []
+        for _ in range(repeats):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(s)
+            g.replay()
+            b.record(s)
+            b.synchronize()
+            samples.append(a.elapsed_time(b) * 1e3 / reps)
+    del g
+    return samples
+
+
 def _torch_mm_us(torch, x, ws, batch: int, width: int) -> dict:
     tw = [torch.as_tensor(w, device="cuda") for w in ws]
     tx = torch.as_tensor(x, device="cuda")
@@ -173,26 +199,7 @@ def _torch_mm_us(torch, x, ws, batch: int, width: int) -> dict:
     ref = (tx.double() @ tw[0].double()).float()
     torch.mm(tx, tw[0], out=ty)
     assert torch.linalg.norm(ty - ref) / torch.linalg.norm(ref) < 1e-5
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        torch.mm(tx, tw[1 % len(tw)], out=ty)  # warm-up: cuBLAS handle and workspace
-        s.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            for i in range(REPS):
-                torch.mm(tx, tw[i % len(tw)], out=ty)
-        g.replay()
-        s.synchronize()
-        samples = []
-        for _ in range(15):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(s)
-            g.replay()
-            b.record(s)
-            b.synchronize()
-            samples.append(a.elapsed_time(b) * 1e3 / REPS)
-    del g
-    return stats(samples)
+    return stats(cublas_graph_samples(torch, tx, tw, ty))
 
 
 def measure(widths=WIDTHS, batches=BATCHES, sweep: bool = False) -> dict:

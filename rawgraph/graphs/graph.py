@@ -120,10 +120,14 @@ class Graph(Resource):
         of :mod:`rawgraph.updates` (they would override what the device wrote).
         """
         self._check_open()
-        live = self._live_exec() if self._live_exec is not None else None
-        if live is not None and not live.closed:
+        if self._exec_alive():
             raise DeviceUpdatableError("mark the graph device-updatable before instantiating it")
         self.device_updatable = True
+
+    def _exec_alive(self) -> bool:
+        """Whether the exec last instantiated from this graph is still open."""
+        live = self._live_exec() if self._live_exec is not None else None
+        return live is not None and not live.closed
 
     def node_count(self) -> int:
         """Number of nodes the driver holds (``cuGraphGetNodes``)."""
@@ -256,12 +260,10 @@ class GraphExec(Resource):
                 "CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD needs cuGraphInstantiateWithParams and an upload "
                 "stream; instantiate without it and call GraphExec.upload(stream)"
             )
-        if graph.device_updatable:
-            live = graph._live_exec() if graph._live_exec is not None else None
-            if live is not None and not live.closed:
-                raise DeviceUpdatableError(
-                    "a graph with device-updatable kernel nodes can be instantiated only once at a time "
-                    "(the driver answers CUDA_ERROR_NOT_SUPPORTED while its exec lives); close that exec first")
+        if graph.device_updatable and graph._exec_alive():
+            raise DeviceUpdatableError(
+                "a graph with device-updatable kernel nodes can be instantiated only once at a time "
+                "(the driver answers CUDA_ERROR_NOT_SUPPORTED while its exec lives); close that exec first")
         graph.device.activate()
         self.handle = call(driver.cuGraphInstantiate, graph.handle, self.flags)
         graph._live_exec = weakref.ref(self)

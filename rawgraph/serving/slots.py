@@ -51,6 +51,7 @@ from ..runtime.launch import Launch, LaunchPlan
 from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array
 from ..runtime.stream import Event, Stream, as_stream
 from ..updates.shadow import ExecShadow
+from .device_shaped import DeviceShapedGraph
 from .lifecycle import close_all, instantiate_uploaded
 from .protocol import RowwiseModel, check_model
 from .sizes import check_sizes, pick_bucket, vllm_sizes
@@ -240,8 +241,7 @@ class SlotPool:
                 raise LayoutError("shape='device' runs one exec whose gather and scatter kernels read a device "
                                   "table copied before each step: use table='copy', gather='kernels'")
             table, gather = "copy", "kernels"
-            if isinstance(max_slots, int) and not isinstance(max_slots, bool) and sizes is None:
-                sizes = [max_slots]
+            sizes = [max_slots] if sizes is None else sizes  # one exec of max_slots rows (checked below)
         table = "graph" if table is None else table
         self.shape = shape
         self._shaped: Any = None
@@ -309,8 +309,6 @@ class SlotPool:
         self._closed = False  # close() may run on a half-built pool (below)
         try:
             if shape == "device":
-                from .device_shaped import DeviceShapedGraph
-
                 t0 = clock()
                 self._shaped = DeviceShapedGraph(_SlotRows(model, views["state"], views["table"]), max_slots, s)
                 self.setup["capture"] += clock() - t0
