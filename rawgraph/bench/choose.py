@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         choice = choose_strategy(model, sample, args.max_batch, stream=s, seconds=args.seconds)
         choose_s = time.perf_counter() - t0
+        print(f"choice: {choice.name} in {choose_s:.2f} s (sample figures {choice.seconds})", flush=True)
         built: dict[str, Any] = {}
         skipped = dict(choice.skipped)
         try:
@@ -89,11 +90,13 @@ def main(argv: list[str] | None = None) -> int:
                     built[name] = factory(model, args.max_batch, s)
                 except Exception as exc:  # the choice skipped it too, with its reason
                     skipped.setdefault(name, f"failed to build: {type(exc).__name__}: {exc}")
+            print(f"built {sorted(built)} in {time.perf_counter() - t0 - choose_s:.2f} s", flush=True)
             adapters = {name: Adapter(obj, s) for name, obj in built.items()}
             samples: dict[str, list[float]] = {name: [] for name in built}
-            for _ in range(args.rounds):  # interleaved: one pass of each strategy per round
+            for k in range(args.rounds):  # interleaved: one pass of each strategy per round
                 for name, ad in adapters.items():
                     samples[name] += trace_seconds(ad, trace, 1)
+                print(f"round {k + 1}/{args.rounds} at {time.perf_counter() - t0:.1f} s", flush=True)
             memory = {name: footprint(obj) for name, obj in built.items()}
         finally:
             for obj in built.values():

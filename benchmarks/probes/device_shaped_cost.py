@@ -1,0 +1,102 @@
+"""Where a device-shaped replay's time goes (issue 25): device time (events) of one replay of
+
+- ``exact``: the exact-size bucket exec at ``n`` rows (no updatable node);
+- ``shaped``: :class:`rawgraph.serving.DeviceShapedGraph` after ``set_rows(n)`` (head + plan);
+- ``marked``: the ``max_batch``-row plan captured alone, every node opted in to
+  ``CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE`` but never updated (no head): what opting in
+  alone costs;
+- ``plain``: the same capture, not opted in (equals ``exact`` at ``max_batch``).
+
+Also the device memory each exec adds (``cuMemGetInfo`` around instantiate + upload).
+
+    PYTHONPATH=. python3 benchmarks/probes/device_shaped_cost.py [--width 1024 --layers 8 --form fused]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--form", default="fused")
+    p.add_argument("--max-batch", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=100)
+    a = p.parse_args()
+    from rawgraph.graphs.capture import Capture
+    from rawgraph.models.tinyblock import TinyBlock
+    from rawgraph.runtime.device import get_device, gpu_available
+    from rawgraph.runtime.memory import DeviceArray, DeviceBuffer
+    from rawgraph.runtime.stream import Stream
+    from rawgraph.runtime.timing import device_us, stats
+    from rawgraph.serving.buckets import BucketGraphs
+    from rawgraph.serving.device_shaped import DeviceShapedGraph, _set_updatable
+
+    if not gpu_available():
+        print("NO GPU: cuInit failed")
+        return 2
+    dev = get_device()
+    top = a.max_batch
+    ns = sorted({1, 16, 64, 65, 128, 129, 192, 256} & set(range(1, top + 1)) | {top})
+    print(f"FACT config width={a.width} layers={a.layers} form={a.form} max_batch={top}; {dev.name}")
+    s = Stream()
+    model = TinyBlock(a.width, 1, a.layers, seed=1234, form=a.form)
+    exact = BucketGraphs(model, sizes=ns, stream=s)
+    dsg = DeviceShapedGraph(model, top, s)
+    print(f"FACT shaped nodes={len(dsg.entries)} setup={ {k: round(v * 1e3, 2) for k, v in dsg.setup.items()} } ms")
+
+    def add_exec(mark: bool):
+        m = model.with_batch(top, workspace=model.make_workspace(top))
+        x = DeviceBuffer((top, a.width), np.float32, dev)
+        y = DeviceBuffer((top, a.width), np.float32, dev)
+        f32 = np.dtype(np.float32)
+        plan = m.plan(DeviceArray(x.ptr, (top, a.width), f32, x), DeviceArray(y.ptr, (top, a.width), f32, y))
+        x.poison(s)
+        plan.run(s)
+        s.synchronize()
+        cap = Capture(s)
+        with cap:
+            cap.run(plan)
+        g = cap.captured
+        if mark:
+            g.mark_device_updatable()
+            for node in cap.nodes:
+                _set_updatable(node.handle)
+        s.synchronize()
+        free0 = dev.memory_info()[0]
+        ex = g.instantiate()
+        ex.upload(s)
+        s.synchronize()
+        grown = free0 - dev.memory_info()[0]
+        return ex, grown, (m, x, y, g)
+
+    marked, grown_marked, keep1 = add_exec(True)
+    plain, grown_plain, keep2 = add_exec(False)
+    print(f"FACT exec memory: plain +{grown_plain / 2**20:.2f} MiB, marked +{grown_marked / 2**20:.2f} MiB")
+    r = a.rounds
+    for _ in range(2):  # two interleaved passes; the second is the one to read
+        t_plain = stats(device_us(lambda: plain.launch(s), s, r))
+        t_marked = stats(device_us(lambda: marked.launch(s), s, r))
+        print(f"TIME plain {top}: median={t_plain['median']:.1f} p10={t_plain['p10']:.1f} p90={t_plain['p90']:.1f} us")
+        print(f"TIME marked {top} (opted in, never updated): median={t_marked['median']:.1f} "
+              f"p10={t_marked['p10']:.1f} p90={t_marked['p90']:.1f} us")
+        for n in ns:
+            ex = exact.execs[n]
+            te = stats(device_us(lambda: ex.launch(s), s, r))
+            dsg.set_rows(n, s)
+            ts = stats(device_us(lambda: dsg.replay(s), s, r))
+            print(f"TIME n={n}: exact median={te['median']:.1f} (p10 {te['p10']:.1f} p90 {te['p90']:.1f}) "
+                  f"shaped median={ts['median']:.1f} (p10 {ts['p10']:.1f} p90 {ts['p90']:.1f}) "
+                  f"ratio={ts['median'] / te['median']:.3f}")
+    print(f"FACT shaped status n_used={dsg.check_status()}")
+    s.synchronize()
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
