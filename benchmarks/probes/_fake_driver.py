@@ -121,6 +121,11 @@ def cuDeviceTotalMem(dev):
 
 
 @fake
+def cuMemGetInfo():
+    return ok(1 << 36, 1 << 37)
+
+
+@fake
 def cuDriverGetVersion():
     return ok(13000)
 

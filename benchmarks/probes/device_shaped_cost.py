@@ -42,7 +42,7 @@ def main() -> int:
     dev = get_device()
     top = a.max_batch
     ns = sorted({1, 16, 64, 65, 128, 129, 192, 256} & set(range(1, top + 1)) | {top})
-    print(f"FACT config width={a.width} layers={a.layers} form={a.form} max_batch={top}; {dev.name}")
+    print(f"FACT config width={a.width} layers={a.layers} form={a.form} max_batch={top}; {dev.info.name}")
     s = Stream()
     model = TinyBlock(a.width, 1, a.layers, seed=1234, form=a.form)
     exact = BucketGraphs(model, sizes=ns, stream=s)
