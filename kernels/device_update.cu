@@ -292,6 +292,55 @@ extern "C" __global__ void rg_du_shape(const rg_du_shape_entry* table, int count
     rg_du_fence_and_trigger();
 }
 
+// The same updates as rg_du_shape, made with one cudaGraphKernelNodeUpdatesApply per block instead
+// of one per node (to measure whether concurrent per-thread calls contend in the device runtime).
+// Each thread puts its node's updates into shared memory at a slot taken with atomicAdd (order is
+// free: every update names its node and field); the row-count values live in shared memory too,
+// because pValue must point at memory the calling thread (thread 0) can read during the call.
+// rc[i] = the block's one cudaError_t. At most 256 threads per block.
+extern "C" __global__ void rg_du_shape_batched(const rg_du_shape_entry* table, int count, const int* n_live,
+                                               int max_rows, int* rc)
+{
+    __shared__ rg_du_update u[3 * 256];
+    __shared__ long long values[256];
+    __shared__ int total;
+    __shared__ int status;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    int n = *n_live;
+    n = n < 0 ? 0 : (n > max_rows ? max_rows : n);
+    if (i == 0) rc[count] = n;
+    if (threadIdx.x == 0) total = 0;
+    __syncthreads();
+    if (i < count && threadIdx.x < 256) {
+        const rg_du_shape_entry e = table[i];
+        const cudaGraphDeviceNode_t node = (cudaGraphDeviceNode_t)e.node;
+        const bool grid = e.axis >= 0 && e.axis < 3 && e.rows_per_block > 0;
+        const bool param = e.param_offset >= 0;
+        int k = atomicAdd(&total, 1 + (grid ? 1 : 0) + (param ? 1 : 0));
+        if (grid) {
+            unsigned int g[3] = {e.grid[0], e.grid[1], e.grid[2]};
+            long long b = ((long long)n + e.rows_per_block - 1) / e.rows_per_block;
+            b = b < 1 ? 1 : (b > (long long)g[e.axis] ? (long long)g[e.axis] : b);
+            g[e.axis] = (unsigned int)b;
+            u[k].node = node;
+            u[k].field = cudaGraphKernelNodeFieldGridDim;
+            u[k].updateData.gridDim = make_uint3(g[0], g[1], g[2]);
+            ++k;
+        }
+        if (param) {
+            // little-endian: the low 4 bytes of the int64 are the int32 (the host checks n * factor fits)
+            values[threadIdx.x] = (long long)n * e.factor;
+            rg_du_param(u[k++], node, (size_t)e.param_offset, &values[threadIdx.x], e.param_size == 8 ? 8 : 4);
+        }
+        rg_du_enable(u[k], node, n > 0);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) status = total > 0 ? rg_du_apply(u, total) : 0;
+    __syncthreads();
+    if (i < count) rc[i] = status;
+    rg_du_fence_and_trigger();
+}
+
 // n_live[0] = how many of table[0 .. count) are >= 0 (a slot table: -1 marks a free slot). One
 // block; the n that a device-shaped graph's head reads, computed inside the same graph.
 extern "C" __global__ void rg_du_count_live(const int* table, int count, int* n_live)

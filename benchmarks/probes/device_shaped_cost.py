@@ -1,7 +1,10 @@
 """Where a device-shaped replay's time goes (issue 25): device time (events) of one replay of
 
 - ``exact``: the exact-size bucket exec at ``n`` rows (no updatable node);
-- ``shaped``: :class:`rawgraph.serving.DeviceShapedGraph` after ``set_rows(n)`` (head + plan);
+- ``shaped``: :class:`rawgraph.serving.DeviceShapedGraph` after ``set_rows(n)`` (head + plan), its
+  head making one ``cudaGraphKernelNodeUpdatesApply`` per node (``rg_du_shape``);
+- ``batched``: the same with the head making one ``UpdatesApply`` per block (``rg_du_shape_batched``),
+  its output compared to the bit with ``shaped``'s at every ``n``;
 - ``marked``: the ``max_batch``-row plan captured alone, every node opted in to
   ``CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE`` but never updated (no head): what opting in
   alone costs;
@@ -34,6 +37,7 @@ def main() -> int:
     from rawgraph.runtime.stream import Stream
     from rawgraph.runtime.timing import device_us, stats
     from rawgraph.serving.buckets import BucketGraphs
+    from rawgraph.serving import device_shaped
     from rawgraph.serving.device_shaped import DeviceShapedGraph, _set_updatable
 
     if not gpu_available():
@@ -47,6 +51,12 @@ def main() -> int:
     model = TinyBlock(a.width, 1, a.layers, seed=1234, form=a.form)
     exact = BucketGraphs(model, sizes=ns, stream=s)
     dsg = DeviceShapedGraph(model, top, s)
+    device_shaped._HEAD_KERNEL = "rg_du_shape_batched"
+    dsb = DeviceShapedGraph(model, top, s)
+    device_shaped._HEAD_KERNEL = "rg_du_shape"
+    x = np.random.default_rng(5).standard_normal((top, a.width), dtype=np.float32)
+    dsg.input.copy_from_host(x, s)
+    dsb.input.copy_from_host(x, s)
     print(f"FACT shaped nodes={len(dsg.entries)} setup={ {k: round(v * 1e3, 2) for k, v in dsg.setup.items()} } ms")
 
     def add_exec(mark: bool):
@@ -89,10 +99,14 @@ def main() -> int:
             te = stats(device_us(lambda: ex.launch(s), s, r))
             dsg.set_rows(n, s)
             ts = stats(device_us(lambda: dsg.replay(s), s, r))
+            dsb.set_rows(n, s)
+            tb = stats(device_us(lambda: dsb.replay(s), s, r))
+            same = np.array_equal(dsg.output.to_numpy(s)[:n], dsb.output.to_numpy(s)[:n])
             print(f"TIME n={n}: exact median={te['median']:.1f} (p10 {te['p10']:.1f} p90 {te['p90']:.1f}) "
                   f"shaped median={ts['median']:.1f} (p10 {ts['p10']:.1f} p90 {ts['p90']:.1f}) "
-                  f"ratio={ts['median'] / te['median']:.3f}")
-    print(f"FACT shaped status n_used={dsg.check_status()}")
+                  f"batched median={tb['median']:.1f} (p10 {tb['p10']:.1f} p90 {tb['p90']:.1f}) "
+                  f"ratio shaped/exact={ts['median'] / te['median']:.3f} batched/exact={tb['median'] / te['median']:.3f} "
+                  f"batched==shaped bits: {same}; n used {dsg.check_status()} / {dsb.check_status()}")
     s.synchronize()
     sys.stdout.flush()
     return 0

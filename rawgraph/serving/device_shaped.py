@@ -60,6 +60,9 @@ assert ENTRY_DTYPE.itemsize == 40
 
 _INT_KINDS = {"i32": 4, "u32": 4, "i64": 8, "u64": 8}
 _HEAD_THREADS = 256
+# The head kernel: "rg_du_shape" (one UpdatesApply per node, one thread each) or
+# "rg_du_shape_batched" (one per block); benchmarks/probes/device_shaped_cost.py times both.
+_HEAD_KERNEL = "rg_du_shape"
 _ATTR = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE
 # cuGraphKernelNode{Set,Get}Attribute take a CUkernelNodeAttrID (the launch attribute values under
 # another enum in cuda-bindings 13.x); the launch attribute itself where a binding lacks it.
@@ -296,7 +299,7 @@ class DeviceShapedGraph(Resource):
         head_args.update({"table": self._table.ptr, "count": count, "n_live": self.n_live.ptr,
                           "max_rows": self.max_batch, "rc": self._rc.ptr})
         threads = min(_HEAD_THREADS, max(32, -(-count // 32) * 32))
-        self.head = Launch(get_kernel("device_update", "rg_du_shape", self.device), (-(-count // threads), 1, 1),
+        self.head = Launch(get_kernel("device_update", _HEAD_KERNEL, self.device), (-(-count // threads), 1, 1),
                            (threads, 1, 1), head_args, {}, 0, "device_shape")
         self.setup["plans"] = clock() - t0
         # Warm-up: the plan once eagerly (module loading and first touch outside the capture);
