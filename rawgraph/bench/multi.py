@@ -7,7 +7,9 @@ Run one process per GPU through the launcher (rank 0 writes the JSON, with the c
 
 ``--nproc 1`` runs the same on one GPU (a one-rank communicator; NCCL then copies). Each step is
 timed with events over ``--iters`` launches after ``--warmup``, the median of ``--repeats``; a
-barrier of one small all-reduce aligns the ranks before each measurement.
+barrier of one small all-reduce aligns the ranks before each measurement. Per width and batch it
+also records set-up (ms) and device memory (bytes, ``cuMemGetInfo``) of the block (weights, and
+NCCL's registered buffers) and of capture + instantiate + upload, for each kind and the one-GPU graph.
 """
 
 from __future__ import annotations
@@ -93,19 +95,38 @@ def main(argv=None) -> int:
             out = DeviceBuffer((batch, width), np.float32, device)
             row: dict[str, float] = {"width": width, "batch": batch, "world": env.world}
             for kind, kw in (("nccl", {"comm": comm}), ("custom", {"peer": peer})):
+                # set-up and device memory: the block (its weights and, for NCCL, its registered
+                # buffers: ncclMemAlloc + ncclCommRegister), then capture + instantiate + upload
+                stream.synchronize()
+                free0, c0 = device.memory_info()[0], time.perf_counter()
                 block = TPBlock(width, batch, env.rank, env.world, kind, seed=1, device=device, **kw)
+                stream.synchronize()
+                row[f"block_{kind}_ms"] = (time.perf_counter() - c0) * 1e3
+                row[f"block_{kind}_bytes"] = free0 - device.memory_info()[0]
                 if kind == "nccl":
                     row["eager_us"] = _time(lambda s: block.forward(x, out, s), stream, ns.iters, ns.warmup, ns.repeats, align)
+                stream.synchronize()
+                free0, c0 = device.memory_info()[0], time.perf_counter()
                 graph = block.capture(x, out, stream)
                 ex = graph.instantiate()
+                ex.upload(stream)
+                stream.synchronize()
+                row[f"setup_{kind}_ms"] = (time.perf_counter() - c0) * 1e3
+                row[f"exec_{kind}_bytes"] = free0 - device.memory_info()[0]
                 row[f"graph_{kind}_us"] = _time(ex.launch, stream, ns.iters, ns.warmup, ns.repeats, align)
                 ex.close()
                 graph.close()
                 block.close()
                 heartbeat(env)
             one = TinyBlock(width, batch, form="fused", device=device, pdl=False)
+            stream.synchronize()
+            free0, c0 = device.memory_info()[0], time.perf_counter()
             g1 = capture_plan(one.plan(x, out), stream)
             e1 = g1.instantiate()
+            e1.upload(stream)
+            stream.synchronize()
+            row["setup_one_gpu_ms"] = (time.perf_counter() - c0) * 1e3
+            row["exec_one_gpu_bytes"] = free0 - device.memory_info()[0]
             row["one_gpu_graph_us"] = _time(e1.launch, stream, ns.iters, ns.warmup, ns.repeats)
             e1.close()
             g1.close()
