@@ -187,3 +187,26 @@ def test_footprint_reads_memory_dict_nbytes_or_buffers():
     assert footprint(Mem()) == 47
     assert footprint(Reshaped()) == 35
     assert footprint(Bare()) is None
+
+
+def test_the_bench_builds_the_model_it_is_told_to(monkeypatch, tmp_path):
+    """``rawgraph bench choose --width W --layers L --form F`` builds TinyBlock(W, layers=L, form=F)
+    (it once passed --layers as the batch and --max-batch as the layers: 256 layers a step)."""
+    import rawgraph.models.tinyblock as tinyblock
+    import rawgraph.runtime.device as device
+    from rawgraph.bench import choose as bench
+
+    seen = {}
+
+    class Built(Exception):
+        pass
+
+    def fake_block(width, batch=None, layers=1, seed=0, form="unfused", **kw):
+        seen.update(width=width, batch=batch, layers=layers, form=form)
+        raise Built
+
+    monkeypatch.setattr(device, "gpu_available", lambda: True)
+    monkeypatch.setattr(tinyblock, "TinyBlock", fake_block)
+    with pytest.raises(Built):
+        bench.main(["--width", "96", "--layers", "3", "--max-batch", "40", "--form", "block", "--out", str(tmp_path)])
+    assert seen == {"width": 96, "batch": 1, "layers": 3, "form": "block"}

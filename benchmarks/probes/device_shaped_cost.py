@@ -29,6 +29,10 @@ def main() -> int:
     p.add_argument("--form", default="fused")
     p.add_argument("--max-batch", type=int, default=256)
     p.add_argument("--rounds", type=int, default=100)
+    p.add_argument("--cut", action="append", default=[],
+                   help="BM,BN,BK,STAGES,S,KS,MINB: also measure with this sgemm cut at max_batch rows "
+                        "(ops.SGEMM_CUTS; S=1 launches no cluster); repeatable")
+    p.add_argument("--passes", type=int, default=2)
     a = p.parse_args()
     from rawgraph.graphs.capture import Capture
     from rawgraph.models.tinyblock import TinyBlock
@@ -43,14 +47,25 @@ def main() -> int:
     if not gpu_available():
         print("NO GPU: cuInit failed")
         return 2
+    from rawgraph import ops
+    from rawgraph.runtime.module import get_kernel
+
     dev = get_device()
     top = a.max_batch
+    free0 = dev.memory_info()[0]
+    get_kernel("device_update", "rg_du_shape", dev)
+    print(f"FACT memory of loading the head's module (device_update.cu): +{(free0 - dev.memory_info()[0]) / 2**20:.2f} MiB")
     ns = sorted({1, 16, 64, 65, 128, 129, 192, 256} & set(range(1, top + 1)) | {top})
     print(f"FACT config width={a.width} layers={a.layers} form={a.form} max_batch={top}; {dev.info.name}")
     s = Stream()
     model = TinyBlock(a.width, 1, a.layers, seed=1234, form=a.form)
     exact = BucketGraphs(model, sizes=ns, stream=s)
+    s.synchronize()
+    free0 = dev.memory_info()[0]
     dsg = DeviceShapedGraph(model, top, s)
+    s.synchronize()
+    print(f"FACT memory of building a DeviceShapedGraph: +{(free0 - dev.memory_info()[0]) / 2**20:.2f} MiB "
+          f"(its own buffers {dsg.nbytes / 2**20:.2f} MiB)")
     device_shaped._HEAD_KERNEL = "rg_du_shape_batched"
     dsb = DeviceShapedGraph(model, top, s)
     device_shaped._HEAD_KERNEL = "rg_du_shape"
@@ -88,7 +103,7 @@ def main() -> int:
     plain, grown_plain, keep2 = add_exec(False)
     print(f"FACT exec memory: plain +{grown_plain / 2**20:.2f} MiB, marked +{grown_marked / 2**20:.2f} MiB")
     r = a.rounds
-    for _ in range(2):  # two interleaved passes; the second is the one to read
+    for _ in range(a.passes):  # interleaved passes; the last is the one to read
         t_plain = stats(device_us(lambda: plain.launch(s), s, r))
         t_marked = stats(device_us(lambda: marked.launch(s), s, r))
         print(f"TIME plain {top}: median={t_plain['median']:.1f} p10={t_plain['p10']:.1f} p90={t_plain['p90']:.1f} us")
@@ -107,6 +122,27 @@ def main() -> int:
                   f"batched median={tb['median']:.1f} (p10 {tb['p10']:.1f} p90 {tb['p90']:.1f}) "
                   f"ratio shaped/exact={ts['median'] / te['median']:.3f} batched/exact={tb['median'] / te['median']:.3f} "
                   f"batched==shaped bits: {same}; n used {dsg.check_status()} / {dsb.check_status()}")
+    for text in a.cut:
+        cut = tuple(int(v) for v in text.split(","))
+        ops.SGEMM_CUTS[(top, a.width, a.width)] = cut
+        try:
+            c_plain, _, keep3 = add_exec(False)
+            c_dsg = DeviceShapedGraph(model, top, s)
+            kernels = sorted({e.kernel for e in c_dsg.entries})
+            print(f"FACT cut {cut}: kernels {kernels}")
+            tp = stats(device_us(lambda: c_plain.launch(s), s, r))
+            print(f"TIME cut {cut} plain {top}: median={tp['median']:.1f} p10={tp['p10']:.1f} p90={tp['p90']:.1f} us")
+            for n in (1, 64, 65, 129, top):
+                c_dsg.set_rows(n, s)
+                tc = stats(device_us(lambda: c_dsg.replay(s), s, r))
+                print(f"TIME cut {cut} n={n}: shaped median={tc['median']:.1f} (p10 {tc['p10']:.1f} p90 {tc['p90']:.1f}) "
+                      f"shaped/plain-{top}={tc['median'] / tp['median']:.3f}; n used {c_dsg.check_status()}")
+            c_dsg.close()
+            c_plain.close()
+        except Exception as exc:  # a cut this device cannot run: say so, go on
+            print(f"STEP cut {cut}: EXC {type(exc).__name__}: {exc}")
+        finally:
+            ops.SGEMM_CUTS.pop((top, a.width, a.width), None)
     s.synchronize()
     sys.stdout.flush()
     return 0

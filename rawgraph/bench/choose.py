@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     sample = trace[: args.sample]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with TinyBlock(args.width, args.layers, args.max_batch, seed=3, form=args.form) as model, Stream() as s:
+    with TinyBlock(args.width, batch=1, layers=args.layers, seed=3, form=args.form) as model, Stream() as s:
         t0 = time.perf_counter()
         choice = choose_strategy(model, sample, args.max_batch, stream=s, seconds=args.seconds)
         choose_s = time.perf_counter() - t0
