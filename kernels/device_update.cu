@@ -242,6 +242,8 @@ extern "C" __global__ void rg_du_mark(unsigned int* counter)
 //   offset 28  param_offset    byte offset of the node's row-count parameter, or -1: none
 //   offset 32  param_size      4 (int32) or 8 (int64)
 //   offset 36  factor          the parameter's value is n * factor
+//   offset 40  lo, hi          the node's band: it runs iff lo <= n <= hi (and n > 0)
+//   size 48
 struct rg_du_shape_entry {
     unsigned long long node;
     unsigned int grid[3];
@@ -250,14 +252,19 @@ struct rg_du_shape_entry {
     int param_offset;
     int param_size;
     int factor;
+    int lo;
+    int hi;
 };
-static_assert(sizeof(rg_du_shape_entry) == 40, "shape entry size");
+static_assert(sizeof(rg_du_shape_entry) == 48, "shape entry size");
 
-// n = *n_live clamped to [0, max_rows]. Per entry (one thread each): grid[axis] =
-// ceil(n / rows_per_block) clamped to [1, the captured grid[axis]], the row-count parameter =
-// n * factor, the node enabled iff n > 0, all in one cudaGraphKernelNodeUpdatesApply; rc[i] = its
-// cudaError_t. rc[count] = the n used (thread 0). Launch with at least `count` threads in total.
-// A node that follows through a programmatic edge sees the updates only after the fence.
+// n = *n_live clamped to [0, max_rows]. Per entry (one thread each): a node of the band holding n
+// (lo <= n <= hi, n > 0) gets grid[axis] = ceil(n / rows_per_block) clamped to [1, the captured
+// grid[axis]], the row-count parameter = n * factor, and is enabled, all in one
+// cudaGraphKernelNodeUpdatesApply; a node of any other band is only disabled (one update). rc[i] =
+// the call's cudaError_t, rc[count] = the n used (thread 0). Launch with at least `count` threads
+// in total. A node that follows through a programmatic edge sees the updates only after the fence.
+// (One UpdatesApply per node, from its own thread: one call per block for the whole table was 23 us
+// slower a replay for 16 nodes on an H200, benchmarks/results/probe_device_shaped_cost_*.txt.)
 extern "C" __global__ void rg_du_shape(const rg_du_shape_entry* table, int count, const int* n_live, int max_rows,
                                        int* rc)
 {
@@ -270,7 +277,8 @@ extern "C" __global__ void rg_du_shape(const rg_du_shape_entry* table, int count
         const cudaGraphDeviceNode_t node = (cudaGraphDeviceNode_t)e.node;
         rg_du_update u[3];
         int k = 0;
-        if (e.axis >= 0 && e.axis < 3 && e.rows_per_block > 0) {
+        const bool on = n > 0 && n >= e.lo && n <= e.hi;
+        if (on && e.axis >= 0 && e.axis < 3 && e.rows_per_block > 0) {
             unsigned int g[3] = {e.grid[0], e.grid[1], e.grid[2]};
             long long b = ((long long)n + e.rows_per_block - 1) / e.rows_per_block;
             b = b < 1 ? 1 : (b > (long long)g[e.axis] ? (long long)g[e.axis] : b);
@@ -282,62 +290,13 @@ extern "C" __global__ void rg_du_shape(const rg_du_shape_entry* table, int count
         }
         const long long v64 = (long long)n * e.factor;
         const int v32 = (int)v64;
-        if (e.param_offset >= 0) {
+        if (on && e.param_offset >= 0) {
             if (e.param_size == 8) rg_du_param(u[k++], node, (size_t)e.param_offset, &v64, 8);
             else rg_du_param(u[k++], node, (size_t)e.param_offset, &v32, 4);
         }
-        rg_du_enable(u[k++], node, n > 0);
+        rg_du_enable(u[k++], node, on);
         rc[i] = rg_du_apply(u, k);
     }
-    rg_du_fence_and_trigger();
-}
-
-// The same updates as rg_du_shape, made with one cudaGraphKernelNodeUpdatesApply per block instead
-// of one per node (to measure whether concurrent per-thread calls contend in the device runtime).
-// Each thread puts its node's updates into shared memory at a slot taken with atomicAdd (order is
-// free: every update names its node and field); the row-count values live in shared memory too,
-// because pValue must point at memory the calling thread (thread 0) can read during the call.
-// rc[i] = the block's one cudaError_t. At most 256 threads per block.
-extern "C" __global__ void rg_du_shape_batched(const rg_du_shape_entry* table, int count, const int* n_live,
-                                               int max_rows, int* rc)
-{
-    __shared__ rg_du_update u[3 * 256];
-    __shared__ long long values[256];
-    __shared__ int total;
-    __shared__ int status;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    int n = *n_live;
-    n = n < 0 ? 0 : (n > max_rows ? max_rows : n);
-    if (i == 0) rc[count] = n;
-    if (threadIdx.x == 0) total = 0;
-    __syncthreads();
-    if (i < count && threadIdx.x < 256) {
-        const rg_du_shape_entry e = table[i];
-        const cudaGraphDeviceNode_t node = (cudaGraphDeviceNode_t)e.node;
-        const bool grid = e.axis >= 0 && e.axis < 3 && e.rows_per_block > 0;
-        const bool param = e.param_offset >= 0;
-        int k = atomicAdd(&total, 1 + (grid ? 1 : 0) + (param ? 1 : 0));
-        if (grid) {
-            unsigned int g[3] = {e.grid[0], e.grid[1], e.grid[2]};
-            long long b = ((long long)n + e.rows_per_block - 1) / e.rows_per_block;
-            b = b < 1 ? 1 : (b > (long long)g[e.axis] ? (long long)g[e.axis] : b);
-            g[e.axis] = (unsigned int)b;
-            u[k].node = node;
-            u[k].field = cudaGraphKernelNodeFieldGridDim;
-            u[k].updateData.gridDim = make_uint3(g[0], g[1], g[2]);
-            ++k;
-        }
-        if (param) {
-            // little-endian: the low 4 bytes of the int64 are the int32 (the host checks n * factor fits)
-            values[threadIdx.x] = (long long)n * e.factor;
-            rg_du_param(u[k++], node, (size_t)e.param_offset, &values[threadIdx.x], e.param_size == 8 ? 8 : 4);
-        }
-        rg_du_enable(u[k], node, n > 0);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) status = total > 0 ? rg_du_apply(u, total) : 0;
-    __syncthreads();
-    if (i < count) rc[i] = status;
     rg_du_fence_and_trigger();
 }
 

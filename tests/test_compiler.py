@@ -21,7 +21,7 @@ PLAIN = {"elementwise": ["relu", "add", "empty", "spin", "count_mismatch", "gath
                      "rg_layer_advance", "rg_norm_gate"],
          "philox": ["philox_draw", "philox_dropout", "philox_advance"],
          "device_launch": ["rg_graph_launch", "rg_bump", "rg_snapshot"],
-         "device_update": ["rg_du_update_rows", "rg_du_update_table", "rg_du_rows", "rg_du_mark", "rg_du_shape", "rg_du_shape_batched",
+         "device_update": ["rg_du_update_rows", "rg_du_update_table", "rg_du_rows", "rg_du_mark", "rg_du_shape",
                            "rg_du_count_live"],
          "allreduce": ["rg_allreduce_oneshot"]}
 

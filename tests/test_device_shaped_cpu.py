@@ -16,7 +16,8 @@ from cuda.bindings import driver
 
 from fault_cases import fake_session
 from rawgraph.ops import GEMM_TILE_M
-from rawgraph.serving.device_shaped import ENTRY_DTYPE, ShapeEntry, grid_for, pack_table, shape_entries
+from rawgraph.serving.device_shaped import (ENTRY_DTYPE, ShapeEntry, check_bands, grid_for, pack_table, plan_bands,
+                                            plan_signature, shape_entries)
 from rawgraph.serving.protocol import row_grid
 
 
@@ -33,26 +34,56 @@ def fake():
 
 def test_entry_layout_matches_the_kernel_struct():
     # kernels/device_update.cu's rg_du_shape_entry: node @0, grid @8, axis @20, rows_per_block @24,
-    # param_offset @28, param_size @32, factor @36, 40 bytes.
-    assert ENTRY_DTYPE.itemsize == 40
+    # param_offset @28, param_size @32, factor @36, lo @40, hi @44, 48 bytes.
+    assert ENTRY_DTYPE.itemsize == 48
     assert [ENTRY_DTYPE.fields[f][1] for f in ("node", "grid", "axis", "rows_per_block", "param_offset", "param_size",
-                                                "factor")] == [0, 8, 20, 24, 28, 32, 36]
+                                                "factor", "lo", "hi")] == [0, 8, 20, 24, 28, 32, 36, 40, 44]
     src = open("kernels/device_update.cu").read()
-    assert "struct rg_du_shape_entry" in src and 'sizeof(rg_du_shape_entry) == 40' in src
+    assert "struct rg_du_shape_entry" in src and 'sizeof(rg_du_shape_entry) == 48' in src
+    body = src[src.index("struct rg_du_shape_entry"):]
+    body = body[:body.index("};")]
+    assert [line.split()[-1].rstrip(";") for line in body.splitlines()[1:] if line.strip()] == \
+        ["node", "grid[3]", "axis", "rows_per_block", "param_offset", "param_size", "factor", "lo", "hi"]
 
 
 def test_pack_table_bytes():
-    e = ShapeEntry(0, "L0.matmul1", "matvec_kernel<0, 4, 64, 8>", (4, 1, 8), 2, 8, "B", 32, 4, 1)
-    f = ShapeEntry(1, "L0.relu", "relu", (64, 1, 1), -1, 0, "n", 16, 8, 64)
+    e = ShapeEntry(0, "L0.matmul1", "matvec_kernel<0, 4, 64, 8>", (4, 1, 8), 2, 8, "B", 32, 4, 1, 1, 64)
+    f = ShapeEntry(1, "L0.relu", "relu", (64, 1, 1), -1, 0, "n", 16, 8, 64, 65, 128)
     t = pack_table([e, f], [0x7F0000001000, 0x7F0000002000])
     raw = t.tobytes()
-    assert len(raw) == 80
+    assert len(raw) == 96
     words = np.frombuffer(raw, np.int32)
     assert int(np.frombuffer(raw[:8], np.uint64)[0]) == 0x7F0000001000
-    assert list(words[2:10]) == [4, 1, 8, 2, 8, 32, 4, 1]
-    assert list(words[12:20]) == [64, 1, 1, -1, 0, 16, 8, 64]
+    assert int(np.frombuffer(raw[48:56], np.uint64)[0]) == 0x7F0000002000
+    assert list(words[2:12]) == [4, 1, 8, 2, 8, 32, 4, 1, 1, 64]
+    assert list(words[14:24]) == [64, 1, 1, -1, 0, 16, 8, 64, 65, 128]
     with pytest.raises(ValueError):
         pack_table([e], [])
+
+
+@pytest.mark.parametrize("n,runs", [(0, False), (1, False), (64, False), (65, True), (100, True), (128, True),
+                                    (129, False)])
+def test_a_node_runs_only_for_the_row_counts_of_its_band(n, runs):
+    e = ShapeEntry(0, "", "k", (4, 1, 8), 2, 8, "B", 32, 4, 1, 65, 128)
+    assert e.runs(n) is runs
+    assert ShapeEntry(0, "", "k", (4, 1, 8), 2, 8, "B", 32, 4, 1).runs(1)  # default band: every n > 0
+
+
+def test_band_tops_from_signatures_and_from_the_caller():
+    assert plan_bands(["a", "a", "b", "b", "b", "c"]) == [2, 5, 6]
+    assert plan_bands(["a"] * 4) == [4]
+    assert plan_bands(["a", "b", "a"]) == [1, 2, 3]  # a signature that comes back is a new band
+    with pytest.raises(ValueError):
+        plan_bands([])
+    assert check_bands(None, 256) == [256]
+    assert check_bands([64, 8, 64], 256) == [8, 64, 256]
+    assert check_bands([8, 256], 256) == [8, 256]
+    from rawgraph.runtime.errors import ShapeError
+
+    for bad, exc in (([0], ShapeError), ([300], ShapeError), ([1.5], TypeError), ([True], TypeError),
+                     ("64", TypeError), (7, TypeError)):
+        with pytest.raises(exc):
+            check_bands(bad, 256)
 
 
 @pytest.mark.parametrize("n,want", [(0, (4, 1, 1)), (1, (4, 1, 1)), (8, (4, 1, 1)), (9, (4, 1, 2)), (64, (4, 1, 8)),
@@ -260,3 +291,67 @@ def test_a_slot_pool_shaped_on_the_device_runs_one_exec_over_the_table(fake, upd
             pool.close()
             pool.close()
         assert dsg.closed and dsg.exec.closed
+
+
+def test_bands_capture_one_plan_per_band_behind_the_head(fake, updatable_attrs):
+    """bands=[2, 8]: the 2-row plan and the 8-row plan are captured one after the other behind the
+    head; their entries carry the bands 1..2 and 3..8, and so does the table the head reads."""
+    from rawgraph import DeviceShapedGraph, TinyBlock
+
+    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model, \
+            DeviceShapedGraph(model, max_batch=8, bands=[2]) as dsg:
+        per_plan = model.kernels_per_layer  # one layer
+        assert dsg.bands == [2, 8] and len(dsg.plans) == 2 and dsg.plan is dsg.plans[-1]
+        assert len(dsg.entries) == len(updatable_attrs) == 2 * per_plan
+        assert [(e.lo, e.hi) for e in dsg.entries] == [(1, 2)] * per_plan + [(3, 8)] * per_plan
+        assert [e.index for e in dsg.entries] == list(range(2 * per_plan))
+        table = np.frombuffer(dsg._table.to_numpy(dsg.stream).tobytes(), ENTRY_DTYPE)
+        assert list(table["lo"]) == [e.lo for e in dsg.entries] and list(table["hi"]) == [e.hi for e in dsg.entries]
+        assert [int(h) for h in table["node"]] == dsg.handles
+        launches = [launch for plan in dsg.plans for launch in plan.launches]
+        assert [n.launch for n in dsg._nodes] == launches
+        assert dsg.plans[0].launches[0].args["B"] == 2 and dsg.plans[1].launches[0].args["B"] == 8
+        assert [dsg.plan_for(n) is dsg.plans[0 if n <= 2 else 1] for n in range(0, 9)] == [True] * 9
+        for n in range(0, 9):  # exactly one band's nodes run for n > 0, none for n = 0
+            running = [e for e in dsg.entries if e.runs(n)]
+            assert len(running) == (per_plan if n else 0)
+            assert all(e.lo <= n <= e.hi for e in running)
+
+
+def test_bands_from_the_plans_follow_every_change_of_kernel_or_cut(fake, updatable_attrs):
+    """bands="plans" over TinyBlock w1024 (fused, max 256) puts a band wherever the matmul cut
+    changes (ops.matmul_shape, computed here apart from the plans), and every n runs a plan with
+    the exact-size plan's signature."""
+    from rawgraph import DeviceBuffer, DeviceShapedGraph, TinyBlock, ops
+    from rawgraph.runtime.device import get_device
+
+    sms = get_device().info.multiprocessors
+    cuts = [ops.matmul_expr("relu", ops.matmul_shape(b, 1024, 1024, sms)) for b in range(1, 257)]
+    grids = [ops.matmul_shape(b, 1024, 1024, sms).grid[:2] for b in range(1, 257)]
+    want = [b for b in range(1, 256) if (cuts[b], grids[b]) != (cuts[b - 1], grids[b - 1])] + [256]
+    with TinyBlock(1024, 1, 1, seed=2, form="fused") as model, \
+            DeviceShapedGraph(model, max_batch=256, bands="plans") as dsg:
+        assert dsg.bands == want and len(want) > 1
+        assert dsg.setup["bands"] > 0
+        for n in (1, 2, 3, 5, 24, 25, 64, 65, 200, 256):
+            with model.with_batch(n) as exact, DeviceBuffer((n, 1024)) as x, DeviceBuffer((n, 1024)) as out:
+                assert plan_signature(model, exact.plan(x, out).launches) == \
+                    plan_signature(model, dsg.plan_for(n).launches), n
+
+
+def test_bands_are_checked_before_anything_is_allocated(fake):
+    from rawgraph import DeviceShapedGraph, TinyBlock
+    from rawgraph.runtime.errors import ShapeError
+
+    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model:
+        calls = []
+        real = driver.cuMemAlloc
+        try:
+            driver.cuMemAlloc = lambda *a: calls.append(a) or real(*a)
+            with pytest.raises(ShapeError):
+                DeviceShapedGraph(model, max_batch=8, bands=[9])
+            with pytest.raises(TypeError):
+                DeviceShapedGraph(model, max_batch=8, bands="exact")
+        finally:
+            driver.cuMemAlloc = real
+        assert calls == []

@@ -37,7 +37,7 @@ def _check_n(dsg, model, xh, weights, n, stream, counts):
     assert dsg.check_status(stream) == n
     assert (got[n:].view(np.uint32) == POISON_BITS).all(), f"n={n}: rows >= n were written"
     want, names = _exact(model, xh, n, stream)
-    if names == [l.kernel.name for l in dsg.plan.launches]:
+    if names == [l.kernel.name for l in dsg.plan_for(n).launches]:
         assert np.array_equal(got[:n].view(np.uint32), want.view(np.uint32)), f"n={n}: not bit-equal to the exact run"
         counts["bit"] += 1
     else:
@@ -67,6 +67,34 @@ def test_every_n_in_random_order_equals_the_exact_size_run(device, stream, rng, 
             _check_n(dsg, model, xh, weights, n, stream, counts)
         assert counts["bit"] >= 1, f"no n ran the max plan's kernels bit-equal: {counts}"
         assert dsg.replays == len(ns)
+
+
+@pytest.mark.parametrize("form,width,max_batch,subset", [("fused", 1024, 256, 40), ("unfused", 64, 64, None),
+                                                          ("block", 64, 64, None)])
+def test_bands_from_the_plans_give_the_exact_size_bits_at_every_n(device, stream, rng, form, width, max_batch, subset):
+    """bands="plans": every n, in random order and with n = 0 between, runs its band's plan cut to
+    n rows, which launches what the exact-size plan launches: the same bits."""
+    if form == "block" and not _clusters(device):
+        pytest.skip("the block form needs compute capability 9.0")
+    with TinyBlock(width, 1, 2, seed=11, form=form) as model, \
+            DeviceShapedGraph(model, max_batch, stream, bands="plans") as dsg:
+        assert dsg.bands[-1] == max_batch
+        xh = random_input(rng, (max_batch, width))
+        dsg.input.copy_from_host(xh, stream)
+        weights = model.weights_numpy(stream)
+        ns = [int(n) for n in rng.permutation(np.arange(1, max_batch + 1))]
+        if subset:  # a random subset plus both ends of every band
+            ends = [t for t in dsg.bands] + [t + 1 for t in dsg.bands[:-1]]
+            ns = list(dict.fromkeys(ns[:subset] + ends))
+            rng.shuffle(ns)
+        counts = {"bit": 0, "tol": 0}
+        for k, n in enumerate(ns):
+            if k % 7 == 3:  # n = 0 in between: every band disabled, then one enabled again
+                dsg.output.poison(stream)
+                dsg.run(0, stream)
+                assert (dsg.output.to_numpy(stream).view(np.uint32) == POISON_BITS).all()
+            _check_n(dsg, model, xh, weights, n, stream, counts)
+        assert counts == {"bit": len(ns), "tol": 0}, counts
 
 
 def test_grids_cover_exactly_n_rows(device, stream):

@@ -9,7 +9,13 @@ from the device, changes each node of the plan for this and later replays:
   blocks, so no block exists for padding rows;
 - the row-count argument (the protocol's ``row_count_arg``: ``B`` of the matmul and block kernels,
   ``n = rows * width`` (int64) of relu and add) becomes ``n * factor``;
-- the node is enabled iff ``n > 0`` (``n = 0`` runs nothing).
+- the node is enabled iff ``n > 0`` (``n = 0`` runs nothing) and ``n`` lies in the node's band.
+
+Bands (``bands=``): one ``max_batch``-row plan cannot change its kernels, and a cut made for 256
+rows takes as long for 1 row as for 64 (one wave of the same blocks). So the graph may hold one
+plan per band of row counts, captured one after another at each band's top; the head enables the
+band holding ``n`` and disables the others. ``bands="plans"`` puts a band wherever the model's plan
+changes, so every ``n`` runs what the exact-size plan runs.
 
 Nothing is bucketed, nothing is padded, and the host makes one ``cuGraphLaunch`` per step (plus the
 4-byte copy of ``n`` when the host knows it; a kernel earlier in the same graph may compute it
@@ -53,16 +59,14 @@ from .protocol import RowwiseModel, check_model, row_count_arg, row_grid
 __all__ = ["DeviceShapedError", "DeviceShapedGraph", "ENTRY_DTYPE", "ShapeEntry", "shape_entries", "pack_table",
            "grid_for"]
 
-# One entry of the head kernel's table: kernels/device_update.cu's rg_du_shape_entry (40 bytes).
+# One entry of the head kernel's table: kernels/device_update.cu's rg_du_shape_entry (48 bytes).
 ENTRY_DTYPE = np.dtype([("node", "<u8"), ("grid", "<u4", (3,)), ("axis", "<i4"), ("rows_per_block", "<i4"),
-                        ("param_offset", "<i4"), ("param_size", "<i4"), ("factor", "<i4")])
-assert ENTRY_DTYPE.itemsize == 40
+                        ("param_offset", "<i4"), ("param_size", "<i4"), ("factor", "<i4"), ("lo", "<i4"),
+                        ("hi", "<i4")])
+assert ENTRY_DTYPE.itemsize == 48
 
 _INT_KINDS = {"i32": 4, "u32": 4, "i64": 8, "u64": 8}
 _HEAD_THREADS = 256
-# The head kernel: "rg_du_shape" (one UpdatesApply per node, one thread each) or
-# "rg_du_shape_batched" (one per block); benchmarks/probes/device_shaped_cost.py times both.
-_HEAD_KERNEL = "rg_du_shape"
 _ATTR = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE
 # cuGraphKernelNode{Set,Get}Attribute take a CUkernelNodeAttrID (the launch attribute values under
 # another enum in cuda-bindings 13.x); the launch attribute itself where a binding lacks it.
@@ -81,9 +85,10 @@ class DeviceShapedError(DeviceUpdatableError):
 class ShapeEntry:
     """What the head kernel does to one node of the plan.
 
-    index: the launch's position in the plan; grid: its captured (``max_batch``-row) grid; axis:
-    the grid axis along the rows (-1: grid untouched) and rows_per_block; param: the row-count
-    argument's name, its byte offset and size in the parameter buffer, and the factor rows -> value.
+    index: the launch's position in the captured plans; grid: its captured grid (at its band's top
+    row count); axis: the grid axis along the rows (-1: grid untouched) and rows_per_block; param:
+    the row-count argument's name, its byte offset and size in the parameter buffer, and the factor
+    rows -> value; lo, hi: the band of row counts ``n`` for which the node runs (``lo <= n <= hi``).
     """
 
     index: int
@@ -96,6 +101,12 @@ class ShapeEntry:
     param_offset: int
     param_size: int
     factor: int
+    lo: int = 1
+    hi: int = 2 ** 31 - 1
+
+    def runs(self, n: int) -> bool:
+        """Whether the head enables this node for ``n`` live rows (what ``rg_du_shape`` decides)."""
+        return 0 < n and self.lo <= n <= self.hi
 
 
 def grid_for(entry: ShapeEntry, n: int) -> tuple[int, int, int]:
@@ -107,11 +118,13 @@ def grid_for(entry: ShapeEntry, n: int) -> tuple[int, int, int]:
     return (g[0], g[1], g[2])
 
 
-def shape_entries(model: Any, launches: Sequence[Launch], max_batch: int) -> list[ShapeEntry]:
+def shape_entries(model: Any, launches: Sequence[Launch], max_batch: int, lo: int = 1,
+                  start: int = 0) -> list[ShapeEntry]:
     """One :class:`ShapeEntry` per launch of ``model``'s ``max_batch``-row plan, checked against
     the launches: a row-grid axis must hold ``ceil(max_batch / rows_per_block)`` blocks and carry
     no compiled-in cluster dimension above 1, every launch must name an integer row-count
-    argument (4 or 8 bytes) holding ``max_batch * factor``.
+    argument (4 or 8 bytes) holding ``max_batch * factor``. The entries' band is
+    ``lo..max_batch``; their indices start at ``start`` (the plan's place among the captured ones).
 
     Raises
     ------
@@ -145,9 +158,56 @@ def shape_entries(model: Any, launches: Sequence[Launch], max_batch: int) -> lis
             if cluster[axis] > 1:
                 raise ShapeError(f"{launch.kernel.name}: its grid axis {axis} carries cluster dimension "
                                  f"{cluster[axis]}; a row count would not stay a multiple of it")
-        entries.append(ShapeEntry(i, launch.label, launch.kernel.name, tuple(launch.grid), axis, rpb,  # type: ignore[arg-type]
-                                  name, int(launch.args.offsets[name]), _INT_KINDS[kind], int(factor)))
+        entries.append(ShapeEntry(start + i, launch.label, launch.kernel.name, tuple(launch.grid), axis, rpb,  # type: ignore[arg-type]
+                                  name, int(launch.args.offsets[name]), _INT_KINDS[kind], int(factor),
+                                  int(lo), int(max_batch)))
     return entries
+
+
+def plan_signature(model: Any, launches: Sequence[Launch]) -> tuple:
+    """What must match for one captured plan to serve another row count bit for bit: per launch
+    the kernel, block, dynamic shared memory, PDL, and the grid on every axis but the rows (the
+    whole grid is left out of a kernel with no row grid: the head never changes it, so such a
+    kernel must compute the same at any grid, as grid-stride kernels do)."""
+    sig = []
+    for launch in launches:
+        rg = row_grid(model, launch)
+        grid: tuple | None = None
+        if rg is not None:
+            g = list(launch.grid)
+            g[rg[0]] = 0
+            grid = tuple(g)
+        sig.append((launch.kernel.name, tuple(launch.block), int(launch.shared_mem), bool(launch.pdl), grid))
+    return tuple(sig)
+
+
+def plan_bands(signatures: Sequence[tuple]) -> list[int]:
+    """Band tops from the plan signatures of row counts 1, 2, ... (``signatures[n - 1]``): a new
+    band starts wherever the signature changes; each band is served by the plan of its top."""
+    if not signatures:
+        raise ValueError("no signatures")
+    tops = [n for n in range(1, len(signatures)) if signatures[n] != signatures[n - 1]]
+    return tops + [len(signatures)]
+
+
+def check_bands(bands: Any, max_batch: int) -> list[int]:
+    """``bands`` (None: one band; a sequence of row counts) as sorted band tops ending at
+    ``max_batch``; :class:`ShapeError` / :class:`TypeError` on anything else."""
+    if bands is None:
+        return [max_batch]
+    if isinstance(bands, (str, bytes)) or not hasattr(bands, "__iter__"):
+        raise TypeError(f"bands must be None, 'plans' or a sequence of row counts, got {bands!r}")
+    tops = []
+    for b in bands:
+        if isinstance(b, bool) or not isinstance(b, (int, np.integer)):
+            raise TypeError(f"band tops must be ints, got {b!r}")
+        if not 1 <= b <= max_batch:
+            raise ShapeError(f"band top {b} is outside 1..max_batch = {max_batch}")
+        tops.append(int(b))
+    tops = sorted(set(tops))
+    if not tops or tops[-1] != max_batch:
+        tops.append(max_batch)
+    return tops
 
 
 def pack_table(entries: Sequence[ShapeEntry], handles: Sequence[int]) -> np.ndarray:
@@ -160,6 +220,7 @@ def pack_table(entries: Sequence[ShapeEntry], handles: Sequence[int]) -> np.ndar
         row["grid"] = e.grid
         row["axis"], row["rows_per_block"] = e.axis, e.rows_per_block
         row["param_offset"], row["param_size"], row["factor"] = e.param_offset, e.param_size, e.factor
+        row["lo"], row["hi"] = e.lo, e.hi
     return table
 
 
@@ -219,6 +280,13 @@ class DeviceShapedGraph(Resource):
         Work captured into the graph before the head (e.g. a kernel computing ``n_live`` from a
         slot table): a plan is recorded with ``Capture.run``, a callable is called with the
         capturing stream.
+    bands : None, "plans" or sequence of int
+        Row counts at which a plan is captured; each ``n`` runs the plan of the smallest band
+        top ``>= n`` (its grids and row counts cut to ``n``) and the head disables every other
+        band's nodes. None: one band, ``max_batch`` (every ``n`` runs the ``max_batch``-row plan's
+        kernels). ``"plans"``: a band wherever the model's plan changes (:func:`plan_signature`
+        over every row count), so every ``n`` runs the kernels and launch shapes the exact-size
+        plan runs. A sequence: those tops (``max_batch`` is added).
 
     Attributes
     ----------
@@ -226,22 +294,29 @@ class DeviceShapedGraph(Resource):
         Persistent ``(max_batch, width)`` buffers the plan reads and writes.
     n_live : DeviceArray
         The int32 the head reads.
+    bands : list of int
+        The band tops, ascending; the last is ``max_batch``.
+    plans : list of LaunchPlan
+        One per band (``plan`` is the last, the ``max_batch``-row plan).
     entries : list of ShapeEntry
-        What the head does to each node of the plan.
+        What the head does to each node, over every band's plan in capture order.
     graph, exec : the captured graph and its one exec (guarded: see the module docstring).
     setup : dict
-        Seconds: ``plans``, ``warmup``, ``capture``, ``attributes`` (opting the nodes in),
-        ``instantiate``, ``upload``.
+        Seconds: ``bands`` (the signatures of ``bands="plans"``), ``plans``, ``warmup``,
+        ``capture``, ``attributes`` (opting the nodes in), ``instantiate``, ``upload``.
     """
 
     def __init__(self, model: RowwiseModel, max_batch: int = 256, stream: Any = None, n_live: Any = None,
-                 prologue: "LaunchPlan | Callable[[Any], None] | None" = None):
+                 prologue: "LaunchPlan | Callable[[Any], None] | None" = None,
+                 bands: "str | Sequence[int] | None" = None):
         from ..runtime.stream import Stream, as_stream
 
         check_model(model)
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
             raise ShapeError(f"max_batch must be an int >= 1, got {max_batch!r}")
         self.max_batch = int(max_batch)
+        if not (bands is None or bands == "plans"):
+            check_bands(bands, self.max_batch)  # before anything is allocated
         self.width = int(model.width)
         self.device = model.device
         self._closed = False
@@ -249,16 +324,16 @@ class DeviceShapedGraph(Resource):
         self._own(_close_reversed, owned, name="DeviceShapedGraph.close")
         self._owned = owned
         try:
-            self._build(model, stream, n_live, prologue, owned, Stream, as_stream)
+            self._build(model, stream, n_live, prologue, bands, owned, Stream, as_stream)
         except BaseException:
             self.close()
             raise
 
-    def _build(self, model: Any, stream: Any, n_live: Any, prologue: Any, owned: list, Stream: Any,
+    def _build(self, model: Any, stream: Any, n_live: Any, prologue: Any, bands: Any, owned: list, Stream: Any,
                as_stream: Any) -> None:
         clock = time.perf_counter
-        self.setup: dict[str, float] = {k: 0.0 for k in ("plans", "warmup", "capture", "attributes", "instantiate",
-                                                          "upload")}
+        self.setup: dict[str, float] = {k: 0.0 for k in ("bands", "plans", "warmup", "capture", "attributes",
+                                                          "instantiate", "upload")}
         if stream is None:
             self.stream = Stream(device=self.device)
             owned.append(self.stream)
@@ -283,12 +358,36 @@ class DeviceShapedGraph(Resource):
         self.arena = model.make_workspace(self.max_batch)
         if self.arena is not None:
             owned.append(self.arena)
-        self.model = model.with_batch(self.max_batch, workspace=self.arena)
-        owned.append(self.model)
-        self.plan = self.model.plan(DeviceArray(self.input.ptr, (self.max_batch, self.width), f32, self.input),
-                                    DeviceArray(self.output.ptr, (self.max_batch, self.width), f32, self.output))
-        self.entries = shape_entries(model, self.plan.launches, self.max_batch)
-        _check_offsets(self.entries, self.plan.launches)
+
+        def views(rows: int) -> tuple[DeviceArray, DeviceArray]:
+            return (DeviceArray(self.input.ptr, (rows, self.width), f32, self.input),
+                    DeviceArray(self.output.ptr, (rows, self.width), f32, self.output))
+
+        if bands == "plans":
+            t1 = clock()
+            signatures = []
+            for rows in range(1, self.max_batch + 1):
+                with model.with_batch(rows, workspace=self.arena) as m:
+                    signatures.append(plan_signature(model, m.plan(*views(rows)).launches))
+            self.bands = plan_bands(signatures)
+            self.setup["bands"] = clock() - t1
+        else:
+            self.bands = check_bands(bands, self.max_batch)
+        self.models: list[Any] = []
+        self.plans: list[LaunchPlan] = []
+        self.entries = []
+        lo = 1
+        for top in self.bands:
+            m = model.with_batch(top, workspace=self.arena)
+            owned.append(m)
+            self.models.append(m)
+            plan = m.plan(*views(top))
+            self.plans.append(plan)
+            self.entries += shape_entries(model, plan.launches, top, lo=lo, start=len(self.entries))
+            lo = top + 1
+        self.model, self.plan = self.models[-1], self.plans[-1]
+        self._launches = [launch for plan in self.plans for launch in plan.launches]
+        _check_offsets(self.entries, self._launches)
         count = len(self.entries)
         self._table = DeviceBuffer((count * ENTRY_DTYPE.itemsize // 8,), np.uint64, self.device)
         owned.append(self._table)
@@ -299,16 +398,17 @@ class DeviceShapedGraph(Resource):
         head_args.update({"table": self._table.ptr, "count": count, "n_live": self.n_live.ptr,
                           "max_rows": self.max_batch, "rc": self._rc.ptr})
         threads = min(_HEAD_THREADS, max(32, -(-count // 32) * 32))
-        self.head = Launch(get_kernel("device_update", _HEAD_KERNEL, self.device), (-(-count // threads), 1, 1),
+        self.head = Launch(get_kernel("device_update", "rg_du_shape", self.device), (-(-count // threads), 1, 1),
                            (threads, 1, 1), head_args, {}, 0, "device_shape")
         self.setup["plans"] = clock() - t0
-        # Warm-up: the plan once eagerly (module loading and first touch outside the capture);
+        # Warm-up: each plan once eagerly (module loading and first touch outside the capture);
         # never the head, whose table holds no handles yet.
         t0 = clock()
         self.input.poison(s)
         if n_live is None:
             self.set_rows(self.max_batch, s)
-        self.plan.run(s)
+        for plan in self.plans:
+            plan.run(s)
         s.synchronize()
         self.setup["warmup"] = clock() - t0
         t0 = clock()
@@ -321,7 +421,8 @@ class DeviceShapedGraph(Resource):
                     prologue(cap.stream)
             cap.launch(self.head)
             first = len(cap.nodes)
-            cap.run(self.plan)
+            for plan in self.plans:  # one after another: a disabled node passes its dependency on
+                cap.run(plan)
         graph = cap.captured
         graph.mark_device_updatable()  # before anything may instantiate it: the driver's rules, see Graph
         self.graph = graph
@@ -329,7 +430,7 @@ class DeviceShapedGraph(Resource):
         self._nodes = cap.nodes[first:]
         self._prologue = prologue
         self.setup["capture"] = clock() - t0
-        if len(self._nodes) != count or not all(n.launch is l for n, l in zip(self._nodes, self.plan.launches)):
+        if len(self._nodes) != count or not all(n.launch is l for n, l in zip(self._nodes, self._launches)):
             raise RawgraphError("the capture's node map does not follow the plan's launch order")
         t0 = clock()
         self.device.activate()
@@ -358,6 +459,14 @@ class DeviceShapedGraph(Resource):
         s = self._order.enter(self.stream if stream is None else stream)
         value = np.array([int(n)], np.int32)
         call(driver.cuMemcpyHtoDAsync, self.n_live.ptr, value.ctypes.data, 4, s.handle)
+
+    def plan_for(self, n: int) -> LaunchPlan:
+        """The captured plan that runs for ``n`` live rows (its band's), cut to ``n`` rows."""
+        self._check_n(n)
+        for top, plan in zip(self.bands, self.plans):
+            if n <= top:
+                return plan
+        return self.plans[-1]
 
     def replay(self, stream: Any = None) -> None:
         """One ``cuGraphLaunch``: the head reads whatever ``n_live`` holds when it runs."""

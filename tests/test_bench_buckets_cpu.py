@@ -1,0 +1,52 @@
+"""``rawgraph bench buckets``' target rows, from a made-up result (no GPU): each device-shaped
+strategy (one band, and bands from the plans) gets its memory, graph-memory, set-up and latency
+rows, computed from the figures given."""
+
+from __future__ import annotations
+
+import pytest
+
+from rawgraph.bench.buckets import targets
+
+MiB = 1 << 20
+
+
+def _result():
+    def curve(scale):
+        return {str(n): {"median": scale * (10.0 + n)} for n in (1, 8, 64)}
+
+    setup = {"capture": 0.01, "instantiate": 0.002, "warmup": 0.001, "upload": 0.0005, "attributes": 0.0001}
+    return {
+        "weights_bytes": 64 * MiB,
+        "strategies": {
+            "vllm": {"buckets": 35, "memory": {"device_growth": 12 * MiB, "graphs": 6 * MiB},
+                     "setup_s": {"capture": 0.02, "instantiate": 0.004, "warmup": 0.002, "upload": 0.001}},
+            "device": {"memory": {"device_growth": 26 * MiB, "buffers": 7 * MiB}, "setup_s": setup},
+            "device_bands": {"memory": {"device_growth": 8 * MiB, "buffers": 7.5 * MiB}, "setup_s": setup},
+        },
+        "uniform": {"exact": curve(1.0), "vllm": curve(1.1), "device": curve(3.0), "device_bands": curve(1.02)},
+    }
+
+
+def test_each_device_shaped_strategy_gets_its_rows():
+    rows = {r["target"]: r for r in targets(_result())}
+    one = "device-shaped"
+    banded = "device-shaped, bands from the plans"
+    assert rows[f"memory: {one} (1 exec) <= 0.1x the vLLM buckets (35)"]["value"] == pytest.approx(26 / 12)
+    assert rows[f"memory: {one}, growth beyond its buffers <= 0.1x the vLLM buckets' graphs"]["value"] == \
+        pytest.approx(19 / 6)
+    assert rows[f"memory: {banded}, growth beyond its buffers <= 0.1x the vLLM buckets' graphs"]["value"] == \
+        pytest.approx(0.5 / 6)
+    assert rows[f"memory: {banded}, growth beyond its buffers <= 0.1x the vLLM buckets' graphs"]["met"]
+    lat = rows[f"latency: {one} step <= 1.05x exact-size graph at every n"]
+    assert lat["value"] == pytest.approx(3.0) and not lat["met"]
+    lat = rows[f"latency: {banded} step <= 1.05x exact-size graph at every n"]
+    assert lat["value"] == pytest.approx(1.02) and lat["met"]
+    setup = rows[f"setup: {banded} <= 0.1x the vLLM buckets"]
+    assert setup["value"] == pytest.approx(0.0136 / 0.027, rel=1e-6) and not setup["met"]
+
+
+def test_a_strategy_that_was_not_built_gets_no_rows():
+    r = _result()
+    del r["strategies"]["device_bands"], r["uniform"]["device_bands"]
+    assert not [row for row in targets(r) if "bands" in row["target"]]
