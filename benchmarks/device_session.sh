@@ -1,25 +1,47 @@
 #!/usr/bin/env bash
-# One device call that fits a session's few minutes: the whole GPU suite, the redesign's regress
-# stage (OLD_TREE: a `git archive 66a84c8` carried as ../.snap_old), then the doctor, choose and
-# buckets benchmarks and the quick GEMM sweep while BUDGET seconds last, everything packed.
-# Run from a `git archive HEAD` copy (e.g. .snap, carried): RAWGRAPH_COMMIT=<hash> OUT=$OUT BUDGET=560 bash benchmarks/device_session.sh
+# A device session in two calls, each within the device tool's 600 s per call. Run from a
+# `git archive HEAD` copy (e.g. .snap, carried), with OUT set by the tool:
+#
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tests   # call 1
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh bench   # call 2
+#
+# tests: every GPU test (`-m gpu`; CI runs the CPU tests), the doctor over every graph they make;
+#   the whole suite with its CPU tests no longer fits one call (cut at 84-86 % after 330-440 s,
+#   2026-12-06). Then the device-shaped probe while time is left.
+# bench: the device-shaped probe with a cluster and a no-cluster cut, bench choose, bench buckets,
+#   the GEMM sweep, each time-boxed to what is left of BUDGET seconds; everything packed.
+set -u
 S=$(date +%s); el() { echo $(( $(date +%s) - S )); }
-export TESTS_LIMIT=${TESTS_LIMIT:-330}
-bash benchmarks/device_run.sh tests >/dev/null 2>&1
-echo "tests done at $(el)s"
-grep -E " (FAILED|ERROR)" $OUT/gpu_tests.txt | head -40; tail -1 $OUT/gpu_tests.txt
-if [ $(el) -lt 400 ]; then
-  OLD_TREE=$(cd "${OLD_TREE:-../.snap_old}" && pwd) OLD_COMMIT=66a84c8 REGRESS_LIMIT=40 REGRESS_RUNS="old new old new" bash benchmarks/device_run.sh regress >/dev/null 2>&1
-  grep -E "graph_update|manager_bind|graph |graph_indirect|torch_graph" $OUT/compare_paths.txt
-fi
-echo "regress done at $(el)s"
-left=$(( ${BUDGET:-560} - $(el) ))
-dl=$(( left < 60 ? left : 60 ))
-if [ $left -gt 25 ]; then timeout $dl python3 -m rawgraph.bench.doctor --out $OUT >$OUT/doctor_bench.log 2>&1; echo "doctor bench rc=$? at $(el)s"; tail -15 $OUT/doctor_bench.log; fi
-left=$(( ${BUDGET:-560} - $(el) ))
-if [ $left -gt 50 ]; then timeout $(( left < 90 ? left : 90 )) python3 -m rawgraph.bench.choose --out $OUT >$OUT/choose.log 2>&1; echo "choose rc=$? at $(el)s"; tail -9 $OUT/choose.log; fi
-left=$(( ${BUDGET:-560} - $(el) - 15 ))
-if [ $left -gt 60 ]; then timeout $left python3 -m rawgraph.bench.buckets --out $OUT >$OUT/buckets.log 2>&1; echo "buckets rc=$? at $(el)s"; tail -30 $OUT/buckets.log; fi
-left=$(( ${BUDGET:-560} - $(el) - 10 ))
-if [ $left -gt 80 ]; then GEMM_LIMIT=$left bash benchmarks/device_run.sh gemmquick >/dev/null 2>&1; echo "gemmquick at $(el)s"; tail -14 $OUT/gemm.log; fi
-bash benchmarks/device_run.sh pack >/dev/null 2>&1; echo "packed at $(el)s"
+BUDGET=${BUDGET:-575}
+left() { echo $(( BUDGET - $(el) )); }
+export PYTHONPATH=$(pwd)
+(nvidia-smi -L; date; python3 -c "import cuda.bindings, torch, cupy; print('cuda-bindings', cuda.bindings.__version__, 'torch', torch.__version__, 'cupy', cupy.__version__)") >"$OUT/env.txt" 2>&1
+case "${1:-tests}" in
+  tests)
+    PYTHONFAULTHANDLER=1 timeout ${TESTS_LIMIT:-500} python3 -m pytest -m gpu -v -rs --durations=25 --timeout=120 \
+      -p no:cacheprovider >"$OUT/gpu_tests.txt" 2>&1
+    echo "tests rc=$? at $(el)s"
+    grep -E " (FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -40; tail -3 "$OUT/gpu_tests.txt"
+    if [ "$(left)" -gt 40 ]; then
+      timeout $(( $(left) - 10 )) python3 benchmarks/probes/device_shaped_cost.py --rounds 40 >"$OUT/probe_device_shaped.txt" 2>&1
+      echo "probe rc=$? at $(el)s"; tail -12 "$OUT/probe_device_shaped.txt" | cut -c1-260
+    fi ;;
+  bench)
+    timeout 90 python3 benchmarks/probes/device_shaped_cost.py --rounds 40 --passes 1 \
+      --cut 64,64,32,3,1,4,1 --cut 64,64,32,3,2,4,1 >"$OUT/probe_device_shaped_cuts.txt" 2>&1
+    echo "probe rc=$? at $(el)s"; grep -E "^(TIME|FACT|STEP)" "$OUT/probe_device_shaped_cuts.txt" | tail -24 | cut -c1-260
+    timeout 120 python3 -m rawgraph.bench.choose --steps 400 --rounds 5 --out "$OUT" >"$OUT/choose.log" 2>&1
+    echo "choose rc=$? at $(el)s"; tail -9 "$OUT/choose.log"
+    if [ "$(left)" -gt 150 ]; then
+      timeout $(( $(left) - 90 )) python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1
+      echo "buckets rc=$? at $(el)s"; grep -E "device|MISSED|met" "$OUT/buckets.log" | tail -24
+    fi
+    if [ "$(left)" -gt 70 ]; then
+      timeout $(( $(left) - 15 )) python3 benchmarks/gemm_sweep.py --out "$OUT/gemm" --budget-s $(( $(left) - 60 )) \
+        >"$OUT/gemm.log" 2>&1
+      echo "gemm rc=$? at $(el)s"; tail -6 "$OUT/gemm.log"
+    fi ;;
+  *) echo "usage: device_session.sh tests|bench" >&2; exit 2 ;;
+esac
+tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
+echo "packed at $(el)s"
