@@ -78,6 +78,7 @@ def test_band_tops_from_signatures_and_from_the_caller():
     assert check_bands(None, 256) == [256]
     assert check_bands([64, 8, 64], 256) == [8, 64, 256]
     assert check_bands([8, 256], 256) == [8, 256]
+    assert check_bands(np.array([64, 8]), 256) == [8, 64, 256]  # any sequence of ints, NumPy's too
     from rawgraph.runtime.errors import ShapeError
 
     for bad, exc in (([0], ShapeError), ([300], ShapeError), ([1.5], TypeError), ([True], TypeError),
@@ -352,6 +353,8 @@ def test_bands_are_checked_before_anything_is_allocated(fake):
                 DeviceShapedGraph(model, max_batch=8, bands=[9])
             with pytest.raises(TypeError):
                 DeviceShapedGraph(model, max_batch=8, bands="exact")
+            with pytest.raises(ShapeError):
+                DeviceShapedGraph(model, max_batch=8, bands=np.array([0, 4]))
         finally:
             driver.cuMemAlloc = real
         assert calls == []

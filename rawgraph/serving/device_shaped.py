@@ -315,7 +315,8 @@ class DeviceShapedGraph(Resource):
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
             raise ShapeError(f"max_batch must be an int >= 1, got {max_batch!r}")
         self.max_batch = int(max_batch)
-        if not (bands is None or bands == "plans"):
+        self._from_plans = isinstance(bands, str) and bands == "plans"
+        if not self._from_plans:
             check_bands(bands, self.max_batch)  # before anything is allocated
         self.width = int(model.width)
         self.device = model.device
@@ -363,7 +364,7 @@ class DeviceShapedGraph(Resource):
             return (DeviceArray(self.input.ptr, (rows, self.width), f32, self.input),
                     DeviceArray(self.output.ptr, (rows, self.width), f32, self.output))
 
-        if bands == "plans":
+        if self._from_plans:
             t1 = clock()
             signatures = []
             for rows in range(1, self.max_batch + 1):
