@@ -233,10 +233,10 @@ extern "C" __global__ void rg_du_mark(unsigned int* counter)
 }
 
 // ------------------------------------------------------------- the head of a device-shaped graph
-// rawgraph.serving.DeviceShapedGraph: one entry per kernel node of the model's plan, 40 bytes, the
-// layout of device_shaped.py's ENTRY_DTYPE:
+// rawgraph.serving.DeviceShapedGraph: one entry per kernel node of the model's plans (one plan per
+// band), 48 bytes, the layout of device_shaped.py's ENTRY_DTYPE:
 //   offset  0  node            the device node handle (cuGraphKernelNodeGetAttribute)
-//   offset  8  grid[3]         the grid the node was captured with (at max_batch rows)
+//   offset  8  grid[3]         the grid the node was captured with (at its band's top row count)
 //   offset 20  axis            the grid axis along rows (0, 1, 2), or -1: grid untouched
 //   offset 24  rows_per_block  rows one block covers along that axis
 //   offset 28  param_offset    byte offset of the node's row-count parameter, or -1: none

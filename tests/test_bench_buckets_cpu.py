@@ -22,7 +22,8 @@ def _result():
             "vllm": {"buckets": 35, "memory": {"device_growth": 12 * MiB, "graphs": 6 * MiB},
                      "setup_s": {"capture": 0.02, "instantiate": 0.004, "warmup": 0.002, "upload": 0.001}},
             "device": {"memory": {"device_growth": 26 * MiB, "buffers": 7 * MiB}, "setup_s": setup},
-            "device_bands": {"memory": {"device_growth": 8 * MiB, "buffers": 7.5 * MiB}, "setup_s": setup},
+            "device_bands": {"memory": {"device_growth": 8 * MiB, "buffers": 7.5 * MiB},
+                             "setup_s": {**setup, "bands": 0.3}},
         },
         "uniform": {"exact": curve(1.0), "vllm": curve(1.1), "device": curve(3.0), "device_bands": curve(1.02)},
     }
@@ -43,7 +44,9 @@ def test_each_device_shaped_strategy_gets_its_rows():
     lat = rows[f"latency: {banded} step <= 1.05x exact-size graph at every n"]
     assert lat["value"] == pytest.approx(1.02) and lat["met"]
     setup = rows[f"setup: {banded} <= 0.1x the vLLM buckets"]
-    assert setup["value"] == pytest.approx(0.0136 / 0.027, rel=1e-6) and not setup["met"]
+    assert setup["value"] == pytest.approx(0.3136 / 0.027, rel=1e-6) and not setup["met"]  # the signatures count
+    setup = rows[f"setup: {one} <= 0.1x the vLLM buckets"]
+    assert setup["value"] == pytest.approx(0.0136 / 0.027, rel=1e-6)
 
 
 def test_a_strategy_that_was_not_built_gets_no_rows():

@@ -358,3 +358,56 @@ def test_bands_are_checked_before_anything_is_allocated(fake):
         finally:
             driver.cuMemAlloc = real
         assert calls == []
+
+
+def test_bands_from_the_plans_over_a_model_that_is_not_a_context_manager(fake, updatable_attrs):
+    """The protocol asks a model view for close(), not for `with`: bands="plans" builds over the
+    README's own-kernel model (RMSNormScale, examples/buckets_own_model.py), whose plan never
+    changes with the row count: one band."""
+    from test_examples_cpu import load_example
+
+    from rawgraph import DeviceShapedGraph
+
+    ex = load_example("buckets_own_model.py")
+    model = ex.RMSNormScale(64, 1, seed=4)
+    try:
+        assert not hasattr(model, "__enter__")
+        with DeviceShapedGraph(model, max_batch=16, bands="plans") as dsg:
+            assert dsg.bands == [16] and len(dsg.plans) == 1
+            assert dsg.setup["bands"] > 0
+    finally:
+        model.close()
+
+
+def test_bands_given_once_as_an_iterator_are_read_once(fake, updatable_attrs):
+    from rawgraph import DeviceShapedGraph, TinyBlock
+
+    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model:
+        with DeviceShapedGraph(model, max_batch=8, bands=iter([2, 4])) as dsg:
+            assert dsg.bands == [2, 4, 8]
+        with DeviceShapedGraph(model, max_batch=8, bands=(b for b in (4,))) as dsg:
+            assert dsg.bands == [4, 8]
+
+
+def test_with_bands_every_plan_must_start_on_a_full_edge(fake, updatable_attrs, monkeypatch):
+    """A band's plan that starts with a PDL launch would hang a programmatic edge off the previous
+    band's last node: refused."""
+    from rawgraph import DeviceShapedError, DeviceShapedGraph, TinyBlock
+
+    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model:
+        real = type(model).plan
+
+        def pdl_first(self, *a, **k):
+            plan = real(self, *a, **k)
+            plan.launches[0].pdl = True
+            return plan
+
+        monkeypatch.setattr(type(model), "plan", pdl_first)
+        with pytest.raises(DeviceShapedError, match="full edge"):
+            DeviceShapedGraph(model, max_batch=8, bands=[4])
+        DeviceShapedGraph(model, max_batch=8).close()  # one band: the head fences before its trigger
+
+
+def test_runs_clamps_n_as_the_head_does():
+    e = ShapeEntry(0, "", "k", (4, 1, 8), 2, 8, "B", 32, 4, 1, 129, 256)
+    assert not e.runs(300) and e.runs(300, max_rows=256) and not e.runs(-5, max_rows=256)

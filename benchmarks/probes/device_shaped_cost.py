@@ -78,7 +78,8 @@ def main() -> int:
     print(f"FACT shaped nodes={len(dsg.entries)} setup={ {k: round(v * 1e3, 2) for k, v in dsg.setup.items()} } ms")
 
     def add_exec(mark: bool):
-        m = model.with_batch(top, workspace=model.make_workspace(top))
+        ws = model.make_workspace(top)
+        m = model.with_batch(top, workspace=ws)
         x = DeviceBuffer((top, a.width), np.float32, dev)
         y = DeviceBuffer((top, a.width), np.float32, dev)
         f32 = np.dtype(np.float32)
@@ -100,7 +101,7 @@ def main() -> int:
         ex.upload(s)
         s.synchronize()
         grown = free0 - dev.memory_info()[0]
-        return ex, grown, (m, x, y, g)
+        return ex, grown, (m, x, y, g, ws)
 
     marked, grown_marked, keep1 = add_exec(True)
     plain, grown_plain, keep2 = add_exec(False)
@@ -129,9 +130,12 @@ def main() -> int:
     for text in a.cut:
         cut = tuple(int(v) for v in text.split(","))
         ops.SGEMM_CUTS[(top, a.width, a.width)] = cut
+        owned: list = []
         try:
             c_plain, _, keep3 = add_exec(False)
+            owned += [c_plain, *reversed(keep3)]
             c_dsg = DeviceShapedGraph(model, top, s)
+            owned.insert(0, c_dsg)
             kernels = sorted({e.kernel for e in c_dsg.entries})
             print(f"FACT cut {cut}: kernels {kernels}")
             tp = stats(device_us(lambda: c_plain.launch(s), s, r))
@@ -141,12 +145,13 @@ def main() -> int:
                 tc = stats(device_us(lambda: c_dsg.replay(s), s, r))
                 print(f"TIME cut {cut} n={n}: shaped median={tc['median']:.1f} (p10 {tc['p10']:.1f} p90 {tc['p90']:.1f}) "
                       f"shaped/plain-{top}={tc['median'] / tp['median']:.3f}; n used {c_dsg.check_status()}")
-            c_dsg.close()
-            c_plain.close()
         except Exception as exc:  # a cut this device cannot run: say so, go on
             print(f"STEP cut {cut}: EXC {type(exc).__name__}: {exc}")
         finally:
             ops.SGEMM_CUTS.pop((top, a.width, a.width), None)
+            s.synchronize()
+            for obj in owned:
+                obj.close()
     s.synchronize()
     sys.stdout.flush()
     return 0

@@ -15,15 +15,17 @@ Bands (``bands=``): one ``max_batch``-row plan cannot change its kernels, and a 
 rows takes as long for 1 row as for 64 (one wave of the same blocks). So the graph may hold one
 plan per band of row counts, captured one after another at each band's top; the head enables the
 band holding ``n`` and disables the others. ``bands="plans"`` puts a band wherever the model's plan
-changes, so every ``n`` runs what the exact-size plan runs.
+changes, so every ``n`` runs the exact-size plan's kernels with its blocks, shared memory and grid
+off the row axis (a kernel with no row grid, grid-stride, keeps its band top's grid).
 
 Nothing is bucketed, nothing is padded, and the host makes one ``cuGraphLaunch`` per step (plus the
 4-byte copy of ``n`` when the host knows it; a kernel earlier in the same graph may compute it
 instead, see ``prologue`` and ``n_live``).
 
 How it is built (issue 25, ``benchmarks/probes/device_updatable.py``): capture [prologue] -> head
--> plan, with the head's first successor on a full edge (the plan's first launch is never a PDL
-launch) and the plan's own PDL chain kept; then ``cuGraphKernelNodeSetAttribute(
+-> the plan of each band in turn, each plan's first launch on a full edge (a plan whose first
+launch is a PDL launch is refused when there is more than one band) and each plan's own PDL chain
+kept; then ``cuGraphKernelNodeSetAttribute(
 CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE)`` on each plan node and
 ``cuGraphKernelNodeGetAttribute`` for its device handle; the handle table is written to device
 memory; ``cuGraphInstantiate`` once, ``cuGraphUpload``, replays.
@@ -104,8 +106,11 @@ class ShapeEntry:
     lo: int = 1
     hi: int = 2 ** 31 - 1
 
-    def runs(self, n: int) -> bool:
-        """Whether the head enables this node for ``n`` live rows (what ``rg_du_shape`` decides)."""
+    def runs(self, n: int, max_rows: int | None = None) -> bool:
+        """Whether the head enables this node for ``n`` live rows: what ``rg_du_shape`` decides,
+        which first clamps ``n`` to ``0..max_rows`` (the graph's ``max_batch``) when given."""
+        if max_rows is not None:
+            n = max(0, min(int(n), int(max_rows)))
         return 0 < n and self.lo <= n <= self.hi
 
 
@@ -120,7 +125,7 @@ def grid_for(entry: ShapeEntry, n: int) -> tuple[int, int, int]:
 
 def shape_entries(model: Any, launches: Sequence[Launch], max_batch: int, lo: int = 1,
                   start: int = 0) -> list[ShapeEntry]:
-    """One :class:`ShapeEntry` per launch of ``model``'s ``max_batch``-row plan, checked against
+    """One :class:`ShapeEntry` per launch of ``model``'s ``max_batch``-row plan (a band's top), checked against
     the launches: a row-grid axis must hold ``ceil(max_batch / rows_per_block)`` blocks and carry
     no compiled-in cluster dimension above 1, every launch must name an integer row-count
     argument (4 or 8 bytes) holding ``max_batch * factor``. The entries' band is
@@ -315,9 +320,10 @@ class DeviceShapedGraph(Resource):
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
             raise ShapeError(f"max_batch must be an int >= 1, got {max_batch!r}")
         self.max_batch = int(max_batch)
+        # checked once, before anything is allocated (an iterator is read once)
         self._from_plans = isinstance(bands, str) and bands == "plans"
         if not self._from_plans:
-            check_bands(bands, self.max_batch)  # before anything is allocated
+            bands = check_bands(bands, self.max_batch)
         self.width = int(model.width)
         self.device = model.device
         self._closed = False
@@ -368,12 +374,16 @@ class DeviceShapedGraph(Resource):
             t1 = clock()
             signatures = []
             for rows in range(1, self.max_batch + 1):
-                with model.with_batch(rows, workspace=self.arena) as m:
+                m = model.with_batch(rows, workspace=self.arena)
+                try:  # the protocol asks for close(), not for a context manager
                     signatures.append(plan_signature(model, m.plan(*views(rows)).launches))
+                finally:
+                    m.close()
             self.bands = plan_bands(signatures)
             self.setup["bands"] = clock() - t1
+            t0 = clock()  # "plans" counts what follows, not the signatures
         else:
-            self.bands = check_bands(bands, self.max_batch)
+            self.bands = list(bands)
         self.models: list[Any] = []
         self.plans: list[LaunchPlan] = []
         self.entries = []
@@ -383,6 +393,9 @@ class DeviceShapedGraph(Resource):
             owned.append(m)
             self.models.append(m)
             plan = m.plan(*views(top))
+            if len(self.bands) > 1 and plan.launches and plan.launches[0].pdl:
+                raise DeviceShapedError(f"the {top}-row plan starts with a PDL launch ({plan.launches[0].kernel.name}): "
+                                        "with bands, each plan must start on a full edge")
             self.plans.append(plan)
             self.entries += shape_entries(model, plan.launches, top, lo=lo, start=len(self.entries))
             lo = top + 1
@@ -462,7 +475,8 @@ class DeviceShapedGraph(Resource):
         call(driver.cuMemcpyHtoDAsync, self.n_live.ptr, value.ctypes.data, 4, s.handle)
 
     def plan_for(self, n: int) -> LaunchPlan:
-        """The captured plan that runs for ``n`` live rows (its band's), cut to ``n`` rows."""
+        """The captured plan that runs for ``n`` live rows (its band's), cut to ``n`` rows; for
+        ``n = 0``, when nothing runs, the first band's."""
         self._check_n(n)
         for top, plan in zip(self.bands, self.plans):
             if n <= top:
@@ -546,7 +560,7 @@ class DeviceShapedGraph(Resource):
             raise ClosedError("DeviceShapedGraph is closed")
 
     def close(self) -> None:
-        """Free the exec, the graph, the model view, the arena and the buffers (in that order);
+        """Free the exec, the graph, the model views (one per band), the arena and the buffers (in that order);
         safe twice."""
         self._finalizer()
 
