@@ -386,7 +386,7 @@ class DeviceShapedGraph(Resource):
             self.bands = list(bands)
         self.models: list[Any] = []
         self.plans: list[LaunchPlan] = []
-        self.entries = []
+        self.entries: list[ShapeEntry] = []
         lo = 1
         for top in self.bands:
             m = model.with_batch(top, workspace=self.arena)
