@@ -18,8 +18,10 @@ export PYTHONPATH=$(pwd)
 (nvidia-smi -L; date; python3 -c "import cuda.bindings, torch, cupy; print('cuda-bindings', cuda.bindings.__version__, 'torch', torch.__version__, 'cupy', cupy.__version__)") >"$OUT/env.txt" 2>&1
 case "${1:-tests}" in
   tests)
+    # the files no GPU has run yet first (so a cut run still shows them), then every other GPU test
+    FIRST=${FIRST_FILES:-"tests/test_slots_gpu.py tests/test_device_shaped_gpu.py tests/test_update_gpu.py tests/test_sgemm_gpu.py"}
     PYTHONFAULTHANDLER=1 timeout ${TESTS_LIMIT:-500} python3 -m pytest -m gpu -v -rs --durations=25 --timeout=120 \
-      -p no:cacheprovider >"$OUT/gpu_tests.txt" 2>&1
+      -p no:cacheprovider $FIRST tests >"$OUT/gpu_tests.txt" 2>&1
     echo "tests rc=$? at $(el)s"
     grep -E " (FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -40; tail -3 "$OUT/gpu_tests.txt"
     if [ "$(left)" -gt 40 ]; then
