@@ -411,3 +411,25 @@ def test_with_bands_every_plan_must_start_on_a_full_edge(fake, updatable_attrs, 
 def test_runs_clamps_n_as_the_head_does():
     e = ShapeEntry(0, "", "k", (4, 1, 8), 2, 8, "B", 32, 4, 1, 129, 256)
     assert not e.runs(300) and e.runs(300, max_rows=256) and not e.runs(-5, max_rows=256)
+
+
+def test_a_slot_pool_shaped_on_the_device_takes_bands(fake, updatable_attrs):
+    """SlotPool(shape="device", bands=...) hands its bands to the device-shaped graph: each band's
+    plan is gather, the model, scatter; bands without shape="device" are refused first."""
+    from rawgraph import SlotPool, TinyBlock
+    from rawgraph.runtime.errors import ShapeError
+
+    with TinyBlock(64, 1, 1, seed=4, form="unfused") as model:
+        with pytest.raises(ValueError, match="shape='device'"):
+            SlotPool(model, 8, bands=[4])
+        with pytest.raises(ShapeError):
+            SlotPool(model, 8, shape="device", bands=[9])
+        with SlotPool(model, 8, shape="device", bands=[3]) as pool:
+            dsg = pool._shaped
+            assert dsg.bands == [3, 8] and len(dsg.plans) == 2
+            for plan, top in zip(dsg.plans, dsg.bands):
+                names = [launch.kernel.name for launch in plan.launches]
+                assert names[0].startswith("gather_rows") and names[-1].startswith("scatter_rows")
+                assert not plan.launches[0].pdl and plan.launches[0].args["rows"] == top
+            pool.join(np.ones(64, np.float32))
+            assert pool.step() == 1

@@ -51,7 +51,7 @@ from ..runtime.launch import Launch, LaunchPlan
 from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array
 from ..runtime.stream import Event, Stream, as_stream
 from ..updates.shadow import ExecShadow
-from .device_shaped import DeviceShapedGraph
+from .device_shaped import DeviceShapedGraph, check_bands
 from .lifecycle import close_all, instantiate_uploaded
 from .protocol import RowwiseModel, check_model
 from .sizes import check_sizes, pick_bucket, vllm_sizes
@@ -218,6 +218,10 @@ class SlotPool:
         :class:`~rawgraph.serving.device_shaped.DeviceShapedGraph` over the model seen through
         the table: gather, model, scatter); needs ``table="copy"`` and ``gather="kernels"``
         (chosen when not given); ``sizes`` is not used.
+    bands : None, "plans" or sequence of int
+        ``shape="device"`` only: the device-shaped graph's bands (one plan per band of row
+        counts; ``"plans"``: every live count runs the exact-size plan's kernels; see
+        :class:`~rawgraph.serving.device_shaped.DeviceShapedGraph`).
 
     Attributes
     ----------
@@ -229,13 +233,18 @@ class SlotPool:
     """
 
     def __init__(self, model: RowwiseModel, max_slots: int = 256, sizes: Sequence[int] | None = None,
-                 table: str | None = None, stream: Any = None, gather: str | None = None, shape: str = "buckets"):
+                 table: str | None = None, stream: Any = None, gather: str | None = None, shape: str = "buckets",
+                 bands: Any = None):
         # One thread at a time: two joins must not pick one slot, and the table, the positions and
         # the pinned/device tables change together (a lock, not an owning thread: a server may
         # admit requests on one thread and step on another).
         self._lock = threading.Lock()
         if shape not in ("buckets", "device"):
             raise ValueError(f"shape must be 'buckets' or 'device', got {shape!r}")
+        if bands is not None and shape != "device":
+            raise ValueError("bands are the device-shaped graph's: they need shape='device'")
+        if bands is not None and not (isinstance(bands, str) and bands == "plans"):
+            bands = check_bands(bands, max_slots if isinstance(max_slots, int) and max_slots >= 1 else 1)
         if shape == "device":
             if table not in (None, "copy") or gather not in (None, "kernels"):
                 raise LayoutError("shape='device' runs one exec whose gather and scatter kernels read a device "
@@ -310,7 +319,8 @@ class SlotPool:
         try:
             if shape == "device":
                 t0 = clock()
-                self._shaped = DeviceShapedGraph(_SlotRows(model, views["state"], views["table"]), max_slots, s)
+                self._shaped = DeviceShapedGraph(_SlotRows(model, views["state"], views["table"]), max_slots, s,
+                                                 bands=bands)
                 self.setup["capture"] += clock() - t0
                 self._sent[max_slots] = 0
             for b in (() if shape == "device" else reversed(self.sizes)):
