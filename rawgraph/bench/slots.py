@@ -17,6 +17,8 @@ step, in a fresh random order, so drift hits all alike):
   kernels, pushed with ``cuGraphExecKernelNodeSetParams`` after a join or leave;
 - ``device_shaped``: ``shape="device"``: one exec of ``max_slots`` rows whose grids and row counts
   a head kernel sets on the device to the live rows each step (gather kernels, copied table);
+- ``device_bands``: the same with ``bands="plans"``: one plan per band of live counts, so each step
+  runs the exact-size plan's kernels;
 - ``torch_vllm``: PyTorch done the vLLM way: a persistent state tensor, bucket graphs captured
   with ``index_select`` / ``index_copy_`` over a static index tensor, and per step a ``copy_`` of
   the indices from pinned memory, then ``replay()``.
@@ -57,7 +59,9 @@ POOL_OPTIONS = {"graph_table": {"table": "graph", "gather": "fused"},
                 "copy_table": {"table": "copy", "gather": "fused"},
                 "setparams": {"table": "params", "gather": "kernels"},
                 # one exec shaped to the live rows on the device (issue 25): no buckets, no padding
-                "device_shaped": {"shape": "device"}}
+                "device_shaped": {"shape": "device"},
+                # the same with one plan per band of live counts (each runs the exact-size kernels)
+                "device_bands": {"shape": "device", "bands": "plans"}}
 RAWGRAPH = tuple(POOL_OPTIONS)
 
 
