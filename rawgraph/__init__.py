@@ -66,6 +66,7 @@ from .models.branches import TwoBranchBlock  # noqa: E402
 from . import control  # noqa: E402
 from . import serving  # noqa: E402
 from .serving import BucketGraphs, ReshapedGraph, RowCountBuckets, SlotError, SlotPool  # noqa: E402
-from .serving import DeviceShapedError, DeviceShapedGraph  # noqa: E402
+from .serving import DeviceShapedError, DeviceShapedGraph, PendingRow  # noqa: E402
+from .serving import Choice, ChooseError, choose_strategy  # noqa: E402
 
 __all__ = [name for name in dir() if not name.startswith("_")]
