@@ -34,6 +34,8 @@ def main() -> int:
                    help="BM,BN,BK,STAGES,S,KS,MINB: also measure with this sgemm cut at max_batch rows "
                         "(ops.SGEMM_CUTS; S=1 launches no cluster); repeatable")
     p.add_argument("--passes", type=int, default=2)
+    p.add_argument("--no-pdl", action="store_true",
+                   help="also measure the same model built without PDL (plain and device-shaped)")
     a = p.parse_args()
     from rawgraph.graphs.capture import Capture
     from rawgraph.models.tinyblock import TinyBlock
@@ -77,9 +79,9 @@ def main() -> int:
     dsb.input.copy_from_host(x, s)
     print(f"FACT shaped nodes={len(dsg.entries)} setup={ {k: round(v * 1e3, 2) for k, v in dsg.setup.items()} } ms")
 
-    def add_exec(mark: bool):
-        ws = model.make_workspace(top)
-        m = model.with_batch(top, workspace=ws)
+    def add_exec(mark: bool, mdl=model):
+        ws = mdl.make_workspace(top)
+        m = mdl.with_batch(top, workspace=ws)
         x = DeviceBuffer((top, a.width), np.float32, dev)
         y = DeviceBuffer((top, a.width), np.float32, dev)
         f32 = np.dtype(np.float32)
@@ -127,26 +129,35 @@ def main() -> int:
                   f"banded median={tb['median']:.1f} (p10 {tb['p10']:.1f} p90 {tb['p90']:.1f}) "
                   f"ratio shaped/exact={ts['median'] / te['median']:.3f} banded/exact={tb['median'] / te['median']:.3f} "
                   f"banded==exact bits: {same}; n used {dsg.check_status()} / {dsb.check_status()}")
-    for text in a.cut:
-        cut = tuple(int(v) for v in text.split(","))
-        ops.SGEMM_CUTS[(top, a.width, a.width)] = cut
+    # Variants that tell why a device-shaped replay with 3-4 row-blocks takes twice the plain exec:
+    # an sgemm cut with or without clusters (--cut), the same model without PDL (--no-pdl).
+    variants = [(f"cut {text}", tuple(int(v) for v in text.split(",")), False) for text in a.cut]
+    if a.no_pdl:
+        variants.append(("no PDL", None, True))
+    for label, cut, no_pdl in variants:
+        if cut is not None:
+            ops.SGEMM_CUTS[(top, a.width, a.width)] = cut
         owned: list = []
         try:
-            c_plain, _, keep3 = add_exec(False)
-            owned += [c_plain, *reversed(keep3)]
-            c_dsg = DeviceShapedGraph(model, top, s)
+            mdl = model
+            if no_pdl:
+                mdl = TinyBlock(a.width, 1, a.layers, seed=1234, form=a.form, pdl=False)
+                owned.append(mdl)
+            c_plain, _, keep3 = add_exec(False, mdl)
+            owned[:0] = [c_plain, *reversed(keep3)]
+            c_dsg = DeviceShapedGraph(mdl, top, s)
             owned.insert(0, c_dsg)
             kernels = sorted({e.kernel for e in c_dsg.entries})
-            print(f"FACT cut {cut}: kernels {kernels}")
+            print(f"FACT {label}: kernels {kernels}")
             tp = stats(device_us(lambda: c_plain.launch(s), s, r))
-            print(f"TIME cut {cut} plain {top}: median={tp['median']:.1f} p10={tp['p10']:.1f} p90={tp['p90']:.1f} us")
+            print(f"TIME {label} plain {top}: median={tp['median']:.1f} p10={tp['p10']:.1f} p90={tp['p90']:.1f} us")
             for n in (1, 64, 65, 129, top):
                 c_dsg.set_rows(n, s)
                 tc = stats(device_us(lambda: c_dsg.replay(s), s, r))
-                print(f"TIME cut {cut} n={n}: shaped median={tc['median']:.1f} (p10 {tc['p10']:.1f} p90 {tc['p90']:.1f}) "
+                print(f"TIME {label} n={n}: shaped median={tc['median']:.1f} (p10 {tc['p10']:.1f} p90 {tc['p90']:.1f}) "
                       f"shaped/plain-{top}={tc['median'] / tp['median']:.3f}; n used {c_dsg.check_status()}")
         except Exception as exc:  # a cut this device cannot run: say so, go on
-            print(f"STEP cut {cut}: EXC {type(exc).__name__}: {exc}")
+            print(f"STEP {label}: EXC {type(exc).__name__}: {exc}")
         finally:
             ops.SGEMM_CUTS.pop((top, a.width, a.width), None)
             s.synchronize()
