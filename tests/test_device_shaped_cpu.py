@@ -219,6 +219,8 @@ def test_build_writes_the_table_and_refuses_what_the_driver_forbids(fake, updata
 
         with pytest.raises(ClosedError):
             dsg.run(1)
+        with pytest.raises(ClosedError):
+            dsg.plan_for(1)
 
 
 def test_graph_marked_device_updatable_follows_the_drivers_rules(fake, monkeypatch):

@@ -477,6 +477,7 @@ class DeviceShapedGraph(Resource):
     def plan_for(self, n: int) -> LaunchPlan:
         """The captured plan that runs for ``n`` live rows (its band's), cut to ``n`` rows; for
         ``n = 0``, when nothing runs, the first band's."""
+        self._check()
         self._check_n(n)
         for top, plan in zip(self.bands, self.plans):
             if n <= top:
