@@ -53,3 +53,20 @@ def test_a_strategy_that_was_not_built_gets_no_rows():
     r = _result()
     del r["strategies"]["device_bands"], r["uniform"]["device_bands"]
     assert not [row for row in targets(r) if "bands" in row["target"]]
+
+
+def test_the_report_shows_what_the_banded_exec_adds_per_n():
+    from rawgraph.bench.buckets import report
+
+    def st(v):
+        return {"median": v, "p10": v, "p90": v}
+
+    du = {"nodes": 16, "device_shaped_replay_us": st(700.0), "exact_replay_us": st(350.0),
+          "device_update_us_per_node": 21.875, "host_setparams_us_per_call": st(0.5),
+          "banded": {"nodes": 144, "bands": [1, 2, 256], "by_n": {"1": {"banded_us": st(60.0), "exact_us": st(51.2),
+                                                                          "added_us_per_node": 8.8 / 144}}}}
+    text = report({"strategies": {}, "decode": {}, "padding_waste": {}, "uniform": {}, "device_update": du,
+                   "targets": []})
+    assert "banded (3 bands, 144 nodes) against the exact-size exec:" in text
+    assert "n=   1:     60.0 vs     51.2 us (+0.061 us per node)" in text
+    assert max(len(line) for line in text.splitlines()) <= 100

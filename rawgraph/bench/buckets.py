@@ -170,11 +170,15 @@ class _DeviceShaped:
 
 
 def update_costs(model: TinyBlock, dsg: DeviceShapedGraph, exact: Any, top: int, s: Stream,
-                 rounds: int = 200) -> dict:
+                 rounds: int = 200, banded: DeviceShapedGraph | None = None) -> dict:
     """The device-side update against the host's: device time of one replay of the device-shaped
     exec (head + updated nodes) and of the exact-size exec at ``top`` rows (event-timed), their
     difference per updated node; and the host's ``cuGraphExecKernelNodeSetParams`` per call (the
-    exact exec's nodes pushed their own parameters, median of ``rounds`` passes)."""
+    exact exec's nodes pushed their own parameters, median of ``rounds`` passes).
+
+    With ``banded`` (bands from the plans: at every n it runs the exact-size kernels), also its
+    replay against the exact-size exec at n = 1, top / 2 and top: what the head, the updates and
+    the disabled bands' nodes add, per node of the graph."""
     from cuda.bindings import driver
 
     from ..runtime.timing import device_us
@@ -193,9 +197,21 @@ def update_costs(model: TinyBlock, dsg: DeviceShapedGraph, exact: Any, top: int,
             driver.cuGraphExecKernelNodeSetParams(exe.handle, h, p)
         per_call.append((time.perf_counter() - t0) * 1e6 / max(1, len(params)))
     s.synchronize()
-    return {"nodes": nodes, "device_shaped_replay_us": dev_shaped, "exact_replay_us": dev_exact,
-            "device_update_us_per_node": (dev_shaped["median"] - dev_exact["median"]) / max(1, nodes),
-            "host_setparams_us_per_call": stats(per_call)}
+    out = {"nodes": nodes, "device_shaped_replay_us": dev_shaped, "exact_replay_us": dev_exact,
+           "device_update_us_per_node": (dev_shaped["median"] - dev_exact["median"]) / max(1, nodes),
+           "host_setparams_us_per_call": stats(per_call)}
+    if banded is not None:
+        per_n = {}
+        for n in sorted({1, max(1, top // 2), top}):
+            if n not in exact.execs:
+                continue
+            banded.set_rows(n, s)
+            b = stats(device_us(lambda: banded.replay(s), s, rounds))
+            e = stats(device_us(lambda: exact.execs[n].launch(s), s, rounds))
+            per_n[str(n)] = {"banded_us": b, "exact_us": e,
+                             "added_us_per_node": (b["median"] - e["median"]) / max(1, len(banded.entries))}
+        out["banded"] = {"nodes": len(banded.entries), "bands": list(banded.bands), "by_n": per_n}
+    return out
 
 
 def _time_step(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
@@ -342,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     device_update: dict = {}
     if "device" in strategies and "exact" in strategies:
         try:
-            device_update = update_costs(model, strategies["device"].dsg, strategies["exact"], top, s)
+            banded = strategies["device_bands"].dsg if "device_bands" in strategies else None
+            device_update = update_costs(model, strategies["device"].dsg, strategies["exact"], top, s, banded=banded)
         except Exception as exc:  # reported as a finding
             findings.append(f"device update costs not measured: {type(exc).__name__}: {exc}")
     result = {
@@ -466,9 +483,15 @@ def report(result: dict) -> str:
     if du:
         lines.append("")
         lines.append(f"device-side update: {du['nodes']} nodes, replay {du['device_shaped_replay_us']['median']:.1f} us "
-                     f"vs exact {du['exact_replay_us']['median']:.1f} us (device time) = "
-                     f"{du['device_update_us_per_node']:.2f} us/node; host cuGraphExecKernelNodeSetParams "
+                     f"vs exact {du['exact_replay_us']['median']:.1f} us (device time)")
+        lines.append(f"  = {du['device_update_us_per_node']:.2f} us/node; host cuGraphExecKernelNodeSetParams "
                      f"{du['host_setparams_us_per_call']['median']:.2f} us/call")
+        bd = du.get("banded")
+        if bd:
+            lines.append(f"banded ({len(bd['bands'])} bands, {bd['nodes']} nodes) against the exact-size exec:")
+            for n, v in bd["by_n"].items():
+                lines.append(f"  n={n:>4s}: {v['banded_us']['median']:8.1f} vs {v['exact_us']['median']:8.1f} us "
+                             f"({v['added_us_per_node']:+.3f} us per node)")
     lines.append("")
     for t in result["targets"]:
         extra = f" (worst n={t['worst_n']})" if "worst_n" in t else ""
