@@ -32,16 +32,16 @@ def _result():
 def test_each_device_shaped_strategy_gets_its_rows():
     rows = {r["target"]: r for r in targets(_result())}
     one = "device-shaped"
-    banded = "device-shaped, bands from the plans"
+    banded = "banded device-shaped"
     assert rows[f"memory: {one} (1 exec) <= 0.1x the vLLM buckets (35)"]["value"] == pytest.approx(26 / 12)
-    assert rows[f"memory: {one}, growth beyond its buffers <= 0.1x the vLLM buckets' graphs"]["value"] == \
+    assert rows[f"memory: {one}, beyond its buffers <= 0.1x vLLM graphs"]["value"] == \
         pytest.approx(19 / 6)
-    assert rows[f"memory: {banded}, growth beyond its buffers <= 0.1x the vLLM buckets' graphs"]["value"] == \
+    assert rows[f"memory: {banded}, beyond its buffers <= 0.1x vLLM graphs"]["value"] == \
         pytest.approx(0.5 / 6)
-    assert rows[f"memory: {banded}, growth beyond its buffers <= 0.1x the vLLM buckets' graphs"]["met"]
-    lat = rows[f"latency: {one} step <= 1.05x exact-size graph at every n"]
+    assert rows[f"memory: {banded}, beyond its buffers <= 0.1x vLLM graphs"]["met"]
+    lat = rows[f"latency: {one} <= 1.05x exact-size graph at every n"]
     assert lat["value"] == pytest.approx(3.0) and not lat["met"]
-    lat = rows[f"latency: {banded} step <= 1.05x exact-size graph at every n"]
+    lat = rows[f"latency: {banded} <= 1.05x exact-size graph at every n"]
     assert lat["value"] == pytest.approx(1.02) and lat["met"]
     setup = rows[f"setup: {banded} <= 0.1x the vLLM buckets"]
     assert setup["value"] == pytest.approx(0.3136 / 0.027, rel=1e-6) and not setup["met"]  # the signatures count
@@ -49,10 +49,14 @@ def test_each_device_shaped_strategy_gets_its_rows():
     assert setup["value"] == pytest.approx(0.0136 / 0.027, rel=1e-6)
 
 
+def test_every_target_name_fits_the_report_column():
+    assert all(len(r["target"]) <= 70 for r in targets(_result()))
+
+
 def test_a_strategy_that_was_not_built_gets_no_rows():
     r = _result()
     del r["strategies"]["device_bands"], r["uniform"]["device_bands"]
-    assert not [row for row in targets(r) if "bands" in row["target"]]
+    assert not [row for row in targets(r) if "banded" in row["target"]]
 
 
 def test_the_report_shows_what_the_banded_exec_adds_per_n():
