@@ -30,7 +30,7 @@ case "${1:-tests}" in
     fi ;;
   bench)
     timeout 90 python3 benchmarks/probes/device_shaped_cost.py --rounds 40 --passes 1 \
-      --cut 64,64,32,3,1,4,1 --cut 64,64,32,3,2,4,1 --no-pdl >"$OUT/probe_device_shaped_cuts.txt" 2>&1
+      --cut 64,64,32,3,1,4,1 --cut 64,64,32,3,2,4,1 --no-pdl --no-grid >"$OUT/probe_device_shaped_cuts.txt" 2>&1
     echo "probe rc=$? at $(el)s"; grep -E "^(TIME|FACT|STEP)" "$OUT/probe_device_shaped_cuts.txt" | tail -24 | cut -c1-260
     timeout 120 python3 -m rawgraph.bench.choose --steps 400 --rounds 5 --out "$OUT" >"$OUT/choose.log" 2>&1
     echo "choose rc=$? at $(el)s"; tail -9 "$OUT/choose.log"

@@ -23,6 +23,25 @@ import sys
 import numpy as np
 
 
+class _NoRowGrid:
+    """A row-wise model seen without its row grids: the head then changes no grid."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def row_grid(self, launch):
+        return None
+
+    def with_batch(self, batch, workspace=None):
+        return _NoRowGrid(self._model.with_batch(batch, workspace=workspace))
+
+    def close(self):
+        self._model.close()
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--width", type=int, default=1024)
@@ -36,6 +55,9 @@ def main() -> int:
     p.add_argument("--passes", type=int, default=2)
     p.add_argument("--no-pdl", action="store_true",
                    help="also measure the same model built without PDL (plain and device-shaped)")
+    p.add_argument("--no-grid", action="store_true",
+                   help="also measure a device-shaped exec whose head sets only row counts and enables "
+                        "(the model seen with no row grid): the grids stay as captured")
     a = p.parse_args()
     from rawgraph.graphs.capture import Capture
     from rawgraph.models.tinyblock import TinyBlock
@@ -134,18 +156,20 @@ def main() -> int:
     variants = [(f"cut {text}", tuple(int(v) for v in text.split(",")), False) for text in a.cut]
     if a.no_pdl:
         variants.append(("no PDL", None, True))
+    if a.no_grid:
+        variants.append(("no grid updates", None, "no-grid"))
     for label, cut, no_pdl in variants:
         if cut is not None:
             ops.SGEMM_CUTS[(top, a.width, a.width)] = cut
         owned: list = []
         try:
             mdl = model
-            if no_pdl:
+            if no_pdl is True:
                 mdl = TinyBlock(a.width, 1, a.layers, seed=1234, form=a.form, pdl=False)
                 owned.append(mdl)
             c_plain, _, keep3 = add_exec(False, mdl)
             owned[:0] = [c_plain, *reversed(keep3)]
-            c_dsg = DeviceShapedGraph(mdl, top, s)
+            c_dsg = DeviceShapedGraph(_NoRowGrid(mdl) if no_pdl == "no-grid" else mdl, top, s)
             owned.insert(0, c_dsg)
             kernels = sorted({e.kernel for e in c_dsg.entries})
             print(f"FACT {label}: kernels {kernels}")
