@@ -5,9 +5,10 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tests   # call 1
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh bench   # call 2
 #
-# tests: every GPU test (`-m gpu`; CI runs the CPU tests), the doctor over every graph they make;
-#   the whole suite with its CPU tests no longer fits one call (cut at 84-86 % after 330-440 s,
-#   2026-12-06). Then the device-shaped probe while time is left.
+# tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
+#   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
+#   longer fits one call (cut at 84-86 % after 330-440 s, 2026-12-06). Then the device-shaped
+#   probe while time is left.
 # bench: the device-shaped probe with a cluster and a no-cluster cut, bench choose, bench buckets,
 #   the GEMM sweep, each time-boxed to what is left of BUDGET seconds; everything packed.
 set -u
@@ -24,6 +25,14 @@ case "${1:-tests}" in
       -p no:cacheprovider $FIRST tests >"$OUT/gpu_tests.txt" 2>&1
     echo "tests rc=$? at $(el)s"
     grep -E " (FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -40; tail -3 "$OUT/gpu_tests.txt"
+    # then the CPU tests on this machine too (the whole suite in one call): in parallel where
+    # pytest-xdist is installed (they touch no GPU), after the GPU tests so nothing overlaps them
+    if [ "$(left)" -gt 60 ]; then
+      XD=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12")
+      timeout $(( $(left) - 15 )) python3 -m pytest -m "not gpu" -q -rs $XD -p no:cacheprovider \
+        >"$OUT/cpu_tests_on_device.txt" 2>&1
+      echo "cpu tests rc=$? at $(el)s"; tail -2 "$OUT/cpu_tests_on_device.txt"
+    fi
     if [ "$(left)" -gt 40 ]; then
       timeout $(( $(left) - 10 )) python3 benchmarks/probes/device_shaped_cost.py --rounds 40 >"$OUT/probe_device_shaped.txt" 2>&1
       echo "probe rc=$? at $(el)s"; tail -12 "$OUT/probe_device_shaped.txt" | cut -c1-260
