@@ -4,6 +4,7 @@
 #
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tests   # call 1
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh bench   # call 2
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh serving # call 3 (issue 23)
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -52,7 +53,21 @@ case "${1:-tests}" in
         >"$OUT/gemm.log" 2>&1
       echo "gemm rc=$? at $(el)s"; tail -6 "$OUT/gemm.log"
     fi ;;
-  *) echo "usage: device_session.sh tests|bench" >&2; exit 2 ;;
+  serving)  # issue 23's re-runs once SGEMM_CUTS holds the sweep's cuts: launch paths at serving
+    # batch sizes, the slots trace, the sanitizer over every kernel form and cut
+    timeout 240 python3 -m rawgraph.bench.launch_paths --width 1024 4096 --batch 64 128 256 --layers 1 \
+      --out "$OUT" --name launch_paths_serving >"$OUT/launch_serving.log" 2>&1
+    echo "launch paths rc=$? at $(el)s"; tail -12 "$OUT/launch_serving.log"
+    if [ "$(left)" -gt 120 ]; then
+      timeout $(( $(left) - 100 )) python3 -m rawgraph.bench.slots --steps 3000 --out "$OUT" >"$OUT/slots.log" 2>&1
+      echo "slots rc=$? at $(el)s"; tail -12 "$OUT/slots.log"
+    fi
+    if [ "$(left)" -gt 60 ]; then
+      timeout $(( $(left) - 15 )) compute-sanitizer --tool memcheck python3 benchmarks/sanitize_kernels.py \
+        >"$OUT/sanitize_memcheck.txt" 2>&1
+      echo "memcheck rc=$? at $(el)s"; grep -E "ERROR SUMMARY|FAIL" "$OUT/sanitize_memcheck.txt" | tail -4
+    fi ;;
+  *) echo "usage: device_session.sh tests|bench|serving" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"
