@@ -20,7 +20,10 @@ LINES = {
     "buckets_own_model.py": r"RMSNormScale: plain and row-count buckets and a slot pool \(gather=kernels\) match float64 to \d\.\de[-+]\d+",
     "torch_graph_rebind.py": r"torch graph adopted: 3 replays on new tensors with no copy \(\d+ node arguments moved each\)",
     "conditional_loop.py": r"one WHILE exec ran depths \[(\d, ){6}\d\] as the device read them, each matching float64",
+    "doctor_torch.py": r"torch graph: clean after capture; after `del x`: \d+ allocator-freed error\(s\), "
+                       r"first at node \d+ \(.+\)",
 }
+TORCH_GRAPH = ("torch_graph_rebind.py", "doctor_torch.py")  # need CUDAGraph(keep_graph=True)
 
 
 def run_example(name, timeout=600):
@@ -36,7 +39,7 @@ def test_every_example_is_covered():
 
 @pytest.mark.parametrize("name", sorted(LINES))
 def test_example_runs_and_prints_its_result(name):
-    if name == "torch_graph_rebind.py":
+    if name in TORCH_GRAPH:
         torch = pytest.importorskip("torch")
         if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph"):
             pytest.skip(f"torch {torch.__version__} has no CUDAGraph(keep_graph=True)")
