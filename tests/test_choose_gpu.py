@@ -1,5 +1,5 @@
 """Measured-cost choice on the GPU (issue 25, item 4): over a TinyBlock w256 fused and a short
-trace, choose_strategy times the four strategies and picks one of them."""
+trace, choose_strategy times every strategy and picks one of them."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ compared with the best fixed strategy's (:func:`rawgraph.serving.regret`; target
 
 Each strategy replays ``run(x, n)`` per step on one stream (``run(n)`` for the device-shaped
 graph), synchronized once per pass over the trace, as the choice's own timer does; the figure
-per strategy is the median over ``--rounds`` passes (p10/p90 beside it). All four are built
+per strategy is the median over ``--rounds`` passes (p10/p90 beside it). All of them are built
 once and stay resident, so rounds interleave. Writes ``<out>/<name>.json`` with the commit.
 
     python -m rawgraph.bench.choose --out benchmarks/results

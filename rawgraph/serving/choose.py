@@ -1,12 +1,13 @@
 """Measured-cost choice of a serving strategy (issue 25, item 4).
 
 :func:`choose_strategy` builds each candidate in turn (bucket graphs, row-count rebinding, one
-re-shaped graph, one device-shaped graph) over the same model, reads the device memory it took
-from the object, skips it with the reason when it is over the budget (or fails to build or
-run), times the rest replaying a sample of the batch-size trace, closes it before building the
-next (so at most one candidate is resident), and returns the fastest as a :class:`Choice`
-with every figure. :func:`regret` is the benchmark's measure of that choice: the relative
-excess of the chosen strategy's time over the best fixed strategy on the whole trace.
+re-shaped graph, a device-shaped graph with one band and one with bands from the plans) over the
+same model, reads the device memory it took from the object, skips it with the reason when it is
+over the budget (or fails to build or run), times the rest replaying a sample of the batch-size
+trace, closes it before building the next (so at most one candidate is resident), and returns the
+fastest as a :class:`Choice` with every figure. :func:`regret` is the benchmark's measure of that
+choice: the relative excess of the chosen strategy's time over the best fixed strategy on the
+whole trace.
 
 Timing is injectable (``timer``): CPU tests drive the logic with fake costs and stub
 candidates (``candidates`` maps a name to a factory), no GPU needed.
@@ -54,12 +55,19 @@ def _device_shaped(model: Any, max_batch: int, stream: Any) -> Any:
     return DeviceShapedGraph(model, max_batch, stream)
 
 
-#: The four strategies, in the order they are tried.
+def _device_bands(model: Any, max_batch: int, stream: Any) -> Any:
+    from .device_shaped import DeviceShapedGraph
+    return DeviceShapedGraph(model, max_batch, stream, bands="plans")
+
+
+#: The strategies, in the order they are tried: bucket graphs, row-count rebinding, one re-shaped
+#: graph, one device-shaped graph (one band), and one with a band wherever the plan changes.
 DEFAULT_CANDIDATES: dict[str, Factory] = {
     "buckets": _buckets,
     "rowcount": _rowcount,
     "reshaped": _reshaped,
     "device_shaped": _device_shaped,
+    "device_bands": _device_bands,
 }
 
 
@@ -217,7 +225,7 @@ def choose_strategy(model: Any, trace_sample: Sequence[int], max_batch: int, mem
     memory_budget : int, optional
     candidates : names or mapping, optional
         Names among :data:`DEFAULT_CANDIDATES`, or name -> ``factory(model, max_batch, stream)``
-        (for stubs, or other settings). Default: all four.
+        (for stubs, or other settings). Default: all of them.
     stream : stream-like, optional
         Passed to each factory and synchronized by the default timer (else each candidate's own).
     seconds : float
