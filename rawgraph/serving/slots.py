@@ -243,8 +243,6 @@ class SlotPool:
             raise ValueError(f"shape must be 'buckets' or 'device', got {shape!r}")
         if bands is not None and shape != "device":
             raise ValueError("bands are the device-shaped graph's: they need shape='device'")
-        if bands is not None and not (isinstance(bands, str) and bands == "plans"):
-            bands = check_bands(bands, max_slots if isinstance(max_slots, int) and max_slots >= 1 else 1)
         if shape == "device":
             if table not in (None, "copy") or gather not in (None, "kernels"):
                 raise LayoutError("shape='device' runs one exec whose gather and scatter kernels read a device "
@@ -265,6 +263,8 @@ class SlotPool:
         if isinstance(max_slots, bool) or not isinstance(max_slots, int) or max_slots < 1:
             raise ShapeError(f"max_slots must be a positive int, got {max_slots!r}")
         self.max_slots = max_slots
+        if bands is not None and not (isinstance(bands, str) and bands == "plans"):
+            bands = check_bands(bands, max_slots)  # before anything is allocated
         self.sizes = check_sizes(vllm_sizes(max_slots) if sizes is None else sizes)
         if self.sizes[-1] < max_slots:
             raise ShapeError(f"the largest bucket ({self.sizes[-1]}) must hold max_slots = {max_slots}")
@@ -281,10 +281,10 @@ class SlotPool:
         self.state.poison(s)
         top = self.sizes[-1]
         # shape="device": the device-shaped graph holds its own input, output and workspace
-        xy_rows = 1 if shape == "device" else top
-        self.x = DeviceBuffer((xy_rows, width), np.float32, self.device)
-        self.y = DeviceBuffer((xy_rows, width), np.float32, self.device)
-        self.arena = None if shape == "device" else model.make_workspace(top)
+        bucketed = shape != "device"
+        self.x = DeviceBuffer((top, width), np.float32, self.device) if bucketed else None
+        self.y = DeviceBuffer((top, width), np.float32, self.device) if bucketed else None
+        self.arena = model.make_workspace(top) if bucketed else None
         self.table_dev = DeviceBuffer(top, np.int32, self.device)
         # The host table: pinned for the in-graph copy, pageable for the copy before launch (a
         # pageable cuMemcpyHtoDAsync has staged the bytes by the time it returns).
@@ -304,8 +304,9 @@ class SlotPool:
         self.execs: dict[int, GraphExec] = {}
         self.setup = {"warmup": 0.0, "capture": 0.0, "instantiate": 0.0, "upload": 0.0}
         f32 = np.dtype(np.float32)
-        views = {"state": self.state.view(), "table": self.table_dev.view(),
-                 "x": self.x.view(), "y": self.y.view()}
+        views = {"state": self.state.view(), "table": self.table_dev.view()}
+        if self.x is not None and self.y is not None:
+            views.update(x=self.x.view(), y=self.y.view())
         clock = time.perf_counter
         self.table_dev.copy_from_host(self.table, s)
         # "params": per bucket, the shadow of its exec (rawgraph.updates.shadow) holding its gather
@@ -323,9 +324,11 @@ class SlotPool:
                                                  bands=bands)
                 self.setup["capture"] += clock() - t0
                 self._sent[max_slots] = 0
-            for b in (() if shape == "device" else reversed(self.sizes)):
+            for b in (reversed(self.sizes) if bucketed else ()):
+                x, y = self.x, self.y
+                assert x is not None and y is not None  # bucketed
                 m = self._models[b] = model.with_batch(b, workspace=self.arena)
-                plan = m.plan(DeviceArray(self.x.ptr, (b, width), f32, self.x), DeviceArray(self.y.ptr, (b, width), f32, self.y))
+                plan = m.plan(DeviceArray(x.ptr, (b, width), f32, x), DeviceArray(y.ptr, (b, width), f32, y))
                 if gather is None:
                     # The largest bucket's plan decides: fused where every kernel touching x and out
                     # picks its rows through a table (rawgraph's matmuls), else gather kernels.
