@@ -355,6 +355,7 @@ class DeviceShapedGraph(Resource):
         owned.append(self.input)
         self.output = DeviceBuffer((self.max_batch, self.width), np.float32, self.device)
         owned.append(self.output)
+        self._n_host = np.zeros(1, np.int32)  # pageable: cuMemcpyHtoDAsync stages it before returning
         if n_live is None:
             self._n_buf: DeviceBuffer | None = DeviceBuffer((1,), np.int32, self.device)
             owned.append(self._n_buf)
@@ -470,9 +471,12 @@ class DeviceShapedGraph(Resource):
         returns, so nothing waits)."""
         self._check()
         self._check_n(n)
-        s = self._order.enter(self.stream if stream is None else stream)
-        value = np.array([int(n)], np.int32)
-        call(driver.cuMemcpyHtoDAsync, self.n_live.ptr, value.ctypes.data, 4, s.handle)
+        self._write_n(n, self._order.enter(self.stream if stream is None else stream))
+
+    def _write_n(self, n: int, s: Any) -> None:
+        # a pageable source is staged by the time the call returns, so the next n may reuse it
+        self._n_host[0] = n
+        call(driver.cuMemcpyHtoDAsync, self.n_live.ptr, self._n_host.ctypes.data, 4, s.handle)
 
     def plan_for(self, n: int) -> LaunchPlan:
         """The captured plan that runs for ``n`` live rows (its band's), cut to ``n`` rows; for
@@ -507,7 +511,7 @@ class DeviceShapedGraph(Resource):
                 raise LayoutError("x overlaps the persistent input without being it")
             if src != dst:
                 call(driver.cuMemcpyDtoDAsync, dst, src, nbytes, s.handle)
-        self.set_rows(n, s)
+        self._write_n(n, s)  # n and the stream are checked above
         self.exec.launch(s)
         self.replays += 1
         return DeviceArray(self.output.ptr, (int(n), self.width), np.dtype(np.float32), self.output)
