@@ -45,10 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def trace_seconds(adapter: Any, trace: list[int], rounds: int) -> list[float]:
-    """Seconds per pass of ``adapter`` over ``trace``, one warm-up pass first."""
-    for n in trace:
-        adapter.step(n)
+def trace_seconds(adapter: Any, trace: list[int], rounds: int, warmup: bool = True) -> list[float]:
+    """Seconds per pass of ``adapter`` over ``trace`` (``rounds`` passes), after one warm-up pass
+    unless ``warmup`` is False."""
+    if warmup:
+        for n in trace:
+            adapter.step(n)
     adapter.sync()
     out = []
     clock = time.perf_counter
@@ -93,9 +95,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"built {sorted(built)} in {time.perf_counter() - t0 - choose_s:.2f} s", flush=True)
             adapters = {name: Adapter(obj, s) for name, obj in built.items()}
             samples: dict[str, list[float]] = {name: [] for name in built}
+            for ad in adapters.values():  # one warm-up pass each, then only timed passes
+                trace_seconds(ad, trace, 0)
             for k in range(args.rounds):  # interleaved: one pass of each strategy per round
                 for name, ad in adapters.items():
-                    samples[name] += trace_seconds(ad, trace, 1)
+                    samples[name] += trace_seconds(ad, trace, 1, warmup=False)
                 print(f"round {k + 1}/{args.rounds} at {time.perf_counter() - t0:.1f} s", flush=True)
             memory = {name: footprint(obj) for name, obj in built.items()}
         finally:
