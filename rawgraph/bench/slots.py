@@ -29,9 +29,9 @@ host time of the call alone; ``bare_launch`` is the host time of the same bucket
 the step's figures; their own host time per step is reported beside them (``join_host_us``,
 ``leave_host_us``): rows join from the host (``--rows``), rawgraph's pools leave with
 ``leave(slot, wait=False)`` (the row is taken at the end), torch's with a ``.cpu()``. At the end,
-the final rows of finished requests are compared: the rawgraph pools bit-equal, torch's relative error over rows that are still finite (the block has no
-normalisation, so a row that lives for dozens of steps overflows to inf/NaN at w1024 L8; timing
-does not depend on the values).
+the final rows of finished requests are compared: the rawgraph pools bit-equal, torch's relative
+error over rows that are still finite (the block has no normalisation, so a row that lives for
+dozens of steps overflows to inf/NaN at w1024 L8; timing does not depend on the values).
 """
 
 from __future__ import annotations
