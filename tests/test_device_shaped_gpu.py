@@ -120,6 +120,26 @@ def test_n_zero_runs_nothing_and_the_next_n_runs_again(device, stream, rng):
         _check_n(dsg, model, xh, model.weights_numpy(stream), 5, stream, {"bit": 0, "tol": 0})
 
 
+def test_the_view_run_returns_reads_its_n_rows_and_refuses_once_closed(device, stream, rng):
+    """``run(n)`` returns a DeviceArray view of the first n output rows: ``to_numpy`` copies just
+    those rows, and refuses with ClosedError, before any driver call, once its owner is closed."""
+    from rawgraph.runtime.errors import ClosedError
+
+    with TinyBlock(64, 1, 2, form="unfused") as model:
+        dsg = DeviceShapedGraph(model, 64, stream)
+        xh = random_input(rng, (64, 64))
+        dsg.input.copy_from_host(xh, stream)
+        dsg.output.poison(stream)
+        view = dsg.run(9, stream)
+        got = view.to_numpy(stream)
+        assert got.shape == (9, 64) and got.dtype == np.float32
+        assert np.array_equal(got.view(np.uint32), dsg.output.to_numpy(stream)[:9].view(np.uint32))
+        assert rel_err(got, reference_forward(xh[:9], model.weights_numpy(stream))) < 1e-5
+        dsg.close()
+        with pytest.raises(ClosedError):
+            view.to_numpy(stream)
+
+
 def test_n_written_by_a_kernel_in_the_same_graph(device, stream, rng):
     """The prologue counts the live entries of a slot table into n_live; the head reads it."""
     slots = 64

@@ -55,6 +55,39 @@ class DeviceArray:
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
+    def to_numpy(self, stream: Any = None) -> np.ndarray:
+        """Copy the viewed elements to a new host array once the work before is done.
+
+        The same copy as :meth:`DeviceBuffer.to_numpy`: with ``stream``, ``cuMemcpyDtoHAsync``
+        queued on it then ``cuStreamSynchronize``; without, ``cuCtxSynchronize`` +
+        ``cuMemcpyDtoH``, refused while a capture is open. A view whose owner is closed raises
+        :class:`ClosedError` before any driver call.
+        """
+        if isinstance(self.owner, Resource):
+            self.owner._check_open()
+        device = getattr(self.owner, "device", None)
+        return _to_host(self.ptr, self.shape, self.dtype, device if isinstance(device, Device) else get_device(),
+                        stream, "DeviceArray.to_numpy")
+
+
+def _to_host(ptr: int, shape: tuple[int, ...], dtype: np.dtype, device: Device, stream: Any, what: str) -> np.ndarray:
+    """Device -> new host array: stream-ordered with a stream, a context-wide fence without one
+    (see the notes above :meth:`DeviceBuffer.copy_from_host`)."""
+    out = np.empty(shape, dtype)
+    if stream is not None:
+        h = stream_handle(stream)
+        if call(driver.cuStreamIsCapturing, h) != _CAPTURE_NONE:
+            raise CaptureRefusedError(f"{what} on a capturing stream would be recorded into the graph, not run now")
+        device.activate()
+        call(driver.cuMemcpyDtoHAsync, out.ctypes.data, ptr, out.nbytes, h)
+        call(driver.cuStreamSynchronize, h)
+        return out
+    context_fence_allowed(f"{what} without a stream (cuCtxSynchronize)")
+    device.activate()
+    call(driver.cuCtxSynchronize)
+    call(driver.cuMemcpyDtoH, out.ctypes.data, ptr, out.nbytes)
+    return out
+
 
 class DeviceBuffer(Resource):
     """An owned, C-contiguous device allocation with a shape and dtype.
@@ -161,15 +194,7 @@ class DeviceBuffer(Resource):
         refused while a capture is open.
         """
         self._check_open()
-        out = np.empty(self.shape, self.dtype)
-        if stream is not None:
-            h = self._stream_for_copy(stream, "to_numpy")
-            call(driver.cuMemcpyDtoHAsync, out.ctypes.data, self.ptr, self.nbytes, h)
-            call(driver.cuStreamSynchronize, h)
-            return out
-        self._fence("to_numpy")
-        call(driver.cuMemcpyDtoH, out.ctypes.data, self.ptr, self.nbytes)
-        return out
+        return _to_host(self.ptr, self.shape, self.dtype, self.device, stream, "DeviceBuffer.to_numpy")
 
     def poison(self, stream: Any = None) -> None:
         """Fill with a NaN bit pattern (``cuMemsetD32Async`` queued on ``stream``, not waited for;
