@@ -329,3 +329,198 @@ def test_a_built_conditionals_default_reaches_the_doctor(fake, default):
     finally:
         g.close()
         y.close()
+
+
+# ------------------------------------------------------------------------------- inputs named at the baseline
+class _Named:
+    """An input object as a caller names it: a range, and an identity (weak references allowed)."""
+
+    def __init__(self, ptr, nbytes):
+        self.ptr, self.nbytes = ptr, nbytes
+
+
+def _whole_block(buf, state="active_allocated", size=None):
+    """PyTorch's view of one segment holding ``buf`` as one block (the allocator's state the same
+    before and after the owner changed: the case only the input's identity tells)."""
+    return TorchView.from_snapshot([{"address": buf.ptr, "total_size": buf.nbytes, "segment_pool_id": (0, 0),
+                                     "blocks": [{"size": size or buf.nbytes, "state": state}]}])
+
+
+def _reader_graph(k, x, y):
+    from rawgraph import GraphBuilder
+
+    b = GraphBuilder()
+    w = b.kernel(k["fill"].launch(1, 64, (y, 0.0, 64)))  # node 0: touches only y
+    b.kernel(k["scale"].launch(1, 64, (x, y, 2.0, 64)), deps=[w])  # node 1: reads x
+    return b.build()
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_an_input_collected_since_the_baseline_is_allocator_freed_at_its_reader(fake, keep):
+    # The memory stays live (the fake driver, and the same whole active torch block before and
+    # after): only the identity the baseline recorded tells the input's owner has gone.
+    import gc
+
+    from rawgraph import DeviceBuffer
+    from rawgraph.doctor import check
+
+    k = _kernels()
+    x, y = DeviceBuffer(64), DeviceBuffer(64)
+    g = _reader_graph(k, x, y)
+    facts, view = _fake_facts(fake), _whole_block(x)
+    try:
+        obj = _Named(x.ptr, x.nbytes)
+        base = check(g, inputs=[obj], facts=facts, torch=view)
+        assert base.findings == [], str(base)
+        assert [(r.label, r.lo, r.hi, r.alive) for r in base.inputs] == [("input 0", x.ptr, x.ptr + 256, True)]
+        if not keep:
+            del obj
+            gc.collect()
+        later = check(g, baseline=base, facts=facts, torch=view)
+        got = [(f.cls, f.name, f.severity, f.path, f.where) for f in later.findings]
+        if keep:
+            assert got == [], str(later)
+            return
+        assert got == [(4, "allocator-freed", "error", "1", "arg x")], str(later)
+        hit = later.findings[0]
+        assert hit.address == x.ptr and "input 0" in hit.owner and "active_allocated" in hit.owner
+        assert "keep the input alive" in hit.advice
+        # the later report carries the baseline's input on: a check against it still names the node
+        assert [r.alive for r in later.inputs] == [False]
+        again = check(g, baseline=later, facts=facts, torch=view)
+        assert [(f.cls, f.path) for f in again.findings] == [(4, "1")], str(again)
+        # the block split since (the per-address classification's class 4): one finding, not two
+        split = check(g, baseline=base, facts=facts, torch=_whole_block(x, size=128))
+        assert [(f.cls, f.path) for f in split.findings] == [(4, "1")], str(split)
+        assert "changed since the baseline" in split.findings[0].owner
+        # freed at the driver too: class 1 says it, class 4 does not repeat it
+        x.close()
+        gone = check(g, baseline=base, facts=facts, torch=False)
+        assert [(f.cls, f.path) for f in gone.findings] == [(1, "1")], str(gone)
+    finally:
+        g.close()
+        x.close()
+        y.close()
+
+
+def test_a_report_keeps_no_input_alive_and_lists_them(fake):
+    import gc
+    import weakref
+
+    from rawgraph import DeviceBuffer
+    from rawgraph.doctor import check
+
+    k = _kernels()
+    x, y = DeviceBuffer(64), DeviceBuffer(64)
+    g = _reader_graph(k, x, y)
+    try:
+        obj = _Named(x.ptr, x.nbytes)
+        alive = weakref.ref(obj)
+        r = check(g, inputs=[obj], facts=_fake_facts(fake), torch=False)
+        assert r.inputs[0].alive is True
+        del obj
+        gc.collect()
+        assert alive() is None
+        assert r.inputs[0].alive is False
+        d = json.loads(json.dumps(r.to_dict()))
+        assert d["inputs"] == [{"label": "input 0", "lo": f"0x{x.ptr:x}", "nbytes": 256, "alive": False}]
+    finally:
+        g.close()
+        x.close()
+        y.close()
+
+
+def test_a_pointer_and_size_input_has_no_identity(fake):
+    from rawgraph import DeviceBuffer
+    from rawgraph.doctor import check
+
+    k = _kernels()
+    x, y = DeviceBuffer(64), DeviceBuffer(64)
+    g = _reader_graph(k, x, y)
+    facts, view = _fake_facts(fake), _whole_block(x)
+    try:
+        base = check(g, inputs=[(x.ptr, x.nbytes)], facts=facts, torch=view)
+        assert base.inputs[0].ref is None and base.inputs[0].alive is None
+        assert base.to_dict()["inputs"][0]["alive"] is None
+        later = check(g, baseline=base, facts=facts, torch=view)
+        assert later.findings == [], str(later)
+    finally:
+        g.close()
+        x.close()
+        y.close()
+
+
+class _FakeTensor:
+    """What the doctor reads of a torch tensor: ``data_ptr``, ``element_size``, ``_base``; its
+    truth value refused, as a tensor of more than one element refuses it."""
+
+    def __init__(self, ptr, n, base=None):
+        self._ptr, self._n, self._base = ptr, n, base
+
+    def data_ptr(self):
+        return self._ptr
+
+    def element_size(self):
+        return 4
+
+    def numel(self):
+        return self._n
+
+    def __bool__(self):
+        raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
+
+
+def test_the_owner_of_a_view_is_its_base():
+    import gc
+
+    from rawgraph.doctor.check import _input_records, _memory_owner
+
+    root = _FakeTensor(0x7F0000001000, 64)
+    view = _FakeTensor(0x7F0000001040, 16, base=root)
+    assert _memory_owner(view) is root and _memory_owner(root) is root
+    assert _memory_owner(_Named(1, 2)) is not None
+    (rec,) = _input_records([view])
+    assert (rec.lo, rec.nbytes) == (0x7F0000001040, 64) and rec.ref() is root
+    del view
+    gc.collect()
+    assert rec.alive  # the view is gone, the memory's owner is not
+    (bare,) = _input_records([object.__new__(_NoWeakref)])
+    assert bare.ref is None and bare.alive is None  # refuses weak references: no identity
+
+
+class _Storage:
+    pass
+
+
+class _FakeStorageTensor(_FakeTensor):
+    """A torch tensor of torch >= 2: one storage object shared by its views and ``detach()``."""
+
+    def __init__(self, ptr, n, storage):
+        super().__init__(ptr, n)
+        self._storage = storage
+
+    def untyped_storage(self):
+        return self._storage
+
+    def detach(self):
+        return _FakeStorageTensor(self._ptr, self._n, self._storage)
+
+
+def test_the_owner_of_a_torch_tensor_is_its_storage_so_a_detached_wrapper_is_not_freed():
+    import gc
+
+    from rawgraph.doctor.check import _input_records
+
+    x = _FakeStorageTensor(0x7F0000001000, 64, _Storage())
+    (rec,) = _input_records([x.detach()])  # the wrapper dies at once; the storage lives with x
+    gc.collect()
+    assert rec.alive is True
+    del x
+    gc.collect()
+    assert rec.alive is False  # the last tensor on the storage is gone: the memory is the allocator's
+
+
+class _NoWeakref:
+    __slots__ = ()
+    ptr = 0x7F0000002000
+    nbytes = 64

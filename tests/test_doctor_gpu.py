@@ -8,7 +8,6 @@ import pytest
 
 from helpers import torch_with_graphs
 
-from rawgraph import Stream
 from rawgraph.doctor import check, verify, watch
 from rawgraph.doctor import faults
 from rawgraph.doctor.verify import VerifyError
@@ -76,7 +75,7 @@ def test_host_staging_buffer_freed_and_reallocated(seeded):
 
 
 def test_cupy_pinned_staging_buffer_freed_and_reallocated(seeded):
-    _torch_first = pytest.importorskip("torch")  # noqa: F841 - conftest order: torch before CuPy
+    pytest.importorskip("torch")  # conftest order: torch before CuPy
     cupy = pytest.importorskip("cupy")
     if not cupy.cuda.is_available():
         pytest.skip("CuPy has no CUDA here")
@@ -94,6 +93,58 @@ def test_torch_tensor_deleted_and_block_reused(seeded):
     hit = _named(f.check(), f)
     assert hit.name == "allocator-freed" and hit.severity == "error"
     del torch
+
+
+def _torch_reader(torch):
+    """A torch graph reading ``x`` (8 x 256 float32, allocated before capture, warmed up on a side
+    stream), as examples/doctor_torch.py makes it: (adopted graph, torch graph, w, x)."""
+    from rawgraph.updates.adopt import from_torch
+
+    w = torch.randn(256, 256, device="cuda") / 16
+    x = torch.randn(8, 256, device="cuda")
+    g = faults._torch_capture(torch, lambda: torch.relu(x @ w) + x)
+    return from_torch(g), g, w, x
+
+
+def test_a_deleted_torch_input_whose_block_is_reused_whole_is_named():
+    # examples/doctor_torch.py on an H200: after `del x` the caching allocator handed z exactly
+    # x's block (same address, same size, active again), so no allocator state differed from the
+    # baseline; the baseline's weak reference to the input it was given tells x has gone.
+    torch = _torch()
+    # the control: x kept alive, a tensor of its size allocated after it
+    a, g, w, x = _torch_reader(torch)
+    try:
+        base = check(a, inputs=[x.detach()])  # a wrapper dies at once; the storage it names lives
+        assert base.findings == [], str(base)
+        z = torch.empty(8, 256, device="cuda")
+        later = check(a, baseline=base)
+        assert later.of_class(4) == [], str(later)
+        assert [r.alive for r in later.inputs] == [True]
+        del z
+    finally:
+        a.close()
+    del g, w, x
+    # the bug: x deleted, z takes its memory
+    a, g, w, x = _torch_reader(torch)
+    try:
+        base = check(a, inputs=[x])
+        assert base.findings == [], str(base)
+        ptr = x.data_ptr()
+        holder = faults._first_holder(a, ptr)
+        del x
+        z = torch.empty(8, 256, device="cuda")
+        later = check(a, baseline=base)
+        hits = [f for f in later.findings if f.cls == 4 and f.name == "allocator-freed" and f.severity == "error"]
+        assert hits, str(later)
+        if holder != "?":
+            assert holder in {f.path for f in hits}, f"first node holding x: {holder}\n{later}"
+        if z.data_ptr() == ptr:  # the whole block reused: only the input's identity tells
+            assert any("input 0" in f.owner for f in hits), str(later)
+        assert [r.alive for r in later.inputs] == [False]
+        del z
+    finally:
+        a.close()
+    del g, w
 
 
 def test_missing_edge_between_writer_and_reader(seeded):

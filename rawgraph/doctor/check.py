@@ -17,7 +17,11 @@ reports, per node, the classes below. Each class is decided from driver facts, n
    pageable or freed: the driver knows nothing) and whether its owner is alive;
 4. ``allocator-freed``: a pointer into a block PyTorch's caching allocator no longer counts as
    active (``torch.cuda.memory_snapshot()``), outside graph private pools; the driver still has
-   the memory, the allocator hands it to the next tensor;
+   the memory, the allocator hands it to the next tensor. Against a baseline report: the block at
+   the address changed since, or the address lies in an input named to the baseline
+   (``inputs=``) whose owner has been collected since while the driver still has the memory (a
+   weak reference the report keeps): the allocator gave it to another owner, possibly the whole
+   block at the same address and size, which no allocator state tells apart;
 5. ``unordered-overlap``: two nodes touching overlapping bytes, at least one writing, with no
    dependency path between them (``cuGraphGetEdges``); roles are known for rawgraph's launches
    (``Launch.uses``), memcpy and memset, "possible" for other kernels;
@@ -36,6 +40,7 @@ the graph's: no class applies inside them.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -45,10 +50,12 @@ from ..graphs.graph import GraphExec, KernelNode
 from ..graphs.nodes import (ChildGraphInfo, ConditionalInfo, HostInfo, KernelInfo, MemAllocInfo, MemcpyInfo,
                             MemsetInfo, NodeInfo, read_graph)
 from ..runtime.launch import KernelArgs
+from ..runtime.memory import DeviceArray
 from ._scan import as_range, scan_words
 from .classify import classify_pointer, host_mappings
 from .facts import PLAUSIBLE_HI, PLAUSIBLE_LO, PointerFacts, TorchView, pointer_facts
-from .report import _RANK, CLASS_NAMES, NAMES_7, SEVERITIES, DoctorError, Finding, Report  # noqa: F401 (re-exported)
+from .report import (_RANK, CLASS_NAMES, NAMES_7, SEVERITIES, DoctorError, Finding, InputRecord,  # noqa: F401
+                     Report)
 
 UNKNOWN = object()  # a conditional handle's default the driver cannot say
 
@@ -190,11 +197,20 @@ def check(graph: Any, *, inputs: Iterable[Any] = (), baseline: Report | None = N
         and into which plan buffer) and its records of conditional and host nodes.
     inputs : iterable of range-like
         The graph's inputs (what the caller copies into or rebinds): torch tensors, CuPy arrays,
-        rawgraph buffers, ``(ptr, nbytes)``. A rawgraph plan's ``inputs`` are added.
+        rawgraph buffers, ``(ptr, nbytes)``. A rawgraph plan's ``inputs`` are added (class 6).
+        The report records each one (:attr:`Report.inputs`) with a weak reference to the object
+        that owns its memory (a torch tensor's storage, shared by its views and ``detach()``; a
+        CuPy array's root ``base``; a rawgraph view's ``owner``; else the object); a
+        ``(ptr, nbytes)`` tuple or an object that refuses weak references has no identity. The
+        report never keeps an input alive. Name an object that lives as long as the memory: a
+        temporary foreign wrapper (``cupy.asarray(t)`` of a torch tensor) dies at once and later
+        reads as freed.
     baseline : Report, optional
         An earlier report of the same graph (taken right after capture): an address whose
         allocation has another buffer id, another range, or another PyTorch block now was freed
-        and made again since (class 1, 3 or 4).
+        and made again since (class 1, 3 or 4); a node holding memory of an input named to the
+        baseline whose owner has been collected since, while the driver still has the memory, is
+        a class 4 error (the allocator gave it to someone else, whole block or not).
     conditions : dict or iterable, optional
         What the driver cannot say about conditional handles: ``{handle: default or None}``, or
         objects with ``value`` and ``default`` (``ConditionalHandle``) or ``cond``
@@ -224,7 +240,12 @@ def check(graph: Any, *, inputs: Iterable[Any] = (), baseline: Report | None = N
     obj, handle, desc = _resolve(graph)
     get_facts = facts or pointer_facts
     view = TorchView.current() if torch is None else (torch or None)
+    named = _input_records(list(inputs or ()))
     report = Report(graph=desc)
+    ranges = {(r.lo, r.hi) for r in named}
+    # The baseline's inputs not named again carry on: a chain of reports keeps their identity.
+    report.inputs = named + [r for r in (baseline.inputs if baseline is not None else ())
+                             if (r.lo, r.hi) not in ranges]
     kmap: dict[int, KernelNode] = {int(k.handle): k for k in getattr(obj, "nodes", ()) or ()
                                    if isinstance(k, KernelNode)}
     conds = _conditional_records(obj)
@@ -272,11 +293,13 @@ def check(graph: Any, *, inputs: Iterable[Any] = (), baseline: Report | None = N
             seen.add(key)
             found.append(_finding(ref.node, cls, CLASS_NAMES[cls], sev, ref.address, owner, advice, ref.where))
     report.facts = cache
+    if baseline is not None:
+        found += _freed_inputs(baseline.inputs, refs, order, cache, view, seen)
 
     # A foreign word gives a start, never a length: it overlaps a known range when it lies in it.
     found += _overlaps([r for r in refs if r.known or _inside(r.address, owned)
                         or (r.address in cache and cache[r.address].live)], order)
-    found += _inputs(obj, refs, order, inputs, plan, view)
+    found += _inputs(obj, refs, order, named, plan, view)
     found += _conditionals(nodes, order, conds, said)
     found += _host_nodes(nodes, obj)
     found += _closed_execs(nodes, exec_values)
@@ -477,16 +500,13 @@ def _overlaps(refs: list[_Ref], order: _Order) -> list[Finding]:
     return out
 
 
-def _inputs(obj: Any, refs: list[_Ref], order: _Order, inputs: Iterable[Any], plan: Any,
+def _inputs(obj: Any, refs: list[_Ref], order: _Order, named: list[InputRecord], plan: Any,
             view: TorchView | None) -> list[Finding]:
     """Class 6: an input written inside the graph, or sitting where an intermediate was."""
     # (label, lo, hi, the plan's own launches or None): for a plan input, only a write by one of
     # the plan's launches makes it an intermediate; a node outside the plan that writes it (a
     # slot pool's gather, a loop's copy in) is how the graph feeds its plan, not aliasing.
-    ranges: list[tuple[str, int, int, Any]] = []
-    for i, x in enumerate(inputs or ()):
-        lo, n = as_range(x)
-        ranges.append((f"input {i}", lo, lo + n, None))
+    ranges: list[tuple[str, int, int, Any]] = [(r.label, r.lo, r.hi, None) for r in named]
     if plan is not None and obj is not None:
         own = {id(launch) for launch in getattr(plan, "launches", ())}
         for name in getattr(plan, "inputs", ()):
@@ -520,6 +540,86 @@ def _inputs(obj: Any, refs: list[_Ref], order: _Order, inputs: Iterable[Any], pl
                                 f"can have had this address; this is the first node holding it",
                                 "allocate static inputs before capture (outside torch.cuda.graph), so the private pool "
                                 "cannot alias them with intermediates", first.where, related))
+    return out
+
+
+def _memory_owner(x: Any) -> Any:
+    """The object whose life is that of the memory ``x`` views: a torch tensor's storage
+    (``untyped_storage()``: torch keeps one Python object per storage, alive exactly as long as
+    the storage, shared by every view and ``detach()``), a CuPy array's ``base`` walked to its
+    root, a rawgraph ``DeviceArray``'s ``owner``; else ``x``."""
+    storage = getattr(x, "untyped_storage", None)
+    if storage is not None and hasattr(x, "data_ptr"):
+        try:
+            return storage()
+        except Exception:  # a tensor without storage (a subclass, a meta tensor): its _base below
+            pass
+    for _ in range(64):  # a chain of views, never a cycle; bounded all the same
+        if hasattr(x, "data_ptr") and hasattr(x, "element_size"):  # torch.Tensor
+            up = getattr(x, "_base", None)
+        elif isinstance(x, DeviceArray):
+            up = x.owner
+        elif hasattr(getattr(x, "data", None), "ptr") and hasattr(x, "nbytes"):  # CuPy
+            up = getattr(x, "base", None)
+        else:
+            up = None
+        if up is None:  # never `or`: a tensor's truth value is refused
+            return x
+        x = up
+    return x
+
+
+def _input_records(inputs: list[Any]) -> list[InputRecord]:
+    """Each input's range, and a weak reference to the owner of its memory (None for a
+    ``(ptr, nbytes)`` tuple or an object that refuses weak references)."""
+    out: list[InputRecord] = []
+    for i, x in enumerate(inputs):
+        lo, n = as_range(x)
+        ref = None
+        if not isinstance(x, tuple):
+            try:
+                ref = weakref.ref(_memory_owner(x))
+            except TypeError:
+                ref = None
+        out.append(InputRecord(f"input {i}", lo, lo + n, ref))
+    return out
+
+
+def _freed_inputs(named: Iterable[InputRecord], refs: list[_Ref], order: _Order, facts: dict[int, PointerFacts],
+                  view: TorchView | None, seen: set[tuple] | None = None) -> list[Finding]:
+    """Class 4 against a baseline: a node holding memory of an input named to the baseline whose
+    owner has been collected since, while the driver still has the memory (``facts``: the facts
+    of the addresses examined; an address the driver no longer knows is class 1's). One finding
+    per node (its first address in the input's range, in execution order); ``seen`` holds the
+    ``(node id, address, class)`` already reported (a class 4 or class 1 there says it already),
+    and takes the new ones."""
+    seen = set() if seen is None else seen
+    out: list[Finding] = []
+    for rec in named:
+        if rec.ref is None or rec.ref() is not None:
+            continue
+        touching = sorted((r for r in refs if not r.host and r.address < rec.hi
+                           and rec.lo < r.address + max(r.nbytes, 1)), key=lambda r: order.key(r.node))
+        done: set[int] = set()
+        for r in touching:
+            node_id = r.node.info.id
+            f = facts.get(r.address)
+            if node_id in done or f is None or not f.live:
+                continue
+            done.add(node_id)
+            key = (node_id, r.address, 4)
+            if key in seen or (node_id, r.address, 1) in seen:  # said already (class 1: allocated again)
+                continue
+            seen.add(key)
+            block = view.block_of(r.address) if view is not None else None
+            now = (f"; PyTorch block [0x{block.address:x}, +{block.size}) is {block.state} now (segment "
+                   f"0x{block.segment:x})" if block is not None else "")
+            out.append(_finding(r.node, 4, CLASS_NAMES[4], "error", r.address,
+                                f"{rec.label} [0x{rec.lo:x}, +{rec.nbytes}) named at the baseline has been freed since "
+                                f"(its owner was collected) while the driver still has the memory{now}: it belongs to "
+                                f"whoever the allocator gave it to",
+                                "keep the input alive as long as the graph is replayed (the graph holds only its "
+                                "address), or rebind the node to a live buffer", r.where))
     return out
 
 

@@ -6,6 +6,7 @@ tables, JSON). The classes are listed in :mod:`rawgraph.doctor.check`.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -93,6 +94,44 @@ class Finding:
         return f"[{self.severity}] {self.cls}/{self.name}: node {self.path or self.node_index} ({who}){at}: {self.owner}"
 
 
+@dataclass(frozen=True)
+class InputRecord:
+    """An input named to :func:`~rawgraph.doctor.check.check` (``inputs=``): its address range and
+    who owned the memory, so a later check against this report tells the same memory given to
+    another owner (same address, same size, same allocator state) from the input.
+
+    Attributes
+    ----------
+    label : str
+        ``"input 0"``, ``"input 1"``, ... in the order the inputs were given.
+    lo, hi : int
+        The address range ``[lo, hi)`` at the time of the check.
+    ref : weakref.ref or None
+        A weak reference to the object that owns the memory: a torch tensor's storage
+        (``untyped_storage()``, shared by its views), a CuPy array's root ``base``, a rawgraph
+        view's ``owner``, else the object itself. None where there is no identity: a ``(ptr, nbytes)``
+        tuple, or an object that refuses weak references. Never a strong reference: a report does
+        not keep an input alive.
+    """
+
+    label: str
+    lo: int
+    hi: int
+    ref: weakref.ref[Any] | None = field(default=None, compare=False)
+
+    @property
+    def nbytes(self) -> int:
+        return self.hi - self.lo
+
+    @property
+    def alive(self) -> bool | None:
+        """Whether the owner is alive now; None when unknown (no identity was recorded)."""
+        return None if self.ref is None else self.ref() is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "lo": f"0x{self.lo:x}", "nbytes": self.nbytes, "alive": self.alive}
+
+
 @dataclass
 class Report:
     """What :func:`check` found.
@@ -114,6 +153,12 @@ class Report:
         PyTorch's block of each address, when its allocator was seen.
     notes : list of str
         What could not be examined, and why.
+    inputs : list of InputRecord
+        The inputs named to the check (``inputs=``), each with a weak reference to the object that
+        owned its memory, then those of the baseline report not named again: a later
+        ``check(graph, baseline=report)`` reports a node that still holds memory of an input whose
+        owner has been collected since (class 4), even where the allocator gave the same block,
+        at the same address and size, to another owner.
     """
 
     findings: list[Finding] = field(default_factory=list)
@@ -123,6 +168,7 @@ class Report:
     facts: dict[int, PointerFacts] = field(default_factory=dict)
     torch_blocks: dict[int, TorchBlock] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    inputs: list[InputRecord] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -134,7 +180,9 @@ class Report:
         return [f for f in self.findings if (f.cls == cls if isinstance(cls, int) else f.name == cls)]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the findings, counts by class and severity, and the notes."""
+        """JSON-ready: the findings, counts by class and severity, the notes, and the inputs named
+        (label, ``lo`` in hex, ``nbytes``, ``alive``: whether their owner is alive, null when
+        unknown)."""
         by_class: dict[str, int] = {}
         by_sev: dict[str, int] = {}
         for f in self.findings:
@@ -142,7 +190,8 @@ class Report:
             by_sev[f.severity] = by_sev.get(f.severity, 0) + 1
         return {"graph": self.graph, "nodes": self.nodes, "seconds": self.seconds, "ok": self.ok,
                 "by_class": by_class, "by_severity": by_sev,
-                "findings": [f.to_dict() for f in self.findings], "notes": list(self.notes)}
+                "findings": [f.to_dict() for f in self.findings], "notes": list(self.notes),
+                "inputs": [r.to_dict() for r in self.inputs]}
 
     def rows(self) -> list[tuple[str, ...]]:
         """One row of text per finding: severity, class, node, type/kernel, address, owner, advice."""
