@@ -5,6 +5,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tests   # call 1
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh bench   # call 2
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh serving # call 3 (issue 23)
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh gemm    # GPU tests + GEMM sweep
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -38,6 +39,14 @@ case "${1:-tests}" in
       timeout $(( $(left) - 10 )) python3 benchmarks/probes/device_shaped_cost.py --rounds 40 >"$OUT/probe_device_shaped.txt" 2>&1
       echo "probe rc=$? at $(el)s"; tail -12 "$OUT/probe_device_shaped.txt" | cut -c1-260
     fi ;;
+  gemm)  # every GPU test (no CPU tests), then the GEMM sweep with what is left
+    PYTHONFAULTHANDLER=1 timeout ${TESTS_LIMIT:-300} python3 -m pytest -m gpu -q -rs --durations=15 --timeout=120 \
+      -p no:cacheprovider tests >"$OUT/gpu_tests.txt" 2>&1
+    echo "tests rc=$? at $(el)s"
+    grep -E " (FAILED|ERROR)|^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -40; tail -3 "$OUT/gpu_tests.txt"
+    timeout $(( $(left) - 15 )) python3 benchmarks/gemm_sweep.py --out "$OUT/gemm" --budget-s $(( $(left) - 75 )) \
+      >"$OUT/gemm.log" 2>&1
+    echo "gemm rc=$? at $(el)s"; tail -8 "$OUT/gemm.log" | cut -c1-220 ;;
   bench)
     timeout 90 python3 benchmarks/probes/device_shaped_cost.py --rounds 40 --passes 1 \
       --cut 64,64,32,3,1,4,1 --cut 64,64,32,3,2,4,1 --no-pdl --no-grid >"$OUT/probe_device_shaped_cuts.txt" 2>&1
@@ -67,7 +76,7 @@ case "${1:-tests}" in
         >"$OUT/sanitize_memcheck.txt" 2>&1
       echo "memcheck rc=$? at $(el)s"; grep -E "ERROR SUMMARY|FAIL" "$OUT/sanitize_memcheck.txt" | tail -4
     fi ;;
-  *) echo "usage: device_session.sh tests|bench|serving" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"
