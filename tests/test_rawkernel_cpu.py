@@ -375,6 +375,19 @@ def test_the_plan_a_capture_keeps_is_checked_against_the_captured_pointers(fake)
         assert cap.graph.plan is not None and cap.graph.plan.inputs == ("x",)
         assert set(cap.graph.plan.outputs) == {"y", "y_2"}
         cap.graph.close()
+        # Two plans in one capture, each naming the middle buffer its own way ("y" written by the
+        # first, "mid" read by the second): the derived plan's only input is x, never "mid".
+        z = DeviceBuffer(64)
+        first = LaunchPlan([k.launch(1, 64, (1.0, w, 0.0, y, 64))], {"x": w.view(), "y": y.view()}, ("x",), ("y",))
+        second = LaunchPlan([k.launch(1, 64, (1.0, y, 0.0, z, 64), names={"x": "mid", "y": "z"})],
+                            {"mid": y.view(), "z": z.view()}, ("mid",), ("z",))
+        with Capture(s) as cap:
+            cap.run(first)
+            cap.run(second)
+        derived = cap.graph.plan
+        assert derived is not None and derived.inputs == ("x",), derived.inputs
+        assert set(derived.outputs) == {"y", "mid", "z"}
+        cap.graph.close()
 
 
 def test_a_call_inside_a_conditional_body_is_recorded_in_the_body(fake):

@@ -431,7 +431,12 @@ class Capture:
                     return None
                 used.setdefault(use.buffer, set()).add(use.role)
         bufs = {n: self.buffers[n] for n in used}
-        inputs = tuple(n for n, roles in used.items() if roles == {"read"})
+        # An input is memory only read: a name read by every launch is no input when another
+        # name for the same bytes is written (two plans recorded in one capture each name a
+        # buffer their own way: a gather writes "slot_x", the model reads it as "x").
+        written = [(bufs[n].ptr, bufs[n].ptr + bufs[n].nbytes) for n, roles in used.items() if roles != {"read"}]
+        inputs = tuple(n for n, roles in used.items() if roles == {"read"}
+                       and not any(lo < bufs[n].ptr + bufs[n].nbytes and bufs[n].ptr < hi for lo, hi in written))
         outputs = tuple(n for n in used if n not in inputs)
         return LaunchPlan(launches, bufs, inputs, outputs, pdl=None)
 
