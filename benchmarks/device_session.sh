@@ -62,19 +62,25 @@ case "${1:-tests}" in
         >"$OUT/gemm.log" 2>&1
       echo "gemm rc=$? at $(el)s"; tail -6 "$OUT/gemm.log"
     fi ;;
-  serving)  # issue 23's re-runs once SGEMM_CUTS holds the sweep's cuts: launch paths at serving
-    # batch sizes, the slots trace, the sanitizer over every kernel form and cut
-    timeout 240 python3 -m rawgraph.bench.launch_paths --width 1024 4096 --batch 64 128 256 --layers 1 \
+  serving)  # issue 23's re-runs once SGEMM_CUTS holds the sweep's cuts: every GPU test, launch
+    # paths at serving batch sizes, the sanitizer's four tools over every kernel form and table cut,
+    # then the slots trace while time is left
+    PYTHONFAULTHANDLER=1 timeout ${TESTS_LIMIT:-170} python3 -m pytest -m gpu -q -rs --timeout=120 \
+      -p no:cacheprovider tests >"$OUT/gpu_tests.txt" 2>&1
+    echo "tests rc=$? at $(el)s"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -20; tail -2 "$OUT/gpu_tests.txt"
+    timeout 200 python3 -m rawgraph.bench.launch_paths --width 1024 4096 --batch 64 128 256 --layers 1 \
       --out "$OUT" --name launch_paths_serving >"$OUT/launch_serving.log" 2>&1
     echo "launch paths rc=$? at $(el)s"; tail -12 "$OUT/launch_serving.log"
+    for tool in memcheck racecheck synccheck initcheck; do
+      if [ "$(left)" -gt 45 ]; then
+        t=$(( $(left) - 20 )); [ $t -gt 100 ] && t=100
+        timeout $t compute-sanitizer --tool $tool python3 benchmarks/sanitize_kernels.py >"$OUT/sanitize_$tool.txt" 2>&1
+        echo "$tool rc=$? at $(el)s"; grep -E "ERROR SUMMARY|FAIL|RACECHECK SUMMARY" "$OUT/sanitize_$tool.txt" | tail -3
+      fi
+    done
     if [ "$(left)" -gt 120 ]; then
-      timeout $(( $(left) - 100 )) python3 -m rawgraph.bench.slots --steps 3000 --out "$OUT" >"$OUT/slots.log" 2>&1
+      timeout $(( $(left) - 15 )) python3 -m rawgraph.bench.slots --steps 3000 --out "$OUT" >"$OUT/slots.log" 2>&1
       echo "slots rc=$? at $(el)s"; tail -12 "$OUT/slots.log"
-    fi
-    if [ "$(left)" -gt 60 ]; then
-      timeout $(( $(left) - 15 )) compute-sanitizer --tool memcheck python3 benchmarks/sanitize_kernels.py \
-        >"$OUT/sanitize_memcheck.txt" 2>&1
-      echo "memcheck rc=$? at $(el)s"; grep -E "ERROR SUMMARY|FAIL" "$OUT/sanitize_memcheck.txt" | tail -4
     fi ;;
   *) echo "usage: device_session.sh tests|gemm|bench|serving" >&2; exit 2 ;;
 esac

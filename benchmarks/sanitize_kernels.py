@@ -148,6 +148,9 @@ def main() -> int:
                                        (65, 520, 260, "add", (64, 64, 32, 2, 1, 4, 1)),
                                        (33, 1000, 996, "add", (64, 128, 16, 3, 2, 2, 1))):
         matmul_case("sgemm", batch, k, n, epilogue, sgemm_shape(batch, k, n, *cut))
+    # every cut the sweep's table (ops.SGEMM_CUTS) serves, on a shape with tails in M, K and N
+    for cut in sorted(set(ops.SGEMM_CUTS.values())):
+        matmul_case("sgemm table", 70, 1000, 996, "add", sgemm_shape(70, 1000, 996, *cut))
     # sgemm through pointer slots (the indirect launch path): x, y and r read from 8-byte slots,
     # y and r 4 bytes off 16-byte alignment (scalar epilogue stores); a split with slices
     def sgemm_indirect_case(batch, k, n, cut):
