@@ -68,6 +68,8 @@ case "${1:-tests}" in
     PYTHONFAULTHANDLER=1 timeout ${TESTS_LIMIT:-170} python3 -m pytest -m gpu -q -rs --timeout=120 \
       -p no:cacheprovider tests >"$OUT/gpu_tests.txt" 2>&1
     echo "tests rc=$? at $(el)s"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -20; tail -2 "$OUT/gpu_tests.txt"
+    timeout 90 python3 benchmarks/probes/switch_bands.py --rounds 40 >"$OUT/probe_switch_bands.txt" 2>&1
+    echo "switch probe rc=$? at $(el)s"; grep -E "^FACT|ratio" "$OUT/probe_switch_bands.txt" | cut -c1-230 | tail -50
     timeout 200 python3 -m rawgraph.bench.launch_paths --width 1024 4096 --batch 64 128 256 --layers 1 \
       --out "$OUT" --name launch_paths_serving >"$OUT/launch_serving.log" 2>&1
     echo "launch paths rc=$? at $(el)s"; tail -12 "$OUT/launch_serving.log"
