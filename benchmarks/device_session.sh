@@ -6,6 +6,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh bench   # call 2
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh serving # call 3 (issue 23)
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh gemm    # GPU tests + GEMM sweep
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh race    # racecheck, K-slice sgemm
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -84,7 +85,13 @@ case "${1:-tests}" in
       timeout $(( $(left) - 15 )) python3 -m rawgraph.bench.slots --steps 3000 --out "$OUT" >"$OUT/slots.log" 2>&1
       echo "slots rc=$? at $(el)s"; tail -12 "$OUT/slots.log"
     fi ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving" >&2; exit 2 ;;
+  race)  # issue 23: racecheck's hazards in the K-slice sgemm kernels, named barriers against __syncthreads
+    for mode in "" "--syncthreads"; do
+      timeout 150 compute-sanitizer --tool racecheck python3 benchmarks/probes/sgemm_slice_barriers.py $mode \
+        >"$OUT/racecheck_slices${mode:+_syncthreads}.txt" 2>&1
+      echo "racecheck ${mode:-named} rc=$? at $(el)s"; grep -E "SUMMARY|failed" "$OUT/racecheck_slices${mode:+_syncthreads}.txt" | tail -2
+    done ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"

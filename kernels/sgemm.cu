@@ -92,9 +92,18 @@
 
 #ifndef RG_HOST_EMULATION
 // Named barrier `id` (1..15) over `count` threads (a multiple of 32): one K slice's threads.
+// RG_SG_SLICE_SYNCTHREADS (benchmarks/probes/sgemm_slice_barriers.py only) makes it a whole-CTA
+// __syncthreads(), valid only where every slice has as many K stages: it tells racecheck's view of
+// counted named barriers from the kernel's own ordering.
 __device__ __forceinline__ void sg_bar_sync(int id, int count)
 {
+#ifdef RG_SG_SLICE_SYNCTHREADS
+    (void)id;
+    (void)count;
+    __syncthreads();
+#else
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+#endif
 }
 #endif
 
