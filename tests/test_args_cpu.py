@@ -77,9 +77,18 @@ def test_bad_arg_specs():
 SHAPES = [(1, 1), (1, 33), (3, 128), (17, 1000), (8, 1024), (64, 4096), (1, 4096), (15, 1000), (100, 12)]
 
 
+@pytest.fixture
+def rule_only(monkeypatch):
+    """matmul.cu's rule alone: the sweep's table (``SGEMM_CUTS``, tested in test_sgemm_cpu.py)
+    takes the shapes it lists first, some of those below among them."""
+    from rawgraph.ops import gemm
+
+    monkeypatch.setattr(gemm, "SGEMM_CUTS", {})
+
+
 @pytest.mark.parametrize("clusters", [True, False])
 @pytest.mark.parametrize("batch,width", SHAPES)
-def test_matmul_shape_covers_the_output(batch, width, clusters):
+def test_matmul_shape_covers_the_output(rule_only, batch, width, clusters):
     s = matmul_shape(batch, width, width, multiprocessors=132, clusters=clusters)
     cols, split, rows = s.grid
     assert cols * s.tc >= width and (cols - 1) * s.tc < width
@@ -92,7 +101,7 @@ def test_matmul_shape_covers_the_output(batch, width, clusters):
         assert s.vec == (4 if width % 4 == 0 else 1)
 
 
-def test_matmul_shape_picks_the_kernel_by_batch_and_alignment():
+def test_matmul_shape_picks_the_kernel_by_batch_and_alignment(rule_only):
     assert matmul_shape(8, 4096, 4096, 132).kernel == "matvec"
     assert matmul_shape(32, 2048, 2048, 132).kernel == "gemm"
     assert matmul_shape(64, 1024, 1024, 132).kernel == "matvec"  # W small enough for L2 to serve re-reads
@@ -100,7 +109,7 @@ def test_matmul_shape_picks_the_kernel_by_batch_and_alignment():
     assert matmul_shape(64, 4096, 4098, 132).kernel == "matvec"  # N % 4 != 0: no 16-byte rows
 
 
-def test_matmul_shape_fills_the_gpu_when_it_can():
+def test_matmul_shape_fills_the_gpu_when_it_can(rule_only):
     s = matmul_shape(1, 4096, 4096, 132)
     assert s.ctas >= 132 and s.split > 1
     assert matmul_shape(1, 4096, 4096, 132, clusters=False).split == 1
@@ -113,7 +122,7 @@ def test_matmul_shape_fills_the_gpu_when_it_can():
     assert matmul_shape(1, 1024, 1024, 132).split > 1
 
 
-def test_gemm_cut_rule():
+def test_gemm_cut_rule(rule_only):
     big = matmul_shape(64, 4096, 4096, 132)
     # One 512-thread CTA (two K slices) per SM: 64 column tiles, a cluster split of 2.
     assert (big.kernel, big.tc, big.split, big.slices, big.threads, big.ctas) == ("gemm", 64, 2, 2, 512, 128)

@@ -126,6 +126,8 @@ def _expect(model, launch, max_batch):
         return 1, int(re.findall(r"\d+", name)[0]), "B", 4, 1
     if name.startswith("gemm"):
         return 2, GEMM_TILE_M, "B", 4, 1
+    if name.startswith("sgemm"):  # sgemm[_split]_kernel<EPI, BM, ...>: BM rows per block
+        return 2, int(re.findall(r"\d+", name.split("<")[1])[1]), "B", 4, 1
     return 2, int(re.findall(r"\d+", name.split("<")[1])[3]), "B", 4, 1
 
 
