@@ -15,7 +15,10 @@ Bodies are captured with plain edges (``pdl=False``; a PDL chain inside a condit
 tried first and its error, if any, printed). Per ``n``: both device times (events, median, p10,
 p90), their ratio, and whether the switch's first ``n`` output rows equal the exact exec's to the
 bit. Also the device memory and the set-up (capture + instantiate + upload) of the switch exec,
-for the plan bands and for the 35 vLLM sizes as bands.
+for the plan bands and for the 35 vLLM sizes as bands. Last, ``switch+updates``: the bodies'
+nodes opted in to device updates and ``rg_du_shape`` before the SWITCH cutting each band's grids
+and row counts to ``n`` (whether a conditional body may hold device-updatable nodes at all, then
+the time, the bits and whether rows ``>= n`` stay untouched).
 
     PYTHONPATH=. python3 benchmarks/probes/switch_bands.py [--width 1024 --layers 8 --rounds 40]
 """
@@ -40,7 +43,7 @@ def main() -> int:
     from rawgraph.graphs.capture import Capture
     from rawgraph.models.tinyblock import TinyBlock
     from rawgraph.runtime.device import get_device, gpu_available
-    from rawgraph.runtime.memory import DeviceArray, DeviceBuffer
+    from rawgraph.runtime.memory import POISON_BITS, DeviceArray, DeviceBuffer
     from rawgraph.runtime.stream import Stream
     from rawgraph.runtime.timing import device_us, stats
     from rawgraph.serving.buckets import BucketGraphs
@@ -120,6 +123,90 @@ def main() -> int:
         ex.close()
         graph.close()
 
+    def measure_updatable(label: str, bands: list[int]) -> None:
+        """The SWITCH picks the band; inside it, the body's nodes are device-updatable and the
+        head (``rg_du_shape``, as ``DeviceShapedGraph`` uses it) cuts their grids and row counts to
+        ``n``: can a body hold such nodes, and does a band then cost what the exact exec costs?"""
+        from rawgraph.runtime.launch import KernelArgs, Launch
+        from rawgraph.runtime.module import get_kernel
+        from rawgraph.serving.device_shaped import (_HEAD_THREADS, ENTRY_DTYPE, _check_offsets, _set_updatable,
+                                                    pack_table, shape_entries)
+
+        plans = []
+        for b in bands:
+            m = model.with_batch(b, workspace=ws)
+            plans.append((m, m.plan(DeviceArray(x.ptr, (b, w), f32, x), DeviceArray(out.ptr, (b, w), f32, out))))
+        entries, lo = [], 1
+        for b, (_m, plan) in zip(bands, plans):
+            entries += shape_entries(model, plan.launches, b, lo=lo, start=len(entries))
+            lo = b + 1
+        _check_offsets(entries, [launch for _m, plan in plans for launch in plan.launches])
+        count = len(entries)
+        table = DeviceBuffer((count * ENTRY_DTYPE.itemsize // 8,), np.uint64, dev)
+        rc = DeviceBuffer((count + 1,), np.int32, dev)
+        n_live = DeviceBuffer((1,), np.int32, dev)
+        args = KernelArgs([("table", "ptr"), ("count", "i32"), ("n_live", "ptr"), ("max_rows", "i32"), ("rc", "ptr")])
+        args.update({"table": table.ptr, "count": count, "n_live": n_live.ptr, "max_rows": top, "rc": rc.ptr})
+        threads = min(_HEAD_THREADS, max(32, -(-count // 32) * 32))
+        head = Launch(get_kernel("device_update", "rg_du_shape", dev), (-(-count // threads), 1, 1), (threads, 1, 1),
+                      args, {}, 0, "device_shape")
+        n_live.copy_from_host(np.array([top], np.int32), s)
+        for _m, plan in plans:
+            plan.run(s)
+        s.synchronize()
+        t0 = time.perf_counter()
+        cap = Capture(s)
+        with cap:
+            cond = capture_handle(cap)
+            cap.launch(head)
+            cap.launch(set_condition(dev, cond, sel))
+            node = capture_conditional(cap, "switch", cond, size=len(bands))
+            for i, (_m, plan) in enumerate(plans):
+                with node.capture_body(i, body_stream) as body:
+                    body.run(plan, pdl=None)
+        graph = cap.captured
+        graph.mark_device_updatable()
+        kernels = [k for i in range(len(bands)) for k in node.body_kernel_nodes(i)]
+        if len(kernels) != count or any(k.handle is None for k in kernels):
+            print(f"FACT {label}: {len(kernels)} body kernel nodes with handles for {count} entries: not measured")
+            return
+        try:
+            handles = [_set_updatable(k.handle) for k in kernels]
+        except Exception as exc:
+            print(f"FACT {label}: opting a body's kernel node in failed: {type(exc).__name__}: {exc}")
+            return
+        table.copy_from_host(pack_table(entries, handles).view(np.uint64), s)
+        free0 = dev.memory_info()[0]
+        try:
+            ex = graph.instantiate()
+            ex.upload(s)
+            s.synchronize()
+        except Exception as exc:
+            print(f"FACT {label}: instantiate/upload failed: {type(exc).__name__}: {exc}")
+            return
+        print(f"FACT {label}: {len(bands)} bodies, {count} updatable nodes, set-up {(time.perf_counter() - t0) * 1e3:.2f} ms, "
+              f"exec memory +{(free0 - dev.memory_info()[0]) / 2**20:.2f} MiB")
+        for n in ns:
+            i = band_of(bands, n)
+            sel.copy_from_host(np.array([i], np.uint32), s)
+            n_live.copy_from_host(np.array([n], np.int32), s)
+            te = stats(device_us(lambda: exact.execs[n].launch(s), s, a.rounds))
+            tsw = stats(device_us(lambda: ex.launch(s), s, a.rounds))
+            out.poison(s)
+            ex.launch(s)
+            whole = out.to_numpy(s)
+            codes = rc.to_numpy(s)
+            got = whole[:n]
+            want = exact.run(x, n, s).to_numpy(s)
+            same = np.array_equal(got.view(np.uint32), want.view(np.uint32))
+            untouched = bool((whole[n:].view(np.uint32) == POISON_BITS).all())
+            print(f"TIME {label} n={n} band top {bands[i]}: exact median={te['median']:.1f} switch+updates "
+                  f"median={tsw['median']:.1f} (p10 {tsw['p10']:.1f} p90 {tsw['p90']:.1f}) ratio={tsw['median'] / te['median']:.3f} "
+                  f"bits equal: {same}; rows >= n untouched: {untouched}; head n={int(codes[-1])}, "
+                  f"failed updates {int((codes[:-1] != 0).sum())}")
+        ex.close()
+        graph.close()
+
     for label, bands, pdl in (("plan bands, PDL kept", plan_bands, None), ("plan bands, plain edges", plan_bands, False),
                               ("vLLM sizes, plain edges", vllm_sizes(top), False)):
         try:
@@ -127,6 +214,10 @@ def main() -> int:
         except Exception as exc:  # one variant failing leaves the others to run
             print(f"FACT {label}: failed while measuring: {type(exc).__name__}: {exc}")
             s.synchronize()
+    try:
+        measure_updatable("plan bands, updatable bodies", plan_bands)
+    except Exception as exc:
+        print(f"FACT plan bands, updatable bodies: failed: {type(exc).__name__}: {exc}")
     return 0
 
 
