@@ -15,7 +15,8 @@ Bodies are captured with plain edges (``pdl=False``; a PDL chain inside a condit
 tried first and its error, if any, printed). Per ``n``: both device times (events, median, p10,
 p90), their ratio, and whether the switch's first ``n`` output rows equal the exact exec's to the
 bit. Also the device memory and the set-up (capture + instantiate + upload) of the switch exec,
-for the plan bands and for the 35 vLLM sizes as bands. Last, ``switch+updates``: the bodies'
+for the plan bands, for the 35 vLLM sizes as bands and for one body per row count (what a
+SWITCH-shaped exec with no padding at all would cost). Last, ``switch+updates``: the bodies'
 nodes opted in to device updates and ``rg_du_shape`` before the SWITCH cutting each band's grids
 and row counts to ``n`` (whether a conditional body may hold device-updatable nodes at all, then
 the time, the bits and whether rows ``>= n`` stay untouched).
@@ -207,8 +208,10 @@ def main() -> int:
         ex.close()
         graph.close()
 
+    every = list(range(1, top + 1))  # one body per row count: exact at every n, nothing padded
     for label, bands, pdl in (("plan bands, PDL kept", plan_bands, None), ("plan bands, plain edges", plan_bands, False),
-                              ("vLLM sizes, plain edges", vllm_sizes(top), False)):
+                              ("vLLM sizes, plain edges", vllm_sizes(top), False),
+                              ("every row count, PDL kept", every, None)):
         try:
             measure(label, bands, pdl)
         except Exception as exc:  # one variant failing leaves the others to run
