@@ -6,7 +6,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh bench   # call 2
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh serving # call 3 (issue 23)
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh gemm    # GPU tests + GEMM sweep
-#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh race    # racecheck, K-slice sgemm
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh race    # SWITCH probe; racecheck, K-slice sgemm
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -69,8 +69,6 @@ case "${1:-tests}" in
     PYTHONFAULTHANDLER=1 timeout ${TESTS_LIMIT:-170} python3 -m pytest -m gpu -q -rs --timeout=120 \
       -p no:cacheprovider tests >"$OUT/gpu_tests.txt" 2>&1
     echo "tests rc=$? at $(el)s"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -20; tail -2 "$OUT/gpu_tests.txt"
-    timeout 90 python3 benchmarks/probes/switch_bands.py --rounds 40 >"$OUT/probe_switch_bands.txt" 2>&1
-    echo "switch probe rc=$? at $(el)s"; grep -E "^FACT|ratio" "$OUT/probe_switch_bands.txt" | cut -c1-230 | tail -50
     timeout 200 python3 -m rawgraph.bench.launch_paths --width 1024 4096 --batch 64 128 256 --layers 1 \
       --out "$OUT" --name launch_paths_serving >"$OUT/launch_serving.log" 2>&1
     echo "launch paths rc=$? at $(el)s"; tail -12 "$OUT/launch_serving.log"
@@ -85,7 +83,10 @@ case "${1:-tests}" in
       timeout $(( $(left) - 15 )) python3 -m rawgraph.bench.slots --steps 3000 --out "$OUT" >"$OUT/slots.log" 2>&1
       echo "slots rc=$? at $(el)s"; tail -12 "$OUT/slots.log"
     fi ;;
-  race)  # issue 23: racecheck's hazards in the K-slice sgemm kernels, named barriers against __syncthreads
+  race)  # issue 25: the SWITCH-band probe (every variant); issue 23: racecheck's hazards in the
+    # K-slice sgemm kernels, named barriers against __syncthreads
+    timeout 200 python3 benchmarks/probes/switch_bands.py --rounds 40 >"$OUT/probe_switch_bands.txt" 2>&1
+    echo "switch probe rc=$? at $(el)s"; grep -E "^FACT|ratio" "$OUT/probe_switch_bands.txt" | cut -c1-230 | tail -40
     for mode in "" "--syncthreads"; do
       timeout 150 compute-sanitizer --tool racecheck python3 benchmarks/probes/sgemm_slice_barriers.py $mode \
         >"$OUT/racecheck_slices${mode:+_syncthreads}.txt" 2>&1
