@@ -346,108 +346,94 @@ def _whole_block(buf, state="active_allocated", size=None):
                                      "blocks": [{"size": size or buf.nbytes, "state": state}]}])
 
 
-def _reader_graph(k, x, y):
-    from rawgraph import GraphBuilder
+@pytest.fixture
+def reader(fake):
+    """``(graph, x, y)``: node 0 touches only y, node 1 reads x (closed after the test)."""
+    from rawgraph import DeviceBuffer, GraphBuilder
 
+    k = _kernels()
+    x, y = DeviceBuffer(64), DeviceBuffer(64)
     b = GraphBuilder()
     w = b.kernel(k["fill"].launch(1, 64, (y, 0.0, 64)))  # node 0: touches only y
     b.kernel(k["scale"].launch(1, 64, (x, y, 2.0, 64)), deps=[w])  # node 1: reads x
-    return b.build()
+    g = b.build()
+    try:
+        yield g, x, y
+    finally:
+        g.close()
+        x.close()
+        y.close()
 
 
 @pytest.mark.parametrize("keep", [True, False])
-def test_an_input_collected_since_the_baseline_is_allocator_freed_at_its_reader(fake, keep):
+def test_an_input_collected_since_the_baseline_is_allocator_freed_at_its_reader(fake, reader, keep):
     # The memory stays live (the fake driver, and the same whole active torch block before and
     # after): only the identity the baseline recorded tells the input's owner has gone.
     import gc
 
-    from rawgraph import DeviceBuffer
     from rawgraph.doctor import check
 
-    k = _kernels()
-    x, y = DeviceBuffer(64), DeviceBuffer(64)
-    g = _reader_graph(k, x, y)
+    g, x, y = reader
     facts, view = _fake_facts(fake), _whole_block(x)
-    try:
-        obj = _Named(x.ptr, x.nbytes)
-        base = check(g, inputs=[obj], facts=facts, torch=view)
-        assert base.findings == [], str(base)
-        assert [(r.label, r.lo, r.hi, r.alive) for r in base.inputs] == [("input 0", x.ptr, x.ptr + 256, True)]
-        if not keep:
-            del obj
-            gc.collect()
-        later = check(g, baseline=base, facts=facts, torch=view)
-        got = [(f.cls, f.name, f.severity, f.path, f.where) for f in later.findings]
-        if keep:
-            assert got == [], str(later)
-            return
-        assert got == [(4, "allocator-freed", "error", "1", "arg x")], str(later)
-        hit = later.findings[0]
-        assert hit.address == x.ptr and "input 0" in hit.owner and "active_allocated" in hit.owner
-        assert "keep the input alive" in hit.advice
-        # the later report carries the baseline's input on: a check against it still names the node
-        assert [r.alive for r in later.inputs] == [False]
-        again = check(g, baseline=later, facts=facts, torch=view)
-        assert [(f.cls, f.path) for f in again.findings] == [(4, "1")], str(again)
-        # the block split since (the per-address classification's class 4): one finding, not two
-        split = check(g, baseline=base, facts=facts, torch=_whole_block(x, size=128))
-        assert [(f.cls, f.path) for f in split.findings] == [(4, "1")], str(split)
-        assert "changed since the baseline" in split.findings[0].owner
-        # freed at the driver too: class 1 says it, class 4 does not repeat it
-        x.close()
-        gone = check(g, baseline=base, facts=facts, torch=False)
-        assert [(f.cls, f.path) for f in gone.findings] == [(1, "1")], str(gone)
-    finally:
-        g.close()
-        x.close()
-        y.close()
+    obj = _Named(x.ptr, x.nbytes)
+    base = check(g, inputs=[obj], facts=facts, torch=view)
+    assert base.findings == [], str(base)
+    assert [(r.label, r.lo, r.hi, r.alive) for r in base.inputs] == [("input 0", x.ptr, x.ptr + 256, True)]
+    if not keep:
+        del obj
+        gc.collect()
+    later = check(g, baseline=base, facts=facts, torch=view)
+    got = [(f.cls, f.name, f.severity, f.path, f.where) for f in later.findings]
+    if keep:
+        assert got == [], str(later)
+        return
+    assert got == [(4, "allocator-freed", "error", "1", "arg x")], str(later)
+    hit = later.findings[0]
+    assert hit.address == x.ptr and "input 0" in hit.owner and "active_allocated" in hit.owner
+    assert "keep the input alive" in hit.advice
+    # the later report carries the baseline's input on: a check against it still names the node
+    assert [r.alive for r in later.inputs] == [False]
+    again = check(g, baseline=later, facts=facts, torch=view)
+    assert [(f.cls, f.path) for f in again.findings] == [(4, "1")], str(again)
+    # the block split since (the per-address classification's class 4): one finding, not two
+    split = check(g, baseline=base, facts=facts, torch=_whole_block(x, size=128))
+    assert [(f.cls, f.path) for f in split.findings] == [(4, "1")], str(split)
+    assert "changed since the baseline" in split.findings[0].owner
+    # freed at the driver too: class 1 says it, class 4 does not repeat it
+    x.close()
+    gone = check(g, baseline=base, facts=facts, torch=False)
+    assert [(f.cls, f.path) for f in gone.findings] == [(1, "1")], str(gone)
 
 
-def test_a_report_keeps_no_input_alive_and_lists_them(fake):
+def test_a_report_keeps_no_input_alive_and_lists_them(fake, reader):
     import gc
     import weakref
 
-    from rawgraph import DeviceBuffer
     from rawgraph.doctor import check
 
-    k = _kernels()
-    x, y = DeviceBuffer(64), DeviceBuffer(64)
-    g = _reader_graph(k, x, y)
-    try:
-        obj = _Named(x.ptr, x.nbytes)
-        alive = weakref.ref(obj)
-        r = check(g, inputs=[obj], facts=_fake_facts(fake), torch=False)
-        assert r.inputs[0].alive is True
-        del obj
-        gc.collect()
-        assert alive() is None
-        assert r.inputs[0].alive is False
-        d = json.loads(json.dumps(r.to_dict()))
-        assert d["inputs"] == [{"label": "input 0", "lo": f"0x{x.ptr:x}", "nbytes": 256, "alive": False}]
-    finally:
-        g.close()
-        x.close()
-        y.close()
+    g, x, y = reader
+    obj = _Named(x.ptr, x.nbytes)
+    alive = weakref.ref(obj)
+    r = check(g, inputs=[obj], facts=_fake_facts(fake), torch=False)
+    assert r.inputs[0].alive is True
+    del obj
+    gc.collect()
+    assert alive() is None
+    assert r.inputs[0].alive is False
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["inputs"] == [{"label": "input 0", "lo": f"0x{x.ptr:x}", "nbytes": 256, "alive": False}]
 
 
-def test_a_pointer_and_size_input_has_no_identity(fake):
-    from rawgraph import DeviceBuffer
+def test_a_pointer_and_size_input_has_no_identity(fake, reader):
     from rawgraph.doctor import check
 
-    k = _kernels()
-    x, y = DeviceBuffer(64), DeviceBuffer(64)
-    g = _reader_graph(k, x, y)
+    g, x, y = reader
     facts, view = _fake_facts(fake), _whole_block(x)
-    try:
-        base = check(g, inputs=[(x.ptr, x.nbytes)], facts=facts, torch=view)
-        assert base.inputs[0].ref is None and base.inputs[0].alive is None
-        assert base.to_dict()["inputs"][0]["alive"] is None
-        later = check(g, baseline=base, facts=facts, torch=view)
-        assert later.findings == [], str(later)
-    finally:
-        g.close()
-        x.close()
-        y.close()
+    base = check(g, inputs=[(x.ptr, x.nbytes)], facts=facts, torch=view)
+    assert base.inputs[0].ref is None and base.inputs[0].alive is None
+    assert base.to_dict()["inputs"][0]["alive"] is None
+    later = check(g, baseline=base, facts=facts, torch=view)
+    assert later.findings == [], str(later)
 
 
 class _FakeTensor:

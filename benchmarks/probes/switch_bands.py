@@ -70,24 +70,36 @@ def main() -> int:
     sel = DeviceBuffer((1,), np.uint32, dev)
     ws = model.make_workspace(top)  # one workspace: the bodies never run together
 
-    def build(bands: list[int], pdl: bool | None):
+    def band_plans(bands: list[int]) -> list:
+        """``(model view, plan)`` of each band top over the shared x, out and workspace, each run
+        once outside any capture (modules loaded, caches filled)."""
         plans = []
         for b in bands:
             m = model.with_batch(b, workspace=ws)
             plans.append((m, m.plan(DeviceArray(x.ptr, (b, w), f32, x), DeviceArray(out.ptr, (b, w), f32, out))))
-        for _m, plan in plans:  # warm-up outside capture (modules loaded, caches filled)
+        for _m, plan in plans:
             plan.run(s)
         s.synchronize()
-        t0 = time.perf_counter()
+        return plans
+
+    def capture_switch(plans: list, pdl: bool | None, head=None):
+        """[head ->] rg_set_cond -> SWITCH with one body per plan; the graph and the node."""
         cap = Capture(s)
         with cap:
             cond = capture_handle(cap)
+            if head is not None:
+                cap.launch(head)
             cap.launch(set_condition(dev, cond, sel))
-            node = capture_conditional(cap, "switch", cond, size=len(bands))
+            node = capture_conditional(cap, "switch", cond, size=len(plans))
             for i, (_m, plan) in enumerate(plans):
                 with node.capture_body(i, body_stream) as body:
                     body.run(plan, pdl=pdl)
-        graph = cap.captured
+        return cap.captured, node
+
+    def build(bands: list[int], pdl: bool | None):
+        plans = band_plans(bands)
+        t0 = time.perf_counter()
+        graph, node = capture_switch(plans, pdl)
         free0 = dev.memory_info()[0]
         ex = graph.instantiate()
         ex.upload(s)
@@ -99,6 +111,32 @@ def main() -> int:
     def band_of(bands: list[int], n: int) -> int:
         return bisect.bisect_left(bands, n)
 
+    def compare(label: str, bands: list[int], ex, n_live=None, rc=None) -> None:
+        """Per n: the band index (and n, where a head reads it) written, both execs timed, the
+        switch's rows against the exact exec's to the bit, rows >= n checked untouched, and the
+        head's update codes where it has them."""
+        for n in ns:
+            i = band_of(bands, n)
+            sel.copy_from_host(np.array([i], np.uint32), s)
+            if n_live is not None:
+                n_live.copy_from_host(np.array([n], np.int32), s)
+            te = stats(device_us(lambda: exact.execs[n].launch(s), s, a.rounds))
+            tsw = stats(device_us(lambda: ex.launch(s), s, a.rounds))
+            out.poison(s)
+            ex.launch(s)
+            whole = out.to_numpy(s)
+            want = exact.run(x, n, s).to_numpy(s)
+            same = np.array_equal(whole[:n].view(np.uint32), want.view(np.uint32))
+            untouched = bool((whole[n:].view(np.uint32) == POISON_BITS).all())
+            head = ""
+            if rc is not None:
+                codes = rc.to_numpy(s)
+                head = f"; head n={int(codes[-1])}, failed updates {int((codes[:-1] != 0).sum())}"
+            print(f"TIME {label} n={n} band top {bands[i]}: exact median={te['median']:.1f} (p10 {te['p10']:.1f} "
+                  f"p90 {te['p90']:.1f}) switch median={tsw['median']:.1f} (p10 {tsw['p10']:.1f} p90 {tsw['p90']:.1f}) "
+                  f"ratio switch/exact={tsw['median'] / te['median']:.3f} bits equal: {same}; "
+                  f"rows >= n untouched: {untouched}{head}")
+
     def measure(label: str, bands: list[int], pdl: bool | None) -> None:
         try:
             ex, graph, setup, grown, keep, node = build(bands, pdl)
@@ -108,19 +146,7 @@ def main() -> int:
         nodes = sum(len(node.body_kernel_nodes(i)) for i in range(len(bands)))
         print(f"FACT {label}: {len(bands)} bodies, {nodes} kernel nodes, set-up {setup * 1e3:.2f} ms "
               f"(capture + instantiate + upload), exec memory +{grown / 2**20:.2f} MiB")
-        for n in ns:
-            i = band_of(bands, n)
-            sel.copy_from_host(np.array([i], np.uint32), s)
-            te = stats(device_us(lambda: exact.execs[n].launch(s), s, a.rounds))
-            tsw = stats(device_us(lambda: ex.launch(s), s, a.rounds))
-            out.poison(s)
-            ex.launch(s)
-            got = out.to_numpy(s)[:n]
-            want = exact.run(x, n, s).to_numpy(s)
-            same = np.array_equal(got.view(np.uint32), want.view(np.uint32))
-            print(f"TIME {label} n={n} band top {bands[i]}: exact median={te['median']:.1f} (p10 {te['p10']:.1f} "
-                  f"p90 {te['p90']:.1f}) switch median={tsw['median']:.1f} (p10 {tsw['p10']:.1f} p90 {tsw['p90']:.1f}) "
-                  f"ratio switch/exact={tsw['median'] / te['median']:.3f} bits equal: {same}")
+        compare(label, bands, ex)
         ex.close()
         graph.close()
 
@@ -133,10 +159,7 @@ def main() -> int:
         from rawgraph.serving.device_shaped import (_HEAD_THREADS, ENTRY_DTYPE, _check_offsets, _set_updatable,
                                                     pack_table, shape_entries)
 
-        plans = []
-        for b in bands:
-            m = model.with_batch(b, workspace=ws)
-            plans.append((m, m.plan(DeviceArray(x.ptr, (b, w), f32, x), DeviceArray(out.ptr, (b, w), f32, out))))
+        plans = band_plans(bands)
         entries, lo = [], 1
         for b, (_m, plan) in zip(bands, plans):
             entries += shape_entries(model, plan.launches, b, lo=lo, start=len(entries))
@@ -152,20 +175,8 @@ def main() -> int:
         head = Launch(get_kernel("device_update", "rg_du_shape", dev), (-(-count // threads), 1, 1), (threads, 1, 1),
                       args, {}, 0, "device_shape")
         n_live.copy_from_host(np.array([top], np.int32), s)
-        for _m, plan in plans:
-            plan.run(s)
-        s.synchronize()
         t0 = time.perf_counter()
-        cap = Capture(s)
-        with cap:
-            cond = capture_handle(cap)
-            cap.launch(head)
-            cap.launch(set_condition(dev, cond, sel))
-            node = capture_conditional(cap, "switch", cond, size=len(bands))
-            for i, (_m, plan) in enumerate(plans):
-                with node.capture_body(i, body_stream) as body:
-                    body.run(plan, pdl=None)
-        graph = cap.captured
+        graph, node = capture_switch(plans, None, head)
         graph.mark_device_updatable()
         kernels = [k for i in range(len(bands)) for k in node.body_kernel_nodes(i)]
         if len(kernels) != count or any(k.handle is None for k in kernels):
@@ -187,24 +198,7 @@ def main() -> int:
             return
         print(f"FACT {label}: {len(bands)} bodies, {count} updatable nodes, set-up {(time.perf_counter() - t0) * 1e3:.2f} ms, "
               f"exec memory +{(free0 - dev.memory_info()[0]) / 2**20:.2f} MiB")
-        for n in ns:
-            i = band_of(bands, n)
-            sel.copy_from_host(np.array([i], np.uint32), s)
-            n_live.copy_from_host(np.array([n], np.int32), s)
-            te = stats(device_us(lambda: exact.execs[n].launch(s), s, a.rounds))
-            tsw = stats(device_us(lambda: ex.launch(s), s, a.rounds))
-            out.poison(s)
-            ex.launch(s)
-            whole = out.to_numpy(s)
-            codes = rc.to_numpy(s)
-            got = whole[:n]
-            want = exact.run(x, n, s).to_numpy(s)
-            same = np.array_equal(got.view(np.uint32), want.view(np.uint32))
-            untouched = bool((whole[n:].view(np.uint32) == POISON_BITS).all())
-            print(f"TIME {label} n={n} band top {bands[i]}: exact median={te['median']:.1f} switch+updates "
-                  f"median={tsw['median']:.1f} (p10 {tsw['p10']:.1f} p90 {tsw['p90']:.1f}) ratio={tsw['median'] / te['median']:.3f} "
-                  f"bits equal: {same}; rows >= n untouched: {untouched}; head n={int(codes[-1])}, "
-                  f"failed updates {int((codes[:-1] != 0).sum())}")
+        compare(label, bands, ex, n_live, rc)
         ex.close()
         graph.close()
 
