@@ -75,18 +75,30 @@ def _to_host(ptr: int, shape: tuple[int, ...], dtype: np.dtype, device: Device, 
     (see the notes above :meth:`DeviceBuffer.copy_from_host`)."""
     out = np.empty(shape, dtype)
     if stream is not None:
-        h = stream_handle(stream)
-        if call(driver.cuStreamIsCapturing, h) != _CAPTURE_NONE:
-            raise CaptureRefusedError(f"{what} on a capturing stream would be recorded into the graph, not run now")
-        device.activate()
+        h = _copy_stream(stream, device, what)
         call(driver.cuMemcpyDtoHAsync, out.ctypes.data, ptr, out.nbytes, h)
         call(driver.cuStreamSynchronize, h)
         return out
+    _copy_fence(device, what)
+    call(driver.cuMemcpyDtoH, out.ctypes.data, ptr, out.nbytes)
+    return out
+
+
+def _copy_stream(stream: Any, device: Device, what: str) -> Any:
+    """The handle of the stream a copy is queued on; refused when it is capturing (the copy would
+    be recorded into the graph, not run now)."""
+    handle = stream_handle(stream)
+    if call(driver.cuStreamIsCapturing, handle) != _CAPTURE_NONE:
+        raise CaptureRefusedError(f"{what} on a capturing stream would be recorded into the graph, not run now")
+    device.activate()
+    return handle
+
+
+def _copy_fence(device: Device, what: str) -> None:
+    """The context-wide fence of a copy without a stream (refused while a capture is open)."""
     context_fence_allowed(f"{what} without a stream (cuCtxSynchronize)")
     device.activate()
     call(driver.cuCtxSynchronize)
-    call(driver.cuMemcpyDtoH, out.ctypes.data, ptr, out.nbytes)
-    return out
 
 
 class DeviceBuffer(Resource):
@@ -157,17 +169,6 @@ class DeviceBuffer(Resource):
     # (``cuCtxSynchronize`` on both sides, since rawgraph's streams don't order with the legacy
     # stream), refused while any rawgraph capture is open: a context synchronize would fail
     # inside that capture and invalidate it.
-    def _stream_for_copy(self, stream: Any, what: str) -> Any:
-        handle = stream_handle(stream)
-        if call(driver.cuStreamIsCapturing, handle) != _CAPTURE_NONE:
-            raise CaptureRefusedError(f"{what} on a capturing stream would be recorded into the graph, not run now")
-        self.device.activate()
-        return handle
-
-    def _fence(self, what: str) -> None:
-        context_fence_allowed(f"DeviceBuffer.{what} without a stream (cuCtxSynchronize)")
-        self.device.activate()
-        call(driver.cuCtxSynchronize)
 
     def copy_from_host(self, array: np.ndarray, stream: Any = None) -> None:
         """Copy a host array of the same shape and dtype in; returns once the copy is done.
@@ -179,11 +180,11 @@ class DeviceBuffer(Resource):
         self._check_open()
         host = _check_host(array, self.shape, self.dtype)
         if stream is not None:
-            h = self._stream_for_copy(stream, "copy_from_host")
+            h = _copy_stream(stream, self.device, "DeviceBuffer.copy_from_host")
             call(driver.cuMemcpyHtoDAsync, self.ptr, host.ctypes.data, self.nbytes, h)
             call(driver.cuStreamSynchronize, h)
             return
-        self._fence("copy_from_host")
+        _copy_fence(self.device, "DeviceBuffer.copy_from_host")
         call(driver.cuMemcpyHtoD, self.ptr, host.ctypes.data, self.nbytes)
 
     def to_numpy(self, stream: Any = None) -> np.ndarray:
@@ -205,7 +206,7 @@ class DeviceBuffer(Resource):
         if stream is not None:
             call(driver.cuMemsetD32Async, self.ptr, POISON_BITS, self.size, stream_handle(stream))
             return
-        self._fence("poison")
+        _copy_fence(self.device, "DeviceBuffer.poison")
         call(driver.cuMemsetD32, self.ptr, POISON_BITS, self.size)
         call(driver.cuCtxSynchronize)
 
