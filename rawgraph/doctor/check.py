@@ -515,8 +515,7 @@ def _inputs(obj: Any, refs: list[_Ref], order: _Order, named: list[InputRecord],
                 ranges.append((f"plan input {name!r}", int(buf.ptr), int(buf.ptr) + int(buf.nbytes), own))
     out: list[Finding] = []
     for label, lo, hi, own in ranges:
-        touching = sorted((r for r in refs if not r.host and r.address < hi and lo < r.address + max(r.nbytes, 1)),
-                          key=lambda r: order.key(r.node))
+        touching = _touching(refs, lo, hi, order)
         if not touching:
             continue
         writers = [r for r in touching if r.role == "write" and
@@ -541,6 +540,12 @@ def _inputs(obj: Any, refs: list[_Ref], order: _Order, named: list[InputRecord],
                                 "allocate static inputs before capture (outside torch.cuda.graph), so the private pool "
                                 "cannot alias them with intermediates", first.where, related))
     return out
+
+
+def _touching(refs: list[_Ref], lo: int, hi: int, order: _Order) -> list[_Ref]:
+    """The device references into ``[lo, hi)``, in execution order."""
+    return sorted((r for r in refs if not r.host and r.address < hi and lo < r.address + max(r.nbytes, 1)),
+                  key=lambda r: order.key(r.node))
 
 
 def _memory_owner(x: Any) -> Any:
@@ -598,8 +603,7 @@ def _freed_inputs(named: Iterable[InputRecord], refs: list[_Ref], order: _Order,
     for rec in named:
         if rec.ref is None or rec.ref() is not None:
             continue
-        touching = sorted((r for r in refs if not r.host and r.address < rec.hi
-                           and rec.lo < r.address + max(r.nbytes, 1)), key=lambda r: order.key(r.node))
+        touching = _touching(refs, rec.lo, rec.hi, order)
         done: set[int] = set()
         for r in touching:
             node_id = r.node.info.id
