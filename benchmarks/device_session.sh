@@ -18,16 +18,21 @@ set -u
 S=$(date +%s); el() { echo $(( $(date +%s) - S )); }
 BUDGET=${BUDGET:-575}
 left() { echo $(( BUDGET - $(el) )); }
+# every GPU test (`-m gpu`) within $1 seconds, then extra pytest arguments; the log is gpu_tests.txt
+gpu_tests() {
+  local limit=$1; shift
+  PYTHONFAULTHANDLER=1 timeout "$limit" python3 -m pytest -m gpu -rs --timeout=120 -p no:cacheprovider "$@" \
+    >"$OUT/gpu_tests.txt" 2>&1
+  echo "tests rc=$? at $(el)s"
+  grep -E " (FAILED|ERROR)|^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -40; tail -3 "$OUT/gpu_tests.txt"
+}
 export PYTHONPATH=$(pwd)
 (nvidia-smi -L; date; python3 -c "import cuda.bindings, torch, cupy; print('cuda-bindings', cuda.bindings.__version__, 'torch', torch.__version__, 'cupy', cupy.__version__)") >"$OUT/env.txt" 2>&1
 case "${1:-tests}" in
   tests)
     # the files no GPU has run yet first (so a cut run still shows them), then every other GPU test
     FIRST=${FIRST_FILES:-"tests/test_slots_gpu.py tests/test_device_shaped_gpu.py tests/test_update_gpu.py tests/test_sgemm_gpu.py"}
-    PYTHONFAULTHANDLER=1 timeout ${TESTS_LIMIT:-500} python3 -m pytest -m gpu -v -rs --durations=25 --timeout=120 \
-      -p no:cacheprovider $FIRST tests >"$OUT/gpu_tests.txt" 2>&1
-    echo "tests rc=$? at $(el)s"
-    grep -E " (FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -40; tail -3 "$OUT/gpu_tests.txt"
+    gpu_tests "${TESTS_LIMIT:-500}" -v --durations=25 $FIRST tests
     # then the CPU tests on this machine too (the whole suite in one call): in parallel where
     # pytest-xdist is installed (they touch no GPU), after the GPU tests so nothing overlaps them
     if [ "$(left)" -gt 60 ]; then
@@ -41,10 +46,7 @@ case "${1:-tests}" in
       echo "probe rc=$? at $(el)s"; tail -12 "$OUT/probe_device_shaped.txt" | cut -c1-260
     fi ;;
   gemm)  # every GPU test (no CPU tests), then the GEMM sweep with what is left
-    PYTHONFAULTHANDLER=1 timeout ${TESTS_LIMIT:-300} python3 -m pytest -m gpu -q -rs --durations=15 --timeout=120 \
-      -p no:cacheprovider tests >"$OUT/gpu_tests.txt" 2>&1
-    echo "tests rc=$? at $(el)s"
-    grep -E " (FAILED|ERROR)|^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -40; tail -3 "$OUT/gpu_tests.txt"
+    gpu_tests "${TESTS_LIMIT:-300}" -q --durations=15 tests
     timeout $(( $(left) - 15 )) python3 benchmarks/gemm_sweep.py --out "$OUT/gemm" --budget-s $(( $(left) - 75 )) \
       >"$OUT/gemm.log" 2>&1
     echo "gemm rc=$? at $(el)s"; tail -8 "$OUT/gemm.log" | cut -c1-220 ;;
@@ -66,9 +68,7 @@ case "${1:-tests}" in
   serving)  # issue 23's re-runs once SGEMM_CUTS holds the sweep's cuts: every GPU test, launch
     # paths at serving batch sizes, the sanitizer's four tools over every kernel form and table cut,
     # then the slots trace while time is left
-    PYTHONFAULTHANDLER=1 timeout ${TESTS_LIMIT:-170} python3 -m pytest -m gpu -q -rs --timeout=120 \
-      -p no:cacheprovider tests >"$OUT/gpu_tests.txt" 2>&1
-    echo "tests rc=$? at $(el)s"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -20; tail -2 "$OUT/gpu_tests.txt"
+    gpu_tests "${TESTS_LIMIT:-170}" -q tests
     timeout 200 python3 -m rawgraph.bench.launch_paths --width 1024 4096 --batch 64 128 256 --layers 1 \
       --out "$OUT" --name launch_paths_serving >"$OUT/launch_serving.log" 2>&1
     echo "launch paths rc=$? at $(el)s"; tail -12 "$OUT/launch_serving.log"
