@@ -6,7 +6,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh bench   # call 2
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh serving # call 3 (issue 23)
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh gemm    # GPU tests + GEMM sweep
-#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh race    # SWITCH probe; racecheck, K-slice sgemm
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh race    # SWITCH probe; racecheck, K-slice sgemm; ncu w4096
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -91,6 +91,16 @@ case "${1:-tests}" in
       timeout 150 compute-sanitizer --tool racecheck python3 benchmarks/probes/sgemm_slice_barriers.py $mode \
         >"$OUT/racecheck_slices${mode:+_syncthreads}.txt" 2>&1
       echo "racecheck ${mode:-named} rc=$? at $(el)s"; grep -E "SUMMARY|failed" "$OUT/racecheck_slices${mode:+_syncthreads}.txt" | tail -2
+    done
+    # issue 23: what limits the w4096 cut against cuBLAS (one profiled launch of each)
+    for m in 256 128; do
+      if [ "$(left)" -gt 50 ]; then
+        timeout $(( $(left) - 20 )) ncu --launch-skip 2 --launch-count 2 -k regex:gemm --section SpeedOfLight \
+          --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
+          --section MemoryWorkloadAnalysis --section LaunchStats python3 benchmarks/probes/sgemm_ncu.py --m $m --k 4096 \
+          >"$OUT/ncu_sgemm_m${m}_k4096.txt" 2>&1
+        echo "ncu m$m rc=$? at $(el)s"; grep -E "CHECK|FACT|Compute \(SM\) Throughput|Issue Slots Busy|Duration" "$OUT/ncu_sgemm_m${m}_k4096.txt" | head -12
+      fi
     done ;;
   *) echo "usage: device_session.sh tests|gemm|bench|serving|race" >&2; exit 2 ;;
 esac
