@@ -83,23 +83,20 @@ case "${1:-tests}" in
       timeout $(( $(left) - 15 )) python3 -m rawgraph.bench.slots --steps 3000 --out "$OUT" >"$OUT/slots.log" 2>&1
       echo "slots rc=$? at $(el)s"; tail -12 "$OUT/slots.log"
     fi ;;
-  race)  # issue 25: the SWITCH-band probe (every variant); issue 23: racecheck's hazards in the
-    # K-slice sgemm kernels, named barriers against __syncthreads
+  race)  # issue 25: the SWITCH-band probe (every variant); issue 23: racecheck over every kernel
+    # form and table cut (sgemm slices now pass their barriers equally often), ncu on the w4096 cut
     timeout 200 python3 benchmarks/probes/switch_bands.py --rounds 40 >"$OUT/probe_switch_bands.txt" 2>&1
     echo "switch probe rc=$? at $(el)s"; grep -E "^FACT|ratio" "$OUT/probe_switch_bands.txt" | cut -c1-230 | tail -40
-    for mode in "" "--syncthreads"; do
-      timeout 150 compute-sanitizer --tool racecheck python3 benchmarks/probes/sgemm_slice_barriers.py $mode \
-        >"$OUT/racecheck_slices${mode:+_syncthreads}.txt" 2>&1
-      echo "racecheck ${mode:-named} rc=$? at $(el)s"; grep -E "SUMMARY|failed" "$OUT/racecheck_slices${mode:+_syncthreads}.txt" | tail -2
-    done
-    # issue 23: what limits the w4096 cut against cuBLAS (one profiled launch of each)
+    timeout 150 compute-sanitizer --tool racecheck python3 benchmarks/sanitize_kernels.py >"$OUT/sanitize_racecheck.txt" 2>&1
+    echo "racecheck rc=$? at $(el)s"; grep -E "ERROR SUMMARY|FAIL|RACECHECK SUMMARY" "$OUT/sanitize_racecheck.txt" | tail -3
+    # every gemm-named launch of the probe (ours and cuBLAS's, warm-up included), no name filter
     for m in 256 128; do
       if [ "$(left)" -gt 50 ]; then
-        timeout $(( $(left) - 20 )) ncu --launch-skip 2 --launch-count 2 -k regex:gemm --section SpeedOfLight \
+        timeout $(( $(left) - 20 )) ncu --launch-count 12 --section SpeedOfLight \
           --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
           --section MemoryWorkloadAnalysis --section LaunchStats python3 benchmarks/probes/sgemm_ncu.py --m $m --k 4096 \
           >"$OUT/ncu_sgemm_m${m}_k4096.txt" 2>&1
-        echo "ncu m$m rc=$? at $(el)s"; grep -E "CHECK|FACT|Compute \(SM\) Throughput|Issue Slots Busy|Duration" "$OUT/ncu_sgemm_m${m}_k4096.txt" | head -12
+        echo "ncu m$m rc=$? at $(el)s"; grep -E "CHECK|FACT|^  [a-zA-Z_]+.*\(|Compute \(SM\) Throughput|Issue Slots Busy|Duration|WARNING" "$OUT/ncu_sgemm_m${m}_k4096.txt" | head -30
       fi
     done ;;
   *) echo "usage: device_session.sh tests|gemm|bench|serving|race" >&2; exit 2 ;;

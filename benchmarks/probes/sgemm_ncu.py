@@ -5,13 +5,14 @@ sgemm cut at 61-64 % of fp32 peak at M = 128-256, K = N = 4096, and cuBLAS at 69
 the table's cut at one shape once (after one warm-up launch) and ``torch.mm`` (TF32 off) once,
 so that ncu can profile the two side by side:
 
-    ncu --launch-skip 2 --launch-count 2 -k regex:gemm --section SpeedOfLight \\
+    ncu --launch-count 12 --section SpeedOfLight \\
         --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \\
         --section Occupancy --section MemoryWorkloadAnalysis \\
         python3 benchmarks/probes/sgemm_ncu.py --m 256 --k 4096
 
-The warm-up launches are the first two gemm kernels (ours, then cuBLAS's), the profiled ones the
-next two. The output is checked against float64 and the line ``CHECK`` says so.
+ncu profiles every kernel launch (no name filter: on 2026-12-06 ``-k regex:gemm`` matched only
+cuBLAS's ``Kernel2`` and ``splitKreduce_kernel``, never ours), the warm-up pair included. The
+output is checked against float64 and the line ``CHECK`` says so.
 """
 from __future__ import annotations
 
