@@ -18,7 +18,7 @@ import pytest
 from cuda.bindings import driver
 
 from rawgraph.graphs import builder
-from rawgraph.control import conditional as cn
+from rawgraph.graphs import conditional as cn
 from rawgraph.runtime.errors import ClosedError, ReleaseWarning
 from rawgraph.runtime.launch import KernelArgs, Launch
 from rawgraph.runtime.resource import Resource

@@ -6,7 +6,7 @@ from cuda.bindings import driver
 
 from helpers import random_input, rel_err
 from rawgraph import DeviceArray, DeviceBuffer, Event, ExecUpdateManager, HostBuffer, RawgraphError, TinyBlock, capture_plan
-from rawgraph.control import conditional as cn
+from rawgraph.graphs import conditional as cn
 from rawgraph.graphs.builder import GraphBuilder, HostCallback, build_plan, edge_list
 from rawgraph.graphs.graph import read_node_args
 

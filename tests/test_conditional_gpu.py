@@ -1,4 +1,4 @@
-"""Conditional nodes (rawgraph.control.conditional): each branch as the device decides, the WHILE depth loop,
+"""Conditional nodes (rawgraph.graphs.conditional): each branch as the device decides, the WHILE depth loop,
 the norm early exit, and the refusals made before the driver is called."""
 
 import warnings
@@ -9,7 +9,7 @@ from cuda.bindings import driver
 
 from helpers import random_input, rel_err
 from rawgraph import BlockWeights, Capture, DeviceBuffer, ExecUpdateManager, RawgraphError, Stream, TinyBlock, capture_plan
-from rawgraph.control import conditional as cn
+from rawgraph.graphs import conditional as cn
 from rawgraph.control.loops import DepthLoop, NormGate
 from rawgraph.graphs.builder import GraphBuilder
 from rawgraph.runtime.errors import RawgraphWarning

@@ -437,3 +437,75 @@ def test_a_slot_pool_shaped_on_the_device_takes_bands(fake, updatable_attrs):
                 assert not plan.launches[0].pdl and plan.launches[0].args["rows"] == top
             pool.join(np.ones(64, np.float32))
             assert pool.step() == 1
+
+
+# -- select="switch": a SWITCH node picks the band ------------------------------------------------
+def test_a_switch_captures_one_body_per_band_behind_rg_set_band(fake):
+    """select="switch", bands=[2]: rg_set_band reads n_live and the band tops [2, 8] (device
+    memory), then a SWITCH of two bodies, each the band top's plan as captured; no node is opted in
+    to device updates and the graph is not marked."""
+    from rawgraph import DeviceShapedGraph, TinyBlock
+
+    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model, \
+            DeviceShapedGraph(model, max_batch=8, bands=[2], select="switch") as dsg:
+        assert dsg.bands == [2, 8] and dsg.entries == [] and dsg.handles == []
+        assert dsg.head.kernel.name == "rg_set_band" and dsg.head.args["count"] == 2
+        assert dsg.head.args["tops"] == dsg._table.ptr and dsg.head.args["value"] == dsg.n_live.ptr
+        assert list(dsg._table.to_numpy(dsg.stream)) == [2, 8]
+        assert dsg.switch.size == 2 and not dsg.graph.device_updatable
+        for i, plan in enumerate(dsg.plans):
+            body = dsg.switch.body_kernel_nodes(i)
+            assert [n.launch for n in body] == list(plan.launches)
+            assert plan.launches[0].args["B"] == dsg.bands[i]
+        assert [dsg.plan_for(n) is dsg.plans[0 if n <= 2 else 1] for n in range(0, 9)] == [True] * 9
+        assert "select=switch" in repr(dsg)
+        dsg.run(5)
+        assert dsg.replays == 1
+
+
+def test_a_switch_refuses_what_it_does_not_offer_before_any_driver_call(fake, monkeypatch):
+    from rawgraph import DeviceShapedError, DeviceShapedGraph, TinyBlock
+
+    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model:
+        calls = []
+        real = driver.cuMemAlloc
+        monkeypatch.setattr(driver, "cuMemAlloc", lambda *a: calls.append(a) or real(*a))
+        with pytest.raises(ValueError, match="select"):
+            DeviceShapedGraph(model, max_batch=8, select="disable")
+        assert calls == []
+        monkeypatch.setattr(driver, "cuMemAlloc", real)
+        with DeviceShapedGraph(model, max_batch=8, select="switch") as dsg:
+            for name in ("cuGraphExecUpdate", "cuGraphClone"):
+                monkeypatch.setattr(driver, name, lambda *a, _n=name: calls.append(_n))
+            with pytest.raises(DeviceShapedError, match="conditional node"):
+                dsg.clone()
+            with pytest.raises(DeviceShapedError, match="cuGraphExecUpdate"):
+                dsg.update(dsg.graph)
+            assert calls == []
+        from rawgraph.runtime.errors import ClosedError
+
+        with pytest.raises(ClosedError):
+            dsg.update(dsg.graph)
+
+
+def test_a_switch_slot_pool_copies_the_whole_table(fake, monkeypatch):
+    """SlotPool(shape="device", select="switch"): a band runs at its top's rows, so each changed
+    table is copied whole (4 * max_slots bytes), not only the live rows; select needs
+    shape="device"."""
+    from rawgraph import SlotPool, TinyBlock
+
+    with TinyBlock(64, 1, 1, seed=4, form="unfused") as model:
+        with pytest.raises(ValueError, match="shape='device'"):
+            SlotPool(model, 8, select="switch")
+        with pytest.raises(ValueError, match="select"):
+            SlotPool(model, 8, shape="device", select="maybe")
+        with SlotPool(model, 8, shape="device", bands=[3], select="switch") as pool:
+            assert pool._shaped.select == "switch" and pool._shaped.bands == [3, 8]
+            sizes = []
+            real = driver.cuMemcpyHtoDAsync
+            monkeypatch.setattr(driver, "cuMemcpyHtoDAsync",
+                                lambda dst, src, n, s: sizes.append((int(dst), n)) or real(dst, src, n, s))
+            pool.join(np.ones(64, np.float32))
+            sizes.clear()
+            assert pool.step() == 1
+            assert (int(pool.table_dev.ptr), 4 * 8) in sizes

@@ -23,7 +23,7 @@ from rawgraph.runtime import resource
 from rawgraph.bench import device_launch as bench
 from rawgraph.graphs.builder import GraphBuilder, build_plan, edge_data
 from rawgraph.control import DeviceGraph, LauncherExec, launcher_graph
-from rawgraph.control import conditional as cn
+from rawgraph.graphs import conditional as cn
 from rawgraph.runtime.errors import call
 
 pytestmark = pytest.mark.gpu
@@ -272,7 +272,7 @@ import json, sys
 import numpy as np
 from rawgraph import DeviceArray, DeviceBuffer, Stream, get_device
 from rawgraph.graphs.builder import GraphBuilder
-from rawgraph.control import conditional as cn
+from rawgraph.graphs import conditional as cn
 
 dev = get_device()
 s = Stream()

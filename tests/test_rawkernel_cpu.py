@@ -391,7 +391,7 @@ def test_the_plan_a_capture_keeps_is_checked_against_the_captured_pointers(fake)
 
 
 def test_a_call_inside_a_conditional_body_is_recorded_in_the_body(fake):
-    from rawgraph.control import conditional as cn
+    from rawgraph.graphs import conditional as cn
 
     k = RawKernel(AXPB, "axpb")
     with Stream() as s, Stream() as body_stream:

@@ -263,7 +263,7 @@ extern "C" __global__ void gated(bool on, const float* x, float* y, int n) {
 
 @pytest.mark.parametrize("taken", [1, 0])
 def test_a_call_in_a_conditional_body_runs_when_the_device_says_so(stream, rng, taken):
-    from rawgraph.control import conditional as cn
+    from rawgraph.graphs import conditional as cn
 
     k = RawKernel(GATED, "gated")
     n = int(rng.integers(500, 3000))

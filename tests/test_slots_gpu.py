@@ -311,18 +311,19 @@ def test_leaving_without_a_wait_gives_the_rows_a_waiting_leave_gives(model, stre
         assert got[True][i].tobytes() == got[False][i].tobytes(), f"request {i}"
 
 
-@pytest.mark.parametrize("bands", [None, "plans"])
-def test_a_pool_shaped_on_the_device_matches_each_request_alone_and_the_bucket_pool(model, stream, rng, bands):
+@pytest.mark.parametrize("bands,select", [(None, None), ("plans", None), ("plans", "switch")])
+def test_a_pool_shaped_on_the_device_matches_each_request_alone_and_the_bucket_pool(model, stream, rng, bands, select):
     """shape="device": one exec, grids and row counts set on the device to the live rows each
     step. Over a random trace every request equals its own steps alone (float64 reference), and
     the bucket pool running the same gather-kernel path gives the same rows within the same bound
     (its matmul cuts follow the bucket size, the device-shaped exec's the largest: the summation
     order may differ, and a row lives up to 40 steps). With bands from the plans, each step runs
-    the exact-size plan's kernels."""
+    the exact-size plan's kernels; picked by a SWITCH node (select="switch"), a band runs at its
+    top's rows, its padding rows read and written through the scratch slot only."""
     steps, slots = 600, 32
     reqs = _trace(rng, steps, slots)
     rows = [random_input(rng, (WIDTH,)) for _ in reqs]
-    with SlotPool(model, max_slots=slots, shape="device", stream=stream, bands=bands) as pool:
+    with SlotPool(model, max_slots=slots, shape="device", stream=stream, bands=bands, select=select) as pool:
         assert (pool.mode, pool.gather, pool.shape) == ("copy", "kernels", "device")
         final = _drive(pool, reqs, rows, steps)
         assert pool._shaped.check_status(stream) >= 0

@@ -45,7 +45,7 @@ CASES = [
         name="body_capture_keeps_deferred_releases",
         why="item 8: BodyCapture ends its capture without running the releases it deferred",
         tests=[f"{OWN}::test_a_body_capture_runs_the_releases_it_deferred"],
-        edits=[("rawgraph/control/conditional.py",
+        edits=[("rawgraph/graphs/conditional.py",
                 "        try:\n            err, graph = driver.cuStreamEndCapture(self.stream.handle)\n        finally:\n",
                 "        err, graph = driver.cuStreamEndCapture(self.stream.handle)\n        if False:\n")],
     ),

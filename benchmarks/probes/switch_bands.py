@@ -40,7 +40,7 @@ def main() -> int:
     p.add_argument("--max-batch", type=int, default=256)
     p.add_argument("--rounds", type=int, default=40)
     a = p.parse_args()
-    from rawgraph.control.conditional import capture_conditional, capture_handle, set_condition
+    from rawgraph.graphs.conditional import capture_conditional, capture_handle, set_condition
     from rawgraph.graphs.capture import Capture
     from rawgraph.models.tinyblock import TinyBlock
     from rawgraph.runtime.device import get_device, gpu_available

@@ -156,8 +156,8 @@ class _TorchBuckets:
 class _DeviceShaped:
     """:class:`DeviceShapedGraph` behind the ``run(x, n)`` of the other strategies."""
 
-    def __init__(self, model: TinyBlock, max_batch: int, stream: Stream, bands: Any = None):
-        self.dsg = DeviceShapedGraph(model, max_batch=max_batch, stream=stream, bands=bands)
+    def __init__(self, model: TinyBlock, max_batch: int, stream: Stream, bands: Any = None, select: str = "updates"):
+        self.dsg = DeviceShapedGraph(model, max_batch=max_batch, stream=stream, bands=bands, select=select)
         self.setup = self.dsg.setup
         self.memory = {"buffers": self.dsg.nbytes}
         self.groups = {"one": list(range(1, max_batch + 1))}  # one exec
@@ -259,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         ("reshaped", lambda: ReshapedGraph(model, max_batch=top, stream=s), 1),
         ("device", lambda: _DeviceShaped(model, top, s), 1),
         ("device_bands", lambda: _DeviceShaped(model, top, s, bands="plans"), 1),
+        ("switch_bands", lambda: _DeviceShaped(model, top, s, bands="plans", select="switch"), 1),
+        ("switch_rows", lambda: _DeviceShaped(model, top, s, bands=uniform, select="switch"), 1),
         ("exact", lambda: BucketGraphs(model, sizes=visited, stream=s), len(visited)),
         ("eager", lambda: _Eager(model, top, s), 0),
     ]
@@ -353,8 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, sizes in (("vllm", vllm), ("pow2", pow2), ("max", [top]), ("exact", visited), ("torch", vllm),
                         ("vllm_graphmem", vllm)):
         waste[name] = {"uniform": padding_waste(sizes, uniform), "decode": padding_waste(sizes, decode)}
-    for name in ("eager", "reshaped", "rowcount", "device", "device_bands"):
+    for name in ("eager", "reshaped", "rowcount", "device", "device_bands", "switch_rows"):
         waste[name] = {"uniform": 0.0, "decode": 0.0}
+    if "switch_bands" in strategies:  # a band runs at its top's rows
+        bands = strategies["switch_bands"].dsg.bands
+        waste["switch_bands"] = {"uniform": padding_waste(bands, uniform), "decode": padding_waste(bands, decode)}
     device_update: dict = {}
     if "device" in strategies and "exact" in strategies:
         try:
@@ -433,7 +438,8 @@ def targets(result: dict) -> list[dict]:
         r = med("vllm", worst) / med("torch", worst)
         out.append({"target": "latency: vLLM bucket step <= 0.75x PyTorch buckets at every n <= 64", "value": r,
                     "limit": 0.75, "met": r <= 0.75, "worst_n": worst})
-    for dev, what in (("device", "device-shaped"), ("device_bands", "banded device-shaped")):
+    for dev, what in (("device", "device-shaped"), ("device_bands", "banded device-shaped"),
+                      ("switch_bands", "SWITCH over plan bands"), ("switch_rows", "SWITCH over every row count")):
         if dev in info and "vllm" in info:
             mem, vmem = info[dev]["memory"], info["vllm"]["memory"]
             ratio = mem["device_growth"] / max(1, vmem["device_growth"])

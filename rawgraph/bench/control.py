@@ -35,7 +35,7 @@ from typing import Any, Callable
 import numpy as np
 from cuda.bindings import driver
 
-from ..control import conditional as cn
+from ..graphs import conditional as cn
 from ..control.loops import DepthLoop
 from ..graphs.builder import GraphBuilder
 from ..graphs.capture import capture_plan

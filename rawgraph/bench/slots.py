@@ -19,6 +19,8 @@ step, in a fresh random order, so drift hits all alike):
   a head kernel sets on the device to the live rows each step (gather kernels, copied table);
 - ``device_bands``: the same with ``bands="plans"``: one plan per band of live counts, so each step
   runs the exact-size plan's kernels;
+- ``switch_bands``: the same bands picked by a SWITCH node (``select="switch"``): each step runs its
+  band's plan as captured, at the band top's rows;
 - ``torch_vllm``: PyTorch done the vLLM way: a persistent state tensor, bucket graphs captured
   with ``index_select`` / ``index_copy_`` over a static index tensor, and per step a ``copy_`` of
   the indices from pinned memory, then ``replay()``.
@@ -61,7 +63,9 @@ POOL_OPTIONS = {"graph_table": {"table": "graph", "gather": "fused"},
                 # one exec shaped to the live rows on the device (issue 25): no buckets, no padding
                 "device_shaped": {"shape": "device"},
                 # the same with one plan per band of live counts (each runs the exact-size kernels)
-                "device_bands": {"shape": "device", "bands": "plans"}}
+                "device_bands": {"shape": "device", "bands": "plans"},
+                # a SWITCH node runs the band's plan as captured (padding rows to the band top)
+                "switch_bands": {"shape": "device", "bands": "plans", "select": "switch"}}
 RAWGRAPH = tuple(POOL_OPTIONS)
 
 

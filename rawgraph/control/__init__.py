@@ -4,8 +4,9 @@
   (:class:`DeviceGraph`) and host graphs whose kernel launches them with the device runtime's
   ``cudaGraphLaunch`` (:func:`launcher_graph`: tail, fire-and-forget, sibling), which hold the
   target's exec while anything can still launch it (:class:`LauncherGraph`, :class:`LauncherExec`).
-- :mod:`rawgraph.control.conditional`: IF, IF/ELSE, WHILE and SWITCH nodes, added by the
-  builder or during capture, whose condition a kernel sets (``cudaGraphSetConditional``).
+- :func:`add_conditional`, :func:`capture_conditional`, :func:`make_handle`: re-exported from
+  :mod:`rawgraph.graphs.conditional` (IF, IF/ELSE, WHILE and SWITCH nodes, added by the builder
+  or during capture, whose condition a kernel sets with ``cudaGraphSetConditional``).
 - :mod:`rawgraph.control.loops`: worked examples over any row-wise model: :class:`DepthLoop`
   (depth decided per replay) and :class:`NormGate` (early exit).
 - :mod:`rawgraph.control.rng`: a Philox4x32-10 generator whose seed and offset live in device
@@ -28,7 +29,7 @@ from .device_launch import (
     device_launch_problems,
     launcher_graph,
 )
-from .conditional import add_conditional, capture_conditional, make_handle
+from ..graphs.conditional import add_conditional, capture_conditional, make_handle
 from .loops import DepthLoop, NormGate
 from .rng import (
     PhiloxGenerator,

@@ -31,8 +31,8 @@ from ..runtime.launch import Launch
 from ..runtime.memory import DeviceBuffer, as_device_array, check_array
 from ..runtime.resource import Resource
 from ..runtime.stream import Stream
-from .conditional import (THREADS, ConditionalHandle, _capture_info, _grid, _launch, add_conditional, capture_conditional,
-                          capture_handle, make_handle)
+from ..graphs.conditional import (THREADS, ConditionalHandle, _capture_info, _grid, _launch, add_conditional, capture_conditional,
+                                  capture_handle, make_handle)
 
 
 def _close_all(owned: list) -> None:

@@ -269,7 +269,7 @@ class GraphBuilder:
     Notes
     -----
     A builder can also fill a graph it does not own (a conditional node's body, see
-    :mod:`rawgraph.control.conditional`): then :meth:`build` is refused and host, event and memory nodes,
+    :mod:`rawgraph.graphs.conditional`): then :meth:`build` is refused and host, event and memory nodes,
     which bodies may not hold, are refused too.
     """
 

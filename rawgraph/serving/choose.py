@@ -1,7 +1,8 @@
 """Measured-cost choice of a serving strategy (issue 25, item 4).
 
 :func:`choose_strategy` builds each candidate in turn (bucket graphs, row-count rebinding, one
-re-shaped graph, a device-shaped graph with one band and one with bands from the plans) over the
+re-shaped graph, a device-shaped graph with one band, one with bands from the plans, and one
+picking the band with a SWITCH node) over the
 same model, reads the device memory it took from the object, skips it with the reason when it is
 over the budget (or fails to build or run), times the rest replaying a sample of the batch-size
 trace, closes it before building the next (so at most one candidate is resident), and returns the
@@ -60,14 +61,21 @@ def _device_bands(model: Any, max_batch: int, stream: Any) -> Any:
     return DeviceShapedGraph(model, max_batch, stream, bands="plans")
 
 
+def _switch_bands(model: Any, max_batch: int, stream: Any) -> Any:
+    from .device_shaped import DeviceShapedGraph
+    return DeviceShapedGraph(model, max_batch, stream, bands="plans", select="switch")
+
+
 #: The strategies, in the order they are tried: bucket graphs, row-count rebinding, one re-shaped
-#: graph, one device-shaped graph (one band), and one with a band wherever the plan changes.
+#: graph, one device-shaped graph (one band), one with a band wherever the plan changes, and one
+#: whose SWITCH node runs the band's plan as captured.
 DEFAULT_CANDIDATES: dict[str, Factory] = {
     "buckets": _buckets,
     "rowcount": _rowcount,
     "reshaped": _reshaped,
     "device_shaped": _device_shaped,
     "device_bands": _device_bands,
+    "switch_bands": _switch_bands,
 }
 
 

@@ -287,11 +287,18 @@ class DeviceShapedGraph(Resource):
         capturing stream.
     bands : None, "plans" or sequence of int
         Row counts at which a plan is captured; each ``n`` runs the plan of the smallest band
-        top ``>= n`` (its grids and row counts cut to ``n``) and the head disables every other
-        band's nodes. None: one band, ``max_batch`` (every ``n`` runs the ``max_batch``-row plan's
+        top ``>= n``. None: one band, ``max_batch`` (every ``n`` runs the ``max_batch``-row plan's
         kernels). ``"plans"``: a band wherever the model's plan changes (:func:`plan_signature`
-        over every row count), so every ``n`` runs the kernels and launch shapes the exact-size
-        plan runs. A sequence: those tops (``max_batch`` is added).
+        over every row count), so every ``n`` runs the kernels the exact-size plan runs. A
+        sequence: those tops (``max_batch`` is added); ``range(1, max_batch + 1)`` with
+        ``select="switch"`` runs the exact-size plan itself at every ``n``.
+    select : "updates" or "switch", default "updates"
+        How the band's plan is picked and fitted to ``n``. ``"updates"``: the head's device-side
+        node updates cut its grids and row counts to ``n`` and disable every other band's nodes
+        (the model must name its row counts: ``row_count_arg``). ``"switch"``: the head
+        (``rg_set_band``) sets a SWITCH node holding one body per band, and the body runs as
+        captured, at its band top's rows (rows ``n`` up to the top are computed from whatever
+        :attr:`input` holds there); no node is updated, any row-wise model serves.
 
     Attributes
     ----------
@@ -304,7 +311,10 @@ class DeviceShapedGraph(Resource):
     plans : list of LaunchPlan
         One per band (``plan`` is the last, the ``max_batch``-row plan).
     entries : list of ShapeEntry
-        What the head does to each node, over every band's plan in capture order.
+        What the head does to each node, over every band's plan in capture order (``select="updates"``;
+        empty with ``"switch"``).
+    switch : ConditionalNode or None
+        The SWITCH node (``select="switch"``): body ``i`` is band ``i``'s plan.
     graph, exec : the captured graph and its one exec (guarded: see the module docstring).
     setup : dict
         Seconds: ``bands`` (the signatures of ``bands="plans"``), ``plans``, ``warmup``,
@@ -313,13 +323,16 @@ class DeviceShapedGraph(Resource):
 
     def __init__(self, model: RowwiseModel, max_batch: int = 256, stream: Any = None, n_live: Any = None,
                  prologue: "LaunchPlan | Callable[[Any], None] | None" = None,
-                 bands: "str | Sequence[int] | None" = None):
+                 bands: "str | Sequence[int] | None" = None, select: str = "updates"):
         from ..runtime.stream import Stream, as_stream
 
         check_model(model)
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
             raise ShapeError(f"max_batch must be an int >= 1, got {max_batch!r}")
         self.max_batch = int(max_batch)
+        if select not in ("updates", "switch"):
+            raise ValueError(f"select must be 'updates' or 'switch', got {select!r}")
+        self.select = select
         # checked once, before anything is allocated (an iterator is read once)
         self._from_plans = isinstance(bands, str) and bands == "plans"
         if not self._from_plans:
@@ -394,14 +407,55 @@ class DeviceShapedGraph(Resource):
             owned.append(m)
             self.models.append(m)
             plan = m.plan(*views(top))
+            self.plans.append(plan)
+            if self.select == "switch":  # each band is a body of its own: nothing to check or cut
+                continue
             if len(self.bands) > 1 and plan.launches and plan.launches[0].pdl:
                 raise DeviceShapedError(f"the {top}-row plan starts with a PDL launch ({plan.launches[0].kernel.name}): "
                                         "with bands, each plan must start on a full edge")
-            self.plans.append(plan)
             self.entries += shape_entries(model, plan.launches, top, lo=lo, start=len(self.entries))
             lo = top + 1
         self.model, self.plan = self.models[-1], self.plans[-1]
         self._launches = [launch for plan in self.plans for launch in plan.launches]
+        self.switch: Any = None
+        if self.select == "switch":
+            # the band tops the head searches, and the n it used
+            self._table = DeviceBuffer((len(self.bands),), np.int32, self.device)
+            owned.append(self._table)
+            self._table.copy_from_host(np.asarray(self.bands, np.int32), s)
+            self._rc = DeviceBuffer((1,), np.int32, self.device)
+            owned.append(self._rc)
+        else:
+            self._head_for_updates(owned)
+        self.setup["plans"] = clock() - t0
+        # Warm-up: each plan once eagerly (module loading and first touch outside the capture);
+        # never the head, whose table holds no handles yet.
+        t0 = clock()
+        self.input.poison(s)
+        if n_live is None:
+            self.set_rows(self.max_batch, s)
+        for plan in self.plans:
+            plan.run(s)
+        s.synchronize()
+        self.setup["warmup"] = clock() - t0
+        if self.select == "switch":
+            self._capture_switch(prologue, owned)
+        else:
+            self._capture_updates(prologue, owned)
+        t0 = clock()
+        self.exec = self.graph.instantiate()
+        owned.append(self.exec)
+        self.setup["instantiate"] = clock() - t0
+        t0 = clock()
+        # An exec whose own kernels update its nodes must be uploaded before its first launch.
+        self.exec.upload(s)
+        s.synchronize()
+        self.setup["upload"] = clock() - t0
+        self._row_bytes = self.width * 4
+        self.replays = 0
+
+    def _head_for_updates(self, owned: list) -> None:
+        """``rg_du_shape`` over a table of every band's entries (``select="updates"``)."""
         _check_offsets(self.entries, self._launches)
         count = len(self.entries)
         self._table = DeviceBuffer((count * ENTRY_DTYPE.itemsize // 8,), np.uint64, self.device)
@@ -415,17 +469,44 @@ class DeviceShapedGraph(Resource):
         threads = min(_HEAD_THREADS, max(32, -(-count // 32) * 32))
         self.head = Launch(get_kernel("device_update", "rg_du_shape", self.device), (-(-count // threads), 1, 1),
                            (threads, 1, 1), head_args, {}, 0, "device_shape")
-        self.setup["plans"] = clock() - t0
-        # Warm-up: each plan once eagerly (module loading and first touch outside the capture);
-        # never the head, whose table holds no handles yet.
+
+    def _capture_switch(self, prologue: Any, owned: list) -> None:
+        """[prologue] -> ``rg_set_band`` -> SWITCH, body ``i`` captured from band ``i``'s plan on a
+        second stream (``cuStreamBeginCaptureToGraph``), its PDL chain kept."""
+        from ..graphs.conditional import capture_conditional, capture_handle, select_band
+        from ..runtime.stream import Stream
+
+        clock = time.perf_counter
         t0 = clock()
-        self.input.poison(s)
-        if n_live is None:
-            self.set_rows(self.max_batch, s)
-        for plan in self.plans:
-            plan.run(s)
-        s.synchronize()
-        self.setup["warmup"] = clock() - t0
+        body_stream = Stream(device=self.device)
+        try:
+            cap = Capture(self.stream)
+            with cap:
+                if prologue is not None:
+                    if isinstance(prologue, LaunchPlan):
+                        cap.run(prologue)
+                    else:
+                        prologue(cap.stream)
+                cond = capture_handle(cap)
+                self.head = select_band(self.device, cond, self.n_live, self._table, self._rc)
+                cap.launch(self.head)
+                self.switch = capture_conditional(cap, "switch", cond, size=len(self.plans))
+                for i, plan in enumerate(self.plans):
+                    with self.switch.capture_body(i, body_stream) as body:
+                        body.run(plan)
+        finally:
+            body_stream.close()
+        self.graph = cap.captured
+        owned.append(self.graph)
+        self._prologue = prologue
+        self.handles: list[int] = []
+        self.setup["capture"] = clock() - t0
+
+    def _capture_updates(self, prologue: Any, owned: list) -> None:
+        """[prologue] -> ``rg_du_shape`` -> every band's plan, each node opted in to device updates."""
+        clock = time.perf_counter
+        s = self.stream
+        count = len(self.entries)
         t0 = clock()
         cap = Capture(s)
         with cap:
@@ -452,17 +533,6 @@ class DeviceShapedGraph(Resource):
         self.handles = [_set_updatable(node.handle) for node in self._nodes]
         self._table.copy_from_host(pack_table(self.entries, self.handles).view(np.uint64), s)
         self.setup["attributes"] = clock() - t0
-        t0 = clock()
-        self.exec = graph.instantiate()
-        owned.append(self.exec)
-        self.setup["instantiate"] = clock() - t0
-        t0 = clock()
-        # An exec whose own kernels update its nodes must be uploaded before its first launch.
-        self.exec.upload(s)
-        s.synchronize()
-        self.setup["upload"] = clock() - t0
-        self._row_bytes = self.width * 4
-        self.replays = 0
 
     # -- n ----------------------------------------------------------------------------------
     def set_rows(self, n: int, stream: Any = None) -> None:
@@ -479,8 +549,9 @@ class DeviceShapedGraph(Resource):
         call(driver.cuMemcpyHtoDAsync, self.n_live.ptr, self._n_host.ctypes.data, 4, s.handle)
 
     def plan_for(self, n: int) -> LaunchPlan:
-        """The captured plan that runs for ``n`` live rows (its band's), cut to ``n`` rows; for
-        ``n = 0``, when nothing runs, the first band's."""
+        """The captured plan that runs for ``n`` live rows (its band's; with ``select="updates"``
+        cut to ``n`` rows, with ``"switch"`` at its band top's); for ``n = 0``, when nothing runs,
+        the first band's."""
         self._check()
         self._check_n(n)
         for top, plan in zip(self.bands, self.plans):
@@ -520,7 +591,7 @@ class DeviceShapedGraph(Resource):
     def status(self, stream: Any = None) -> tuple[int, list[int]]:
         """``(n, codes)`` of the last replay that finished on ``stream``: the ``n`` the head used
         (clamped) and each node's ``cudaError_t`` from ``cudaGraphKernelNodeUpdatesApply``
-        (waits for ``stream``)."""
+        (none with ``select="switch"``; waits for ``stream``)."""
         self._check()
         rc = self._rc.to_numpy(self.stream if stream is None else stream)
         return int(rc[-1]), [int(c) for c in rc[:-1]]
@@ -536,13 +607,18 @@ class DeviceShapedGraph(Resource):
 
     # -- refused ----------------------------------------------------------------------------
     def clone(self) -> Any:
-        """Refused: the driver cannot clone a graph holding device-updatable nodes (``cuGraphClone``
-        answers ``CUDA_ERROR_NOT_SUPPORTED``)."""
-        raise DeviceShapedError("a graph with device-updatable kernel nodes cannot be cloned (cuGraphClone "
-                                "answers CUDA_ERROR_NOT_SUPPORTED)")
+        """Refused: the driver cannot clone a graph holding device-updatable nodes or a
+        conditional node (``cuGraphClone`` answers ``CUDA_ERROR_NOT_SUPPORTED``)."""
+        what = "a conditional node" if self.select == "switch" else "device-updatable kernel nodes"
+        raise DeviceShapedError(f"a graph with {what} cannot be cloned (cuGraphClone answers CUDA_ERROR_NOT_SUPPORTED)")
 
     def update(self, graph: Any) -> None:
-        """Refused: ``cuGraphExecUpdate`` is not allowed on this exec."""
+        """Refused: ``cuGraphExecUpdate`` is not allowed on an exec with device-updatable nodes;
+        a SWITCH-selected exec keeps the plans it was built with (build another for others)."""
+        self._check()
+        if self.select == "switch":
+            raise DeviceShapedError("a SWITCH-selected DeviceShapedGraph keeps its captured plans: build a new one "
+                                    "instead of cuGraphExecUpdate")
         self.exec.update(graph)
 
     # -- accounting and lifetime ------------------------------------------------------------
@@ -571,4 +647,5 @@ class DeviceShapedGraph(Resource):
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""
-        return f"<DeviceShapedGraph width={self.width} max_batch={self.max_batch} nodes={len(getattr(self, 'entries', []))}{state}>"
+        return (f"<DeviceShapedGraph width={self.width} max_batch={self.max_batch} select={self.select} "
+                f"bands={len(getattr(self, 'bands', []))} nodes={len(getattr(self, '_launches', []))}{state}>")

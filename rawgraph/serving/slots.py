@@ -222,6 +222,11 @@ class SlotPool:
         ``shape="device"`` only: the device-shaped graph's bands (one plan per band of row
         counts; ``"plans"``: every live count runs the exact-size plan's kernels; see
         :class:`~rawgraph.serving.device_shaped.DeviceShapedGraph`).
+    select : {"updates", "switch"}, optional
+        ``shape="device"`` only: how the device-shaped graph fits a band to the live count
+        (:class:`~rawgraph.serving.device_shaped.DeviceShapedGraph`). With ``"switch"`` a band
+        runs at its top's rows, the rows past the live count gathered from and scattered to the
+        scratch slot (the whole table is copied when it changes, so no stale entry is read).
 
     Attributes
     ----------
@@ -234,15 +239,19 @@ class SlotPool:
 
     def __init__(self, model: RowwiseModel, max_slots: int = 256, sizes: Sequence[int] | None = None,
                  table: str | None = None, stream: Any = None, gather: str | None = None, shape: str = "buckets",
-                 bands: Any = None):
+                 bands: Any = None, select: str | None = None):
         # One thread at a time: two joins must not pick one slot, and the table, the positions and
         # the pinned/device tables change together (a lock, not an owning thread: a server may
         # admit requests on one thread and step on another).
         self._lock = threading.Lock()
         if shape not in ("buckets", "device"):
             raise ValueError(f"shape must be 'buckets' or 'device', got {shape!r}")
-        if bands is not None and shape != "device":
-            raise ValueError("bands are the device-shaped graph's: they need shape='device'")
+        if (bands is not None or select is not None) and shape != "device":
+            raise ValueError("bands and select are the device-shaped graph's: they need shape='device'")
+        if select not in (None, "updates", "switch"):
+            raise ValueError(f"select must be 'updates' or 'switch', got {select!r}")
+        # a SWITCH band reads table entries up to its top, past the live count: copy them all
+        self._copy_whole_table = select == "switch"
         if shape == "device":
             if table not in (None, "copy") or gather not in (None, "kernels"):
                 raise LayoutError("shape='device' runs one exec whose gather and scatter kernels read a device "
@@ -321,7 +330,7 @@ class SlotPool:
             if shape == "device":
                 t0 = clock()
                 self._shaped = DeviceShapedGraph(_SlotRows(model, views["state"], views["table"]), max_slots, s,
-                                                 bands=bands)
+                                                 bands=bands, select=select or "updates")
                 self.setup["capture"] += clock() - t0
                 self._sent[max_slots] = 0
             for b in (reversed(self.sizes) if bucketed else ()):
@@ -496,7 +505,8 @@ class SlotPool:
                 return 0
             if self._shaped is not None:  # one exec shaped to n on the device: no bucket, no padding
                 if self._sent[self.max_slots] != self._version:
-                    call(driver.cuMemcpyHtoDAsync, self.table_dev.ptr, self.table.ctypes.data, 4 * n, self.stream.handle)
+                    rows = self.max_slots if self._copy_whole_table else n
+                    call(driver.cuMemcpyHtoDAsync, self.table_dev.ptr, self.table.ctypes.data, 4 * rows, self.stream.handle)
                     self._sent[self.max_slots] = self._version
                 self._shaped.run(n, self.stream)
                 self.steps += 1

@@ -45,11 +45,11 @@ import numpy as np
 from cuda.bindings import driver
 
 from ..runtime import _capturing
-from ..graphs.builder import BuiltGraph, DepSpec, GraphBuilder, Node
-from ..graphs.capture import DEFAULT_CAPTURE_MODE, Capture, CaptureMode, _not_active, capture_info
+from .builder import BuiltGraph, DepSpec, GraphBuilder, Node
+from .capture import DEFAULT_CAPTURE_MODE, Capture, CaptureMode, _not_active, capture_info
 from ..runtime.device import Device, get_device
 from ..runtime.errors import CaptureError, CaptureRefusedError, RawgraphError, ShapeError, call, check, error_name
-from ..graphs.graph import KernelNode
+from .graph import KernelNode
 from ..runtime.module import Kernel, get_kernel
 from ..runtime.launch import KernelArgs, Launch, LaunchPlan
 from ..runtime.memory import DeviceBuffer, as_device_array, check_array
@@ -465,6 +465,18 @@ def set_condition(device: Device, cond: ConditionalHandle, value: Any) -> Launch
                    {"h": int(cond), "value": _u32_ptr(value, "value")})
 
 
+def select_band(device: Device, cond: ConditionalHandle, value: Any, tops: Any, used: Any) -> Launch:
+    """``rg_set_band``: a SWITCH over bands of a device value. ``n`` = the ``int32`` at ``value``
+    clamped to ``0..tops[-1]``; condition = the index of the first of the ascending ``int32`` band
+    ``tops`` (device memory, read each replay) ``>= n``, or ``len(tops)`` (no body) when ``n`` is 0;
+    ``used[0] = n``."""
+    t = _words(tops, "tops", np.int32)
+    return _launch(device, "rg_set_band", [("h", "u64"), ("value", "ptr"), ("tops", "ptr"), ("count", "i32"),
+                                           ("used", "ptr")],
+                   {"h": int(cond), "value": _words(value, "value", np.int32).ptr, "tops": t.ptr,
+                    "count": t.size, "used": _words(used, "used", np.int32).ptr})
+
+
 def countdown(device: Device, cond: ConditionalHandle, remaining: Any) -> Launch:
     """``rg_countdown``: ``remaining -= 1`` (saturating), condition = ``remaining > 0``: the last
     kernel of a WHILE body that runs ``remaining`` times (set the first check with
@@ -487,12 +499,17 @@ def noop(device: Device) -> Launch:
     return _launch(device, "rg_noop", [], {})
 
 
-def _u32_ptr(obj: Any, what: str) -> int:
+def _words(obj: Any, what: str, dtype: Any) -> Any:
+    """``obj`` as device memory holding at least one ``dtype`` word; :class:`ShapeError` otherwise."""
     arr = as_device_array(obj, what)
-    if arr.dtype != np.uint32 or arr.size < 1:
-        raise ShapeError(f"{what} must be device memory holding uint32, got {arr.dtype} x {arr.size}")
-    return arr.ptr
+    if arr.dtype != dtype or arr.size < 1:
+        raise ShapeError(f"{what} must be device memory holding {np.dtype(dtype).name}, got {arr.dtype} x {arr.size}")
+    return arr
+
+
+def _u32_ptr(obj: Any, what: str) -> int:
+    return _words(obj, what, np.uint32).ptr
 
 
 __all__ = ["ConditionalHandle", "ConditionalNode", "ConditionalUnsupportedError", "BodyCapture", "add_conditional", "axpb", "capture_conditional", "capture_handle", "check_kind",
-           "control_kernel", "countdown", "driver_cuda_version", "make_handle", "noop", "set_condition"]
+           "control_kernel", "countdown", "driver_cuda_version", "make_handle", "noop", "select_band", "set_condition"]
