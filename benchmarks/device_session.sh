@@ -7,6 +7,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh serving # call 3 (issue 23)
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh gemm    # GPU tests + GEMM sweep
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh race    # SWITCH probe; racecheck, K-slice sgemm; ncu w4096
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh switch  # GPU tests, racecheck, ncu, buckets, slots
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -99,7 +100,24 @@ case "${1:-tests}" in
         echo "ncu m$m rc=$? at $(el)s"; grep -E "CHECK|FACT|^  [a-zA-Z_]+.*\(|Compute \(SM\) Throughput|Issue Slots Busy|Duration|WARNING" "$OUT/ncu_sgemm_m${m}_k4096.txt" | head -30
       fi
     done ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race" >&2; exit 2 ;;
+  switch)  # issue 25's SWITCH strategy and issue 23's re-runs: every GPU test, racecheck over every
+    # kernel form and table cut, ncu on the w4096 cut, then bench buckets, slots and choose while time is left
+    gpu_tests "${TESTS_LIMIT:-220}" -q tests
+    timeout 120 compute-sanitizer --tool racecheck python3 benchmarks/sanitize_kernels.py >"$OUT/sanitize_racecheck.txt" 2>&1
+    echo "racecheck rc=$? at $(el)s"; grep -E "ERROR SUMMARY|FAIL|RACECHECK SUMMARY" "$OUT/sanitize_racecheck.txt" | tail -3
+    timeout 40 ncu --launch-count 12 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+      --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis --section LaunchStats \
+      python3 benchmarks/probes/sgemm_ncu.py --m 256 --k 4096 >"$OUT/ncu_sgemm_m256_k4096.txt" 2>&1
+    echo "ncu rc=$? at $(el)s"; grep -E "CHECK|FACT|sgemm|Kernel2|Compute \(SM\) Throughput|Issue Slots Busy|WARNING" "$OUT/ncu_sgemm_m256_k4096.txt" | head -20
+    if [ "$(left)" -gt 100 ]; then
+      timeout $(( $(left) - 60 )) python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1
+      echo "buckets rc=$? at $(el)s"; grep -E "switch|device|MISSED|met" "$OUT/buckets.log" | tail -30
+    fi
+    if [ "$(left)" -gt 70 ]; then
+      timeout $(( $(left) - 15 )) python3 -m rawgraph.bench.slots --steps 2000 --out "$OUT" >"$OUT/slots.log" 2>&1
+      echo "slots rc=$? at $(el)s"; tail -14 "$OUT/slots.log"
+    fi ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"
