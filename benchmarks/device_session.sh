@@ -8,6 +8,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh gemm    # GPU tests + GEMM sweep
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh race    # SWITCH probe; racecheck, K-slice sgemm; ncu w4096
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh switch  # GPU tests, racecheck, ncu, buckets, slots
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh final   # GPU tests, buckets, slots, choose, 3 sanitizers
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -117,7 +118,23 @@ case "${1:-tests}" in
       timeout $(( $(left) - 15 )) python3 -m rawgraph.bench.slots --steps 2000 --out "$OUT" >"$OUT/slots.log" 2>&1
       echo "slots rc=$? at $(el)s"; tail -14 "$OUT/slots.log"
     fi ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch" >&2; exit 2 ;;
+  final)  # every GPU test, bench buckets, slots and choose, then the sanitizer's other three tools
+    # over every kernel form and table cut while time is left
+    gpu_tests "${TESTS_LIMIT:-200}" -q tests
+    timeout 150 python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1
+    echo "buckets rc=$? at $(el)s"; grep -E "switch|MISSED|met" "$OUT/buckets.log" | tail -30
+    timeout 100 python3 -m rawgraph.bench.slots --steps 3000 --out "$OUT" >"$OUT/slots.log" 2>&1
+    echo "slots rc=$? at $(el)s"; tail -14 "$OUT/slots.log"
+    timeout 100 python3 -m rawgraph.bench.choose --steps 400 --rounds 5 --out "$OUT" >"$OUT/choose.log" 2>&1
+    echo "choose rc=$? at $(el)s"; tail -10 "$OUT/choose.log"
+    for tool in memcheck synccheck initcheck; do
+      if [ "$(left)" -gt 40 ]; then
+        t=$(( $(left) - 15 )); [ $t -gt 110 ] && t=110
+        timeout $t compute-sanitizer --tool $tool python3 benchmarks/sanitize_kernels.py >"$OUT/sanitize_$tool.txt" 2>&1
+        echo "$tool rc=$? at $(el)s"; grep -E "ERROR SUMMARY|FAIL" "$OUT/sanitize_$tool.txt" | tail -3
+      fi
+    done ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"

@@ -18,13 +18,14 @@ extern "C" __global__ void rg_set_cond(cudaGraphConditionalHandle h, const unsig
     if (threadIdx.x == 0 && blockIdx.x == 0) cudaGraphSetConditional(h, *value);
 }
 
-// SWITCH over bands of a device value: n = clamp(*value, 0, tops[count - 1]), cond = the index of
-// the first band top >= n (tops ascending), or count (no body runs) when n == 0; used[0] = n.
-// One thread: count is at most a few hundred, and the head's cost is its launch, not the search.
-extern "C" __global__ void rg_set_band(cudaGraphConditionalHandle h, const int* value, const int* tops, int count,
-                                       int* used) {
+// SWITCH over bands of a row count: n = clamp(value ? *value : n_arg, 0, tops[count - 1]) (read
+// from device memory, or the argument the host sets with cuGraphExecKernelNodeSetParams), cond =
+// the index of the first band top >= n (tops ascending), or count (no body runs) when n == 0;
+// used[0] = n. One thread: count is at most a few hundred, and the head's cost is its launch.
+extern "C" __global__ void rg_set_band(cudaGraphConditionalHandle h, const int* value, int n_arg, const int* tops,
+                                       int count, int* used) {
     if (threadIdx.x == 0 && blockIdx.x == 0) {
-        int n = *value;
+        int n = value ? *value : n_arg;
         const int top = tops[count - 1];
         n = n < 0 ? 0 : (n > top ? top : n);
         int lo = 0, hi = count;  // first index with tops[index] >= n

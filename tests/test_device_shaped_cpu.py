@@ -450,7 +450,9 @@ def test_a_switch_captures_one_body_per_band_behind_rg_set_band(fake):
             DeviceShapedGraph(model, max_batch=8, bands=[2], select="switch") as dsg:
         assert dsg.bands == [2, 8] and dsg.entries == [] and dsg.handles == []
         assert dsg.head.kernel.name == "rg_set_band" and dsg.head.args["count"] == 2
-        assert dsg.head.args["tops"] == dsg._table.ptr and dsg.head.args["value"] == dsg.n_live.ptr
+        # n is the head's argument (no n_live): captured at max_batch, pushed by run / set_rows
+        assert dsg.n_live is None and dsg.head.args["value"] == 0 and dsg.head.args["n_arg"] == 8
+        assert dsg.head.args["tops"] == dsg._table.ptr and dsg.head.args["used"] == dsg._rc.ptr
         assert list(dsg._table.to_numpy(dsg.stream)) == [2, 8]
         assert dsg.switch.size == 2 and not dsg.graph.device_updatable
         for i, plan in enumerate(dsg.plans):
@@ -459,8 +461,35 @@ def test_a_switch_captures_one_body_per_band_behind_rg_set_band(fake):
             assert plan.launches[0].args["B"] == dsg.bands[i]
         assert [dsg.plan_for(n) is dsg.plans[0 if n <= 2 else 1] for n in range(0, 9)] == [True] * 9
         assert "select=switch" in repr(dsg)
-        dsg.run(5)
-        assert dsg.replays == 1
+        pushed = []
+        real = driver.cuGraphExecKernelNodeSetParams
+        driver.cuGraphExecKernelNodeSetParams = lambda e, n, p: pushed.append(int(n)) or real(e, n, p)
+        try:
+            copies = []
+            real_copy = driver.cuMemcpyHtoDAsync
+            driver.cuMemcpyHtoDAsync = lambda *a: copies.append(a) or real_copy(*a)
+            try:
+                dsg.run(5)
+                dsg.run(5)  # the same n: nothing pushed
+                dsg.set_rows(0)
+            finally:
+                driver.cuMemcpyHtoDAsync = real_copy
+        finally:
+            driver.cuGraphExecKernelNodeSetParams = real
+        assert pushed == [int(dsg._head_node.handle)] * 2 and copies == []
+        assert dsg._n_arg.args["n_arg"] == 0 and dsg.replays == 2
+
+
+def test_a_switch_reads_the_callers_n_live(fake):
+    """With n_live given, the SWITCH head reads it from device memory and run() is refused."""
+    from rawgraph import DeviceBuffer, DeviceShapedError, DeviceShapedGraph, TinyBlock
+
+    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model, DeviceBuffer((1,), np.int32) as n_live, \
+            DeviceShapedGraph(model, max_batch=8, n_live=n_live, select="switch") as dsg:
+        assert dsg.head.args["value"] == n_live.ptr and dsg._n_arg is None
+        with pytest.raises(DeviceShapedError, match="n_live"):
+            dsg.run(3)
+        dsg.replay()
 
 
 def test_a_switch_refuses_what_it_does_not_offer_before_any_driver_call(fake, monkeypatch):

@@ -465,16 +465,18 @@ def set_condition(device: Device, cond: ConditionalHandle, value: Any) -> Launch
                    {"h": int(cond), "value": _u32_ptr(value, "value")})
 
 
-def select_band(device: Device, cond: ConditionalHandle, value: Any, tops: Any, used: Any) -> Launch:
-    """``rg_set_band``: a SWITCH over bands of a device value. ``n`` = the ``int32`` at ``value``
-    clamped to ``0..tops[-1]``; condition = the index of the first of the ascending ``int32`` band
-    ``tops`` (device memory, read each replay) ``>= n``, or ``len(tops)`` (no body) when ``n`` is 0;
-    ``used[0] = n``."""
+def select_band(device: Device, cond: ConditionalHandle, value: Any, tops: Any, used: Any, n: int = 0) -> Launch:
+    """``rg_set_band``: a SWITCH over bands of a row count. ``n`` = the ``int32`` at ``value``
+    (device memory, read each replay), or with ``value=None`` the launch's ``n_arg`` argument
+    (``n``, changed in an exec by ``cuGraphExecKernelNodeSetParams``), clamped to
+    ``0..tops[-1]``; condition = the index of the first of the ascending ``int32`` band ``tops``
+    (device memory) ``>= n``, or ``len(tops)`` (no body) when ``n`` is 0; ``used[0] = n``."""
     t = _words(tops, "tops", np.int32)
-    return _launch(device, "rg_set_band", [("h", "u64"), ("value", "ptr"), ("tops", "ptr"), ("count", "i32"),
-                                           ("used", "ptr")],
-                   {"h": int(cond), "value": _words(value, "value", np.int32).ptr, "tops": t.ptr,
-                    "count": t.size, "used": _words(used, "used", np.int32).ptr})
+    ptr = 0 if value is None else _words(value, "value", np.int32).ptr
+    return _launch(device, "rg_set_band", [("h", "u64"), ("value", "ptr"), ("n_arg", "i32"), ("tops", "ptr"),
+                                           ("count", "i32"), ("used", "ptr")],
+                   {"h": int(cond), "value": ptr, "n_arg": int(n), "tops": t.ptr, "count": t.size,
+                    "used": _words(used, "used", np.int32).ptr})
 
 
 def countdown(device: Device, cond: ConditionalHandle, remaining: Any) -> Launch:

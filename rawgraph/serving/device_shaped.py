@@ -304,8 +304,9 @@ class DeviceShapedGraph(Resource):
     ----------
     input, output : DeviceBuffer
         Persistent ``(max_batch, width)`` buffers the plan reads and writes.
-    n_live : DeviceArray
-        The int32 the head reads.
+    n_live : DeviceArray or None
+        The int32 the head reads; None for a SWITCH head that takes ``n`` as its argument
+        (``select="switch"`` with no ``n_live`` given).
     bands : list of int
         The band tops, ascending; the last is ``max_batch``.
     plans : list of LaunchPlan
@@ -369,13 +370,19 @@ class DeviceShapedGraph(Resource):
         self.output = DeviceBuffer((self.max_batch, self.width), np.float32, self.device)
         owned.append(self.output)
         self._n_host = np.zeros(1, np.int32)  # pageable: cuMemcpyHtoDAsync stages it before returning
-        if n_live is None:
-            self._n_buf: DeviceBuffer | None = DeviceBuffer((1,), np.int32, self.device)
+        self._n_from_caller = n_live is not None
+        # A SWITCH head whose n the host knows takes it as a kernel argument: a SetParams on one
+        # node (0.5 us of host time) instead of a 4-byte copy queued before every replay.
+        self._n_arg: Any = None
+        self._shadow: Any = None  # the head's ExecShadow, where n is its argument
+        self._n_buf: DeviceBuffer | None = None
+        self.n_live: DeviceArray | None = None
+        if self._n_from_caller:
+            self.n_live = check_array(as_device_array(n_live, "n_live"), (1,), np.int32, "n_live", self.device)
+        elif self.select == "updates":
+            self._n_buf = DeviceBuffer((1,), np.int32, self.device)
             owned.append(self._n_buf)
             self.n_live = self._n_buf.view()
-        else:
-            self._n_buf = None
-            self.n_live = check_array(as_device_array(n_live, "n_live"), (1,), np.int32, "n_live", self.device)
         self.arena = model.make_workspace(self.max_batch)
         if self.arena is not None:
             owned.append(self.arena)
@@ -432,7 +439,7 @@ class DeviceShapedGraph(Resource):
         # never the head, whose table holds no handles yet.
         t0 = clock()
         self.input.poison(s)
-        if n_live is None:
+        if self._n_buf is not None:
             self.set_rows(self.max_batch, s)
         for plan in self.plans:
             plan.run(s)
@@ -445,6 +452,13 @@ class DeviceShapedGraph(Resource):
         t0 = clock()
         self.exec = self.graph.instantiate()
         owned.append(self.exec)
+        if self.switch is not None and not self._n_from_caller:
+            from ..updates.shadow import ExecShadow, KernelShadow
+
+            self._shadow = ExecShadow(self.exec, self.device)
+            owned.append(self._shadow)
+            self._n_arg = KernelShadow.of_launch(self._head_node.handle, self.head, self._head_node.captured_args)
+            self._shadow.add_kernel(self._n_arg, "rg_set_band")
         self.setup["instantiate"] = clock() - t0
         t0 = clock()
         # An exec whose own kernels update its nodes must be uploaded before its first launch.
@@ -464,6 +478,7 @@ class DeviceShapedGraph(Resource):
         owned.append(self._rc)
         head_args = KernelArgs([("table", "ptr"), ("count", "i32"), ("n_live", "ptr"), ("max_rows", "i32"),
                                 ("rc", "ptr")])
+        assert self.n_live is not None  # the updates head always reads device memory
         head_args.update({"table": self._table.ptr, "count": count, "n_live": self.n_live.ptr,
                           "max_rows": self.max_batch, "rc": self._rc.ptr})
         threads = min(_HEAD_THREADS, max(32, -(-count // 32) * 32))
@@ -488,8 +503,9 @@ class DeviceShapedGraph(Resource):
                     else:
                         prologue(cap.stream)
                 cond = capture_handle(cap)
-                self.head = select_band(self.device, cond, self.n_live, self._table, self._rc)
+                self.head = select_band(self.device, cond, self.n_live, self._table, self._rc, n=self.max_batch)
                 cap.launch(self.head)
+                self._head_node = cap.nodes[-1]
                 self.switch = capture_conditional(cap, "switch", cond, size=len(self.plans))
                 for i, plan in enumerate(self.plans):
                     with self.switch.capture_body(i, body_stream) as body:
@@ -538,14 +554,24 @@ class DeviceShapedGraph(Resource):
     def set_rows(self, n: int, stream: Any = None) -> None:
         """Write ``n`` (``0..max_batch``) where the head reads it, ordered on ``stream`` before
         the next replay there (``cuMemcpyHtoDAsync`` from pageable memory: staged before it
-        returns, so nothing waits)."""
+        returns, so nothing waits). A SWITCH head with no ``n_live`` takes ``n`` as its argument
+        instead (``cuGraphExecKernelNodeSetParams``): every later replay, on any stream, reads it."""
         self._check()
         self._check_n(n)
         self._write_n(n, self._order.enter(self.stream if stream is None else stream))
 
     def _write_n(self, n: int, s: Any) -> None:
+        if self._n_arg is not None:
+            args = self._n_arg.args
+            old = args["n_arg"]
+            if old != n:
+                args["n_arg"] = n
+                # a refused push puts the old n back in the shadow (the exec never took the new one)
+                self._shadow.push([0], lambda prev: args.__setitem__("n_arg", prev), old)
+            return
         # a pageable source is staged by the time the call returns, so the next n may reuse it
         self._n_host[0] = n
+        assert self.n_live is not None  # every mode without an argument has one
         call(driver.cuMemcpyHtoDAsync, self.n_live.ptr, self._n_host.ctypes.data, 4, s.handle)
 
     def plan_for(self, n: int) -> LaunchPlan:
@@ -572,7 +598,7 @@ class DeviceShapedGraph(Resource):
         :attr:`output` valid until the next run (``n = 0`` runs nothing and returns a 0-row view)."""
         self._check()
         self._check_n(n)
-        if self._n_buf is None:
+        if self._n_from_caller:
             raise DeviceShapedError("this graph reads n from the caller's n_live: write it there and call replay()")
         s = self._order.enter(self.stream if stream is None else stream)
         if x is not None and n > 0:
