@@ -9,6 +9,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh race    # SWITCH probe; racecheck, K-slice sgemm; ncu w4096
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh switch  # GPU tests, racecheck, ncu, buckets, slots
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh final   # GPU tests, buckets, slots, choose, 3 sanitizers
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh small   # GEMM sweep w1024 M 8..56; deeper w4096
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -134,7 +135,15 @@ case "${1:-tests}" in
         echo "$tool rc=$? at $(el)s"; grep -E "ERROR SUMMARY|FAIL" "$OUT/sanitize_$tool.txt" | tail -3
       fi
     done ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final" >&2; exit 2 ;;
+  small)  # issue 23: the sweep below the table (w1024, M = 8..56: the bucket sizes the matvec serves),
+    # then a deeper search (more cuts timed) at w4096 M = 128 and 256
+    timeout 200 python3 benchmarks/gemm_sweep.py --widths 1024 --rows 8:56:8 --max-cands 40 --out "$OUT/gemm_small" \
+      --budget-s 150 >"$OUT/gemm_small.log" 2>&1
+    echo "small rc=$? at $(el)s"; grep -E "^M=|SGEMM|\(" "$OUT/gemm_small.log" | cut -c1-200 | tail -20
+    timeout $(( $(left) - 15 )) python3 benchmarks/gemm_sweep.py --widths 4096 --rows 128 256 --max-cands 90 \
+      --out "$OUT/gemm_deep" --budget-s $(( $(left) - 60 )) >"$OUT/gemm_deep.log" 2>&1
+    echo "deep rc=$? at $(el)s"; grep -E "^M=" "$OUT/gemm_deep.log" | cut -c1-200 | tail -6 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"

@@ -175,13 +175,21 @@ def test_empty_table_keeps_todays_rule(monkeypatch):
             assert got == before[s]
 
 
-def test_table_entry_is_used_for_exactly_its_shape(monkeypatch):
+def test_table_entry_is_used_for_its_shape_and_the_row_counts_just_below(monkeypatch):
+    """An entry serves its (M, K, N) and the M - 7 .. M - 1 rows above the previous step of 8
+    (the same row tiles), nothing else."""
     monkeypatch.setattr(gemm, "SGEMM_CUTS", {(64, 4096, 4096): (64, 128, 16, 4, 2, 1, 1),
                                             (72, 1024, 1024): (32, 128, 16, 3, 1, 4, 1)})
     s = matmul_shape(64, 4096, 4096, 132)
     assert s == sgemm_shape(64, 4096, 4096, 64, 128, 16, 4, 2, 1, 1)
     assert matmul_shape(72, 1024, 1024, 132, clusters=False) == sgemm_shape(72, 1024, 1024, 32, 128, 16, 3, 1, 4, 1)
-    for other in ((65, 4096, 4096), (64, 4096, 4092), (64, 4092, 4096), (72, 1024, 4096), (256, 4096, 4096)):
+    assert gemm.SGEMM_ROW_STEP == 8
+    for m in range(57, 64):
+        assert matmul_shape(m, 4096, 4096, 132) == sgemm_shape(m, 4096, 4096, 64, 128, 16, 4, 2, 1, 1), m
+    for m in range(65, 72):
+        assert matmul_shape(m, 1024, 1024, 132, clusters=False) == sgemm_shape(m, 1024, 1024, 32, 128, 16, 3, 1, 4, 1)
+    for other in ((65, 4096, 4096), (56, 4096, 4096), (64, 1024, 1024), (64, 4096, 4092), (64, 4092, 4096),
+                  (72, 1024, 4096), (256, 4096, 4096)):
         assert matmul_shape(*other, 132).kernel != "sgemm", other
     # where the cut cannot run, today's rule: misaligned x or W, no clusters for a split, too
     # little shared memory

@@ -42,6 +42,7 @@ __all__ = [
     "has_clusters",
     "MatmulShape",
     "SGEMM_CUTS",
+    "SGEMM_ROW_STEP",
     "matvec_shape",
     "gemm_shape",
     "sgemm_shape",
@@ -92,6 +93,7 @@ MATVEC_TILES = {4: (128, 64, 32, 16), 1: (32, 16, 8)}  # column tiles per load w
 # the cut cannot serve) gets the matmul.cu rule below. This table: the sweep of 2026-12-06 at
 # 026332a on an H100 80GB HBM3 (132 SMs, as the H200), every cut checked against float64 and
 # run twice bit for bit (benchmarks/results/gemm_sweep_2026-12-06_026332a_h100.json).
+SGEMM_ROW_STEP = 8  # the table's row grid: M between two entries takes the upper entry's cut
 SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, int, int, int, int, int, int]] = {  # (M, K, N): cut
     (64, 1024, 1024): (32, 128, 16, 3, 8, 2, 1),  # 11.46 us
     (72, 1024, 1024): (32, 128, 16, 3, 8, 2, 1),  # 11.50 us
@@ -372,7 +374,8 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
 
     The choice depends only on the shape, W's and x's alignment and the device, never on the
     epilogue, so the fused and unfused forms of a block run the same sums (and round alike).
-    An exact (batch, K, N) entry of :data:`SGEMM_CUTS` comes first, where its cut can run here
+    An exact (batch, K, N) entry of :data:`SGEMM_CUTS`, else the entry of the next multiple of
+    :data:`SGEMM_ROW_STEP` rows, comes first, where its cut can run here
     (aligned operands, clusters if it splits, at most ``smem_limit`` bytes of dynamic shared
     memory per CTA when that is given); a malformed entry raises :class:`ShapeError`.
     """
@@ -380,6 +383,11 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
         raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
     gemm_ok = k % 4 == 0 and n % 4 == 0 and w_aligned16 and x_aligned16
     cut = SGEMM_CUTS.get((batch, k, n))
+    if cut is None and batch % SGEMM_ROW_STEP:
+        # the table steps 8 rows (the sweep's grid); a count in between takes the next row count's
+        # cut, which runs the same row tiles (H100, 2026-12-06: the matmul.cu rule at 65 rows took
+        # 257 us a w1024 8-layer step against 184 at 64, benchmarks/results/probe_switch_bands_*)
+        cut = SGEMM_CUTS.get((_cdiv(batch, SGEMM_ROW_STEP) * SGEMM_ROW_STEP, k, n))
     if cut is not None and gemm_ok:
         if len(cut) != 7:
             raise ShapeError(f"SGEMM_CUTS[{(batch, k, n)}] = {cut}: expected (BM, BN, BK, STAGES, S, KS, MINB)")
