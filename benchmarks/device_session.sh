@@ -134,7 +134,16 @@ case "${1:-tests}" in
         timeout $t compute-sanitizer --tool $tool python3 benchmarks/sanitize_kernels.py >"$OUT/sanitize_$tool.txt" 2>&1
         echo "$tool rc=$? at $(el)s"; grep -E "ERROR SUMMARY|FAIL" "$OUT/sanitize_$tool.txt" | tail -3
       fi
-    done ;;
+    done
+    # launch paths: the small-work floor (w128 b1), then the serving sizes while time is left
+    timeout 120 python3 -m rawgraph.bench.launch_paths --width 128 --batch 1 --layers 1 --out "$OUT" \
+      --name launch_paths_w128 >"$OUT/launch_w128.log" 2>&1
+    echo "launch w128 rc=$? at $(el)s"; grep -E "met|MISSED" "$OUT/launch_w128.log" | tail -16
+    if [ "$(left)" -gt 90 ]; then
+      timeout $(( $(left) - 15 )) python3 -m rawgraph.bench.launch_paths --width 1024 4096 --batch 64 128 256 --layers 1 \
+        --out "$OUT" --name launch_paths_serving >"$OUT/launch_serving.log" 2>&1
+      echo "launch paths rc=$? at $(el)s"; tail -12 "$OUT/launch_serving.log"
+    fi ;;
   small)  # issue 23: the sweep below the table (w1024, M = 8..56: the bucket sizes the matvec serves),
     # then a deeper search (more cuts timed) at w4096 M = 128 and 256
     timeout 200 python3 benchmarks/gemm_sweep.py --widths 1024 --rows 8:56:8 --max-cands 40 --out "$OUT/gemm_small" \

@@ -92,9 +92,18 @@ MATVEC_TILES = {4: (128, 64, 32, 16), 1: (32, 16, 8)}  # column tiles per load w
 # GPU it ran on). matmul_shape consults it first; a shape not in it (or whose operands or device
 # the cut cannot serve) gets the matmul.cu rule below. This table: the sweep of 2026-12-06 at
 # 026332a on an H100 80GB HBM3 (132 SMs, as the H200), every cut checked against float64 and
-# run twice bit for bit (benchmarks/results/gemm_sweep_2026-12-06_026332a_h100.json).
+# run twice bit for bit (benchmarks/results/gemm_sweep_2026-12-06_026332a_h100.json); below 64 rows
+# at w1024, the sweep of c477e95 (H100, benchmarks/results/gemm_small_2026-12-06_c477e95_h100.json)
+# where its best cut beat the matvec rule (16-56 rows: 7.8-11.3 us against 9.4-15.2; at 8 rows the
+# matvec's 5.85 us stays).
 SGEMM_ROW_STEP = 8  # the table's row grid: M between two entries takes the upper entry's cut
 SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, int, int, int, int, int, int]] = {  # (M, K, N): cut
+    (16, 1024, 1024): (32, 128, 16, 3, 8, 4, 1),  # 7.78 us
+    (24, 1024, 1024): (32, 128, 16, 3, 8, 4, 1),  # 8.36 us
+    (32, 1024, 1024): (32, 128, 32, 3, 8, 2, 1),  # 9.09 us
+    (40, 1024, 1024): (64, 128, 32, 3, 8, 2, 1),  # 10.92 us
+    (48, 1024, 1024): (32, 128, 16, 3, 4, 4, 1),  # 10.97 us
+    (56, 1024, 1024): (32, 128, 16, 3, 8, 2, 1),  # 11.29 us
     (64, 1024, 1024): (32, 128, 16, 3, 8, 2, 1),  # 11.46 us
     (72, 1024, 1024): (32, 128, 16, 3, 8, 2, 1),  # 11.50 us
     (80, 1024, 1024): (32, 128, 16, 3, 8, 2, 1),  # 11.45 us
