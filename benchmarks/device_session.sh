@@ -10,6 +10,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh switch  # GPU tests, racecheck, ncu, buckets, slots
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh final   # GPU tests, buckets, slots, choose, 3 sanitizers
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh small   # GEMM sweep w1024 M 8..56; deeper w4096
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh check   # racecheck; w4096 b1 kernel times
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -152,7 +153,12 @@ case "${1:-tests}" in
     timeout $(( $(left) - 15 )) python3 benchmarks/gemm_sweep.py --widths 4096 --rows 128 256 --max-cands 90 \
       --out "$OUT/gemm_deep" --budget-s $(( $(left) - 60 )) >"$OUT/gemm_deep.log" 2>&1
     echo "deep rc=$? at $(el)s"; grep -E "^M=" "$OUT/gemm_deep.log" | cut -c1-200 | tail -6 ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small" >&2; exit 2 ;;
+  check)  # racecheck over every kernel form and table cut; w4096 b1 against copy bandwidth
+    timeout 120 compute-sanitizer --tool racecheck python3 benchmarks/sanitize_kernels.py >"$OUT/sanitize_racecheck.txt" 2>&1
+    echo "racecheck rc=$? at $(el)s"; grep -cE "^ok" "$OUT/sanitize_racecheck.txt"; grep -E "RACECHECK SUMMARY|FAIL" "$OUT/sanitize_racecheck.txt" | tail -3
+    timeout 90 python3 -m rawgraph.bench.kernel_times --width 4096 --batch 1 --out "$OUT" >"$OUT/kernel_times_w4096_b1.log" 2>&1
+    echo "kernel times rc=$? at $(el)s"; tail -8 "$OUT/kernel_times_w4096_b1.log" ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"
