@@ -11,6 +11,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh final   # GPU tests, buckets, slots, choose, 3 sanitizers
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh small   # GEMM sweep w1024 M 8..56; deeper w4096
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh check   # racecheck; w4096 b1 kernel times
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh strategies  # buckets, slots, choose
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -158,7 +159,14 @@ case "${1:-tests}" in
     echo "racecheck rc=$? at $(el)s"; grep -cE "^ok" "$OUT/sanitize_racecheck.txt"; grep -E "RACECHECK SUMMARY|FAIL" "$OUT/sanitize_racecheck.txt" | tail -3
     timeout 90 python3 -m rawgraph.bench.kernel_times --width 4096 --batch 1 --out "$OUT" >"$OUT/kernel_times_w4096_b1.log" 2>&1
     echo "kernel times rc=$? at $(el)s"; tail -8 "$OUT/kernel_times_w4096_b1.log" ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check" >&2; exit 2 ;;
+  strategies)  # the serving strategies only: bench buckets, slots, choose
+    timeout 150 python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1
+    echo "buckets rc=$? at $(el)s"; grep -E "switch|MISSED|met" "$OUT/buckets.log" | tail -34
+    timeout 100 python3 -m rawgraph.bench.slots --steps 3000 --out "$OUT" >"$OUT/slots.log" 2>&1
+    echo "slots rc=$? at $(el)s"; grep -vE "^p50 by bucket" "$OUT/slots.log" | tail -34
+    timeout 100 python3 -m rawgraph.bench.choose --steps 400 --rounds 5 --out "$OUT" >"$OUT/choose.log" 2>&1
+    echo "choose rc=$? at $(el)s"; tail -10 "$OUT/choose.log" ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"

@@ -168,7 +168,7 @@ def test_errors_are_rawgraph_and_value_errors():
 
 def test_default_candidates_are_the_serving_strategies():
     assert list(DEFAULT_CANDIDATES) == ["buckets", "rowcount", "reshaped", "device_shaped", "device_bands",
-                                       "switch_bands"]
+                                       "switch_sizes"]
 
 
 def test_footprint_reads_memory_dict_nbytes_or_buffers():

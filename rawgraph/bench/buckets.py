@@ -261,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         ("device_bands", lambda: _DeviceShaped(model, top, s, bands="plans"), 1),
         ("switch_bands", lambda: _DeviceShaped(model, top, s, bands="plans", select="switch"), 1),
         ("switch_rows", lambda: _DeviceShaped(model, top, s, bands=uniform, select="switch"), 1),
+        ("switch_vllm", lambda: _DeviceShaped(model, top, s, bands=vllm, select="switch"), 1),
         ("exact", lambda: BucketGraphs(model, sizes=visited, stream=s), len(visited)),
         ("eager", lambda: _Eager(model, top, s), 0),
     ]
@@ -353,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "requests_per_s": requests / total_s, "rows_per_s": sum(decode) / total_s}
     waste = {}
     for name, sizes in (("vllm", vllm), ("pow2", pow2), ("max", [top]), ("exact", visited), ("torch", vllm),
-                        ("vllm_graphmem", vllm)):
+                        ("vllm_graphmem", vllm), ("switch_vllm", vllm)):
         waste[name] = {"uniform": padding_waste(sizes, uniform), "decode": padding_waste(sizes, decode)}
     for name in ("eager", "reshaped", "rowcount", "device", "device_bands", "switch_rows"):
         waste[name] = {"uniform": 0.0, "decode": 0.0}
@@ -439,7 +440,8 @@ def targets(result: dict) -> list[dict]:
         out.append({"target": "latency: vLLM bucket step <= 0.75x PyTorch buckets at every n <= 64", "value": r,
                     "limit": 0.75, "met": r <= 0.75, "worst_n": worst})
     for dev, what in (("device", "device-shaped"), ("device_bands", "banded device-shaped"),
-                      ("switch_bands", "SWITCH over plan bands"), ("switch_rows", "SWITCH over every row count")):
+                      ("switch_bands", "SWITCH over plan bands"), ("switch_rows", "SWITCH over every row count"),
+                      ("switch_vllm", "SWITCH over the vLLM sizes")):
         if dev in info and "vllm" in info:
             mem, vmem = info[dev]["memory"], info["vllm"]["memory"]
             ratio = mem["device_growth"] / max(1, vmem["device_growth"])

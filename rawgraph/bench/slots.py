@@ -21,6 +21,8 @@ step, in a fresh random order, so drift hits all alike):
   runs the exact-size plan's kernels;
 - ``switch_bands``: the same bands picked by a SWITCH node (``select="switch"``): each step runs its
   band's plan as captured, at the band top's rows;
+- ``switch_sizes``: a SWITCH over the bucket sizes: the buckets' plans in one exec, picked on the
+  device;
 - ``torch_vllm``: PyTorch done the vLLM way: a persistent state tensor, bucket graphs captured
   with ``index_select`` / ``index_copy_`` over a static index tensor, and per step a ``copy_`` of
   the indices from pinned memory, then ``replay()``.
@@ -65,7 +67,9 @@ POOL_OPTIONS = {"graph_table": {"table": "graph", "gather": "fused"},
                 # the same with one plan per band of live counts (each runs the exact-size kernels)
                 "device_bands": {"shape": "device", "bands": "plans"},
                 # a SWITCH node runs the band's plan as captured (padding rows to the band top)
-                "switch_bands": {"shape": "device", "bands": "plans", "select": "switch"}}
+                "switch_bands": {"shape": "device", "bands": "plans", "select": "switch"},
+                # the same SWITCH over the bucket sizes ("sizes": the pools' list)
+                "switch_sizes": {"shape": "device", "bands": "sizes", "select": "switch"}}
 RAWGRAPH = tuple(POOL_OPTIONS)
 
 
@@ -204,7 +208,9 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
     rows_host = rng.standard_normal((row_pool_n, width), dtype=np.float32)
     s = Stream()
     rows = DeviceBuffer.from_numpy(rows_host, stream=s)
-    pools: dict[str, Any] = {k: SlotPool(model, max_slots, sizes, stream=s, **opts) for k, opts in POOL_OPTIONS.items()}
+    pools: dict[str, Any] = {k: SlotPool(model, max_slots, sizes, stream=s,
+                                         **({**opts, "bands": sizes} if opts.get("bands") == "sizes" else opts))
+                             for k, opts in POOL_OPTIONS.items()}
     setup_s = {k: dict(p.setup) for k, p in pools.items()}
     # the bare cuGraphLaunch reference: the same bucket graphs in a pool with no live request (its
     # replays touch only its scratch slot)

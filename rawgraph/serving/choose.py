@@ -2,7 +2,7 @@
 
 :func:`choose_strategy` builds each candidate in turn (bucket graphs, row-count rebinding, one
 re-shaped graph, a device-shaped graph with one band, one with bands from the plans, and one
-picking the band with a SWITCH node) over the
+picking the vLLM bucket size with a SWITCH node) over the
 same model, reads the device memory it took from the object, skips it with the reason when it is
 over the budget (or fails to build or run), times the rest replaying a sample of the batch-size
 trace, closes it before building the next (so at most one candidate is resident), and returns the
@@ -61,21 +61,22 @@ def _device_bands(model: Any, max_batch: int, stream: Any) -> Any:
     return DeviceShapedGraph(model, max_batch, stream, bands="plans")
 
 
-def _switch_bands(model: Any, max_batch: int, stream: Any) -> Any:
+def _switch_sizes(model: Any, max_batch: int, stream: Any) -> Any:
     from .device_shaped import DeviceShapedGraph
-    return DeviceShapedGraph(model, max_batch, stream, bands="plans", select="switch")
+    from .sizes import vllm_sizes
+    return DeviceShapedGraph(model, max_batch, stream, bands=vllm_sizes(max_batch), select="switch")
 
 
 #: The strategies, in the order they are tried: bucket graphs, row-count rebinding, one re-shaped
 #: graph, one device-shaped graph (one band), one with a band wherever the plan changes, and one
-#: whose SWITCH node runs the band's plan as captured.
+#: whose SWITCH node runs the plan of the vLLM bucket size holding n, as captured.
 DEFAULT_CANDIDATES: dict[str, Factory] = {
     "buckets": _buckets,
     "rowcount": _rowcount,
     "reshaped": _reshaped,
     "device_shaped": _device_shaped,
     "device_bands": _device_bands,
-    "switch_bands": _switch_bands,
+    "switch_sizes": _switch_sizes,
 }
 
 
