@@ -166,7 +166,9 @@ case "${1:-tests}" in
     echo "slots rc=$? at $(el)s"; grep -vE "^p50 by bucket" "$OUT/slots.log" | tail -34
     timeout 100 python3 -m rawgraph.bench.choose --steps 400 --rounds 5 --out "$OUT" >"$OUT/choose.log" 2>&1
     echo "choose rc=$? at $(el)s"; tail -10 "$OUT/choose.log" ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies" >&2; exit 2 ;;
+  gpu)  # every GPU test, nothing else
+    gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|gpu" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"

@@ -18,7 +18,7 @@ ARCHS = ["sm_80", "sm_90"]
 # sm_90 also the cluster (split) forms and the single-kernel block.
 PLAIN = {"elementwise": ["relu", "add", "empty", "spin", "count_mismatch", "gather_rows", "scatter_rows"], "init": ["fill_uniform"],
          "control": ["rg_set_cond", "rg_countdown", "rg_axpb", "rg_noop", "rg_depth_init", "rg_select_layer",
-                     "rg_layer_advance", "rg_norm_gate"],
+                     "rg_layer_advance", "rg_norm_gate", "rg_set_band"],
          "philox": ["philox_draw", "philox_dropout", "philox_advance"],
          "device_launch": ["rg_graph_launch", "rg_bump", "rg_snapshot"],
          "device_update": ["rg_du_update_rows", "rg_du_update_table", "rg_du_rows", "rg_du_mark", "rg_du_shape",

@@ -538,3 +538,84 @@ def test_a_switch_slot_pool_copies_the_whole_table(fake, monkeypatch):
             sizes.clear()
             assert pool.step() == 1
             assert (int(pool.table_dev.ptr), 4 * 8) in sizes
+
+
+def test_a_switch_on_a_driver_before_12_8_is_refused_before_anything_is_allocated(fake, monkeypatch):
+    from rawgraph import DeviceShapedGraph, TinyBlock
+    from rawgraph.graphs import conditional as cn
+
+    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model:
+        calls = []
+        real = driver.cuMemAlloc
+        monkeypatch.setattr(driver, "cuMemAlloc", lambda *a: calls.append(a) or real(*a))
+        monkeypatch.setattr(cn, "driver_cuda_version", lambda: 12040)
+        with pytest.raises(cn.ConditionalUnsupportedError, match="12.8"):
+            DeviceShapedGraph(model, max_batch=8, select="switch")
+        assert calls == []
+
+
+def test_select_band_checks_its_arrays(fake):
+    """rg_set_band reads int32 words: tops, value and used of another dtype or empty are refused
+    when the launch is built; value=None takes n as the argument."""
+    from rawgraph import DeviceBuffer
+    from rawgraph.graphs.conditional import ConditionalHandle, select_band
+    from rawgraph.runtime.device import get_device
+    from rawgraph.runtime.errors import ShapeError
+
+    dev = get_device()
+    cond = ConditionalHandle(0x1234, 0, None)
+    with DeviceBuffer((3,), np.int32) as tops, DeviceBuffer((1,), np.int32) as used, \
+            DeviceBuffer((1,), np.uint32) as u32, DeviceBuffer((0,), np.int32) as empty:
+        launch = select_band(dev, cond, None, tops, used, n=7)
+        assert (launch.args["value"], launch.args["n_arg"], launch.args["count"]) == (0, 7, 3)
+        assert select_band(dev, cond, used, tops, used).args["value"] == used.ptr
+        for bad in ({"tops": u32}, {"tops": empty}, {"value": u32}, {"used": u32}):
+            kw = {"value": None, "tops": tops, "used": used, **bad}
+            with pytest.raises(ShapeError, match="int32"):
+                select_band(dev, cond, kw["value"], kw["tops"], kw["used"])
+
+
+def test_a_switch_head_takes_each_threads_n_for_its_own_launch(fake, monkeypatch):
+    """run(n) from several threads at once: every launch reads the n its own thread pushed (the
+    push and the launch are one step under the graph's lock; without it a thread switch between
+    them hands the launch another thread's n)."""
+    import sys
+    import threading
+
+    from rawgraph import DeviceShapedGraph, TinyBlock
+
+    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model, \
+            DeviceShapedGraph(model, max_batch=16, bands=[4, 8], select="switch") as dsg:
+        state = {"exec_n": dsg._n_arg.args["n_arg"]}
+        wrong = []
+        set_params, launch = driver.cuGraphExecKernelNodeSetParams, driver.cuGraphLaunch
+
+        def pushed(e, node, p):
+            state["exec_n"] = dsg._n_arg.args["n_arg"]
+            return set_params(e, node, p)
+
+        def launched(e, s):
+            if state["exec_n"] != want.n:
+                wrong.append((want.n, state["exec_n"]))
+            return launch(e, s)
+
+        want = threading.local()
+        monkeypatch.setattr(driver, "cuGraphExecKernelNodeSetParams", pushed)
+        monkeypatch.setattr(driver, "cuGraphLaunch", launched)
+
+        def worker(n):
+            want.n = n
+            for _ in range(200):
+                dsg.run(n)
+
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            threads = [threading.Thread(target=worker, args=(n,)) for n in (3, 7, 12, 16)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(old)
+        assert dsg.replays == 800 and wrong == []

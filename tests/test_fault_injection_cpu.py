@@ -71,6 +71,8 @@ def test_cubin_layouts_are_the_kernels_signatures():
     assert kernels["rg_axpb"] == [(0, 8), (8, 8), (16, 4), (20, 4), (24, 4)]
     assert kernels["rg_noop"] == []
     assert kernels["rg_set_cond"] == [(0, 8), (8, 8)]
+    # rg_set_band(u64 h, const int* value, int n_arg, const int* tops, int count, int* used): select_band's spec
+    assert kernels["rg_set_band"] == [(0, 8), (8, 8), (16, 4), (24, 8), (32, 4), (40, 8)]
     image = compile_source(kernel_source("rows"), "rows.cu", "sm_90", ["gather_rows_param<16>"])
     (sym,) = [k for k in cubin_kernels(image.image) if "gather_rows_param" in k]
     # (const float* src, float* dst, int rows, int width, RowTable<16> table): the table by value

@@ -470,7 +470,9 @@ def select_band(device: Device, cond: ConditionalHandle, value: Any, tops: Any, 
     (device memory, read each replay), or with ``value=None`` the launch's ``n_arg`` argument
     (``n``, changed in an exec by ``cuGraphExecKernelNodeSetParams``), clamped to
     ``0..tops[-1]``; condition = the index of the first of the ascending ``int32`` band ``tops``
-    (device memory) ``>= n``, or ``len(tops)`` (no body) when ``n`` is 0; ``used[0] = n``."""
+    (device memory) ``>= n``, or ``len(tops)`` (no body) when ``n`` is 0; ``used[0] = n``. The
+    SWITCH it sets should have ``len(tops)`` bodies (an index past its last body runs none), and
+    ``tops`` must be ascending (the head searches it by bisection)."""
     t = _words(tops, "tops", np.int32)
     ptr = 0 if value is None else _words(value, "value", np.int32).ptr
     return _launch(device, "rg_set_band", [("h", "u64"), ("value", "ptr"), ("n_arg", "i32"), ("tops", "ptr"),

@@ -391,15 +391,17 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
     if min(batch, k, n) < 1:
         raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
     gemm_ok = k % 4 == 0 and n % 4 == 0 and w_aligned16 and x_aligned16
-    cut = SGEMM_CUTS.get((batch, k, n))
+    key = (batch, k, n)
+    cut = SGEMM_CUTS.get(key)
     if cut is None and batch % SGEMM_ROW_STEP:
         # the table steps 8 rows (the sweep's grid); a count in between takes the next row count's
         # cut, which runs the same row tiles (H100, 2026-12-06: the matmul.cu rule at 65 rows took
         # 257 us a w1024 8-layer step against 184 at 64, benchmarks/results/probe_switch_bands_*)
-        cut = SGEMM_CUTS.get((_cdiv(batch, SGEMM_ROW_STEP) * SGEMM_ROW_STEP, k, n))
+        key = (_cdiv(batch, SGEMM_ROW_STEP) * SGEMM_ROW_STEP, k, n)
+        cut = SGEMM_CUTS.get(key)
     if cut is not None and gemm_ok:
         if len(cut) != 7:
-            raise ShapeError(f"SGEMM_CUTS[{(batch, k, n)}] = {cut}: expected (BM, BN, BK, STAGES, S, KS, MINB)")
+            raise ShapeError(f"SGEMM_CUTS[{key}] = {cut}: expected (BM, BN, BK, STAGES, S, KS, MINB)")
         sg = sgemm_shape(batch, k, n, *cut, clusters=True)
         if (sg.split == 1 or clusters) and (not smem_limit or gemm_smem_bytes(sg) <= smem_limit):
             return sg

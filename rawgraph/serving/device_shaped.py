@@ -1,6 +1,7 @@
-"""One exec for every batch size: the shape decided on the device (device-updatable kernel nodes).
+"""One exec for every batch size: the shape decided on the device (device-updatable kernel nodes,
+or a SWITCH node).
 
-:class:`DeviceShapedGraph` captures a row-wise model's plan once, at ``max_batch`` rows, behind a
+:class:`DeviceShapedGraph` (``select="updates"``, the default) captures a row-wise model's plan once, at ``max_batch`` rows, behind a
 head kernel (``rg_du_shape``, ``kernels/device_update.cu``). At every replay the head reads the
 live row count ``n`` (an int32 in device memory) and, through ``cudaGraphKernelNodeUpdatesApply``
 from the device, changes each node of the plan for this and later replays:
@@ -22,6 +23,15 @@ Nothing is bucketed, nothing is padded, and the host makes one ``cuGraphLaunch``
 4-byte copy of ``n`` when the host knows it; a kernel earlier in the same graph may compute it
 instead, see ``prologue`` and ``n_live``).
 
+``select="switch"``: the head (``rg_set_band``, ``kernels/control.cu``) sets a SWITCH node that
+holds one body per band, each body the band top's plan as captured (its PDL chain kept). Only the
+body of the band holding ``n`` runs, at its top's rows: the rows from ``n`` to the top are computed
+from whatever :attr:`input` holds there (bands of one row count each pad nothing). No node is
+updated from the device, so the model need not name its row counts. When the host knows ``n``, the
+head takes it as a kernel argument pushed with ``cuGraphExecKernelNodeSetParams`` (through the
+exec's shadow, :mod:`rawgraph.updates.shadow`) instead of a copy. The exec belongs to this object:
+update it only through it (an exec update behind its back would change the head's ``n`` unseen).
+
 How it is built (issue 25, ``benchmarks/probes/device_updatable.py``): capture [prologue] -> head
 -> the plan of each band in turn, each plan's first launch on a full edge (a plan whose first
 launch is a PDL launch is refused when there is more than one band) and each plan's own PDL chain
@@ -42,6 +52,7 @@ cloning raises :class:`DeviceShapedError` (a subclass). A tool handed only the r
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -78,8 +89,8 @@ _NATTR = getattr(getattr(driver, "CUkernelNodeAttrID", driver.CUlaunchAttributeI
 
 class DeviceShapedError(DeviceUpdatableError):
     """Misuse of a :class:`DeviceShapedGraph` or an operation the driver forbids on its graph (a
-    second instantiate, an exec update, a clone, host parameter pushes), refused before any
-    driver call."""
+    second instantiate, an exec update, a clone, host parameter pushes into device-updatable
+    nodes), refused before any driver call."""
 
 
 # ----------------------------------------------------------------------- the table (no GPU)
@@ -266,19 +277,21 @@ def _check_offsets(entries: Sequence[ShapeEntry], launches: Sequence[Launch]) ->
 # ---------------------------------------------------------------------------- the graph
 class DeviceShapedGraph(Resource):
     """One exec that serves every batch size from 0 to ``max_batch``: the grids and row counts
-    are set on the device at each replay (see the module docstring).
+    are set on the device at each replay, or a SWITCH node picks the band's plan (see the module
+    docstring).
 
     Parameters
     ----------
     model : RowwiseModel
-        Any row-wise model (:mod:`rawgraph.serving.protocol`) that names a row-count argument of
-        every launch (``row_count_arg``); ``row_grid`` (optional) lets the grids shrink too.
-        Its weights are shared, not copied.
+        Any row-wise model (:mod:`rawgraph.serving.protocol`). With ``select="updates"`` it must
+        name a row-count argument of every launch (``row_count_arg``); ``row_grid`` (optional)
+        lets the grids shrink too. Its weights are shared, not copied.
     max_batch : int, default 256
     stream : stream-like, optional
         Default stream for set-up and runs (a private one if None).
     n_live : device int32 array of shape (1,), optional
-        Where the head reads ``n``; default a buffer of this object, written by :meth:`set_rows`.
+        Where the head reads ``n``; default a buffer of this object, written by :meth:`set_rows`
+        (a SWITCH head with no ``n_live`` takes ``n`` as its argument instead).
         Given, its writer (a kernel before the replay, or ``prologue`` inside it) decides ``n``.
         Values outside ``0..max_batch`` are clamped on the device.
     prologue : LaunchPlan or callable(stream), optional
@@ -334,6 +347,9 @@ class DeviceShapedGraph(Resource):
         if select not in ("updates", "switch"):
             raise ValueError(f"select must be 'updates' or 'switch', got {select!r}")
         self.select = select
+        if select == "switch":  # a SWITCH needs a CUDA 12.8 driver: refused before anything is built
+            from ..graphs.conditional import check_kind
+            check_kind("switch", 1)
         # checked once, before anything is allocated (an iterator is read once)
         self._from_plans = isinstance(bands, str) and bands == "plans"
         if not self._from_plans:
@@ -374,7 +390,11 @@ class DeviceShapedGraph(Resource):
         # A SWITCH head whose n the host knows takes it as a kernel argument: a SetParams on one
         # node (0.5 us of host time) instead of a 4-byte copy queued before every replay.
         self._n_arg: Any = None
+        # n and the launch that reads it go together: two threads may not interleave them (a
+        # pushed n_arg is read by the next launch on any stream; a copied n by the next on that stream)
+        self._n_lock = threading.Lock()
         self._shadow: Any = None  # the head's ExecShadow, where n is its argument
+        self._n_node = 0  # the head's index in that shadow
         self._n_buf: DeviceBuffer | None = None
         self.n_live: DeviceArray | None = None
         if self._n_from_caller:
@@ -458,7 +478,7 @@ class DeviceShapedGraph(Resource):
             self._shadow = ExecShadow(self.exec, self.device)
             owned.append(self._shadow)
             self._n_arg = KernelShadow.of_launch(self._head_node.handle, self.head, self._head_node.captured_args)
-            self._shadow.add_kernel(self._n_arg, "rg_set_band")
+            self._n_node = self._shadow.add_kernel(self._n_arg, "rg_set_band")
         self.setup["instantiate"] = clock() - t0
         t0 = clock()
         # An exec whose own kernels update its nodes must be uploaded before its first launch.
@@ -558,7 +578,8 @@ class DeviceShapedGraph(Resource):
         instead (``cuGraphExecKernelNodeSetParams``): every later replay, on any stream, reads it."""
         self._check()
         self._check_n(n)
-        self._write_n(n, self._order.enter(self.stream if stream is None else stream))
+        with self._n_lock:
+            self._write_n(n, self._order.enter(self.stream if stream is None else stream))
 
     def _write_n(self, n: int, s: Any) -> None:
         if self._n_arg is not None:
@@ -567,7 +588,7 @@ class DeviceShapedGraph(Resource):
             if old != n:
                 args["n_arg"] = n
                 # a refused push puts the old n back in the shadow (the exec never took the new one)
-                self._shadow.push([0], lambda prev: args.__setitem__("n_arg", prev), old)
+                self._shadow.push([self._n_node], lambda prev: args.__setitem__("n_arg", prev), old)
             return
         # a pageable source is staged by the time the call returns, so the next n may reuse it
         self._n_host[0] = n
@@ -586,11 +607,13 @@ class DeviceShapedGraph(Resource):
         return self.plans[-1]
 
     def replay(self, stream: Any = None) -> None:
-        """One ``cuGraphLaunch``: the head reads whatever ``n_live`` holds when it runs."""
+        """One ``cuGraphLaunch``: the head reads whatever ``n_live`` holds when it runs (a SWITCH
+        head with no ``n_live``: the ``n`` last set)."""
         self._check()
-        s = self._order.enter(self.stream if stream is None else stream)
-        self.exec.launch(s)
-        self.replays += 1
+        with self._n_lock:
+            s = self._order.enter(self.stream if stream is None else stream)
+            self.exec.launch(s)
+            self.replays += 1
 
     def run(self, n: int, stream: Any = None, x: Any = None) -> DeviceArray:
         """Run the model on the first ``n`` rows of :attr:`input` (or of ``x``, copied in first):
@@ -600,17 +623,18 @@ class DeviceShapedGraph(Resource):
         self._check_n(n)
         if self._n_from_caller:
             raise DeviceShapedError("this graph reads n from the caller's n_live: write it there and call replay()")
-        s = self._order.enter(self.stream if stream is None else stream)
-        if x is not None and n > 0:
-            xa = check_rows(x, n, self.width)
-            src, dst, nbytes = xa.ptr, self.input.ptr, n * self._row_bytes
-            if src != dst and src < dst + self.input.nbytes and dst < src + nbytes:
-                raise LayoutError("x overlaps the persistent input without being it")
-            if src != dst:
-                call(driver.cuMemcpyDtoDAsync, dst, src, nbytes, s.handle)
-        self._write_n(n, s)  # n and the stream are checked above
-        self.exec.launch(s)
-        self.replays += 1
+        xa = check_rows(x, n, self.width) if x is not None and n > 0 else None
+        with self._n_lock:
+            s = self._order.enter(self.stream if stream is None else stream)
+            if xa is not None:
+                src, dst, nbytes = xa.ptr, self.input.ptr, n * self._row_bytes
+                if src != dst and src < dst + self.input.nbytes and dst < src + nbytes:
+                    raise LayoutError("x overlaps the persistent input without being it")
+                if src != dst:
+                    call(driver.cuMemcpyDtoDAsync, dst, src, nbytes, s.handle)
+            self._write_n(n, s)  # n and the stream are checked above
+            self.exec.launch(s)
+            self.replays += 1
         return DeviceArray(self.output.ptr, (int(n), self.width), np.dtype(np.float32), self.output)
 
     # -- what the head did ------------------------------------------------------------------
@@ -667,8 +691,8 @@ class DeviceShapedGraph(Resource):
             raise ClosedError("DeviceShapedGraph is closed")
 
     def close(self) -> None:
-        """Free the exec, the graph, the model views (one per band), the arena and the buffers (in that order);
-        safe twice."""
+        """Free the head's shadow (``select="switch"``), the exec, the graph, the model views (one
+        per band), the arena and the buffers (in that order); safe twice."""
         self._finalizer()
 
     def __repr__(self) -> str:
