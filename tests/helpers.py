@@ -38,6 +38,18 @@ def random_input(rng, shape):
     return x
 
 
+def exact_run(model, xh, n, stream):
+    """The eager run of ``model``'s n-row plan on ``xh[:n]`` (its own buffers and scratch): the
+    output rows and the plan's kernel names."""
+    from rawgraph import DeviceBuffer
+
+    with model.with_batch(n) as m, DeviceBuffer.from_numpy(np.ascontiguousarray(xh[:n])) as x, \
+            DeviceBuffer((n, model.width)) as out:
+        plan = m.plan(x, out)
+        plan.run(stream)
+        return out.to_numpy(stream), [l.kernel.name for l in plan.launches]
+
+
 def bench_script(name):
     """A benchmark script of this checkout (``benchmarks/NAME.py``), imported as a module, so its
     checks run in-process."""

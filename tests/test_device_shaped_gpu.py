@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers import random_input, rel_err, refuses_what_the_driver_forbids
+from helpers import exact_run, random_input, rel_err, refuses_what_the_driver_forbids
 from rawgraph import DeviceBuffer, DeviceShapedError, DeviceShapedGraph, TinyBlock
 from rawgraph.models.tinyblock import reference_forward
 from rawgraph.runtime.launch import KernelArgs, Launch, LaunchPlan
@@ -21,22 +21,13 @@ def _clusters(device):
     return device.info.compute_capability >= (9, 0)
 
 
-def _exact(model, xh, n, stream):
-    """The eager run of an n-row plan (its own buffers and scratch) and its kernel names."""
-    with model.with_batch(n) as m, DeviceBuffer.from_numpy(np.ascontiguousarray(xh[:n])) as x, \
-            DeviceBuffer((n, model.width)) as out:
-        plan = m.plan(x, out)
-        plan.run(stream)
-        return out.to_numpy(stream), [l.kernel.name for l in plan.launches]
-
-
 def _check_n(dsg, model, xh, weights, n, stream, counts):
     dsg.output.poison(stream)
     dsg.run(n, stream)
     got = dsg.output.to_numpy(stream)
     assert dsg.check_status(stream) == n
     assert (got[n:].view(np.uint32) == POISON_BITS).all(), f"n={n}: rows >= n were written"
-    want, names = _exact(model, xh, n, stream)
+    want, names = exact_run(model, xh, n, stream)
     if names == [l.kernel.name for l in dsg.plan_for(n).launches]:
         assert np.array_equal(got[:n].view(np.uint32), want.view(np.uint32)), f"n={n}: not bit-equal to the exact run"
         counts["bit"] += 1
@@ -140,17 +131,21 @@ def test_the_view_run_returns_reads_its_n_rows_and_refuses_once_closed(device, s
             view.to_numpy(stream)
 
 
-def test_n_written_by_a_kernel_in_the_same_graph(device, stream, rng):
-    """The prologue counts the live entries of a slot table into n_live; the head reads it."""
+@pytest.mark.parametrize("select,bands,form", [("updates", None, "fused"), ("switch", [4, 16, 40], "unfused")])
+def test_n_written_by_a_kernel_in_the_same_graph(device, stream, rng, select, bands, form):
+    """The prologue counts the live entries of a slot table into n_live; the head reads it in the
+    same replay (rg_du_shape cutting the plan to n rows; rg_set_band picking the band, whose top's
+    rows are written)."""
     slots = 64
-    with TinyBlock(64, 1, 2, form="fused") as model, DeviceBuffer((slots,), np.int32) as table, \
+    with TinyBlock(64, 1, 2, form=form) as model, DeviceBuffer((slots,), np.int32) as table, \
             DeviceBuffer((1,), np.int32) as n_live:
         args = KernelArgs([("table", "ptr"), ("count", "i32"), ("n_live", "ptr")])
         args.update({"table": table.ptr, "count": slots, "n_live": n_live.ptr})
         count = Launch(get_kernel("device_update", "rg_du_count_live", device), (1, 1, 1), (256, 1, 1), args, {}, 0,
                        "count_live")
         prologue = LaunchPlan([count], {}, (), ())
-        with DeviceShapedGraph(model, slots, stream, n_live=n_live, prologue=prologue) as dsg:
+        with DeviceShapedGraph(model, slots, stream, n_live=n_live, prologue=prologue, bands=bands,
+                               select=select) as dsg:
             xh = random_input(rng, (slots, 64))
             dsg.input.copy_from_host(xh, stream)
             weights = model.weights_numpy(stream)
@@ -165,7 +160,8 @@ def test_n_written_by_a_kernel_in_the_same_graph(device, stream, rng):
                 got = dsg.output.to_numpy(stream)
                 assert dsg.check_status(stream) == live
                 assert int(n_live.to_numpy(stream)[0]) == live
-                assert (got[live:].view(np.uint32) == POISON_BITS).all()
+                top = live if select == "updates" or not live else min(b for b in dsg.bands if b >= live)
+                assert (got[top:].view(np.uint32) == POISON_BITS).all(), f"live={live}"
                 if live:
                     assert rel_err(got[:live], reference_forward(xh[:live], weights)) < 1e-5, f"live={live}"
 

@@ -6,23 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers import random_input, rel_err
-from rawgraph import DeviceBuffer, DeviceShapedError, DeviceShapedGraph, TinyBlock
+from helpers import exact_run, random_input, rel_err
+from rawgraph import DeviceShapedError, DeviceShapedGraph, TinyBlock
 from rawgraph.models.tinyblock import reference_forward
-from rawgraph.runtime.launch import KernelArgs, Launch, LaunchPlan
 from rawgraph.runtime.memory import POISON_BITS
-from rawgraph.runtime.module import get_kernel
 
 pytestmark = pytest.mark.gpu
-
-
-def _exact(model, xh, n, stream):
-    """The eager run of an n-row plan (its own buffers and scratch) and its kernel names."""
-    with model.with_batch(n) as m, DeviceBuffer.from_numpy(np.ascontiguousarray(xh[:n])) as x, \
-            DeviceBuffer((n, model.width)) as out:
-        plan = m.plan(x, out)
-        plan.run(stream)
-        return out.to_numpy(stream), [l.kernel.name for l in plan.launches]
 
 
 @pytest.mark.parametrize("form,width,max_batch,subset", [("fused", 1024, 256, 40), ("unfused", 64, 64, None),
@@ -54,7 +43,7 @@ def test_a_switch_over_plan_bands_gives_the_exact_size_bits_at_every_n(device, s
             dsg.run(n, stream)
             got = dsg.output.to_numpy(stream)
             assert dsg.check_status(stream) == n
-            want, names = _exact(model, xh, n, stream)
+            want, names = exact_run(model, xh, n, stream)
             assert names == [l.kernel.name for l in dsg.plan_for(n).launches]
             assert np.array_equal(got[:n].view(np.uint32), want.view(np.uint32)), f"n={n}, seed {rng.seed_used}"
             top = min(t for t in dsg.bands if t >= n)
@@ -77,37 +66,6 @@ def test_a_switch_over_every_row_count_writes_exactly_n_rows(device, stream, rng
             whole = dsg.output.to_numpy(stream)
             assert (whole[n:].view(np.uint32) == POISON_BITS).all(), f"n={n}"
             assert rel_err(got, reference_forward(xh[:n], weights)) < 1e-5, f"n={n}, seed {rng.seed_used}"
-
-
-def test_a_switch_reads_n_written_by_a_kernel_in_the_same_graph(device, stream, rng):
-    """The prologue counts the live entries of a table into n_live; rg_set_band reads it in the
-    same replay and picks the band."""
-    slots = 64
-    with TinyBlock(64, 1, 2, form="unfused") as model, DeviceBuffer((slots,), np.int32) as table, \
-            DeviceBuffer((1,), np.int32) as n_live:
-        args = KernelArgs([("table", "ptr"), ("count", "i32"), ("n_live", "ptr")])
-        args.update({"table": table.ptr, "count": slots, "n_live": n_live.ptr})
-        count = Launch(get_kernel("device_update", "rg_du_count_live", device), (1, 1, 1), (256, 1, 1), args, {}, 0,
-                       "count_live")
-        with DeviceShapedGraph(model, slots, stream, n_live=n_live, prologue=LaunchPlan([count], {}, (), ()),
-                               bands=[4, 16, 40], select="switch") as dsg:
-            xh = random_input(rng, (slots, 64))
-            dsg.input.copy_from_host(xh, stream)
-            weights = model.weights_numpy(stream)
-            with pytest.raises(DeviceShapedError):
-                dsg.run(3, stream)
-            for live in (int(k) for k in rng.permutation(np.arange(0, slots + 1))[:12]):
-                t = np.full(slots, -1, np.int32)
-                t[rng.choice(slots, live, replace=False)] = rng.integers(0, 1000, live)
-                table.copy_from_host(t, stream)
-                dsg.output.poison(stream)
-                dsg.replay(stream)
-                got = dsg.output.to_numpy(stream)
-                assert dsg.check_status(stream) == live
-                top = min([b for b in dsg.bands if b >= live], default=0) if live else 0
-                assert (got[top:].view(np.uint32) == POISON_BITS).all(), f"live={live}"
-                if live:
-                    assert rel_err(got[:live], reference_forward(xh[:live], weights)) < 1e-5, f"live={live}"
 
 
 def test_a_switch_graph_refuses_clone_and_update_before_any_driver_call(device, stream, monkeypatch):

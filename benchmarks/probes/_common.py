@@ -420,3 +420,13 @@ def median_line(name: str, samples: Sequence[float]) -> dict:
     s = stats(samples)
     print(f"TIME {name}: median={s['median']:.3f} p10={s['p10']:.3f} p90={s['p90']:.3f} us (n={len(samples)})", flush=True)
     return s
+
+
+def model_args(p: Any, rounds: int) -> None:
+    """The TinyBlock a serving probe measures, as ``argparse`` options: ``--width``, ``--layers``,
+    ``--form``, ``--max-batch`` and ``--rounds`` (timed replays per figure)."""
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--form", default="fused")
+    p.add_argument("--max-batch", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=rounds)

@@ -22,6 +22,8 @@ import sys
 
 import numpy as np
 
+from _common import model_args
+
 
 class _NoRowGrid:
     """A row-wise model seen without its row grids: the head then changes no grid."""
@@ -44,11 +46,7 @@ class _NoRowGrid:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--width", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--form", default="fused")
-    p.add_argument("--max-batch", type=int, default=256)
-    p.add_argument("--rounds", type=int, default=100)
+    model_args(p, rounds=100)
     p.add_argument("--cut", action="append", default=[],
                    help="BM,BN,BK,STAGES,S,KS,MINB: also measure with this sgemm cut at max_batch rows "
                         "(ops.SGEMM_CUTS; S=1 launches no cluster); repeatable")

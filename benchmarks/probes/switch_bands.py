@@ -31,14 +31,12 @@ import time
 
 import numpy as np
 
+from _common import model_args
+
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--width", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--form", default="fused")
-    p.add_argument("--max-batch", type=int, default=256)
-    p.add_argument("--rounds", type=int, default=40)
+    model_args(p, rounds=40)
     a = p.parse_args()
     from rawgraph.graphs.conditional import capture_conditional, capture_handle, set_condition
     from rawgraph.graphs.capture import Capture

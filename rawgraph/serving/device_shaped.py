@@ -240,6 +240,17 @@ def pack_table(entries: Sequence[ShapeEntry], handles: Sequence[int]) -> np.ndar
     return table
 
 
+def _record_prologue(cap: Capture, prologue: Any) -> None:
+    """Record the caller's prologue into ``cap`` before the head: a plan through ``Capture.run``,
+    a callable called with the capturing stream."""
+    if prologue is None:
+        return
+    if isinstance(prologue, LaunchPlan):
+        cap.run(prologue)
+    else:
+        prologue(cap.stream)
+
+
 def _close_reversed(owned: list) -> None:
     for obj in reversed(owned):
         obj.close()
@@ -465,6 +476,7 @@ class DeviceShapedGraph(Resource):
             plan.run(s)
         s.synchronize()
         self.setup["warmup"] = clock() - t0
+        self._prologue = prologue  # held as long as the exec that replays it
         if self.select == "switch":
             self._capture_switch(prologue, owned)
         else:
@@ -517,11 +529,7 @@ class DeviceShapedGraph(Resource):
         try:
             cap = Capture(self.stream)
             with cap:
-                if prologue is not None:
-                    if isinstance(prologue, LaunchPlan):
-                        cap.run(prologue)
-                    else:
-                        prologue(cap.stream)
+                _record_prologue(cap, prologue)
                 cond = capture_handle(cap)
                 self.head = select_band(self.device, cond, self.n_live, self._table, self._rc, n=self.max_batch)
                 cap.launch(self.head)
@@ -534,7 +542,6 @@ class DeviceShapedGraph(Resource):
             body_stream.close()
         self.graph = cap.captured
         owned.append(self.graph)
-        self._prologue = prologue
         self.handles: list[int] = []
         self.setup["capture"] = clock() - t0
 
@@ -546,11 +553,7 @@ class DeviceShapedGraph(Resource):
         t0 = clock()
         cap = Capture(s)
         with cap:
-            if prologue is not None:
-                if isinstance(prologue, LaunchPlan):
-                    cap.run(prologue)
-                else:
-                    prologue(cap.stream)
+            _record_prologue(cap, prologue)
             cap.launch(self.head)
             first = len(cap.nodes)
             for plan in self.plans:  # one after another: a disabled node passes its dependency on
@@ -560,7 +563,6 @@ class DeviceShapedGraph(Resource):
         self.graph = graph
         owned.append(graph)
         self._nodes = cap.nodes[first:]
-        self._prologue = prologue
         self.setup["capture"] = clock() - t0
         if len(self._nodes) != count or not all(n.launch is l for n, l in zip(self._nodes, self._launches)):
             raise RawgraphError("the capture's node map does not follow the plan's launch order")
