@@ -619,3 +619,29 @@ def test_a_switch_head_takes_each_threads_n_for_its_own_launch(fake, monkeypatch
         finally:
             sys.setswitchinterval(old)
         assert dsg.replays == 800 and wrong == []
+
+
+@pytest.mark.parametrize("select", ["updates", "switch"])
+@pytest.mark.parametrize("as_plan", [True, False])
+def test_the_prologue_is_captured_before_the_head(fake, updatable_attrs, select, as_plan):
+    """A prologue (a plan, or a callable given the capturing stream) is recorded first, the head
+    right after it, in both selects."""
+    from rawgraph import DeviceBuffer, DeviceShapedGraph, TinyBlock
+    from rawgraph.runtime.launch import KernelArgs, Launch, LaunchPlan
+    from rawgraph.runtime.module import get_kernel
+
+    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model, DeviceBuffer((8,), np.int32) as table, \
+            DeviceBuffer((1,), np.int32) as n_live:
+        args = KernelArgs([("table", "ptr"), ("count", "i32"), ("n_live", "ptr")])
+        args.update({"table": table.ptr, "count": 8, "n_live": n_live.ptr})
+        count = Launch(get_kernel("device_update", "rg_du_count_live"), (1, 1, 1), (256, 1, 1), args, {}, 0,
+                       "count_live")
+        plan = LaunchPlan([count], {}, (), ())
+        prologue = plan if as_plan else (lambda s: count(s))
+        with DeviceShapedGraph(model, 8, n_live=n_live, prologue=prologue, select=select) as dsg:
+            names = [n.launch.kernel.name for n in dsg.graph.nodes]
+            if as_plan:  # recorded by the capture
+                assert names[:2] == ["rg_du_count_live", dsg.head.kernel.name], names
+            else:  # launched on the capturing stream behind the capture's back: a foreign node
+                assert names[0] == dsg.head.kernel.name and len(dsg.graph.foreign_nodes) == 1, names
+            assert dsg._prologue is prologue
