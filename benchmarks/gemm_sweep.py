@@ -102,6 +102,7 @@ class Cut:
     s: int
     ks: int
     minb: int = 1
+    xt: int = 0          # 1: the XT layout (sgemm_xt_*: x transposed into shared memory)
     file: str = "sgemm"
 
     @property
@@ -111,15 +112,17 @@ class Cut:
     @property
     def smem(self) -> int:
         """Dynamic shared memory in bytes: sgemm.cu's SgemmCfg::SMEM_FLOATS * 4."""
-        pipe = self.ks * self.st * (self.bm * (self.bk + 4) + self.bk * self.bn)
+        xtile = self.bk * (self.bm + 8) if self.xt else self.bm * (self.bk + 4)
+        pipe = self.ks * self.st * (xtile + self.bk * self.bn)
         part = self.ks * self.bm * (self.bn + 4) if self.s * self.ks > 1 else 0
         return 4 * max(pipe, part)
 
     def expr(self, epi: str) -> str:
         e = EPIS[epi]
+        kind = "sgemm_xt" if self.xt else "sgemm"
         if self.s == 1:
-            return f"sgemm_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.ks}, {self.minb}>"
-        return f"sgemm_split_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.s}, {self.ks}, {self.minb}>"
+            return f"{kind}_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.ks}, {self.minb}>"
+        return f"{kind}_split_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.s}, {self.ks}, {self.minb}>"
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
         return (_cdiv(n, self.bn), self.s, _cdiv(m, self.bm))
@@ -129,7 +132,7 @@ class Cut:
 
     @property
     def label(self) -> str:
-        return (f"sgemm {self.bm}x{self.bn} k{self.bk} st{self.st} s{self.s} ks{self.ks}"
+        return (f"sgemm{'_xt' if self.xt else ''} {self.bm}x{self.bn} k{self.bk} st{self.st} s{self.s} ks{self.ks}"
                 + (f" mb{self.minb}" if self.minb > 1 else ""))
 
 
@@ -177,7 +180,7 @@ def current_cut(m: int, k: int, n: int, sms: int) -> OldCut:
 # Tile structures (BM, BN, KS, MINB) the generator draws from. Threads = KS * BM * BN / 64.
 STRUCTS = [
     (128, 128, 1, 1), (128, 128, 1, 2), (128, 128, 2, 1), (256, 128, 1, 1),
-    (64, 128, 2, 1), (64, 128, 2, 2), (64, 128, 1, 1), (64, 128, 1, 4),
+    (64, 128, 2, 1), (64, 128, 2, 2), (64, 128, 1, 1), (64, 128, 1, 4), (64, 128, 1, 3),
     (128, 64, 2, 1), (128, 64, 1, 1), (96, 128, 1, 1), (96, 64, 2, 1),
     (64, 64, 4, 1), (64, 64, 2, 1), (32, 128, 4, 1), (32, 128, 2, 1),
 ]
@@ -238,10 +241,12 @@ def model_cycles(cut: Cut, m: int, k: int, n: int, sms: int, min_ctas: float = 0
     return t_fill + t_compute + t_reduce
 
 
-def candidates(m: int, k: int, n: int, sms: int, limit: int) -> list[Cut]:
+def candidates(m: int, k: int, n: int, sms: int, limit: int, layouts: tuple[int, ...] = (0, 1)) -> list[Cut]:
     """``limit`` cuts to time, chosen by the model with diversity: first the best cut of each tile
     structure (BM, BN, KS, MINB), best structures first, for two thirds of the slots; then the
-    next best cuts that differ from every chosen one in split or K step (not only in stages)."""
+    next best cuts that differ from every chosen one in split or K step (not only in stages).
+    ``layouts``: 0 (x [row][k] in shared memory), 1 (XT, x [k][row]; column tiles 64, 128, 256);
+    the model does not tell them apart, so each structure is tried in both."""
     scored = []
     for bm, bn, ks, minb in STRUCTS:
         for s in SPLITS:
@@ -254,35 +259,38 @@ def candidates(m: int, k: int, n: int, sms: int, limit: int) -> list[Cut]:
                 for st in sorted({3, 4, min(8, nst + 1), min(6, nst + 1)}):
                     if st < 2:
                         continue
-                    cut = Cut(bm, bn, bk, st, s, ks, minb)
-                    t = model_cycles(cut, m, k, n, sms)
-                    if t is None:   # small products: keep the cuts that fill fewer SMs, ranked last
-                        t2 = model_cycles(cut, m, k, n, sms, 0.0)
-                        t = None if t2 is None else 1e12 + t2
-                    if t is not None:
-                        scored.append((t, cut))
+                    for xt in layouts:
+                        if xt and 256 % bn:
+                            continue
+                        cut = Cut(bm, bn, bk, st, s, ks, minb, xt)
+                        t = model_cycles(cut, m, k, n, sms)
+                        if t is None:   # small products: keep the cuts that fill fewer SMs, ranked last
+                            t2 = model_cycles(cut, m, k, n, sms, 0.0)
+                            t = None if t2 is None else 1e12 + t2
+                        if t is not None:
+                            scored.append((t, cut))
     scored.sort(key=lambda tc: (tc[0], tc[1].label))
     out, structs, near = [], set(), set()
     for t, cut in scored:
-        key = (cut.bm, cut.bn, cut.ks, cut.minb)
+        key = (cut.bm, cut.bn, cut.ks, cut.minb, cut.xt)
         if key not in structs and len(out) < max(1, (2 * limit) // 3):
             structs.add(key)
             near.add(key + (cut.s, cut.bk))
             out.append(cut)
     # Other K steps of the chosen (structure, split) pairs first (up to half the remaining slots),
     # then other splits.
-    chosen = {(c.bm, c.bn, c.ks, c.minb, c.s) for c in out}
+    chosen = {(c.bm, c.bn, c.ks, c.minb, c.xt, c.s) for c in out}
     room = (limit - len(out) + 1) // 2
     for t, cut in scored:
-        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.s, cut.bk)
-        if room > 0 and nk[:5] in chosen and nk not in near:
+        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.xt, cut.s, cut.bk)
+        if room > 0 and nk[:6] in chosen and nk not in near:
             near.add(nk)
             out.append(cut)
             room -= 1
     for t, cut in scored:
         if len(out) >= limit:
             break
-        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.s, cut.bk)
+        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.xt, cut.s, cut.bk)
         if nk not in near:
             near.add(nk)
             out.append(cut)
@@ -917,7 +925,7 @@ class Sweep:
         row["best"] = dict(best)
         bcut = next(c for c in cands if c.label == best["cut"])
         row["best_cut"] = {"bm": bcut.bm, "bn": bcut.bn, "bk": bcut.bk, "st": bcut.st, "s": bcut.s, "ks": bcut.ks,
-                           "minb": bcut.minb}
+                           "minb": bcut.minb, "xt": bcut.xt}
         if "us" in row.get("current", {}):
             row["best"]["speedup_vs_current"] = row["current"]["us"] / best["us"]
         early = bcut.early(k, n)
@@ -972,7 +980,7 @@ class Sweep:
                 f.write(json.dumps(row) + "\n")
 
         todo = [s for s in shape_order(shapes) if s not in rows]
-        cands = {s: candidates(s[0], s[1], s[1], self.sms, a.max_cands) for s in todo}
+        cands = {s: candidates(s[0], s[1], s[1], self.sms, a.max_cands, a.layouts) for s in todo}
         currents = {}
         if not a.no_current:
             for s in todo:
@@ -1165,6 +1173,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--widths", type=int, nargs="*", help="K = N values (default 1024 4096)")
     p.add_argument("--rows", nargs="*", help="M values or ranges a:b:step (default 64:256:8)")
     p.add_argument("--max-cands", type=int, default=20, help="sgemm cuts timed per shape")
+    p.add_argument("--layouts", type=lambda v: tuple(int(t) for t in v.split(",")), default=(0, 1),
+                   help="sgemm layouts to try: 0 ([row][k] x tile), 1 (XT), or 0,1 (default)")
     p.add_argument("--repeats", type=int, default=9, help="graph replays per figure (median)")
     p.add_argument("--seed", type=int)
     p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="parallel NVRTC processes")
@@ -1213,11 +1223,15 @@ def gpu_status() -> tuple[bool, str]:
 
 def compile_only(a, shapes, reason: str) -> int:
     sms = 132
-    names = sorted({c.expr("none") for m, w in shapes for c in candidates(m, w, w, sms, a.max_cands)})
-    cur = sorted({current_cut(m, w, w, sms).expr("none") for m, w in shapes}) if not a.no_current else []
-    log(f"{len(shapes)} shapes: {len(names)} sgemm cuts and {len(cur)} matmul.cu cuts to compile for sm_90")
-    got = compile_all({"sgemm": names, "matmul": cur}, "sm_90", a.jobs)
-    failed = [n for n in names if ("sgemm", n) not in got] + [n for n in cur if ("matmul", n) not in got]
+    names = sorted({c.expr("none") for m, w in shapes for c in candidates(m, w, w, sms, a.max_cands, a.layouts)})
+    cur_cuts = [current_cut(m, w, w, sms) for m, w in shapes] if not a.no_current else []
+    jobs: dict[str, set] = {"sgemm": set(names), "matmul": set()}
+    for c in cur_cuts:  # today's cut: an sgemm table entry or a matmul.cu cut, each from its own file
+        jobs[c.file].add(c.expr("none"))
+    cur = [(f, n) for f in jobs for n in jobs[f] if not (f == "sgemm" and n in names)]
+    log(f"{len(shapes)} shapes: {len(names)} sgemm cuts and {len(cur)} current cuts to compile for sm_90")
+    got = compile_all({f: sorted(v) for f, v in jobs.items()}, "sm_90", a.jobs)
+    failed = [n for n in names if ("sgemm", n) not in got] + [n for f, n in cur if (f, n) not in got]
     log(f"{'expression':<62s} {'regs':>4s} {'spill st/ld':>11s} {'smem KB':>7s}")
     for (f, n), rec in sorted(got.items()):
         p = rec["ptxas"]
@@ -1232,16 +1246,16 @@ def compile_only(a, shapes, reason: str) -> int:
 
 
 def _parse_cut(expr: str) -> Cut | None:
-    mt = re.match(r"sgemm(_split)?_kernel<(.*)>", expr)
+    mt = re.match(r"sgemm(_xt)?(_split)?_kernel<(.*)>", expr)
     if not mt:
         return None
-    v = [int(t) for t in mt.group(2).split(",")]
-    if mt.group(1):
+    v = [int(t) for t in mt.group(3).split(",")]
+    if mt.group(2):
         _, bm, bn, bk, st, s, ks, mb = v
     else:
         _, bm, bn, bk, st, ks, mb = v
         s = 1
-    return Cut(bm, bn, bk, st, s, ks, mb)
+    return Cut(bm, bn, bk, st, s, ks, mb, int(bool(mt.group(1))))
 
 
 def child_main(a) -> int:
@@ -1315,14 +1329,16 @@ def best_cuts(result: dict) -> dict:
 
 
 def cuts_literal(result: dict) -> str:
-    """The best cuts as a Python literal: {(M, K, N): (BM, BN, BK, STAGES, S, KS, MINB)}."""
+    """The best cuts as a Python literal: {(M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, XT])}, the
+    eighth element only for an XT cut."""
     items = []
     for r in result["rows"]:
         if r.get("best"):
             c = r["best_cut"]
+            xt = ", 1" if c.get("xt") else ""
             items.append(f"    ({r['M']}, {r['K']}, {r['N']}): ({c['bm']}, {c['bn']}, {c['bk']}, {c['st']}, {c['s']}, "
-                         f"{c['ks']}, {c['minb']}),  # {r['best']['us']:.2f} us")
-    return "SGEMM_CUTS = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB)\n" + "\n".join(items) + "\n}"
+                         f"{c['ks']}, {c['minb']}{xt}),  # {r['best']['us']:.2f} us")
+    return "SGEMM_CUTS = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, XT])\n" + "\n".join(items) + "\n}"
 
 
 def main(argv: list[str] | None = None) -> int:

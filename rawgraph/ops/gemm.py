@@ -43,6 +43,7 @@ __all__ = [
     "MatmulShape",
     "SGEMM_CUTS",
     "SGEMM_ROW_STEP",
+    "SGEMM_KERNELS",
     "matvec_shape",
     "gemm_shape",
     "sgemm_shape",
@@ -96,8 +97,10 @@ MATVEC_TILES = {4: (128, 64, 32, 16), 1: (32, 16, 8)}  # column tiles per load w
 # at w1024, the sweep of c477e95 (H100, benchmarks/results/gemm_small_2026-12-06_c477e95_h100.json)
 # where its best cut beat the matvec rule (16-56 rows: 7.8-11.3 us against 9.4-15.2; at 8 rows the
 # matvec's 5.85 us stays).
+# sgemm.cu's kernels (name prefixes): the [row][k] layout and XT, without and with a cluster split
+SGEMM_KERNELS = ("sgemm_kernel<", "sgemm_split_kernel<", "sgemm_xt_kernel<", "sgemm_xt_split_kernel<")
 SGEMM_ROW_STEP = 8  # the table's row grid: M between two entries takes the upper entry's cut
-SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, int, int, int, int, int, int]] = {  # (M, K, N): cut
+SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, ...]] = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, XT])
     (16, 1024, 1024): (32, 128, 16, 3, 8, 4, 1),  # 7.78 us
     (24, 1024, 1024): (32, 128, 16, 3, 8, 4, 1),  # 8.36 us
     (32, 1024, 1024): (32, 128, 32, 3, 8, 2, 1),  # 9.09 us
@@ -177,7 +180,8 @@ class MatmulShape:
     ``"sgemm"`` (``kernels/sgemm.cu``, built by :func:`sgemm_shape`): ``bt`` is the row tile BM,
     ``tc`` the column tile BN, ``split`` the cluster size S, ``slices`` the in-CTA K slices KS
     (each of BM * BN / 64 threads); ``bk`` (K rows per pipeline stage), ``stages`` and ``minb``
-    (``__launch_bounds__``' minimum CTAs per SM) are its own; 0 for the other kernels.
+    (``__launch_bounds__``' minimum CTAs per SM) are its own, and ``xt`` its shared-memory layout
+    of x (0: ``[row][k]``; 1: ``[k][row]``, the ``sgemm_xt_*`` kernels); 0 for the other kernels.
     """
 
     kernel: str
@@ -191,6 +195,7 @@ class MatmulShape:
     bk: int = 0
     stages: int = 0
     minb: int = 0
+    xt: int = 0
 
     @property
     def bm(self) -> int:
@@ -308,13 +313,15 @@ def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool,
 
 
 def sgemm_shape(batch: int, k: int, n: int, bm: int, bn: int, bk: int, stages: int, split: int = 1,
-                slices: int = 1, minb: int = 1, clusters: bool = True) -> MatmulShape:
+                slices: int = 1, minb: int = 1, xt: int = 0, clusters: bool = True) -> MatmulShape:
     """A cut of ``kernels/sgemm.cu``: BM x BN output tiles, K in steps of ``bk`` through ``stages``
     cp.async stages, K split over a cluster of ``split`` CTAs and again over ``slices`` groups of
-    BM * BN / 64 threads inside each CTA; ``minb`` is ``__launch_bounds__``' minimum CTAs per SM.
-    Grid (ceil(N / BN), S, ceil(M / BM)). The arguments are those of a ``SGEMM_CUTS`` entry
-    ``(BM, BN, BK, STAGES, S, KS, MINB)``; what the kernel's static_asserts and the launch forbid
-    raises :class:`ShapeError` here (operand layout is :func:`matmul`'s check)."""
+    BM * BN / 64 threads inside each CTA; ``minb`` is ``__launch_bounds__``' minimum CTAs per SM;
+    ``xt`` = 1 picks the layout that transposes x into shared memory (``sgemm_xt_kernel``; BN of
+    64, 128 or 256). Grid (ceil(N / BN), S, ceil(M / BM)). The arguments are those of a
+    ``SGEMM_CUTS`` entry ``(BM, BN, BK, STAGES, S, KS, MINB[, XT])``; what the kernel's
+    static_asserts and the launch forbid raises :class:`ShapeError` here (operand layout is
+    :func:`matmul`'s check)."""
     if min(batch, k, n) < 1:
         raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
     if bm < 32 or bm % 32 or bn < 64 or bn % 64:
@@ -330,19 +337,22 @@ def sgemm_shape(batch: int, k: int, n: int, bm: int, bn: int, bk: int, stages: i
     threads = slices * (bm // 8) * (bn // 8)
     if threads > 1024:
         raise ShapeError(f"sgemm cut {bm} x {bn} with {slices} slices needs {threads} threads per CTA (at most 1024)")
+    if xt not in (0, 1) or (xt and 256 % bn):
+        raise ShapeError(f"sgemm layout XT must be 0 or 1, and XT = 1 needs BN of 64, 128 or 256; got XT {xt}, BN {bn}")
     if minb < 1 or minb * threads > SGEMM_MAX_THREADS_PER_SM:
         raise ShapeError(f"sgemm MINB {minb} x {threads} threads exceeds {SGEMM_MAX_THREADS_PER_SM} threads per SM")
     grid = (_cdiv(n, bn), split, _cdiv(batch, bm))
     if grid[2] > 65535:
         raise ShapeError(f"sgemm grid z {grid[2]} (batch {batch} / BM {bm}) exceeds 65535")
-    return MatmulShape("sgemm", 4, bn, bm, split, grid, 0, slices, bk, stages, minb)
+    return MatmulShape("sgemm", 4, bn, bm, split, grid, 0, slices, bk, stages, minb, xt)
 
 
-def sgemm_smem_bytes(bm: int, bn: int, bk: int, stages: int, split: int, slices: int) -> int:
+def sgemm_smem_bytes(bm: int, bn: int, bk: int, stages: int, split: int, slices: int, xt: int = 0) -> int:
     """sgemm.cu's ``sgemm_smem_floats`` x 4: ``slices`` x ``stages`` of a BM x BK x tile (rows
-    padded to BK + 4 floats) and a BK x BN W tile, or, when K is cut (S * KS > 1) and that is
-    larger, the ``slices`` partial BM x BN tiles (rows padded to BN + 4) that reuse them."""
-    pipe = slices * stages * (bm * (bk + 4) + bk * bn)
+    padded to BK + 4 floats; with ``xt``, BK rows of BM + 8) and a BK x BN W tile, or, when K is
+    cut (S * KS > 1) and that is larger, the ``slices`` partial BM x BN tiles (rows padded to
+    BN + 4) that reuse them."""
+    pipe = slices * stages * ((bk * (bm + 8) if xt else bm * (bk + 4)) + bk * bn)
     part = slices * bm * (bn + 4) if split * slices > 1 else 0
     return 4 * max(pipe, part)
 
@@ -352,7 +362,7 @@ def gemm_smem_bytes(shape: MatmulShape) -> int:
     ``slices`` x 3 stages of a 64 x 16 x slice (rows padded to 20 floats) and a 16 x ``tc`` W
     slice (matmul.cu's RG_GM_*); for sgemm :func:`sgemm_smem_bytes`."""
     if shape.kernel == "sgemm":
-        return sgemm_smem_bytes(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices)
+        return sgemm_smem_bytes(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices, shape.xt)
     if shape.kernel != "gemm":
         return 0
     return shape.slices * GEMM_STAGES * (GEMM_TILE_M * (GEMM_KC + 4) + GEMM_KC * shape.tc) * 4
@@ -400,8 +410,8 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
         key = (_cdiv(batch, SGEMM_ROW_STEP) * SGEMM_ROW_STEP, k, n)
         cut = SGEMM_CUTS.get(key)
     if cut is not None and gemm_ok:
-        if len(cut) != 7:
-            raise ShapeError(f"SGEMM_CUTS[{key}] = {cut}: expected (BM, BN, BK, STAGES, S, KS, MINB)")
+        if len(cut) not in (7, 8):
+            raise ShapeError(f"SGEMM_CUTS[{key}] = {cut}: expected (BM, BN, BK, STAGES, S, KS, MINB[, XT])")
         sg = sgemm_shape(batch, k, n, *cut, clusters=True)
         if (sg.split == 1 or clusters) and (not smem_limit or gemm_smem_bytes(sg) <= smem_limit):
             return sg
@@ -430,10 +440,11 @@ def matmul_expr(epilogue: str, shape: MatmulShape) -> str:
     """The kernel's name expression (spelled as ``benchmarks/gemm_sweep.py`` spells sgemm cuts)."""
     e = EPILOGUES[epilogue]
     if shape.kernel == "sgemm":
+        kind = "sgemm_xt" if shape.xt else "sgemm"
         if shape.split > 1:
-            return (f"sgemm_split_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.split}, "
+            return (f"{kind}_split_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.split}, "
                     f"{shape.slices}, {shape.minb}>")
-        return f"sgemm_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.slices}, {shape.minb}>"
+        return f"{kind}_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.slices}, {shape.minb}>"
     if shape.kernel == "gemm":
         if shape.split > 1:
             return f"gemm_split_kernel<{e}, {shape.tc}, {shape.split}, {shape.slices}>"
@@ -507,7 +518,7 @@ def routes_rows(launch: Launch) -> bool:
     ``kernels/sgemm.cu``), the only ones whose ``rows`` argument is a row table (a user's kernel
     with an argument of that name is not: writing a table pointer into it would corrupt the launch)."""
     name = launch.kernel.name
-    if name.startswith(("sgemm_kernel<", "sgemm_split_kernel<")):
+    if name.startswith(SGEMM_KERNELS):
         file = "sgemm"
     elif name.startswith(("matvec_kernel<", "matvec_split_kernel<", "gemm_kernel<", "gemm_split_kernel<")):
         file = "matmul"
@@ -526,7 +537,7 @@ def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray
         if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
             raise LayoutError("the sgemm kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
         want = sgemm_shape(batch, k, n, shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices,
-                           shape.minb, clusters)
+                           shape.minb, shape.xt, clusters)
         if smem_limit and gemm_smem_bytes(shape) > smem_limit:
             raise ShapeError(f"sgemm cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
                              f"shared memory per CTA; this device allows {smem_limit}")
