@@ -102,24 +102,23 @@ class Cut:
     s: int
     ks: int
     minb: int = 1
-    xt: int = 0          # 1: the XT layout (sgemm_xt_*: x transposed into shared memory)
+    wide: int = 0        # 1: 8 x 16 outputs per thread (sgemm_wide_*), 0: 8 x 8
     file: str = "sgemm"
 
     @property
     def threads(self) -> int:
-        return self.ks * (self.bm // 8) * (self.bn // 8)
+        return self.ks * (self.bm // 8) * (self.bn // (16 if self.wide else 8))
 
     @property
     def smem(self) -> int:
         """Dynamic shared memory in bytes: sgemm.cu's SgemmCfg::SMEM_FLOATS * 4."""
-        xtile = self.bk * (self.bm + 8) if self.xt else self.bm * (self.bk + 4)
-        pipe = self.ks * self.st * (xtile + self.bk * self.bn)
+        pipe = self.ks * self.st * (self.bm * (self.bk + 4) + self.bk * self.bn)
         part = self.ks * self.bm * (self.bn + 4) if self.s * self.ks > 1 else 0
         return 4 * max(pipe, part)
 
     def expr(self, epi: str) -> str:
         e = EPIS[epi]
-        kind = "sgemm_xt" if self.xt else "sgemm"
+        kind = "sgemm_wide" if self.wide else "sgemm"
         if self.s == 1:
             return f"{kind}_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.ks}, {self.minb}>"
         return f"{kind}_split_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.s}, {self.ks}, {self.minb}>"
@@ -132,7 +131,7 @@ class Cut:
 
     @property
     def label(self) -> str:
-        return (f"sgemm{'_xt' if self.xt else ''} {self.bm}x{self.bn} k{self.bk} st{self.st} s{self.s} ks{self.ks}"
+        return (f"sgemm{'_wide' if self.wide else ''} {self.bm}x{self.bn} k{self.bk} st{self.st} s{self.s} ks{self.ks}"
                 + (f" mb{self.minb}" if self.minb > 1 else ""))
 
 
@@ -180,9 +179,15 @@ def current_cut(m: int, k: int, n: int, sms: int) -> OldCut:
 # Tile structures (BM, BN, KS, MINB) the generator draws from. Threads = KS * BM * BN / 64.
 STRUCTS = [
     (128, 128, 1, 1), (128, 128, 1, 2), (128, 128, 2, 1), (256, 128, 1, 1),
-    (64, 128, 2, 1), (64, 128, 2, 2), (64, 128, 1, 1), (64, 128, 1, 4), (64, 128, 1, 3),
+    (64, 128, 2, 1), (64, 128, 2, 2), (64, 128, 1, 1), (64, 128, 1, 4),
     (128, 64, 2, 1), (128, 64, 1, 1), (96, 128, 1, 1), (96, 64, 2, 1),
     (64, 64, 4, 1), (64, 64, 2, 1), (32, 128, 4, 1), (32, 128, 2, 1),
+]
+# ... and those of the 8 x 16 thread tile (threads = KS * BM * BN / 128); 256 x 128 is cuBLAS's
+# cutlass_80_simt_sgemm_256x128_8x4 tile
+WIDE_STRUCTS = [
+    (256, 128, 1, 1), (128, 128, 1, 1), (128, 256, 1, 1), (128, 128, 2, 1), (64, 128, 2, 1), (64, 256, 1, 1),
+    (64, 128, 4, 1), (32, 128, 4, 1),
 ]
 SPLITS = (1, 2, 3, 4, 6, 8)
 SM_SMEM = 233472          # 228 KB per SM (H100 / H200)
@@ -241,17 +246,18 @@ def model_cycles(cut: Cut, m: int, k: int, n: int, sms: int, min_ctas: float = 0
     return t_fill + t_compute + t_reduce
 
 
-def candidates(m: int, k: int, n: int, sms: int, limit: int, layouts: tuple[int, ...] = (0, 1)) -> list[Cut]:
+def candidates(m: int, k: int, n: int, sms: int, limit: int, tiles: tuple[int, ...] = (8, 16)) -> list[Cut]:
     """``limit`` cuts to time, chosen by the model with diversity: first the best cut of each tile
     structure (BM, BN, KS, MINB), best structures first, for two thirds of the slots; then the
     next best cuts that differ from every chosen one in split or K step (not only in stages).
-    ``layouts``: 0 (x [row][k] in shared memory), 1 (XT, x [k][row]; column tiles 64, 128, 256);
-    the model does not tell them apart, so each structure is tried in both."""
+    ``tiles``: outputs per thread along N, 8 (8 x 8) and 16 (8 x 16, ``WIDE_STRUCTS``' tile shapes)."""
     scored = []
-    for bm, bn, ks, minb in STRUCTS:
+    structs = [(bm, bn, ks, minb, 0) for bm, bn, ks, minb in STRUCTS if 8 in tiles]
+    structs += [(bm, bn, ks, minb, 1) for bm, bn, ks, minb in WIDE_STRUCTS if 16 in tiles]
+    for bm, bn, ks, minb, wide in structs:
         for s in SPLITS:
             for bk in (8, 16, 32):
-                if reg_cap(ks * bm * bn // 64, minb) <= 128 and bk == 32:
+                if reg_cap(ks * bm * bn // (128 if wide else 64), minb) <= 128 and bk == 32:
                     continue
                 p = s * ks
                 kc = _cdiv(_cdiv(k, p), bk) * bk
@@ -259,30 +265,27 @@ def candidates(m: int, k: int, n: int, sms: int, limit: int, layouts: tuple[int,
                 for st in sorted({3, 4, min(8, nst + 1), min(6, nst + 1)}):
                     if st < 2:
                         continue
-                    for xt in layouts:
-                        if xt and 256 % bn:
-                            continue
-                        cut = Cut(bm, bn, bk, st, s, ks, minb, xt)
-                        t = model_cycles(cut, m, k, n, sms)
-                        if t is None:   # small products: keep the cuts that fill fewer SMs, ranked last
-                            t2 = model_cycles(cut, m, k, n, sms, 0.0)
-                            t = None if t2 is None else 1e12 + t2
-                        if t is not None:
-                            scored.append((t, cut))
+                    cut = Cut(bm, bn, bk, st, s, ks, minb, wide)
+                    t = model_cycles(cut, m, k, n, sms)
+                    if t is None:   # small products: keep the cuts that fill fewer SMs, ranked last
+                        t2 = model_cycles(cut, m, k, n, sms, 0.0)
+                        t = None if t2 is None else 1e12 + t2
+                    if t is not None:
+                        scored.append((t, cut))
     scored.sort(key=lambda tc: (tc[0], tc[1].label))
     out, structs, near = [], set(), set()
     for t, cut in scored:
-        key = (cut.bm, cut.bn, cut.ks, cut.minb, cut.xt)
+        key = (cut.bm, cut.bn, cut.ks, cut.minb, cut.wide)
         if key not in structs and len(out) < max(1, (2 * limit) // 3):
             structs.add(key)
             near.add(key + (cut.s, cut.bk))
             out.append(cut)
     # Other K steps of the chosen (structure, split) pairs first (up to half the remaining slots),
     # then other splits.
-    chosen = {(c.bm, c.bn, c.ks, c.minb, c.xt, c.s) for c in out}
+    chosen = {(c.bm, c.bn, c.ks, c.minb, c.wide, c.s) for c in out}
     room = (limit - len(out) + 1) // 2
     for t, cut in scored:
-        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.xt, cut.s, cut.bk)
+        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.wide, cut.s, cut.bk)
         if room > 0 and nk[:6] in chosen and nk not in near:
             near.add(nk)
             out.append(cut)
@@ -290,9 +293,19 @@ def candidates(m: int, k: int, n: int, sms: int, limit: int, layouts: tuple[int,
     for t, cut in scored:
         if len(out) >= limit:
             break
-        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.xt, cut.s, cut.bk)
+        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.wide, cut.s, cut.bk)
         if nk not in near:
             near.add(nk)
+            out.append(cut)
+    return out
+
+
+def with_cuts(cands: list[Cut], extra: list[tuple[int, ...]]) -> list[Cut]:
+    """The model's candidates and the cuts named with ``--cut`` (each once)."""
+    out = list(cands)
+    for t in extra:
+        cut = Cut(*t)
+        if cut not in out:
             out.append(cut)
     return out
 
@@ -925,7 +938,7 @@ class Sweep:
         row["best"] = dict(best)
         bcut = next(c for c in cands if c.label == best["cut"])
         row["best_cut"] = {"bm": bcut.bm, "bn": bcut.bn, "bk": bcut.bk, "st": bcut.st, "s": bcut.s, "ks": bcut.ks,
-                           "minb": bcut.minb, "xt": bcut.xt}
+                           "minb": bcut.minb, "wide": bcut.wide}
         if "us" in row.get("current", {}):
             row["best"]["speedup_vs_current"] = row["current"]["us"] / best["us"]
         early = bcut.early(k, n)
@@ -980,7 +993,7 @@ class Sweep:
                 f.write(json.dumps(row) + "\n")
 
         todo = [s for s in shape_order(shapes) if s not in rows]
-        cands = {s: candidates(s[0], s[1], s[1], self.sms, a.max_cands, a.layouts) for s in todo}
+        cands = {s: with_cuts(candidates(s[0], s[1], s[1], self.sms, a.max_cands, a.tiles), a.cut) for s in todo}
         currents = {}
         if not a.no_current:
             for s in todo:
@@ -1173,8 +1186,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--widths", type=int, nargs="*", help="K = N values (default 1024 4096)")
     p.add_argument("--rows", nargs="*", help="M values or ranges a:b:step (default 64:256:8)")
     p.add_argument("--max-cands", type=int, default=20, help="sgemm cuts timed per shape")
-    p.add_argument("--layouts", type=lambda v: tuple(int(t) for t in v.split(",")), default=(0, 1),
-                   help="sgemm layouts to try: 0 ([row][k] x tile), 1 (XT), or 0,1 (default)")
+    p.add_argument("--cut", action="append", default=[], type=lambda v: tuple(int(t) for t in v.split(",")),
+                   help="also time this cut at every shape: BM,BN,BK,STAGES,S,KS,MINB[,WIDE] (repeatable)")
+    p.add_argument("--tiles", type=lambda v: tuple(int(t) for t in v.split(",")), default=(8, 16),
+                   help="outputs per thread along N to try: 8, 16 or 8,16 (default)")
     p.add_argument("--repeats", type=int, default=9, help="graph replays per figure (median)")
     p.add_argument("--seed", type=int)
     p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="parallel NVRTC processes")
@@ -1223,7 +1238,7 @@ def gpu_status() -> tuple[bool, str]:
 
 def compile_only(a, shapes, reason: str) -> int:
     sms = 132
-    names = sorted({c.expr("none") for m, w in shapes for c in candidates(m, w, w, sms, a.max_cands, a.layouts)})
+    names = sorted({c.expr("none") for m, w in shapes for c in with_cuts(candidates(m, w, w, sms, a.max_cands, a.tiles), a.cut)})
     cur_cuts = [current_cut(m, w, w, sms) for m, w in shapes] if not a.no_current else []
     jobs: dict[str, set] = {"sgemm": set(names), "matmul": set()}
     for c in cur_cuts:  # today's cut: an sgemm table entry or a matmul.cu cut, each from its own file
@@ -1246,7 +1261,7 @@ def compile_only(a, shapes, reason: str) -> int:
 
 
 def _parse_cut(expr: str) -> Cut | None:
-    mt = re.match(r"sgemm(_xt)?(_split)?_kernel<(.*)>", expr)
+    mt = re.match(r"sgemm(_wide)?(_split)?_kernel<(.*)>", expr)
     if not mt:
         return None
     v = [int(t) for t in mt.group(3).split(",")]
@@ -1329,16 +1344,16 @@ def best_cuts(result: dict) -> dict:
 
 
 def cuts_literal(result: dict) -> str:
-    """The best cuts as a Python literal: {(M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, XT])}, the
-    eighth element only for an XT cut."""
+    """The best cuts as a Python literal: {(M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, WIDE])}, the
+    eighth element only for an 8 x 16 cut."""
     items = []
     for r in result["rows"]:
         if r.get("best"):
             c = r["best_cut"]
-            xt = ", 1" if c.get("xt") else ""
+            wide = ", 1" if c.get("wide") else ""
             items.append(f"    ({r['M']}, {r['K']}, {r['N']}): ({c['bm']}, {c['bn']}, {c['bk']}, {c['st']}, {c['s']}, "
-                         f"{c['ks']}, {c['minb']}{xt}),  # {r['best']['us']:.2f} us")
-    return "SGEMM_CUTS = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, XT])\n" + "\n".join(items) + "\n}"
+                         f"{c['ks']}, {c['minb']}{wide}),  # {r['best']['us']:.2f} us")
+    return "SGEMM_CUTS = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, WIDE])\n" + "\n".join(items) + "\n}"
 
 
 def main(argv: list[str] | None = None) -> int:

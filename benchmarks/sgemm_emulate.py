@@ -129,12 +129,12 @@ inline float4 rg_dsmem_load4(const float* local, unsigned rank) {
     const float* p = emu_cluster->ctas[rank]->smem + off;
     return float4{p[0], p[1], p[2], p[3]};
 }
-struct EmuCopy { float* dst; const float* src; bool valid; int n; };
+struct EmuCopy { float* dst; const float* src; bool valid; };
 extern thread_local std::vector<EmuCopy> emu_open;
 extern thread_local std::vector<std::vector<EmuCopy>> emu_groups;
 extern thread_local std::mt19937 emu_rng;
 inline void emu_apply(const EmuCopy& c) {
-    for (int i = 0; i < c.n; ++i) c.dst[i] = c.valid ? c.src[i] : 0.0f;
+    for (int i = 0; i < 4; ++i) c.dst[i] = c.valid ? c.src[i] : 0.0f;
 }
 inline void rg_cp_async16(void* smem, const void* gmem, bool valid) {
     float* d = static_cast<float*>(smem);
@@ -142,17 +142,8 @@ inline void rg_cp_async16(void* smem, const void* gmem, bool valid) {
     if (off < 0 || (size_t)off + 4 > emu_cta->smem_floats) emu_fail("cp.async destination outside shared memory");
     if (off % 4) emu_fail("cp.async destination misaligned");
     if (valid && (reinterpret_cast<uintptr_t>(gmem) & 15)) emu_fail("cp.async source misaligned");
-    EmuCopy c{d, static_cast<const float*>(gmem), valid, 4};
+    EmuCopy c{d, static_cast<const float*>(gmem), valid};
     if (valid) { volatile float t = c.src[0] + c.src[3]; (void)t; }  // ASan checks the source now
-    if (emu_mode == 0 || (emu_mode == 2 && (emu_rng() & 1))) emu_apply(c);
-    else emu_open.push_back(c);
-}
-inline void sg_cp_async4(float* d, const float* gmem, bool valid) {
-    const ptrdiff_t off = d - emu_cta->smem;
-    if (off < 0 || (size_t)off + 1 > emu_cta->smem_floats) emu_fail("cp.async destination outside shared memory");
-    if (valid && (reinterpret_cast<uintptr_t>(gmem) & 3)) emu_fail("cp.async source misaligned");
-    EmuCopy c{d, gmem, valid, 1};
-    if (valid) { volatile float t = c.src[0]; (void)t; }  // ASan checks the source now
     if (emu_mode == 0 || (emu_mode == 2 && (emu_rng() & 1))) emu_apply(c);
     else emu_open.push_back(c);
 }
@@ -182,8 +173,8 @@ std::atomic<long> emu_errors{0};
 #include "sgemm_emu.cu"
 
 // Mirror of the Python formula in gemm_sweep.py (checked against the kernel's constexpr).
-static long py_smem_floats(int BM, int BN, int BK, int ST, int S, int KS, int XT) {
-    long pipe = (long)KS * ST * ((XT ? BK * (BM + 8) : BM * (BK + 4)) + BK * BN);
+static long py_smem_floats(int BM, int BN, int BK, int ST, int S, int KS) {
+    long pipe = (long)KS * ST * (BM * (BK + 4) + BK * BN);
     long part = (S * KS > 1) ? (long)KS * BM * (BN + 4) : 0;
     return std::max(pipe, part);
 }
@@ -239,11 +230,11 @@ static void launch(KernelFn fn, int S, int threads, long smem_floats, int gx, in
 
 static int failures = 0;
 
-template <int EPI, int BM, int BN, int BK, int ST, int S, int KS, int MINB = 1, int XT = 0>
+template <int EPI, int BM, int BN, int BK, int ST, int S, int KS, int MINB = 1, int TN = 8>
 static void test(int M, int K, int N, int flags, unsigned seed) {
-    typedef SgemmCfg<BM, BN, BK, ST, S, KS, XT> C;
-    long smem = py_smem_floats(BM, BN, BK, ST, S, KS, XT);
-    if (smem != sgemm_smem_floats<BM, BN, BK, ST, S, KS, XT>()) { printf("SMEM FORMULA MISMATCH\n"); failures++; }
+    typedef SgemmCfg<BM, BN, BK, ST, S, KS, TN> C;
+    long smem = py_smem_floats(BM, BN, BK, ST, S, KS);
+    if (smem != sgemm_smem_floats<BM, BN, BK, ST, S, KS>()) { printf("SMEM FORMULA MISMATCH\n"); failures++; }
     std::mt19937 g(seed);
     std::normal_distribution<float> nd;
     const bool rx = flags & RG_FLAG_ROWS_X, ry = flags & RG_FLAG_ROWS_Y, rr = flags & RG_FLAG_ROWS_R;
@@ -265,8 +256,10 @@ static void test(int M, int K, int N, int flags, unsigned seed) {
     const float* rp = r.data() + ((flags & 256) ? 1 : 0);
     const int kflags = flags & 0xff;
     KernelFn fn;
-    if constexpr (S == 1) fn = XT ? &sgemm_xt_kernel<EPI, BM, BN, BK, ST, KS, MINB> : &sgemm_kernel<EPI, BM, BN, BK, ST, KS, MINB>;
-    else fn = XT ? &sgemm_xt_split_kernel<EPI, BM, BN, BK, ST, S, KS, MINB> : &sgemm_split_kernel<EPI, BM, BN, BK, ST, S, KS, MINB>;
+    if constexpr (S == 1 && TN == 16) fn = &sgemm_wide_kernel<EPI, BM, BN, BK, ST, KS, MINB>;
+    else if constexpr (S == 1) fn = &sgemm_kernel<EPI, BM, BN, BK, ST, KS, MINB>;
+    else if constexpr (TN == 16) fn = &sgemm_wide_split_kernel<EPI, BM, BN, BK, ST, S, KS, MINB>;
+    else fn = &sgemm_split_kernel<EPI, BM, BN, BK, ST, S, KS, MINB>;
     const float* xarg = x.data(); float* yarg = yp; const float* rarg = EPI == 2 ? rp : nullptr;
     static unsigned long long slots[3];
     slots[0] = (unsigned long long)xarg; slots[1] = (unsigned long long)yarg; slots[2] = (unsigned long long)rarg;
@@ -301,8 +294,8 @@ static void test(int M, int K, int N, int flags, unsigned seed) {
             for (int n = 0; n < N; ++n) if (!std::isnan(yp[(size_t)m * N + n])) overwritten++;
     const bool ok = bad == 0 && nan_left == 0 && overwritten == 0;
     if (!ok) failures++;
-    printf("%s %sEPI%d BM%d BN%d BK%d ST%d S%d KS%d  M=%d K=%d N=%d flags=%d mode=%d: bad=%ld nan=%ld overwritten=%ld maxrel=%.2e\n",
-           ok ? "ok  " : "FAIL", XT ? "XT " : "", EPI, BM, BN, BK, ST, S, KS, M, K, N, flags, emu_mode, bad, nan_left, overwritten, maxrel);
+    printf("%s TN%d EPI%d BM%d BN%d BK%d ST%d S%d KS%d  M=%d K=%d N=%d flags=%d mode=%d: bad=%ld nan=%ld overwritten=%ld maxrel=%.2e\n",
+           ok ? "ok  " : "FAIL", TN, EPI, BM, BN, BK, ST, S, KS, M, K, N, flags, emu_mode, bad, nan_left, overwritten, maxrel);
     fflush(stdout);
 }
 
@@ -339,29 +332,22 @@ test<0, 64, 64, 32, 8, 2, 2>(72, 100, 64, 0, 31);      // more stages than the K
 test<2, 32, 64, 8, 4, 1, 8>(40, 512, 64, 0, 32);       // KS = 8 (named barriers 1..8), T = 32
 test<1, 256, 128, 8, 3, 4, 1>(256, 256, 128, 0, 33);    // 512 threads
 test<0, 128, 128, 32, 3, 2, 1>(129, 4 * 33, 132, 0, 34);
-// the XT layout (x transposed into shared memory): the same cases' shapes, every mode
+// 8 x 16 outputs per thread (sgemm_wide_*): splits, slices, tails, row tables, pointer slots
 for (int mode = 0; mode < 3; ++mode) {
   emu_mode = mode;
-  test<0, 128, 128, 16, 4, 1, 1, 1, 1>(136, 128, 256, 0, 41);
-  test<1, 128, 128, 16, 4, 2, 1, 1, 1>(72, 200, 132, 0, 42);
-  test<2, 64, 128, 16, 4, 1, 2, 1, 1>(64, 256, 256, 0, 43);
-  test<2, 64, 128, 32, 3, 4, 2, 1, 1>(200, 512, 128, 0, 44);
-  test<0, 64, 64, 32, 5, 8, 1, 1, 1>(64, 512, 64, 0, 45);
-  test<0, 32, 128, 16, 4, 3, 4, 1, 1>(40, 384, 128, 0, 46);
-  test<1, 96, 64, 8, 6, 2, 1, 1, 1>(100, 100, 200, 0, 47);
-  test<0, 128, 64, 16, 2, 1, 2, 1, 1>(130, 96, 68, 0, 48);
+  test<0, 128, 128, 16, 4, 1, 1, 1, 16>(136, 128, 256, 0, 41);
+  test<1, 128, 128, 16, 4, 2, 1, 1, 16>(72, 200, 132, 0, 42);
+  test<2, 64, 256, 8, 4, 1, 2, 1, 16>(64, 256, 260, 0, 43);
+  test<2, 256, 128, 8, 4, 4, 1, 1, 16>(200, 512, 128, 0, 44);
+  test<0, 32, 128, 16, 4, 3, 4, 1, 16>(40, 384, 132, 0, 45);
 }
 emu_mode = 2;
-test<2, 64, 128, 16, 4, 2, 2, 1, 1>(72, 256, 192, 16 | 32 | 64, 51);
-test<2, 64, 128, 16, 4, 1, 1, 1, 1>(72, 64, 192, 16 | 32 | 64 | 2 | 4 | 8 | 1, 52);
-test<2, 64, 128, 16, 4, 2, 2, 1, 1>(72, 64, 132, 256 | 64, 53);
-test<0, 64, 64, 16, 3, 1, 1, 1, 1>(1, 32, 64, 0, 54);
-test<0, 128, 128, 16, 4, 8, 1, 1, 1>(5, 96, 128, 0, 55);
-test<2, 128, 256, 8, 3, 2, 1, 1, 1>(256, 64, 260, 2 | 8, 56);
+test<2, 64, 128, 16, 4, 2, 2, 1, 16>(72, 256, 192, 16 | 32 | 64, 51);
+test<2, 64, 128, 16, 4, 1, 1, 1, 16>(72, 64, 196, 16 | 32 | 64 | 2 | 4 | 8 | 1, 52);
+test<2, 64, 128, 16, 4, 2, 2, 1, 16>(72, 64, 132, 256 | 64, 53);
+test<0, 128, 128, 16, 4, 8, 1, 1, 16>(5, 96, 128, 0, 54);
 emu_mode = 1;
-test<0, 64, 64, 32, 8, 2, 2, 1, 1>(72, 100, 64, 0, 61);
-test<2, 32, 64, 8, 4, 1, 8, 1, 1>(40, 512, 64, 0, 62);
-test<0, 64, 128, 32, 3, 2, 1, 1, 1>(129, 4 * 33, 132, 0, 63);
+test<0, 256, 128, 8, 4, 4, 1, 1, 16>(256, 4 * 33, 260, 0, 61);
 """
 
 

@@ -31,6 +31,12 @@
 //   tile is [k][n] unpadded: a warp's 8 thread columns read 32 consecutive floats (1 wavefront).
 //   Columns in two halves keep each of those loads contiguous across the warp.
 //
+// * sgemm_wide_*: 8 x 16 outputs per thread (TN = 16, 128 accumulators), columns 4 tc + h * BN / 4
+//   for h < 4, so a warp covers 32 rows x 128 columns (BN % 128 == 0) and a slice has half the
+//   threads: per 4 steps of k, 8 loads of x and 16 of W for 512 FMAs (1 load per 21 FMAs, as
+//   cuBLAS's cutlass_80_simt_sgemm_256x128_8x4). The K order of every sum is the 8 x 8 tile's, so
+//   both return the same bits.
+//
 // * x is stored [row][k] because cp.async copies 16 contiguous bytes of global memory, and x's
 //   contiguous direction is k. Reading 4 k values per 16-byte load and using them over 4 steps of
 //   k costs 32 registers of x fragment instead of 8, which the 255-register budget of a 256-thread
@@ -96,27 +102,18 @@ __device__ __forceinline__ void sg_bar_sync(int id, int count)
 {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
-
-// 4-byte global -> shared copy (cp.async.ca: 4 bytes is below .cg's 16). src_bytes == 0 writes a
-// zero and reads nothing. The XT layout transposes x into shared memory one float at a time.
-__device__ __forceinline__ void sg_cp_async4(float* smem, const float* gmem, bool valid)
-{
-    unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0) : "memory");
-}
 #endif
 
-template <int BM, int BN, int BK, int STAGES, int S, int KS, int XT = 0>
+template <int BM, int BN, int BK, int STAGES, int S, int KS, int TN = 8>
 struct SgemmCfg {
     static constexpr int TR = BM / 8;                 // thread rows of a slice
-    static constexpr int TC = BN / 8;                 // thread columns of a slice
+    static constexpr int TC = BN / TN;                // thread columns of a slice
     static constexpr int T = TR * TC;                 // threads per slice
     static constexpr int THREADS = T * KS;
-    static constexpr int WARPS_N = BN / 64;           // warps across a slice's columns
-    static constexpr int XS = BK + 4;                 // x tile row stride (floats), layout [row][k]
-    static constexpr int XST = BM + 8;                // XT: x tile k-row stride (floats), layout [k][row]
-    static constexpr int XTILE = XT ? BK * XST : BM * XS;  // floats of one stage's x tile
-    static constexpr int XRPT = XT ? (BM / 8) / (T / 32) : 0;  // XT: x rows a thread copies
+    static constexpr int WARPS_N = TC / 8;            // warps across a slice's columns
+    static constexpr int GS = 4 * TC;                 // column stride of a thread's groups of 4
+    static constexpr int XS = BK + 4;                 // x tile row stride (floats)
+    static constexpr int XTILE = BM * XS;             // floats of one stage's x tile
     static constexpr int STAGE = XTILE + BK * BN;     // floats per stage
     static constexpr int PS = BN + 4;                 // partial tile row stride
     static constexpr int PIPE = KS * STAGES * STAGE;
@@ -126,29 +123,20 @@ struct SgemmCfg {
     static constexpr int WCH = BK * BN / 4;           // 16-byte pieces of a W tile
     static constexpr int XPT = (XCH + T - 1) / T;     // pieces per thread
     static constexpr int WPT = (WCH + T - 1) / T;
-    static_assert(BM % 32 == 0 && BN % 64 == 0, "a warp covers 32 rows x 64 columns");
+    static_assert(TN == 8 || TN == 16, "8 x 8 or 8 x 16 outputs per thread");
+    static_assert(BM % 32 == 0 && BN % (8 * TN) == 0, "a warp covers 32 rows x 8 TN columns");
     static_assert(BK % 4 == 0 && BK >= 4, "BK is a multiple of 4");
     static_assert(STAGES >= 2, "at least two stages");
     static_assert(S >= 1 && S <= 8, "portable cluster size");
     static_assert(KS >= 1 && KS <= 8, "K slices per CTA");
     static_assert(THREADS <= 1024, "too many threads");
     static_assert(KS == 1 || T % 32 == 0, "a slice is whole warps");
-    static_assert(XT == 0 || (XT == 1 && 256 % BN == 0 && BK % 2 == 0), "XT: BN 64, 128 or 256 (whole x row blocks per warp)");
 };
 
-template <int BM, int BN, int BK, int STAGES, int S, int KS, int XT = 0>
+template <int BM, int BN, int BK, int STAGES, int S, int KS, int TN = 8>
 __host__ __device__ constexpr int sgemm_smem_floats()
 {
-    return SgemmCfg<BM, BN, BK, STAGES, S, KS, XT>::SMEM_FLOATS;
-}
-
-// Tile row of a thread's accumulator row j: rows tr + j * TR ([row][k] layout: a warp's 4 thread
-// rows adjacent, conflict-free 16-byte loads along k), or 4 tr .. 4 tr + 3 and BM / 2 + 4 tr ..
-// (XT, [k][row] layout: two 16-byte loads along the rows per k).
-template <int XT, int BM>
-__device__ __forceinline__ int sg_row_of(int tr, int j)
-{
-    return XT ? (j < 4 ? 4 * tr + j : BM / 2 + 4 * tr + j - 4) : tr + j * (BM / 8);
+    return SgemmCfg<BM, BN, BK, STAGES, S, KS, TN>::SMEM_FLOATS;
 }
 
 __device__ __forceinline__ float sg_get(const float4& v, int i)
@@ -184,19 +172,20 @@ __device__ __forceinline__ void sg_store4(float* y, const float* r, int N, int m
     }
 }
 
-template <int EPI, int BM, int BN, int BK, int STAGES, int S, int KS, int XT>
+template <int EPI, int BM, int BN, int BK, int STAGES, int S, int KS, int TN>
 __device__ __forceinline__ void sgemm_body(const float* x, const float* __restrict__ W, float* y, const float* r,
                                            int M, int K, int N, int early, const int* rows, int flags)
 {
-    typedef SgemmCfg<BM, BN, BK, STAGES, S, KS, XT> C;
-    constexpr int TR = C::TR, T = C::T, XS = C::XS, XST = C::XST;
+    typedef SgemmCfg<BM, BN, BK, STAGES, S, KS, TN> C;
+    constexpr int NG = TN / 4, GS = C::GS;  // a thread's column groups: 4 tc + h * GS, h < NG
+    constexpr int TR = C::TR, T = C::T, XS = C::XS;
     extern __shared__ __align__(16) float smem[];
 
     const int slice = (KS == 1) ? 0 : (int)threadIdx.x / T;
     const int tid = (KS == 1) ? (int)threadIdx.x : (int)threadIdx.x % T;
     const int warp = tid / 32, lane = tid % 32;
-    const int tr = (warp / C::WARPS_N) * 4 + lane / 8;   // rows sg_row_of<XT, BM>(tr, j)
-    const int tc = (warp % C::WARPS_N) * 8 + lane % 8;   // columns 4 tc.., BN / 2 + 4 tc..
+    const int tr = (warp / C::WARPS_N) * 4 + lane / 8;   // rows tr + j * TR
+    const int tc = (warp % C::WARPS_N) * 8 + lane % 8;   // columns h * GS + 4 tc.., h < NG
     const int n0 = (int)blockIdx.x * BN;
     const int m0 = (int)blockIdx.z * BM;
     unsigned rank = 0;
@@ -258,40 +247,16 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
         xdst[i] = row * XS + kq;
         xkq[i] = kq;
     }
-    // XT: lane (r, kk) = (lane % 8, lane / 8) copies x[row][k] to xs[k][row] for rows
-    // (warp + i * warps) * 8 + r and k = 4 g + kk: one warp instruction moves an 8-row x 4-k block,
-    // 8 half-used 32-byte sectors of global memory, into 32 distinct banks (XST % 32 == 8).
-    const float* xtsrc[C::XRPT > 0 ? C::XRPT : 1];
-    bool xtok[C::XRPT > 0 ? C::XRPT : 1];
-    const int xtk = lane / 8;
-#pragma unroll
-    for (int i = 0; i < C::XRPT; ++i) {
-        xtsrc[i] = x;
-        xtok[i] = false;
-    }
     int kx = kb;  // first K row of the next x stage to load
     auto load_x = [&](int buf) {
         float* xs = base + buf * C::STAGE;
-        if constexpr (XT) {
 #pragma unroll
-            for (int i = 0; i < C::XRPT; ++i) {
-                float* d = xs + xtk * XST + (warp + i * (T / 32)) * 8 + lane % 8;
-#pragma unroll
-                for (int g = 0; g < BK / 4; ++g) {
-                    const bool ok = xtok[i] && kx + 4 * g + xtk < ke;
-                    sg_cp_async4(d + 4 * g * XST, ok ? xtsrc[i] + 4 * g : x, ok);
-                }
-                xtsrc[i] += BK;
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < C::XPT; ++i) {
-                const int c = tid + i * T;
-                if (C::XCH % T == 0 || c < C::XCH) {
-                    const bool ok = xok[i] && kx + xkq[i] < ke;
-                    rg_cp_async16(xs + xdst[i], ok ? xsrc[i] : x, ok);
-                    xsrc[i] += BK;
-                }
+        for (int i = 0; i < C::XPT; ++i) {
+            const int c = tid + i * T;
+            if (C::XCH % T == 0 || c < C::XCH) {
+                const bool ok = xok[i] && kx + xkq[i] < ke;
+                rg_cp_async16(xs + xdst[i], ok ? xsrc[i] : x, ok);
+                xsrc[i] += BK;
             }
         }
         kx += BK;
@@ -302,24 +267,13 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
     for (int st = 0; st < STAGES - 1; ++st)
         if (st < nst) load_w(st);
     rg_wait_dependencies();
-    if constexpr (XT) {
 #pragma unroll
-        for (int i = 0; i < C::XRPT; ++i) {
-            const int row = (warp + i * (T / 32)) * 8 + lane % 8;
-            if (m0 + row < M) {
-                xtok[i] = true;
-                xtsrc[i] = x + (size_t)rg_row(rows, flags, RG_FLAG_ROWS_X, m0 + row) * K + kb + xtk;
-            }
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < C::XPT; ++i) {
-            const int c = tid + i * T;
-            const int row = c / (BK / 4);
-            if ((C::XCH % T == 0 || c < C::XCH) && m0 + row < M) {
-                xok[i] = true;
-                xsrc[i] = x + (size_t)rg_row(rows, flags, RG_FLAG_ROWS_X, m0 + row) * K + kb + xkq[i];
-            }
+    for (int i = 0; i < C::XPT; ++i) {
+        const int c = tid + i * T;
+        const int row = c / (BK / 4);
+        if ((C::XCH % T == 0 || c < C::XCH) && m0 + row < M) {
+            xok[i] = true;
+            xsrc[i] = x + (size_t)rg_row(rows, flags, RG_FLAG_ROWS_X, m0 + row) * K + kb + xkq[i];
         }
     }
 #pragma unroll
@@ -328,108 +282,51 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
         rg_cp_async_commit();  // group st (group 0 also holds every W stage issued before the wait)
     }
 
-    float acc[8][8];
+    float acc[8][TN];
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int q = 0; q < 8; ++q) acc[j][q] = 0.0f;
+        for (int q = 0; q < TN; ++q) acc[j][q] = 0.0f;
 
     int buf = 0;                  // stage st lives in buffer st % STAGES
     int nbuf = STAGES - 1;        // buffer of stage st + STAGES - 1
-    if constexpr (XT) {
-        // Fragments per k: rows 4 tr.. and BM / 2 + 4 tr.. (a0, a1), columns 4 tc.. and BN / 2 + 4 tc..
-        // (b0, b1), double-buffered in registers: the loads for k + 1 are issued before the 64 FMAs
-        // of k. The stage's barrier sits in its last k, after the last loads from the stage and
-        // before the first loads from the next, so those too overlap 64 FMAs. All loads from stage
-        // st precede that barrier: the next iteration may overwrite st's buffer.
-        float4 fa0[2], fa1[2], fb0[2], fb1[2];
-        auto frag = [&](int b, int k, int f) {
-            const float* xs = base + b * C::STAGE;
-            const float* ws = xs + C::XTILE;
-            fa0[f] = *reinterpret_cast<const float4*>(xs + k * XST + 4 * tr);
-            fa1[f] = *reinterpret_cast<const float4*>(xs + k * XST + BM / 2 + 4 * tr);
-            fb0[f] = *reinterpret_cast<const float4*>(ws + k * BN + 4 * tc);
-            fb1[f] = *reinterpret_cast<const float4*>(ws + k * BN + BN / 2 + 4 * tc);
-        };
+    for (int st = 0; st < nloop; ++st) {
         rg_cp_async_wait<STAGES - 2>();
+        // Stage st landed for every thread of the slice; stage st - 1 (buffer nbuf) is no longer read.
         if (KS == 1) __syncthreads();
         else sg_bar_sync(1 + slice, T);
-        if (nst > 0) frag(0, 0, 0);
-        for (int st = 0; st < nloop; ++st) {
-            if (st + STAGES - 1 < nst) {  // stage st + STAGES - 1 into the buffer stage st - 1 left
-                load_w(nbuf);
-                load_x(nbuf);
-            }
-            rg_cp_async_commit();
-            const int next = (buf + 1 == STAGES) ? 0 : buf + 1;
+        if (st + STAGES - 1 < nst) {  // stage st + STAGES - 1 into the buffer stage st - 1 left
+            load_w(nbuf);
+            load_x(nbuf);
+        }
+        rg_cp_async_commit();
+        const float* xs = base + buf * C::STAGE;
+        const float* ws = xs + C::XTILE;
 #pragma unroll
-            for (int k = 0; k < BK; ++k) {
-                const int f = k & 1;
-                if (k + 1 < BK) {
-                    if (st < nst) frag(buf, k + 1, f ^ 1);
-                } else {
-                    rg_cp_async_wait<STAGES - 2>();  // stage st + 1 landed; stage st is no longer read
-                    if (KS == 1) __syncthreads();
-                    else sg_bar_sync(1 + slice, T);
-                    if (st + 1 < nst) frag(next, 0, f ^ 1);
-                }
-                if (st < nst) {
-                    const float av[8] = {fa0[f].x, fa0[f].y, fa0[f].z, fa0[f].w, fa1[f].x, fa1[f].y, fa1[f].z, fa1[f].w};
+        for (int kq = 0; kq < BK && st < nst; kq += 4) {
+            float4 a[8];
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        acc[j][0] = fmaf(av[j], fb0[f].x, acc[j][0]);
-                        acc[j][1] = fmaf(av[j], fb0[f].y, acc[j][1]);
-                        acc[j][2] = fmaf(av[j], fb0[f].z, acc[j][2]);
-                        acc[j][3] = fmaf(av[j], fb0[f].w, acc[j][3]);
-                        acc[j][4] = fmaf(av[j], fb1[f].x, acc[j][4]);
-                        acc[j][5] = fmaf(av[j], fb1[f].y, acc[j][5]);
-                        acc[j][6] = fmaf(av[j], fb1[f].z, acc[j][6]);
-                        acc[j][7] = fmaf(av[j], fb1[f].w, acc[j][7]);
+            for (int j = 0; j < 8; ++j) a[j] = *reinterpret_cast<const float4*>(xs + (tr + j * TR) * XS + kq);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                float4 b[NG];
+#pragma unroll
+                for (int h = 0; h < NG; ++h) b[h] = *reinterpret_cast<const float4*>(ws + (kq + kk) * BN + h * GS + 4 * tc);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const float av = sg_get(a[j], kk);
+#pragma unroll
+                    for (int h = 0; h < NG; ++h) {
+                        acc[j][4 * h] = fmaf(av, b[h].x, acc[j][4 * h]);
+                        acc[j][4 * h + 1] = fmaf(av, b[h].y, acc[j][4 * h + 1]);
+                        acc[j][4 * h + 2] = fmaf(av, b[h].z, acc[j][4 * h + 2]);
+                        acc[j][4 * h + 3] = fmaf(av, b[h].w, acc[j][4 * h + 3]);
                     }
                 }
             }
-            buf = next;
-            nbuf = (nbuf + 1 == STAGES) ? 0 : nbuf + 1;
         }
-    } else {
-        for (int st = 0; st < nloop; ++st) {
-            rg_cp_async_wait<STAGES - 2>();
-            // Stage st landed for every thread of the slice; stage st - 1 (buffer nbuf) is no longer read.
-            if (KS == 1) __syncthreads();
-            else sg_bar_sync(1 + slice, T);
-            if (st + STAGES - 1 < nst) {  // stage st + STAGES - 1 into the buffer stage st - 1 left
-                load_w(nbuf);
-                load_x(nbuf);
-            }
-            rg_cp_async_commit();
-            const float* xs = base + buf * C::STAGE;
-            const float* ws = xs + C::XTILE;
-    #pragma unroll
-            for (int kq = 0; kq < BK && st < nst; kq += 4) {
-                float4 a[8];
-    #pragma unroll
-                for (int j = 0; j < 8; ++j) a[j] = *reinterpret_cast<const float4*>(xs + (tr + j * TR) * XS + kq);
-    #pragma unroll
-                for (int kk = 0; kk < 4; ++kk) {
-                    const float4 b0 = *reinterpret_cast<const float4*>(ws + (kq + kk) * BN + 4 * tc);
-                    const float4 b1 = *reinterpret_cast<const float4*>(ws + (kq + kk) * BN + BN / 2 + 4 * tc);
-    #pragma unroll
-                    for (int j = 0; j < 8; ++j) {
-                        const float av = sg_get(a[j], kk);
-                        acc[j][0] = fmaf(av, b0.x, acc[j][0]);
-                        acc[j][1] = fmaf(av, b0.y, acc[j][1]);
-                        acc[j][2] = fmaf(av, b0.z, acc[j][2]);
-                        acc[j][3] = fmaf(av, b0.w, acc[j][3]);
-                        acc[j][4] = fmaf(av, b1.x, acc[j][4]);
-                        acc[j][5] = fmaf(av, b1.y, acc[j][5]);
-                        acc[j][6] = fmaf(av, b1.z, acc[j][6]);
-                        acc[j][7] = fmaf(av, b1.w, acc[j][7]);
-                    }
-                }
-            }
-            buf = (buf + 1 == STAGES) ? 0 : buf + 1;
-            nbuf = (nbuf + 1 == STAGES) ? 0 : nbuf + 1;
-        }
+        buf = (buf + 1 == STAGES) ? 0 : buf + 1;
+        nbuf = (nbuf + 1 == STAGES) ? 0 : nbuf + 1;
     }
     rg_cp_async_wait<0>();
     if (!early) rg_allow_dependents();  // the successor's prologue overlaps only our epilogue
@@ -439,13 +336,13 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
     if constexpr (P == 1) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const int m = m0 + sg_row_of<XT, BM>(tr, j);
+            const int m = m0 + tr + j * TR;
             if (m < M) {
                 const int my = rg_row(rows, flags, RG_FLAG_ROWS_Y, m);
                 const int mr = EPI == 2 ? rg_row(rows, flags, RG_FLAG_ROWS_R, m) : 0;
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int n = n0 + h * (BN / 2) + 4 * tc;
+                for (int h = 0; h < NG; ++h) {
+                    const int n = n0 + h * GS + 4 * tc;
                     if (n < N)
                         sg_store4<EPI>(y, r, N, my, mr, n,
                                        make_float4(acc[j][4 * h], acc[j][4 * h + 1], acc[j][4 * h + 2], acc[j][4 * h + 3]), vec);
@@ -458,8 +355,8 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-                *reinterpret_cast<float4*>(pt + sg_row_of<XT, BM>(tr, j) * C::PS + h * (BN / 2) + 4 * tc) =
+            for (int h = 0; h < NG; ++h)
+                *reinterpret_cast<float4*>(pt + (tr + j * TR) * C::PS + h * GS + 4 * tc) =
                     make_float4(acc[j][4 * h], acc[j][4 * h + 1], acc[j][4 * h + 2], acc[j][4 * h + 3]);
 #ifdef RG_HAS_CLUSTERS
         if (S > 1) rg_cluster_sync();  // all threads of all CTAs: the partials are visible cluster-wide
@@ -522,17 +419,17 @@ __global__ void __launch_bounds__(SgemmCfg<BM, BN, BK, STAGES, 1, KS>::THREADS, 
 sgemm_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags,
              const int* rows)
 {
-    sgemm_body<EPI, BM, BN, BK, STAGES, 1, KS, 0>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
+    sgemm_body<EPI, BM, BN, BK, STAGES, 1, KS, 8>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
         rg_arg_ptr(y, flags, RG_FLAG_IND_Y), rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
 }
 
-// The XT layout (x transposed into shared memory, fragments per k double-buffered): same arguments.
+// 8 x 16 outputs per thread (KS * (BM / 8) * (BN / 16) threads, BN % 128 == 0): same arguments.
 template <int EPI, int BM, int BN, int BK, int STAGES, int KS, int MINB>
-__global__ void __launch_bounds__(SgemmCfg<BM, BN, BK, STAGES, 1, KS, 1>::THREADS, MINB)
-sgemm_xt_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags,
-                const int* rows)
+__global__ void __launch_bounds__(SgemmCfg<BM, BN, BK, STAGES, 1, KS, 16>::THREADS, MINB)
+sgemm_wide_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags,
+                  const int* rows)
 {
-    sgemm_body<EPI, BM, BN, BK, STAGES, 1, KS, 1>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
+    sgemm_body<EPI, BM, BN, BK, STAGES, 1, KS, 16>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
         rg_arg_ptr(y, flags, RG_FLAG_IND_Y), rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
 }
 
@@ -543,16 +440,16 @@ __global__ void __cluster_dims__(1, S, 1) __launch_bounds__(SgemmCfg<BM, BN, BK,
 sgemm_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N,
                    int flags, const int* rows)
 {
-    sgemm_body<EPI, BM, BN, BK, STAGES, S, KS, 0>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
+    sgemm_body<EPI, BM, BN, BK, STAGES, S, KS, 8>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
         rg_arg_ptr(y, flags, RG_FLAG_IND_Y), rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
 }
 
 template <int EPI, int BM, int BN, int BK, int STAGES, int S, int KS, int MINB>
-__global__ void __cluster_dims__(1, S, 1) __launch_bounds__(SgemmCfg<BM, BN, BK, STAGES, S, KS, 1>::THREADS, MINB)
-sgemm_xt_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N,
-                      int flags, const int* rows)
+__global__ void __cluster_dims__(1, S, 1) __launch_bounds__(SgemmCfg<BM, BN, BK, STAGES, S, KS, 16>::THREADS, MINB)
+sgemm_wide_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N,
+                        int flags, const int* rows)
 {
-    sgemm_body<EPI, BM, BN, BK, STAGES, S, KS, 1>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
+    sgemm_body<EPI, BM, BN, BK, STAGES, S, KS, 16>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
         rg_arg_ptr(y, flags, RG_FLAG_IND_Y), rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
 }
 #endif

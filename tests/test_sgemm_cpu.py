@@ -46,8 +46,8 @@ def sweep():
     return mod
 
 
-# (M, K, N, (BM, BN, BK, STAGES, S, KS, MINB[, XT])): every kind -- no split, cluster split (also
-# not a power of two), in-CTA slices, both, MINB 2, the XT layout -- with tails in M, K and N.
+# (M, K, N, (BM, BN, BK, STAGES, S, KS, MINB[, WIDE])): every kind -- no split, cluster split (also
+# not a power of two), in-CTA slices, both, MINB 2, 8 x 16 outputs per thread -- with tails in M, K and N.
 CUTS = [
     (256, 4096, 4096, (128, 128, 16, 4, 1, 1, 1)),
     (64, 4096, 4096, (64, 128, 8, 4, 3, 1, 1)),
@@ -57,7 +57,7 @@ CUTS = [
     (5, 36, 68, (32, 64, 8, 2, 8, 1, 1)),
     (256, 4096, 4096, (64, 128, 32, 3, 2, 1, 1, 1)),
     (100, 1000, 1000, (128, 256, 8, 3, 1, 1, 1, 1)),
-    (72, 1024, 1024, (32, 64, 16, 3, 1, 4, 2, 1)),
+    (72, 1024, 1024, (32, 128, 16, 3, 1, 4, 2, 1)),
 ]
 
 
@@ -68,15 +68,16 @@ def test_sgemm_shape_matches_the_sweep(sweep, m, k, n, cut):
     shape = sgemm_shape(m, k, n, *cut)
     ref = sweep.Cut(*cut)
     assert shape.kernel == "sgemm" and matmul_file(shape) == "sgemm"
-    assert (shape.bm, shape.bn, shape.bk, shape.stages, shape.split, shape.slices, shape.minb, shape.xt)[:len(cut)] == cut
-    assert shape.xt == (cut[7] if len(cut) > 7 else 0)
+    assert (shape.bm, shape.bn, shape.bk, shape.stages, shape.split, shape.slices, shape.minb, shape.wide)[:len(cut)] == cut
+    wide = cut[7] if len(cut) > 7 else 0
+    assert shape.wide == wide
     assert shape.per_sm == 0 and shape.vec == 4
     for epi in ("none", "relu", "add"):
         assert matmul_expr(epi, shape) == ref.expr(epi)
     assert sweep._parse_cut(matmul_expr("none", shape)) == ref
     assert shape.grid == ref.grid(m, n) == (-(-n // cut[1]), cut[4], -(-m // cut[0]))
-    assert shape.threads == ref.threads == cut[5] * cut[0] * cut[1] // 64
-    assert gemm_smem_bytes(shape) == sgemm_smem_bytes(*cut[:6], *cut[7:]) == ref.smem
+    assert shape.threads == ref.threads == cut[5] * cut[0] * cut[1] // (128 if wide else 64)
+    assert gemm_smem_bytes(shape) == sgemm_smem_bytes(*cut[:6]) == ref.smem
     assert shape.ctas == shape.grid[0] * shape.grid[1] * shape.grid[2]
 
 
@@ -90,11 +91,12 @@ def test_sgemm_numbers_by_hand():
     assert matmul_expr("add", one) == "sgemm_kernel<2, 128, 128, 8, 3, 1, 1>"
     assert one.grid == (8, 1, 1) and one.threads == 256
     assert gemm_smem_bytes(one) == 4 * 3 * (128 * 12 + 8 * 128)  # no partials without a K cut
-    # XT: x tile of BK rows of BM + 8 floats; its own kernel names
-    xt = sgemm_shape(256, 4096, 4096, 64, 128, 32, 3, 2, 1, 1, 1)
-    assert matmul_expr("none", xt) == "sgemm_xt_split_kernel<0, 64, 128, 32, 3, 2, 1, 1>"
-    assert gemm_smem_bytes(xt) == 4 * max(3 * (32 * 72 + 32 * 128), 64 * 132) == 76800
-    assert matmul_expr("relu", sgemm_shape(64, 64, 64, 64, 64, 16, 3, xt=1)) == "sgemm_xt_kernel<1, 64, 64, 16, 3, 1, 1>"
+    # WIDE: 8 x 16 outputs per thread, half the threads, the same shared memory; its own names
+    wide = sgemm_shape(256, 4096, 4096, 256, 128, 8, 4, 4, 1, 1, 1)
+    assert matmul_expr("none", wide) == "sgemm_wide_split_kernel<0, 256, 128, 8, 4, 4, 1, 1>"
+    assert wide.threads == 256 and wide.grid == (32, 4, 1)
+    assert gemm_smem_bytes(wide) == 4 * max(4 * (256 * 12 + 8 * 128), 256 * 132) == 135168
+    assert matmul_expr("relu", sgemm_shape(64, 64, 64, 64, 128, 16, 3, wide=1)) == "sgemm_wide_kernel<1, 64, 128, 16, 3, 1, 1>"
     # the other kernels' expressions and shared memory are unchanged by the new fields
     g = ops.gemm_shape(64, 4096, 4096, 132, True)
     assert (g.bk, g.stages, g.minb) == (0, 0, 0) and matmul_file(g) == "matmul"
@@ -115,8 +117,8 @@ def test_sgemm_numbers_by_hand():
     ((128, 128, 16, 3, 1, 5, 1), True, "at most 1024"),
     ((128, 128, 16, 3, 1, 2, 5), True, "MINB 5"),
     ((64, 64, 16, 3, 1, 1, 0), True, "MINB 0"),
-    ((64, 192, 16, 3, 1, 1, 1, 1), True, "XT = 1 needs BN of 64, 128 or 256"),
-    ((64, 64, 16, 3, 1, 1, 1, 2), True, "XT must be 0 or 1"),
+    ((64, 64, 16, 3, 1, 1, 1, 1), True, "BN % 128"),
+    ((64, 128, 16, 3, 1, 1, 1, 2), True, "WIDE must be 0 or 1"),
 ])
 def test_sgemm_shape_refuses_what_the_kernel_cannot_be(cut, clusters, match):
     with pytest.raises(ShapeError, match=match):
@@ -276,7 +278,7 @@ def test_sgemm_launch_is_built_as_the_sweep_launches_it(fake, sweep):
     with DeviceBuffer((m, k)) as x, DeviceBuffer((k, n)) as w, DeviceBuffer((m, n)) as y, DeviceBuffer((m, n)) as r:
         views = {"x": x.view(), "W": w.view(), "y": y.view(), "r": r.view()}
         for cut in ((64, 64, 32, 2, 1, 4, 1), (32, 128, 8, 3, 3, 1, 1), (64, 64, 16, 3, 1, 1, 1),
-                    (64, 64, 16, 3, 1, 1, 1, 1), (32, 128, 8, 3, 3, 1, 1, 1)):
+                    (64, 128, 16, 3, 1, 1, 1, 1), (32, 128, 8, 3, 3, 1, 1, 1)):
             shape = sgemm_shape(m, k, n, *cut)
             launch = ops.matmul(dev, views, "x", "W", "y", "add", r="r", shape=shape)
             ref = sweep.Cut(*cut)
@@ -297,7 +299,7 @@ def test_sgemm_launch_is_built_as_the_sweep_launches_it(fake, sweep):
             assert late.args["flags"] == 0  # 16 MB of W: after the K loop
 
 
-@pytest.mark.parametrize("cut", [(32, 64, 16, 3, 2, 1, 1), (32, 64, 16, 3, 2, 1, 1, 1)], ids=["rowk", "xt"])
+@pytest.mark.parametrize("cut", [(32, 64, 16, 3, 2, 1, 1), (32, 128, 16, 3, 2, 1, 1, 1)], ids=["8x8", "8x16"])
 @pytest.mark.parametrize("form", ["unfused", "fused"])
 def test_tinyblock_plan_uses_a_table_cut(fake, monkeypatch, form, cut):
     from rawgraph import DeviceBuffer, TinyBlock
@@ -309,7 +311,7 @@ def test_tinyblock_plan_uses_a_table_cut(fake, monkeypatch, form, cut):
             DeviceBuffer((batch, width)) as x, DeviceBuffer((batch, width)) as out:
         plan = model.plan(x, out)
         mm = [l for l in plan.launches if "gemm" in l.kernel.name or "matvec" in l.kernel.name]
-        kind = "sgemm_xt_split_kernel<" if len(cut) > 7 else "sgemm_split_kernel<"
+        kind = "sgemm_wide_split_kernel<" if len(cut) > 7 else "sgemm_split_kernel<"
         assert mm and all(l.kernel.name.startswith(kind) for l in mm)
         shape = sgemm_shape(batch, width, width, *cut)
         for launch in mm:

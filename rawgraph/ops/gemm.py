@@ -97,10 +97,10 @@ MATVEC_TILES = {4: (128, 64, 32, 16), 1: (32, 16, 8)}  # column tiles per load w
 # at w1024, the sweep of c477e95 (H100, benchmarks/results/gemm_small_2026-12-06_c477e95_h100.json)
 # where its best cut beat the matvec rule (16-56 rows: 7.8-11.3 us against 9.4-15.2; at 8 rows the
 # matvec's 5.85 us stays).
-# sgemm.cu's kernels (name prefixes): the [row][k] layout and XT, without and with a cluster split
-SGEMM_KERNELS = ("sgemm_kernel<", "sgemm_split_kernel<", "sgemm_xt_kernel<", "sgemm_xt_split_kernel<")
+# sgemm.cu's kernels (name prefixes): 8 x 8 and 8 x 16 outputs per thread, without and with a cluster split
+SGEMM_KERNELS = ("sgemm_kernel<", "sgemm_split_kernel<", "sgemm_wide_kernel<", "sgemm_wide_split_kernel<")
 SGEMM_ROW_STEP = 8  # the table's row grid: M between two entries takes the upper entry's cut
-SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, ...]] = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, XT])
+SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, ...]] = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, WIDE])
     (16, 1024, 1024): (32, 128, 16, 3, 8, 4, 1),  # 7.78 us
     (24, 1024, 1024): (32, 128, 16, 3, 8, 4, 1),  # 8.36 us
     (32, 1024, 1024): (32, 128, 32, 3, 8, 2, 1),  # 9.09 us
@@ -180,8 +180,8 @@ class MatmulShape:
     ``"sgemm"`` (``kernels/sgemm.cu``, built by :func:`sgemm_shape`): ``bt`` is the row tile BM,
     ``tc`` the column tile BN, ``split`` the cluster size S, ``slices`` the in-CTA K slices KS
     (each of BM * BN / 64 threads); ``bk`` (K rows per pipeline stage), ``stages`` and ``minb``
-    (``__launch_bounds__``' minimum CTAs per SM) are its own, and ``xt`` its shared-memory layout
-    of x (0: ``[row][k]``; 1: ``[k][row]``, the ``sgemm_xt_*`` kernels); 0 for the other kernels.
+    (``__launch_bounds__``' minimum CTAs per SM) are its own, and ``wide`` (1: 8 x 16 outputs
+    per thread, the ``sgemm_wide_*`` kernels; 0: 8 x 8); 0 for the other kernels.
     """
 
     kernel: str
@@ -195,7 +195,7 @@ class MatmulShape:
     bk: int = 0
     stages: int = 0
     minb: int = 0
-    xt: int = 0
+    wide: int = 0
 
     @property
     def bm(self) -> int:
@@ -210,7 +210,7 @@ class MatmulShape:
     @property
     def threads(self) -> int:
         if self.kernel == "sgemm":
-            return self.slices * (self.bt // 8) * (self.tc // 8)
+            return self.slices * (self.bt // 8) * (self.tc // (16 if self.wide else 8))
         return THREADS * self.slices
 
     @property
@@ -313,13 +313,13 @@ def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool,
 
 
 def sgemm_shape(batch: int, k: int, n: int, bm: int, bn: int, bk: int, stages: int, split: int = 1,
-                slices: int = 1, minb: int = 1, xt: int = 0, clusters: bool = True) -> MatmulShape:
+                slices: int = 1, minb: int = 1, wide: int = 0, clusters: bool = True) -> MatmulShape:
     """A cut of ``kernels/sgemm.cu``: BM x BN output tiles, K in steps of ``bk`` through ``stages``
     cp.async stages, K split over a cluster of ``split`` CTAs and again over ``slices`` groups of
     BM * BN / 64 threads inside each CTA; ``minb`` is ``__launch_bounds__``' minimum CTAs per SM;
-    ``xt`` = 1 picks the layout that transposes x into shared memory (``sgemm_xt_kernel``; BN of
-    64, 128 or 256). Grid (ceil(N / BN), S, ceil(M / BM)). The arguments are those of a
-    ``SGEMM_CUTS`` entry ``(BM, BN, BK, STAGES, S, KS, MINB[, XT])``; what the kernel's
+    ``wide`` = 1 gives each thread 8 x 16 outputs instead of 8 x 8 (``sgemm_wide_kernel``; BN %
+    128 == 0). Grid (ceil(N / BN), S, ceil(M / BM)). The arguments are those of a
+    ``SGEMM_CUTS`` entry ``(BM, BN, BK, STAGES, S, KS, MINB[, WIDE])``; what the kernel's
     static_asserts and the launch forbid raises :class:`ShapeError` here (operand layout is
     :func:`matmul`'s check)."""
     if min(batch, k, n) < 1:
@@ -334,25 +334,25 @@ def sgemm_shape(batch: int, k: int, n: int, bm: int, bn: int, bk: int, stages: i
         raise ShapeError(f"sgemm split {split} must be 1..{MAX_SPLIT}; above 1 it needs clusters (sm_90)")
     if not 1 <= slices <= 8:
         raise ShapeError(f"sgemm K slices per CTA must be 1..8, got {slices}")
-    threads = slices * (bm // 8) * (bn // 8)
+    threads = slices * (bm // 8) * (bn // (16 if wide else 8))
     if threads > 1024:
         raise ShapeError(f"sgemm cut {bm} x {bn} with {slices} slices needs {threads} threads per CTA (at most 1024)")
-    if xt not in (0, 1) or (xt and 256 % bn):
-        raise ShapeError(f"sgemm layout XT must be 0 or 1, and XT = 1 needs BN of 64, 128 or 256; got XT {xt}, BN {bn}")
+    if wide not in (0, 1) or (wide and bn % 128):
+        raise ShapeError(f"sgemm WIDE must be 0 or 1, and WIDE = 1 (8 x 16 per thread) needs BN % 128 == 0; "
+                         f"got WIDE {wide}, BN {bn}")
     if minb < 1 or minb * threads > SGEMM_MAX_THREADS_PER_SM:
         raise ShapeError(f"sgemm MINB {minb} x {threads} threads exceeds {SGEMM_MAX_THREADS_PER_SM} threads per SM")
     grid = (_cdiv(n, bn), split, _cdiv(batch, bm))
     if grid[2] > 65535:
         raise ShapeError(f"sgemm grid z {grid[2]} (batch {batch} / BM {bm}) exceeds 65535")
-    return MatmulShape("sgemm", 4, bn, bm, split, grid, 0, slices, bk, stages, minb, xt)
+    return MatmulShape("sgemm", 4, bn, bm, split, grid, 0, slices, bk, stages, minb, wide)
 
 
-def sgemm_smem_bytes(bm: int, bn: int, bk: int, stages: int, split: int, slices: int, xt: int = 0) -> int:
+def sgemm_smem_bytes(bm: int, bn: int, bk: int, stages: int, split: int, slices: int) -> int:
     """sgemm.cu's ``sgemm_smem_floats`` x 4: ``slices`` x ``stages`` of a BM x BK x tile (rows
-    padded to BK + 4 floats; with ``xt``, BK rows of BM + 8) and a BK x BN W tile, or, when K is
-    cut (S * KS > 1) and that is larger, the ``slices`` partial BM x BN tiles (rows padded to
-    BN + 4) that reuse them."""
-    pipe = slices * stages * ((bk * (bm + 8) if xt else bm * (bk + 4)) + bk * bn)
+    padded to BK + 4 floats) and a BK x BN W tile, or, when K is cut (S * KS > 1) and that is
+    larger, the ``slices`` partial BM x BN tiles (rows padded to BN + 4) that reuse them."""
+    pipe = slices * stages * (bm * (bk + 4) + bk * bn)
     part = slices * bm * (bn + 4) if split * slices > 1 else 0
     return 4 * max(pipe, part)
 
@@ -362,7 +362,7 @@ def gemm_smem_bytes(shape: MatmulShape) -> int:
     ``slices`` x 3 stages of a 64 x 16 x slice (rows padded to 20 floats) and a 16 x ``tc`` W
     slice (matmul.cu's RG_GM_*); for sgemm :func:`sgemm_smem_bytes`."""
     if shape.kernel == "sgemm":
-        return sgemm_smem_bytes(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices, shape.xt)
+        return sgemm_smem_bytes(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices)
     if shape.kernel != "gemm":
         return 0
     return shape.slices * GEMM_STAGES * (GEMM_TILE_M * (GEMM_KC + 4) + GEMM_KC * shape.tc) * 4
@@ -411,7 +411,7 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
         cut = SGEMM_CUTS.get(key)
     if cut is not None and gemm_ok:
         if len(cut) not in (7, 8):
-            raise ShapeError(f"SGEMM_CUTS[{key}] = {cut}: expected (BM, BN, BK, STAGES, S, KS, MINB[, XT])")
+            raise ShapeError(f"SGEMM_CUTS[{key}] = {cut}: expected (BM, BN, BK, STAGES, S, KS, MINB[, WIDE])")
         sg = sgemm_shape(batch, k, n, *cut, clusters=True)
         if (sg.split == 1 or clusters) and (not smem_limit or gemm_smem_bytes(sg) <= smem_limit):
             return sg
@@ -440,7 +440,7 @@ def matmul_expr(epilogue: str, shape: MatmulShape) -> str:
     """The kernel's name expression (spelled as ``benchmarks/gemm_sweep.py`` spells sgemm cuts)."""
     e = EPILOGUES[epilogue]
     if shape.kernel == "sgemm":
-        kind = "sgemm_xt" if shape.xt else "sgemm"
+        kind = "sgemm_wide" if shape.wide else "sgemm"
         if shape.split > 1:
             return (f"{kind}_split_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.split}, "
                     f"{shape.slices}, {shape.minb}>")
@@ -537,7 +537,7 @@ def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray
         if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
             raise LayoutError("the sgemm kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
         want = sgemm_shape(batch, k, n, shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices,
-                           shape.minb, shape.xt, clusters)
+                           shape.minb, shape.wide, clusters)
         if smem_limit and gemm_smem_bytes(shape) > smem_limit:
             raise ShapeError(f"sgemm cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
                              f"shared memory per CTA; this device allows {smem_limit}")
