@@ -12,7 +12,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh small   # GEMM sweep w1024 M 8..56; deeper w4096
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh check   # racecheck; w4096 b1 kernel times
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh strategies  # buckets, slots, choose
-#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh wide    # sgemm tests, ncu stalls, sweep of both thread tiles
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh stalls  # sgemm tests, ncu stall reasons, sweep at the weak shapes
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -167,8 +167,8 @@ case "${1:-tests}" in
     echo "slots rc=$? at $(el)s"; grep -vE "^p50 by bucket" "$OUT/slots.log" | tail -34
     timeout 100 python3 -m rawgraph.bench.choose --steps 400 --rounds 5 --out "$OUT" >"$OUT/choose.log" 2>&1
     echo "choose rc=$? at $(el)s"; tail -10 "$OUT/choose.log" ;;
-  wide)  # issue 23's 8 x 16 thread tile: the sgemm GPU tests, ncu with stall reasons on the w4096
-    # M = 256 table cut and a wide cut, then a sweep of both tiles at the weak shapes
+  stalls)  # issue 23: the sgemm GPU tests, ncu with stall reasons on the w4096 M = 256 table cut
+    # (and CUT_B, when given) beside cuBLAS, then a sweep at the weak shapes with EXTRA_CUTS timed too
     timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_sgemm_gpu.py >"$OUT/gpu_tests_sgemm.txt" 2>&1
     echo "sgemm tests rc=$? at $(el)s"; grep -E "(FAILED|ERROR)" "$OUT/gpu_tests_sgemm.txt" | head; tail -1 "$OUT/gpu_tests_sgemm.txt"
     STALLS=$(for r in barrier short_scoreboard long_scoreboard math_pipe_throttle mio_throttle not_selected wait \
@@ -176,14 +176,14 @@ case "${1:-tests}" in
       printf "smsp__average_warps_issue_stalled_%s_per_issue_active.ratio," $r; done)
     timeout 120 ncu --launch-count 8 --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats \
       --section Occupancy --section LaunchStats --metrics "${STALLS%,}" python3 benchmarks/probes/sgemm_ncu.py --m 256 --k 4096 \
-      --cut ${CUT_A:-64,128,32,3,2,1,1} --cut ${CUT_B:-256,128,8,4,4,1,1,1} >"$OUT/ncu_stalls_m256_k4096.txt" 2>&1
+      --cut ${CUT_A:-64,128,32,3,2,1,1} ${CUT_B:+--cut $CUT_B} >"$OUT/ncu_stalls_m256_k4096.txt" 2>&1
     echo "ncu rc=$? at $(el)s"; grep -E "CHECK|FACT|Duration|Issue Slots Busy|Registers Per|stalled_(dispatch|no_inst|short|barrier)|  void|  Kernel2" "$OUT/ncu_stalls_m256_k4096.txt" | cut -c1-120 | head -60
     timeout $(( $(left) - 15 )) python3 benchmarks/gemm_sweep.py --out "$OUT/gemm" --widths 4096 1024 --rows ${ROWS:-256 128 104} \
       --max-cands ${CANDS:-20} ${EXTRA_CUTS:-} --budget-s $(( $(left) - 70 )) >"$OUT/gemm.log" 2>&1
     echo "gemm rc=$? at $(el)s"; tail -30 "$OUT/gemm.log" | cut -c1-200 ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|wide|gpu" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|gpu" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"

@@ -102,12 +102,11 @@ class Cut:
     s: int
     ks: int
     minb: int = 1
-    wide: int = 0        # 1: 8 x 16 outputs per thread (sgemm_wide_*), 0: 8 x 8
     file: str = "sgemm"
 
     @property
     def threads(self) -> int:
-        return self.ks * (self.bm // 8) * (self.bn // (16 if self.wide else 8))
+        return self.ks * (self.bm // 8) * (self.bn // 8)
 
     @property
     def smem(self) -> int:
@@ -118,10 +117,9 @@ class Cut:
 
     def expr(self, epi: str) -> str:
         e = EPIS[epi]
-        kind = "sgemm_wide" if self.wide else "sgemm"
         if self.s == 1:
-            return f"{kind}_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.ks}, {self.minb}>"
-        return f"{kind}_split_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.s}, {self.ks}, {self.minb}>"
+            return f"sgemm_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.ks}, {self.minb}>"
+        return f"sgemm_split_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.s}, {self.ks}, {self.minb}>"
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
         return (_cdiv(n, self.bn), self.s, _cdiv(m, self.bm))
@@ -131,7 +129,7 @@ class Cut:
 
     @property
     def label(self) -> str:
-        return (f"sgemm{'_wide' if self.wide else ''} {self.bm}x{self.bn} k{self.bk} st{self.st} s{self.s} ks{self.ks}"
+        return (f"sgemm {self.bm}x{self.bn} k{self.bk} st{self.st} s{self.s} ks{self.ks}"
                 + (f" mb{self.minb}" if self.minb > 1 else ""))
 
 
@@ -182,12 +180,6 @@ STRUCTS = [
     (64, 128, 2, 1), (64, 128, 2, 2), (64, 128, 1, 1), (64, 128, 1, 4),
     (128, 64, 2, 1), (128, 64, 1, 1), (96, 128, 1, 1), (96, 64, 2, 1),
     (64, 64, 4, 1), (64, 64, 2, 1), (32, 128, 4, 1), (32, 128, 2, 1),
-]
-# ... and those of the 8 x 16 thread tile (threads = KS * BM * BN / 128); 256 x 128 is cuBLAS's
-# cutlass_80_simt_sgemm_256x128_8x4 tile
-WIDE_STRUCTS = [
-    (256, 128, 1, 1), (128, 128, 1, 1), (128, 256, 1, 1), (128, 128, 2, 1), (64, 128, 2, 1), (64, 256, 1, 1),
-    (64, 128, 4, 1), (32, 128, 4, 1),
 ]
 SPLITS = (1, 2, 3, 4, 6, 8)
 SM_SMEM = 233472          # 228 KB per SM (H100 / H200)
@@ -246,18 +238,15 @@ def model_cycles(cut: Cut, m: int, k: int, n: int, sms: int, min_ctas: float = 0
     return t_fill + t_compute + t_reduce
 
 
-def candidates(m: int, k: int, n: int, sms: int, limit: int, tiles: tuple[int, ...] = (8, 16)) -> list[Cut]:
+def candidates(m: int, k: int, n: int, sms: int, limit: int) -> list[Cut]:
     """``limit`` cuts to time, chosen by the model with diversity: first the best cut of each tile
     structure (BM, BN, KS, MINB), best structures first, for two thirds of the slots; then the
-    next best cuts that differ from every chosen one in split or K step (not only in stages).
-    ``tiles``: outputs per thread along N, 8 (8 x 8) and 16 (8 x 16, ``WIDE_STRUCTS``' tile shapes)."""
+    next best cuts that differ from every chosen one in split or K step (not only in stages)."""
     scored = []
-    structs = [(bm, bn, ks, minb, 0) for bm, bn, ks, minb in STRUCTS if 8 in tiles]
-    structs += [(bm, bn, ks, minb, 1) for bm, bn, ks, minb in WIDE_STRUCTS if 16 in tiles]
-    for bm, bn, ks, minb, wide in structs:
+    for bm, bn, ks, minb in STRUCTS:
         for s in SPLITS:
             for bk in (8, 16, 32):
-                if reg_cap(ks * bm * bn // (128 if wide else 64), minb) <= 128 and bk == 32:
+                if reg_cap(ks * bm * bn // 64, minb) <= 128 and bk == 32:
                     continue
                 p = s * ks
                 kc = _cdiv(_cdiv(k, p), bk) * bk
@@ -265,7 +254,7 @@ def candidates(m: int, k: int, n: int, sms: int, limit: int, tiles: tuple[int, .
                 for st in sorted({3, 4, min(8, nst + 1), min(6, nst + 1)}):
                     if st < 2:
                         continue
-                    cut = Cut(bm, bn, bk, st, s, ks, minb, wide)
+                    cut = Cut(bm, bn, bk, st, s, ks, minb)
                     t = model_cycles(cut, m, k, n, sms)
                     if t is None:   # small products: keep the cuts that fill fewer SMs, ranked last
                         t2 = model_cycles(cut, m, k, n, sms, 0.0)
@@ -275,25 +264,25 @@ def candidates(m: int, k: int, n: int, sms: int, limit: int, tiles: tuple[int, .
     scored.sort(key=lambda tc: (tc[0], tc[1].label))
     out, structs, near = [], set(), set()
     for t, cut in scored:
-        key = (cut.bm, cut.bn, cut.ks, cut.minb, cut.wide)
+        key = (cut.bm, cut.bn, cut.ks, cut.minb)
         if key not in structs and len(out) < max(1, (2 * limit) // 3):
             structs.add(key)
             near.add(key + (cut.s, cut.bk))
             out.append(cut)
     # Other K steps of the chosen (structure, split) pairs first (up to half the remaining slots),
     # then other splits.
-    chosen = {(c.bm, c.bn, c.ks, c.minb, c.wide, c.s) for c in out}
+    chosen = {(c.bm, c.bn, c.ks, c.minb, c.s) for c in out}
     room = (limit - len(out) + 1) // 2
     for t, cut in scored:
-        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.wide, cut.s, cut.bk)
-        if room > 0 and nk[:6] in chosen and nk not in near:
+        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.s, cut.bk)
+        if room > 0 and nk[:5] in chosen and nk not in near:
             near.add(nk)
             out.append(cut)
             room -= 1
     for t, cut in scored:
         if len(out) >= limit:
             break
-        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.wide, cut.s, cut.bk)
+        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.s, cut.bk)
         if nk not in near:
             near.add(nk)
             out.append(cut)
@@ -938,7 +927,7 @@ class Sweep:
         row["best"] = dict(best)
         bcut = next(c for c in cands if c.label == best["cut"])
         row["best_cut"] = {"bm": bcut.bm, "bn": bcut.bn, "bk": bcut.bk, "st": bcut.st, "s": bcut.s, "ks": bcut.ks,
-                           "minb": bcut.minb, "wide": bcut.wide}
+                           "minb": bcut.minb}
         if "us" in row.get("current", {}):
             row["best"]["speedup_vs_current"] = row["current"]["us"] / best["us"]
         early = bcut.early(k, n)
@@ -993,7 +982,7 @@ class Sweep:
                 f.write(json.dumps(row) + "\n")
 
         todo = [s for s in shape_order(shapes) if s not in rows]
-        cands = {s: with_cuts(candidates(s[0], s[1], s[1], self.sms, a.max_cands, a.tiles), a.cut) for s in todo}
+        cands = {s: with_cuts(candidates(s[0], s[1], s[1], self.sms, a.max_cands), a.cut) for s in todo}
         currents = {}
         if not a.no_current:
             for s in todo:
@@ -1187,9 +1176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", nargs="*", help="M values or ranges a:b:step (default 64:256:8)")
     p.add_argument("--max-cands", type=int, default=20, help="sgemm cuts timed per shape")
     p.add_argument("--cut", action="append", default=[], type=lambda v: tuple(int(t) for t in v.split(",")),
-                   help="also time this cut at every shape: BM,BN,BK,STAGES,S,KS,MINB[,WIDE] (repeatable)")
-    p.add_argument("--tiles", type=lambda v: tuple(int(t) for t in v.split(",")), default=(8, 16),
-                   help="outputs per thread along N to try: 8, 16 or 8,16 (default)")
+                   help="also time this cut at every shape: BM,BN,BK,STAGES,S,KS,MINB (repeatable)")
     p.add_argument("--repeats", type=int, default=9, help="graph replays per figure (median)")
     p.add_argument("--seed", type=int)
     p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="parallel NVRTC processes")
@@ -1238,7 +1225,7 @@ def gpu_status() -> tuple[bool, str]:
 
 def compile_only(a, shapes, reason: str) -> int:
     sms = 132
-    names = sorted({c.expr("none") for m, w in shapes for c in with_cuts(candidates(m, w, w, sms, a.max_cands, a.tiles), a.cut)})
+    names = sorted({c.expr("none") for m, w in shapes for c in with_cuts(candidates(m, w, w, sms, a.max_cands), a.cut)})
     cur_cuts = [current_cut(m, w, w, sms) for m, w in shapes] if not a.no_current else []
     jobs: dict[str, set] = {"sgemm": set(names), "matmul": set()}
     for c in cur_cuts:  # today's cut: an sgemm table entry or a matmul.cu cut, each from its own file
@@ -1261,16 +1248,16 @@ def compile_only(a, shapes, reason: str) -> int:
 
 
 def _parse_cut(expr: str) -> Cut | None:
-    mt = re.match(r"sgemm(_wide)?(_split)?_kernel<(.*)>", expr)
+    mt = re.match(r"sgemm(_split)?_kernel<(.*)>", expr)
     if not mt:
         return None
-    v = [int(t) for t in mt.group(3).split(",")]
-    if mt.group(2):
+    v = [int(t) for t in mt.group(2).split(",")]
+    if mt.group(1):
         _, bm, bn, bk, st, s, ks, mb = v
     else:
         _, bm, bn, bk, st, ks, mb = v
         s = 1
-    return Cut(bm, bn, bk, st, s, ks, mb, int(bool(mt.group(1))))
+    return Cut(bm, bn, bk, st, s, ks, mb)
 
 
 def child_main(a) -> int:
@@ -1344,16 +1331,14 @@ def best_cuts(result: dict) -> dict:
 
 
 def cuts_literal(result: dict) -> str:
-    """The best cuts as a Python literal: {(M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, WIDE])}, the
-    eighth element only for an 8 x 16 cut."""
+    """The best cuts as a Python literal: {(M, K, N): (BM, BN, BK, STAGES, S, KS, MINB)}."""
     items = []
     for r in result["rows"]:
         if r.get("best"):
             c = r["best_cut"]
-            wide = ", 1" if c.get("wide") else ""
             items.append(f"    ({r['M']}, {r['K']}, {r['N']}): ({c['bm']}, {c['bn']}, {c['bk']}, {c['st']}, {c['s']}, "
-                         f"{c['ks']}, {c['minb']}{wide}),  # {r['best']['us']:.2f} us")
-    return "SGEMM_CUTS = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, WIDE])\n" + "\n".join(items) + "\n}"
+                         f"{c['ks']}, {c['minb']}),  # {r['best']['us']:.2f} us")
+    return "SGEMM_CUTS = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB)\n" + "\n".join(items) + "\n}"
 
 
 def main(argv: list[str] | None = None) -> int:

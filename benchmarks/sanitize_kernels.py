@@ -139,8 +139,7 @@ def main() -> int:
     # sgemm (kernels/sgemm.cu): the epilogue straight from registers (no split: 64 x 64 tiles,
     # and 128 x 128 at MINB 2), a cluster split (S = 3: not a power of two; S = 8 with 8-row
     # stages), in-CTA K slices alone (KS = 2, 4) and with a split; M, K, N with tails
-    # (K % 16 != 0, N % 64 != 0, M % BM != 0), every epilogue; each also with 8 x 16 outputs per
-    # thread where BN % 128 == 0
+    # (K % 16 != 0, N % 64 != 0, M % BM != 0), every epilogue
     for batch, k, n, epilogue, cut in ((33, 1000, 996, "add", (64, 64, 16, 3, 1, 1, 1)),
                                        (70, 1004, 260, "relu", (128, 128, 8, 2, 1, 1, 2)),
                                        (37, 1000, 996, "none", (64, 128, 8, 4, 3, 1, 1)),
@@ -148,8 +147,7 @@ def main() -> int:
                                        (70, 1000, 196, "relu", (32, 128, 16, 3, 1, 2, 1)),
                                        (65, 520, 260, "add", (64, 64, 32, 2, 1, 4, 1)),
                                        (33, 1000, 996, "add", (64, 128, 16, 3, 2, 2, 1))):
-        for wide in (0, 1) if cut[1] % 128 == 0 else (0,):
-            matmul_case("sgemm", batch, k, n, epilogue, sgemm_shape(batch, k, n, *cut, wide))
+        matmul_case("sgemm", batch, k, n, epilogue, sgemm_shape(batch, k, n, *cut))
     # every cut the sweep's table (ops.SGEMM_CUTS) serves, on a shape with tails in M, K and N
     for cut in sorted(set(ops.SGEMM_CUTS.values())):
         matmul_case("sgemm table", 70, 1000, 996, "add", sgemm_shape(70, 1000, 996, *cut))

@@ -230,9 +230,9 @@ static void launch(KernelFn fn, int S, int threads, long smem_floats, int gx, in
 
 static int failures = 0;
 
-template <int EPI, int BM, int BN, int BK, int ST, int S, int KS, int MINB = 1, int TN = 8>
+template <int EPI, int BM, int BN, int BK, int ST, int S, int KS, int MINB = 1>
 static void test(int M, int K, int N, int flags, unsigned seed) {
-    typedef SgemmCfg<BM, BN, BK, ST, S, KS, TN> C;
+    typedef SgemmCfg<BM, BN, BK, ST, S, KS> C;
     long smem = py_smem_floats(BM, BN, BK, ST, S, KS);
     if (smem != sgemm_smem_floats<BM, BN, BK, ST, S, KS>()) { printf("SMEM FORMULA MISMATCH\n"); failures++; }
     std::mt19937 g(seed);
@@ -256,9 +256,7 @@ static void test(int M, int K, int N, int flags, unsigned seed) {
     const float* rp = r.data() + ((flags & 256) ? 1 : 0);
     const int kflags = flags & 0xff;
     KernelFn fn;
-    if constexpr (S == 1 && TN == 16) fn = &sgemm_wide_kernel<EPI, BM, BN, BK, ST, KS, MINB>;
-    else if constexpr (S == 1) fn = &sgemm_kernel<EPI, BM, BN, BK, ST, KS, MINB>;
-    else if constexpr (TN == 16) fn = &sgemm_wide_split_kernel<EPI, BM, BN, BK, ST, S, KS, MINB>;
+    if constexpr (S == 1) fn = &sgemm_kernel<EPI, BM, BN, BK, ST, KS, MINB>;
     else fn = &sgemm_split_kernel<EPI, BM, BN, BK, ST, S, KS, MINB>;
     const float* xarg = x.data(); float* yarg = yp; const float* rarg = EPI == 2 ? rp : nullptr;
     static unsigned long long slots[3];
@@ -294,8 +292,8 @@ static void test(int M, int K, int N, int flags, unsigned seed) {
             for (int n = 0; n < N; ++n) if (!std::isnan(yp[(size_t)m * N + n])) overwritten++;
     const bool ok = bad == 0 && nan_left == 0 && overwritten == 0;
     if (!ok) failures++;
-    printf("%s TN%d EPI%d BM%d BN%d BK%d ST%d S%d KS%d  M=%d K=%d N=%d flags=%d mode=%d: bad=%ld nan=%ld overwritten=%ld maxrel=%.2e\n",
-           ok ? "ok  " : "FAIL", TN, EPI, BM, BN, BK, ST, S, KS, M, K, N, flags, emu_mode, bad, nan_left, overwritten, maxrel);
+    printf("%s EPI%d BM%d BN%d BK%d ST%d S%d KS%d  M=%d K=%d N=%d flags=%d mode=%d: bad=%ld nan=%ld overwritten=%ld maxrel=%.2e\n",
+           ok ? "ok  " : "FAIL", EPI, BM, BN, BK, ST, S, KS, M, K, N, flags, emu_mode, bad, nan_left, overwritten, maxrel);
     fflush(stdout);
 }
 
@@ -332,22 +330,6 @@ test<0, 64, 64, 32, 8, 2, 2>(72, 100, 64, 0, 31);      // more stages than the K
 test<2, 32, 64, 8, 4, 1, 8>(40, 512, 64, 0, 32);       // KS = 8 (named barriers 1..8), T = 32
 test<1, 256, 128, 8, 3, 4, 1>(256, 256, 128, 0, 33);    // 512 threads
 test<0, 128, 128, 32, 3, 2, 1>(129, 4 * 33, 132, 0, 34);
-// 8 x 16 outputs per thread (sgemm_wide_*): splits, slices, tails, row tables, pointer slots
-for (int mode = 0; mode < 3; ++mode) {
-  emu_mode = mode;
-  test<0, 128, 128, 16, 4, 1, 1, 1, 16>(136, 128, 256, 0, 41);
-  test<1, 128, 128, 16, 4, 2, 1, 1, 16>(72, 200, 132, 0, 42);
-  test<2, 64, 256, 8, 4, 1, 2, 1, 16>(64, 256, 260, 0, 43);
-  test<2, 256, 128, 8, 4, 4, 1, 1, 16>(200, 512, 128, 0, 44);
-  test<0, 32, 128, 16, 4, 3, 4, 1, 16>(40, 384, 132, 0, 45);
-}
-emu_mode = 2;
-test<2, 64, 128, 16, 4, 2, 2, 1, 16>(72, 256, 192, 16 | 32 | 64, 51);
-test<2, 64, 128, 16, 4, 1, 1, 1, 16>(72, 64, 196, 16 | 32 | 64 | 2 | 4 | 8 | 1, 52);
-test<2, 64, 128, 16, 4, 2, 2, 1, 16>(72, 64, 132, 256 | 64, 53);
-test<0, 128, 128, 16, 4, 8, 1, 1, 16>(5, 96, 128, 0, 54);
-emu_mode = 1;
-test<0, 256, 128, 8, 4, 4, 1, 1, 16>(256, 4 * 33, 260, 0, 61);
 """
 
 

@@ -31,12 +31,6 @@
 //   tile is [k][n] unpadded: a warp's 8 thread columns read 32 consecutive floats (1 wavefront).
 //   Columns in two halves keep each of those loads contiguous across the warp.
 //
-// * sgemm_wide_*: 8 x 16 outputs per thread (TN = 16, 128 accumulators), columns 4 tc + h * BN / 4
-//   for h < 4, so a warp covers 32 rows x 128 columns (BN % 128 == 0) and a slice has half the
-//   threads: per 4 steps of k, 8 loads of x and 16 of W for 512 FMAs (1 load per 21 FMAs, as
-//   cuBLAS's cutlass_80_simt_sgemm_256x128_8x4). The K order of every sum is the 8 x 8 tile's, so
-//   both return the same bits.
-//
 // * x is stored [row][k] because cp.async copies 16 contiguous bytes of global memory, and x's
 //   contiguous direction is k. Reading 4 k values per 16-byte load and using them over 4 steps of
 //   k costs 32 registers of x fragment instead of 8, which the 255-register budget of a 256-thread
@@ -104,14 +98,13 @@ __device__ __forceinline__ void sg_bar_sync(int id, int count)
 }
 #endif
 
-template <int BM, int BN, int BK, int STAGES, int S, int KS, int TN = 8>
+template <int BM, int BN, int BK, int STAGES, int S, int KS>
 struct SgemmCfg {
     static constexpr int TR = BM / 8;                 // thread rows of a slice
-    static constexpr int TC = BN / TN;                // thread columns of a slice
+    static constexpr int TC = BN / 8;                 // thread columns of a slice
     static constexpr int T = TR * TC;                 // threads per slice
     static constexpr int THREADS = T * KS;
-    static constexpr int WARPS_N = TC / 8;            // warps across a slice's columns
-    static constexpr int GS = 4 * TC;                 // column stride of a thread's groups of 4
+    static constexpr int WARPS_N = BN / 64;           // warps across a slice's columns
     static constexpr int XS = BK + 4;                 // x tile row stride (floats)
     static constexpr int XTILE = BM * XS;             // floats of one stage's x tile
     static constexpr int STAGE = XTILE + BK * BN;     // floats per stage
@@ -123,8 +116,7 @@ struct SgemmCfg {
     static constexpr int WCH = BK * BN / 4;           // 16-byte pieces of a W tile
     static constexpr int XPT = (XCH + T - 1) / T;     // pieces per thread
     static constexpr int WPT = (WCH + T - 1) / T;
-    static_assert(TN == 8 || TN == 16, "8 x 8 or 8 x 16 outputs per thread");
-    static_assert(BM % 32 == 0 && BN % (8 * TN) == 0, "a warp covers 32 rows x 8 TN columns");
+    static_assert(BM % 32 == 0 && BN % 64 == 0, "a warp covers 32 rows x 64 columns");
     static_assert(BK % 4 == 0 && BK >= 4, "BK is a multiple of 4");
     static_assert(STAGES >= 2, "at least two stages");
     static_assert(S >= 1 && S <= 8, "portable cluster size");
@@ -133,10 +125,10 @@ struct SgemmCfg {
     static_assert(KS == 1 || T % 32 == 0, "a slice is whole warps");
 };
 
-template <int BM, int BN, int BK, int STAGES, int S, int KS, int TN = 8>
+template <int BM, int BN, int BK, int STAGES, int S, int KS>
 __host__ __device__ constexpr int sgemm_smem_floats()
 {
-    return SgemmCfg<BM, BN, BK, STAGES, S, KS, TN>::SMEM_FLOATS;
+    return SgemmCfg<BM, BN, BK, STAGES, S, KS>::SMEM_FLOATS;
 }
 
 __device__ __forceinline__ float sg_get(const float4& v, int i)
@@ -172,12 +164,11 @@ __device__ __forceinline__ void sg_store4(float* y, const float* r, int N, int m
     }
 }
 
-template <int EPI, int BM, int BN, int BK, int STAGES, int S, int KS, int TN>
+template <int EPI, int BM, int BN, int BK, int STAGES, int S, int KS>
 __device__ __forceinline__ void sgemm_body(const float* x, const float* __restrict__ W, float* y, const float* r,
                                            int M, int K, int N, int early, const int* rows, int flags)
 {
-    typedef SgemmCfg<BM, BN, BK, STAGES, S, KS, TN> C;
-    constexpr int NG = TN / 4, GS = C::GS;  // a thread's column groups: 4 tc + h * GS, h < NG
+    typedef SgemmCfg<BM, BN, BK, STAGES, S, KS> C;
     constexpr int TR = C::TR, T = C::T, XS = C::XS;
     extern __shared__ __align__(16) float smem[];
 
@@ -185,7 +176,7 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
     const int tid = (KS == 1) ? (int)threadIdx.x : (int)threadIdx.x % T;
     const int warp = tid / 32, lane = tid % 32;
     const int tr = (warp / C::WARPS_N) * 4 + lane / 8;   // rows tr + j * TR
-    const int tc = (warp % C::WARPS_N) * 8 + lane % 8;   // columns h * GS + 4 tc.., h < NG
+    const int tc = (warp % C::WARPS_N) * 8 + lane % 8;   // columns 4 tc.., BN / 2 + 4 tc..
     const int n0 = (int)blockIdx.x * BN;
     const int m0 = (int)blockIdx.z * BM;
     unsigned rank = 0;
@@ -282,11 +273,11 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
         rg_cp_async_commit();  // group st (group 0 also holds every W stage issued before the wait)
     }
 
-    float acc[8][TN];
+    float acc[8][8];
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int q = 0; q < TN; ++q) acc[j][q] = 0.0f;
+        for (int q = 0; q < 8; ++q) acc[j][q] = 0.0f;
 
     int buf = 0;                  // stage st lives in buffer st % STAGES
     int nbuf = STAGES - 1;        // buffer of stage st + STAGES - 1
@@ -309,19 +300,19 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
             for (int j = 0; j < 8; ++j) a[j] = *reinterpret_cast<const float4*>(xs + (tr + j * TR) * XS + kq);
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
-                float4 b[NG];
-#pragma unroll
-                for (int h = 0; h < NG; ++h) b[h] = *reinterpret_cast<const float4*>(ws + (kq + kk) * BN + h * GS + 4 * tc);
+                const float4 b0 = *reinterpret_cast<const float4*>(ws + (kq + kk) * BN + 4 * tc);
+                const float4 b1 = *reinterpret_cast<const float4*>(ws + (kq + kk) * BN + BN / 2 + 4 * tc);
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
                     const float av = sg_get(a[j], kk);
-#pragma unroll
-                    for (int h = 0; h < NG; ++h) {
-                        acc[j][4 * h] = fmaf(av, b[h].x, acc[j][4 * h]);
-                        acc[j][4 * h + 1] = fmaf(av, b[h].y, acc[j][4 * h + 1]);
-                        acc[j][4 * h + 2] = fmaf(av, b[h].z, acc[j][4 * h + 2]);
-                        acc[j][4 * h + 3] = fmaf(av, b[h].w, acc[j][4 * h + 3]);
-                    }
+                    acc[j][0] = fmaf(av, b0.x, acc[j][0]);
+                    acc[j][1] = fmaf(av, b0.y, acc[j][1]);
+                    acc[j][2] = fmaf(av, b0.z, acc[j][2]);
+                    acc[j][3] = fmaf(av, b0.w, acc[j][3]);
+                    acc[j][4] = fmaf(av, b1.x, acc[j][4]);
+                    acc[j][5] = fmaf(av, b1.y, acc[j][5]);
+                    acc[j][6] = fmaf(av, b1.z, acc[j][6]);
+                    acc[j][7] = fmaf(av, b1.w, acc[j][7]);
                 }
             }
         }
@@ -341,8 +332,8 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
                 const int my = rg_row(rows, flags, RG_FLAG_ROWS_Y, m);
                 const int mr = EPI == 2 ? rg_row(rows, flags, RG_FLAG_ROWS_R, m) : 0;
 #pragma unroll
-                for (int h = 0; h < NG; ++h) {
-                    const int n = n0 + h * GS + 4 * tc;
+                for (int h = 0; h < 2; ++h) {
+                    const int n = n0 + h * (BN / 2) + 4 * tc;
                     if (n < N)
                         sg_store4<EPI>(y, r, N, my, mr, n,
                                        make_float4(acc[j][4 * h], acc[j][4 * h + 1], acc[j][4 * h + 2], acc[j][4 * h + 3]), vec);
@@ -355,8 +346,8 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
-            for (int h = 0; h < NG; ++h)
-                *reinterpret_cast<float4*>(pt + (tr + j * TR) * C::PS + h * GS + 4 * tc) =
+            for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<float4*>(pt + (tr + j * TR) * C::PS + h * (BN / 2) + 4 * tc) =
                     make_float4(acc[j][4 * h], acc[j][4 * h + 1], acc[j][4 * h + 2], acc[j][4 * h + 3]);
 #ifdef RG_HAS_CLUSTERS
         if (S > 1) rg_cluster_sync();  // all threads of all CTAs: the partials are visible cluster-wide
@@ -419,18 +410,8 @@ __global__ void __launch_bounds__(SgemmCfg<BM, BN, BK, STAGES, 1, KS>::THREADS, 
 sgemm_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags,
              const int* rows)
 {
-    sgemm_body<EPI, BM, BN, BK, STAGES, 1, KS, 8>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
-        rg_arg_ptr(y, flags, RG_FLAG_IND_Y), rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
-}
-
-// 8 x 16 outputs per thread (KS * (BM / 8) * (BN / 16) threads, BN % 128 == 0): same arguments.
-template <int EPI, int BM, int BN, int BK, int STAGES, int KS, int MINB>
-__global__ void __launch_bounds__(SgemmCfg<BM, BN, BK, STAGES, 1, KS, 16>::THREADS, MINB)
-sgemm_wide_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags,
-                  const int* rows)
-{
-    sgemm_body<EPI, BM, BN, BK, STAGES, 1, KS, 16>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
-        rg_arg_ptr(y, flags, RG_FLAG_IND_Y), rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
+    sgemm_body<EPI, BM, BN, BK, STAGES, 1, KS>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W, rg_arg_ptr(y, flags, RG_FLAG_IND_Y),
+        rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
 }
 
 #ifdef RG_HAS_CLUSTERS
@@ -440,16 +421,7 @@ __global__ void __cluster_dims__(1, S, 1) __launch_bounds__(SgemmCfg<BM, BN, BK,
 sgemm_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N,
                    int flags, const int* rows)
 {
-    sgemm_body<EPI, BM, BN, BK, STAGES, S, KS, 8>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
-        rg_arg_ptr(y, flags, RG_FLAG_IND_Y), rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
-}
-
-template <int EPI, int BM, int BN, int BK, int STAGES, int S, int KS, int MINB>
-__global__ void __cluster_dims__(1, S, 1) __launch_bounds__(SgemmCfg<BM, BN, BK, STAGES, S, KS, 16>::THREADS, MINB)
-sgemm_wide_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N,
-                        int flags, const int* rows)
-{
-    sgemm_body<EPI, BM, BN, BK, STAGES, S, KS, 16>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
-        rg_arg_ptr(y, flags, RG_FLAG_IND_Y), rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
+    sgemm_body<EPI, BM, BN, BK, STAGES, S, KS>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W, rg_arg_ptr(y, flags, RG_FLAG_IND_Y),
+        rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
 }
 #endif

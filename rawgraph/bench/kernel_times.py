@@ -120,10 +120,10 @@ def sgemm_candidates(batch: int, k: int, n: int, clusters: bool, smem_limit: int
                 continue
             cuts.append((bm, bn, SGEMM_SWEEP_BK, max(2, min(4, kc // SGEMM_SWEEP_BK + 1)), split, ks, minb))
     out = []
-    for bm, bn, bk, stages, split, ks, minb, *xt in cuts:
+    for bm, bn, bk, stages, split, ks, minb in cuts:
         if split > 1 and not clusters:
             continue
-        shape = ops.sgemm_shape(batch, k, n, bm, bn, bk, stages, split, ks, minb, *xt, clusters=clusters)
+        shape = ops.sgemm_shape(batch, k, n, bm, bn, bk, stages, split, ks, minb, clusters)
         if not smem_limit or ops.gemm_smem_bytes(shape) <= smem_limit:
             out.append(shape)
     return out

@@ -238,7 +238,7 @@ class TinyBlock(Resource):
         """The grid axis along the rows and the rows per block (``rawgraph.serving.protocol``):
         the matmul kernels tile batch rows on axis 2 (``bt`` rows for ``matvec_kernel`` /
         ``matvec_split_kernel``, ``GEMM_TILE_M`` for the GEMMs, BM -- the second template
-        argument -- for the sgemm kernels, ``ops.SGEMM_KERNELS``), the block kernel on axis 1 (its
+        argument -- for ``sgemm_kernel`` / ``sgemm_split_kernel``), the block kernel on axis 1 (its
         ``bt``); relu and add are grid-stride (None)."""
         name = launch.kernel.name
         m = re.fullmatch(r"\s*(\w+)\s*<([^>]*)>\s*", name)
@@ -249,7 +249,7 @@ class TinyBlock(Resource):
             return 2, int(targs[3])
         if base in ("gemm_kernel", "gemm_split_kernel"):
             return 2, ops.GEMM_TILE_M
-        if base + "<" in ops.SGEMM_KERNELS and len(targs) >= 2:
+        if base in ("sgemm_kernel", "sgemm_split_kernel") and len(targs) >= 2:
             return 2, int(targs[1])
         if base == "block_kernel" and len(targs) == 2:
             return 1, int(targs[0])

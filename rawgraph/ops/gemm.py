@@ -43,7 +43,6 @@ __all__ = [
     "MatmulShape",
     "SGEMM_CUTS",
     "SGEMM_ROW_STEP",
-    "SGEMM_KERNELS",
     "matvec_shape",
     "gemm_shape",
     "sgemm_shape",
@@ -97,10 +96,8 @@ MATVEC_TILES = {4: (128, 64, 32, 16), 1: (32, 16, 8)}  # column tiles per load w
 # at w1024, the sweep of c477e95 (H100, benchmarks/results/gemm_small_2026-12-06_c477e95_h100.json)
 # where its best cut beat the matvec rule (16-56 rows: 7.8-11.3 us against 9.4-15.2; at 8 rows the
 # matvec's 5.85 us stays).
-# sgemm.cu's kernels (name prefixes): 8 x 8 and 8 x 16 outputs per thread, without and with a cluster split
-SGEMM_KERNELS = ("sgemm_kernel<", "sgemm_split_kernel<", "sgemm_wide_kernel<", "sgemm_wide_split_kernel<")
 SGEMM_ROW_STEP = 8  # the table's row grid: M between two entries takes the upper entry's cut
-SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, ...]] = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, WIDE])
+SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, int, int, int, int, int, int]] = {  # (M, K, N): cut
     (16, 1024, 1024): (32, 128, 16, 3, 8, 4, 1),  # 7.78 us
     (24, 1024, 1024): (32, 128, 16, 3, 8, 4, 1),  # 8.36 us
     (32, 1024, 1024): (32, 128, 32, 3, 8, 2, 1),  # 9.09 us
@@ -180,8 +177,7 @@ class MatmulShape:
     ``"sgemm"`` (``kernels/sgemm.cu``, built by :func:`sgemm_shape`): ``bt`` is the row tile BM,
     ``tc`` the column tile BN, ``split`` the cluster size S, ``slices`` the in-CTA K slices KS
     (each of BM * BN / 64 threads); ``bk`` (K rows per pipeline stage), ``stages`` and ``minb``
-    (``__launch_bounds__``' minimum CTAs per SM) are its own, and ``wide`` (1: 8 x 16 outputs
-    per thread, the ``sgemm_wide_*`` kernels; 0: 8 x 8); 0 for the other kernels.
+    (``__launch_bounds__``' minimum CTAs per SM) are its own; 0 for the other kernels.
     """
 
     kernel: str
@@ -195,7 +191,6 @@ class MatmulShape:
     bk: int = 0
     stages: int = 0
     minb: int = 0
-    wide: int = 0
 
     @property
     def bm(self) -> int:
@@ -210,7 +205,7 @@ class MatmulShape:
     @property
     def threads(self) -> int:
         if self.kernel == "sgemm":
-            return self.slices * (self.bt // 8) * (self.tc // (16 if self.wide else 8))
+            return self.slices * (self.bt // 8) * (self.tc // 8)
         return THREADS * self.slices
 
     @property
@@ -313,15 +308,13 @@ def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool,
 
 
 def sgemm_shape(batch: int, k: int, n: int, bm: int, bn: int, bk: int, stages: int, split: int = 1,
-                slices: int = 1, minb: int = 1, wide: int = 0, clusters: bool = True) -> MatmulShape:
+                slices: int = 1, minb: int = 1, clusters: bool = True) -> MatmulShape:
     """A cut of ``kernels/sgemm.cu``: BM x BN output tiles, K in steps of ``bk`` through ``stages``
     cp.async stages, K split over a cluster of ``split`` CTAs and again over ``slices`` groups of
-    BM * BN / 64 threads inside each CTA; ``minb`` is ``__launch_bounds__``' minimum CTAs per SM;
-    ``wide`` = 1 gives each thread 8 x 16 outputs instead of 8 x 8 (``sgemm_wide_kernel``; BN %
-    128 == 0). Grid (ceil(N / BN), S, ceil(M / BM)). The arguments are those of a
-    ``SGEMM_CUTS`` entry ``(BM, BN, BK, STAGES, S, KS, MINB[, WIDE])``; what the kernel's
-    static_asserts and the launch forbid raises :class:`ShapeError` here (operand layout is
-    :func:`matmul`'s check)."""
+    BM * BN / 64 threads inside each CTA; ``minb`` is ``__launch_bounds__``' minimum CTAs per SM.
+    Grid (ceil(N / BN), S, ceil(M / BM)). The arguments are those of a ``SGEMM_CUTS`` entry
+    ``(BM, BN, BK, STAGES, S, KS, MINB)``; what the kernel's static_asserts and the launch forbid
+    raises :class:`ShapeError` here (operand layout is :func:`matmul`'s check)."""
     if min(batch, k, n) < 1:
         raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
     if bm < 32 or bm % 32 or bn < 64 or bn % 64:
@@ -334,18 +327,15 @@ def sgemm_shape(batch: int, k: int, n: int, bm: int, bn: int, bk: int, stages: i
         raise ShapeError(f"sgemm split {split} must be 1..{MAX_SPLIT}; above 1 it needs clusters (sm_90)")
     if not 1 <= slices <= 8:
         raise ShapeError(f"sgemm K slices per CTA must be 1..8, got {slices}")
-    threads = slices * (bm // 8) * (bn // (16 if wide else 8))
+    threads = slices * (bm // 8) * (bn // 8)
     if threads > 1024:
         raise ShapeError(f"sgemm cut {bm} x {bn} with {slices} slices needs {threads} threads per CTA (at most 1024)")
-    if wide not in (0, 1) or (wide and bn % 128):
-        raise ShapeError(f"sgemm WIDE must be 0 or 1, and WIDE = 1 (8 x 16 per thread) needs BN % 128 == 0; "
-                         f"got WIDE {wide}, BN {bn}")
     if minb < 1 or minb * threads > SGEMM_MAX_THREADS_PER_SM:
         raise ShapeError(f"sgemm MINB {minb} x {threads} threads exceeds {SGEMM_MAX_THREADS_PER_SM} threads per SM")
     grid = (_cdiv(n, bn), split, _cdiv(batch, bm))
     if grid[2] > 65535:
         raise ShapeError(f"sgemm grid z {grid[2]} (batch {batch} / BM {bm}) exceeds 65535")
-    return MatmulShape("sgemm", 4, bn, bm, split, grid, 0, slices, bk, stages, minb, wide)
+    return MatmulShape("sgemm", 4, bn, bm, split, grid, 0, slices, bk, stages, minb)
 
 
 def sgemm_smem_bytes(bm: int, bn: int, bk: int, stages: int, split: int, slices: int) -> int:
@@ -410,8 +400,8 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
         key = (_cdiv(batch, SGEMM_ROW_STEP) * SGEMM_ROW_STEP, k, n)
         cut = SGEMM_CUTS.get(key)
     if cut is not None and gemm_ok:
-        if len(cut) not in (7, 8):
-            raise ShapeError(f"SGEMM_CUTS[{key}] = {cut}: expected (BM, BN, BK, STAGES, S, KS, MINB[, WIDE])")
+        if len(cut) != 7:
+            raise ShapeError(f"SGEMM_CUTS[{key}] = {cut}: expected (BM, BN, BK, STAGES, S, KS, MINB)")
         sg = sgemm_shape(batch, k, n, *cut, clusters=True)
         if (sg.split == 1 or clusters) and (not smem_limit or gemm_smem_bytes(sg) <= smem_limit):
             return sg
@@ -440,11 +430,10 @@ def matmul_expr(epilogue: str, shape: MatmulShape) -> str:
     """The kernel's name expression (spelled as ``benchmarks/gemm_sweep.py`` spells sgemm cuts)."""
     e = EPILOGUES[epilogue]
     if shape.kernel == "sgemm":
-        kind = "sgemm_wide" if shape.wide else "sgemm"
         if shape.split > 1:
-            return (f"{kind}_split_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.split}, "
+            return (f"sgemm_split_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.split}, "
                     f"{shape.slices}, {shape.minb}>")
-        return f"{kind}_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.slices}, {shape.minb}>"
+        return f"sgemm_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.slices}, {shape.minb}>"
     if shape.kernel == "gemm":
         if shape.split > 1:
             return f"gemm_split_kernel<{e}, {shape.tc}, {shape.split}, {shape.slices}>"
@@ -518,7 +507,7 @@ def routes_rows(launch: Launch) -> bool:
     ``kernels/sgemm.cu``), the only ones whose ``rows`` argument is a row table (a user's kernel
     with an argument of that name is not: writing a table pointer into it would corrupt the launch)."""
     name = launch.kernel.name
-    if name.startswith(SGEMM_KERNELS):
+    if name.startswith(("sgemm_kernel<", "sgemm_split_kernel<")):
         file = "sgemm"
     elif name.startswith(("matvec_kernel<", "matvec_split_kernel<", "gemm_kernel<", "gemm_split_kernel<")):
         file = "matmul"
@@ -537,7 +526,7 @@ def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray
         if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
             raise LayoutError("the sgemm kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
         want = sgemm_shape(batch, k, n, shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices,
-                           shape.minb, shape.wide, clusters)
+                           shape.minb, clusters)
         if smem_limit and gemm_smem_bytes(shape) > smem_limit:
             raise ShapeError(f"sgemm cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
                              f"shared memory per CTA; this device allows {smem_limit}")
