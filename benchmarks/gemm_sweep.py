@@ -6,6 +6,7 @@ How to run (from the repository root):
     PYTHONPATH=. python3 benchmarks/gemm_sweep.py --out $OUT            # whole grid, ~2-3 min on an H200
     PYTHONPATH=. python3 benchmarks/gemm_sweep.py --out $OUT --quick    # 6 shapes, well under a minute
     PYTHONPATH=. python3 benchmarks/gemm_sweep.py --widths 4096 --rows 256 --max-cands 30
+    PYTHONPATH=. python3 benchmarks/gemm_sweep.py --rows 256 --cut 64,128,32,3,2,1,1   # also time a named cut
     PYTHONPATH=. python3 benchmarks/gemm_sweep.py --compile-only        # NVRTC only (also what a machine
                                                                          # without a GPU does, exit 0)
 
