@@ -290,6 +290,17 @@ def candidates(m: int, k: int, n: int, sms: int, limit: int) -> list[Cut]:
     return out
 
 
+def parse_cut(text: str) -> tuple[int, ...]:
+    """``BM,BN,BK,STAGES,S,KS,MINB`` -> seven ints (the type of ``--cut``)."""
+    try:
+        cut = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        cut = ()
+    if len(cut) != 7:
+        raise argparse.ArgumentTypeError(f"expected BM,BN,BK,STAGES,S,KS,MINB (seven integers), got {text!r}")
+    return cut
+
+
 def with_cuts(cands: list[Cut], extra: list[tuple[int, ...]]) -> list[Cut]:
     """The model's candidates and the cuts named with ``--cut`` (each once)."""
     out = list(cands)
@@ -992,8 +1003,10 @@ class Sweep:
                 except Exception as exc:  # noqa: BLE001
                     log(f"current cut for M={s[0]} w{s[1]}: {exc}")
         # Compile before torch starts its threads (the NVRTC workers are spawned, not forked, anyway).
-        self.ensure({"sgemm": [c.expr("none") for v in cands.values() for c in v],
-                     "matmul": [c.expr(e) for c in currents.values() for e in ("none",)]})
+        jobs: dict[str, list[str]] = {"sgemm": [c.expr("none") for v in cands.values() for c in v], "matmul": []}
+        for c in currents.values():  # today's cut: a table entry (sgemm.cu) or a matmul.cu cut
+            jobs[c.file].append(c.expr("none"))
+        self.ensure(jobs)
         if not isinstance(dev, FakeCuda):
             try:
                 import torch
@@ -1176,7 +1189,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--widths", type=int, nargs="*", help="K = N values (default 1024 4096)")
     p.add_argument("--rows", nargs="*", help="M values or ranges a:b:step (default 64:256:8)")
     p.add_argument("--max-cands", type=int, default=20, help="sgemm cuts timed per shape")
-    p.add_argument("--cut", action="append", default=[], type=lambda v: tuple(int(t) for t in v.split(",")),
+    p.add_argument("--cut", action="append", default=[], type=parse_cut,
                    help="also time this cut at every shape: BM,BN,BK,STAGES,S,KS,MINB (repeatable)")
     p.add_argument("--repeats", type=int, default=9, help="graph replays per figure (median)")
     p.add_argument("--seed", type=int)

@@ -16,8 +16,8 @@
 //   shared loads of x (one per row: 4 k values each) and 8 of W (2 per k) for 256 FMAs: 16 loads
 //   per 256 FMAs, and shared memory bandwidth (1 wavefront per load, see below) is a quarter used.
 //   That ratio is what register blocking buys; 4 x 4 (the old gemm) needs twice the loads per FMA.
-//   SASS of the K loop (NVRTC 13.5, sm_90): 1024 FFMA of 1152 instructions per BK = 16 stage
-//   (89 %; 64 LDS.128, the rest cp.async bookkeeping and the barrier), 2048 of 2277 at BK = 32.
+//   SASS of the K loop (NVRTC 13.5, sm_90): 1024 FFMA of 1167 instructions per BK = 16 stage
+//   (88 %; 67 LDS, the rest cp.async bookkeeping and the barrier), 2048 of 2306 at BK = 32.
 //   Since an SM issues one instruction per scheduler per cycle, that fraction bounds the kernel:
 //   at K = N = 4096, M = 256 (64 tiles of 128 x 128, or 128 of 64 x 128, on 128 of the 132 SMs)
 //   the ceiling is about 0.89 * 128 / 132 = 86 % of fp32 peak before barrier and latency stalls.
@@ -35,7 +35,7 @@
 //   contiguous direction is k. Reading 4 k values per 16-byte load and using them over 4 steps of
 //   k costs 32 registers of x fragment instead of 8, which the 255-register budget of a 256-thread
 //   CTA at one CTA per SM affords (no transpose through registers, no extra barrier). ptxas uses
-//   ~168 registers at BK <= 16 (12 warps per SM fit) and 209-255 at BK = 32 (8 warps).
+//   221-225 registers at BK = 16 and 230-254 at BK = 32 for the table's cuts (NVRTC 13.5).
 //
 // * The loaders keep running source pointers and K counters, so a stage costs a compare, a
 //   select and a 64-bit add per 16-byte piece; no multiplications in the K loop.
@@ -304,9 +304,9 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
                 const float4 b1 = *reinterpret_cast<const float4*>(ws + (kq + kk) * BN + BN / 2 + 4 * tc);
                 const float bq[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
                 // Column-major order (one W value against the 8 rows) rather than row-major: ptxas
-                // then allocates registers with fewer bank conflicts (SASS, pairs of source
-                // registers equal mod 4 and not in the reuse cache: 15 % of FFMAs against 21 %), and
-                // ncu's dispatch stalls per issued instruction fell from 0.39 to 0.29 (cuBLAS: 0.14),
+                // then allocates registers with fewer bank conflicts at BK = 32 (SASS, FFMAs with two
+                // register-file source reads equal mod 4: 18 % against 21 % at w4096 M = 256's cut),
+                // and ncu's dispatch stalls per issued instruction fell from 0.39 to 0.29 (cuBLAS: 0.14),
                 // w4096 M = 256 from 249.6 to 243.1 us (H100, 2026-12-06, benchmarks/NOTES.md).
                 // Each sum still runs over k in order: the same bits.
 #pragma unroll

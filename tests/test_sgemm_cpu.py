@@ -339,9 +339,12 @@ def test_the_sweep_times_named_cuts_once(sweep):
     assert sweep.with_cuts(cands, []) == cands
 
 
-def test_the_bank_conflict_screen_counts_non_reused_sources_in_one_bank():
-    """benchmarks/probes/sgemm_bank_conflicts.py: an FFMA conflicts when two of its source registers
-    not read from the reuse cache are equal mod 4; other instructions only count as SASS."""
+def test_the_bank_conflict_screen_counts_register_file_reads_in_one_bank():
+    """benchmarks/probes/sgemm_bank_conflicts.py: an FFMA conflicts when two of the source registers
+    it reads from the register file are equal mod 4. A source the previous instruction flagged
+    ``.reuse`` in the same slot comes from the reuse cache; predicated FFMAs count; other
+    instructions only count as SASS. A --cut needs seven integers."""
+    import argparse
     import importlib.util
     from pathlib import Path
 
@@ -350,12 +353,14 @@ def test_the_bank_conflict_screen_counts_non_reused_sources_in_one_bank():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     sass = "\n".join([
-        "        /*0010*/                   FFMA R4, R8, R12, R16 ;       /* 0x0 */",   # banks 0, 0, 0
-        "        /*0020*/                   FFMA R4, R8.reuse, R12, R17 ;  /* 0x0 */",  # 12 and 17: 0, 1
-        "        /*0030*/                   FFMA R5, R9, R13, R6 ;        /* 0x0 */",   # 1, 1, 2
-        "        /*0040*/                   FFMA R5, R9, R14, R7 ;        /* 0x0 */",   # 1, 2, 3
-        "        /*0050*/                   LDS.128 R8, [R2] ;            /* 0x0 */",
+        "        /*0010*/                   FFMA R4, R8, R12, R16 ;        /* 0x0 */",  # 0, 0, 0: conflict
+        "        /*0020*/                   FFMA R4, R8.reuse, R12, R17 ;  /* 0x0 */",  # R8 still read: 0, 0, 1
+        "        /*0030*/                   FFMA R5, R8, R13, R20 ;        /* 0x0 */",  # R8 cached: 1, 0
+        "        /*0040*/                @P0 FFMA R5, R9, R13, R6 ;        /* 0x0 */",  # 1, 1, 2: conflict
+        "        /*0050*/                   LDS.128 R8, [R2] ;             /* 0x0 */",
     ])
-    assert mod.ffma_conflicts(sass) == (5, 4, 2)
-    assert mod.expr((64, 128, 32, 3, 2, 1, 1)) == matmul_expr("none", sgemm_shape(256, 4096, 4096, 64, 128, 32, 3, 2, 1, 1))
-    assert mod.expr((64, 64, 16, 3, 1, 4, 1)) == matmul_expr("none", sgemm_shape(256, 1024, 1024, 64, 64, 16, 3, 1, 4, 1))
+    assert mod.ffma_conflicts(sass) == (5, 4, 3)
+    assert mod.parse_cut("64,128,32,3,2,1,1") == (64, 128, 32, 3, 2, 1, 1)
+    for bad in ("64,128", "64,128,32,3,2,1,x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="seven integers"):
+            mod.parse_cut(bad)

@@ -1,27 +1,36 @@
 """Which sgemm cuts will ptxas make stall on register banks? (issue 23) A CPU-only screen of the SASS.
 
-ncu's dispatch stalls per issued instruction follow a count that needs no GPU (H100, 2026-12-06,
-``benchmarks/NOTES.md`` session 17): the share of FFMAs in the K loop with two source registers
-equal mod 4 (one bank) and neither flagged ``.reuse`` (read from the operand reuse cache). At the
-w4096 M = 256 cut ``sgemm_split_kernel<0, 64, 128, 32, 3, 2, 1, 1>``:
+ncu's dispatch stalls per issued instruction, measured on an H100 at the w4096 M = 256 cut
+``sgemm_split_kernel<0, 64, 128, 32, 3, 2, 1, 1>`` (``benchmarks/NOTES.md`` session 17), against
+this probe's count for the same kernel (``benchmarks/results/bank_conflicts_2026-12-06_*.txt``):
 
     kernel                                     conflicting FFMAs   dispatch stalls / issue
-    8 x 8 tile, FMAs in row order (d6e43ff)           21 %                 0.39
-    x transposed in shared memory (fca1921)           16 %                 0.21
-    8 x 16 tile (5e55354)                             40 %                 0.88
-    8 x 8 tile, FMAs in column order (now)            15 %                 0.29
+    8 x 8 tile, FMAs in row order (d6e43ff)          21.0 %                0.39
+    x transposed in shared memory (fca1921)          18.4 %                0.21
+    8 x 16 tile (5e55354)                            43.7 %                0.88
+    8 x 8 tile, FMAs in column order (now)           18.1 %                0.29
 
-So a kernel edit can be screened here before a device call. This compiles each name expression
-of ``kernels/sgemm.cu`` (or of ``--kernel-dir``, as ``RAWGRAPH_KERNEL_DIR``) for sm_90 with NVRTC,
-disassembles the CUBIN with ``nvdisasm`` and prints one line per cut:
+The count ranks the three 8 x 8 / 8 x 16 kernels as ncu does; the transposed kernel is the
+exception. It is a screen, to decide what is worth a device call, not a prediction.
+
+The count: an FFMA conflicts when two of its source registers that it reads from the register
+file are equal mod 4 (taken as the bank). A source is not read from the register file when the
+instruction before flagged the same register ``.reuse`` in the same operand slot (the flag keeps
+the value in that slot's reuse cache for the next instruction). Predicated FFMAs count too. The
+bank rule is an inference from these measurements, not a documented one. The count covers every
+FFMA of the kernel; in sgemm.cu they are all in the K loop.
+
+Each cut (``--cut``, or a full name expression with ``--expr``) of ``kernels/sgemm.cu`` (or of
+``--kernel-dir``, as ``RAWGRAPH_KERNEL_DIR``) is compiled for sm_90 with NVRTC and disassembled
+with ``nvdisasm``:
 
     PYTHONPATH=. python3 benchmarks/probes/sgemm_bank_conflicts.py
-    PYTHONPATH=. python3 benchmarks/probes/sgemm_bank_conflicts.py --cut 64,128,32,3,2,1,1 --kernel-dir /tmp/variant
+    PYTHONPATH=. python3 benchmarks/probes/sgemm_bank_conflicts.py --cut 64,128,32,3,2,1,1 --kernel-dir DIR
 
 ``nvdisasm`` comes from ``--nvdisasm``, the PATH, or the wheel ``nvidia-cuda-nvdisasm`` (``pip
-install nvidia-cuda-nvdisasm``: not a dependency of rawgraph). Output lines: ``FACT <cut>: regs=..
-sass=.. ffma=.. conflicts=..%``; without nvdisasm, ``NOTE`` and exit status 2. The bank model
-(4 banks, register number mod 4) is an inference from these measurements, not a documented rule.
+install nvidia-cuda-nvdisasm``; not a dependency of rawgraph). Output: one ``FACT <expression>:
+regs=.. sass=.. ffma=.. conflicts=..%`` line per kernel. Exit status 2 with a ``NOTE`` line when
+there is no nvdisasm, 1 when NVRTC or nvdisasm fails (``FAIL`` line).
 """
 
 from __future__ import annotations
@@ -39,13 +48,15 @@ from pathlib import Path
 DEFAULT_CUTS = [(64, 128, 32, 3, 2, 1, 1), (64, 128, 32, 3, 2, 2, 1), (32, 128, 16, 3, 8, 2, 1),
                 (64, 64, 16, 3, 2, 4, 1), (32, 128, 8, 3, 8, 2, 1)]
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
+_PREDICATE = re.compile(r"^@!?U?P\w+\s+")
 _REG = re.compile(r"-?\|?R(\d+)\|?(\.reuse)?")
 
 
 def find_nvdisasm(given: str | None) -> str | None:
-    """``given``, else ``nvdisasm`` on the PATH, else the one in the ``nvidia-cuda-nvdisasm`` wheel."""
+    """``given`` if it is a file, else ``nvdisasm`` on the PATH, else the one in the
+    ``nvidia-cuda-nvdisasm`` wheel; None if there is none."""
     if given:
-        return given
+        return given if Path(given).is_file() else None
     found = shutil.which("nvdisasm")
     if found:
         return found
@@ -56,70 +67,96 @@ def find_nvdisasm(given: str | None) -> str | None:
     for base in getattr(nvidia, "__path__", []):
         for sub in ("cu13/bin/nvdisasm", "cuda_nvdisasm/bin/nvdisasm"):
             cand = Path(base) / sub
-            if cand.exists():
+            if cand.is_file():
                 return str(cand)
     return None
 
 
 def ffma_conflicts(sass: str) -> tuple[int, int, int]:
-    """(instructions, FFMAs, FFMAs with two non-reused source registers in one bank mod 4)."""
+    """Count in nvdisasm's text: (instructions, FFMAs, FFMAs with two register-file source reads
+    in one bank mod 4), a source in the slot and register the previous instruction flagged
+    ``.reuse`` being read from the reuse cache instead."""
     instructions = ffma = conflicts = 0
+    cached: dict[int, int] = {}  # operand slot -> register the previous instruction kept
     for line in sass.splitlines():
         m = _INSTR.search(line)
         if not m:
             continue
         instructions += 1
-        text = m.group(2)
-        if not text.startswith("FFMA"):
-            continue
-        ffma += 1
-        operands = [o.strip() for o in text.split(None, 1)[1].split(",")]
-        live = set()
-        for op in operands[1:]:  # the sources (operand 0 is the destination)
+        body = _PREDICATE.sub("", m.group(2))
+        parts = body.split(None, 1)
+        operands = [o.strip() for o in parts[1].split(",")] if len(parts) > 1 else []
+        keep: dict[int, int] = {}
+        reads = set()
+        for slot, op in enumerate(operands[1:4]):  # the sources (operand 0 is the destination)
             r = _REG.match(op)
-            if r and not r.group(2):
-                live.add(int(r.group(1)))
-        banks = [r % 4 for r in live]
-        if len(banks) != len(set(banks)):
-            conflicts += 1
+            if not r:
+                continue
+            reg = int(r.group(1))
+            if r.group(2):
+                keep[slot] = reg
+            if cached.get(slot) != reg:
+                reads.add(reg)
+        if parts and parts[0].startswith("FFMA"):
+            ffma += 1
+            banks = [reg % 4 for reg in reads]
+            if len(banks) != len(set(banks)):
+                conflicts += 1
+        cached = keep
     return instructions, ffma, conflicts
 
 
-def expr(cut: tuple[int, ...]) -> str:
-    bm, bn, bk, st, s, ks, minb = cut
-    if s == 1:
-        return f"sgemm_kernel<0, {bm}, {bn}, {bk}, {st}, {ks}, {minb}>"
-    return f"sgemm_split_kernel<0, {bm}, {bn}, {bk}, {st}, {s}, {ks}, {minb}>"
+def parse_cut(text: str) -> tuple[int, ...]:
+    """``BM,BN,BK,STAGES,S,KS,MINB`` -> a tuple of seven ints (argparse type)."""
+    try:
+        cut = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        cut = ()
+    if len(cut) != 7:
+        raise argparse.ArgumentTypeError(f"expected BM,BN,BK,STAGES,S,KS,MINB (seven integers), got {text!r}")
+    return cut
 
 
 def main() -> int:
+    """Compile, disassemble and count each kernel; print one FACT line each."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cut", action="append", default=[], type=lambda v: tuple(int(t) for t in v.split(",")),
+    p.add_argument("--cut", action="append", default=[], type=parse_cut,
                    help="BM,BN,BK,STAGES,S,KS,MINB (repeatable; default: five of the table's kinds)")
+    p.add_argument("--expr", action="append", default=[],
+                   help="a name expression of the kernel file, e.g. a variant's kernel (repeatable)")
     p.add_argument("--kernel-dir", help="compile kernels from this directory (RAWGRAPH_KERNEL_DIR)")
     p.add_argument("--nvdisasm", help="path of nvdisasm")
     a = p.parse_args()
     if a.kernel_dir:
         os.environ["RAWGRAPH_KERNEL_DIR"] = a.kernel_dir
+    from rawgraph.ops import matmul_expr, sgemm_shape
     from rawgraph.runtime.compiler import DEFAULT_OPTIONS, compile_source
+    from rawgraph.runtime.errors import NvrtcError
     from rawgraph.runtime.module import kernel_source
 
     tool = find_nvdisasm(a.nvdisasm)
     if tool is None:
-        print("NOTE nvdisasm not found (--nvdisasm, PATH, or pip install nvidia-cuda-nvdisasm)")
+        print("NOTE nvdisasm not found (--nvdisasm FILE, the PATH, or pip install nvidia-cuda-nvdisasm)")
         return 2
+    names = [matmul_expr("none", sgemm_shape(c[0], 4096, 4096, *c)) for c in a.cut] + a.expr
     src = kernel_source("sgemm")
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
-        for cut in a.cut or DEFAULT_CUTS:
-            name = expr(cut)
-            img = compile_source(src, "sgemm.cu", "sm_90", [name], options=list(DEFAULT_OPTIONS) + ["-Xptxas=-v"],
-                                 cache=False)
+        for name in names or [matmul_expr("none", sgemm_shape(c[0], 4096, 4096, *c)) for c in DEFAULT_CUTS]:
+            try:
+                img = compile_source(src, "sgemm.cu", "sm_90", [name],
+                                     options=list(DEFAULT_OPTIONS) + ["-Xptxas=-v"], cache=False)
+            except NvrtcError as exc:
+                print(f"FAIL {name}: NVRTC: {exc}")
+                return 1
             cubin.write_bytes(bytes(img.image))
-            sass = subprocess.run([tool, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+            run = subprocess.run([tool, "-c", str(cubin)], capture_output=True, text=True)
+            if run.returncode:
+                print(f"FAIL {name}: nvdisasm exited {run.returncode}: {run.stderr.strip()[:300]}")
+                return 1
             log = img.log if isinstance(img.log, str) else bytes(img.log).decode(errors="replace")
             regs = re.findall(r"Used (\d+) registers", log)
-            n, f, c = ffma_conflicts(sass)
+            n, f, c = ffma_conflicts(run.stdout)
             print(f"FACT {name}: regs={regs[0] if regs else '?'} sass={n} ffma={f} "
                   f"conflicts={100 * c / max(f, 1):.1f}%", flush=True)
     return 0

@@ -1,7 +1,7 @@
 """What limits the w4096 sgemm cut against cuBLAS? (issue 23) One launch of each, for ncu.
 
-The GEMM sweep (H100, 2026-12-06, ``gemm_sweep_2026-12-06_026332a_h100.json``) puts the best
-sgemm cut at 61-64 % of fp32 peak at M = 128-256, K = N = 4096, and cuBLAS at 69-72 %. This runs
+The GEMM sweep (H100, 2026-12-06, ``gemm_sweep_2026-12-06_06a3c11_h100.json``) puts the best
+sgemm cut at 62-67 % of fp32 peak at M = 128-256, K = N = 4096, and cuBLAS at 69-72 %. This runs
 the table's cut at one shape once (after one warm-up launch) and ``torch.mm`` (TF32 off) once,
 so that ncu can profile the two side by side:
 
