@@ -339,7 +339,7 @@ def test_the_sweep_times_named_cuts_once(sweep):
     assert sweep.with_cuts(cands, []) == cands
 
 
-def test_the_bank_conflict_screen_counts_register_file_reads_in_one_bank():
+def test_the_bank_conflict_screen_counts_register_file_reads_in_one_bank(monkeypatch):
     """benchmarks/probes/sgemm_bank_conflicts.py: an FFMA conflicts when two of the source registers
     it reads from the register file are equal mod 4. A source the previous instruction flagged
     ``.reuse`` in the same slot comes from the reuse cache; predicated FFMAs count; other
@@ -349,6 +349,7 @@ def test_the_bank_conflict_screen_counts_register_file_reads_in_one_bank():
     from pathlib import Path
 
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "probes" / "sgemm_bank_conflicts.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # the probes' _common (which takes parse_cut from the sweep)
     spec = importlib.util.spec_from_file_location("sgemm_bank_conflicts", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from _common import model_args
+from _common import model_args, parse_cut
 
 
 class _NoRowGrid:
@@ -47,7 +47,7 @@ class _NoRowGrid:
 def main() -> int:
     p = argparse.ArgumentParser()
     model_args(p, rounds=100)
-    p.add_argument("--cut", action="append", default=[],
+    p.add_argument("--cut", action="append", default=[], type=parse_cut,
                    help="BM,BN,BK,STAGES,S,KS,MINB: also measure with this sgemm cut at max_batch rows "
                         "(ops.SGEMM_CUTS; S=1 launches no cluster); repeatable")
     p.add_argument("--passes", type=int, default=2)
@@ -151,7 +151,7 @@ def main() -> int:
                   f"banded==exact bits: {same}; n used {dsg.check_status()} / {dsb.check_status()}")
     # Variants that tell why a device-shaped replay with 3-4 row-blocks takes twice the plain exec:
     # an sgemm cut with or without clusters (--cut), the same model without PDL (--no-pdl).
-    variants = [(f"cut {text}", tuple(int(v) for v in text.split(",")), False) for text in a.cut]
+    variants = [(f"cut {','.join(map(str, cut))}", cut, False) for cut in a.cut]
     if a.no_pdl:
         variants.append(("no PDL", None, True))
     if a.no_grid:

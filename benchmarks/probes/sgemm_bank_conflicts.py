@@ -44,6 +44,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _common import parse_cut
+
 # The table's w4096 M = 256 cut and a spread of the table's other kinds (split, slices, BK 8 / 16).
 DEFAULT_CUTS = [(64, 128, 32, 3, 2, 1, 1), (64, 128, 32, 3, 2, 2, 1), (32, 128, 16, 3, 8, 2, 1),
                 (64, 64, 16, 3, 2, 4, 1), (32, 128, 8, 3, 8, 2, 1)]
@@ -104,17 +106,6 @@ def ffma_conflicts(sass: str) -> tuple[int, int, int]:
                 conflicts += 1
         cached = keep
     return instructions, ffma, conflicts
-
-
-def parse_cut(text: str) -> tuple[int, ...]:
-    """``BM,BN,BK,STAGES,S,KS,MINB`` -> a tuple of seven ints (argparse type)."""
-    try:
-        cut = tuple(int(t) for t in text.split(","))
-    except ValueError:
-        cut = ()
-    if len(cut) != 7:
-        raise argparse.ArgumentTypeError(f"expected BM,BN,BK,STAGES,S,KS,MINB (seven integers), got {text!r}")
-    return cut
 
 
 def main() -> int:

@@ -23,14 +23,14 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from _common import parse_cut
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--m", type=int, default=256)
     p.add_argument("--k", type=int, default=4096)
-    p.add_argument("--cut", action="append", default=[],
-                   type=lambda v: tuple(int(t) for t in v.split(",")), help="BM,BN,BK,STAGES,S,KS,MINB")
+    p.add_argument("--cut", action="append", default=[], type=parse_cut, help="BM,BN,BK,STAGES,S,KS,MINB")
     a = p.parse_args()
     from rawgraph import DeviceBuffer, Stream, get_device, gpu_available, ops
 
