@@ -24,7 +24,7 @@ from rawgraph.bench import device_launch as bench
 from rawgraph.graphs.builder import GraphBuilder, build_plan, edge_data
 from rawgraph.control import DeviceGraph, LauncherExec, launcher_graph
 from rawgraph.graphs import conditional as cn
-from rawgraph.runtime.errors import call
+from rawgraph.runtime.errors import ReleaseWarning, call
 
 pytestmark = pytest.mark.gpu
 
@@ -216,6 +216,87 @@ def test_a_body_capture_runs_the_releases_it_deferred(device, stream):
     # Item 9 for bodies: each captured kernel records what it depends on.
     assert first.deps == () and second.deps == (int(first.handle),)
     exe = g.build().instantiate()  # the capture was not invalidated
+    exe.launch(stream)
+    stream.synchronize()
+
+
+# -- a finalizer at the edges of a capture (found on the H100, 2026-12-06) ------------------------------
+def _collect_at(edge: str, begin_name: str, doomed: list, monkeypatch) -> None:
+    """Patch the driver so that garbage collection frees ``doomed`` (a self-referencing list holding a
+    buffer, so only the cycle collector frees it) right after the capture begins or right before it
+    ends: the two moments a finalizer could once run while rawgraph did not count the capture open."""
+    name = begin_name if edge == "begin" else "cuStreamEndCapture"
+    real = getattr(driver, name)
+
+    def at_the_edge(*args):
+        if edge == "end":
+            doomed.clear()
+            gc.collect()
+        result = real(*args)
+        if edge == "begin":
+            doomed.clear()
+            gc.collect()
+        return result
+
+    monkeypatch.setattr(driver, name, at_the_edge)
+
+
+def _cyclic_buffer() -> tuple[list, int]:
+    buf = DeviceBuffer(4096)
+    cycle: list = [buf]
+    cycle.append(cycle)
+    return cycle, int(buf.ptr)
+
+
+def _freed(ptr: int) -> bool:
+    err, _kind = driver.cuPointerGetAttribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr)
+    return err != driver.CUresult.CUDA_SUCCESS
+
+
+@pytest.mark.parametrize("edge", ["begin", "end"])
+def test_a_buffer_collected_at_the_edge_of_a_capture_is_freed_after_it_not_into_it(stream, rng, monkeypatch,
+                                                                                  recwarn, edge):
+    width, batch = 128, 2
+    model = TinyBlock(width, batch, 2, seed=int(rng.integers(1 << 30)), form="fused")
+    x = DeviceBuffer.from_numpy(random_input(rng, (batch, width)), stream=stream)
+    out = DeviceBuffer((batch, width))
+    plan = model.plan(x, out)
+    plan.run(stream)
+    eager = out.to_numpy(stream)
+    out.poison(stream)
+    wrapper = _cyclic_buffer()
+    ptr = wrapper[1]
+    doomed = [wrapper[0]]
+    del wrapper
+    _collect_at(edge, "cuStreamBeginCapture", doomed, monkeypatch)
+    graph = capture_plan(plan, stream, warmup=False)  # invalidated before the fix
+    monkeypatch.undo()
+    assert _freed(ptr), "the collected buffer was never freed once the capture ended"
+    assert not [w for w in recwarn if issubclass(w.category, ReleaseWarning)], \
+        [str(w.message) for w in recwarn]
+    graph.instantiate().launch(stream)
+    np.testing.assert_array_equal(out.to_numpy(stream), eager)
+
+
+@pytest.mark.parametrize("edge", ["begin", "end"])
+def test_a_buffer_collected_at_the_edge_of_a_body_capture_is_freed_after_it_not_into_it(device, stream, monkeypatch,
+                                                                                       recwarn, edge):
+    g = GraphBuilder(device)
+    node = cn.add_conditional(g, "if", cn.make_handle(g, default=1))
+    noop = cn.noop(device)
+    wrapper = _cyclic_buffer()
+    ptr = wrapper[1]
+    doomed = [wrapper[0]]
+    del wrapper
+    with Stream() as body_stream:
+        _collect_at(edge, "cuStreamBeginCaptureToGraph", doomed, monkeypatch)
+        with node.capture_body(0, body_stream) as body:
+            body.launch(noop)
+        monkeypatch.undo()
+    assert _freed(ptr), "the collected buffer was never freed once the body capture ended"
+    assert not [w for w in recwarn if issubclass(w.category, ReleaseWarning)], \
+        [str(w.message) for w in recwarn]
+    exe = g.build().instantiate()  # the body capture was not invalidated
     exe.launch(stream)
     stream.synchronize()
 

@@ -155,19 +155,28 @@ class Capture:
         self.stream._check_open()
         if self.stream.is_capturing():
             raise CaptureRefusedError("this stream is already capturing")
-        call(driver.cuStreamBeginCapture, self.stream.handle, self.mode.value)
-        self._used = True
-        self._open = True
+        # The record is open before the driver's capture is and closes after it (cuStreamEndCapture
+        # in _end): garbage collection may run a finalizer at any allocation, and one that ran
+        # between cuStreamBeginCapture and begin() would call cuMemFree into the capture and
+        # invalidate it (seen on the H100: a cyclic buffer freed as this record was allocated).
         self._record = _capturing.CaptureRecord(self.stream.ptr, self.mode.name)
         _capturing.begin(self._record)
+        try:
+            call(driver.cuStreamBeginCapture, self.stream.handle, self.mode.value)
+        except BaseException:
+            _capturing.end(self._record)
+            flush_deferred()
+            raise
+        self._used = True
+        self._open = True
         try:
             self._id = capture_info(self.stream.handle)[1]
         except BaseException:
             # No __exit__ runs for a failed __enter__: end the capture here (discarding its graph),
             # or the stream stays capturing and every release stays deferred.
             self._open = False
-            _capturing.end(self._record)
             _err, handle = driver.cuStreamEndCapture(self.stream.handle)
+            _capturing.end(self._record)
             if handle is not None and int(handle):
                 release("cuGraphDestroy", driver.cuGraphDestroy, handle)
             _release_side(self._pool, self._events)
@@ -445,11 +454,12 @@ class Capture:
         record = self._record
         assert record is not None and self._abandon is not None
         self._abandon.detach()
-        _capturing.end(record)
         try:
             return self._end(exc_type, exc, record)
         finally:
-            # After cuStreamEndCapture every stream of the capture has left capture mode.
+            # After cuStreamEndCapture every stream of the capture has left capture mode (_end
+            # closed the record right after it; again here for the paths that never called it).
+            _capturing.end(record)
             _release_side(self._pool, self._events)
             flush_deferred()  # releases garbage collection ran while the capture was open
 
@@ -468,6 +478,7 @@ class Capture:
             except Exception as e:  # a query failed: the capture must still end, then fail with it
                 failed = e
         err, handle = driver.cuStreamEndCapture(self.stream.handle)
+        _capturing.end(record)  # not before: see __enter__
         self.end_result = error_name(err)
         if exc_type is not None or record.errors or err != _SUCCESS or failed is not None:
             if handle is not None and int(handle):
@@ -611,10 +622,11 @@ def _add_note(exc: Any, note: str) -> None:
 def _abandon_capture(stream: Stream, record: _capturing.CaptureRecord, pool: list[Stream],
                      events: list[Event]) -> None:
     """A Capture collected mid-capture: end its capture and discard the graph (a warning says so)."""
-    _capturing.end(record)
     if stream.closed or shutting_down():
+        _capturing.end(record)
         return
     err, handle = driver.cuStreamEndCapture(stream.handle)
+    _capturing.end(record)
     if handle is not None and int(handle):
         release("cuGraphDestroy", driver.cuGraphDestroy, handle)
     _release_side(pool, events)

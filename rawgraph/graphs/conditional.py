@@ -322,10 +322,12 @@ def capture_conditional(cap: Capture, kind: str, cond: ConditionalHandle, size: 
 
 
 def _end_quietly(handle: Any, record: _capturing.CaptureRecord) -> None:
-    _capturing.end(record)
-    if not shutting_down():
-        driver.cuStreamEndCapture(handle)
-        flush_deferred()  # what garbage collection released while the body capture was open
+    if shutting_down():
+        _capturing.end(record)
+        return
+    driver.cuStreamEndCapture(handle)
+    _capturing.end(record)  # after the driver's end: see Capture.__enter__
+    flush_deferred()  # what garbage collection released while the body capture was open
 
 
 class BodyCapture:
@@ -361,10 +363,18 @@ class BodyCapture:
             raise CaptureRefusedError(
                 "this stream is already capturing; a body is captured on another stream than the capture that "
                 "holds its node (the driver answers CUDA_ERROR_ILLEGAL_STATE)")
-        call(driver.cuStreamBeginCaptureToGraph, self.stream.handle, self.body.handle, None, None, 0, self.mode.value)
-        self._open = True
+        # Open the record before the driver's capture and close it after (see Capture.__enter__):
+        # a finalizer run by garbage collection in between would free into the capture.
         self._record = _capturing.CaptureRecord(self.stream.ptr, self.mode.name)
         _capturing.begin(self._record)
+        try:
+            call(driver.cuStreamBeginCaptureToGraph, self.stream.handle, self.body.handle, None, None, 0,
+                 self.mode.value)
+        except BaseException:
+            _capturing.end(self._record)
+            flush_deferred()
+            raise
+        self._open = True
         self._abandon = weakref.finalize(self, _end_quietly, self.stream.handle, self._record)
         # A RawKernel call on this stream is recorded through launch() (found by capture id).
         try:
@@ -421,10 +431,10 @@ class BodyCapture:
         self._open = False
         assert self._record is not None and self._abandon is not None
         self._abandon.detach()
-        _capturing.end(self._record)
         try:
             err, graph = driver.cuStreamEndCapture(self.stream.handle)
         finally:
+            _capturing.end(self._record)  # after the driver's end: see Capture.__enter__
             # The stream has left capture mode: run what garbage collection released inside the
             # body (a no-op while an enclosing capture still forbids it; that one flushes at its end).
             flush_deferred()
