@@ -13,6 +13,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh check   # racecheck; w4096 b1 kernel times
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh strategies  # buckets, slots, choose
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh stalls  # sgemm tests, ncu stall reasons, sweep at the weak shapes
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh recheck # GPU tests, buckets, slots, the --cut probes
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -181,9 +182,24 @@ case "${1:-tests}" in
     timeout $(( $(left) - 15 )) python3 benchmarks/gemm_sweep.py --out "$OUT/gemm" --widths 4096 1024 --rows ${ROWS:-256 128 104} \
       --max-cands ${CANDS:-20} ${EXTRA_CUTS:-} --budget-s $(( $(left) - 70 )) >"$OUT/gemm.log" 2>&1
     echo "gemm rc=$? at $(el)s"; tail -30 "$OUT/gemm.log" | cut -c1-200 ;;
+  recheck)  # every GPU test, bench buckets and slots, then the two probes that take --cut run
+    # with one (sgemm_ncu under ncu, device_shaped_cost) while time is left
+    gpu_tests "${TESTS_LIMIT:-200}" -q tests
+    timeout 150 python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1
+    echo "buckets rc=$? at $(el)s"; grep -E "switch|MISSED|met" "$OUT/buckets.log" | tail -30
+    timeout 100 python3 -m rawgraph.bench.slots --steps 3000 --out "$OUT" >"$OUT/slots.log" 2>&1
+    echo "slots rc=$? at $(el)s"; grep -vE "^p50 by bucket" "$OUT/slots.log" | head -14
+    timeout 60 ncu --launch-count 4 --section SpeedOfLight python3 benchmarks/probes/sgemm_ncu.py --m 256 --k 4096 \
+      --cut ${CUT_A:-64,128,32,3,2,1,1} >"$OUT/ncu_sgemm_cut.txt" 2>&1
+    echo "ncu rc=$? at $(el)s"; grep -E "CHECK|FACT|Duration|  void|  Kernel2" "$OUT/ncu_sgemm_cut.txt" | cut -c1-120 | head -20
+    if [ "$(left)" -gt 50 ]; then
+      timeout $(( $(left) - 15 )) python3 benchmarks/probes/device_shaped_cost.py --rounds 20 --passes 1 \
+        --cut 64,64,32,3,2,4,1 --no-pdl --no-grid >"$OUT/probe_device_shaped_cut.txt" 2>&1
+      echo "probe rc=$? at $(el)s"; grep -E "^(TIME|FACT|STEP)" "$OUT/probe_device_shaped_cut.txt" | tail -12 | cut -c1-200
+    fi ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|gpu" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|gpu" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"

@@ -33,7 +33,7 @@ from ..runtime.errors import ClosedError, DTypeError, LayoutError, ShapeError, c
 from ..graphs.graph import Graph, GraphExec
 from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array
 from ..runtime.stream import Event, Stream, as_stream
-from .lifecycle import close_all, instantiate_uploaded
+from .lifecycle import WarmUp, close_all, instantiate_uploaded
 from .protocol import RowwiseModel, check_model
 from .sizes import check_sizes, pick_bucket, vllm_sizes
 
@@ -137,6 +137,9 @@ class BucketGraphs:
         The persistent ``(largest bucket, width)`` buffers every graph reads and writes.
     setup : dict
         Seconds spent on ``warmup``, ``capture``, ``instantiate`` and ``upload`` (all buckets).
+    warm_up : WarmUp
+        The eager runs before the captures: ``runs`` of them made, ``skipped`` for sizes whose
+        kernel functions had all run already.
     memory : dict
         Bytes: ``weights`` (shared, not counted in the rest), ``workspace``, ``io`` and
         ``graphs`` (device memory the execs took, from ``cuMemGetInfo``).
@@ -175,15 +178,13 @@ class BucketGraphs:
         s = self.stream
         self.input.poison(s)  # never capture or warm up on uninitialised memory
         clock = time.perf_counter
+        self.warm_up = WarmUp(self.setup)
         for b in reversed(self.sizes):  # largest first, as vLLM does
             m = self._models[b]
             xv, ov = self._rows(self.input, b), self._rows(self.output, b)
             if scratch != "graph":
                 plan = m.plan(xv, ov)
-                t0 = clock()
-                plan.run(s)
-                s.synchronize()
-                self.setup["warmup"] += clock() - t0
+                self.warm_up(plan.launches, s)
             t0 = clock()
             with Capture(s) as cap:
                 if scratch == "graph":

@@ -31,7 +31,7 @@ from ..updates.manager import ExecUpdateManager
 from ..updates.shadow import ExecShadow
 from ..runtime.memory import DeviceArray, DeviceBuffer
 from .buckets import BucketGraphs, StreamOrder, check_rows
-from .lifecycle import close_all, instantiate_uploaded
+from .lifecycle import WarmUp, close_all, instantiate_uploaded
 from .protocol import RowwiseModel, check_model, row_count_arg
 from .sizes import pick_bucket
 
@@ -122,6 +122,8 @@ class ReshapedGraph:
     setup : dict
         Seconds: ``warmup``, ``capture``, ``instantiate``, ``upload`` and ``plans`` (building the
         per-size node parameters).
+    warm_up : WarmUp
+        The eager runs before the captures (one per exec whose kernel functions are new).
     pushes : int
         Node pushes made by :meth:`run` so far.
     """
@@ -144,6 +146,7 @@ class ReshapedGraph:
         self.input.poison(s)
         clock = time.perf_counter
         self.setup: dict[str, float] = {"warmup": 0.0, "capture": 0.0, "instantiate": 0.0, "upload": 0.0}
+        self.warm_up = WarmUp(self.setup)
         t0 = clock()
         # One plan per size over the same buffers and arena: the cut rules decide each node's
         # function and grid for that size, exactly as a graph captured at that size would have.
@@ -173,10 +176,7 @@ class ReshapedGraph:
         self._handles: dict[tuple, list] = {}
         for sig, sizes in self.groups.items():
             top = self._plans[max(sizes)]
-            t0 = clock()
-            top.run(s)
-            s.synchronize()
-            self.setup["warmup"] += clock() - t0
+            self.warm_up(top.launches, s)
             t0 = clock()
             graph = capture_plan(top, s, warmup=False)
             self.setup["capture"] += clock() - t0

@@ -52,7 +52,7 @@ from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_ar
 from ..runtime.stream import Event, Stream, as_stream
 from ..updates.shadow import ExecShadow
 from .device_shaped import DeviceShapedGraph, check_bands
-from .lifecycle import close_all, instantiate_uploaded
+from .lifecycle import WarmUp, close_all, instantiate_uploaded
 from .protocol import RowwiseModel, check_model
 from .sizes import check_sizes, pick_bucket, vllm_sizes
 
@@ -234,6 +234,9 @@ class SlotPool:
         ``(max_slots + 1, width)``: slot ``i``'s row, then the scratch slot.
     setup : dict
         Seconds of ``capture``, ``instantiate``, ``upload``, ``warmup`` over all buckets.
+    warm_up : WarmUp
+        The eager runs before the bucket captures (skipped for a bucket whose kernel functions
+        had all run already).
     steps : int
     """
 
@@ -312,6 +315,7 @@ class SlotPool:
         self.graphs: dict[int, Graph] = {}
         self.execs: dict[int, GraphExec] = {}
         self.setup = {"warmup": 0.0, "capture": 0.0, "instantiate": 0.0, "upload": 0.0}
+        self.warm_up = WarmUp(self.setup)
         f32 = np.dtype(np.float32)
         views = {"state": self.state.view(), "table": self.table_dev.view()}
         if self.x is not None and self.y is not None:
@@ -357,11 +361,7 @@ class SlotPool:
                     edges = [ops.gather_rows(self.device, views, "state", "table", "x", b, label=f"gather{b}"),
                              ops.scatter_rows(self.device, views, "y", "table", "state", b, label=f"scatter{b}")]
                 self._edges[b] = edges  # the pool owns their argument buffers (the by-value tables)
-                t0 = clock()
-                for launch in (*edges[:1], *plan.launches, *edges[1:]):
-                    launch(s)
-                s.synchronize()
-                self.setup["warmup"] += clock() - t0
+                self.warm_up((*edges[:1], *plan.launches, *edges[1:]), s)
                 t0 = clock()
                 with Capture(s) as cap:
                     if self._pinned is not None:
