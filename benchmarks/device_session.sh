@@ -14,6 +14,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh strategies  # buckets, slots, choose
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh stalls  # sgemm tests, ncu stall reasons, sweep at the weak shapes
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh recheck # GPU tests, buckets, slots, the --cut probes
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh smallm  # capture-cost probe; ncu stalls at w1024 M 40-128
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -34,6 +35,10 @@ gpu_tests() {
   grep -E " (FAILED|ERROR)|^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -40; tail -3 "$OUT/gpu_tests.txt"
 }
 export PYTHONPATH=$(pwd)
+# ncu's stall reasons per issued instruction (stages stalls and smallm)
+STALLS=$(for r in barrier short_scoreboard long_scoreboard math_pipe_throttle mio_throttle not_selected wait \
+  dispatch_stall lg_throttle no_instruction branch_resolving selected; do
+  printf "smsp__average_warps_issue_stalled_%s_per_issue_active.ratio," $r; done)
 (nvidia-smi -L; date; python3 -c "import cuda.bindings, torch, cupy; print('cuda-bindings', cuda.bindings.__version__, 'torch', torch.__version__, 'cupy', cupy.__version__)") >"$OUT/env.txt" 2>&1
 case "${1:-tests}" in
   tests)
@@ -172,9 +177,6 @@ case "${1:-tests}" in
     # (and CUT_B, when given) beside cuBLAS, then a sweep at the weak shapes with EXTRA_CUTS timed too
     timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_sgemm_gpu.py >"$OUT/gpu_tests_sgemm.txt" 2>&1
     echo "sgemm tests rc=$? at $(el)s"; grep -E "(FAILED|ERROR)" "$OUT/gpu_tests_sgemm.txt" | head; tail -1 "$OUT/gpu_tests_sgemm.txt"
-    STALLS=$(for r in barrier short_scoreboard long_scoreboard math_pipe_throttle mio_throttle not_selected wait \
-      dispatch_stall lg_throttle no_instruction branch_resolving selected; do
-      printf "smsp__average_warps_issue_stalled_%s_per_issue_active.ratio," $r; done)
     timeout 120 ncu --launch-count 8 --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats \
       --section Occupancy --section LaunchStats --metrics "${STALLS%,}" python3 benchmarks/probes/sgemm_ncu.py --m 256 --k 4096 \
       --cut ${CUT_A:-64,128,32,3,2,1,1} ${CUT_B:+--cut $CUT_B} >"$OUT/ncu_stalls_m256_k4096.txt" 2>&1
@@ -197,9 +199,21 @@ case "${1:-tests}" in
         --cut 64,64,32,3,2,4,1 --no-pdl --no-grid >"$OUT/probe_device_shaped_cut.txt" 2>&1
       echo "probe rc=$? at $(el)s"; grep -E "^(TIME|FACT|STEP)" "$OUT/probe_device_shaped_cut.txt" | tail -12 | cut -c1-200
     fi ;;
+  smallm)  # issue 23 at w1024: where set-up's capture time goes (cProfile), then ncu with stall
+    # reasons on the table's cut and cuBLAS at M = 40, 64, 128
+    timeout 120 python3 benchmarks/probes/capture_cost.py >"$OUT/probe_capture_cost.txt" 2>&1
+    echo "capture probe rc=$? at $(el)s"; grep -E "^FACT" "$OUT/probe_capture_cost.txt"
+    for m in ${SMALL_ROWS:-64 40 128}; do
+      if [ "$(left)" -gt 40 ]; then
+        timeout $(( $(left) - 20 )) ncu --launch-count 6 --section SpeedOfLight --section SchedulerStats --section Occupancy \
+          --section LaunchStats --metrics "${STALLS%,}" python3 benchmarks/probes/sgemm_ncu.py --m $m --k 1024 \
+          >"$OUT/ncu_stalls_m${m}_k1024.txt" 2>&1
+        echo "ncu m$m rc=$? at $(el)s"; grep -E "CHECK|Duration|Registers Per|Achieved Occ|stalled_(dispatch|no_inst|short|long|barrier|wait)|  void|  Kernel2" "$OUT/ncu_stalls_m${m}_k1024.txt" | cut -c1-110 | head -70
+      fi
+    done ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|gpu" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|gpu" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"
