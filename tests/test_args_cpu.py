@@ -52,6 +52,20 @@ def test_edits_are_in_place_and_copies_are_independent():
     assert KernelArgs.from_bytes(args.spec, snap)["x"] == 1234
 
 
+def test_buffers_of_one_spec_share_the_layout_not_the_values():
+    spec = [("x", "ptr"), ("n", "i32"), ("t", "i32[3]")]
+    a, b = KernelArgs(spec), KernelArgs(list(spec))
+    assert a.offsets is b.offsets and a.spec == b.spec  # worked out once per spec
+    with pytest.raises(TypeError):
+        a.offsets["x"] = 8  # shared, so read-only
+    a.update({"x": 11, "n": 3})
+    a.array("t")[:] = [1, 2, 3]
+    assert (b["x"], b["n"], b["t"]) == (0, 0, (0, 0, 0)) and a.address != b.address
+    assert (a["x"], a["n"], a["t"]) == (11, 3, (1, 2, 3))
+    with pytest.raises(KeyError):
+        a["missing"] = 1
+
+
 def test_by_value_int32_arrays_are_laid_out_as_c_structs():
     # struct { int idx[N]; } aligns to 4, not to its size: after two int32 it starts at byte 8.
     a = KernelArgs([("n", "i32"), ("m", "i32"), ("table", "i32[5]"), ("p", "ptr")])

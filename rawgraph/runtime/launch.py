@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -100,6 +101,70 @@ def check_scalar(kind: str, value: Any, what: str) -> None:
         raise ArgumentError(f"{what} ({kind}) cannot hold {value} (range {info.min}..{info.max})")
 
 
+class _Layout:
+    """Where each argument of one spec sits in the packed buffer: worked out once per spec (a
+    plan builds hundreds of launches of a few kernels) and shared by every buffer of that spec."""
+
+    __slots__ = ("spec", "offsets", "slots", "arrays", "words", "relative")
+
+    def __init__(self, spec: tuple[tuple[str, str], ...]):
+        self.spec = spec
+        names = [n for n, _ in spec]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate argument names in {names}")
+        offset, offsets, slots = 0, {}, {}
+        for name, kind in spec:
+            try:
+                dt = arg_dtype(kind)
+            except ValueError as e:
+                raise ValueError(f"argument {name!r}: {e}") from None
+            align = dt.base.itemsize
+            offset = (offset + align - 1) // align * align
+            offsets[name] = offset
+            slots[name] = (offset, dt.itemsize, dt.base)
+            offset += dt.itemsize
+        self.offsets = MappingProxyType(offsets)
+        self.slots = slots
+        self.arrays = frozenset(n for n, k in spec if k not in ARG_DTYPES)
+        self.words = max(1, (offset + 7) // 8)  # uint64 storage: every slot aligned to its size
+        self.relative = np.array([offsets[n] for n, _ in spec] or [0], dtype=np.uintp)
+
+
+_LAYOUTS: dict[tuple, _Layout] = {}
+
+
+def _layout_of(spec: Sequence[tuple[str, str]]) -> _Layout:
+    try:
+        key = tuple(spec)
+        layout = _LAYOUTS.get(key)
+    except TypeError:  # unhashable entries (lists): normalise, then look up
+        key, layout = None, None
+    if layout is None:
+        norm = tuple((str(n), str(k)) for n, k in spec)
+        layout = _LAYOUTS.get(norm) or _Layout(norm)
+        _LAYOUTS[norm] = layout
+        if key is not None:
+            _LAYOUTS[key] = layout
+    return layout
+
+
+class _Views(dict):
+    """Each argument's slot as a NumPy view, made the first time it is asked for (most launches
+    set each argument once, through :meth:`KernelArgs.update`)."""
+
+    __slots__ = ("_raw", "_slots")
+
+    def __init__(self, storage: np.ndarray, slots: dict):
+        super().__init__()
+        self._raw = storage.view(np.uint8)
+        self._slots = slots
+
+    def __missing__(self, name: str) -> np.ndarray:
+        offset, size, base = self._slots[name]  # KeyError for a name the spec lacks
+        view = self[name] = self._raw[offset:offset + size].view(base)
+        return view
+
+
 class KernelArgs:
     """Kernel arguments packed once into a persistent host buffer.
 
@@ -115,34 +180,19 @@ class KernelArgs:
     ----------
     address : int
         Address of the ``void*[n]`` array to pass as ``kernelParams``.
-    offsets : dict
-        Byte offset of each argument's slot in the value buffer (each aligned to its size).
+    offsets : mapping
+        Byte offset of each argument's slot in the value buffer (each aligned to its size);
+        read-only, shared by every buffer of the same spec.
     """
 
     def __init__(self, spec: Sequence[tuple[str, str]]):
-        self.spec = tuple((str(n), str(k)) for n, k in spec)
-        names = [n for n, _ in self.spec]
-        if len(set(names)) != len(names):
-            raise ValueError(f"duplicate argument names in {names}")
-        offset, self.offsets = 0, {}
-        for name, kind in self.spec:
-            try:
-                size, align = arg_dtype(kind).itemsize, _arg_align(kind)
-            except ValueError as e:
-                raise ValueError(f"argument {name!r}: {e}") from None
-            offset = (offset + align - 1) // align * align
-            self.offsets[name] = offset
-            offset += size
-        # uint64 storage: 8-byte aligned base, so every slot is aligned to its own size.
-        self._storage = np.zeros(max(1, (offset + 7) // 8), dtype=np.uint64)
-        raw = self._storage.view(np.uint8)
-        self._views = {
-            name: raw[self.offsets[name] : self.offsets[name] + arg_dtype(kind).itemsize].view(arg_dtype(kind).base)
-            for name, kind in self.spec
-        }
-        self._arrays = frozenset(n for n, k in self.spec if k not in ARG_DTYPES)
-        base = self._storage.ctypes.data
-        self._pointers = np.array([base + self.offsets[n] for n, _ in self.spec] or [0], dtype=np.uintp)
+        layout = _layout_of(spec)
+        self.spec = layout.spec
+        self.offsets = layout.offsets
+        self._storage = np.zeros(layout.words, dtype=np.uint64)
+        self._views = _Views(self._storage, layout.slots)
+        self._arrays = layout.arrays
+        self._pointers = layout.relative + np.uintp(self._storage.ctypes.data)
         self.address = int(self._pointers.ctypes.data)
 
     def __setitem__(self, name: str, value: Any) -> None:
