@@ -95,7 +95,10 @@ MATVEC_TILES = {4: (128, 64, 32, 16), 1: (32, 16, 8)}  # column tiles per load w
 # run twice bit for bit (benchmarks/results/gemm_sweep_2026-12-06_06a3c11_h100.json); below 64 rows
 # at w1024, the sweep of c477e95 (H100, benchmarks/results/gemm_small_2026-12-06_c477e95_h100.json,
 # the kernel before its column-major FMA order) where its best cut beat the matvec rule (16-56
-# rows: 7.8-11.3 us against 9.4-15.2; at 8 rows the matvec's 5.85 us stays).
+# rows: 7.8-11.3 us against 9.4-15.2; at 8 rows the matvec's 5.85 us stays); at w1024 M = 104-128,
+# a deeper sweep of efff787 (80 cuts per shape; H100, benchmarks/results/gemm_deep1024_2026-12-06_
+# efff787_h100.json) whose BK = 8 cut was 5-6 % faster than the 64 x 128 BK = 32 one (15.6-15.7 us
+# against 16.3-16.6; again with 4 stages in stages1024_2026-12-06_efff787_h100.json).
 SGEMM_ROW_STEP = 8  # the table's row grid: M between two entries takes the upper entry's cut
 SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, int, int, int, int, int, int]] = {  # (M, K, N): cut
     (16, 1024, 1024): (32, 128, 16, 3, 8, 4, 1),  # 7.78 us
@@ -109,10 +112,10 @@ SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, int, int, int, int, int, int]]
     (80, 1024, 1024): (32, 128, 16, 3, 8, 2, 1),  # 11.75 us
     (88, 1024, 1024): (32, 128, 16, 3, 8, 2, 1),  # 11.76 us
     (96, 1024, 1024): (32, 128, 16, 3, 8, 2, 1),  # 11.80 us
-    (104, 1024, 1024): (128, 128, 32, 3, 8, 1, 1),  # 16.46 us
-    (112, 1024, 1024): (64, 128, 32, 3, 8, 1, 1),  # 16.49 us
-    (120, 1024, 1024): (64, 128, 32, 3, 8, 1, 1),  # 16.72 us
-    (128, 1024, 1024): (64, 128, 32, 3, 8, 1, 1),  # 16.74 us
+    (104, 1024, 1024): (64, 128, 8, 3, 6, 2, 1),  # 15.58 us
+    (112, 1024, 1024): (64, 128, 8, 3, 6, 2, 1),  # 15.63 us
+    (120, 1024, 1024): (64, 128, 8, 3, 6, 2, 1),  # 15.61 us
+    (128, 1024, 1024): (64, 128, 8, 3, 6, 2, 1),  # 15.73 us
     (136, 1024, 1024): (64, 128, 32, 3, 8, 1, 1),  # 16.81 us
     (144, 1024, 1024): (64, 128, 32, 3, 8, 1, 1),  # 16.91 us
     (152, 1024, 1024): (64, 128, 32, 3, 8, 1, 1),  # 16.90 us
