@@ -15,6 +15,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh stalls  # sgemm tests, ncu stall reasons, sweep at the weak shapes
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh recheck # GPU tests, buckets, slots, the --cut probes
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh smallm  # capture-cost probe; ncu stalls at w1024 M 40-128
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh closing # GPU tests, 4 sanitizers, buckets, slots, choose, launch paths
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -211,9 +212,33 @@ case "${1:-tests}" in
         echo "ncu m$m rc=$? at $(el)s"; grep -E "CHECK|Duration|Registers Per|Achieved Occ|stalled_(dispatch|no_inst|short|long|barrier|wait)|  void|  Kernel2" "$OUT/ncu_stalls_m${m}_k1024.txt" | cut -c1-110 | head -70
       fi
     done ;;
+  closing)  # a session's last call: every GPU test, the sanitizer's four tools over every kernel
+    # form and table cut, bench buckets, slots and choose, launch paths at w128 b1 and at serving sizes
+    gpu_tests "${TESTS_LIMIT:-200}" -q tests
+    for tool in memcheck racecheck synccheck initcheck; do
+      if [ "$(left)" -gt 200 ]; then
+        t=$(( $(left) - 190 )); [ $t -gt 110 ] && t=110
+        timeout $t compute-sanitizer --tool $tool python3 benchmarks/sanitize_kernels.py >"$OUT/sanitize_$tool.txt" 2>&1
+        echo "$tool rc=$? at $(el)s"; grep -E "ERROR SUMMARY|FAIL|RACECHECK SUMMARY" "$OUT/sanitize_$tool.txt" | tail -3
+      fi
+    done
+    timeout 100 python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1
+    echo "buckets rc=$? at $(el)s"; grep -E "MISSED|met" "$OUT/buckets.log" | head -8
+    timeout 60 python3 -m rawgraph.bench.slots --steps 3000 --out "$OUT" >"$OUT/slots.log" 2>&1
+    echo "slots rc=$? at $(el)s"; grep -E "^(graph_table|torch_vllm)|graph_table:" "$OUT/slots.log" | head -8
+    timeout 40 python3 -m rawgraph.bench.choose --steps 400 --rounds 5 --out "$OUT" >"$OUT/choose.log" 2>&1
+    echo "choose rc=$? at $(el)s"; tail -3 "$OUT/choose.log"
+    timeout 60 python3 -m rawgraph.bench.launch_paths --width 128 --batch 1 --layers 1 --out "$OUT" \
+      --name launch_paths_w128 >"$OUT/launch_w128.log" 2>&1
+    echo "launch w128 rc=$? at $(el)s"; grep -E "met|MISSED" "$OUT/launch_w128.log" | head -12
+    if [ "$(left)" -gt 60 ]; then
+      timeout $(( $(left) - 10 )) python3 -m rawgraph.bench.launch_paths --width 1024 4096 --batch 64 128 256 --layers 1 \
+        --out "$OUT" --name launch_paths_serving >"$OUT/launch_serving.log" 2>&1
+      echo "launch paths rc=$? at $(el)s"; tail -4 "$OUT/launch_serving.log"
+    fi ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|gpu" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|gpu" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"

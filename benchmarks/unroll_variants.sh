@@ -21,6 +21,7 @@ old = "#pragma unroll\n" + loop
 assert src.count(old) == 1, "the kq loop moved: update unroll_variants.sh"
 open(path, "w").write(src.replace(old, f"#pragma unroll {u}\n" + loop))
 PY
+  [ $? -eq 0 ] || { echo "could not make the unroll-$u copy" >&2; exit 1; }
 done
 S=$(date +%s)
 for pass in 1 2; do

@@ -66,6 +66,21 @@ def test_buffers_of_one_spec_share_the_layout_not_the_values():
         a["missing"] = 1
 
 
+def test_a_spec_given_as_an_iterator_is_read_once_and_copies_are_independent():
+    import copy
+    import pickle
+
+    spec = [("x", "ptr"), ("n", "i32")]
+    a = KernelArgs(iter(spec))
+    b = KernelArgs(spec)
+    assert a.spec == b.spec == (("x", "ptr"), ("n", "i32"))
+    a.update({"x": 7, "n": -3})
+    for other in (copy.deepcopy(a), pickle.loads(pickle.dumps(a))):
+        assert other.snapshot() == a.snapshot() and other.address != a.address
+        other["n"] = 5
+        assert a["n"] == -3
+
+
 def test_by_value_int32_arrays_are_laid_out_as_c_structs():
     # struct { int idx[N]; } aligns to 4, not to its size: after two int32 it starts at byte 8.
     a = KernelArgs([("n", "i32"), ("m", "i32"), ("table", "i32[5]"), ("p", "ptr")])

@@ -392,6 +392,29 @@ def test_a_stream_closed_mid_capture_ends_the_capture(rng):
         _usable_afterwards(fresh, rng)
 
 
+@pytest.mark.parametrize("mode", [CaptureMode.GLOBAL, CaptureMode.THREAD_LOCAL])
+def test_a_stream_closed_mid_capture_frees_what_was_closed_before_it_after_the_capture(rng, mode):
+    # Both closes are deferred inside the capture (a cuMemFree or cuStreamDestroy there breaks it);
+    # the capture must end before the deferred cuMemFree runs, or the free fails and leaks.
+    s = Stream()
+    doomed = DeviceBuffer(4096)
+    ptr = int(doomed.ptr)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(ClosedError, match="closed during the capture"):
+            with Capture(s, mode) as cap:
+                cap.launch(ops.empty(get_device()))
+                doomed.close()
+                s.close()
+    assert [str(w.message) for w in seen if "release" in str(w.message)] == []
+    err, _kind = driver.cuPointerGetAttribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr)
+    assert err != driver.CUresult.CUDA_SUCCESS, "the buffer closed inside the capture was never freed"
+    assert cap.graph is None and _capturing.active() == []
+    get_device().synchronize()
+    with Stream() as fresh:
+        _usable_afterwards(fresh, rng)
+
+
 # -- 14. close twice -----------------------------------------------------------------------------
 def test_close_twice_is_quiet_for_every_owner(stream, rng):
     model, _xh, x, out = _model_io(rng, stream)

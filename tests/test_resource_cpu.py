@@ -90,3 +90,29 @@ def test_a_release_during_an_open_capture_waits_for_its_end():
         assert calls == ["freed", "now"]
     finally:
         _capturing.end(rec)
+
+
+def test_a_release_run_inside_the_registries_locks_does_not_deadlock():
+    """Garbage collection can start inside ``with _capturing._lock`` or ``with
+    resource._deferred_lock`` and run a finalizer on the same thread: its release asks whether a
+    capture forbids it (taking the first lock) and defers itself (taking the second). In a child
+    process, so that a deadlock fails the test instead of hanging the session."""
+    code = textwrap.dedent("""
+        from rawgraph.runtime import _capturing, resource
+        ran = []
+        record = _capturing.CaptureRecord(0x1234, "GLOBAL")  # a global capture forbids every release
+        _capturing.begin(record)
+        with _capturing._lock:
+            resource.release("first", ran.append, 1)
+        with resource._deferred_lock:
+            resource.release("second", ran.append, 2)
+        assert ran == []
+        _capturing.end(record)
+        assert resource.flush_deferred() == 2 and ran == [1, 2]
+        print("ok")
+    """)
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a release inside the capture registry's or the deferred list's lock deadlocked")
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

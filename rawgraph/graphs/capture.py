@@ -42,8 +42,8 @@ from typing import Any, Literal, Sequence
 from cuda.bindings import driver
 
 from ..runtime import _capturing
-from ..runtime.errors import (CaptureError, CaptureRefusedError, ClosedError, EmptyCaptureWarning, RawgraphError, call, check,
-                     error_name)
+from ..runtime.errors import (CaptureError, CaptureRefusedError, ClosedError, EmptyCaptureWarning, RawgraphError,
+                              ReleaseWarning, call, check, error_name)
 from .graph import ForeignNode, Graph, KernelNode
 from ..runtime.launch import Launch, LaunchPlan
 from ..runtime.memory import DeviceArray
@@ -175,8 +175,10 @@ class Capture:
             # No __exit__ runs for a failed __enter__: end the capture here (discarding its graph),
             # or the stream stays capturing and every release stays deferred.
             self._open = False
-            _err, handle = driver.cuStreamEndCapture(self.stream.handle)
-            _capturing.end(self._record)
+            try:
+                _err, handle = driver.cuStreamEndCapture(self.stream.handle)
+            finally:
+                _capturing.end(self._record)
             if handle is not None and int(handle):
                 release("cuGraphDestroy", driver.cuGraphDestroy, handle)
             _release_side(self._pool, self._events)
@@ -457,8 +459,8 @@ class Capture:
         try:
             return self._end(exc_type, exc, record)
         finally:
-            # After cuStreamEndCapture every stream of the capture has left capture mode (_end
-            # closed the record right after it; again here for the paths that never called it).
+            # _end ended the driver's capture (every stream of it has left capture mode) and then
+            # the record; ending the record again here covers a driver call that raised.
             _capturing.end(record)
             _release_side(self._pool, self._events)
             flush_deferred()  # releases garbage collection ran while the capture was open
@@ -466,6 +468,9 @@ class Capture:
     def _end(self, exc_type: Any, exc: Any, record: _capturing.CaptureRecord) -> Literal[False]:
         if record.aborted is not None or self.stream.closed:
             reason = record.aborted or "the stream was closed during the capture"
+            if record.aborted is None:
+                _end_live_capture(self.stream)
+            _capturing.end(record)
             if exc_type is not None:
                 _add_note(exc, f"rawgraph: {reason}; the capture was ended and its graph discarded")
                 return False
@@ -619,14 +624,37 @@ def _add_note(exc: Any, note: str) -> None:
         exc.add_note(note)
 
 
+def _end_live_capture(stream: Stream) -> None:
+    """End the driver's capture on a stream closed while it captured and discard its graph.
+
+    A stream closed inside its own capture (global mode, or on the capturing thread) has its
+    ``cuStreamDestroy`` deferred like every other release there, and a borrowed stream destroys
+    nothing: either way the handle is still valid and still capturing. Ended here, before the
+    record closes, so the deferred releases run after the capture rather than into it."""
+    err, handle = driver.cuStreamEndCapture(stream.handle)
+    if handle is not None and int(handle):
+        release("cuGraphDestroy", driver.cuGraphDestroy, handle)
+    if err not in (_SUCCESS, driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                   driver.CUresult.CUDA_ERROR_ILLEGAL_STATE):
+        warnings.warn(f"rawgraph: cuStreamEndCapture failed while ending the capture of a closed stream: "
+                      f"{error_name(err)}", ReleaseWarning, stacklevel=3)
+
+
 def _abandon_capture(stream: Stream, record: _capturing.CaptureRecord, pool: list[Stream],
                      events: list[Event]) -> None:
     """A Capture collected mid-capture: end its capture and discard the graph (a warning says so)."""
-    if stream.closed or shutting_down():
+    if shutting_down():
         _capturing.end(record)
         return
-    err, handle = driver.cuStreamEndCapture(stream.handle)
-    _capturing.end(record)
+    if record.aborted is not None:  # the stream's cuStreamDestroy ended the capture already
+        _capturing.end(record)
+        _release_side(pool, events)
+        flush_deferred()
+        return
+    try:
+        err, handle = driver.cuStreamEndCapture(stream.handle)
+    finally:
+        _capturing.end(record)
     if handle is not None and int(handle):
         release("cuGraphDestroy", driver.cuGraphDestroy, handle)
     _release_side(pool, events)

@@ -325,8 +325,10 @@ def _end_quietly(handle: Any, record: _capturing.CaptureRecord) -> None:
     if shutting_down():
         _capturing.end(record)
         return
-    driver.cuStreamEndCapture(handle)
-    _capturing.end(record)  # after the driver's end: see Capture.__enter__
+    try:
+        driver.cuStreamEndCapture(handle)
+    finally:
+        _capturing.end(record)  # after the driver's end: see Capture.__enter__
     flush_deferred()  # what garbage collection released while the body capture was open
 
 

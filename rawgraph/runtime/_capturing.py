@@ -21,7 +21,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-_lock = threading.Lock()
+# Reentrant: garbage collection can start inside ``with _lock`` (at any allocation) and run a
+# finalizer whose release asks forbids_unsafe_calls() on the same thread.
+_lock = threading.RLock()
 _active: dict[int, "CaptureRecord"] = {}
 _local = threading.local()
 

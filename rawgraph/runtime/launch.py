@@ -133,17 +133,18 @@ class _Layout:
 _LAYOUTS: dict[tuple, _Layout] = {}
 
 
-def _layout_of(spec: Sequence[tuple[str, str]]) -> _Layout:
+def _layout_of(spec: Iterable[tuple[str, str]]) -> _Layout:
+    key = tuple(spec)  # once: an iterator is read a single time
     try:
-        key = tuple(spec)
         layout = _LAYOUTS.get(key)
+        hashable = True
     except TypeError:  # unhashable entries (lists): normalise, then look up
-        key, layout = None, None
+        layout, hashable = None, False
     if layout is None:
-        norm = tuple((str(n), str(k)) for n, k in spec)
+        norm = tuple((str(n), str(k)) for n, k in key)
         layout = _LAYOUTS.get(norm) or _Layout(norm)
         _LAYOUTS[norm] = layout
-        if key is not None:
+        if hashable:
             _LAYOUTS[key] = layout
     return layout
 
@@ -240,6 +241,12 @@ class KernelArgs:
         other = KernelArgs(self.spec)
         other._storage[:] = self._storage
         return other
+
+    def __deepcopy__(self, memo: dict) -> "KernelArgs":
+        return self.copy()  # its own buffer and pointer table (a field-wise copy would point at ours)
+
+    def __reduce__(self) -> tuple:
+        return (KernelArgs.from_bytes, (self.spec, self.snapshot()))
 
     def __repr__(self) -> str:
         vals = ", ".join(f"{n}={self[n]!r}" for n in self.names())

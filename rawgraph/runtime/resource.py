@@ -34,7 +34,7 @@ _atexit_hooked = False
 release_count = 0
 # Releases held back while a capture forbade them: (name, fn, args), run by flush_deferred.
 _deferred: list[tuple[str, Callable[..., Any], tuple]] = []
-_deferred_lock = threading.Lock()
+_deferred_lock = threading.RLock()  # reentrant: a finalizer may release inside the with-block
 
 
 def _mark_exiting() -> None:

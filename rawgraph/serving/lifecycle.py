@@ -1,8 +1,8 @@
 """Set-up and tear-down shared by the serving objects (bucket graphs, row-count buckets, slots).
 
-Each of them runs a size's launches once eagerly before capturing them (only while they launch a
-kernel function no earlier size did: :class:`WarmUp`), captures one graph per size, instantiates
-and uploads it while timing every phase, and at the end closes its execs, graphs, models and buffers in that order (an exec before the
+Each of them runs a size's launches once eagerly before capturing them (only while they
+launch a kernel function no earlier size did: :class:`WarmUp`), captures one graph per size,
+instantiates and uploads it while timing every phase, and at the end closes its execs, graphs, models and buffers in that order (an exec before the
 graph it came from, both before the memory their nodes name).
 """
 
@@ -19,9 +19,12 @@ class WarmUp:
     """The eager run before each size's capture, once per kernel function.
 
     An eager run before a capture loads what the launches need and touches their memory outside
-    the capture, and a kernel that faults does so before any graph holds it. A run whose kernel
-    functions (``CUfunction`` handles) have all run before in this object loads nothing new, so it
-    is skipped: the 35 sizes of vLLM's list launch only a few distinct GEMM cuts between them.
+    the capture, and a kernel function that faults on its first run does so before any graph holds
+    it. A run whose kernel functions (``CUfunction`` handles) have all run before in this object
+    loads nothing new, so it is skipped: the 35 sizes of vLLM's list launch only a few distinct
+    GEMM cuts between them. A skipped size is captured without an eager run of its own (the same
+    functions at its own grid and row count): a fault particular to that size shows at its first
+    replay instead.
 
     Parameters
     ----------
