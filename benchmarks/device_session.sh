@@ -8,7 +8,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh gemm    # GPU tests + GEMM sweep
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh race    # SWITCH probe; racecheck, K-slice sgemm; ncu w4096
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh switch  # GPU tests, racecheck, ncu, buckets, slots
-#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh final   # GPU tests, buckets, slots, choose, 3 sanitizers
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh final   # the same as closing
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh small   # GEMM sweep w1024 M 8..56; deeper w4096
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh check   # racecheck; w4096 b1 kernel times
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh strategies  # buckets, slots, choose
@@ -34,6 +34,42 @@ gpu_tests() {
     >"$OUT/gpu_tests.txt" 2>&1
   echo "tests rc=$? at $(el)s"
   grep -E " (FAILED|ERROR)|^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -40; tail -3 "$OUT/gpu_tests.txt"
+}
+# The serving benches, each within $1 seconds (logs buckets.log, slots.log, choose.log)
+bench_buckets() {
+  timeout "$1" python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1
+  echo "buckets rc=$? at $(el)s"; grep -E "switch|device|MISSED|met" "$OUT/buckets.log" | tail -34
+}
+bench_slots() {  # $2: steps (default 3000)
+  timeout "$1" python3 -m rawgraph.bench.slots --steps "${2:-3000}" --out "$OUT" >"$OUT/slots.log" 2>&1
+  echo "slots rc=$? at $(el)s"; grep -vE "^p50 by bucket" "$OUT/slots.log" | tail -34
+}
+bench_choose() {
+  timeout "$1" python3 -m rawgraph.bench.choose --steps 400 --rounds 5 --out "$OUT" >"$OUT/choose.log" 2>&1
+  echo "choose rc=$? at $(el)s"; tail -10 "$OUT/choose.log"
+}
+# Launch paths within $1 seconds: the small-work floor (w128 b1), and one layer at serving sizes
+launch_w128() {
+  timeout "$1" python3 -m rawgraph.bench.launch_paths --width 128 --batch 1 --layers 1 --out "$OUT" \
+    --name launch_paths_w128 >"$OUT/launch_w128.log" 2>&1
+  echo "launch w128 rc=$? at $(el)s"; grep -E "met|MISSED" "$OUT/launch_w128.log" | tail -16
+}
+launch_serving() {
+  timeout "$1" python3 -m rawgraph.bench.launch_paths --width 1024 4096 --batch 64 128 256 --layers 1 \
+    --out "$OUT" --name launch_paths_serving >"$OUT/launch_serving.log" 2>&1
+  echo "launch paths rc=$? at $(el)s"; tail -12 "$OUT/launch_serving.log"
+}
+# compute-sanitizer's tools ($3...) over every kernel form and table cut: each one while more than
+# $1 + 25 seconds are left, within what leaves $1 seconds and at most $2
+sanitize() {
+  local keep=$1 cap=$2 t; shift 2
+  for tool in "$@"; do
+    if [ "$(left)" -gt $(( keep + 25 )) ]; then
+      t=$(( $(left) - keep )); [ $t -gt "$cap" ] && t=$cap
+      timeout $t compute-sanitizer --tool "$tool" python3 benchmarks/sanitize_kernels.py >"$OUT/sanitize_$tool.txt" 2>&1
+      echo "$tool rc=$? at $(el)s"; grep -E "ERROR SUMMARY|FAIL|RACECHECK SUMMARY" "$OUT/sanitize_$tool.txt" | tail -3
+    fi
+  done
 }
 export PYTHONPATH=$(pwd)
 # ncu's stall reasons per issued instruction (stages stalls and smallm)
@@ -67,12 +103,8 @@ case "${1:-tests}" in
     timeout 90 python3 benchmarks/probes/device_shaped_cost.py --rounds 40 --passes 1 \
       --cut 64,64,32,3,1,4,1 --cut 64,64,32,3,2,4,1 --no-pdl --no-grid >"$OUT/probe_device_shaped_cuts.txt" 2>&1
     echo "probe rc=$? at $(el)s"; grep -E "^(TIME|FACT|STEP)" "$OUT/probe_device_shaped_cuts.txt" | tail -24 | cut -c1-260
-    timeout 120 python3 -m rawgraph.bench.choose --steps 400 --rounds 5 --out "$OUT" >"$OUT/choose.log" 2>&1
-    echo "choose rc=$? at $(el)s"; tail -9 "$OUT/choose.log"
-    if [ "$(left)" -gt 150 ]; then
-      timeout $(( $(left) - 90 )) python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1
-      echo "buckets rc=$? at $(el)s"; grep -E "device|MISSED|met" "$OUT/buckets.log" | tail -24
-    fi
+    bench_choose 120
+    [ "$(left)" -gt 150 ] && bench_buckets $(( $(left) - 90 ))
     if [ "$(left)" -gt 70 ]; then
       timeout $(( $(left) - 15 )) python3 benchmarks/gemm_sweep.py --out "$OUT/gemm" --budget-s $(( $(left) - 60 )) \
         >"$OUT/gemm.log" 2>&1
@@ -82,20 +114,9 @@ case "${1:-tests}" in
     # paths at serving batch sizes, the sanitizer's four tools over every kernel form and table cut,
     # then the slots trace while time is left
     gpu_tests "${TESTS_LIMIT:-170}" -q tests
-    timeout 200 python3 -m rawgraph.bench.launch_paths --width 1024 4096 --batch 64 128 256 --layers 1 \
-      --out "$OUT" --name launch_paths_serving >"$OUT/launch_serving.log" 2>&1
-    echo "launch paths rc=$? at $(el)s"; tail -12 "$OUT/launch_serving.log"
-    for tool in memcheck racecheck synccheck initcheck; do
-      if [ "$(left)" -gt 45 ]; then
-        t=$(( $(left) - 20 )); [ $t -gt 100 ] && t=100
-        timeout $t compute-sanitizer --tool $tool python3 benchmarks/sanitize_kernels.py >"$OUT/sanitize_$tool.txt" 2>&1
-        echo "$tool rc=$? at $(el)s"; grep -E "ERROR SUMMARY|FAIL|RACECHECK SUMMARY" "$OUT/sanitize_$tool.txt" | tail -3
-      fi
-    done
-    if [ "$(left)" -gt 120 ]; then
-      timeout $(( $(left) - 15 )) python3 -m rawgraph.bench.slots --steps 3000 --out "$OUT" >"$OUT/slots.log" 2>&1
-      echo "slots rc=$? at $(el)s"; tail -12 "$OUT/slots.log"
-    fi ;;
+    launch_serving 200
+    sanitize 20 100 memcheck racecheck synccheck initcheck
+    [ "$(left)" -gt 120 ] && bench_slots $(( $(left) - 15 )) ;;
   race)  # issue 25: the SWITCH-band probe (every variant); issue 23: racecheck over every kernel
     # form and table cut (sgemm slices now pass their barriers equally often), ncu on the w4096 cut
     timeout 200 python3 benchmarks/probes/switch_bands.py --rounds 40 >"$OUT/probe_switch_bands.txt" 2>&1
@@ -121,39 +142,8 @@ case "${1:-tests}" in
       --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis --section LaunchStats \
       python3 benchmarks/probes/sgemm_ncu.py --m 256 --k 4096 >"$OUT/ncu_sgemm_m256_k4096.txt" 2>&1
     echo "ncu rc=$? at $(el)s"; grep -E "CHECK|FACT|sgemm|Kernel2|Compute \(SM\) Throughput|Issue Slots Busy|WARNING" "$OUT/ncu_sgemm_m256_k4096.txt" | head -20
-    if [ "$(left)" -gt 100 ]; then
-      timeout $(( $(left) - 60 )) python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1
-      echo "buckets rc=$? at $(el)s"; grep -E "switch|device|MISSED|met" "$OUT/buckets.log" | tail -30
-    fi
-    if [ "$(left)" -gt 70 ]; then
-      timeout $(( $(left) - 15 )) python3 -m rawgraph.bench.slots --steps 2000 --out "$OUT" >"$OUT/slots.log" 2>&1
-      echo "slots rc=$? at $(el)s"; tail -14 "$OUT/slots.log"
-    fi ;;
-  final)  # every GPU test, bench buckets, slots and choose, then the sanitizer's other three tools
-    # over every kernel form and table cut while time is left
-    gpu_tests "${TESTS_LIMIT:-200}" -q tests
-    timeout 150 python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1
-    echo "buckets rc=$? at $(el)s"; grep -E "switch|MISSED|met" "$OUT/buckets.log" | tail -30
-    timeout 100 python3 -m rawgraph.bench.slots --steps 3000 --out "$OUT" >"$OUT/slots.log" 2>&1
-    echo "slots rc=$? at $(el)s"; tail -14 "$OUT/slots.log"
-    timeout 100 python3 -m rawgraph.bench.choose --steps 400 --rounds 5 --out "$OUT" >"$OUT/choose.log" 2>&1
-    echo "choose rc=$? at $(el)s"; tail -10 "$OUT/choose.log"
-    for tool in memcheck synccheck initcheck; do
-      if [ "$(left)" -gt 40 ]; then
-        t=$(( $(left) - 15 )); [ $t -gt 110 ] && t=110
-        timeout $t compute-sanitizer --tool $tool python3 benchmarks/sanitize_kernels.py >"$OUT/sanitize_$tool.txt" 2>&1
-        echo "$tool rc=$? at $(el)s"; grep -E "ERROR SUMMARY|FAIL" "$OUT/sanitize_$tool.txt" | tail -3
-      fi
-    done
-    # launch paths: the small-work floor (w128 b1), then the serving sizes while time is left
-    timeout 120 python3 -m rawgraph.bench.launch_paths --width 128 --batch 1 --layers 1 --out "$OUT" \
-      --name launch_paths_w128 >"$OUT/launch_w128.log" 2>&1
-    echo "launch w128 rc=$? at $(el)s"; grep -E "met|MISSED" "$OUT/launch_w128.log" | tail -16
-    if [ "$(left)" -gt 90 ]; then
-      timeout $(( $(left) - 15 )) python3 -m rawgraph.bench.launch_paths --width 1024 4096 --batch 64 128 256 --layers 1 \
-        --out "$OUT" --name launch_paths_serving >"$OUT/launch_serving.log" 2>&1
-      echo "launch paths rc=$? at $(el)s"; tail -12 "$OUT/launch_serving.log"
-    fi ;;
+    [ "$(left)" -gt 100 ] && bench_buckets $(( $(left) - 60 ))
+    [ "$(left)" -gt 70 ] && bench_slots $(( $(left) - 15 )) 2000 ;;
   small)  # issue 23: the sweep below the table (w1024, M = 8..56: the bucket sizes the matvec serves),
     # then a deeper search (more cuts timed) at w4096 M = 128 and 256
     timeout 200 python3 benchmarks/gemm_sweep.py --widths 1024 --rows 8:56:8 --max-cands 40 --out "$OUT/gemm_small" \
@@ -168,12 +158,7 @@ case "${1:-tests}" in
     timeout 90 python3 -m rawgraph.bench.kernel_times --width 4096 --batch 1 --out "$OUT" >"$OUT/kernel_times_w4096_b1.log" 2>&1
     echo "kernel times rc=$? at $(el)s"; tail -8 "$OUT/kernel_times_w4096_b1.log" ;;
   strategies)  # the serving strategies only: bench buckets, slots, choose
-    timeout 150 python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1
-    echo "buckets rc=$? at $(el)s"; grep -E "switch|MISSED|met" "$OUT/buckets.log" | tail -34
-    timeout 100 python3 -m rawgraph.bench.slots --steps 3000 --out "$OUT" >"$OUT/slots.log" 2>&1
-    echo "slots rc=$? at $(el)s"; grep -vE "^p50 by bucket" "$OUT/slots.log" | tail -34
-    timeout 100 python3 -m rawgraph.bench.choose --steps 400 --rounds 5 --out "$OUT" >"$OUT/choose.log" 2>&1
-    echo "choose rc=$? at $(el)s"; tail -10 "$OUT/choose.log" ;;
+    bench_buckets 150; bench_slots 100; bench_choose 100 ;;
   stalls)  # issue 23: the sgemm GPU tests, ncu with stall reasons on the w4096 M = 256 table cut
     # (and CUT_B, when given) beside cuBLAS, then a sweep at the weak shapes with EXTRA_CUTS timed too
     timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_sgemm_gpu.py >"$OUT/gpu_tests_sgemm.txt" 2>&1
@@ -188,10 +173,7 @@ case "${1:-tests}" in
   recheck)  # every GPU test, bench buckets and slots, then the two probes that take --cut run
     # with one (sgemm_ncu under ncu, device_shaped_cost) while time is left
     gpu_tests "${TESTS_LIMIT:-200}" -q tests
-    timeout 150 python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1
-    echo "buckets rc=$? at $(el)s"; grep -E "switch|MISSED|met" "$OUT/buckets.log" | tail -30
-    timeout 100 python3 -m rawgraph.bench.slots --steps 3000 --out "$OUT" >"$OUT/slots.log" 2>&1
-    echo "slots rc=$? at $(el)s"; grep -vE "^p50 by bucket" "$OUT/slots.log" | head -14
+    bench_buckets 150; bench_slots 100
     timeout 60 ncu --launch-count 4 --section SpeedOfLight python3 benchmarks/probes/sgemm_ncu.py --m 256 --k 4096 \
       --cut ${CUT_A:-64,128,32,3,2,1,1} >"$OUT/ncu_sgemm_cut.txt" 2>&1
     echo "ncu rc=$? at $(el)s"; grep -E "CHECK|FACT|Duration|  void|  Kernel2" "$OUT/ncu_sgemm_cut.txt" | cut -c1-120 | head -20
@@ -212,30 +194,13 @@ case "${1:-tests}" in
         echo "ncu m$m rc=$? at $(el)s"; grep -E "CHECK|Duration|Registers Per|Achieved Occ|stalled_(dispatch|no_inst|short|long|barrier|wait)|  void|  Kernel2" "$OUT/ncu_stalls_m${m}_k1024.txt" | cut -c1-110 | head -70
       fi
     done ;;
-  closing)  # a session's last call: every GPU test, the sanitizer's four tools over every kernel
-    # form and table cut, bench buckets, slots and choose, launch paths at w128 b1 and at serving sizes
+  final|closing)  # a session's last call: every GPU test, the sanitizer's four tools over every
+    # kernel form and table cut, bench buckets, slots and choose, launch paths at w128 b1 and at
+    # serving sizes (`final`, the older name, once ran the sanitizers after the benches)
     gpu_tests "${TESTS_LIMIT:-200}" -q tests
-    for tool in memcheck racecheck synccheck initcheck; do
-      if [ "$(left)" -gt 200 ]; then
-        t=$(( $(left) - 190 )); [ $t -gt 110 ] && t=110
-        timeout $t compute-sanitizer --tool $tool python3 benchmarks/sanitize_kernels.py >"$OUT/sanitize_$tool.txt" 2>&1
-        echo "$tool rc=$? at $(el)s"; grep -E "ERROR SUMMARY|FAIL|RACECHECK SUMMARY" "$OUT/sanitize_$tool.txt" | tail -3
-      fi
-    done
-    timeout 100 python3 -m rawgraph.bench.buckets --out "$OUT" >"$OUT/buckets.log" 2>&1
-    echo "buckets rc=$? at $(el)s"; grep -E "MISSED|met" "$OUT/buckets.log" | head -8
-    timeout 60 python3 -m rawgraph.bench.slots --steps 3000 --out "$OUT" >"$OUT/slots.log" 2>&1
-    echo "slots rc=$? at $(el)s"; grep -E "^(graph_table|torch_vllm)|graph_table:" "$OUT/slots.log" | head -8
-    timeout 40 python3 -m rawgraph.bench.choose --steps 400 --rounds 5 --out "$OUT" >"$OUT/choose.log" 2>&1
-    echo "choose rc=$? at $(el)s"; tail -3 "$OUT/choose.log"
-    timeout 60 python3 -m rawgraph.bench.launch_paths --width 128 --batch 1 --layers 1 --out "$OUT" \
-      --name launch_paths_w128 >"$OUT/launch_w128.log" 2>&1
-    echo "launch w128 rc=$? at $(el)s"; grep -E "met|MISSED" "$OUT/launch_w128.log" | head -12
-    if [ "$(left)" -gt 60 ]; then
-      timeout $(( $(left) - 10 )) python3 -m rawgraph.bench.launch_paths --width 1024 4096 --batch 64 128 256 --layers 1 \
-        --out "$OUT" --name launch_paths_serving >"$OUT/launch_serving.log" 2>&1
-      echo "launch paths rc=$? at $(el)s"; tail -4 "$OUT/launch_serving.log"
-    fi ;;
+    sanitize 190 110 memcheck racecheck synccheck initcheck
+    bench_buckets 100; bench_slots 60; bench_choose 40; launch_w128 60
+    [ "$(left)" -gt 60 ] && launch_serving $(( $(left) - 10 )) ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
   *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|gpu" >&2; exit 2 ;;
