@@ -48,7 +48,7 @@ from .graph import ForeignNode, Graph, KernelNode
 from ..runtime.launch import Launch, LaunchPlan
 from ..runtime.memory import DeviceArray
 from ..runtime.resource import flush_deferred, release, shutting_down
-from ..runtime.stream import SPECIAL_HANDLES, Event, Stream, _handle_of, as_stream, capture_info
+from ..runtime.stream import SPECIAL_HANDLES, Event, Stream, _handle_of, as_stream, capture_info, discard_capture
 
 
 class CaptureMode(enum.Enum):
@@ -176,11 +176,9 @@ class Capture:
             # or the stream stays capturing and every release stays deferred.
             self._open = False
             try:
-                _err, handle = driver.cuStreamEndCapture(self.stream.handle)
+                discard_capture(self.stream.handle)
             finally:
                 _capturing.end(self._record)
-            if handle is not None and int(handle):
-                release("cuGraphDestroy", driver.cuGraphDestroy, handle)
             _release_side(self._pool, self._events)
             flush_deferred()
             raise
@@ -631,9 +629,7 @@ def _end_live_capture(stream: Stream) -> None:
     ``cuStreamDestroy`` deferred like every other release there, and a borrowed stream destroys
     nothing: either way the handle is still valid and still capturing. Ended here, before the
     record closes, so the deferred releases run after the capture rather than into it."""
-    err, handle = driver.cuStreamEndCapture(stream.handle)
-    if handle is not None and int(handle):
-        release("cuGraphDestroy", driver.cuGraphDestroy, handle)
+    err = discard_capture(stream.handle)
     if err not in (_SUCCESS, driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
                    driver.CUresult.CUDA_ERROR_ILLEGAL_STATE):
         warnings.warn(f"rawgraph: cuStreamEndCapture failed while ending the capture of a closed stream: "
@@ -652,11 +648,9 @@ def _abandon_capture(stream: Stream, record: _capturing.CaptureRecord, pool: lis
         flush_deferred()
         return
     try:
-        err, handle = driver.cuStreamEndCapture(stream.handle)
+        err = discard_capture(stream.handle)
     finally:
         _capturing.end(record)
-    if handle is not None and int(handle):
-        release("cuGraphDestroy", driver.cuGraphDestroy, handle)
     _release_side(pool, events)
     flush_deferred()
     warnings.warn(

@@ -60,10 +60,6 @@ def arg_dtype(kind: str) -> np.dtype:
     raise ValueError(f"unknown kind {kind!r} (use one of {sorted(ARG_DTYPES)}, 'i32[N]' or 'u8[N]')")
 
 
-def _arg_align(kind: str) -> int:
-    return arg_dtype(kind).base.itemsize
-
-
 def check_scalar(kind: str, value: Any, what: str) -> None:
     """Refuse a value its C parameter cannot hold, before anything reaches the driver.
 

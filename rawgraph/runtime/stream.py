@@ -33,15 +33,23 @@ PER_THREAD_HANDLE = 2
 SPECIAL_HANDLES = (0, 1, 2)
 
 
+def discard_capture(handle: Any) -> Any:
+    """``cuStreamEndCapture`` on ``handle`` and ``cuGraphDestroy`` (a release) of the graph it
+    returns, if any; returns the ``CUresult`` of the end. For captures that are being abandoned:
+    the caller decides what that result means."""
+    err, graph = driver.cuStreamEndCapture(handle)
+    if graph is not None and int(graph):
+        release("cuGraphDestroy", driver.cuGraphDestroy, graph)
+    return err
+
+
 def _destroy_stream(handle: Any) -> tuple:
     """``cuStreamDestroy``, ending a capture still open on the stream first (its graph is
     discarded): a stream destroyed mid-capture would otherwise leave the capture dangling."""
     err, status = driver.cuStreamIsCapturing(handle)
     if err == _SUCCESS and status != _NONE:
         _capturing.abandon_stream(int(handle), "the stream was closed during the capture")
-        end_err, graph = driver.cuStreamEndCapture(handle)
-        if graph is not None and int(graph):
-            release("cuGraphDestroy", driver.cuGraphDestroy, graph)
+        end_err = discard_capture(handle)
         if end_err not in (_SUCCESS, driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED):
             warnings.warn(f"rawgraph: cuStreamEndCapture failed while closing a capturing stream: "
                           f"{error_name(end_err)}", ReleaseWarning, stacklevel=3)

@@ -2,16 +2,18 @@
 
 Each of them runs a size's launches once eagerly before capturing them (only while they
 launch a kernel function no earlier size did: :class:`WarmUp`), captures one graph per size,
-instantiates and uploads it while timing every phase, and at the end closes its execs, graphs, models and buffers in that order (an exec before the
-graph it came from, both before the memory their nodes name).
+instantiates and uploads it while timing every phase, and at the end closes its execs, graphs,
+models and buffers in that order (an exec before the graph it came from, both before the memory
+their nodes name).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from ..graphs.graph import Graph, GraphExec
+from ..runtime.launch import Launch
 from ..runtime.stream import Stream
 
 
@@ -44,11 +46,11 @@ class WarmUp:
         self.runs = 0
         self.skipped = 0
 
-    def __call__(self, launches: Iterable[Callable[[Stream], Any]], stream: Stream) -> bool:
-        """Run ``launches`` (each called with ``stream``) and synchronize, unless each one's
-        ``kernel.handle`` ran before; returns whether they ran."""
+    def __call__(self, launches: Iterable[Launch], stream: Stream) -> bool:
+        """Run ``launches`` on ``stream`` and synchronize, unless each one's ``kernel.handle``
+        ran before; returns whether they ran."""
         todo = list(launches)
-        new = {int(launch.kernel.handle) for launch in todo} - self._seen  # type: ignore[attr-defined]
+        new = {int(launch.kernel.handle) for launch in todo} - self._seen
         if not new:
             self.skipped += 1
             return False
