@@ -16,6 +16,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh recheck # GPU tests, buckets, slots, the --cut probes
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh smallm  # capture-cost probe; ncu stalls at w1024 M 40-128
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh closing # GPU tests, 4 sanitizers, buckets, slots, choose, launch paths
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tm4     # GEMM grid with TM = 4 and fitted row tiles; GPU tests
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -201,9 +202,15 @@ case "${1:-tests}" in
     sanitize 190 110 memcheck racecheck synccheck initcheck
     bench_buckets 100; bench_slots 60; bench_choose 40; launch_w128 60
     [ "$(left)" -gt 60 ] && launch_serving $(( $(left) - 10 )) ;;
+  tm4)  # issue 23: the whole GEMM grid swept with 4 x 8 thread tiles and row tiles fitted to M
+    # among the candidates (30 a shape), then every GPU test
+    timeout 200 python3 benchmarks/gemm_sweep.py --out "$OUT/gemm" --max-cands ${CANDS:-30} --budget-s 170 \
+      >"$OUT/gemm.log" 2>&1
+    echo "gemm rc=$? at $(el)s"; grep -E "REQUIRED|TARGET|checks" "$OUT/gemm.log" | cut -c1-300
+    gpu_tests $(( $(left) - 15 )) -q tests ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|gpu" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|gpu" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"

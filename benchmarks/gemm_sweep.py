@@ -103,11 +103,12 @@ class Cut:
     s: int
     ks: int
     minb: int = 1
+    tm: int = 8            # output rows per thread (8 or 4)
     file: str = "sgemm"
 
     @property
     def threads(self) -> int:
-        return self.ks * (self.bm // 8) * (self.bn // 8)
+        return self.ks * (self.bm // self.tm) * (self.bn // 8)
 
     @property
     def smem(self) -> int:
@@ -118,9 +119,10 @@ class Cut:
 
     def expr(self, epi: str) -> str:
         e = EPIS[epi]
+        tm = "" if self.tm == 8 else f", {self.tm}"   # as rawgraph.ops.matmul_expr spells it
         if self.s == 1:
-            return f"sgemm_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.ks}, {self.minb}>"
-        return f"sgemm_split_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.s}, {self.ks}, {self.minb}>"
+            return f"sgemm_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.ks}, {self.minb}{tm}>"
+        return f"sgemm_split_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.s}, {self.ks}, {self.minb}{tm}>"
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
         return (_cdiv(n, self.bn), self.s, _cdiv(m, self.bm))
@@ -131,7 +133,13 @@ class Cut:
     @property
     def label(self) -> str:
         return (f"sgemm {self.bm}x{self.bn} k{self.bk} st{self.st} s{self.s} ks{self.ks}"
-                + (f" mb{self.minb}" if self.minb > 1 else ""))
+                + (f" mb{self.minb}" if self.minb > 1 else "") + (f" tm{self.tm}" if self.tm != 8 else ""))
+
+    @property
+    def values(self) -> tuple[int, ...]:
+        """(BM, BN, BK, STAGES, S, KS, MINB[, TM]): a ``rawgraph.ops.SGEMM_CUTS`` entry."""
+        head = (self.bm, self.bn, self.bk, self.st, self.s, self.ks, self.minb)
+        return head if self.tm == 8 else head + (self.tm,)
 
 
 @dataclass(frozen=True)
@@ -175,12 +183,16 @@ def current_cut(m: int, k: int, n: int, sms: int) -> OldCut:
                   label, "rawgraph.ops", ops.matmul_file(shape))
 
 
-# Tile structures (BM, BN, KS, MINB) the generator draws from. Threads = KS * BM * BN / 64.
+# Tile structures (BM, BN, KS, MINB, TM) the generator draws from. Threads = KS * (BM / TM) * (BN / 8).
+# TM = 4 (4 x 8 outputs per thread, about 128 registers: 2-4 CTAs per SM) is cuBLAS's small-M thread
+# tile (cutlass_80_simt_sgemm_64x64_8x5, benchmarks/NOTES.md session 18).
 STRUCTS = [
-    (128, 128, 1, 1), (128, 128, 1, 2), (128, 128, 2, 1), (256, 128, 1, 1),
-    (64, 128, 2, 1), (64, 128, 2, 2), (64, 128, 1, 1), (64, 128, 1, 4),
-    (128, 64, 2, 1), (128, 64, 1, 1), (96, 128, 1, 1), (96, 64, 2, 1),
-    (64, 64, 4, 1), (64, 64, 2, 1), (32, 128, 4, 1), (32, 128, 2, 1),
+    (128, 128, 1, 1, 8), (128, 128, 1, 2, 8), (128, 128, 2, 1, 8), (256, 128, 1, 1, 8),
+    (64, 128, 2, 1, 8), (64, 128, 2, 2, 8), (64, 128, 1, 1, 8), (64, 128, 1, 4, 8),
+    (128, 64, 2, 1, 8), (128, 64, 1, 1, 8), (96, 128, 1, 1, 8), (96, 64, 2, 1, 8),
+    (64, 64, 4, 1, 8), (64, 64, 2, 1, 8), (32, 128, 4, 1, 8), (32, 128, 2, 1, 8),
+    (64, 64, 1, 1, 4), (64, 64, 2, 1, 4), (64, 128, 1, 1, 4), (64, 128, 1, 2, 4),
+    (32, 128, 2, 1, 4), (128, 64, 1, 2, 4), (32, 64, 2, 1, 4), (128, 128, 1, 1, 4),
 ]
 SPLITS = (1, 2, 3, 4, 6, 8)
 SM_SMEM = 233472          # 228 KB per SM (H100 / H200)
@@ -188,6 +200,7 @@ SMEM_OPTIN = 232448       # 227 KB per CTA
 SMEM_RESERVED = 1024      # per CTA
 REGS_PER_SM = 65536
 REGS_EST = {8: 168, 16: 168, 32: 240}      # registers of an 8 x 8 tile thread, MINB = 1 (NVRTC 13.x, by BK)
+REGS_EST_TM4 = 128                          # a 4 x 8 tile thread at any BK (NVRTC 13.5: 125-128)
 FFMA_FRAC = {8: 0.84, 16: 0.88, 32: 0.89}   # FMA share of the K loop's SASS (BK 16: 1024 of 1152)
 
 
@@ -211,8 +224,8 @@ def model_cycles(cut: Cut, m: int, k: int, n: int, sms: int, min_ctas: float = 0
     nst = kc // cut.bk
     if cut.st > nst + 1:           # more stages than the K range has
         return None
-    regs = min(REGS_EST[cut.bk], reg_cap(th, cut.minb))
-    if regs < 128:
+    regs = min(REGS_EST[cut.bk] if cut.tm == 8 else REGS_EST_TM4, reg_cap(th, cut.minb))
+    if regs < (128 if cut.tm == 8 else 96):
         return None
     warps = th // 32
     regs_warp = _cdiv(regs * 32, 256) * 256
@@ -226,8 +239,9 @@ def model_cycles(cut: Cut, m: int, k: int, n: int, sms: int, min_ctas: float = 0
     per_sm = _cdiv(ctas, sms * waves)           # CTAs on the busiest SM in a wave
     busy_warps = per_sm * warps
     hide = min(1.0, 0.55 + 0.06 * busy_warps)   # latency hiding: 8 warps ~ full issue
-    spill = 0.85 if (regs <= 128 and cut.bk >= 16) else 1.0
-    eff = FFMA_FRAC[cut.bk] * hide * spill
+    spill = 0.85 if (regs <= 128 and cut.bk >= 16 and cut.tm == 8) else 1.0
+    # half the outputs per shared-memory load: 12 loads per 128 FMAs against 16 per 256
+    eff = FFMA_FRAC[cut.bk] * hide * spill * (1.0 if cut.tm == 8 else 0.96)
     fma_cta = cut.bm * cut.bn * kc * cut.ks
     t_compute = waves * per_sm * fma_cta / (128 * eff)
     # Prologue: DRAM latency plus the stages a CTA must land before its K loop runs ahead.
@@ -239,15 +253,34 @@ def model_cycles(cut: Cut, m: int, k: int, n: int, sms: int, min_ctas: float = 0
     return t_fill + t_compute + t_reduce
 
 
+def fitted_structs(m: int) -> list[tuple[int, int, int, int, int]]:
+    """Row tiles fitted to M: M over t tiles (t = 1..4) rounded up to a warp's rows (16 at TM = 4,
+    32 at TM = 8), so that, e.g., 72 rows compute 80 (cuBLAS's time is flat from 65 to 128 rows at
+    w4096: it computes whole 128-row tiles; benchmarks/results/gemm_sweep_2026-12-06_ba6b8b2_h200.log)."""
+    out = []
+    for tm in (4, 8):
+        for t in range(1, 5):
+            bm = _cdiv(_cdiv(m, t), 4 * tm) * 4 * tm
+            if bm > (128 if tm == 4 else 256):
+                continue
+            for bn in (64, 128):
+                for ks in (1, 2):
+                    # registers: about 240 a thread at TM = 8, 128 at TM = 4 (no spills within 64 K)
+                    if ks * (bm // tm) * (bn // 8) <= (512 if tm == 4 else 256):
+                        out.append((bm, bn, ks, 1, tm))
+    return out
+
+
 def candidates(m: int, k: int, n: int, sms: int, limit: int) -> list[Cut]:
     """``limit`` cuts to time, chosen by the model with diversity: first the best cut of each tile
-    structure (BM, BN, KS, MINB), best structures first, for two thirds of the slots; then the
-    next best cuts that differ from every chosen one in split or K step (not only in stages)."""
+    structure (BM, BN, KS, MINB, TM; :data:`STRUCTS` and :func:`fitted_structs`), best structures
+    first, for two thirds of the slots; then the next best cuts that differ from every chosen one
+    in split or K step (not only in stages)."""
     scored = []
-    for bm, bn, ks, minb in STRUCTS:
+    for bm, bn, ks, minb, tm in dict.fromkeys(STRUCTS + fitted_structs(m)):
         for s in SPLITS:
             for bk in (8, 16, 32):
-                if reg_cap(ks * bm * bn // 64, minb) <= 128 and bk == 32:
+                if tm == 8 and reg_cap(ks * bm * bn // 64, minb) <= 128 and bk == 32:
                     continue
                 p = s * ks
                 kc = _cdiv(_cdiv(k, p), bk) * bk
@@ -255,7 +288,7 @@ def candidates(m: int, k: int, n: int, sms: int, limit: int) -> list[Cut]:
                 for st in sorted({3, 4, min(8, nst + 1), min(6, nst + 1)}):
                     if st < 2:
                         continue
-                    cut = Cut(bm, bn, bk, st, s, ks, minb)
+                    cut = Cut(bm, bn, bk, st, s, ks, minb, tm)
                     t = model_cycles(cut, m, k, n, sms)
                     if t is None:   # small products: keep the cuts that fill fewer SMs, ranked last
                         t2 = model_cycles(cut, m, k, n, sms, 0.0)
@@ -265,25 +298,25 @@ def candidates(m: int, k: int, n: int, sms: int, limit: int) -> list[Cut]:
     scored.sort(key=lambda tc: (tc[0], tc[1].label))
     out, structs, near = [], set(), set()
     for t, cut in scored:
-        key = (cut.bm, cut.bn, cut.ks, cut.minb)
+        key = (cut.bm, cut.bn, cut.ks, cut.minb, cut.tm)
         if key not in structs and len(out) < max(1, (2 * limit) // 3):
             structs.add(key)
             near.add(key + (cut.s, cut.bk))
             out.append(cut)
     # Other K steps of the chosen (structure, split) pairs first (up to half the remaining slots),
     # then other splits.
-    chosen = {(c.bm, c.bn, c.ks, c.minb, c.s) for c in out}
+    chosen = {(c.bm, c.bn, c.ks, c.minb, c.tm, c.s) for c in out}
     room = (limit - len(out) + 1) // 2
     for t, cut in scored:
-        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.s, cut.bk)
-        if room > 0 and nk[:5] in chosen and nk not in near:
+        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.tm, cut.s, cut.bk)
+        if room > 0 and nk[:6] in chosen and nk not in near:
             near.add(nk)
             out.append(cut)
             room -= 1
     for t, cut in scored:
         if len(out) >= limit:
             break
-        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.s, cut.bk)
+        nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.tm, cut.s, cut.bk)
         if nk not in near:
             near.add(nk)
             out.append(cut)
@@ -291,13 +324,13 @@ def candidates(m: int, k: int, n: int, sms: int, limit: int) -> list[Cut]:
 
 
 def parse_cut(text: str) -> tuple[int, ...]:
-    """``BM,BN,BK,STAGES,S,KS,MINB`` -> seven ints (the type of ``--cut``)."""
+    """``BM,BN,BK,STAGES,S,KS,MINB[,TM]`` -> seven or eight ints (the type of ``--cut``)."""
     try:
         cut = tuple(int(t) for t in text.split(","))
     except ValueError:
         cut = ()
-    if len(cut) != 7:
-        raise argparse.ArgumentTypeError(f"expected BM,BN,BK,STAGES,S,KS,MINB (seven integers), got {text!r}")
+    if len(cut) not in (7, 8):
+        raise argparse.ArgumentTypeError(f"expected BM,BN,BK,STAGES,S,KS,MINB[,TM] (seven or eight integers), got {text!r}")
     return cut
 
 
@@ -939,7 +972,7 @@ class Sweep:
         row["best"] = dict(best)
         bcut = next(c for c in cands if c.label == best["cut"])
         row["best_cut"] = {"bm": bcut.bm, "bn": bcut.bn, "bk": bcut.bk, "st": bcut.st, "s": bcut.s, "ks": bcut.ks,
-                           "minb": bcut.minb}
+                           "minb": bcut.minb, "tm": bcut.tm}
         if "us" in row.get("current", {}):
             row["best"]["speedup_vs_current"] = row["current"]["us"] / best["us"]
         early = bcut.early(k, n)
@@ -1266,12 +1299,11 @@ def _parse_cut(expr: str) -> Cut | None:
     if not mt:
         return None
     v = [int(t) for t in mt.group(2).split(",")]
-    if mt.group(1):
-        _, bm, bn, bk, st, s, ks, mb = v
-    else:
-        _, bm, bn, bk, st, ks, mb = v
-        s = 1
-    return Cut(bm, bn, bk, st, s, ks, mb)
+    if not mt.group(1):
+        v.insert(5, 1)   # S = 1
+    tm = v[8] if len(v) > 8 else 8
+    _, bm, bn, bk, st, s, ks, mb = v[:8]
+    return Cut(bm, bn, bk, st, s, ks, mb, tm)
 
 
 def child_main(a) -> int:
@@ -1345,14 +1377,13 @@ def best_cuts(result: dict) -> dict:
 
 
 def cuts_literal(result: dict) -> str:
-    """The best cuts as a Python literal: {(M, K, N): (BM, BN, BK, STAGES, S, KS, MINB)}."""
+    """The best cuts as a Python literal: {(M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, TM])}."""
     items = []
     for r in result["rows"]:
         if r.get("best"):
-            c = r["best_cut"]
-            items.append(f"    ({r['M']}, {r['K']}, {r['N']}): ({c['bm']}, {c['bn']}, {c['bk']}, {c['st']}, {c['s']}, "
-                         f"{c['ks']}, {c['minb']}),  # {r['best']['us']:.2f} us")
-    return "SGEMM_CUTS = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB)\n" + "\n".join(items) + "\n}"
+            v = Cut(**r["best_cut"]).values
+            items.append(f"    ({r['M']}, {r['K']}, {r['N']}): {v},  # {r['best']['us']:.2f} us")
+    return "SGEMM_CUTS = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, TM])\n" + "\n".join(items) + "\n}"
 
 
 def main(argv: list[str] | None = None) -> int:

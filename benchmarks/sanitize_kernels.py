@@ -146,7 +146,11 @@ def main() -> int:
                                        (100, 1000, 132, "add", (32, 128, 16, 3, 8, 1, 1)),
                                        (70, 1000, 196, "relu", (32, 128, 16, 3, 1, 2, 1)),
                                        (65, 520, 260, "add", (64, 64, 32, 2, 1, 4, 1)),
-                                       (33, 1000, 996, "add", (64, 128, 16, 3, 2, 2, 1))):
+                                       (33, 1000, 996, "add", (64, 128, 16, 3, 2, 2, 1)),
+                                       # 4 x 8 outputs per thread (TM = 4): split, slices, none
+                                       (40, 1000, 996, "add", (64, 64, 8, 5, 8, 1, 1, 4)),
+                                       (70, 1004, 260, "relu", (16, 128, 16, 3, 1, 2, 2, 4)),
+                                       (33, 1000, 196, "add", (48, 64, 16, 4, 1, 1, 1, 4))):
         matmul_case("sgemm", batch, k, n, epilogue, sgemm_shape(batch, k, n, *cut))
     # every cut the sweep's table (ops.SGEMM_CUTS) serves, on a shape with tails in M, K and N
     for cut in sorted(set(ops.SGEMM_CUTS.values())):

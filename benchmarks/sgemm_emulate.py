@@ -230,11 +230,11 @@ static void launch(KernelFn fn, int S, int threads, long smem_floats, int gx, in
 
 static int failures = 0;
 
-template <int EPI, int BM, int BN, int BK, int ST, int S, int KS, int MINB = 1>
+template <int EPI, int BM, int BN, int BK, int ST, int S, int KS, int MINB = 1, int TM = 8>
 static void test(int M, int K, int N, int flags, unsigned seed) {
-    typedef SgemmCfg<BM, BN, BK, ST, S, KS> C;
+    typedef SgemmCfg<BM, BN, BK, ST, S, KS, TM> C;
     long smem = py_smem_floats(BM, BN, BK, ST, S, KS);
-    if (smem != sgemm_smem_floats<BM, BN, BK, ST, S, KS>()) { printf("SMEM FORMULA MISMATCH\n"); failures++; }
+    if (smem != sgemm_smem_floats<BM, BN, BK, ST, S, KS, TM>()) { printf("SMEM FORMULA MISMATCH\n"); failures++; }
     std::mt19937 g(seed);
     std::normal_distribution<float> nd;
     const bool rx = flags & RG_FLAG_ROWS_X, ry = flags & RG_FLAG_ROWS_Y, rr = flags & RG_FLAG_ROWS_R;
@@ -256,8 +256,8 @@ static void test(int M, int K, int N, int flags, unsigned seed) {
     const float* rp = r.data() + ((flags & 256) ? 1 : 0);
     const int kflags = flags & 0xff;
     KernelFn fn;
-    if constexpr (S == 1) fn = &sgemm_kernel<EPI, BM, BN, BK, ST, KS, MINB>;
-    else fn = &sgemm_split_kernel<EPI, BM, BN, BK, ST, S, KS, MINB>;
+    if constexpr (S == 1) fn = &sgemm_kernel<EPI, BM, BN, BK, ST, KS, MINB, TM>;
+    else fn = &sgemm_split_kernel<EPI, BM, BN, BK, ST, S, KS, MINB, TM>;
     const float* xarg = x.data(); float* yarg = yp; const float* rarg = EPI == 2 ? rp : nullptr;
     static unsigned long long slots[3];
     slots[0] = (unsigned long long)xarg; slots[1] = (unsigned long long)yarg; slots[2] = (unsigned long long)rarg;
@@ -292,8 +292,8 @@ static void test(int M, int K, int N, int flags, unsigned seed) {
             for (int n = 0; n < N; ++n) if (!std::isnan(yp[(size_t)m * N + n])) overwritten++;
     const bool ok = bad == 0 && nan_left == 0 && overwritten == 0;
     if (!ok) failures++;
-    printf("%s EPI%d BM%d BN%d BK%d ST%d S%d KS%d  M=%d K=%d N=%d flags=%d mode=%d: bad=%ld nan=%ld overwritten=%ld maxrel=%.2e\n",
-           ok ? "ok  " : "FAIL", EPI, BM, BN, BK, ST, S, KS, M, K, N, flags, emu_mode, bad, nan_left, overwritten, maxrel);
+    printf("%s EPI%d BM%d BN%d BK%d ST%d S%d KS%d TM%d  M=%d K=%d N=%d flags=%d mode=%d: bad=%ld nan=%ld overwritten=%ld maxrel=%.2e\n",
+           ok ? "ok  " : "FAIL", EPI, BM, BN, BK, ST, S, KS, TM, M, K, N, flags, emu_mode, bad, nan_left, overwritten, maxrel);
     fflush(stdout);
 }
 
@@ -330,6 +330,17 @@ test<0, 64, 64, 32, 8, 2, 2>(72, 100, 64, 0, 31);      // more stages than the K
 test<2, 32, 64, 8, 4, 1, 8>(40, 512, 64, 0, 32);       // KS = 8 (named barriers 1..8), T = 32
 test<1, 256, 128, 8, 3, 4, 1>(256, 256, 128, 0, 33);    // 512 threads
 test<0, 128, 128, 32, 3, 2, 1>(129, 4 * 33, 132, 0, 34);
+// 4 rows per thread (TM = 4): a warp covers 16 rows
+for (int mode = 0; mode < 3; ++mode) {
+  emu_mode = mode;
+  test<0, 64, 64, 8, 5, 8, 1, 1, 4>(40, 512, 128, 0, 41);
+  test<2, 16, 128, 16, 3, 2, 2, 1, 4>(72, 200, 132, 0, 42);
+  test<1, 64, 128, 8, 3, 6, 2, 1, 4>(104, 768, 256, 0, 43);
+  test<2, 48, 64, 16, 4, 1, 1, 2, 4>(100, 96, 68, 0, 44);
+}
+emu_mode = 2;
+test<2, 32, 128, 16, 4, 2, 2, 1, 4>(72, 256, 192, 16 | 32 | 64 | 256, 45);
+test<2, 32, 64, 8, 3, 1, 1, 1, 4>(33, 64, 132, 2 | 8 | 1, 46);
 """
 
 

@@ -22,9 +22,9 @@
 //   at K = N = 4096, M = 256 (64 tiles of 128 x 128, or 128 of 64 x 128, on 128 of the 132 SMs)
 //   the ceiling is about 0.89 * 128 / 132 = 86 % of fp32 peak before barrier and latency stalls.
 //
-// * A slice of (BM / 8) x (BN / 8) threads computes a BM x BN tile. A warp holds 4 thread rows x
-//   8 thread columns (a 32-row x 64-column piece of the tile), so BM % 32 == 0, BN % 64 == 0.
-//   Thread (tr, tc) owns rows tr + j * BM / 8 (j < 8) and columns 4 tc .. 4 tc + 3 and
+// * A slice of (BM / TM) x (BN / 8) threads computes a BM x BN tile. A warp holds 4 thread rows x
+//   8 thread columns (a 4 TM-row x 64-column piece of the tile), so BM % (4 TM) == 0, BN % 64 == 0.
+//   Thread (tr, tc) owns rows tr + j * BM / TM (j < TM) and columns 4 tc .. 4 tc + 3 and
 //   BN / 2 + 4 tc .. + 3 of the tile. Rows are strided so that the 4 rows a warp loads at once are
 //   adjacent: with the x tile stored [row][k] at a row stride of BK + 4 floats their 16-byte
 //   pieces fall in 4 different bank groups (conflict-free, 1 wavefront, 8-way broadcast). The W
@@ -74,10 +74,17 @@
 // (benchmarks/gemm_sweep.py, later ops) computes the same formula and raises
 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES above 48 KB.
 //
-// Launch: grid (ceil(N / BN), S, ceil(M / BM)), block KS * (BM / 8) * (BN / 8) threads.
-// Name expressions:
-//   sgemm_kernel<EPI, BM, BN, BK, STAGES, KS, MINB>            (S == 1, no cluster)
-//   sgemm_split_kernel<EPI, BM, BN, BK, STAGES, S, KS, MINB>   (2 <= S <= 8, clusters of (1, S, 1))
+// * TM (template, default 8): output rows per thread. TM = 4 gives 4 x 8 outputs (32 accumulators,
+//   about 128 registers instead of 225-254): twice the threads for the same tile, so 2-4 CTAs or
+//   16+ warps per SM where the 8 x 8 tile runs one CTA, and row tiles in steps of 16 (a warp
+//   covers 4 TM rows), e.g. 80 rows for M = 72 where cuBLAS computes 128. cuBLAS's small-M SIMT
+//   kernel (cutlass_80_simt_sgemm_64x64_8x5) uses 4 x 8 per thread. Per 4 steps of k: 4 x loads
+//   and 8 W loads for 128 FMAs.
+//
+// Launch: grid (ceil(N / BN), S, ceil(M / BM)), block KS * (BM / TM) * (BN / 8) threads.
+// Name expressions (TM written only when it is not 8):
+//   sgemm_kernel<EPI, BM, BN, BK, STAGES, KS, MINB[, TM]>            (S == 1, no cluster)
+//   sgemm_split_kernel<EPI, BM, BN, BK, STAGES, S, KS, MINB[, TM]>   (2 <= S <= 8, clusters of (1, S, 1))
 // MINB is __launch_bounds__' minimum CTAs per SM: 1 leaves ptxas up to 255 registers; MINB *
 // threads = 512 caps it at 128 (16 warps per SM): the 8 x 8 tile then fits at BK = 8 (128 x 128,
 // one slice: no spills) and spills 48-64 bytes in some other shapes -- the sweep decides.
@@ -98,9 +105,9 @@ __device__ __forceinline__ void sg_bar_sync(int id, int count)
 }
 #endif
 
-template <int BM, int BN, int BK, int STAGES, int S, int KS>
+template <int BM, int BN, int BK, int STAGES, int S, int KS, int TM = 8>
 struct SgemmCfg {
-    static constexpr int TR = BM / 8;                 // thread rows of a slice
+    static constexpr int TR = BM / TM;                // thread rows of a slice
     static constexpr int TC = BN / 8;                 // thread columns of a slice
     static constexpr int T = TR * TC;                 // threads per slice
     static constexpr int THREADS = T * KS;
@@ -116,7 +123,8 @@ struct SgemmCfg {
     static constexpr int WCH = BK * BN / 4;           // 16-byte pieces of a W tile
     static constexpr int XPT = (XCH + T - 1) / T;     // pieces per thread
     static constexpr int WPT = (WCH + T - 1) / T;
-    static_assert(BM % 32 == 0 && BN % 64 == 0, "a warp covers 32 rows x 64 columns");
+    static_assert(TM == 8 || TM == 4, "8 or 4 rows per thread");
+    static_assert(BM % (4 * TM) == 0 && BN % 64 == 0, "a warp covers 4 TM rows x 64 columns");
     static_assert(BK % 4 == 0 && BK >= 4, "BK is a multiple of 4");
     static_assert(STAGES >= 2, "at least two stages");
     static_assert(S >= 1 && S <= 8, "portable cluster size");
@@ -125,10 +133,10 @@ struct SgemmCfg {
     static_assert(KS == 1 || T % 32 == 0, "a slice is whole warps");
 };
 
-template <int BM, int BN, int BK, int STAGES, int S, int KS>
+template <int BM, int BN, int BK, int STAGES, int S, int KS, int TM = 8>
 __host__ __device__ constexpr int sgemm_smem_floats()
 {
-    return SgemmCfg<BM, BN, BK, STAGES, S, KS>::SMEM_FLOATS;
+    return SgemmCfg<BM, BN, BK, STAGES, S, KS, TM>::SMEM_FLOATS;  // the same for every TM
 }
 
 __device__ __forceinline__ float sg_get(const float4& v, int i)
@@ -164,11 +172,11 @@ __device__ __forceinline__ void sg_store4(float* y, const float* r, int N, int m
     }
 }
 
-template <int EPI, int BM, int BN, int BK, int STAGES, int S, int KS>
+template <int EPI, int BM, int BN, int BK, int STAGES, int S, int KS, int TM>
 __device__ __forceinline__ void sgemm_body(const float* x, const float* __restrict__ W, float* y, const float* r,
                                            int M, int K, int N, int early, const int* rows, int flags)
 {
-    typedef SgemmCfg<BM, BN, BK, STAGES, S, KS> C;
+    typedef SgemmCfg<BM, BN, BK, STAGES, S, KS, TM> C;
     constexpr int TR = C::TR, T = C::T, XS = C::XS;
     extern __shared__ __align__(16) float smem[];
 
@@ -273,9 +281,9 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
         rg_cp_async_commit();  // group st (group 0 also holds every W stage issued before the wait)
     }
 
-    float acc[8][8];
+    float acc[TM][8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < TM; ++j)
 #pragma unroll
         for (int q = 0; q < 8; ++q) acc[j][q] = 0.0f;
 
@@ -295,9 +303,9 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
         const float* ws = xs + C::XTILE;
 #pragma unroll
         for (int kq = 0; kq < BK && st < nst; kq += 4) {
-            float4 a[8];
+            float4 a[TM];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) a[j] = *reinterpret_cast<const float4*>(xs + (tr + j * TR) * XS + kq);
+            for (int j = 0; j < TM; ++j) a[j] = *reinterpret_cast<const float4*>(xs + (tr + j * TR) * XS + kq);
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 const float4 b0 = *reinterpret_cast<const float4*>(ws + (kq + kk) * BN + 4 * tc);
@@ -312,7 +320,7 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
 #pragma unroll
                 for (int q = 0; q < 8; ++q)
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) acc[j][q] = fmaf(sg_get(a[j], kk), bq[q], acc[j][q]);
+                    for (int j = 0; j < TM; ++j) acc[j][q] = fmaf(sg_get(a[j], kk), bq[q], acc[j][q]);
             }
         }
         buf = (buf + 1 == STAGES) ? 0 : buf + 1;
@@ -325,7 +333,7 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
 
     if constexpr (P == 1) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < TM; ++j) {
             const int m = m0 + tr + j * TR;
             if (m < M) {
                 const int my = rg_row(rows, flags, RG_FLAG_ROWS_Y, m);
@@ -343,7 +351,7 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
         __syncthreads();  // every slice is done with its stages: they become the partial tiles
         float* const pt = smem + slice * BM * C::PS;
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < TM; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 *reinterpret_cast<float4*>(pt + (tr + j * TR) * C::PS + h * (BN / 2) + 4 * tc) =
@@ -402,25 +410,25 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
     }
 }
 
-// grid (ceil(N / BN), 1, ceil(M / BM)), KS * (BM / 8) * (BN / 8) threads; MINB: __launch_bounds__'s
+// grid (ceil(N / BN), 1, ceil(M / BM)), KS * (BM / TM) * (BN / 8) threads; MINB: __launch_bounds__'s
 // minimum resident CTAs per SM (1: up to 255 registers; 2 at 256 threads: at most 128, 16 warps per SM)
-template <int EPI, int BM, int BN, int BK, int STAGES, int KS, int MINB>
-__global__ void __launch_bounds__(SgemmCfg<BM, BN, BK, STAGES, 1, KS>::THREADS, MINB)
+template <int EPI, int BM, int BN, int BK, int STAGES, int KS, int MINB, int TM = 8>
+__global__ void __launch_bounds__(SgemmCfg<BM, BN, BK, STAGES, 1, KS, TM>::THREADS, MINB)
 sgemm_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N, int flags,
              const int* rows)
 {
-    sgemm_body<EPI, BM, BN, BK, STAGES, 1, KS>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W, rg_arg_ptr(y, flags, RG_FLAG_IND_Y),
+    sgemm_body<EPI, BM, BN, BK, STAGES, 1, KS, TM>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W, rg_arg_ptr(y, flags, RG_FLAG_IND_Y),
         rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
 }
 
 #ifdef RG_HAS_CLUSTERS
 // grid (ceil(N / BN), S, ceil(M / BM)), clusters of (1, S, 1): cluster rank == blockIdx.y
-template <int EPI, int BM, int BN, int BK, int STAGES, int S, int KS, int MINB>
-__global__ void __cluster_dims__(1, S, 1) __launch_bounds__(SgemmCfg<BM, BN, BK, STAGES, S, KS>::THREADS, MINB)
+template <int EPI, int BM, int BN, int BK, int STAGES, int S, int KS, int MINB, int TM = 8>
+__global__ void __cluster_dims__(1, S, 1) __launch_bounds__(SgemmCfg<BM, BN, BK, STAGES, S, KS, TM>::THREADS, MINB)
 sgemm_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N,
                    int flags, const int* rows)
 {
-    sgemm_body<EPI, BM, BN, BK, STAGES, S, KS>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W, rg_arg_ptr(y, flags, RG_FLAG_IND_Y),
+    sgemm_body<EPI, BM, BN, BK, STAGES, S, KS, TM>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W, rg_arg_ptr(y, flags, RG_FLAG_IND_Y),
         rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows, flags);
 }
 #endif

@@ -55,6 +55,8 @@ CUTS = [
     (100, 1000, 996, (64, 64, 32, 2, 2, 2, 1)),
     (33, 1000, 260, (128, 128, 8, 3, 1, 1, 2)),
     (5, 36, 68, (32, 64, 8, 2, 8, 1, 1)),
+    (104, 1024, 1024, (64, 128, 8, 3, 6, 2, 1, 4)),   # 4 x 8 outputs per thread
+    (40, 1000, 260, (16, 64, 16, 3, 1, 2, 2, 4)),
 ]
 
 
@@ -65,13 +67,15 @@ def test_sgemm_shape_matches_the_sweep(sweep, m, k, n, cut):
     shape = sgemm_shape(m, k, n, *cut)
     ref = sweep.Cut(*cut)
     assert shape.kernel == "sgemm" and matmul_file(shape) == "sgemm"
-    assert (shape.bm, shape.bn, shape.bk, shape.stages, shape.split, shape.slices, shape.minb) == cut
+    tm = cut[7] if len(cut) == 8 else 8
+    assert (shape.bm, shape.bn, shape.bk, shape.stages, shape.split, shape.slices, shape.minb, shape.tm) == cut[:7] + (tm,)
+    assert ref.values == cut
     assert shape.per_sm == 0 and shape.vec == 4
     for epi in ("none", "relu", "add"):
         assert matmul_expr(epi, shape) == ref.expr(epi)
     assert sweep._parse_cut(matmul_expr("none", shape)) == ref
     assert shape.grid == ref.grid(m, n) == (-(-n // cut[1]), cut[4], -(-m // cut[0]))
-    assert shape.threads == ref.threads == cut[5] * cut[0] * cut[1] // 64
+    assert shape.threads == ref.threads == cut[5] * (cut[0] // tm) * (cut[1] // 8)
     assert gemm_smem_bytes(shape) == sgemm_smem_bytes(*cut[:6]) == ref.smem
     assert shape.ctas == shape.grid[0] * shape.grid[1] * shape.grid[2]
 
@@ -90,10 +94,18 @@ def test_sgemm_numbers_by_hand():
     g = ops.gemm_shape(64, 4096, 4096, 132, True)
     assert (g.bk, g.stages, g.minb) == (0, 0, 0) and matmul_file(g) == "matmul"
     assert matmul_expr("none", g).startswith("gemm_") and g.threads == 256 * g.slices
+    # 4 x 8 outputs per thread: twice the threads of the same tile, TM named after MINB
+    four = sgemm_shape(104, 1024, 1024, 64, 128, 8, 3, 6, 2, 1, 4)
+    assert matmul_expr("none", four) == "sgemm_split_kernel<0, 64, 128, 8, 3, 6, 2, 1, 4>"
+    assert four.threads == 2 * (64 // 4) * (128 // 8) == 512 and four.grid == (8, 6, 2)
+    assert gemm_smem_bytes(four) == gemm_smem_bytes(sgemm_shape(104, 1024, 1024, 64, 128, 8, 3, 6, 2, 1))
 
 
 @pytest.mark.parametrize("cut,clusters,match", [
     ((48, 64, 16, 3, 1, 1, 1), True, "BM % 32"),
+    ((40, 64, 16, 3, 1, 1, 1, 4), True, "BM % 16"),
+    ((64, 64, 16, 3, 1, 1, 1, 2), True, "TM must be 8 or 4"),
+    ((128, 128, 16, 3, 1, 1, 5, 4), True, "MINB 5 x 512"),
     ((64, 96, 16, 3, 1, 1, 1), True, "BN % 64"),
     ((64, 64, 6, 3, 1, 1, 1), True, "multiple of 4"),
     ((64, 64, 0, 3, 1, 1, 1), True, "multiple of 4"),
@@ -143,14 +155,18 @@ def test_hand_picked_sgemm_cuts_are_checked():
     with pytest.raises(ShapeError, match="shared memory"):
         _check_shape(big, 64, 1000, 1000, x, w, clusters=True, smem_limit=OPTIN)
     # a structurally impossible cut, built by hand: the kernel's rules, typed
-    bad = MatmulShape("sgemm", 4, 96, 64, 1, (11, 1, 1), 0, 1, 16, 3, 1)
+    bad = MatmulShape("sgemm", 4, 96, 64, 1, (11, 1, 1), 0, 1, 16, 3, 1, 8)
     with pytest.raises(ShapeError, match="BN % 64"):
         _check_shape(bad, 64, 1000, 1000, x, w, clusters=True)
     # a residency cap is not an sgemm thing (MINB is); a wrong grid is refused
-    for wrong in (MatmulShape("sgemm", 4, 128, 64, 2, good.grid, 2, 2, 16, 3, 1),
-                  MatmulShape("sgemm", 4, 128, 64, 2, (8, 2, 2), 0, 2, 16, 3, 1)):
+    for wrong in (MatmulShape("sgemm", 4, 128, 64, 2, good.grid, 2, 2, 16, 3, 1, 8),
+                  MatmulShape("sgemm", 4, 128, 64, 2, (8, 2, 2), 0, 2, 16, 3, 1, 8)):
         with pytest.raises(ShapeError, match="does not fit"):
             _check_shape(wrong, 64, 1000, 1000, x, w, clusters=True)
+    with pytest.raises(ShapeError, match="BM % 16"):  # TM 4: a warp covers 16 rows
+        _check_shape(MatmulShape("sgemm", 4, 128, 40, 1, (8, 1, 2), 0, 1, 16, 3, 1, 4), 64, 1000, 1000, x, w, clusters=True)
+    with pytest.raises(ShapeError, match="needs tm"):
+        MatmulShape("sgemm", 4, 128, 64, 2, good.grid, 0, 2, 16, 3, 1)
 
 
 def test_the_table_is_the_one_matmul_shape_reads():
@@ -363,5 +379,5 @@ def test_the_bank_conflict_screen_counts_register_file_reads_in_one_bank(monkeyp
     assert mod.ffma_conflicts(sass) == (5, 4, 3)
     assert mod.parse_cut("64,128,32,3,2,1,1") == (64, 128, 32, 3, 2, 1, 1)
     for bad in ("64,128", "64,128,32,3,2,1,x"):
-        with pytest.raises(argparse.ArgumentTypeError, match="seven integers"):
+        with pytest.raises(argparse.ArgumentTypeError, match="seven or eight integers"):
             mod.parse_cut(bad)

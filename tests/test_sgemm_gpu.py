@@ -14,7 +14,7 @@ from rawgraph.runtime.memory import POISON_BITS, DeviceArray
 pytestmark = pytest.mark.gpu
 F32 = np.dtype(np.float32)
 
-# (M, K, N, (BM, BN, BK, STAGES, S, KS, MINB)), tails in M, K (not a multiple of BK) and N (not of BN)
+# (M, K, N, (BM, BN, BK, STAGES, S, KS, MINB[, TM])), tails in M, K (not a multiple of BK) and N (not of BN)
 CUTS = [
     (33, 1000, 996, (64, 64, 16, 3, 1, 1, 1)),        # no split: epilogue from registers
     (70, 1004, 260, (128, 128, 8, 2, 1, 1, 2)),       # MINB 2 (128 registers)
@@ -26,6 +26,9 @@ CUTS = [
     (33, 1000, 996, (64, 128, 16, 3, 2, 2, 1)),       # split and slices
     (5, 36, 68, (32, 64, 8, 2, 8, 1, 1)),             # K shorter than the parts: empty K parts
     (1, 4, 4, (32, 64, 4, 2, 1, 1, 1)),               # the smallest product
+    (40, 1000, 996, (64, 64, 8, 5, 8, 1, 1, 4)),      # 4 x 8 outputs per thread, cluster split of 8
+    (70, 1004, 260, (16, 128, 16, 3, 1, 2, 2, 4)),    # TM 4: in-CTA slices, MINB 2, epilogue from partials
+    (33, 1000, 196, (48, 64, 16, 4, 1, 1, 1, 4)),     # TM 4, no split: epilogue from registers
 ]
 _IDS = [f"m{m}-k{k}-n{n}-" + "-".join(map(str, c)) for m, k, n, c in CUTS]
 
@@ -102,7 +105,7 @@ def test_sgemm_cut_matches_float64(device, stream, rng, compiled_cuts, epilogue,
 
 
 @pytest.mark.parametrize("indirect", [False, True])
-@pytest.mark.parametrize("m,k,n,cut", [CUTS[0], CUTS[3], CUTS[7], CUTS[8]], ids=[_IDS[i] for i in (0, 3, 7, 8)])
+@pytest.mark.parametrize("m,k,n,cut", [CUTS[i] for i in (0, 3, 7, 8, 10, 12)], ids=[_IDS[i] for i in (0, 3, 7, 8, 10, 12)])
 def test_sgemm_misaligned_y_r_and_pointer_slots(device, stream, rng, compiled_cuts, indirect, m, k, n, cut):
     """y and r one float past 16-byte alignment (the epilogue's scalar stores), optionally read
     through pointer slots; the float before y keeps its poison."""
@@ -114,7 +117,7 @@ def test_sgemm_misaligned_y_r_and_pointer_slots(device, stream, rng, compiled_cu
 
 
 @pytest.mark.parametrize("m,k,cut", [(37, 264, (64, 64, 16, 3, 1, 1, 1)), (70, 264, (32, 128, 8, 3, 3, 2, 1)),
-                                     (5, 1000, (32, 64, 16, 3, 2, 2, 1))])
+                                     (5, 1000, (32, 64, 16, 3, 2, 2, 1)), (37, 264, (32, 64, 8, 3, 3, 1, 1, 4))])
 def test_sgemm_row_tables(device, stream, rng, m, k, cut):
     """Row m of x, r and y is row table[m] of a larger state (the slot pool's fused gather and
     scatter); every other row of y keeps its poison; two runs agree bit for bit."""
@@ -144,7 +147,7 @@ def test_sgemm_row_tables(device, stream, rng, m, k, cut):
         b.close()
 
 
-@pytest.mark.parametrize("m,k,n,cut", [CUTS[0], CUTS[4], CUTS[7]], ids=[_IDS[i] for i in (0, 4, 7)])
+@pytest.mark.parametrize("m,k,n,cut", [CUTS[i] for i in (0, 4, 7, 10)], ids=[_IDS[i] for i in (0, 4, 7, 10)])
 def test_sgemm_after_a_writer_with_pdl(device, stream, rng, compiled_cuts, m, k, n, cut):
     """A PDL launch after the kernel that writes its x: it may start early (its W prefetch), but
     reads x only once that kernel is done (poisoned x would show as NaN)."""
@@ -166,7 +169,8 @@ def test_sgemm_after_a_writer_with_pdl(device, stream, rng, compiled_cuts, m, k,
 
 
 @pytest.mark.parametrize("form", ["unfused", "fused"])
-@pytest.mark.parametrize("width,batch,cut", [(256, 72, (32, 64, 16, 3, 2, 1, 1)), (1024, 64, (64, 128, 16, 4, 2, 2, 1))])
+@pytest.mark.parametrize("width,batch,cut", [(256, 72, (32, 64, 16, 3, 2, 1, 1)), (1024, 64, (64, 128, 16, 4, 2, 2, 1)),
+                                             (1024, 104, (64, 128, 8, 3, 6, 2, 1, 4))])
 def test_tinyblock_with_a_table_cut_matches_float64(monkeypatch, stream, rng, form, width, batch, cut):
     monkeypatch.setattr(gemm, "SGEMM_CUTS", {(batch, width, width): cut})
     model = TinyBlock(width, batch, 2, seed=int(rng.integers(1 << 30)), form=form)

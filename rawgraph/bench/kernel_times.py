@@ -120,10 +120,10 @@ def sgemm_candidates(batch: int, k: int, n: int, clusters: bool, smem_limit: int
                 continue
             cuts.append((bm, bn, SGEMM_SWEEP_BK, max(2, min(4, kc // SGEMM_SWEEP_BK + 1)), split, ks, minb))
     out = []
-    for bm, bn, bk, stages, split, ks, minb in cuts:
-        if split > 1 and not clusters:
+    for cut in cuts:
+        if cut[4] > 1 and not clusters:  # (BM, BN, BK, STAGES, S, KS, MINB[, TM])
             continue
-        shape = ops.sgemm_shape(batch, k, n, bm, bn, bk, stages, split, ks, minb, clusters)
+        shape = ops.sgemm_shape(batch, k, n, *cut, clusters=clusters)
         if not smem_limit or ops.gemm_smem_bytes(shape) <= smem_limit:
             out.append(shape)
     return out
@@ -161,7 +161,7 @@ def candidate_shapes(batch: int, width: int, multiprocessors: int, clusters: boo
 def _label(s: ops.MatmulShape) -> str:
     if s.kernel == "sgemm":
         return (f"sgemm/{s.bt}x{s.tc}/k{s.bk}/st{s.stages}/s{s.split}/ks{s.slices}"
-                + (f"/mb{s.minb}" if s.minb > 1 else ""))
+                + (f"/mb{s.minb}" if s.minb > 1 else "") + (f"/tm{s.tm}" if s.tm != 8 else ""))
     return (f"{s.kernel}/t{s.tc}/s{s.split}" + (f"/sl{s.slices}" if s.slices > 1 else "")
             + (f"/cap{s.per_sm}" if s.per_sm else ""))
 

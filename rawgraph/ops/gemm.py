@@ -100,7 +100,7 @@ MATVEC_TILES = {4: (128, 64, 32, 16), 1: (32, 16, 8)}  # column tiles per load w
 # efff787_h100.json) whose BK = 8 cut was 5-6 % faster than the 64 x 128 BK = 32 one (15.6-15.7 us
 # against 16.3-16.6; again with 4 stages in stages1024_2026-12-06_efff787_h100.json).
 SGEMM_ROW_STEP = 8  # the table's row grid: M between two entries takes the upper entry's cut
-SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, int, int, int, int, int, int]] = {  # (M, K, N): cut
+SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, ...]] = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, TM])
     (16, 1024, 1024): (32, 128, 16, 3, 8, 4, 1),  # 7.78 us
     (24, 1024, 1024): (32, 128, 16, 3, 8, 4, 1),  # 8.36 us
     (32, 1024, 1024): (32, 128, 32, 3, 8, 2, 1),  # 9.09 us
@@ -179,8 +179,9 @@ class MatmulShape:
 
     ``"sgemm"`` (``kernels/sgemm.cu``, built by :func:`sgemm_shape`): ``bt`` is the row tile BM,
     ``tc`` the column tile BN, ``split`` the cluster size S, ``slices`` the in-CTA K slices KS
-    (each of BM * BN / 64 threads); ``bk`` (K rows per pipeline stage), ``stages`` and ``minb``
-    (``__launch_bounds__``' minimum CTAs per SM) are its own; 0 for the other kernels.
+    (each of (BM / TM) * (BN / 8) threads); ``bk`` (K rows per pipeline stage), ``stages``,
+    ``minb`` (``__launch_bounds__``' minimum CTAs per SM) and ``tm`` (output rows per thread, 8
+    or 4) are its own; 0 for the other kernels.
     """
 
     kernel: str
@@ -194,6 +195,11 @@ class MatmulShape:
     bk: int = 0
     stages: int = 0
     minb: int = 0
+    tm: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kernel == "sgemm" and self.tm not in (4, 8):
+            raise ShapeError(f"an sgemm shape needs tm (output rows per thread) 8 or 4, got {self.tm}")
 
     @property
     def bm(self) -> int:
@@ -208,7 +214,7 @@ class MatmulShape:
     @property
     def threads(self) -> int:
         if self.kernel == "sgemm":
-            return self.slices * (self.bt // 8) * (self.tc // 8)
+            return self.slices * (self.bt // self.tm) * (self.tc // 8)
         return THREADS * self.slices
 
     @property
@@ -311,17 +317,21 @@ def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool,
 
 
 def sgemm_shape(batch: int, k: int, n: int, bm: int, bn: int, bk: int, stages: int, split: int = 1,
-                slices: int = 1, minb: int = 1, clusters: bool = True) -> MatmulShape:
+                slices: int = 1, minb: int = 1, tm: int = 8, *, clusters: bool = True) -> MatmulShape:
     """A cut of ``kernels/sgemm.cu``: BM x BN output tiles, K in steps of ``bk`` through ``stages``
     cp.async stages, K split over a cluster of ``split`` CTAs and again over ``slices`` groups of
-    BM * BN / 64 threads inside each CTA; ``minb`` is ``__launch_bounds__``' minimum CTAs per SM.
+    (BM / ``tm``) * (BN / 8) threads inside each CTA, each thread computing ``tm`` x 8 outputs
+    (``tm`` 8 or 4); ``minb`` is ``__launch_bounds__``' minimum CTAs per SM.
     Grid (ceil(N / BN), S, ceil(M / BM)). The arguments are those of a ``SGEMM_CUTS`` entry
-    ``(BM, BN, BK, STAGES, S, KS, MINB)``; what the kernel's static_asserts and the launch forbid
-    raises :class:`ShapeError` here (operand layout is :func:`matmul`'s check)."""
+    ``(BM, BN, BK, STAGES, S, KS, MINB[, TM])``; what the kernel's static_asserts and the launch
+    forbid raises :class:`ShapeError` here (operand layout is :func:`matmul`'s check)."""
     if min(batch, k, n) < 1:
         raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
-    if bm < 32 or bm % 32 or bn < 64 or bn % 64:
-        raise ShapeError(f"sgemm tiles need BM % 32 == 0 and BN % 64 == 0 (a warp covers 32 x 64), got {bm} x {bn}")
+    if tm not in (4, 8):
+        raise ShapeError(f"sgemm rows per thread TM must be 8 or 4, got {tm}")
+    if bm < 4 * tm or bm % (4 * tm) or bn < 64 or bn % 64:
+        raise ShapeError(f"sgemm tiles need BM % {4 * tm} == 0 and BN % 64 == 0 (a warp covers {4 * tm} x 64 "
+                         f"at TM = {tm}), got {bm} x {bn}")
     if bk < 4 or bk % 4:
         raise ShapeError(f"sgemm K step BK must be a positive multiple of 4, got {bk}")
     if stages < 2:
@@ -330,7 +340,7 @@ def sgemm_shape(batch: int, k: int, n: int, bm: int, bn: int, bk: int, stages: i
         raise ShapeError(f"sgemm split {split} must be 1..{MAX_SPLIT}; above 1 it needs clusters (sm_90)")
     if not 1 <= slices <= 8:
         raise ShapeError(f"sgemm K slices per CTA must be 1..8, got {slices}")
-    threads = slices * (bm // 8) * (bn // 8)
+    threads = slices * (bm // tm) * (bn // 8)
     if threads > 1024:
         raise ShapeError(f"sgemm cut {bm} x {bn} with {slices} slices needs {threads} threads per CTA (at most 1024)")
     if minb < 1 or minb * threads > SGEMM_MAX_THREADS_PER_SM:
@@ -338,7 +348,7 @@ def sgemm_shape(batch: int, k: int, n: int, bm: int, bn: int, bk: int, stages: i
     grid = (_cdiv(n, bn), split, _cdiv(batch, bm))
     if grid[2] > 65535:
         raise ShapeError(f"sgemm grid z {grid[2]} (batch {batch} / BM {bm}) exceeds 65535")
-    return MatmulShape("sgemm", 4, bn, bm, split, grid, 0, slices, bk, stages, minb)
+    return MatmulShape("sgemm", 4, bn, bm, split, grid, 0, slices, bk, stages, minb, tm)
 
 
 def sgemm_smem_bytes(bm: int, bn: int, bk: int, stages: int, split: int, slices: int) -> int:
@@ -403,8 +413,8 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
         key = (_cdiv(batch, SGEMM_ROW_STEP) * SGEMM_ROW_STEP, k, n)
         cut = SGEMM_CUTS.get(key)
     if cut is not None and gemm_ok:
-        if len(cut) != 7:
-            raise ShapeError(f"SGEMM_CUTS[{key}] = {cut}: expected (BM, BN, BK, STAGES, S, KS, MINB)")
+        if len(cut) not in (7, 8):
+            raise ShapeError(f"SGEMM_CUTS[{key}] = {cut}: expected (BM, BN, BK, STAGES, S, KS, MINB[, TM])")
         sg = sgemm_shape(batch, k, n, *cut, clusters=True)
         if (sg.split == 1 or clusters) and (not smem_limit or gemm_smem_bytes(sg) <= smem_limit):
             return sg
@@ -433,10 +443,11 @@ def matmul_expr(epilogue: str, shape: MatmulShape) -> str:
     """The kernel's name expression (spelled as ``benchmarks/gemm_sweep.py`` spells sgemm cuts)."""
     e = EPILOGUES[epilogue]
     if shape.kernel == "sgemm":
+        tm = "" if shape.tm == 8 else f", {shape.tm}"  # TM = 8 is the template's default
         if shape.split > 1:
             return (f"sgemm_split_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.split}, "
-                    f"{shape.slices}, {shape.minb}>")
-        return f"sgemm_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.slices}, {shape.minb}>"
+                    f"{shape.slices}, {shape.minb}{tm}>")
+        return f"sgemm_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.slices}, {shape.minb}{tm}>"
     if shape.kernel == "gemm":
         if shape.split > 1:
             return f"gemm_split_kernel<{e}, {shape.tc}, {shape.split}, {shape.slices}>"
@@ -529,7 +540,7 @@ def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray
         if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
             raise LayoutError("the sgemm kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
         want = sgemm_shape(batch, k, n, shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices,
-                           shape.minb, clusters)
+                           shape.minb, shape.tm, clusters=clusters)
         if smem_limit and gemm_smem_bytes(shape) > smem_limit:
             raise ShapeError(f"sgemm cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
                              f"shared memory per CTA; this device allows {smem_limit}")
