@@ -17,6 +17,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh smallm  # capture-cost probe; ncu stalls at w1024 M 40-128
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh closing # GPU tests, 4 sanitizers, buckets, slots, choose, launch paths
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tm4     # GEMM grid with TM = 4 and fitted row tiles; GPU tests
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh deep    # 60 cuts a shape at the shapes cuBLAS still leads
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -208,9 +209,20 @@ case "${1:-tests}" in
       >"$OUT/gemm.log" 2>&1
     echo "gemm rc=$? at $(el)s"; grep -E "REQUIRED|TARGET|checks" "$OUT/gemm.log" | cut -c1-300
     gpu_tests $(( $(left) - 15 )) -q tests ;;
+  deep)  # issue 23: 60 cuts a shape where the tm4 sweep left cuBLAS ahead or close (w1024 104-128,
+    # w4096 64 and 104-144) and below the grid (w1024 16-56, the buckets' small sizes), with 4 x 8
+    # tiles over two row tiles named explicitly at w4096
+    timeout 150 python3 benchmarks/gemm_sweep.py --out "$OUT/gemm_deep1024" --widths 1024 --rows 16:56:8 104:128:8 \
+      --max-cands 60 --budget-s 130 >"$OUT/gemm_deep1024.log" 2>&1
+    echo "gemm w1024 rc=$? at $(el)s"; grep -E "^ +[0-9]+ +1024 " "$OUT/gemm_deep1024.log" | cut -c1-150
+    timeout $(( $(left) - 10 )) python3 benchmarks/gemm_sweep.py --out "$OUT/gemm_deep4096" --widths 4096 \
+      --rows 64 104:144:8 --max-cands 60 --budget-s $(( $(left) - 50 )) --cut 64,64,32,3,2,2,1,4 --cut 64,64,16,3,2,2,1,4 \
+      --cut 64,64,32,3,2,1,2,4 --cut 64,128,32,3,2,1,1,4 --cut 32,128,32,3,2,2,1,4 --cut 64,64,32,3,2,4,1,4 \
+      >"$OUT/gemm_deep4096.log" 2>&1
+    echo "gemm w4096 rc=$? at $(el)s"; grep -E "^ +[0-9]+ +4096 " "$OUT/gemm_deep4096.log" | cut -c1-150 ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|gpu" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|gpu" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"
