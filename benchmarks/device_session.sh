@@ -18,6 +18,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh closing # GPU tests, 4 sanitizers, buckets, slots, choose, launch paths
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tm4     # GEMM grid with TM = 4 and fitted row tiles; GPU tests
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh deep    # 60 cuts a shape at the shapes cuBLAS still leads
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh grid    # the table's cut at every shape against cuBLAS
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -220,9 +221,17 @@ case "${1:-tests}" in
       --cut 64,64,32,3,2,1,2,4 --cut 64,128,32,3,2,1,1,4 --cut 32,128,32,3,2,2,1,4 --cut 64,64,32,3,2,4,1,4 \
       >"$OUT/gemm_deep4096.log" 2>&1
     echo "gemm w4096 rc=$? at $(el)s"; grep -E "^ +[0-9]+ +4096 " "$OUT/gemm_deep4096.log" | cut -c1-150 ;;
+  grid)  # issue 23: the table's cut at every shape of the grid and below it (w1024 16-56) against
+    # cuBLAS, with a few model cuts beside it (the committed table's own figures)
+    timeout $(( $(left) - 10 )) python3 benchmarks/gemm_sweep.py --out "$OUT/gemm_grid" --rows 16:256:8 --widths 1024 \
+      --max-cands ${CANDS:-4} --budget-s 120 >"$OUT/gemm_grid1024.log" 2>&1
+    echo "gemm w1024 rc=$? at $(el)s"; grep -E "REQUIRED|TARGET|checks" "$OUT/gemm_grid1024.log" | cut -c1-300
+    timeout $(( $(left) - 10 )) python3 benchmarks/gemm_sweep.py --out "$OUT/gemm_grid4096" --widths 4096 \
+      --max-cands ${CANDS:-4} --budget-s $(( $(left) - 40 )) >"$OUT/gemm_grid4096.log" 2>&1
+    echo "gemm w4096 rc=$? at $(el)s"; grep -E "REQUIRED|TARGET|checks" "$OUT/gemm_grid4096.log" | cut -c1-300 ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|gpu" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|gpu" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"

@@ -95,17 +95,18 @@ MATVEC_TILES = {4: (128, 64, 32, 16), 1: (32, 16, 8)}  # column tiles per load w
 # (TM = 4) and row tiles fitted to M among them, every cut checked against float64 and run twice
 # bit for bit (benchmarks/results/gemm_sweep_2026-12-06_9a322d3_h100.json); where the earlier
 # table's cut, timed in the same run, was faster, it stayed (w1024 152-224, 248-256 rows; w4096
-# 128, 152, 168, 184, 200, 240). Below 64 rows at w1024, the sweep of c477e95 (H100,
-# benchmarks/results/gemm_small_2026-12-06_c477e95_h100.json) where its best cut beat the matvec
-# rule (16-56 rows: 7.8-11.3 us against 9.4-15.2; at 8 rows the matvec's 5.85 us stays).
+# 128, 152, 168, 184, 200, 240). Below 64 rows at w1024 (16-56; at 8 rows matvec's 5.85 us stays),
+# a sweep of 60 cuts per shape at 4c1a372 (H100, benchmarks/results/gemm_deep1024_2026-12-06_
+# 4c1a372_h100.json): 4 x 8 tiles of 16 or 32 rows, 6.40-9.60 us where the 8 x 8 cuts took
+# 7.75-10.87 in the same run.
 SGEMM_ROW_STEP = 8  # the table's row grid: M between two entries takes the upper entry's cut
 SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, ...]] = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, TM])
-    (16, 1024, 1024): (32, 128, 16, 3, 8, 4, 1),  # 7.78 us
-    (24, 1024, 1024): (32, 128, 16, 3, 8, 4, 1),  # 8.36 us
-    (32, 1024, 1024): (32, 128, 32, 3, 8, 2, 1),  # 9.09 us
-    (40, 1024, 1024): (64, 128, 32, 3, 8, 2, 1),  # 10.92 us
-    (48, 1024, 1024): (32, 128, 16, 3, 4, 4, 1),  # 10.97 us
-    (56, 1024, 1024): (32, 128, 16, 3, 8, 2, 1),  # 11.29 us
+    (16, 1024, 1024): (16, 64, 32, 3, 8, 2, 1, 4),  # 6.40 us
+    (24, 1024, 1024): (16, 64, 32, 3, 8, 2, 1, 4),  # 6.57 us
+    (32, 1024, 1024): (16, 64, 32, 3, 8, 2, 1, 4),  # 6.73 us
+    (40, 1024, 1024): (16, 64, 16, 3, 8, 2, 1, 4),  # 7.72 us
+    (48, 1024, 1024): (16, 64, 16, 3, 8, 2, 1, 4),  # 7.68 us
+    (56, 1024, 1024): (32, 64, 32, 3, 8, 2, 1, 4),  # 9.60 us
     (64, 1024, 1024): (32, 64, 32, 3, 8, 2, 1, 4),  # 9.63 us
     (72, 1024, 1024): (32, 128, 32, 3, 4, 2, 1, 4),  # 11.06 us
     (80, 1024, 1024): (32, 128, 32, 3, 4, 2, 1, 4),  # 11.08 us
