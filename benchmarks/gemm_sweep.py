@@ -1148,7 +1148,9 @@ def source_hashes() -> dict:
 
 
 def table(result: dict) -> str:
-    """Best cut per shape with cuBLAS beside it; flags the issue's required and target figures."""
+    """Best cut per shape with cuBLAS beside it; flags the issue's required and target figures,
+    judged on the faster of the best cut timed and today's cut (``current``: what rawgraph serves
+    now, e.g. the committed table's entry), since either is what the library can serve."""
     hdr = (f"{'M':>4s} {'K=N':>5s}  {'best sgemm cut':<36s} {'us':>8s} {'%peak':>6s} {'%copy':>6s} "
            f"{'cuBLAS':>8s} {'ratio':>6s} {'current':>8s} {'cur/cub':>7s}  relu/add us  flags")
     out = [hdr, "-" * len(hdr)]
@@ -1162,14 +1164,17 @@ def table(result: dict) -> str:
         cub = row.get("cublas", {}).get("us")
         ratio = b["us"] / cub if cub else float("nan")
         cur = row.get("current", {}).get("us")
+        served = min(b["us"], cur) if cur else b["us"]
+        judged = served / cub if cub else float("nan")
+        served_peak = b["pct_peak"] * b["us"] / served
         flags = []
-        if cub and ratio > REQUIRED_RATIO:
+        if cub and judged > REQUIRED_RATIO:
             flags.append("REQUIRED-MISS")
             misses["required"].append((row["M"], row["K"]))
-        elif cub and ratio > TARGET_RATIO:
+        elif cub and judged > TARGET_RATIO:
             flags.append("target-miss")
             misses["target"].append((row["M"], row["K"]))
-        if row["M"] == 256 and row["K"] == 4096 and b["pct_peak"] < 100 * TARGET_PEAK:
+        if row["M"] == 256 and row["K"] == 4096 and served_peak < 100 * TARGET_PEAK:
             flags.append(f"peak<{100 * TARGET_PEAK:.0f}%")
             misses["peak"].append((row["M"], row["K"]))
         v = row.get("best_variants", {})
@@ -1190,8 +1195,11 @@ def table(result: dict) -> str:
         out.append("(no cuBLAS figures in this run: the ratios above are not judged)")
     key = [r for r in result["rows"] if r["M"] == 256 and r["K"] == 4096 and r.get("best")]
     if key:
-        out.append(f"TARGET (>= {100 * TARGET_PEAK:.0f}% fp32 peak at w4096 M=256): {key[0]['best']['pct_peak']:.1f}% "
-                   + ("met" if key[0]["best"]["pct_peak"] >= 100 * TARGET_PEAK else "MISSED"))
+        b, cur = key[0]["best"], key[0].get("current", {}).get("us")
+        peak = b["pct_peak"] * b["us"] / (min(b["us"], cur) if cur else b["us"])
+        out.append(f"TARGET (>= {100 * TARGET_PEAK:.0f}% fp32 peak at w4096 M=256): {peak:.1f}% "
+                   + ("met" if peak >= 100 * TARGET_PEAK else "MISSED"))
+    out.append("(flags judge the faster of the best cut and the current one)")
     failed = [(r["M"], r["K"], c["cut"]) for r in result["rows"] for c in r.get("candidates", []) if not c.get("ok", False)]
     bad_epi = [(r["M"], r["K"], e) for r in result["rows"] for e in ("relu", "add")
                if e in r.get("best_variants", {}) and not r["best_variants"][e].get("ok", False)]

@@ -338,6 +338,14 @@ def test_bands_from_the_plans_follow_every_change_of_kernel_or_cut(fake, updatab
             DeviceShapedGraph(model, max_batch=256, bands="plans") as dsg:
         assert dsg.bands == want and len(want) > 1
         assert dsg.setup["bands"] > 0
+        # the eager warm-up ran a band only while it brought a kernel function no earlier band ran
+        seen, new_bands = set(), 0
+        for plan in dsg.plans:
+            handles = {int(launch.kernel.handle) for launch in plan.launches}
+            new_bands += bool(handles - seen)
+            seen |= handles
+        assert (dsg.warm_up.runs, dsg.warm_up.skipped) == (new_bands, len(dsg.plans) - new_bands)
+        assert new_bands > 0
         for n in (1, 2, 3, 5, 24, 25, 64, 65, 200, 256):
             with model.with_batch(n) as exact, DeviceBuffer((n, 1024)) as x, DeviceBuffer((n, 1024)) as out:
                 assert plan_signature(model, exact.plan(x, out).launches) == \

@@ -67,6 +67,7 @@ from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_a
 from ..runtime.module import get_kernel
 from ..runtime.resource import Resource
 from .buckets import StreamOrder, check_rows
+from .lifecycle import WarmUp
 from .protocol import RowwiseModel, check_model, row_count_arg, row_grid
 
 __all__ = ["DeviceShapedError", "DeviceShapedGraph", "ENTRY_DTYPE", "ShapeEntry", "shape_entries", "pack_table",
@@ -344,6 +345,9 @@ class DeviceShapedGraph(Resource):
     setup : dict
         Seconds: ``bands`` (the signatures of ``bands="plans"``), ``plans``, ``warmup``,
         ``capture``, ``attributes`` (opting the nodes in), ``instantiate``, ``upload``.
+    warm_up : WarmUp
+        The eager runs before the capture: a band's plan runs only while it brings a kernel
+        function no earlier band ran (``warm_up.runs``, ``warm_up.skipped``).
     """
 
     def __init__(self, model: RowwiseModel, max_batch: int = 256, stream: Any = None, n_live: Any = None,
@@ -466,16 +470,18 @@ class DeviceShapedGraph(Resource):
         else:
             self._head_for_updates(owned)
         self.setup["plans"] = clock() - t0
-        # Warm-up: each plan once eagerly (module loading and first touch outside the capture);
-        # never the head, whose table holds no handles yet.
+        # Warm-up: each plan once eagerly (module loading and first touch outside the capture)
+        # while it brings a kernel function no earlier plan ran (lifecycle.WarmUp, as the buckets
+        # do); never the head, whose table holds no handles yet.
         t0 = clock()
         self.input.poison(s)
         if self._n_buf is not None:
             self.set_rows(self.max_batch, s)
-        for plan in self.plans:
-            plan.run(s)
         s.synchronize()
         self.setup["warmup"] = clock() - t0
+        self.warm_up = WarmUp(self.setup)
+        for plan in self.plans:
+            self.warm_up(plan.launches, s)
         self._prologue = prologue  # held as long as the exec that replays it
         if self.select == "switch":
             self._capture_switch(prologue, owned)
