@@ -19,6 +19,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tm4     # GEMM grid with TM = 4 and fitted row tiles; GPU tests
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh deep    # 60 cuts a shape at the shapes cuBLAS still leads
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh grid    # the table's cut at every shape against cuBLAS
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh near    # named cuts near the best where cuBLAS leads by a little
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -229,9 +230,22 @@ case "${1:-tests}" in
     timeout $(( $(left) - 10 )) python3 benchmarks/gemm_sweep.py --out "$OUT/gemm_grid4096" --widths 4096 \
       --max-cands ${CANDS:-4} --budget-s $(( $(left) - 40 )) >"$OUT/gemm_grid4096.log" 2>&1
     echo "gemm w4096 rc=$? at $(el)s"; grep -E "REQUIRED|TARGET|checks" "$OUT/gemm_grid4096.log" | cut -c1-300 ;;
+  near)  # issue 23: named cuts around the best ones where cuBLAS still leads by 1-3 % (w1024 120-128,
+    # w4096 136-144) or 7 % (w4096 64): more stages, other K steps, 16-row tiles
+    timeout 100 python3 benchmarks/gemm_sweep.py --out "$OUT/gemm_near1024" --widths 1024 --rows 120 128 --max-cands 1 \
+      --cut 32,64,16,3,8,1,1,4 --cut 32,64,16,4,8,1,1,4 --cut 32,64,32,4,8,1,1,4 --cut 32,64,16,5,8,1,1,4 \
+      --cut 16,64,32,3,8,1,1,4 --cut 16,64,16,3,8,2,1,4 --cut 32,64,8,5,8,1,1,4 --cut 32,64,32,3,6,1,1,4 \
+      --cut 32,64,32,3,4,2,1,4 --cut 32,64,32,3,8,2,1,4 --cut 64,64,32,3,8,1,1,4 --cut 32,64,32,5,8,1,1,4 \
+      >"$OUT/gemm_near1024.log" 2>&1
+    echo "gemm w1024 rc=$? at $(el)s"; grep -E "^ +[0-9]+ +1024 " "$OUT/gemm_near1024.log" | cut -c1-170
+    timeout $(( $(left) - 10 )) python3 benchmarks/gemm_sweep.py --out "$OUT/gemm_near4096" --widths 4096 --rows 64 136 144 \
+      --max-cands 1 --cut 48,64,16,4,8,1,1,4 --cut 48,64,8,5,8,1,1,4 --cut 48,64,16,3,8,1,2,4 --cut 48,128,16,3,8,1,1,4 \
+      --cut 16,64,32,3,8,2,1,4 --cut 16,128,32,3,4,2,1,4 --cut 32,64,32,3,4,2,1,4 --cut 64,64,16,4,2,4,1 \
+      --cut 64,64,16,3,2,4,1,4 --cut 32,128,16,3,2,4,1,4 >"$OUT/gemm_near4096.log" 2>&1
+    echo "gemm w4096 rc=$? at $(el)s"; grep -E "^ +[0-9]+ +4096 " "$OUT/gemm_near4096.log" | cut -c1-170 ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|gpu" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|gpu" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"
