@@ -311,7 +311,7 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
                 const float4 b0 = *reinterpret_cast<const float4*>(ws + (kq + kk) * BN + 4 * tc);
                 const float4 b1 = *reinterpret_cast<const float4*>(ws + (kq + kk) * BN + BN / 2 + 4 * tc);
                 const float bq[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-                // Column-major order (one W value against the 8 rows) rather than row-major: ptxas
+                // Column-major order (one W value against the TM rows) rather than row-major: ptxas
                 // then allocates registers with fewer bank conflicts at BK = 32 (SASS, FFMAs with two
                 // register-file source reads equal mod 4: 18 % against 21 % at w4096 M = 256's cut),
                 // and ncu's dispatch stalls per issued instruction fell from 0.39 to 0.29 (cuBLAS: 0.14),

@@ -323,6 +323,23 @@ def test_bands_capture_one_plan_per_band_behind_the_head(fake, updatable_attrs):
             assert all(e.lo <= n <= e.hi for e in running)
 
 
+def test_bands_with_the_same_kernels_are_warmed_up_once(fake, updatable_attrs):
+    """bands=[16, 24] under 32 rows of w1024: the three bands' plans launch the same two kernel
+    functions (one table cut, relu and add epilogues), so only the first plan runs eagerly before
+    the capture (lifecycle.WarmUp); bands with a new kernel run (the plans test below)."""
+    from rawgraph import DeviceShapedGraph, TinyBlock, ops
+
+    cuts = {ops.matmul_expr("relu", ops.matmul_shape(n, 1024, 1024, 132)) for n in (16, 24, 32)}
+    assert len(cuts) == 1, cuts  # the table's one cut for 16-32 rows (else this test needs new bands)
+    with TinyBlock(1024, 1, 1, seed=2, form="fused") as model, \
+            DeviceShapedGraph(model, max_batch=32, bands=[16, 24]) as dsg:
+        assert dsg.bands == [16, 24, 32]
+        names = [[launch.kernel.name for launch in plan.launches] for plan in dsg.plans]
+        assert names[0] == names[1] == names[2]
+        assert (dsg.warm_up.runs, dsg.warm_up.skipped) == (1, 2)
+        assert dsg.setup["warmup"] > 0
+
+
 def test_bands_from_the_plans_follow_every_change_of_kernel_or_cut(fake, updatable_attrs):
     """bands="plans" over TinyBlock w1024 (fused, max 256) puts a band wherever the matmul cut
     changes (ops.matmul_shape, computed here apart from the plans), and every n runs a plan with

@@ -12,6 +12,11 @@ pytestmark = pytest.mark.gpu
 SIZES = [(1, 1, 1), (33, 3, 8), (1000, 17, 1), (33, 17, 64), (128, 1, 64), (1000, 3, 8), (1, 17, 8), (128, 8, 1)]
 
 
+# Width-1 blocks whose residual adds cancel need a wider tolerance than 1e-5 (tests/helpers.py,
+# perturbed_tolerance); above this cap (about 1 width-1, 8-layer draw in 600) a check would no
+# longer catch a percent-level error, so such a block is drawn again instead.
+MAX_TOLERANCE = 1e-3
+
 CASES = [(form, *size) for size in SIZES for form in ("unfused", "fused", "block")
          if form != "block" or (size[0] % 4 == 0 and size[0] <= 256)]
 CASES += [("block", 4, 3, 8), ("block", 256, 17, 8), ("block", 132, 5, 64)]
@@ -19,16 +24,23 @@ CASES += [("block", 4, 3, 8), ("block", 256, 17, 8), ("block", 132, 5, 64)]
 
 @pytest.mark.parametrize("form,width,batch,layers", CASES)
 def test_block_matches_float64(stream, rng, form, width, batch, layers):
-    model = TinyBlock(width, batch, layers, seed=int(rng.integers(1 << 30)), form=form)
-    assert len(model.plan(DeviceBuffer((batch, width)), DeviceBuffer((batch, width)))) == layers * model.kernels_per_layer
     xh = random_input(rng, (batch, width))
+    for _ in range(8):  # a block too ill-conditioned to check in float32 is drawn again (see below)
+        model = TinyBlock(width, batch, layers, seed=int(rng.integers(1 << 30)), form=form)
+        weights = model.weights_numpy(stream)
+        tol = perturbed_tolerance(xh, weights, rng)
+        if tol <= MAX_TOLERANCE:
+            break
+        model.close()
+    else:
+        pytest.fail(f"8 blocks in a row above the tolerance cap; seed {rng.seed_used}")
+    assert len(model.plan(DeviceBuffer((batch, width)), DeviceBuffer((batch, width)))) == layers * model.kernels_per_layer
     x, out = DeviceBuffer.from_numpy(xh), DeviceBuffer((batch, width))
     out.poison(stream)
     model.forward(x, out, stream)
     stream.synchronize()
-    weights = model.weights_numpy(stream)
-    tol = perturbed_tolerance(xh, weights, rng)
     assert rel_err(out.to_numpy(), reference_forward(xh, weights)) < tol, f"seed {rng.seed_used}, tolerance {tol}"
+    model.close()
 
 
 @pytest.mark.parametrize("form,width", [("unfused", 1000), ("fused", 1000), ("block", 256)])

@@ -345,12 +345,24 @@ def test_routes_rows_is_false_for_a_lookalike(fake):
         assert ops.routes_rows(launch) and not ops.routes_rows(other)
 
 
+def test_the_sweep_times_todays_cut_with_the_flag_ops_matmul_sets(sweep):
+    """The sweep's "current" column launches the table's sgemm cut as ops.matmul does: successor
+    at the start (FLAG_EARLY) for W up to 8 MB, after the K loop above; labelled with its cut."""
+    small = sweep.current_cut(72, 1024, 1024, 132)
+    assert small.kernel == "sgemm" and small.early(1024, 1024) == ops.FLAG_EARLY
+    shape = ops.matmul_shape(72, 1024, 1024, 132)
+    assert small.label.startswith(f"sgemm/{shape.bt}x{shape.tc}/k{shape.bk}/st{shape.stages}/s{shape.split}/")
+    assert small.label.endswith(f"/tm{shape.tm}") == (shape.tm != 8)
+    big = sweep.current_cut(256, 4096, 4096, 132)
+    assert big.kernel == "sgemm" and big.early(4096, 4096) == 0
+
+
 def test_the_sweep_times_named_cuts_once(sweep):
     """``--cut`` adds a cut to every shape's candidates, and a cut the model already chose is not
     timed twice."""
     cands = sweep.candidates(256, 4096, 4096, 132, 4)
     named = (128, 128, 8, 4, 2, 1, 1)
-    got = sweep.with_cuts(cands, [named, tuple(vars(cands[0])[f] for f in ("bm", "bn", "bk", "st", "s", "ks", "minb"))])
+    got = sweep.with_cuts(cands, [named, cands[0].values])
     assert got[:len(cands)] == cands and got[len(cands):] == [sweep.Cut(*named)]
     assert sweep.with_cuts(cands, []) == cands
 
@@ -359,7 +371,7 @@ def test_the_bank_conflict_screen_counts_register_file_reads_in_one_bank(monkeyp
     """benchmarks/probes/sgemm_bank_conflicts.py: an FFMA conflicts when two of the source registers
     it reads from the register file are equal mod 4. A source the previous instruction flagged
     ``.reuse`` in the same slot comes from the reuse cache; predicated FFMAs count; other
-    instructions only count as SASS. A --cut needs seven integers."""
+    instructions only count as SASS. A --cut needs seven or eight integers."""
     import argparse
     import importlib.util
     from pathlib import Path

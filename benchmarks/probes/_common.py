@@ -28,7 +28,7 @@ from cuda.bindings import driver, nvrtc
 import rawgraph
 from rawgraph.runtime.errors import NvrtcError, error_name
 
-# The sgemm cut as text (BM,BN,BK,STAGES,S,KS,MINB): benchmarks/gemm_sweep.py owns the format.
+# The sgemm cut as text (BM,BN,BK,STAGES,S,KS,MINB[,TM]): benchmarks/gemm_sweep.py owns the format.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gemm_sweep import parse_cut  # noqa: E402
 

@@ -14,7 +14,7 @@ ncu profiles every kernel launch (no name filter: on 2026-12-06 ``-k regex:gemm`
 cuBLAS's ``Kernel2`` and ``splitKreduce_kernel``, never ours), the warm-up pair included. The
 output is checked against float64 and the line ``CHECK`` says so.
 
-``--cut BM,BN,BK,STAGES,S,KS,MINB`` (repeatable) profiles those cuts instead of the table's,
+``--cut BM,BN,BK,STAGES,S,KS,MINB[,TM]`` (repeatable) profiles those cuts instead of the table's,
 each as a warm-up and a profiled launch, before the cuBLAS pair: ``--launch-count`` is then
 2 x cuts + 4 (cuBLAS's two kernels, twice).
 """
@@ -30,7 +30,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--m", type=int, default=256)
     p.add_argument("--k", type=int, default=4096)
-    p.add_argument("--cut", action="append", default=[], type=parse_cut, help="BM,BN,BK,STAGES,S,KS,MINB")
+    p.add_argument("--cut", action="append", default=[], type=parse_cut, help="BM,BN,BK,STAGES,S,KS,MINB[,TM]")
     a = p.parse_args()
     from rawgraph import DeviceBuffer, Stream, get_device, gpu_available, ops
 
