@@ -337,6 +337,12 @@ def parse_cut(text: str) -> tuple[int, ...]:
         cut = ()
     if len(cut) not in (7, 8):
         raise argparse.ArgumentTypeError(f"expected BM,BN,BK,STAGES,S,KS,MINB[,TM] (seven or eight integers), got {text!r}")
+    from rawgraph import ShapeError, ops  # the kernel's rules, checked here rather than by NVRTC or the launch
+
+    try:
+        ops.sgemm_shape(cut[0], 1024, 1024, *cut)
+    except ShapeError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is no sgemm cut: {exc}") from None
     return cut
 
 
@@ -1163,6 +1169,8 @@ def table(result: dict) -> str:
     misses = {"required": [], "target": [], "peak": []}
     for row in result["rows"]:
         b = row.get("best")
+        if not b and "us" in row.get("current", {}):  # no candidate passed, today's cut did: judge that
+            b = dict(row["current"], cut="(current) " + str(row["current"].get("cut", "")))
         if not b:
             out.append(f"{row['M']:4d} {row['K']:5d}  (no cut passed the checks)")
             misses["required"].append((row["M"], row["K"]))

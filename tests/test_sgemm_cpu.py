@@ -357,6 +357,32 @@ def test_the_sweep_times_todays_cut_with_the_flag_ops_matmul_sets(sweep):
     assert big.kernel == "sgemm" and big.early(4096, 4096) == 0
 
 
+def test_a_named_cut_the_kernel_cannot_be_is_refused_when_parsed(sweep):
+    import argparse
+
+    assert sweep.parse_cut("48,64,16,4,1,1,1,4") == (48, 64, 16, 4, 1, 1, 1, 4)
+    for bad, why in (("40,64,16,3,1,1,1,4", "BM % 16"), ("64,96,16,3,1,1,1", "BN % 64"), ("64,64,16,3,1,1,1,2", "TM")):
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            sweep.parse_cut(bad)
+
+
+def test_the_sweep_table_judges_the_faster_of_best_and_current(sweep):
+    """The flags judge what the library could serve: the best candidate or today's cut, whichever
+    was faster; today's cut alone when no candidate passed."""
+    def row(m, best, cur, cub=10.0):
+        r = {"M": m, "K": 1024, "N": 1024, "cublas": {"us": cub}, "best_variants": {}}
+        if best:
+            r["best"] = {"cut": "sgemm a", "us": best, "pct_peak": 20.0, "pct_copy_bw": 10.0}
+        if cur:
+            r["current"] = {"cut": "sgemm b", "us": cur, "pct_peak": 20.0, "pct_copy_bw": 10.0}
+        return r
+    text = sweep.table({"rows": [row(64, 10.5, 9.5), row(72, 9.0, 11.0), row(80, None, 9.9), row(88, 10.2, None),
+                                 row(96, None, None)]})
+    assert "MISSED at [(88, 1024), (96, 1024)]" in text, text
+    lines = {int(l.split()[0]): l for l in text.splitlines() if l[:4].strip().isdigit()}
+    assert "(current)" in lines[80] and "REQUIRED-MISS" not in lines[64] + lines[72] + lines[80]
+
+
 def test_the_sweep_times_named_cuts_once(sweep):
     """``--cut`` adds a cut to every shape's candidates, and a cut the model already chose is not
     timed twice."""
