@@ -170,18 +170,14 @@ def current_cut(m: int, k: int, n: int, sms: int) -> OldCut:
     """What ``rawgraph.ops.matmul_shape`` picks today (clusters on), asked of rawgraph itself so the
     column never drifts from the library's rule."""
     from rawgraph import ops
+    from rawgraph.bench import kernel_times
 
     shape = ops.matmul_shape(m, k, n, sms, clusters=True)
     exprs = tuple(ops.matmul_expr(e, shape) for e in ("none", "relu", "add"))
     # the flag ops.matmul sets: matvec and sgemm launch their successor at the start for W <= 8 MB
     # (until 2026-12-06, session 19, this read `== "matvec"` and timed today's sgemm cut without it)
     early = int(shape.kernel in ("matvec", "sgemm") and k * n * 4 <= ops.EARLY_MAX_W_BYTES)
-    if shape.kernel == "sgemm":
-        label = (f"sgemm/{shape.bt}x{shape.tc}/k{shape.bk}/st{shape.stages}/s{shape.split}/ks{shape.slices}"
-                 + (f"/mb{shape.minb}" if shape.minb > 1 else "") + (f"/tm{shape.tm}" if shape.tm != 8 else ""))
-    else:
-        label = (f"{shape.kernel}/t{shape.tc}/s{shape.split}" + (f"/sl{shape.slices}" if shape.slices > 1 else "")
-                 + (f"/cap{shape.per_sm}" if shape.per_sm else ""))
+    label = kernel_times._label(shape)  # `rawgraph bench kernels`' label for the same cut
     if shape.per_sm:
         raise RuntimeError("current cut uses a residency cap; not replicated here")
     # once ops.SGEMM_CUTS has the shape, today's choice is an sgemm cut: compile it from its own file
