@@ -9,9 +9,10 @@ device-to-device copy measured in the same run (bytes read + written).
 Every matmul is timed twice: as a chain of programmatic dependent launches (how rawgraph's plans
 run on sm_90: each launch's weight loads overlap the one before) and in plain stream order.
 ``--sweep`` also times every other cut (column tile, K split, kernel) of each shape, so the
-choice ``ops.matmul_shape`` makes can be checked against the best one measured; from 32 rows on
+choice ``ops.matmul_shape`` makes can be checked against the best one measured; from 32 rows on,
+and below that where ``ops.SGEMM_CUTS`` has an entry for the shape (the only way sgemm runs there),
 that includes a few cuts of issue 23's fp32 GEMM (``kernels/sgemm.cu``, :data:`SGEMM_SWEEP`) and
-the shape's ``ops.SGEMM_CUTS`` entry, if any.
+the table's entry, if any (:func:`sgemm_candidates`).
 
     PYTHONPATH=. python3 -m rawgraph.bench.kernel_times [--out benchmarks/results] [--sweep]
 """
@@ -102,30 +103,71 @@ SGEMM_SWEEP = ((128, 128, 1, 1), (64, 128, 2, 1), (128, 64, 2, 1), (64, 64, 4, 1
 SGEMM_SWEEP_BK = 16
 
 
-def sgemm_candidates(batch: int, k: int, n: int, clusters: bool, smem_limit: int = 0) -> list[ops.MatmulShape]:
-    """The sgemm cuts ``--sweep`` times for a (batch, K, N) product: the ``ops.SGEMM_CUTS`` entry
-    first (if any), then :data:`SGEMM_SWEEP`'s structures; none below ``GEMM_MIN_BATCH`` rows or
-    where K or N is not a multiple of 4. Stages: up to 4, no more than a K part has plus one."""
-    if batch < ops.GEMM_MIN_BATCH or k % 4 or n % 4:
-        return []
-    cuts = []
+def _table_cut(batch: int, k: int, n: int) -> tuple[int, ...] | None:
+    """The ``ops.SGEMM_CUTS`` entry ``ops.matmul_shape`` reads for a (batch, K, N) product: the
+    exact one, else that of the next multiple of ``ops.SGEMM_ROW_STEP`` rows; None without one."""
     cut = ops.SGEMM_CUTS.get((batch, k, n))
-    if cut is not None:
-        cuts.append(tuple(cut))
+    if cut is None and batch % ops.SGEMM_ROW_STEP:
+        cut = ops.SGEMM_CUTS.get((ops._cdiv(batch, ops.SGEMM_ROW_STEP) * ops.SGEMM_ROW_STEP, k, n))
+    return None if cut is None else tuple(cut)
+
+
+def _sgemm_here(batch: int, k: int, n: int, cut: tuple[int, ...], clusters: bool,
+                smem_limit: int) -> ops.MatmulShape | None:
+    """``ops.sgemm_shape`` of a cut ``(BM, BN, BK, STAGES, S, KS, MINB[, TM])``, or None where the
+    device cannot run it (a cluster split without clusters, more than ``smem_limit`` bytes of
+    dynamic shared memory when that is given), as ``ops.matmul_shape`` passes over such a cut."""
+    if cut[4] > 1 and not clusters:
+        return None
+    shape = ops.sgemm_shape(batch, k, n, *cut, clusters=clusters)
+    return shape if not smem_limit or ops.gemm_smem_bytes(shape) <= smem_limit else None
+
+
+def sgemm_candidates(batch: int, k: int, n: int, clusters: bool, smem_limit: int = 0) -> list[ops.MatmulShape]:
+    """The sgemm cuts ``--sweep`` times for a (batch, K, N) product.
+
+    The ``ops.SGEMM_CUTS`` entry ``ops.matmul_shape`` reads for the shape first (the exact entry,
+    else that of the next multiple of ``ops.SGEMM_ROW_STEP`` rows), if any, then
+    :data:`SGEMM_SWEEP`'s structures. Below ``ops.GEMM_MIN_BATCH`` rows the dispatcher launches
+    sgemm only through a table entry, so there the cuts come only where the table has one the
+    device can run (w1024 at 9-31 rows today; none at 8 rows, which matvec serves). None where
+    K or N is not a multiple of 4 (no sgemm launch there). Cuts that split K over a cluster are
+    left out without ``clusters``, and those over ``smem_limit`` bytes of dynamic shared memory
+    when it is given. Stages of the sweep's cuts: up to 4, no more than a K part has plus one.
+
+    Parameters
+    ----------
+    batch, k, n : int
+        Rows of x, K and N of the product.
+    clusters : bool
+        Whether the device has thread block clusters (sm_90).
+    smem_limit : int, default 0
+        Most dynamic shared memory per CTA in bytes; 0 for no limit.
+
+    Returns
+    -------
+    list of MatmulShape
+        Each ``ops.sgemm_shape`` of a cut, the table's first; empty where sgemm is never launched.
+    """
+    if k % 4 or n % 4:
+        return []
+    table = _table_cut(batch, k, n)
+    first = None if table is None else _sgemm_here(batch, k, n, table, clusters, smem_limit)
+    if batch < ops.GEMM_MIN_BATCH and first is None:
+        # Below GEMM_MIN_BATCH rows matmul_shape launches sgemm only through a table cut this
+        # device can run: without one, every cut offered would be timed at a size that never runs it.
+        return []
+    out = [] if first is None else [first]
     for bm, bn, ks, minb in SGEMM_SWEEP:
         for split in (1, 2, 4, 8):
             parts = split * ks
             kc = ops._cdiv(ops._cdiv(k, parts), SGEMM_SWEEP_BK) * SGEMM_SWEEP_BK
             if kc * (parts - 1) >= k:  # an empty K part: wasted CTAs
                 continue
-            cuts.append((bm, bn, SGEMM_SWEEP_BK, max(2, min(4, kc // SGEMM_SWEEP_BK + 1)), split, ks, minb))
-    out = []
-    for cut in cuts:
-        if cut[4] > 1 and not clusters:  # (BM, BN, BK, STAGES, S, KS, MINB[, TM])
-            continue
-        shape = ops.sgemm_shape(batch, k, n, *cut, clusters=clusters)
-        if not smem_limit or ops.gemm_smem_bytes(shape) <= smem_limit:
-            out.append(shape)
+            cut = (bm, bn, SGEMM_SWEEP_BK, max(2, min(4, kc // SGEMM_SWEEP_BK + 1)), split, ks, minb)
+            shape = _sgemm_here(batch, k, n, cut, clusters, smem_limit)
+            if shape is not None:
+                out.append(shape)
     return out
 
 

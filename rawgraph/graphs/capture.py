@@ -43,7 +43,7 @@ from cuda.bindings import driver
 
 from ..runtime import _capturing
 from ..runtime.errors import (CaptureError, CaptureRefusedError, ClosedError, EmptyCaptureWarning, RawgraphError,
-                              ReleaseWarning, call, check, error_name)
+                              call, check, error_name)
 from .graph import ForeignNode, Graph, KernelNode
 from ..runtime.launch import Launch, LaunchPlan
 from ..runtime.memory import DeviceArray
@@ -629,11 +629,11 @@ def _end_live_capture(stream: Stream) -> None:
     ``cuStreamDestroy`` deferred like every other release there, and a borrowed stream destroys
     nothing: either way the handle is still valid and still capturing. Ended here, before the
     record closes, so the deferred releases run after the capture rather than into it."""
-    err = discard_capture(stream.handle)
-    if err not in (_SUCCESS, driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
-                   driver.CUresult.CUDA_ERROR_ILLEGAL_STATE):
-        warnings.warn(f"rawgraph: cuStreamEndCapture failed while ending the capture of a closed stream: "
-                      f"{error_name(err)}", ReleaseWarning, stacklevel=3)
+    # ILLEGAL_STATE too: the stream is no longer capturing (its capture was ended elsewhere, e.g.
+    # by the lender of a borrowed stream), so there is nothing left to end or report.
+    discard_capture(stream.handle, "ending the capture of a closed stream",
+                    accept=(driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                            driver.CUresult.CUDA_ERROR_ILLEGAL_STATE))
 
 
 def _abandon_capture(stream: Stream, record: _capturing.CaptureRecord, pool: list[Stream],

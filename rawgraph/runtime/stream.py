@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Any
+from typing import Any, Collection
 
 from cuda.bindings import driver
 
@@ -25,6 +25,7 @@ _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _NOT_READY = driver.CUresult.CUDA_ERROR_NOT_READY
 _NONE = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 _CAPTURE_ACTIVE = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
+_END_INVALIDATED = driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
 
 # Handles with a fixed meaning: 0 and CU_STREAM_LEGACY (1) are the legacy default stream,
 # CU_STREAM_PER_THREAD (2) the per-thread default stream. None of them can be captured.
@@ -33,13 +34,39 @@ PER_THREAD_HANDLE = 2
 SPECIAL_HANDLES = (0, 1, 2)
 
 
-def discard_capture(handle: Any) -> Any:
-    """``cuStreamEndCapture`` on ``handle`` and ``cuGraphDestroy`` (a release) of the graph it
-    returns, if any; returns the ``CUresult`` of the end. For captures that are being abandoned:
-    the caller decides what that result means."""
+def discard_capture(handle: Any, abandoning: str | None = None, accept: Collection[Any] = ()) -> Any:
+    """End the capture on ``handle`` and discard its graph: for captures being abandoned.
+
+    ``cuStreamEndCapture`` on ``handle``, then ``cuGraphDestroy`` (a release) of the graph it
+    returned, if any.
+
+    Parameters
+    ----------
+    handle : CUstream
+        The capturing stream (the capture's origin).
+    abandoning : str, optional
+        What the caller is doing, for the warning, e.g. ``"closing a capturing stream"``. With it,
+        a result that is neither ``CUDA_SUCCESS`` nor in ``accept`` is reported as a
+        :class:`~rawgraph.runtime.errors.ReleaseWarning` (``cuStreamEndCapture failed while
+        <abandoning>: <error>``), quietly at interpreter exit like every release. Without it
+        nothing is reported and the caller judges the result.
+    accept : collection of CUresult, default ()
+        Results that are no failure for this caller besides ``CUDA_SUCCESS`` (an invalidated
+        capture still ends, and its graph is gone either way). Only read with ``abandoning``.
+
+    Returns
+    -------
+    CUresult
+        The result of ``cuStreamEndCapture``.
+    """
     err, graph = driver.cuStreamEndCapture(handle)
     if graph is not None and int(graph):
         release("cuGraphDestroy", driver.cuGraphDestroy, graph)
+    if abandoning is not None and err != _SUCCESS and err not in accept and not shutting_down():
+        # stacklevel 4 names the caller's caller's caller, the frame each caller named with its
+        # own stacklevel=3 when the warning was theirs.
+        warnings.warn(f"rawgraph: cuStreamEndCapture failed while {abandoning}: {error_name(err)}",
+                      ReleaseWarning, stacklevel=4)
     return err
 
 
@@ -49,10 +76,7 @@ def _destroy_stream(handle: Any) -> tuple:
     err, status = driver.cuStreamIsCapturing(handle)
     if err == _SUCCESS and status != _NONE:
         _capturing.abandon_stream(int(handle), "the stream was closed during the capture")
-        end_err = discard_capture(handle)
-        if end_err not in (_SUCCESS, driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED):
-            warnings.warn(f"rawgraph: cuStreamEndCapture failed while closing a capturing stream: "
-                          f"{error_name(end_err)}", ReleaseWarning, stacklevel=3)
+        discard_capture(handle, "closing a capturing stream", accept=(_END_INVALIDATED,))
     return driver.cuStreamDestroy(handle)
 
 
