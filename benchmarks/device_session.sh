@@ -20,6 +20,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh deep    # 60 cuts a shape at the shapes cuBLAS still leads
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh grid    # the table's cut at every shape against cuBLAS
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh near    # named cuts near the best where cuBLAS leads by a little
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT CUTLASS_PROBE=<binary> bash benchmarks/device_session.sh cutlass  # cuBLAS's kernels, its design built publicly; GPU tests
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
 #   parallel (pytest-xdist, present on the device): run serially in one process the whole suite no
@@ -243,9 +244,18 @@ case "${1:-tests}" in
       --cut 16,64,32,3,8,2,1,4 --cut 16,128,32,3,4,2,1,4 --cut 32,64,32,3,4,2,1,4 --cut 64,64,16,4,2,4,1 \
       --cut 64,64,16,3,2,4,1,4 --cut 32,128,16,3,2,4,1,4 >"$OUT/gemm_near4096.log" 2>&1
     echo "gemm w4096 rc=$? at $(el)s"; grep -E "^ +[0-9]+ +4096 " "$OUT/gemm_near4096.log" | cut -c1-170 ;;
+  cutlass)  # issue 23's floor: which kernels cuBLAS runs per shape, and cuBLAS's own SIMT design built
+    # from the open CUTLASS source with the public nvcc ($CUTLASS_PROBE, benchmarks/probes/cutlass/build.sh)
+    # timed beside cublasSgemm with PyTorch's libcublas; then every GPU test
+    timeout 60 python3 benchmarks/probes/cutlass/cublas_kernels.py >"$OUT/cublas_kernels.txt" 2>&1
+    echo "cublas_kernels rc=$? at $(el)s"; grep -c FACT "$OUT/cublas_kernels.txt"
+    lib=$(python3 -c "import nvidia, os; print(next(os.path.join(p, 'cu13/lib') for p in nvidia.__path__ if os.path.exists(os.path.join(p, 'cu13/lib/libcublas.so.13'))))")
+    LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" timeout 150 "${CUTLASS_PROBE:?}" >"$OUT/cutlass_simt.txt" 2>&1
+    echo "cutlass_simt rc=$? at $(el)s"; grep -E "FAIL" "$OUT/cutlass_simt.txt" | head
+    gpu_tests $(( $(left) - 10 )) -q tests ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|gpu" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|gpu" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"
