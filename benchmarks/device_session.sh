@@ -20,6 +20,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh deep    # 60 cuts a shape at the shapes cuBLAS still leads
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh grid    # the table's cut at every shape against cuBLAS
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh near    # named cuts near the best where cuBLAS leads by a little
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh floors  # slots' worst buckets by kernel; w4096 b1 against copy bandwidth
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT CUTLASS_PROBE=<binary> bash benchmarks/device_session.sh cutlass  # cuBLAS's kernels, its design built publicly; GPU tests
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
@@ -253,9 +254,15 @@ case "${1:-tests}" in
     LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" timeout 150 "${CUTLASS_PROBE:?}" >"$OUT/cutlass_simt.txt" 2>&1
     echo "cutlass_simt rc=$? at $(el)s"; grep -E "FAIL" "$OUT/cutlass_simt.txt" | head
     gpu_tests $(( $(left) - 10 )) -q tests ;;
+  floors)  # issue 23's slots and w4096 b1 targets: what the slots trace's worst buckets are made of
+    # (each strategy's step by kernel, under the PyTorch profiler), then the w4096 b1 matvec against copy bandwidth
+    timeout 200 python3 benchmarks/probes/slots_floor.py >"$OUT/probe_slots_floor.txt" 2>&1
+    echo "slots_floor rc=$? at $(el)s"; grep -E "^(TIME|FLOOR|NO GPU)" "$OUT/probe_slots_floor.txt"
+    timeout 90 python3 -m rawgraph.bench.kernel_times --width 4096 --batch 1 --out "$OUT" >"$OUT/kernel_times_w4096_b1.log" 2>&1
+    echo "kernel times rc=$? at $(el)s"; tail -8 "$OUT/kernel_times_w4096_b1.log" ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|gpu" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"
