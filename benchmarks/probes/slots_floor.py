@@ -80,7 +80,7 @@ def main() -> int:
     rng = np.random.default_rng(5)
     print(f"FACT device = {torch.cuda.get_device_name()}")
     for b in a.buckets:
-        max_slots = max(a.buckets) + 8
+        max_slots = b  # a pool's largest bucket must hold every slot
         s = Stream()
         ours = SlotPool(model, max_slots, [b], stream=s, table="graph", gather="fused")
         theirs = TorchSlots(torch, model, max_slots, [b])
