@@ -157,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     counts: dict[str, int] = {}
     for r in results:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-    commit = os.environ.get("RAWGRAPH_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or "unknown"
+    sys.path.insert(0, str(ROOT))
+    from rawgraph.bench.provenance import commit as provenance_commit  # the one every results JSON uses
+
+    commit = provenance_commit()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     name = "bite_check" + ("_" + "_".join(args.module) if args.module else "") + ".json"
     (Path(args.out) / name).write_text(json.dumps(

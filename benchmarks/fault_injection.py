@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,18 +34,10 @@ from faultinject import GOOD, OUTCOMES, Result, count_calls, run_case, summarize
 
 
 def commit() -> str:
-    """``$RAWGRAPH_COMMIT``, else the checkout's short hash (``+dirty`` when the tree is modified)."""
-    env = os.environ.get("RAWGRAPH_COMMIT")
-    if env:
-        return env
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """The commit measured, as every results JSON records it (``rawgraph.bench.provenance.commit``)."""
+    from rawgraph.bench.provenance import commit as provenance_commit
+
+    return provenance_commit()
 
 
 def run_all(only: str | None = None, code: Any = driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY, verbose: bool = False,

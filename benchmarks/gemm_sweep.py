@@ -1130,18 +1130,10 @@ def line(row: dict) -> str:
 
 
 def commit() -> str:
-    env = os.environ.get("RAWGRAPH_COMMIT")
-    if env:
-        return env
-    try:
-        h = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
-        if h.returncode == 0:
-            dirty = subprocess.run(["git", "status", "--porcelain", "--", "kernels", "benchmarks/gemm_sweep.py"], cwd=ROOT,
-                                   capture_output=True, text=True, timeout=10).stdout.strip()
-            return h.stdout.strip() + ("+uncommitted" if dirty else "")
-    except Exception:  # noqa: BLE001
-        pass
-    return "unknown"
+    """The commit measured, as every results JSON records it (``rawgraph.bench.provenance.commit``)."""
+    from rawgraph.bench.provenance import commit as provenance_commit
+
+    return provenance_commit()
 
 
 def source_hashes() -> dict:

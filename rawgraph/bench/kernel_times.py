@@ -28,6 +28,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from .. import ops
+from .provenance import environment
 from ..ops import FLAG_EARLY
 from ..graphs.capture import Capture
 from ..runtime.device import get_device
@@ -401,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         Exit status (0).
     """
     args = build_parser().parse_args(argv)
-    result = measure(tuple(args.width or WIDTHS), tuple(args.batch or BATCHES), sweep=args.sweep)
+    result = {"env": environment(),
+              **measure(tuple(args.width or WIDTHS), tuple(args.batch or BATCHES), sweep=args.sweep)}
     print(f"device-to-device copy: {result['copy_GBps']:.0f} GB/s (read + write)")
     print(targets(result))
     out = Path(args.out)
