@@ -6,6 +6,7 @@ captures (``_destroy_stream``) and a Capture whose stream was closed in its body
 
 from __future__ import annotations
 
+import linecache
 import subprocess
 import sys
 import textwrap
@@ -58,9 +59,11 @@ def _release_warnings(seen: list[warnings.WarningMessage]) -> list[str]:
     return [str(w.message) for w in seen if issubclass(w.category, ReleaseWarning)]
 
 
-def _warned_from(seen: list[warnings.WarningMessage]) -> list[str]:
-    """The file each ReleaseWarning is attributed to (its stacklevel's frame)."""
-    return [Path(w.filename).name for w in seen if issubclass(w.category, ReleaseWarning)]
+def _warned_from(seen: list[warnings.WarningMessage]) -> list[tuple[str, str]]:
+    """Where each ReleaseWarning is attributed (its stacklevel's frame): the file's name and the
+    source line, so a frame one level off in the same file does not pass."""
+    return [(Path(w.filename).name, linecache.getline(w.filename, w.lineno).strip())
+            for w in seen if issubclass(w.category, ReleaseWarning)]
 
 
 @pytest.fixture
@@ -134,7 +137,7 @@ def test_closing_a_capturing_stream_warns_for_results_it_does_not_accept(session
         assert _release_warnings(seen) == [
             f"rawgraph: cuStreamEndCapture failed while closing a capturing stream: {code.name}"]
         # attributed where it always was: the release call that ran the stream's destroy
-        assert _warned_from(seen) == ["resource.py"]
+        assert _warned_from(seen) == [("resource.py", "_run_release(name, fn, args)")]
 
 
 @pytest.mark.parametrize("code", RESULTS, ids=lambda c: c.name)
@@ -161,7 +164,8 @@ def test_a_capture_whose_stream_was_closed_warns_for_results_it_does_not_accept(
     else:
         assert _release_warnings(seen) == [
             f"rawgraph: cuStreamEndCapture failed while ending the capture of a closed stream: {code.name}"]
-        assert _warned_from(seen) == ["capture.py"]  # the Capture's exit, where it always was
+        # the Capture's exit, where it always was
+        assert _warned_from(seen) == [("capture.py", "return self._end(exc_type, exc, record)")]
 
 
 @pytest.mark.parametrize("flags", [["-W", "error"], []], ids=["warnings-as-errors", "default-warnings"])

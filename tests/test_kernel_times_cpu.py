@@ -95,3 +95,21 @@ def test_the_real_tables_cuts_lead_the_sweep_at_every_row_count_they_serve():
             cands = sgemm_candidates(rows, k, n, True, OPTIN)
             assert cands and cands[0] == ops.sgemm_shape(rows, k, n, *cut), (rows, k, n)
             assert cands[0] == ops.matmul_shape(rows, k, n, SMS, smem_limit=OPTIN), (rows, k, n)
+
+
+def test_kernel_times_json_records_the_commit_and_machine(tmp_path, monkeypatch):
+    """``kernel_times.json`` carries ``rawgraph.bench.provenance.environment()`` (commit, GPU,
+    versions), as every results JSON does; the measurement itself is stubbed (no GPU here)."""
+    import json
+
+    from rawgraph.bench import kernel_times
+
+    monkeypatch.setenv("RAWGRAPH_COMMIT", "feedbee")
+    monkeypatch.setattr(kernel_times, "measure", lambda widths, batches, sweep=False: {
+        "device": "stub", "copy_GBps": 1.0, "reps_per_graph": 1, "pdl": False, "rows": []})
+    monkeypatch.setattr(kernel_times, "targets", lambda result: "")
+    assert kernel_times.main(["--out", str(tmp_path), "--width", "128", "--batch", "1"]) == 0
+    written = json.loads((tmp_path / "kernel_times.json").read_text())
+    assert written["env"]["commit"] == "feedbee"
+    assert {"gpu", "driver", "nvrtc", "date"} <= set(written["env"])
+    assert written["device"] == "stub" and written["rows"] == []

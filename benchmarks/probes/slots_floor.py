@@ -123,7 +123,11 @@ def main() -> int:
                         step(); sync()
                 path = os.path.join(tmp, f"{label}.json")
                 prof.export_chrome_trace(path)
-                steps = split_steps(kernel_events(path), per_step)
+                events = kernel_events(path)
+                if len(events) != per_step * a.steps:  # the groups below would straddle replays
+                    print(f"FAIL b={b} {label}: {len(events)} kernels in {a.steps} replays of {per_step}")
+                    return 1
+                steps = split_steps(events, per_step)
                 spans[label] = [g[-1]["ts"] + g[-1]["dur"] - g[0]["ts"] for g in steps]
                 gemm[label] = [busy([e for e in g if is_gemm(e["name"])]) for g in steps]
                 other[label] = [busy([e for e in g if not is_gemm(e["name"])]) for g in steps]
