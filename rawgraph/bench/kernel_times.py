@@ -104,31 +104,12 @@ SGEMM_SWEEP = ((128, 128, 1, 1), (64, 128, 2, 1), (128, 64, 2, 1), (64, 64, 4, 1
 SGEMM_SWEEP_BK = 16
 
 
-def _table_cut(batch: int, k: int, n: int) -> tuple[int, ...] | None:
-    """The ``ops.SGEMM_CUTS`` entry ``ops.matmul_shape`` reads for a (batch, K, N) product: the
-    exact one, else that of the next multiple of ``ops.SGEMM_ROW_STEP`` rows; None without one."""
-    cut = ops.SGEMM_CUTS.get((batch, k, n))
-    if cut is None and batch % ops.SGEMM_ROW_STEP:
-        cut = ops.SGEMM_CUTS.get((ops._cdiv(batch, ops.SGEMM_ROW_STEP) * ops.SGEMM_ROW_STEP, k, n))
-    return None if cut is None else tuple(cut)
-
-
-def _sgemm_here(batch: int, k: int, n: int, cut: tuple[int, ...], clusters: bool,
-                smem_limit: int) -> ops.MatmulShape | None:
-    """``ops.sgemm_shape`` of a cut ``(BM, BN, BK, STAGES, S, KS, MINB[, TM])``, or None where the
-    device cannot run it (a cluster split without clusters, more than ``smem_limit`` bytes of
-    dynamic shared memory when that is given), as ``ops.matmul_shape`` passes over such a cut."""
-    if cut[4] > 1 and not clusters:
-        return None
-    shape = ops.sgemm_shape(batch, k, n, *cut, clusters=clusters)
-    return shape if not smem_limit or ops.gemm_smem_bytes(shape) <= smem_limit else None
-
-
 def sgemm_candidates(batch: int, k: int, n: int, clusters: bool, smem_limit: int = 0) -> list[ops.MatmulShape]:
     """The sgemm cuts ``--sweep`` times for a (batch, K, N) product.
 
-    The ``ops.SGEMM_CUTS`` entry ``ops.matmul_shape`` reads for the shape first (the exact entry,
-    else that of the next multiple of ``ops.SGEMM_ROW_STEP`` rows), if any, then
+    The ``ops.SGEMM_CUTS`` cut ``ops.matmul_shape`` launches for the shape first
+    (``ops.table_sgemm_shape``: the exact entry, else that of the next multiple of
+    ``ops.SGEMM_ROW_STEP`` rows), if any, then
     :data:`SGEMM_SWEEP`'s structures. Below ``ops.GEMM_MIN_BATCH`` rows the dispatcher launches
     sgemm only through a table entry, so there the cuts come only where the table has one the
     device can run (w1024 at 9-31 rows today; none at 8 rows, which matvec serves). None where
@@ -152,8 +133,7 @@ def sgemm_candidates(batch: int, k: int, n: int, clusters: bool, smem_limit: int
     """
     if k % 4 or n % 4:
         return []
-    table = _table_cut(batch, k, n)
-    first = None if table is None else _sgemm_here(batch, k, n, table, clusters, smem_limit)
+    first = ops.table_sgemm_shape(batch, k, n, clusters, smem_limit)
     if batch < ops.GEMM_MIN_BATCH and first is None:
         # Below GEMM_MIN_BATCH rows matmul_shape launches sgemm only through a table cut this
         # device can run: without one, every cut offered would be timed at a size that never runs it.
@@ -165,9 +145,9 @@ def sgemm_candidates(batch: int, k: int, n: int, clusters: bool, smem_limit: int
             kc = ops._cdiv(ops._cdiv(k, parts), SGEMM_SWEEP_BK) * SGEMM_SWEEP_BK
             if kc * (parts - 1) >= k:  # an empty K part: wasted CTAs
                 continue
-            cut = (bm, bn, SGEMM_SWEEP_BK, max(2, min(4, kc // SGEMM_SWEEP_BK + 1)), split, ks, minb)
-            shape = _sgemm_here(batch, k, n, cut, clusters, smem_limit)
-            if shape is not None:
+            shape = ops.sgemm_shape(batch, k, n, bm, bn, SGEMM_SWEEP_BK, max(2, min(4, kc // SGEMM_SWEEP_BK + 1)),
+                                    split, ks, minb)
+            if ops.sgemm_fits(shape, clusters, smem_limit):
                 out.append(shape)
     return out
 

@@ -642,21 +642,18 @@ def _abandon_capture(stream: Stream, record: _capturing.CaptureRecord, pool: lis
     if shutting_down():
         _capturing.end(record)
         return
-    if record.aborted is not None:  # the stream's cuStreamDestroy ended the capture already
-        _capturing.end(record)
-        _release_side(pool, events)
-        flush_deferred()
-        return
+    ended_here = record.aborted is None  # else the stream's cuStreamDestroy ended the capture already
     try:
-        err = discard_capture(stream.handle)
+        err = discard_capture(stream.handle) if ended_here else None
     finally:
         _capturing.end(record)
     _release_side(pool, events)
     flush_deferred()
-    warnings.warn(
-        f"a Capture was garbage-collected while capturing on {stream!r}; the capture was ended "
-        f"({error_name(err)}) and its graph discarded", ResourceWarning, stacklevel=2,
-    )
+    if ended_here:
+        warnings.warn(
+            f"a Capture was garbage-collected while capturing on {stream!r}; the capture was ended "
+            f"({error_name(err)}) and its graph discarded", ResourceWarning, stacklevel=2,
+        )
 
 
 def capture_plan(

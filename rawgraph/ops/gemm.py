@@ -46,6 +46,8 @@ __all__ = [
     "matvec_shape",
     "gemm_shape",
     "sgemm_shape",
+    "sgemm_fits",
+    "table_sgemm_shape",
     "sgemm_smem_bytes",
     "gemm_smem_bytes",
     "matmul_file",
@@ -390,6 +392,40 @@ def residency_pad(device: Device, used_smem: int, per_sm: int) -> int:
     return pad
 
 
+def sgemm_fits(shape: MatmulShape, clusters: bool, smem_limit: int = 0) -> bool:
+    """Whether this device can launch an sgemm cut: clusters (sm_90) if it splits K over a
+    cluster, and at most ``smem_limit`` bytes of dynamic shared memory per CTA when that is given."""
+    return (shape.split == 1 or clusters) and (not smem_limit or gemm_smem_bytes(shape) <= smem_limit)
+
+
+def table_sgemm_shape(batch: int, k: int, n: int, clusters: bool = True, smem_limit: int = 0) -> MatmulShape | None:
+    """The :data:`SGEMM_CUTS` cut :func:`matmul_shape` launches for a (batch, K, N) product.
+
+    The exact ``(batch, K, N)`` entry, else that of the next multiple of :data:`SGEMM_ROW_STEP`
+    rows, built by :func:`sgemm_shape` at ``batch`` rows; None where there is no entry or where
+    this device cannot run its cut (:func:`sgemm_fits`). Operand layout is not checked here.
+
+    Raises
+    ------
+    ShapeError
+        A malformed entry (not 7 or 8 values, or a cut the kernel cannot be).
+    """
+    key = (batch, k, n)
+    cut = SGEMM_CUTS.get(key)
+    if cut is None and batch % SGEMM_ROW_STEP:
+        # the table steps 8 rows (the sweep's grid); a count in between takes the next row count's
+        # cut, which runs the same row tiles (H100, 2026-12-06: the matmul.cu rule at 65 rows took
+        # 257 us a w1024 8-layer step against 184 at 64, benchmarks/results/probe_switch_bands_*)
+        key = (_cdiv(batch, SGEMM_ROW_STEP) * SGEMM_ROW_STEP, k, n)
+        cut = SGEMM_CUTS.get(key)
+    if cut is None:
+        return None
+    if len(cut) not in (7, 8):
+        raise ShapeError(f"SGEMM_CUTS[{key}] = {cut}: expected (BM, BN, BK, STAGES, S, KS, MINB[, TM])")
+    sg = sgemm_shape(batch, k, n, *cut, clusters=True)
+    return sg if sgemm_fits(sg, clusters, smem_limit) else None
+
+
 def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: bool = True,
                  x_aligned16: bool = True, clusters: bool = True, smem_limit: int = 0) -> MatmulShape:
     """Choose the kernel and its cut for a (batch, K, N) product on ``multiprocessors`` SMs.
@@ -404,19 +440,9 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
     if min(batch, k, n) < 1:
         raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
     gemm_ok = k % 4 == 0 and n % 4 == 0 and w_aligned16 and x_aligned16
-    key = (batch, k, n)
-    cut = SGEMM_CUTS.get(key)
-    if cut is None and batch % SGEMM_ROW_STEP:
-        # the table steps 8 rows (the sweep's grid); a count in between takes the next row count's
-        # cut, which runs the same row tiles (H100, 2026-12-06: the matmul.cu rule at 65 rows took
-        # 257 us a w1024 8-layer step against 184 at 64, benchmarks/results/probe_switch_bands_*)
-        key = (_cdiv(batch, SGEMM_ROW_STEP) * SGEMM_ROW_STEP, k, n)
-        cut = SGEMM_CUTS.get(key)
-    if cut is not None and gemm_ok:
-        if len(cut) not in (7, 8):
-            raise ShapeError(f"SGEMM_CUTS[{key}] = {cut}: expected (BM, BN, BK, STAGES, S, KS, MINB[, TM])")
-        sg = sgemm_shape(batch, k, n, *cut, clusters=True)
-        if (sg.split == 1 or clusters) and (not smem_limit or gemm_smem_bytes(sg) <= smem_limit):
+    if gemm_ok:
+        sg = table_sgemm_shape(batch, k, n, clusters, smem_limit)
+        if sg is not None:
             return sg
     if batch >= GEMM_MIN_BATCH and k * n >= GEMM_MIN_ELEMENTS and gemm_ok:
         return gemm_shape(batch, k, n, multiprocessors, clusters)
