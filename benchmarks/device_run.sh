@@ -31,29 +31,8 @@ for stage in $stages; do
         --section MemoryWorkloadAnalysis python3 benchmarks/profile_matmul.py --kernel gemm >"$OUT/ncu_gemm.txt" 2>&1 ;;
     sweep4096) timeout 150 python3 -m rawgraph.bench.kernel_times --sweep --width 4096 --out "$OUT/w4096" >"$OUT/kernel_4096.log" 2>&1 ;;
     sanitize) bash "$0" memcheck kernelcheck ;;
-    memcheck)  # the part of the GPU suite that fits the time limit, under memcheck (tests that provoke
-      # driver errors on purpose would otherwise count as API errors)
-      RAWGRAPH_SANITIZER=1 timeout 120 compute-sanitizer --tool memcheck --report-api-errors no \
-        python3 -m pytest -q -p no:cacheprovider -m "gpu and not slow" tests/test_capture_gpu.py tests/test_manager_gpu.py \
-        tests/test_update_gpu.py tests/test_lifetimes_gpu.py tests/test_misuse_gpu.py >"$OUT/sanitize_memcheck_suite.txt" 2>&1 ;;
-    memcheck-all)  # every GPU test file under memcheck, in chunks that each fit their limit
-      # (MEMCHECK_CHUNKS picks some: "1 3"); tests that provoke driver errors on purpose would
-      # otherwise count as API errors, hence --report-api-errors no
-      chunk1="test_capture_gpu.py test_manager_gpu.py test_update_gpu.py test_lifetimes_gpu.py test_misuse_gpu.py"
-      chunk2="test_slots_gpu.py test_buckets_gpu.py test_indirect_gpu.py test_adopt_gpu.py test_rebind_gpu.py test_holes_gpu.py"
-      chunk3="test_builder_gpu.py test_conditional_gpu.py test_device_launch_gpu.py test_forkjoin_gpu.py test_nodes_gpu.py"
-      chunk4="test_rng_gpu.py test_interop_gpu.py test_ownership_gpu.py test_fault_injection_gpu.py"
-      chunk5="test_dot_gpu.py test_kernels_gpu.py test_model_gpu.py test_pdl_gpu.py test_resources_gpu.py"
-      all=$(ls tests/*_gpu.py | xargs -n1 basename | sort)
-      listed=$(echo $chunk1 $chunk2 $chunk3 $chunk4 $chunk5 | tr ' ' '\n' | sort)
-      missing=$(comm -23 <(echo "$all") <(echo "$listed") | tr '\n' ' ')
-      [ -n "$missing" ] && echo "  memcheck-all: files in no chunk: $missing" | tee -a "$OUT/env.txt"
-      for c in ${MEMCHECK_CHUNKS:-1 2 3 4 5}; do
-        eval files=\$chunk$c
-        RAWGRAPH_SANITIZER=1 timeout ${MEMCHECK_LIMIT:-280} compute-sanitizer --tool memcheck --report-api-errors no \
-          python3 -m pytest -q -p no:cacheprovider -m gpu $(printf 'tests/%s ' $files) >"$OUT/sanitize_memcheck_chunk$c.txt" 2>&1
-        echo "  memcheck chunk $c: rc=$? $(tail -1 "$OUT/sanitize_memcheck_chunk$c.txt" | head -c 100) | $(grep -h 'ERROR SUMMARY' "$OUT/sanitize_memcheck_chunk$c.txt" | tail -1)" | tee -a "$OUT/env.txt"
-      done ;;
+    memcheck|memcheck-all)  # every GPU test file under memcheck, each log naming the files and tests it covered
+      bash benchmarks/memcheck_gpu_tests.sh ${MEMCHECK_CHUNKS:-4} | tee -a "$OUT/env.txt" ;;
     debugmalloc)  # the GPU suite with fresh allocations filled with 0xCD: struct fields never set show up
       PYTHONMALLOC=debug PYTHONFAULTHANDLER=1 timeout 400 python3 -m pytest -q -rs -m gpu --timeout=150 -p no:cacheprovider \
         >"$OUT/gpu_tests_debugmalloc.txt" 2>&1 ;;

@@ -21,6 +21,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh grid    # the table's cut at every shape against cuBLAS
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh near    # named cuts near the best where cuBLAS leads by a little
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh floors  # slots' worst buckets by kernel; w4096 b1 against copy bandwidth
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh memcheck # every GPU test file under memcheck
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT CUTLASS_PROBE=<binary> bash benchmarks/device_session.sh cutlass  # cuBLAS's kernels, its design built publicly; GPU tests
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
@@ -266,7 +267,10 @@ case "${1:-tests}" in
     echo "kernel times rc=$? at $(el)s"; tail -8 "$OUT/kernel_times_w4096_b1.log" ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu" >&2; exit 2 ;;
+  memcheck)  # every GPU test file under memcheck, each log naming the files and tests it covered
+    MEMCHECK_LIMIT=${MEMCHECK_LIMIT:-$(( (BUDGET - 20) / ${CHUNKS:-4} ))} bash benchmarks/memcheck_gpu_tests.sh ${CHUNKS:-4}
+    echo "memcheck rc=$? at $(el)s" ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|memcheck" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"

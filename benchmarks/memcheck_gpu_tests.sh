@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Every GPU test file under compute-sanitizer's memcheck, in chunks, each log naming what it covered.
+#
+#   OUT=<dir> bash benchmarks/memcheck_gpu_tests.sh [CHUNKS]     # CHUNKS: how many logs (default 4)
+#
+# The files are every tests/*_gpu.py found now (no hand-kept list can miss a new one), dealt out
+# round-robin by size so the chunks take about the same time. Each log
+# ($OUT/sanitize_memcheck_chunkN.txt) starts with a `files:` line listing its test files, then
+# pytest's verbose output (one node id per test with its outcome), then memcheck's ERROR SUMMARY.
+# $OUT/sanitize_memcheck_files.txt lists every file with its chunk, and closes with one line a
+# chunk: its pytest summary and its ERROR SUMMARY.
+#
+# --report-api-errors no: many tests provoke driver errors on purpose (refusals the driver makes),
+# which memcheck would otherwise count. MEMCHECK_LIMIT bounds each chunk in seconds (default 280).
+set -u
+OUT=${OUT:?set OUT to the folder for the logs}
+chunks=${1:-4}
+SANITIZER=${COMPUTE_SANITIZER:-compute-sanitizer}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+mapfile -t files < <(ls -S tests/*_gpu.py)
+[ ${#files[@]} -gt 0 ] || { echo "memcheck: no tests/*_gpu.py found" >&2; exit 2; }
+declare -a chunk
+for i in "${!files[@]}"; do
+  c=$(( i % chunks + 1 ))
+  chunk[$c]="${chunk[$c]:-} ${files[$i]}"
+done
+summary="$OUT/sanitize_memcheck_files.txt"
+: >"$summary"
+for c in $(seq 1 "$chunks"); do
+  for f in ${chunk[$c]:-}; do echo "chunk $c: $f" >>"$summary"; done
+done
+status=0
+for c in $(seq 1 "$chunks"); do
+  [ -n "${chunk[$c]:-}" ] || continue
+  log="$OUT/sanitize_memcheck_chunk$c.txt"
+  echo "files:${chunk[$c]}" >"$log"
+  RAWGRAPH_SANITIZER=1 timeout "${MEMCHECK_LIMIT:-280}" "$SANITIZER" --tool memcheck --report-api-errors no \
+    python3 -m pytest -v -p no:cacheprovider -m gpu ${chunk[$c]} >>"$log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || status=$rc
+  echo "chunk $c: rc=$rc | $(grep -E '^=+ .* in [0-9.]+s' "$log" | tail -1) | $(grep -h 'ERROR SUMMARY' "$log" | tail -1)" \
+    | tee -a "$summary"
+done
+exit $status

@@ -1,0 +1,56 @@
+"""The memcheck stage covers every GPU test file, and each of its logs says which files and tests it ran.
+
+``benchmarks/memcheck_gpu_tests.sh`` runs under a stand-in for compute-sanitizer here (a script
+that runs the program it is given and prints memcheck's closing line), so what is checked is the
+stage's own work: which files it hands to pytest, and what its logs record. On the CPU every GPU
+test is skipped, and skipped tests are still listed by node id in pytest's verbose output.
+"""
+
+import os
+import re
+import stat
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "memcheck_gpu_tests.sh"
+
+STAND_IN = """#!/usr/bin/env bash
+# compute-sanitizer's options end at the program's name; run it, then close as memcheck does
+while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do
+  case $1 in --tool|--report-api-errors) shift 2 ;; *) shift ;; esac
+done
+"$@"; rc=$?
+echo "========= ERROR SUMMARY: 0 errors"
+exit $rc
+"""
+
+
+def test_every_gpu_test_file_is_in_one_chunk_and_each_log_names_its_files_and_tests(tmp_path):
+    sanitizer = tmp_path / "compute-sanitizer"
+    sanitizer.write_text(STAND_IN)
+    sanitizer.chmod(sanitizer.stat().st_mode | stat.S_IXUSR)
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), COMPUTE_SANITIZER=str(sanitizer), MEMCHECK_LIMIT="400",
+               PYTHONPATH=str(ROOT))
+    run = subprocess.run(["bash", str(SCRIPT), "3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+    gpu_files = sorted(f"tests/{p.name}" for p in (ROOT / "tests").glob("*_gpu.py"))
+    logs = sorted(out.glob("sanitize_memcheck_chunk*.txt"))
+    assert len(logs) == 3
+    covered = []
+    for log in logs:
+        text = log.read_text()
+        header = text.splitlines()[0]
+        assert header.startswith("files: ")
+        files = header.split()[1:]
+        covered += files
+        for f in files:  # the tests of each named file appear by node id, with their outcome
+            assert re.search(rf"^{re.escape(f)}::\S+ (SKIPPED|PASSED)", text, re.M), f"{log.name}: no test of {f}"
+        assert "ERROR SUMMARY: 0 errors" in text
+    assert sorted(covered) == gpu_files  # each file exactly once, none left out
+
+    summary = (out / "sanitize_memcheck_files.txt").read_text()
+    assert sorted(re.findall(r"^chunk \d+: (tests/\S+)$", summary, re.M)) == gpu_files
+    assert len(re.findall(r"^chunk \d+: rc=0 \|.* skipped.*\| .*ERROR SUMMARY: 0 errors$", summary, re.M)) == 3
