@@ -32,7 +32,7 @@ for stage in $stages; do
     sweep4096) timeout 150 python3 -m rawgraph.bench.kernel_times --sweep --width 4096 --out "$OUT/w4096" >"$OUT/kernel_4096.log" 2>&1 ;;
     sanitize) bash "$0" memcheck kernelcheck ;;
     memcheck|memcheck-all)  # every GPU test file under memcheck, each log naming the files and tests it covered
-      bash benchmarks/memcheck_gpu_tests.sh ${MEMCHECK_CHUNKS:-4} | tee -a "$OUT/env.txt" ;;
+      bash benchmarks/memcheck_gpu_tests.sh ${MEMCHECK_CHUNKS:-4} ${RUN_CHUNKS:-} | tee -a "$OUT/env.txt" ;;
     debugmalloc)  # the GPU suite with fresh allocations filled with 0xCD: struct fields never set show up
       PYTHONMALLOC=debug PYTHONFAULTHANDLER=1 timeout 400 python3 -m pytest -q -rs -m gpu --timeout=150 -p no:cacheprovider \
         >"$OUT/gpu_tests_debugmalloc.txt" 2>&1 ;;

@@ -268,7 +268,7 @@ case "${1:-tests}" in
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
   memcheck)  # every GPU test file under memcheck, each log naming the files and tests it covered
-    MEMCHECK_LIMIT=${MEMCHECK_LIMIT:-$(( (BUDGET - 20) / ${CHUNKS:-4} ))} bash benchmarks/memcheck_gpu_tests.sh ${CHUNKS:-4}
+    MEMCHECK_LIMIT=${MEMCHECK_LIMIT:-$(( (BUDGET - 20) / ${CHUNKS:-4} ))} bash benchmarks/memcheck_gpu_tests.sh ${CHUNKS:-4} ${RUN_CHUNKS:-}
     echo "memcheck rc=$? at $(el)s" ;;
   *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|memcheck" >&2; exit 2 ;;
 esac

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU test file under compute-sanitizer's memcheck, in chunks, each log naming what it covered.
 #
-#   OUT=<dir> bash benchmarks/memcheck_gpu_tests.sh [CHUNKS]     # CHUNKS: how many logs (default 4)
+#   OUT=<dir> bash benchmarks/memcheck_gpu_tests.sh [CHUNKS [RUN...]]  # CHUNKS: how many logs (default 4);
+#                                                                  # RUN: which of them to run now (default all)
 #
 # The files are every tests/*_gpu.py found now (no hand-kept list can miss a new one), dealt out
 # round-robin by size so the chunks take about the same time. Each log
@@ -10,11 +11,16 @@
 # $OUT/sanitize_memcheck_files.txt lists every file with its chunk, and closes with one line a
 # chunk: its pytest summary and its ERROR SUMMARY.
 #
+# The split depends only on the files, so two calls on one commit (`4 1 2`, then `4 3 4`) cover
+# every file between them.
+#
 # --report-api-errors no: many tests provoke driver errors on purpose (refusals the driver makes),
 # which memcheck would otherwise count. MEMCHECK_LIMIT bounds each chunk in seconds (default 280).
 set -u
 OUT=${OUT:?set OUT to the folder for the logs}
 chunks=${1:-4}
+shift $(( $# > 0 ? 1 : 0 ))
+run=${*:-$(seq 1 "$chunks")}
 SANITIZER=${COMPUTE_SANITIZER:-compute-sanitizer}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
@@ -31,7 +37,7 @@ for c in $(seq 1 "$chunks"); do
   for f in ${chunk[$c]:-}; do echo "chunk $c: $f" >>"$summary"; done
 done
 status=0
-for c in $(seq 1 "$chunks"); do
+for c in $run; do
   [ -n "${chunk[$c]:-}" ] || continue
   log="$OUT/sanitize_memcheck_chunk$c.txt"
   echo "files:${chunk[$c]}" >"$log"

@@ -26,15 +26,19 @@ exit $rc
 """
 
 
-def test_every_gpu_test_file_is_in_one_chunk_and_each_log_names_its_files_and_tests(tmp_path):
+def _run(tmp_path, out, *args):
     sanitizer = tmp_path / "compute-sanitizer"
     sanitizer.write_text(STAND_IN)
     sanitizer.chmod(sanitizer.stat().st_mode | stat.S_IXUSR)
-    out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), COMPUTE_SANITIZER=str(sanitizer), MEMCHECK_LIMIT="400",
                PYTHONPATH=str(ROOT))
-    run = subprocess.run(["bash", str(SCRIPT), "3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_every_gpu_test_file_is_in_one_chunk_and_each_log_names_its_files_and_tests(tmp_path):
+    out = tmp_path / "out"
+    _run(tmp_path, out, "3")
 
     gpu_files = sorted(f"tests/{p.name}" for p in (ROOT / "tests").glob("*_gpu.py"))
     logs = sorted(out.glob("sanitize_memcheck_chunk*.txt"))
@@ -54,3 +58,14 @@ def test_every_gpu_test_file_is_in_one_chunk_and_each_log_names_its_files_and_te
     summary = (out / "sanitize_memcheck_files.txt").read_text()
     assert sorted(re.findall(r"^chunk \d+: (tests/\S+)$", summary, re.M)) == gpu_files
     assert len(re.findall(r"^chunk \d+: rc=0 \|.* skipped.*\| .*ERROR SUMMARY: 0 errors$", summary, re.M)) == 3
+
+
+def test_chunks_picked_by_number_run_alone_and_split_the_files_as_a_whole_run_does(tmp_path):
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    _run(tmp_path, whole, "4", "3")
+    _run(tmp_path, part, "4", "1", "3")
+    assert sorted(p.name for p in part.glob("sanitize_memcheck_chunk*.txt")) == [
+        "sanitize_memcheck_chunk1.txt", "sanitize_memcheck_chunk3.txt"]
+    assert [p.name for p in whole.glob("sanitize_memcheck_chunk*.txt")] == ["sanitize_memcheck_chunk3.txt"]
+    header = (whole / "sanitize_memcheck_chunk3.txt").read_text().splitlines()[0]
+    assert header == (part / "sanitize_memcheck_chunk3.txt").read_text().splitlines()[0]
