@@ -79,8 +79,9 @@ def test_rank_env_defaults_to_one_rank():
 
 
 def test_rank_env_reads_torchrun_names(tmp_path):
-    env = RankEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "RAWGRAPH_RENDEZVOUS": str(tmp_path)})
-    assert (env.rank, env.world, env.device, env.rendezvous) == (1, 2, 1, tmp_path)
+    env = RankEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "RAWGRAPH_RENDEZVOUS": str(tmp_path),
+                                "RAWGRAPH_RUN_ID": "r1"})
+    assert (env.rank, env.world, env.device, env.rendezvous, env.run_id) == (1, 2, 1, tmp_path, "r1")
     env = RankEnv.from_environ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "29511", "TORCHELASTIC_RUN_ID": "t"})
     assert env.rendezvous is not None and env.rendezvous.is_dir() and "29511" in env.rendezvous.name
     env.rendezvous.rmdir()
@@ -103,7 +104,7 @@ def test_rank_env_refusals(environ, match):
 
 # ------------------------------------------------------------------------------ rendezvous
 def test_rendezvous_broadcast_gather_barrier(tmp_path):
-    a, b = Rendezvous(tmp_path, 0, 2, timeout=2), Rendezvous(tmp_path, 1, 2, timeout=2)
+    a, b = Rendezvous(tmp_path, 0, 2, timeout=2, run_id="r1"), Rendezvous(tmp_path, 1, 2, timeout=2, run_id="r1")
     uid = os.urandom(128)
     assert a.broadcast("nccl_id", uid) == uid and b.broadcast("nccl_id", None) == uid
     a.publish("g", b"A")
@@ -112,7 +113,7 @@ def test_rendezvous_broadcast_gather_barrier(tmp_path):
     b.publish("barrier-1", b"1")
     a.barrier()  # rank 1 already arrived
     with pytest.raises(RendezvousError, match="from rank 1"):
-        Rendezvous(tmp_path, 0, 2, timeout=0.1).fetch("never", 1)
+        Rendezvous(tmp_path, 0, 2, timeout=0.1, run_id="r1").fetch("never", 1)
     with pytest.raises(LaunchError):
         a.publish("../escape", b"")
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporaries
