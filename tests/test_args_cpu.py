@@ -297,3 +297,47 @@ def test_node_params_describe_the_launch_and_point_at_its_arguments():
     p, q = launch.node_params(), launch.node_params(b)
     assert (p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.sharedMemBytes) == (3, 2, 1, 128, 1, 4096)
     assert int(p.kernelParams) == a.address and int(q.kernelParams) == b.address != a.address
+
+
+def test_a_float_is_refused_only_when_it_would_round_to_infinity():
+    from rawgraph import ArgumentError
+    from rawgraph.runtime.launch import check_scalar
+
+    # The largest finite half is 65504; everything below 65520 rounds to it (or less).
+    for v in (65504.0, 65519.0, -65519.99, np.float32(65519.5)):
+        check_scalar("f16", v, "h")
+        args = KernelArgs([("h", "f16")])
+        args["h"] = v
+        assert abs(args["h"]) == 65504.0
+    for v in (65520.0, -65520.0, 1e6, 70000):
+        with pytest.raises(ArgumentError, match="would become infinite"):
+            check_scalar("f16", v, "h")
+    check_scalar("f32", 3.4028235e38, "s")  # above FLT_MAX, rounds down to it
+    with pytest.raises(ArgumentError, match="would become infinite"):
+        check_scalar("f32", 3.4028236e38, "s")
+    check_scalar("f16", float("inf"), "h")  # infinities and NaN pass as given
+    check_scalar("f16", float("nan"), "h")
+
+
+def test_a_device_array_normalises_its_dtype_and_shape():
+    from rawgraph import DeviceArray
+
+    view = DeviceArray(0x7F0000000000, [4, 8], np.float32, None)
+    assert view.dtype == np.dtype(np.float32) and isinstance(view.dtype, np.dtype)
+    assert view.shape == (4, 8) and view.nbytes == 128 and not view.readonly
+    assert DeviceArray(0x7F0000000000, 5, "f8").shape == (5,)
+    with pytest.raises(DTypeError, match="big-endian"):
+        DeviceArray(0x7F0000000000, (4,), ">f4")
+
+
+def test_read_only_and_big_endian_cuda_array_interfaces():
+    class ReadOnly(FakeCAI):
+        def __init__(self, typestr="<f4"):
+            super().__init__((4,), typestr)
+            self.__cuda_array_interface__["data"] = (0x7F0000000000, True)
+
+    assert as_device_array(ReadOnly()).readonly and not as_device_array(FakeCAI((4,))).readonly
+    for typestr in ("|u1", "|b1", "=f4", "<i8"):  # byte order: none, native or little
+        assert as_device_array(FakeCAI((4,), typestr=typestr)).dtype == np.dtype(typestr)
+    with pytest.raises(DTypeError, match="arr is big-endian"):
+        as_device_array(FakeCAI((4,), typestr=">f4"), "arr")

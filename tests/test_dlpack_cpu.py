@@ -384,3 +384,11 @@ def test_as_device_array_refuses_strided_and_host_dlpack_tensors():
     host = np.ones((2, 3), np.float32)
     with pytest.raises(NotOnDeviceError, match="device type 1"):
         as_device_array(Wrapper(host))
+
+
+def test_as_device_array_keeps_the_read_only_flag():
+    from rawgraph import as_device_array
+
+    ro = FakeCapsule(shape=(4,), versioned=True, flags=1)
+    rw = FakeCapsule(shape=(4,), versioned=True, flags=0)
+    assert as_device_array(ro.capsule).readonly and not as_device_array(rw.capsule).readonly

@@ -409,3 +409,127 @@ def test_a_call_inside_a_conditional_body_is_recorded_in_the_body(fake):
             with node.capture_body(0, body_stream) as bc:
                 bc.launch(kn.launch, stream=s)
         cap.graph.close()
+
+
+# C++ linkage, one kernel in a namespace (tests/test_rawkernel_gpu.py runs them).
+CPP = r"""
+__global__ void saxpy(float a, const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+namespace ns {
+__global__ void twice(float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2.0f * y[i];
+}
+}
+"""
+
+
+def test_a_plain_cpp_or_namespaced_kernel_loads_by_its_mangled_name(fake, launches):
+    saxpy, k = RawKernel(CPP, "saxpy"), RawKernel(CPP, "ns::twice")
+    # C++ linkage: the CUBIN holds the mangled symbol NVRTC reports for the name expression.
+    assert saxpy.kernel.symbol.startswith("_Z") and "saxpy" in saxpy.kernel.symbol
+    assert k.kernel.symbol.startswith("_ZN2ns") and k.spec == [("y", "ptr"), ("n", "i32")]
+    with Stream() as s:
+        x, y = DeviceBuffer(64), DeviceBuffer(64)
+        saxpy(1, 64, (2.0, x, y, 64), stream=s)
+        assert _value(fake, saxpy, launches[-1][4], 2) == struct.pack("<Q", y.ptr)
+        k(1, 64, (y, 64), stream=s)
+        assert _value(fake, k, launches[-1][4], 1) == struct.pack("<i", 64)
+
+
+ROWS = r"""
+struct Rows { int r[4]; };
+extern "C" __global__ void rows(Rows t, float* y) {}
+"""
+
+
+def test_int32_array_arguments_are_checked_like_int_scalars(fake, launches):
+    k = RawKernel(ROWS, "rows", types=["i32[4]", "float*"])
+    with Stream() as s:
+        y = DeviceBuffer(4)
+        k(1, 1, ([1, -2, 2 ** 31 - 1, -(2 ** 31)], y), stream=s)
+        assert _value(fake, k, launches[-1][4], 0) == struct.pack("<4i", 1, -2, 2 ** 31 - 1, -(2 ** 31))
+        k(1, 1, (np.arange(4, dtype=np.int64), y), stream=s)  # NumPy integers in range
+        assert _value(fake, k, launches[-1][4], 0) == struct.pack("<4i", 0, 1, 2, 3)
+        n = len(launches)
+        bad = {
+            "floats": ([1.7, 2.9, -3.5, 4.2], r"'t'\[0\] \(i32\) takes an int"),
+            "2**40": ([0, 2 ** 40, 0, 0], r"'t'\[1\] \(i32\) cannot hold"),
+            "strings": (["1", "2", "3", "4"], "takes an int, got str"),
+            "bools": ([True, 0, 0, 0], "takes an int"),
+            "a float array": (np.ones(4), "takes an int"),
+            "three values": ([1, 2, 3], "takes 4 int32 values"),
+            "a string": ("abcd", "takes 4 int32 values"),
+            "nested": ([[1, 2], [3, 4]], "takes 4 int32 values"),
+        }
+        for what, (value, match) in bad.items():
+            with pytest.raises(ArgumentError, match=match):
+                k(1, 1, (value, y), stream=s)
+        assert len(launches) == n, "a refused call reached cuLaunchKernel"
+
+
+def test_a_device_array_made_with_a_numpy_scalar_type_is_a_pointer_argument(fake, launches):
+    from rawgraph import DeviceArray
+
+    k = RawKernel(AXPB, "axpb")
+    with Stream() as s:
+        x, y = DeviceBuffer(64), DeviceBuffer(64)
+        view = DeviceArray(y.ptr, (64,), np.float32, y)  # the form the pointer error suggests
+        k(1, 64, (1.0, x, 0.0, view, 64), stream=s)
+        assert view.dtype == np.dtype(np.float32) and view.nbytes == 256
+        assert _value(fake, k, launches[-1][4], 3) == struct.pack("<Q", y.ptr)
+        with pytest.raises(ArgumentError, match="points at float32"):
+            k(1, 64, (1.0, DeviceArray(x.ptr, (64,), np.int32, x), 0.0, y, 64), stream=s)
+
+
+class _CAI:
+    def __init__(self, ptr, typestr="<f4", readonly=False, shape=(64,)):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, readonly),
+                                         "strides": None, "version": 3}
+
+
+def test_read_only_arrays_only_for_const_pointers_and_big_endian_never(fake, launches):
+    from test_dlpack_cpu import FakeCapsule
+
+    k = RawKernel(AXPB, "axpb")
+    with Stream() as s:
+        x, y = DeviceBuffer(64), DeviceBuffer(64)
+        ro = _CAI(x.ptr, readonly=True)
+        k(1, 64, (1.0, ro, 0.0, y, 64), stream=s)  # read-only memory for `const float* x`
+        assert _value(fake, k, launches[-1][4], 1) == struct.pack("<Q", x.ptr)
+        n = len(launches)
+        with pytest.raises(ArgumentError, match=r"'y' is read-only memory.*float\* y"):
+            k(1, 64, (1.0, x, 0.0, _CAI(y.ptr, readonly=True), 64), stream=s)
+        dl_ro = FakeCapsule(shape=(64,), data=y.ptr, versioned=True, flags=1)  # DLPack's read-only flag
+        with pytest.raises(ArgumentError, match="'y' is read-only memory"):
+            k(1, 64, (1.0, x, 0.0, dl_ro.capsule, 64), stream=s)
+        for which in (1, 3):  # const or not: a big-endian array is never what the kernel reads
+            args = [1.0, x, 0.0, y, 64]
+            args[which] = _CAI(y.ptr, typestr=">f4")
+            with pytest.raises(ArgumentError, match="big-endian"):
+                k(1, 64, tuple(args), stream=s)
+        assert len(launches) == n, "a refused call reached cuLaunchKernel"
+        # types= given by hand: only a const pointer type takes read-only memory
+        hand = RawKernel(AXPB, "axpb", types=["float", "float*", "float", "float*", "int"])
+        with pytest.raises(ArgumentError, match="'x' is read-only memory"):
+            hand(1, 64, (1.0, ro, 0.0, y, 64), stream=s)
+        RawKernel(AXPB, "axpb", types=["float", "const float*", "float", "float*", "int"])(
+            1, 64, (1.0, ro, 0.0, y, 64), stream=s)
+        assert len(launches) == n + 1
+
+
+def test_a_kernel_declared_per_preprocessor_branch_needs_types(fake, launches):
+    src = ('#ifdef USE_INT\nextern "C" __global__ void k(int a, float* y)\n#else\n'
+           'extern "C" __global__ void k(float a, float* y)\n#endif\n{ y[0] = a; }\n')
+    with pytest.raises(SignatureError, match="types="):
+        RawKernel(src, "k", options=["-DUSE_INT"])
+    k = RawKernel(src, "k", options=["-DUSE_INT"], types=["int", "float*"])
+    assert k.spec == [("arg0", "i32"), ("arg1", "ptr")]
+    with Stream() as s:
+        y = DeviceBuffer(4)
+        with pytest.raises(ArgumentError, match="takes an int"):
+            k(1, 1, (2.0, y), stream=s)
+        k(1, 1, (2, y), stream=s)
+        assert _value(fake, k, launches[-1][4], 0) == struct.pack("<i", 2)

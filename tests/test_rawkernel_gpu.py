@@ -291,3 +291,20 @@ def test_a_call_in_a_conditional_body_runs_when_the_device_says_so(stream, rng, 
 
 def test_the_own_kernel_example_runs():
     runpy.run_path(str(ROOT / "examples" / "own_kernel.py"), run_name="__main__")
+
+
+def test_plain_cpp_and_namespaced_kernels_run(stream, rng):
+    from test_rawkernel_cpu import CPP  # __global__ void saxpy(...) and ns::twice(...): C++ linkage
+
+    saxpy, twice = RawKernel(CPP, "saxpy"), RawKernel(CPP, "ns::twice")
+    assert saxpy.kernel.symbol.startswith("_Z") and twice.kernel.symbol.startswith("_ZN2ns")
+    n = int(rng.integers(500, 3000))
+    a = np.float32(rng.uniform(-2, 2))
+    xh, yh = random_input(rng, (n,)), random_input(rng, (n,))
+    x, y = DeviceBuffer.from_numpy(xh, stream=stream), DeviceBuffer.from_numpy(yh, stream=stream)
+    saxpy(_grid(n), 256, (a, x, y, n), stream=stream)
+    got = y.to_numpy(stream)
+    want = np.float64(a) * xh.astype(np.float64) + yh
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"seed {rng.seed_used}")
+    twice(_grid(n), 256, (y, n), stream=stream)
+    np.testing.assert_array_equal(y.to_numpy(stream), np.float32(2) * got)  # doubling is exact

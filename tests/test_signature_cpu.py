@@ -263,3 +263,41 @@ def test_every_kernel_in_the_repo_parses():
                 assert (p.role is not None) == (p.kind == "ptr"), (stem, name, p)
                 assert p.kind in ("ptr", "struct") or p.ctype in KINDS, (stem, name, p)
     assert seen >= 20
+
+
+BRANCHES = """
+#ifdef USE_INT
+extern "C" __global__ void k(int a, float* y)
+#else
+extern "C" __global__ void k(float a, float* y)
+#endif
+{ y[0] = a; }
+"""
+
+
+def test_declarators_in_other_preprocessor_branches_are_refused():
+    # Which branch compiles is up to the preprocessor: the types of either could be wrong.
+    with pytest.raises(SignatureError, match=r"kernel 'k':.*#if.*types="):
+        parse_signature(BRANCHES, "k")
+    split = "__global__ void k(\n#if A\n int a,\n#elif B\n float a,\n#endif\n float* y) {}"
+    with pytest.raises(SignatureError, match="types="):
+        parse_signature(split, "k")
+    with pytest.raises(SignatureError, match=r"2 overloads.*types="):
+        parse_signature("#if A\n__global__ void k(int a) {}\n#else\n__global__ void k(float a) {}\n#endif\n", "k")
+    two_groups = "#ifdef A\n__global__ void k(int a)\n#endif\n#ifndef A\n__global__ void k(float a)\n#endif\n{}"
+    with pytest.raises(SignatureError, match=r"2 overloads.*\(float\).*\(int\).*types="):
+        parse_signature(two_groups, "k")
+
+
+def test_what_one_branch_holds_alone_still_parses():
+    one = [P("a", "float", "f32"), P("y", "float*", "ptr", "write")]
+    # attributes chosen per branch, a guard around the whole kernel, the same kernel in both
+    # branches, a forward declaration identical to the definition, a template
+    assert parse_signature("__global__ void\n#if __CUDA_ARCH__ >= 900\n__launch_bounds__(256, 2)\n#else\n"
+                           "__launch_bounds__(256)\n#endif\nk(float a, float* y) {}", "k") == one
+    assert parse_signature("#ifndef K_H\n#define K_H\n__global__ void k(float a, float* y) {}\n#endif\n", "k") == one
+    assert parse_signature("#if A\n__global__ void k(float a, float* y) {}\n#else\n"
+                           "__global__ void k(float b, float* z) { }\n#endif\n", "k") == one
+    assert parse_signature("__global__ void k(float, float*);\n__global__ void k(float a, float* y) {}", "k") == one
+    assert parse_signature("template <typename T>\n#if A\n__global__ void k(T a, float* y) {}\n#endif\n", "k<float>") \
+        == [P("a", "T", None), P("y", "float*", "ptr", "write")]

@@ -80,7 +80,11 @@ def check_scalar(kind: str, value: Any, what: str) -> None:
             f = float(value)
         except OverflowError:
             raise ArgumentError(f"{what} ({kind}) cannot hold {value}: too large for a float") from None
-        if math.isfinite(f) and abs(f) > float(np.finfo(ARG_DTYPES[kind]).max):
+        # The value is rounded to the type when packed: refused only if that rounding gives
+        # infinity (an f16 takes |x| < 65520, which rounds to at most 65504).
+        with np.errstate(over="ignore"):
+            rounded = ARG_DTYPES[kind].type(f)
+        if math.isfinite(f) and not np.isfinite(rounded):
             raise ArgumentError(f"{what} ({kind}) cannot hold {value}: it would become infinite "
                                 f"(largest {float(np.finfo(ARG_DTYPES[kind]).max):g})")
         return

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -37,15 +37,28 @@ class DeviceArray:
     ptr : int
         Device address of element 0.
     shape : tuple of int
+        An int is taken as a 1-D shape.
     dtype : numpy.dtype
+        Anything ``numpy.dtype()`` takes (``np.float32``, ``"f4"``), stored as a dtype; never
+        big-endian (:class:`DTypeError`): device code reads native, little-endian elements.
     owner : object
         The object that owns the memory; holding the view keeps it alive.
+    readonly : bool
+        The producer exported the memory read-only (``__cuda_array_interface__``'s
+        ``data[1]``, DLPack's read-only flag): a kernel may only read it. Not part of equality:
+        a read-only view is the same memory as a writable one.
     """
 
     ptr: int
     shape: tuple[int, ...]
     dtype: np.dtype
     owner: Any = None
+    readonly: bool = field(default=False, compare=False)
+
+    def __post_init__(self) -> None:
+        shape = (self.shape,) if isinstance(self.shape, (int, np.integer)) else self.shape
+        object.__setattr__(self, "shape", tuple(int(s) for s in shape))
+        object.__setattr__(self, "dtype", native_dtype(self.dtype, "DeviceArray"))
 
     @property
     def size(self) -> int:
@@ -68,6 +81,15 @@ class DeviceArray:
         device = getattr(self.owner, "device", None)
         return _to_host(self.ptr, self.shape, self.dtype, device if isinstance(device, Device) else get_device(),
                         stream, "DeviceArray.to_numpy")
+
+
+def native_dtype(dtype: Any, what: str) -> np.dtype:
+    """``dtype`` as a :class:`numpy.dtype`, refused when its byte order is not the machine's
+    (``>f4``): a kernel would read every element byte-swapped."""
+    dtype = np.dtype(dtype)
+    if not dtype.isnative:
+        raise DTypeError(f"{what} is big-endian ({dtype.str}); pass native (little-endian) elements")
+    return dtype
 
 
 def _to_host(ptr: int, shape: tuple[int, ...], dtype: np.dtype, device: Device, stream: Any, what: str) -> np.ndarray:
@@ -283,8 +305,13 @@ def as_device_array(obj: Any, what: str = "array") -> DeviceArray:
         For host arrays (NumPy, lists) and objects with no device-array interface.
     LayoutError
         For strided (non C-contiguous) views.
+    DTypeError
+        For big-endian elements.
     ClosedError
         For a closed :class:`DeviceBuffer`.
+
+    The view's ``readonly`` is the producer's read-only flag (``__cuda_array_interface__``'s
+    ``data[1]``, DLPack's ``DLPACK_FLAG_BITMASK_READ_ONLY``); callers that write decide on it.
     """
     if isinstance(obj, DeviceArray):
         return obj
@@ -303,8 +330,8 @@ def as_device_array(obj: Any, what: str = "array") -> DeviceArray:
             f"{what} of type {type(obj).__name__} exposes neither __cuda_array_interface__ nor __dlpack__"
         )
     shape = tuple(int(s) for s in cai["shape"])
-    dtype = np.dtype(cai["typestr"])
-    ptr = int(cai["data"][0])
+    dtype = native_dtype(cai["typestr"], what)
+    ptr, readonly = int(cai["data"][0]), bool(cai["data"][1])
     strides = cai.get("strides")
     if strides is not None:
         expected, step = [], dtype.itemsize
@@ -314,7 +341,7 @@ def as_device_array(obj: Any, what: str = "array") -> DeviceArray:
         # Dimensions of extent 1 carry arbitrary strides without changing the layout.
         if any(st != ex and dim > 1 for st, ex, dim in zip(strides, reversed(expected), shape)):
             raise LayoutError(f"{what} is strided (strides {tuple(strides)}, shape {shape}); pass a contiguous array")
-    return DeviceArray(ptr, shape, dtype, obj)
+    return DeviceArray(ptr, shape, dtype, obj, readonly)
 
 
 def _from_dlpack(obj: Any, what: str) -> DeviceArray:
@@ -333,7 +360,7 @@ def _from_dlpack(obj: Any, what: str) -> DeviceArray:
         raise NotOnDeviceError(f"{what} is a DLPack tensor on device type {view.device_type} (not CUDA device memory)")
     if not contiguous_c(view.shape, view.strides):
         raise LayoutError(f"{what} is strided (DLPack strides {view.strides}, shape {view.shape}); pass a contiguous array")
-    return DeviceArray(view.ptr, view.shape, view.dtype, (obj, view.keepalive))
+    return DeviceArray(view.ptr, view.shape, view.dtype, (obj, view.keepalive), view.readonly)
 
 
 def check_array(

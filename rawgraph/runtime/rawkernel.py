@@ -87,9 +87,11 @@ class RawKernel:
     Parameters
     ----------
     source : str
-        CUDA C++ source holding the kernel (``extern "C"`` or a template).
+        CUDA C++ source holding the kernel (``extern "C"``, C++ linkage, in a namespace, or a
+        template).
     name : str
-        The kernel's name, or a name expression for a template instantiation (``"scale<4>"``).
+        The kernel's name as C++ names it: ``"saxpy"``, ``"ns::saxpy"``, or a template
+        instantiation (``"scale<4>"``). NVRTC resolves it (a name expression) to the symbol loaded.
     options : sequence of str
         Extra NVRTC options (``-std=c++17`` and the architecture are always given).
     types : sequence of str, optional
@@ -135,9 +137,10 @@ class RawKernel:
                 kernel = _loaded.get(key)
                 if kernel is None:
                     base = name.split("<", 1)[0].split("::")[-1].strip()
-                    templated = [name] if "<" in name else []
-                    compiled = compile_source(source, f"{base}.cu", self.device.arch, templated, opts, "cubin", cache)
-                    kernel = Kernel(Module(compiled, self.device), name, compiled.lowered.get(name, name))
+                    # Always a name expression: only NVRTC knows the symbol of a C++ (mangled),
+                    # namespaced or templated kernel; an extern "C" one lowers to its own name.
+                    compiled = compile_source(source, f"{base}.cu", self.device.arch, [name], opts, "cubin", cache)
+                    kernel = Kernel(Module(compiled, self.device), name, compiled.lowered[name])
                     _loaded[key] = kernel
         self.kernel = kernel
         layout = param_layout(kernel.handle)
@@ -156,8 +159,11 @@ class RawKernel:
                 raise SignatureError(f"{name}: parameter {p.name!r} ({p.ctype}) is {arg_dtype(kind).itemsize} bytes "
                                      f"as read, but the kernel takes {size}")
             self.spec.append((p.name, kind))
-        # What each pointer parameter points at, to refuse an array of another element type.
+        # What each pointer parameter points at, to refuse an array of another element type, and
+        # whether the kernel only reads through it (``read``: const pointee), the one place a
+        # read-only array may go.
         self._pointees = {p.name: _pointee(p.ctype) for p in self.params if p.kind == "ptr"}
+        self._roles = {p.name: p.role for p in self.params if p.kind == "ptr"}
         # Launches reuse one argument buffer: the driver copies the values during cuLaunchKernel.
         self._args = KernelArgs(self.spec)
         self._lock = threading.Lock()
@@ -202,6 +208,10 @@ class RawKernel:
                     view = as_device_array(value, what)
                 except (RawgraphError, ValueError, TypeError) as exc:  # host, strided, closed, bad DLPack
                     raise ArgumentError(str(exc)) from None
+                if view.readonly and self._roles[pname] != "read":
+                    raise ArgumentError(f"{what} is read-only memory, but the kernel may write through it "
+                                        f"({self._ctype(pname)} {pname}): pass writable memory, or make the "
+                                        "parameter a const pointer")
                 want = self._pointees.get(pname)
                 # Bytes are raw memory on either side (a byte array for any pointer, any array
                 # for a char pointer); another element type is one the kernel would misread.
@@ -219,10 +229,13 @@ class RawKernel:
                                         f"scalar of {n} bytes, got {type(value).__name__}")
                 into.array(pname)[:] = np.frombuffer(bytes(raw), dtype=np.uint8)
             elif kind.startswith("i32["):
-                arr = np.asarray(value)
-                if arr.shape != arg_dtype(kind).shape:
-                    raise ArgumentError(f"{what} takes {arg_dtype(kind).shape[0]} int32 values")
-                into.array(pname)[:] = arr
+                n = arg_dtype(kind).shape[0]
+                if not (isinstance(value, (tuple, list)) or (isinstance(value, np.ndarray) and value.ndim == 1)) \
+                        or len(value) != n:
+                    raise ArgumentError(f"{what} takes {n} int32 values (a list, tuple or 1-D array)")
+                for j, v in enumerate(value):  # each element as an int argument of its own
+                    check_scalar("i32", v, f"{what}[{j}]")
+                into.array(pname)[:] = value
             else:
                 check_scalar(kind, value, what)
                 into[pname] = value
@@ -260,7 +273,6 @@ class RawKernel:
         g, b, names = self._config(grid, block, shared_mem, names)
         kargs = KernelArgs(self.spec)
         arrays = self._pack(args, kargs)
-        roles = {p.name: p.role or "write" for p in self.params}
         uses: dict[str, ArgUse] = {}
         buffers: dict[str, DeviceArray] = {}
         for pname, view in arrays:
@@ -277,7 +289,7 @@ class RawKernel:
             if bname in buffers and (buffers[bname].ptr, buffers[bname].nbytes) != (view.ptr, view.nbytes):
                 raise ArgumentError(f"{self.name}: names= gives the name {bname!r} to two different arrays")
             buffers[bname] = view
-            uses[pname] = ArgUse(bname, roles[pname])
+            uses[pname] = ArgUse(bname, self._roles[pname])
         launch = Launch(self.kernel, g, b, kargs, uses, shared_mem=int(shared_mem), label=self.name)
         return launch, buffers
 
@@ -305,8 +317,10 @@ class RawKernel:
         in the kernel's parameter order (``cuLaunchKernel``).
 
         Arrays: anything :func:`~rawgraph.as_device_array` takes (``DeviceBuffer``, CuPy, torch,
-        DLPack, ``__cuda_array_interface__``). Scalars are checked against their C type; a struct
-        by value is bytes or a NumPy structured scalar of its size. On a stream a rawgraph
+        DLPack, ``__cuda_array_interface__``); memory its producer marked read-only only for a
+        ``const`` pointer parameter. Scalars are checked against their C type, and each of the
+        ``N`` values of an ``i32[N]`` argument as an ``int``; a struct by value is bytes or a NumPy
+        structured scalar of its size. On a stream a rawgraph
         :class:`~rawgraph.Capture` is capturing, the launch goes through ``Capture.launch`` and the
         node map records which array each pointer argument holds (``names`` renames them: C
         parameter name -> the name to bind it by).

@@ -66,22 +66,51 @@ _FWD = {"(": ")", "[": "]", "{": "}"}
 _BACK = {")": "(", "]": "[", ">": "<"}
 
 
-def _tokens(source: str) -> list[str]:
-    """Significant tokens; comments dropped, literals as ``""``, preprocessor lines removed."""
+# A token's place among conditional groups: one (group, branch) pair per enclosing ``#if``,
+# outermost first. Groups are numbered in source order, branches from 0 (``#elif``/``#else``
+# start the next one), so two tokens the preprocessor can never both keep share a group number
+# with different branches.
+Branches = tuple[tuple[int, int], ...]
+_OPEN = {"if", "ifdef", "ifndef"}
+_NEXT = {"elif", "else", "elifdef", "elifndef"}
+
+
+def _tokens(source: str) -> tuple[list[str], list[Branches]]:
+    """Significant tokens (comments dropped, literals as ``""``, preprocessor lines removed) and
+    the conditional branches each one sits in. Directives are not evaluated."""
     out: list[str] = []
-    line_start, directive = True, False
+    where: list[Branches] = []
+    stack: list[tuple[int, int]] = []
+    groups = 0
+    line_start, directive, named = True, False, False
     for m in _TOKEN.finditer(source):
         kind = m.lastgroup  # the outer group: "str" for a raw string too, never "d"
         if kind == "nl":  # an unescaped newline ends a directive (``\\\n`` is a skip token)
             line_start, directive = True, False
-        elif kind == "skip" or directive:
+        elif kind == "skip" or (directive and named):
             continue
+        elif directive:  # the directive's name, the first token after ``#``
+            named, word = True, m.group()
+            if word in _OPEN:
+                stack.append((groups, 0))
+                groups += 1
+            elif word in _NEXT and stack:
+                stack[-1] = (stack[-1][0], stack[-1][1] + 1)
+            elif word == "endif" and stack:
+                stack.pop()
         elif line_start and m.group() == "#":
-            directive = True
+            directive, named = True, False
         else:
             line_start = False
             out.append('""' if kind == "str" else m.group())
-    return out
+            where.append(tuple(stack))
+    return out, where
+
+
+def _exclusive(where: list[Branches]) -> bool:
+    """Whether these tokens include two from different branches of one ``#if`` group."""
+    seen: dict[int, int] = {}
+    return any(seen.setdefault(group, branch) != branch for path in where for group, branch in path)
 
 
 def _match(toks: list[str], i: int, pairs: dict[str, str], step: int) -> int:
@@ -232,26 +261,37 @@ def _param(toks: list[str], tparams: set[str]) -> Param:
     return Param(name, full, "ptr", "read" if pointee_const else "write")
 
 
-def _declarations(toks: list[str], base: str) -> list[tuple[list[Param], bool]]:
-    """Every ``__global__`` declaration named ``base``: (params, is a definition)."""
+def _declarations(toks: list[str], where: list[Branches], base: str) -> list[tuple[list[Param], bool]]:
+    """Every ``__global__`` declaration named ``base``: (params, is a definition).
+
+    Raises :class:`SignatureError` for a declarator of ``base`` whose text, from its name to the
+    ``{`` or ``;`` after its parameters, runs through two branches of one ``#if`` (two
+    declarators sharing a body, a parameter list cut by ``#else``): which text the compiler sees
+    is the preprocessor's choice, so no reading of it can be trusted."""
     found: list[tuple[list[Param], bool]] = []
     for g, tok in enumerate(toks):
         if tok != "__global__":
             continue
-        i = g + 1
+        i, first = g + 1, None
         while i < len(toks) - 1 and toks[i] not in ("{", ";", "}"):
             if not (_IDENT.fullmatch(toks[i]) and toks[i + 1] == "("):  # skip ``[[...]]`` whole
                 i = _match(toks, i, _FWD, 1) + 1 if toks[i] in ("[", "(") else i + 1
                 continue
             end = _match(toks, i + 1, _FWD, 1)
             after = toks[end + 1] if end + 1 < len(toks) else ";"
-            if toks[i] in _ATTRIBUTES or after not in ("{", ";", "noexcept"):
-                i = end + 1  # __launch_bounds__(...), or a macro like RG_BOUNDS(256)
-                continue
             if toks[i] == base:
+                # Also a declarator followed by something else (another declarator, a trailing
+                # attribute): its types must agree with the rest, never be skipped as a macro.
+                first = i if first is None else first
+                if _exclusive(where[first:end + 2]):
+                    raise SignatureError(f"the declaration of {base!r} is split between #if/#else branches "
+                                         "(the preprocessor is not run here): pass types=")
                 inner, tparams = toks[i + 2:end], _template_types(toks, g)
                 params = [] if inner in ([], ["void"]) else [_param(p, tparams) for p in _split(inner)]
                 found.append((params, after == "{"))
+            if toks[i] in _ATTRIBUTES or after not in ("{", ";", "noexcept"):
+                i = end + 1  # __launch_bounds__(...), or a macro like RG_BOUNDS(256)
+                continue
             break
     return found
 
@@ -263,7 +303,8 @@ def parse_signature(source: str, name: str) -> list[Param]:
     ----------
     source : str
         CUDA C++ source text (headers spliced in if their kernels matter). Comments, string
-        literals and preprocessor lines are ignored; ``#if`` branches are *not* evaluated.
+        literals and preprocessor lines are ignored; ``#if`` branches are *not* evaluated, so a
+        declaration split between two branches of one ``#if`` is refused.
     name : str
         The kernel's name, or a name expression such as ``"gemm<64, 4>"`` or ``"ns::k<float>"``:
         the last identifier before ``<`` is looked up, as a whole identifier.
@@ -278,7 +319,8 @@ def parse_signature(source: str, name: str) -> list[Param]:
     Raises
     ------
     SignatureError
-        No ``__global__`` function of that name; overloads with different parameter lists; a
+        No ``__global__`` function of that name; overloads (or declarators in different ``#if``
+        branches) with different parameter lists; a declaration split between ``#if`` branches; a
         parameter that cannot be read (reference, default argument, variadic, function pointer,
         unbalanced brackets, unknown builtin combination such as ``long double``).
     """
@@ -286,7 +328,7 @@ def parse_signature(source: str, name: str) -> list[Param]:
     if not _IDENT.fullmatch(base):
         raise SignatureError(f"kernel {name!r}: {base!r} is not an identifier")
     try:
-        found = _declarations(_tokens(source), base)
+        found = _declarations(*_tokens(source), base)
     except SignatureError as exc:
         raise SignatureError(f"kernel {name!r}: {exc}") from None
     if not found:
@@ -296,5 +338,5 @@ def parse_signature(source: str, name: str) -> list[Param]:
     if len(shapes) > 1:
         lists = "; ".join(sorted("(" + ", ".join(c for c, _, _ in s) + ")" for s in shapes))
         raise SignatureError(f"kernel {name!r}: {len(shapes)} overloads of {base!r} ({lists}); "
-                             "give the argument types by hand")
+                             "pass the argument types by hand (types=)")
     return next((params for params, definition in found if definition), found[0][0])
