@@ -315,6 +315,11 @@ def test_a_float_is_refused_only_when_it_would_round_to_infinity():
     check_scalar("f32", 3.4028235e38, "s")  # above FLT_MAX, rounds down to it
     with pytest.raises(ArgumentError, match="would become infinite"):
         check_scalar("f32", 3.4028236e38, "s")
+    # exactly halfway past FLT_MAX rounds (to even) to infinity; the double just below it does not
+    halfway = 2.0 ** 128 - 2.0 ** 103
+    check_scalar("f32", float(np.nextafter(halfway, 0)), "s")
+    with pytest.raises(ArgumentError, match="would become infinite"):
+        check_scalar("f32", halfway, "s")
     check_scalar("f16", float("inf"), "h")  # infinities and NaN pass as given
     check_scalar("f16", float("nan"), "h")
 

@@ -131,7 +131,8 @@ def test_bad_arguments_never_reach_the_driver(fake, launches):
         for what, (args, match) in bad.items():
             with pytest.raises(ArgumentError, match=match):
                 k(1, 64, args, stream=s)
-        for grid, block in ((0, 64), (1, 2048), (1.5, 64), (1, (1, 1, 1, 1)), ((True,), 64)):
+        for grid, block in ((0, 64), (1, 2048), (1.5, 64), (1, (1, 1, 1, 1)), ((True,), 64), (1 << 32, 64),
+                            ((1, 65536), 64), (1, (1, 1, 65))):
             with pytest.raises(ArgumentError):
                 k(grid, block, (1.0, x, 0.0, y, 64), stream=s)
         with pytest.raises(ArgumentError, match="16-byte struct"):

@@ -44,6 +44,14 @@ ARG_DTYPES: dict[str, np.dtype] = {
     "f64": np.dtype(np.float64),
 }
 FLOAT_KINDS = frozenset({"f16", "f32", "f64"})
+# Worked out once, not per call: a scalar setter checks every value it is given.
+# A finite float rounds to infinity in its kind from halfway past the largest finite value up
+# (round to nearest even: an f16 takes |x| < 65520, which rounds to at most 65504).
+# (The step below the largest value equals the step above it: both lie in the top binade.)
+_FLOAT_LIMIT = {k: 1.5 * float(m) - 0.5 * float(np.nextafter(m, m.dtype.type(0))) if k != "f64" else math.inf
+                for k in FLOAT_KINDS for m in (np.finfo(ARG_DTYPES[k]).max,)}
+_INT_RANGE = {k: (int(np.iinfo(d).min), int(np.iinfo(d).max)) for k, d in ARG_DTYPES.items()
+              if k != "ptr" and d.kind in "iu"}
 
 
 def arg_dtype(kind: str) -> np.dtype:
@@ -58,6 +66,33 @@ def arg_dtype(kind: str) -> np.dtype:
                 and int(kind[len(prefix):-1]) > 0:
             return np.dtype((base, (int(kind[len(prefix):-1]),)))
     raise ValueError(f"unknown kind {kind!r} (use one of {sorted(ARG_DTYPES)}, 'i32[N]' or 'u8[N]')")
+
+
+# The driver's largest grid and block, per dimension, on every GPU since compute capability 3.0
+# (``cuLaunchKernel``'s limits; a grid of 2**32 does not even fit CUDA_KERNEL_NODE_PARAMS' unsigned
+# fields). A block also holds at most 1024 threads in all.
+MAX_GRID = ((1 << 31) - 1, 65535, 65535)
+MAX_BLOCK = (1024, 1024, 64)
+
+
+def launch_dims(v: Any, what: str, largest: tuple[int, int, int]) -> tuple[int, int, int]:
+    """``v`` (an int or 1 to 3 ints, as ``cuLaunchKernel`` takes a grid or a block) as three
+    positive ints within ``largest`` (:data:`MAX_GRID`, :data:`MAX_BLOCK`); else
+    :class:`ArgumentError` naming ``what``, before anything reaches the driver."""
+    if isinstance(v, (int, np.integer)):
+        t: tuple = (v,)
+    elif isinstance(v, (tuple, list)):
+        t = tuple(v)
+    else:
+        raise ArgumentError(f"{what} must be an int or 1 to 3 ints, got {v!r}")
+    if not 1 <= len(t) <= 3 or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in t):
+        raise ArgumentError(f"{what} must be an int or 1 to 3 ints, got {v!r}")
+    g = tuple(int(d) for d in t) + (1,) * (3 - len(t))
+    if min(g) < 1:
+        raise ArgumentError(f"{what} must be positive, got {v!r}")
+    if any(d > top for d, top in zip(g, largest)):
+        raise ArgumentError(f"{what} {g} is larger than the driver allows ({largest})")
+    return g[0], g[1], g[2]
 
 
 def check_scalar(kind: str, value: Any, what: str) -> None:
@@ -80,11 +115,8 @@ def check_scalar(kind: str, value: Any, what: str) -> None:
             f = float(value)
         except OverflowError:
             raise ArgumentError(f"{what} ({kind}) cannot hold {value}: too large for a float") from None
-        # The value is rounded to the type when packed: refused only if that rounding gives
-        # infinity (an f16 takes |x| < 65520, which rounds to at most 65504).
-        with np.errstate(over="ignore"):
-            rounded = ARG_DTYPES[kind].type(f)
-        if math.isfinite(f) and not np.isfinite(rounded):
+        # The value is rounded to the type when packed: refused only if that rounding gives infinity.
+        if abs(f) >= _FLOAT_LIMIT[kind] and math.isfinite(f):
             raise ArgumentError(f"{what} ({kind}) cannot hold {value}: it would become infinite "
                                 f"(largest {float(np.finfo(ARG_DTYPES[kind]).max):g})")
         return
@@ -96,9 +128,9 @@ def check_scalar(kind: str, value: Any, what: str) -> None:
         raise ArgumentError(f"{what} ({kind}) is not a scalar argument")
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ArgumentError(f"{what} ({kind}) takes an int, got {type(value).__name__} {value!r}")
-    info = np.iinfo(ARG_DTYPES[kind])
-    if not info.min <= int(value) <= info.max:
-        raise ArgumentError(f"{what} ({kind}) cannot hold {value} (range {info.min}..{info.max})")
+    lo, hi = _INT_RANGE[kind]
+    if not lo <= int(value) <= hi:
+        raise ArgumentError(f"{what} ({kind}) cannot hold {value} (range {lo}..{hi})")
 
 
 class _Layout:

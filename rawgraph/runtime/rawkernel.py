@@ -30,7 +30,8 @@ from .compiler import DEFAULT_OPTIONS, KernelCache, compile_source
 from .device import Device, get_device
 from .errors import ArgumentError, CaptureRefusedError, RawgraphError, SignatureError, cuda_error
 from .module import Kernel, Module
-from .launch import ARG_DTYPES, ArgUse, KernelArgs, Launch, arg_dtype, check_scalar
+from .launch import (ARG_DTYPES, MAX_BLOCK, MAX_GRID, ArgUse, KernelArgs, Launch, arg_dtype, check_scalar,
+                     launch_dims)
 from .memory import DeviceArray, as_device_array
 from .signature import KINDS, Param, parse_signature
 from .stream import capture_info, stream_handle
@@ -244,21 +245,6 @@ class RawKernel:
     def _ctype(self, pname: str) -> str:
         return next(p.ctype for p in self.params if p.name == pname)
 
-    @staticmethod
-    def _dims(v: Any, what: str) -> tuple[int, int, int]:
-        if isinstance(v, (int, np.integer)):
-            t: tuple = (v,)
-        elif isinstance(v, (tuple, list)):
-            t = tuple(v)
-        else:
-            raise ArgumentError(f"{what} must be an int or 1 to 3 ints, got {v!r}")
-        if not 1 <= len(t) <= 3 or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in t):
-            raise ArgumentError(f"{what} must be an int or 1 to 3 ints, got {v!r}")
-        g = tuple(int(d) for d in t) + (1,) * (3 - len(t))
-        if min(g) < 1:
-            raise ArgumentError(f"{what} must be positive, got {v!r}")
-        return g[0], g[1], g[2]
-
     # -- launching --------------------------------------------------------------------------
     def launch(self, grid: Any, block: Any, args: Sequence[Any], stream: Any = None, shared_mem: int = 0,
                names: dict[str, str] | None = None) -> Launch:
@@ -296,7 +282,7 @@ class RawKernel:
     def _config(self, grid: Any, block: Any, shared_mem: Any, names: dict[str, str] | None
                 ) -> tuple[tuple[int, int, int], tuple[int, int, int], dict[str, str]]:
         """Grid, block, shared memory and ``names=`` checked (before any driver call)."""
-        g, b = self._dims(grid, "grid"), self._dims(block, "block")
+        g, b = launch_dims(grid, "grid", MAX_GRID), launch_dims(block, "block", MAX_BLOCK)
         if b[0] * b[1] * b[2] > 1024:
             raise ArgumentError(f"{self.name}: block {b} has more than 1024 threads")
         if isinstance(shared_mem, bool) or not isinstance(shared_mem, (int, np.integer)) or shared_mem < 0:

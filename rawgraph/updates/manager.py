@@ -38,11 +38,11 @@ from typing import Any, Sequence
 import numpy as np
 from cuda.bindings import driver
 
-from ..runtime.errors import ClosedError, RawgraphWarning
+from ..runtime.errors import ArrayError, ClosedError, RawgraphError, RawgraphWarning
 from ..graphs.graph import Graph, GraphExec
 from ..runtime import resource as _resource
 from ..runtime.launch import KernelArgs
-from ..runtime.memory import DeviceArray, as_device_array
+from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array
 from .addresses import foreign_holders
 from .setters import ParamSetters, _locked
 from .shadow import ExecShadow, KernelShadow, finalizers, refuse_device_updatable
@@ -51,6 +51,21 @@ from .validate import Binding, BindingChecks
 __all__ = ["Binding", "ExecUpdateManager"]
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
+
+
+def captured_object(view: DeviceArray) -> Any:
+    """The array a plan's buffer stands for, as ``rebind`` matches it by identity: the view's owner
+    when the owner is exactly that memory (the DeviceBuffer or tensor passed), else the view
+    itself (a part of a larger allocation: that allocation was never passed to a kernel)."""
+    owner = view.owner
+    if isinstance(owner, DeviceBuffer) or hasattr(type(owner), "__cuda_array_interface__"):
+        try:
+            whole = as_device_array(owner)
+        except RawgraphError:  # closed, strided: not this view's memory as a whole
+            return view
+        if (whole.ptr, whole.nbytes) == (view.ptr, view.nbytes):
+            return owner
+    return view
 
 
 class ExecUpdateManager(BindingChecks, ParamSetters):
@@ -105,7 +120,7 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
             self.bindings[name] = list(uses)
         self._specs = {name: (plan.buffers[name].shape, plan.buffers[name].dtype) for name in names}
         self._bound_ptr = {name: (plan.buffers[name].ptr, plan.buffers[name].nbytes) for name in names}
-        self._bound_obj = {name: plan.buffers[name].owner for name in names}
+        self._bound_obj = {name: captured_object(plan.buffers[name]) for name in names}
         self._roles = {name: {r for _, _, r in self.bindings[name]} for name in names}
         self._pin_epoch = -1
         self._pin_foreign(*foreign_holders(graph, self._bound_ptr))
@@ -148,7 +163,7 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
         self._cache: dict[tuple, Binding] = {}
         # resource.release_count when the exec and graph were last seen open
         self._checked_at = -1
-        # name -> {id(array): (weakref, ptr, nbytes, owner finalizer or None)}
+        # name -> {id(array): (weakref, ptr, nbytes, owner finalizer or None, address reader or None)}
         self._checked: dict[str, dict[int, tuple]] = {name: {} for name in names}
         self._device = graph.device
         # Per binding, the nodes it rewrites (what bind pushes when its pointer changes).
@@ -194,8 +209,9 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
     def bind(self, name: str, array: Any) -> int:
         """Point every node argument bound to ``name`` at ``array``; returns driver updates made.
 
-        The hot path of a replay loop: an array bound before (still alive, same object) costs a
-        dict lookup, an overlap check, one in-place pointer write per argument and one
+        The hot path of a replay loop: an array bound before (still alive, same object, at the
+        same address) costs a dict lookup, an address read for an array whose memory can move (a
+        torch tensor), an overlap check, one in-place pointer write per argument and one
         ``cuGraphExecKernelNodeSetParams`` per node that reads it -- none when the pointer did not
         change. Anything else goes through :meth:`bind_many`, which validates it.
         """
@@ -205,7 +221,10 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
                 self._checked_at = _resource.release_count
             cache = self._checked.get(name)
             hit = cache.get(id(array)) if cache is not None else None
-            if hit is None or hit[0]() is not array or (hit[3] is not None and not hit[3].alive):
+            # (the hit test of BindingChecks._resolve, inline: a dead or closed array, or one whose
+            # memory moved while the object stayed, goes through the full check)
+            if hit is None or hit[0]() is not array or (hit[3] is not None and not hit[3].alive) \
+                    or (hit[4] is not None and hit[4](array) != hit[1]):
                 return self.bind_many({name: array})
             ptr, nbytes = hit[1], hit[2]
             if self._writers:
@@ -284,7 +303,9 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
         driver updates made.
 
         ``old`` is the array object that was captured or bound last (matched by identity), or
-        any array with the same address and size. For graphs whose arrays were named at capture
+        any array with the same address and size. The allocation a captured view is part of is
+        neither (two halves of one buffer captured as two arguments are two arrays, and the
+        buffer matches neither). For graphs whose arrays were named at capture
         (a :class:`~rawgraph.RawKernel` call names each by its C parameter), this is binding by
         the array itself, with no name to know.
 
@@ -324,7 +345,8 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
 
         The cheapest way to re-point a replay at one of a few sets of arrays: no validation and no
         lookup, one identity check per node, the changed slots and the pushes. A binding whose
-        array (a DeviceBuffer) was closed since it was made is refused with :class:`ClosedError`.
+        array (a DeviceBuffer) was closed since it was made is refused with :class:`ClosedError`,
+        one whose array's memory moved (a torch tensor after ``set_``) with :class:`ArrayError`.
         """
         if binding.manager is not self:
             raise ValueError("this Binding was prepared by another ExecUpdateManager")
@@ -335,6 +357,11 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
             self._check_usable()
             if not binding._still_open():
                 raise ClosedError("an array of this Binding was closed after it was prepared")
+        if binding.moves:
+            moved = binding.moved(values)
+            if moved is not None:  # its pointer would be the freed or reused memory the array left
+                raise ArrayError(f"the array bound to {moved!r} by this Binding moved since it was prepared "
+                                 "(the same object at another address): prepare the binding again")
         if binding.pin_epoch != self._pin_epoch:  # prepared before adopt() read new foreign nodes
             self._check_pins(binding, self._pin_epoch)
         if self._writers and not binding.complete:
@@ -466,9 +493,10 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
         for name in self.bindings:
             view = plan.buffers[name]
             self._bound_ptr[name] = (view.ptr, view.nbytes)
-            if self._bound_obj[name] is not view.owner:
+            obj = captured_object(view)
+            if self._bound_obj[name] is not obj:
                 replaced.append(self._bound_obj[name])
-                self._bound_obj[name] = view.owner
+                self._bound_obj[name] = obj
         self._keep_graph = graph  # its plan owns the buffers now bound
         # The exec's foreign nodes now hold this graph's values: pin again, and forget arrays
         # checked against the old pins.

@@ -8,10 +8,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import numpy as np
-
-from ..runtime.errors import ShapeError
-from ..runtime.launch import ARG_DTYPES, KernelArgs, check_scalar
+from ..runtime.errors import ArgumentError, ShapeError
+from ..runtime.launch import ARG_DTYPES, MAX_GRID, KernelArgs, check_scalar, launch_dims
 from .shadow import ExecShadow
 
 
@@ -25,6 +23,27 @@ def _locked(method: Any) -> Any:
             return method(self, *args, **kwargs)
 
     return locked
+
+
+def check_grid(grid: Any, cluster: tuple[int, int, int]) -> tuple[int, int, int]:
+    """``grid`` as the three ints a node is given, or :class:`ShapeError`: an int or 1 to 3 positive
+    ints (as a launch takes them), within :data:`MAX_GRID`, and whole clusters of a kernel compiled
+    with fixed cluster dimensions (``cluster``; 0: none)."""
+    try:
+        g = launch_dims(grid, "grid", MAX_GRID)  # the rule a launch keeps, as a ShapeError here
+    except ArgumentError as exc:
+        raise ShapeError(str(exc)) from None
+    if any(c and d % c for d, c in zip(g, cluster)):
+        raise ShapeError(f"grid {g} is not a multiple of the kernel's cluster dimensions {cluster}")
+    return g
+
+
+def stored_scalar(kind: str, value: Any, what: str) -> Any:
+    """``value`` checked as a launch checks it (:func:`~rawgraph.runtime.launch.check_scalar`: an
+    :class:`ArgumentError` before anything changes) and converted to the argument's C type: what the
+    shadow will hold, so a value equal to the one held is seen as no change."""
+    check_scalar(kind, value, what)
+    return ARG_DTYPES[kind].type(value)
 
 
 def _restore_scalars(log: tuple) -> None:
@@ -57,9 +76,10 @@ class ParamSetters:
         ----------
         node : int
             Node index in capture order.
-        grid : tuple of int, optional
-            New grid (1 to 3 positive ints). For a kernel compiled with fixed cluster dimensions
-            each grid dimension must be a multiple of the cluster's.
+        grid : int or tuple of int, optional
+            New grid (an int or 1 to 3 positive ints, within :data:`MAX_GRID`). For a kernel
+            compiled with fixed cluster dimensions each grid dimension must be a multiple of the
+            cluster's.
         **scalars
             New values of scalar arguments (any kind of :data:`~rawgraph.runtime.launch.ARG_DTYPES` but ``ptr``), by name.
 
@@ -73,15 +93,23 @@ class ParamSetters:
         KeyError
             Unknown node or argument.
         TypeError
-            A pointer argument, or a value of the wrong type.
+            A pointer argument, or a value its C type cannot hold (:class:`ArgumentError`, as a
+            launch refuses it).
         ShapeError
-            An empty grid, or one that does not fit the kernel's cluster dimensions.
+            A grid that is not 1 to 3 positive ints, is larger than :data:`MAX_GRID` or does not
+            fit the kernel's cluster dimensions.
+
+        Every refusal comes before anything changes: the shadow and the exec keep what they held.
         """
         self._check_usable()
         if not 0 <= node < len(self._args):
             raise KeyError(f"node {node} is not in this graph (0..{len(self._args) - 1})")
         args, params = self._args[node], self._params[node]
         kinds = dict(args.spec)
+        # Everything is checked before the shadow changes: a refused call leaves the shadow equal
+        # to the exec, so the next push of this node (any bind that moves one of its arrays)
+        # carries none of it.
+        values = {}
         for arg, value in scalars.items():
             if arg not in kinds:
                 raise KeyError(f"node {node} ({self.graph.nodes[node].launch.kernel.name}) has no argument {arg!r}; "
@@ -91,31 +119,27 @@ class ParamSetters:
             if kinds[arg] not in ARG_DTYPES:
                 raise TypeError(f"{arg!r} ({kinds[arg]}) is passed by value as an array: edit it with "
                                 "the launch's args.array() and set_params")
-            check_scalar(kinds[arg], value, repr(arg))
-        new_grid = None
-        if grid is not None:
-            new_grid = tuple(int(g) for g in (tuple(grid) + (1, 1))[:3])
-            if len(tuple(grid)) > 3 or min(new_grid) < 1:
-                raise ShapeError(f"grid must be 1 to 3 positive ints, got {grid}")
-            cluster = self.graph.nodes[node].launch.kernel.cluster_dims
-            if any(c and g % c for g, c in zip(new_grid, cluster)):
-                raise ShapeError(f"grid {new_grid} is not a multiple of the kernel's cluster dimensions {cluster}")
-        old_values = {arg: args[arg] for arg in scalars}
+            values[arg] = stored_scalar(kinds[arg], value, repr(arg))
+        new_grid = None if grid is None else check_grid(grid, self.graph.nodes[node].launch.kernel.cluster_dims)
+        old_values = {arg: args[arg] for arg in values}
         old_grid = (params.gridDimX, params.gridDimY, params.gridDimZ)
-        if all(old_values[a] == (np.float32(v) if kinds[a] == "f32" else v) for a, v in scalars.items()) and \
-                (new_grid is None or new_grid == old_grid):
+        if all(old_values[a] == v for a, v in values.items()) and new_grid in (None, old_grid):
             return 0
-        args.update(scalars)
+        # Neither edit can fail now; a refused push puts both back (_restore_scalars).
+        args.update(values)
         if new_grid is not None:
             params.gridDimX, params.gridDimY, params.gridDimZ = new_grid
         return self._shadow.push((node,), _restore_scalars, (args, params, old_values, old_grid))
 
     def scalar_setter(self, node: int, arg: str) -> Any:
-        """A fast setter for one scalar argument of one node: checked here once (as
-        :meth:`set_params` checks), then each call ``setter(value)`` writes the value and pushes
-        the node only when it changed (``cuGraphExecKernelNodeSetParams``); returns the pushes
-        made (0 or 1). For per-step updates such as a live row count."""
+        """A fast setter for one scalar argument of one node: the node and argument are checked
+        here once (as :meth:`set_params` checks them), then each call ``setter(value)`` checks the
+        value as :meth:`set_params` and a launch do (:class:`ArgumentError`, before anything
+        changes), writes it and pushes the node only when it changed
+        (``cuGraphExecKernelNodeSetParams``); returns the pushes made (0 or 1). For per-step
+        updates such as a live row count."""
         self.set_params(node, None, **{arg: self._args[node][arg]})  # validates node, arg and kind
+        kind, what = dict(self._args[node].spec)[arg], repr(arg)
         view = self._args[node]._views[arg]
         push = self._shadow.push
         nodes = (node,)
@@ -129,10 +153,11 @@ class ParamSetters:
             with lock:
                 if self._closed or not (alive[0].alive and alive[1].alive):  # type: ignore[attr-defined]
                     self._check_usable()
-                if view[0] == value:
+                stored = stored_scalar(kind, value, what)
+                if view[0] == stored:
                     return 0
                 old = view[0].item()
-                view[0] = value
+                view[0] = stored
                 return push(nodes, restore, old)
 
         return setter

@@ -6,13 +6,46 @@ checked set. :class:`BindingChecks` is the part of
 
 from __future__ import annotations
 
+import sys
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from ..runtime import resource as _resource
-from ..runtime.errors import ForeignNodeError, LayoutError
-from ..runtime.memory import DeviceBuffer, as_device_array, check_array
+from ..runtime.errors import ArrayError, ForeignNodeError, LayoutError
+from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from .shadow import BaseBinding, finalizers
+
+
+def address_reader(obj: Any) -> Callable[[Any], int] | None:
+    """How to read ``obj``'s device address again, for an array whose memory can move while the
+    object stays (a torch tensor after ``t.set_(...)`` or ``t.data = other``); None for one whose
+    address is fixed for its life.
+
+    A cache of checked arrays keyed by identity compares this address on every hit: a stale
+    address would point the exec at memory that may be freed. Fixed: a DeviceBuffer, a DeviceArray
+    (frozen) and a CuPy array (its ``data`` pointer is read-only). A torch tensor is read with
+    ``Tensor.data_ptr``, another ``__cuda_array_interface__`` object through its interface's
+    pointer, a DLPack producer by exporting it again.
+    """
+    if isinstance(obj, (DeviceBuffer, DeviceArray)):
+        return None
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(obj, cupy.ndarray):
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return torch.Tensor.data_ptr
+    if hasattr(type(obj), "__cuda_array_interface__"):
+        return _interface_address
+    return _exported_address
+
+
+def _interface_address(obj: Any) -> int:
+    return obj.__cuda_array_interface__["data"][0]
+
+
+def _exported_address(obj: Any) -> int:
+    return as_device_array(obj).ptr
 
 
 class Binding(BaseBinding):
@@ -33,9 +66,9 @@ class Binding(BaseBinding):
         is bound, so it is not repeated).
     """
 
-    __slots__ = ("names", "entries", "nodes", "complete", "values", "refs", "pin_epoch")
+    __slots__ = ("names", "entries", "nodes", "complete", "values", "refs", "pin_epoch", "moves")
 
-    def __init__(self, manager: Any, entries: tuple, nodes: tuple, complete: bool):
+    def __init__(self, manager: Any, entries: tuple, nodes: tuple, complete: bool, moves: tuple = ()):
         super().__init__(manager)
         self.checked_at = -1  # nothing named was seen open yet (prepare and the cache set it)
         self.names = tuple(name for name, _ in entries)
@@ -51,19 +84,29 @@ class Binding(BaseBinding):
         self.refs: tuple = ()  # weak references to them (the bind_many cache)
         # the manager's pin epoch its entries were checked against (see ExecUpdateManager.adopt)
         self.pin_epoch = manager._pin_epoch
+        # (index, address_reader, pointer checked) per array whose memory can move
+        self.moves = moves
 
     @property
     def manager(self) -> Any:
         return self.owner
 
     def matches(self, values: tuple) -> bool:
-        """The same live objects as when validated (weak identity; no closed DeviceBuffer)."""
+        """The same live objects as when validated (weak identity; no closed DeviceBuffer), each
+        still at the address it was checked at."""
         if len(values) != len(self.refs):
             return False
         for ref, obj in zip(self.refs, values):
             if ref() is not obj:
                 return False
-        return self.is_open()
+        return self.is_open() and not (self.moves and self.moved(values))
+
+    def moved(self, values: tuple) -> str | None:
+        """The name of an array whose memory moved since it was checked, else None."""
+        for i, read, ptr in self.moves:
+            if read(values[i]) != ptr:
+                return self.names[i]
+        return None
 
     def __repr__(self) -> str:
         return f"Binding({', '.join(self.names)}; {len(self.nodes)} nodes)"
@@ -79,6 +122,7 @@ class BindingChecks:
     _checked: dict[str, dict[int, tuple]]
     _bound_ptr: dict[str, tuple[int, int]]
     _write_names: list[str]
+    _roles: dict[str, set[str]]
     _writers: bool
     _slot_index: dict[str, list[tuple[int, list[int]]]]
     _node_views: dict[int, tuple]
@@ -87,18 +131,24 @@ class BindingChecks:
     def _resolve(self, name: str, array: Any) -> tuple[int, int]:
         """``(ptr, nbytes)`` of a checked array (shape, dtype, layout, device).
 
-        Arrays don't change shape or address, so one already checked is remembered per
-        (name, object) -- by weak reference, so the cache keeps nothing alive -- and re-binding it
-        costs a dict lookup. A closed DeviceBuffer fails the lookup and is refused by the full check.
+        An array already checked is remembered per (name, object) -- by weak reference, so the
+        cache keeps nothing alive -- with its address and how to read that again
+        (:func:`address_reader`), and re-binding it costs a dict lookup and, for an array whose
+        memory can move, one address read. A closed DeviceBuffer or an array whose memory moved
+        fails the lookup and goes through the full check.
         """
         if name not in self.bindings:
             raise KeyError(f"unknown binding {name!r}; bindable: {sorted(self.bindings)}")
         cache = self._checked[name]
         hit = cache.get(id(array))
-        if hit is not None and hit[0]() is array and (hit[3] is None or hit[3].alive):
+        if hit is not None and hit[0]() is array and (hit[3] is None or hit[3].alive) \
+                and (hit[4] is None or hit[4](array) == hit[1]):
             return hit[1], hit[2]
         shape, dtype = self._specs[name]
         view = check_array(as_device_array(array, name), shape, dtype, name, self._device)
+        if view.readonly and "write" in self._roles[name]:  # the rule RawKernel keeps at launch
+            raise ArrayError(f"{name!r} is read-only memory (its producer exported it so), but a kernel of this "
+                             "graph writes through that argument: bind writable memory")
         pinned = self._pinned.get(name)
         if pinned is not None and view.ptr != pinned[0]:
             raise ForeignNodeError(
@@ -113,7 +163,7 @@ class BindingChecks:
         alive = owner._finalizer if isinstance(owner, DeviceBuffer) else None
         if len(cache) > 1024:
             cache.clear()
-        cache[id(array)] = (ref, view.ptr, view.nbytes, alive)
+        cache[id(array)] = (ref, view.ptr, view.nbytes, alive, address_reader(array))
         return view.ptr, view.nbytes
 
     def _check_overlap_one(self, name: str, ptr: int, nbytes: int) -> None:
@@ -168,7 +218,9 @@ class BindingChecks:
             views = self._node_views[node]
             writes = tuple(zip(views, full)) if full is not None else ()
             nodes.append((node, full, idx, tuple(w[i] for i in idx), views, writes))
-        return Binding(self, entries, tuple(nodes), set(arrays) >= set(self.bindings))
+        moves = tuple((i, read, ptr) for i, (a, (_name, (ptr, _nb))) in enumerate(zip(values, entries))
+                      if (read := address_reader(a)) is not None)
+        return Binding(self, entries, tuple(nodes), set(arrays) >= set(self.bindings), moves)
 
     def _remember(self, key: tuple, binding: Binding, values: tuple) -> None:
         try:
