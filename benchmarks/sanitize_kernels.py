@@ -7,7 +7,9 @@ Odd sizes put tails in every loop (batch, K and N not multiples of the tiles); h
 reach the cluster split forms and both GEMM tiles and slice counts, which the automatic cut
 would only choose for large products, and issue 23's fp32 GEMM (``kernels/sgemm.cu``) through
 its four paths: no split, a cluster split, in-CTA K slices (with and without a split), row tables
-and pointer slots. Exit status 1 if any result is wrong.
+and pointer slots; the tensor-core GEMM (``kernels/tf32x3.cu``, ``precision="tf32x3"``) through
+the same paths, every warp tile and both accumulation forms, and every cut the dispatcher serves
+at the serving grid. Exit status 1 if any result is wrong.
 
     PYTHONPATH=. python3 benchmarks/sanitize_kernels.py
 """
@@ -21,7 +23,7 @@ import numpy as np
 from rawgraph import DeviceBuffer, LaunchPlan, Stream, TinyBlock, capture_plan, get_device, ops
 from rawgraph.control.rng import PhiloxGenerator, dropout_constants, reference_keep, reference_numbers, uniform24
 from rawgraph.runtime.memory import POISON_BITS, DeviceArray
-from rawgraph.ops import gemm_shape, matvec_shape, sgemm_shape
+from rawgraph.ops import Tf32x3Cut, gemm_shape, matvec_shape, sgemm_shape, tf32x3_shape
 
 
 def _rel(got: np.ndarray, ref: np.ndarray) -> float:
@@ -116,13 +118,14 @@ def main() -> int:
     failures = c.failures
     check = c.close_to
 
-    def matmul_case(name, batch, k, n, epilogue, shape=None):
+    def matmul_case(name, batch, k, n, epilogue, shape=None, precision="fp32"):
         xh, wh, rh = (rng.standard_normal(sh, dtype=np.float32) for sh in ((batch, k), (k, n), (batch, n)))
         bufs = {"x": DeviceBuffer.from_numpy(xh, stream=s), "W": DeviceBuffer.from_numpy(wh, stream=s),
                 "r": DeviceBuffer.from_numpy(rh, stream=s), "y": DeviceBuffer((batch, n))}
         views = {key: b.view() for key, b in bufs.items()}
         bufs["y"].poison(s)
-        launch = ops.matmul(dev, views, "x", "W", "y", epilogue, r="r" if epilogue == "add" else None, shape=shape)
+        launch = ops.matmul(dev, views, "x", "W", "y", epilogue, r="r" if epilogue == "add" else None, shape=shape,
+                            precision=precision)
         launch(s)
         ref = xh.astype(np.float64) @ wh
         ref = np.maximum(ref, 0) if epilogue == "relu" else ref + rh if epilogue == "add" else ref
@@ -155,9 +158,27 @@ def main() -> int:
     # every cut the sweep's table (ops.SGEMM_CUTS) serves, on a shape with tails in M, K and N
     for cut in sorted(set(ops.SGEMM_CUTS.values())):
         matmul_case("sgemm table", 70, 1000, 996, "add", sgemm_shape(70, 1000, 996, *cut))
+    # tf32x3 (kernels/tf32x3.cu): the epilogue from registers (no split), cluster splits (S = 3 with
+    # 48-row warps, S = 8 with 32 x 64 warps), in-CTA slices (2; 4 at BK 8), split and slices with
+    # the two-accumulator form; tails in M, K and N; every epilogue
+    for batch, k, n, epilogue, cut in ((33, 1000, 996, "add", Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32, flush=2)),
+                                       (37, 1000, 996, "none", Tf32x3Cut(96, 128, 32, 4, split=3, wm=48, wn=32)),
+                                       (100, 1000, 132, "relu", Tf32x3Cut(32, 128, 16, 3, split=8, wm=32, wn=64,
+                                                                          flush=1)),
+                                       (70, 1000, 196, "add", Tf32x3Cut(64, 64, 16, 3, slices=2, wm=32, wn=32)),
+                                       (65, 520, 260, "relu", Tf32x3Cut(32, 64, 8, 2, slices=4, wm=16, wn=32, flush=1)),
+                                       (33, 1000, 996, "add", Tf32x3Cut(64, 128, 32, 3, split=2, slices=2, wm=32, wn=32,
+                                                                        flush=0))):
+        matmul_case("tf32x3", batch, k, n, epilogue, tf32x3_shape(batch, k, n, cut), "tf32x3")
+    # every cut the dispatcher serves at M = 8..256, K = N = 1024 / 2048 / 4096 (table and default rule)
+    served = {ops.tf32x3_cut(ops.matmul_shape(m, w, w, sm, precision="tf32x3",
+                                              smem_limit=dev.info.smem_per_block_optin))
+              for w in (1024, 2048, 4096) for m in range(8, 257, 8)}
+    for cut in sorted(served, key=lambda c: tuple(vars(c).values())):
+        matmul_case("tf32x3 served", 70, 1000, 996, "add", tf32x3_shape(70, 1000, 996, cut), "tf32x3")
     # sgemm through pointer slots (the indirect launch path): x, y and r read from 8-byte slots,
     # y and r 4 bytes off 16-byte alignment (scalar epilogue stores); a split with slices
-    def sgemm_indirect_case(batch, k, n, cut):
+    def sgemm_indirect_case(batch, k, n, cut, precision="fp32"):
         xh, wh, rh = (rng.standard_normal(sh, dtype=np.float32) for sh in ((batch, k), (k, n), (batch, n)))
         bufs = {"x": DeviceBuffer.from_numpy(xh, stream=s), "W": DeviceBuffer.from_numpy(wh, stream=s),
                 "r": DeviceBuffer.from_numpy(np.concatenate([np.zeros(1, np.float32), rh.ravel()]), stream=s),
@@ -165,7 +186,8 @@ def main() -> int:
         r_off = DeviceArray(bufs["r"].ptr + 4, (batch, n), np.dtype(np.float32), bufs["r"])
         y_off = DeviceArray(bufs["y"].ptr + 4, (batch, n), np.dtype(np.float32), bufs["y"])
         views = {"x": bufs["x"].view(), "W": bufs["W"].view(), "r": r_off, "y": y_off}
-        launch = ops.matmul(dev, views, "x", "W", "y", "add", r="r", shape=sgemm_shape(batch, k, n, *cut))
+        shape = tf32x3_shape(batch, k, n, cut) if precision == "tf32x3" else sgemm_shape(batch, k, n, *cut)
+        launch = ops.matmul(dev, views, "x", "W", "y", "add", r="r", shape=shape, precision=precision)
         slots = DeviceBuffer.from_numpy(np.array([views[a].ptr for a in ("x", "y", "r")], np.uint64), stream=s)
         for i, arg in enumerate(("x", "y", "r")):
             launch.args[arg] = slots.ptr + 8 * i
@@ -183,6 +205,8 @@ def main() -> int:
 
     sgemm_indirect_case(37, 1000, 260, (64, 64, 16, 3, 2, 2, 1))
     sgemm_indirect_case(5, 36, 68, (32, 64, 8, 2, 1, 1, 1))
+    sgemm_indirect_case(37, 1000, 260, Tf32x3Cut(64, 64, 16, 3, split=2, slices=2, wm=32, wn=32), "tf32x3")
+    sgemm_indirect_case(5, 36, 68, Tf32x3Cut(16, 64, 8, 2, wm=16, wn=32, flush=1), "tf32x3")
     # the single-kernel block: clusters of 4 and 8, batch tails
     for batch, width, cluster in ((5, 132, 8), (1, 200, 4), (3, 36, 8)):
         xh = rng.standard_normal((batch, width), dtype=np.float32)
@@ -209,7 +233,7 @@ def main() -> int:
     check_count_mismatch(c, dev, s, rng)
     # row routing inside the matmuls (the slot pool's fused gather): row m of x, r and y is row
     # table[m] of a larger state; every other row of y must keep its poison
-    def routed_case(name, batch, k, shape_fn):
+    def routed_case(name, batch, k, shape_fn, precision="fp32"):
         states = 3 * batch + 1
         table = rng.permutation(states)[:batch].astype(np.int32)
         xh, wh, rh = (rng.standard_normal(sh, dtype=np.float32) for sh in ((states, k), (k, k), (states, k)))
@@ -219,7 +243,7 @@ def main() -> int:
         bufs["y"].poison(s)
         views = {key: bufs[key].view() for key in ("W",)}
         views.update({key: DeviceBuffer((batch, k)).view() for key in ("x", "r", "y")})  # shapes for the checks
-        launch = ops.matmul(dev, views, "x", "W", "y", "add", r="r", shape=shape_fn(batch, k))
+        launch = ops.matmul(dev, views, "x", "W", "y", "add", r="r", shape=shape_fn(batch, k), precision=precision)
         for arg in ("x", "r", "y"):
             launch.args[arg] = bufs[arg].ptr
             launch.args["flags"] = int(launch.args["flags"]) | ops.ROW_FLAGS[arg]
@@ -237,6 +261,10 @@ def main() -> int:
     routed_case("gemm", 37, 264, lambda b, k: gemm_shape(b, k, k, sm, True, 2, 64, 0, 1))
     routed_case("sgemm", 37, 264, lambda b, k: sgemm_shape(b, k, k, 64, 64, 16, 3, 1, 1, 1))
     routed_case("sgemm", 70, 264, lambda b, k: sgemm_shape(b, k, k, 32, 128, 8, 3, 3, 2, 1))
+    routed_case("tf32x3", 37, 264, lambda b, k: tf32x3_shape(b, k, k, Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32)),
+                "tf32x3")
+    routed_case("tf32x3", 70, 264, lambda b, k: tf32x3_shape(b, k, k, Tf32x3Cut(32, 128, 8, 3, split=3, slices=2,
+                                                                                 wm=32, wn=32, flush=1)), "tf32x3")
     # row gathers and scatters: through a device table and by value (two capacities), odd sizes
     for rows, width, states in ((13, 33, 40), (50, 17, 61)):
         table = rng.permutation(states)[:rows].astype(np.int32)

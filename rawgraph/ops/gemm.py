@@ -1,6 +1,6 @@
-"""The matmul family (``kernels/matmul.cu``, and issue 23's fp32 GEMM ``kernels/sgemm.cu``) and the
-one-kernel block (``kernels/block.cu``): the cut chosen per shape, operands checked, arguments
-packed once."""
+"""The matmul family (``kernels/matmul.cu`` and the fp32 GEMM ``kernels/sgemm.cu``), the
+fp32-accurate tensor-core GEMM (``kernels/tf32x3.cu``, ``precision="tf32x3"``) and the one-kernel
+block (``kernels/block.cu``): the cut chosen per shape, operands checked, arguments packed once."""
 
 from __future__ import annotations
 
@@ -49,6 +49,15 @@ __all__ = [
     "sgemm_fits",
     "table_sgemm_shape",
     "sgemm_smem_bytes",
+    "PRECISIONS",
+    "Tf32x3Cut",
+    "TF32X3_CUTS",
+    "TF32X3_ROW_STEP",
+    "tf32x3_shape",
+    "tf32x3_cut",
+    "tf32x3_default_cut",
+    "tf32x3_smem_bytes",
+    "tf32x3_matmul_shape",
     "gemm_smem_bytes",
     "matmul_file",
     "residency_pad",
@@ -162,6 +171,15 @@ SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, ...]] = {  # (M, K, N): (BM, B
 }
 SGEMM_MAX_THREADS_PER_SM = 2048  # sm_80 .. sm_90: __launch_bounds__' MINB * threads must fit
 
+# ops.matmul's `precision`: "fp32" runs the fp32 kernels (matvec, gemm, sgemm: FMA in fp32);
+# "tf32x3" the tensor-core GEMM of kernels/tf32x3.cu, whose error against float64 is that of an
+# fp32 GEMM (each operand split into two tf32 values, three products), falling back to the fp32
+# kernels where its layout rules exclude it.
+PRECISIONS = ("fp32", "tf32x3")
+TF32X3_WARP_ROWS = (16, 32, 48, 64)  # a warp's rows: 1..4 m16 tiles (tf32x3.cu's WM)
+TF32X3_WARP_COLS = (32, 64)          # a warp's columns: one or two groups of four n8 tiles (WN)
+TF32X3_MAX_WARP_TILES = 4            # (WM / 16) * (WN / 32) at most: 32 accumulators a thread each, 128 in all
+
 
 def has_clusters(device: Device) -> bool:
     """Thread-block clusters and programmatic dependent launch need compute capability 9.0."""
@@ -184,6 +202,11 @@ class MatmulShape:
     (each of (BM / TM) * (BN / 8) threads); ``bk`` (K rows per pipeline stage), ``stages``,
     ``minb`` (``__launch_bounds__``' minimum CTAs per SM) and ``tm`` (output rows per thread, 8
     or 4) are its own; 0 for the other kernels.
+
+    ``"tf32x3"`` (``kernels/tf32x3.cu``, built by :func:`tf32x3_shape`): ``bt``, ``tc``, ``split``,
+    ``slices``, ``bk``, ``stages`` and ``minb`` as for sgemm; ``wm`` x ``wn`` is a warp's piece of
+    the tile (each slice has (BM / WM) x (BN / WN) warps) and ``flush`` the k8 steps per
+    tensor-core accumulation run (0: the two-accumulator form); 0 for the other kernels.
     """
 
     kernel: str
@@ -198,10 +221,16 @@ class MatmulShape:
     stages: int = 0
     minb: int = 0
     tm: int = 0
+    wm: int = 0
+    wn: int = 0
+    flush: int = 0
 
     def __post_init__(self) -> None:
         if self.kernel == "sgemm" and self.tm not in (4, 8):
             raise ShapeError(f"an sgemm shape needs tm (output rows per thread) 8 or 4, got {self.tm}")
+        if self.kernel == "tf32x3" and (self.wm not in TF32X3_WARP_ROWS or self.wn not in TF32X3_WARP_COLS):
+            raise ShapeError(f"a tf32x3 shape needs a warp tile of {TF32X3_WARP_ROWS} x {TF32X3_WARP_COLS}, "
+                             f"got {self.wm} x {self.wn}")
 
     @property
     def bm(self) -> int:
@@ -217,6 +246,8 @@ class MatmulShape:
     def threads(self) -> int:
         if self.kernel == "sgemm":
             return self.slices * (self.bt // self.tm) * (self.tc // 8)
+        if self.kernel == "tf32x3":
+            return self.slices * (self.bt // self.wm) * (self.tc // self.wn) * 32
         return THREADS * self.slices
 
     @property
@@ -368,6 +399,8 @@ def gemm_smem_bytes(shape: MatmulShape) -> int:
     slice (matmul.cu's RG_GM_*); for sgemm :func:`sgemm_smem_bytes`."""
     if shape.kernel == "sgemm":
         return sgemm_smem_bytes(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices)
+    if shape.kernel == "tf32x3":
+        return tf32x3_smem_bytes(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices)
     if shape.kernel != "gemm":
         return 0
     return shape.slices * GEMM_STAGES * (GEMM_TILE_M * (GEMM_KC + 4) + GEMM_KC * shape.tc) * 4
@@ -426,8 +459,158 @@ def table_sgemm_shape(batch: int, k: int, n: int, clusters: bool = True, smem_li
     return sg if sgemm_fits(sg, clusters, smem_limit) else None
 
 
+@dataclass(frozen=True)
+class Tf32x3Cut:
+    """The template arguments of a ``kernels/tf32x3.cu`` cut (see its header).
+
+    BM x BN output tiles (``bm``, ``bn``), each warp computing ``wm`` x ``wn`` of it; K in steps of
+    ``bk`` through ``stages`` cp.async stages, split over a cluster of ``split`` CTAs and again over
+    ``slices`` groups of (BM / WM) x (BN / WN) warps inside each CTA; ``minb`` is
+    ``__launch_bounds__``' minimum CTAs per SM; ``flush``: k8 steps per tensor-core accumulation run,
+    each added into fp32 sums with round-to-nearest (the tensor core's own accumulation rounds
+    toward zero, a bias that grows with the run), or 0 for big*big and the corrections accumulated
+    over the whole K part in two sets. What the kernel cannot be is refused by :func:`tf32x3_shape`.
+    """
+
+    bm: int
+    bn: int
+    bk: int
+    stages: int
+    split: int = 1
+    slices: int = 1
+    minb: int = 1
+    wm: int = 64
+    wn: int = 32
+    flush: int = 2
+
+    @property
+    def threads(self) -> int:
+        return self.slices * (self.bm // self.wm) * (self.bn // self.wn) * 32
+
+
+# The tf32x3 cut per exact (M, K, N), consulted before :func:`tf32x3_default_cut`: what
+# benchmarks/tf32x3_sweep.py prints (its fastest cut per shape that passed the accuracy checks).
+# An M between two entries takes the next multiple of TF32X3_ROW_STEP rows' entry.
+TF32X3_ROW_STEP = 8
+TF32X3_CUTS: dict[tuple[int, int, int], Tf32x3Cut] = {}
+
+
+def tf32x3_shape(batch: int, k: int, n: int, cut: Tf32x3Cut, *, clusters: bool = True) -> MatmulShape:
+    """A cut of ``kernels/tf32x3.cu`` for a (batch, K, N) product: grid (ceil(N / BN), S,
+    ceil(M / BM)), ``cut.threads`` threads. What the kernel's static_asserts and the launch forbid
+    raises :class:`ShapeError` here (operand layout is :func:`matmul`'s check)."""
+    c = cut
+    if min(batch, k, n) < 1:
+        raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
+    if c.wm not in TF32X3_WARP_ROWS or c.wn not in TF32X3_WARP_COLS:
+        raise ShapeError(f"tf32x3 warp tiles are {TF32X3_WARP_ROWS} x {TF32X3_WARP_COLS}, got {c.wm} x {c.wn}")
+    if (c.wm // 16) * (c.wn // 32) > TF32X3_MAX_WARP_TILES:
+        raise ShapeError(f"tf32x3 warp tile {c.wm} x {c.wn} needs more than {32 * TF32X3_MAX_WARP_TILES} "
+                         f"accumulators a thread")
+    if c.bm < c.wm or c.bm % c.wm or c.bn < c.wn or c.bn % c.wn:
+        raise ShapeError(f"tf32x3 tile {c.bm} x {c.bn} is not whole warp tiles of {c.wm} x {c.wn}")
+    if c.bk < 8 or c.bk % 8:
+        raise ShapeError(f"tf32x3 K step BK must be a positive multiple of 8, got {c.bk}")
+    if c.flush < 0 or (c.flush and (c.bk // 8) % c.flush):
+        raise ShapeError(f"tf32x3 accumulation runs of {c.flush} k8 steps must end with a stage of BK {c.bk} "
+                         f"(BK / 8 a multiple of flush), or flush 0")
+    if c.stages < 2:
+        raise ShapeError(f"tf32x3 needs at least 2 pipeline stages, got {c.stages}")
+    if not 1 <= c.split <= MAX_SPLIT or (c.split > 1 and not clusters):
+        raise ShapeError(f"tf32x3 split {c.split} must be 1..{MAX_SPLIT}; above 1 it needs clusters (sm_90)")
+    if not 1 <= c.slices <= 8:
+        raise ShapeError(f"tf32x3 K slices per CTA must be 1..8, got {c.slices}")
+    if c.threads > 1024:
+        raise ShapeError(f"tf32x3 cut {c} needs {c.threads} threads per CTA (at most 1024)")
+    if c.minb < 1 or c.minb * c.threads > SGEMM_MAX_THREADS_PER_SM:
+        raise ShapeError(f"tf32x3 MINB {c.minb} x {c.threads} threads exceeds {SGEMM_MAX_THREADS_PER_SM} threads per SM")
+    grid = (_cdiv(n, c.bn), c.split, _cdiv(batch, c.bm))
+    if grid[2] > 65535:
+        raise ShapeError(f"tf32x3 grid z {grid[2]} (batch {batch} / BM {c.bm}) exceeds 65535")
+    return MatmulShape("tf32x3", 4, c.bn, c.bm, c.split, grid, 0, c.slices, c.bk, c.stages, c.minb, 0, c.wm, c.wn,
+                       c.flush)
+
+
+def tf32x3_cut(shape: MatmulShape) -> Tf32x3Cut:
+    """The template arguments of a ``"tf32x3"`` shape."""
+    if shape.kernel != "tf32x3":
+        raise ShapeError(f"not a tf32x3 shape: {shape}")
+    return Tf32x3Cut(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices, shape.minb, shape.wm,
+                     shape.wn, shape.flush)
+
+
+def tf32x3_smem_bytes(bm: int, bn: int, bk: int, stages: int, split: int, slices: int) -> int:
+    """tf32x3.cu's ``tf32x3_smem_floats`` x 4: ``slices`` x ``stages`` of a BM x BK x tile (rows
+    padded to BK + 4 floats) and a BK x BN W tile (rows padded to BN + 8), or, when K is cut
+    (S * KS > 1) and that is larger, the ``slices`` partial BM x BN tiles (rows padded to BN + 4)
+    that reuse them."""
+    pipe = slices * stages * (bm * (bk + 4) + bk * (bn + 8))
+    part = slices * bm * (bn + 4) if split * slices > 1 else 0
+    return 4 * max(pipe, part)
+
+
+def tf32x3_default_cut(batch: int, k: int, n: int, multiprocessors: int, clusters: bool = True,
+                       smem_limit: int = 0) -> Tf32x3Cut:
+    """The tf32x3 cut for a product :data:`TF32X3_CUTS` has no entry for.
+
+    Row tiles of at most 128 rows, as few as cover M, each a multiple of 32 (16 for M <= 16), so
+    that little of a tile is padding (M = 72: one tile of 96, not two of 64); 2 x 4 warps of
+    (BM / 2) x 32 (a warp of 64 x 32 splits 24 values for 48 mma's); 64 columns instead of 128
+    where even a split of 8 would leave SMs idle at 128. Then the smallest power-of-two cluster
+    split reaching 0.9 CTAs per SM with at least 4 stages of K each (one CTA per SM: 256 threads at
+    up to 255 registers), BK 32, and as many stages (up to 4) as the K part has plus one, fewer if
+    shared memory is short; tensor-core runs of 2 k8 steps (``flush``: the longest a model of the
+    tensor core's truncating accumulation kept below an FFMA loop's error at K = 1024 .. 4096). A
+    first guess for the sweep to correct, not a measured rule.
+    """
+    rows = _cdiv(batch, 128)
+    bm = 16 if batch <= 16 else min(128, 32 * _cdiv(_cdiv(batch, rows), 32))
+    wm = 16 if bm == 16 else bm // 2
+    bn = 128
+    if n <= 64 or _cdiv(n, 128) * _cdiv(batch, bm) * (MAX_SPLIT if clusters else 1) < 0.9 * multiprocessors:
+        bn = 64
+    bk = 32
+    split = _pick_split(_cdiv(n, bn) * _cdiv(batch, bm), k, 4 * bk, 0.9 * multiprocessors, clusters)
+    kc = _cdiv(_cdiv(k, split), bk) * bk
+    stages = max(2, min(4, kc // bk + 1))
+    while stages > 2 and smem_limit and tf32x3_smem_bytes(bm, bn, bk, stages, split, 1) > smem_limit:
+        stages -= 1
+    return Tf32x3Cut(bm, bn, bk, stages, split, 1, 1, wm, 32, 2)
+
+
+def tf32x3_matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: bool = True,
+                        x_aligned16: bool = True, clusters: bool = True, smem_limit: int = 0) -> MatmulShape | None:
+    """The tf32x3 cut :func:`matmul_shape` launches at ``precision="tf32x3"``: the exact
+    :data:`TF32X3_CUTS` entry, else that of the next multiple of :data:`TF32X3_ROW_STEP` rows,
+    where this device can run it (clusters if it splits, at most ``smem_limit`` bytes of dynamic
+    shared memory when that is given), else :func:`tf32x3_default_cut`'s. None where the kernel's
+    layout rules exclude the operands (K or N not a multiple of 4, x or W not 16-byte aligned).
+
+    Raises
+    ------
+    ShapeError
+        A table entry that is not a :class:`Tf32x3Cut`, or a cut the kernel cannot be.
+    """
+    if k % 4 or n % 4 or not (w_aligned16 and x_aligned16):
+        return None
+    key = (batch, k, n)
+    cut = TF32X3_CUTS.get(key)
+    if cut is None and batch % TF32X3_ROW_STEP:
+        key = (_cdiv(batch, TF32X3_ROW_STEP) * TF32X3_ROW_STEP, k, n)
+        cut = TF32X3_CUTS.get(key)
+    if cut is not None:
+        if not isinstance(cut, Tf32x3Cut):
+            raise ShapeError(f"TF32X3_CUTS[{key}] = {cut!r}: expected a Tf32x3Cut")
+        shape = tf32x3_shape(batch, k, n, cut, clusters=True)
+        if sgemm_fits(shape, clusters, smem_limit):
+            return shape
+    return tf32x3_shape(batch, k, n, tf32x3_default_cut(batch, k, n, multiprocessors, clusters, smem_limit),
+                        clusters=clusters)
+
+
 def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: bool = True,
-                 x_aligned16: bool = True, clusters: bool = True, smem_limit: int = 0) -> MatmulShape:
+                 x_aligned16: bool = True, clusters: bool = True, smem_limit: int = 0,
+                 precision: str = "fp32") -> MatmulShape:
     """Choose the kernel and its cut for a (batch, K, N) product on ``multiprocessors`` SMs.
 
     The choice depends only on the shape, W's and x's alignment and the device, never on the
@@ -436,9 +619,18 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
     :data:`SGEMM_ROW_STEP` rows, comes first, where its cut can run here
     (aligned operands, clusters if it splits, at most ``smem_limit`` bytes of dynamic shared
     memory per CTA when that is given); a malformed entry raises :class:`ShapeError`.
+
+    ``precision="tf32x3"``: :func:`tf32x3_matmul_shape`'s cut, or where the tf32x3 kernel's layout
+    rules exclude the operands, the fp32 cut above (at least as accurate).
     """
     if min(batch, k, n) < 1:
         raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "tf32x3":
+        tx = tf32x3_matmul_shape(batch, k, n, multiprocessors, w_aligned16, x_aligned16, clusters, smem_limit)
+        if tx is not None:
+            return tx
     gemm_ok = k % 4 == 0 and n % 4 == 0 and w_aligned16 and x_aligned16
     if gemm_ok:
         sg = table_sgemm_shape(batch, k, n, clusters, smem_limit)
@@ -461,8 +653,8 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
 
 
 def matmul_file(shape: MatmulShape) -> str:
-    """The ``kernels/`` source (``get_kernel``'s file) of a cut: ``"sgemm"`` or ``"matmul"``."""
-    return "sgemm" if shape.kernel == "sgemm" else "matmul"
+    """The ``kernels/`` source (``get_kernel``'s file) of a cut: ``"sgemm"``, ``"tf32x3"`` or ``"matmul"``."""
+    return shape.kernel if shape.kernel in ("sgemm", "tf32x3") else "matmul"
 
 
 def matmul_expr(epilogue: str, shape: MatmulShape) -> str:
@@ -474,6 +666,11 @@ def matmul_expr(epilogue: str, shape: MatmulShape) -> str:
             return (f"sgemm_split_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.split}, "
                     f"{shape.slices}, {shape.minb}{tm}>")
         return f"sgemm_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.slices}, {shape.minb}{tm}>"
+    if shape.kernel == "tf32x3":
+        c = tf32x3_cut(shape)
+        split = f"{c.split}, " if c.split > 1 else ""
+        return (f"tf32x3_{'split_' if c.split > 1 else ''}kernel<{e}, {c.bm}, {c.bn}, {c.bk}, {c.stages}, {split}"
+                f"{c.slices}, {c.minb}, {c.wm}, {c.wn}, {c.flush}>")
     if shape.kernel == "gemm":
         if shape.split > 1:
             return f"gemm_split_kernel<{e}, {shape.tc}, {shape.split}, {shape.slices}>"
@@ -493,14 +690,22 @@ def matmul(
     r: str | None = None,
     label: str = "",
     shape: MatmulShape | None = None,
+    precision: str = "fp32",
 ) -> Launch:
     """``y = epilogue(x @ w)`` (``epilogue`` none, relu, or add with residual ``r``); names index ``buffers``.
 
     ``shape`` overrides the automatic cut (tests and the kernel benchmark sweep it); it is checked
-    against the operands like everything else here.
+    against the operands like everything else here. ``precision`` (:data:`PRECISIONS`): ``"fp32"``
+    (the default) chooses among the fp32 kernels; ``"tf32x3"`` the tensor-core GEMM of
+    ``kernels/tf32x3.cu`` (fp32's error against float64, faster), where its layout rules allow
+    (:func:`matmul_shape`). A tf32x3 ``shape`` needs ``precision="tf32x3"``.
     """
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue must be one of {sorted(EPILOGUES)}, got {epilogue!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if shape is not None and shape.kernel == "tf32x3" and precision != "tf32x3":
+        raise ValueError("a tf32x3 shape runs tensor-core products: pass precision='tf32x3'")
     if (epilogue == "add") != (r is not None):
         raise ValueError("a residual r is given exactly when epilogue == 'add'")
     xa, wa, ya = buffers[x], buffers[w], buffers[y]
@@ -517,12 +722,12 @@ def matmul(
     optin = device.info.smem_per_block_optin
     if shape is None:
         shape = matmul_shape(batch, k, n, device.info.multiprocessors, wa.ptr % 16 == 0, xa.ptr % 16 == 0, clusters,
-                             optin)
+                             optin, precision)
     else:
         _check_shape(shape, batch, k, n, xa, wa, clusters, optin)
     kernel = get_kernel(matmul_file(shape), matmul_expr(epilogue, shape), device)
     smem = gemm_smem_bytes(shape)
-    if shape.kernel == "sgemm" and optin and kernel.static_smem + smem > optin:
+    if shape.kernel in ("sgemm", "tf32x3") and optin and kernel.static_smem + smem > optin:
         raise ShapeError(f"{kernel.name} needs {kernel.static_smem + smem} B of shared memory per CTA; this device "
                          f"allows {optin}")
     smem += residency_pad(device, kernel.static_smem + smem, shape.per_sm)
@@ -530,9 +735,9 @@ def matmul(
         kernel.allow_dynamic_smem(smem)
     args = KernelArgs([("x", "ptr"), ("W", "ptr"), ("y", "ptr"), ("r", "ptr"), ("B", "i32"), ("K", "i32"), ("N", "i32"),
                        ("flags", "i32"), ("rows", "ptr")])
-    # FLAG_EARLY: matvec and sgemm (as benchmarks/gemm_sweep.py times it) launch their successor at
-    # the start for W up to 8 MB; matmul.cu's gemm after its K loop.
-    early = int(shape.kernel in ("matvec", "sgemm") and k * n * 4 <= EARLY_MAX_W_BYTES)
+    # FLAG_EARLY: matvec, sgemm (as benchmarks/gemm_sweep.py times it) and tf32x3 launch their
+    # successor at the start for W up to 8 MB; matmul.cu's gemm after its K loop.
+    early = int(shape.kernel in ("matvec", "sgemm", "tf32x3") and k * n * 4 <= EARLY_MAX_W_BYTES)
     args.update({"x": xa.ptr, "W": wa.ptr, "y": ya.ptr, "r": buffers[r].ptr if r else 0, "B": batch, "K": k, "N": n,
                  "flags": early, "rows": 0})
     uses = {"x": ArgUse(x, "read"), "W": ArgUse(w, "read"), "y": ArgUse(y, "write")}
@@ -544,11 +749,14 @@ def matmul(
 
 def routes_rows(launch: Launch) -> bool:
     """Whether ``launch`` runs one of rawgraph's own matmul kernels (``kernels/matmul.cu``,
-    ``kernels/sgemm.cu``), the only ones whose ``rows`` argument is a row table (a user's kernel
-    with an argument of that name is not: writing a table pointer into it would corrupt the launch)."""
+    ``kernels/sgemm.cu``, ``kernels/tf32x3.cu``), the only ones whose ``rows`` argument is a row
+    table (a user's kernel with an argument of that name is not: writing a table pointer into it
+    would corrupt the launch)."""
     name = launch.kernel.name
     if name.startswith(("sgemm_kernel<", "sgemm_split_kernel<")):
         file = "sgemm"
+    elif name.startswith(("tf32x3_kernel<", "tf32x3_split_kernel<")):
+        file = "tf32x3"
     elif name.startswith(("matvec_kernel<", "matvec_split_kernel<", "gemm_kernel<", "gemm_split_kernel<")):
         file = "matmul"
     else:
@@ -558,8 +766,9 @@ def routes_rows(launch: Launch) -> bool:
 
 def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray, wa: DeviceArray, clusters: bool,
                  smem_limit: int = 0) -> None:
-    """Refuse a hand-picked cut the kernel cannot run correctly on these operands (and, for sgemm,
-    a cut needing more than ``smem_limit`` bytes of shared memory per CTA, when that is given)."""
+    """Refuse a hand-picked cut the kernel cannot run correctly on these operands (and, for sgemm
+    and tf32x3, a cut needing more than ``smem_limit`` bytes of shared memory per CTA, when that is
+    given)."""
     if shape.split > 1 and not clusters:
         raise ShapeError(f"split {shape.split} needs thread-block clusters (compute capability 9.0)")
     if shape.kernel == "sgemm":
@@ -569,6 +778,13 @@ def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray
                            shape.minb, shape.tm, clusters=clusters)
         if smem_limit and gemm_smem_bytes(shape) > smem_limit:
             raise ShapeError(f"sgemm cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
+                             f"shared memory per CTA; this device allows {smem_limit}")
+    elif shape.kernel == "tf32x3":
+        if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
+            raise LayoutError("the tf32x3 kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
+        want = tf32x3_shape(batch, k, n, tf32x3_cut(shape), clusters=clusters)
+        if smem_limit and gemm_smem_bytes(shape) > smem_limit:
+            raise ShapeError(f"tf32x3 cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
                              f"shared memory per CTA; this device allows {smem_limit}")
     elif shape.kernel == "gemm":
         if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
