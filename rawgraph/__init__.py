@@ -48,7 +48,7 @@ from .runtime.errors import (  # noqa: E402
 from .runtime.device import Device, driver_status, get_device, gpu_available  # noqa: E402
 from .runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array  # noqa: E402
 from .runtime.stream import Event, Stream  # noqa: E402
-from .runtime.compiler import KernelCache, compile_source, nvrtc_version  # noqa: E402
+from .runtime.compiler import CacheWarning, KernelCache, compile_source, nvrtc_version  # noqa: E402
 from .runtime.module import get_kernel, kernel_dir, kernel_files  # noqa: E402
 from .runtime.launch import KernelArgs, Launch, LaunchPlan  # noqa: E402
 from .models.tinyblock import BlockWeights, TinyBlock, Workspace, reference_forward  # noqa: E402

@@ -3,11 +3,19 @@
 import multiprocessing as mp
 import os
 import re
+import stat
+import warnings
 
+import numpy as np
 import pytest
 
 from rawgraph import NvrtcError
 from rawgraph.runtime.compiler import KernelCache, compile_source, default_cache_dir
+
+try:  # the cache's own warning class (absent before the cache checked who may write it)
+    from rawgraph.runtime.compiler import CacheWarning
+except ImportError:
+    CacheWarning = RuntimeWarning
 from rawgraph.runtime.module import kernel_files, kernel_source
 from rawgraph.ops import EPILOGUES, MATVEC_TILES, MatmulShape, matmul_expr
 
@@ -55,7 +63,7 @@ def block_names(arch):
 
 
 def test_every_source_is_covered():
-    assert sorted(kernel_files()) == sorted(list(PLAIN) + ["matmul", "block", "rows", "sgemm"])
+    assert sorted(kernel_files()) == sorted(list(PLAIN) + ["matmul", "block", "rows", "sgemm", "tf32x3"])  # tf32x3: tests/test_tf32x3_cpu.py
 
 
 # Issue 23's fp32 GEMM (benchmarks/gemm_sweep.py times every cut): one cut of each kernel, each
@@ -187,3 +195,167 @@ def test_unwritable_cache_only_warns(tmp_path):
     with pytest.warns(RuntimeWarning, match="cache not written"):
         img = compile_source(SRC, "k.cu", "sm_90", cache=KernelCache(blocker / "sub"))
     assert img.image[:4] == b"\x7fELF"
+
+
+# ------------------------------------------------------------------------------- who may write the cache
+def _as_root_or_skip():
+    if os.getuid() != 0:
+        pytest.skip("giving a file to another user needs root (CI runs as root)")
+
+
+def _plant(directory):
+    """Compile SRC into ``directory``, then overwrite its entry with a well-formed one (right key,
+    right SHA-256) whose image and symbol are an attacker's; return the genuine image."""
+    from rawgraph.runtime.compiler import CompiledImage
+
+    good = compile_source(SRC, "k.cu", "sm_90", cache=KernelCache(directory))
+    (entry,) = directory.glob("*.bin")
+    evil = CompiledImage(os.urandom(64), "cubin", "sm_90", {"k": "planted_symbol"}, "", False)
+    KernelCache(directory).store(entry.stem, evil)
+    assert KernelCache(directory).load(entry.stem).image == evil.image  # a well-formed entry
+    return good.image, entry
+
+
+def _compile_warned(directory):
+    """Compile SRC through the cache in ``directory``: the image, and the CacheWarnings said."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        img = compile_source(SRC, "k.cu", "sm_90", cache=KernelCache(directory))
+    return img, [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+
+
+def test_the_cache_directory_and_the_parents_it_makes_are_0700(tmp_path):
+    top = tmp_path / "a"
+    compile_source(SRC, "k.cu", "sm_90", cache=KernelCache(top / "b" / "c"))
+    for d in (top, top / "b", top / "b" / "c"):
+        assert stat.S_IMODE(os.lstat(d).st_mode) == 0o700, d
+    assert [stat.S_IMODE(e.stat().st_mode) for e in (top / "b" / "c").glob("*.bin")] == [0o600]
+
+
+@pytest.mark.parametrize("how", ["group-writable", "other-writable", "another-owner", "symlink"])
+def test_a_cache_directory_others_can_write_is_refused(tmp_path, how):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    good, entry = _plant(real)
+    planted = entry.read_bytes()
+    directory = real
+    if how == "group-writable":
+        real.chmod(0o770)
+    elif how == "other-writable":
+        real.chmod(0o707)
+    elif how == "another-owner":
+        _as_root_or_skip()
+        os.chown(real, 12345, 12345)
+    else:
+        directory = tmp_path / "link"
+        directory.symlink_to(real, target_is_directory=True)
+    img, said = _compile_warned(directory)
+    assert not img.from_cache and img.image == good and img.lowered == {}, "the planted entry was loaded"
+    assert len(said) == 1 and "compiling without the cache" in said[0], said
+    assert entry.read_bytes() == planted  # neither read nor written
+    assert [p.name for p in real.iterdir()] == [entry.name]
+
+
+@pytest.mark.parametrize("how", ["another-owner", "others-can-write", "symlink"])
+def test_an_entry_not_of_this_user_is_ignored_and_replaced(tmp_path, how):
+    directory = tmp_path / "cache"
+    good, entry = _plant(directory)
+    if how == "another-owner":
+        _as_root_or_skip()
+        os.chown(entry, 12345, 12345)
+    elif how == "others-can-write":
+        entry.chmod(0o666)
+    else:  # a link to a well-formed entry elsewhere (owned by this user even)
+        elsewhere = tmp_path / "elsewhere.bin"
+        entry.rename(elsewhere)
+        entry.symlink_to(elsewhere)
+    img, said = _compile_warned(directory)
+    assert not img.from_cache and img.image == good, "the planted entry was loaded"
+    assert len(said) == 1 and "ignored" in said[0], said
+    # replaced (renamed over) by this user's own entry, which then loads
+    st = os.lstat(entry)
+    assert stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o600
+    again = compile_source(SRC, "k.cu", "sm_90", cache=KernelCache(directory))
+    assert again.from_cache and again.image == good
+
+
+# ------------------------------------------------------------------------------- headers in the key
+def _value_src(include, name="V"):
+    return f'{include}\nextern "C" __global__ void k(float* y) {{ y[threadIdx.x] = {name}; }}\n'
+
+
+def _stores(ptx: bytes, value: float) -> bool:
+    """The PTX stores the float32 ``value`` (NVVM writes it as its bits, decimal or ``0f`` hex)."""
+    bits = np.float32(value).view(np.uint32).item()
+    text = ptx.decode()
+    return re.search(rf"\b{bits}\b", text) is not None or f"0f{bits:08X}" in text
+
+
+@pytest.mark.parametrize("how", ["-I", "-I-apart", "--include-path", "angled", "nested", "pre-include", "source-dir"])
+def test_an_edited_header_recompiles(tmp_path, how):
+    # What a compile reads through #include (or -include) is in the key: after an edit the old
+    # image never loads again, in this process or any other (the key is of the files' contents).
+    inc = tmp_path / "inc"
+    (inc / "sub").mkdir(parents=True)
+    header = inc / "sub" / "deep.cuh" if how == "nested" else inc / "h.cuh"
+    name, opts, include = str(tmp_path / "k.cu"), ["-std=c++17", f"-I{inc}"], '#include "h.cuh"'
+    if how == "-I-apart":
+        opts = ["-std=c++17", "-I", str(inc)]
+    elif how == "--include-path":
+        opts = ["-std=c++17", f"--include-path={inc}"]
+    elif how == "angled":
+        include = "#include <h.cuh>"
+    elif how == "nested":  # h.cuh includes sub/deep.cuh, which includes its neighbour by a quoted name
+        (inc / "h.cuh").write_text('#include "sub/deep.cuh"\n')
+        (inc / "sub" / "deep.cuh").write_text("")
+        header = inc / "sub" / "deeper.cuh"
+        (inc / "sub" / "deep.cuh").write_text('#include "deeper.cuh"\n')
+    elif how == "pre-include":
+        opts, include = ["-std=c++17", f"-I{inc}", "-include", "h.cuh"], ""
+    elif how == "source-dir":  # no option at all: a quoted include is looked up beside the source
+        header, opts = tmp_path / "h.cuh", ["-std=c++17"]
+    cache = KernelCache(tmp_path / "cache")
+    rng = np.random.default_rng()
+    values = [float(np.float32(v)) for v in rng.uniform(1, 2, 2)]
+    for i, value in enumerate(values):
+        header.write_text(f"#define V {value!r}f\n")
+        img = compile_source(_value_src(include), name, "sm_90", options=opts, fmt="ptx", cache=cache)
+        assert not img.from_cache, f"compile {i}: the image of the header before the edit was loaded"
+        assert _stores(img.image, value)
+        again = compile_source(_value_src(include), name, "sm_90", options=opts, fmt="ptx", cache=cache)
+        assert again.from_cache and again.image == img.image  # unchanged headers: still cached
+
+
+def test_an_include_that_cannot_be_named_is_not_cached_and_a_missing_one_is_keyed_absent(tmp_path):
+    cache = KernelCache(tmp_path / "cache")
+    (tmp_path / "h.cuh").write_text("#define V 1.5f\n")
+    opts = ["-std=c++17", f"-I{tmp_path}"]
+    by_macro = _value_src('#define HEADER "h.cuh"\n#include HEADER')
+    for _ in range(2):  # which file the macro names is the preprocessor's to say: compiled every time
+        assert not compile_source(by_macro, "m.cu", "sm_90", options=opts, cache=cache).from_cache
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").glob("*.bin"))
+    # a header no search path holds (an inactive branch here) is keyed as absent: cached, and
+    # recompiled once a file of that name appears where the preprocessor would look
+    guarded = _value_src('#ifdef USE_EXTRA\n#include "extra.cuh"\n#endif\n#include "h.cuh"')
+    assert not compile_source(guarded, "g.cu", "sm_90", options=opts, cache=cache).from_cache
+    assert compile_source(guarded, "g.cu", "sm_90", options=opts, cache=cache).from_cache
+    (tmp_path / "extra.cuh").write_text("#error never active\n")
+    assert not compile_source(guarded, "g.cu", "sm_90", options=opts, cache=cache).from_cache
+
+
+def test_a_header_edited_during_the_compile_is_not_stored(tmp_path, monkeypatch):
+    import rawgraph.runtime.compiler as compiler
+
+    header = tmp_path / "h.cuh"
+    header.write_text("#define V 1.5f\n")
+    real = compiler._compile
+
+    def edited_meanwhile(*args, **kw):
+        header.write_text("#define V 2.5f\n")  # after the key was taken: which one NVRTC read is unknown
+        return real(*args, **kw)
+
+    monkeypatch.setattr(compiler, "_compile", edited_meanwhile)
+    cache = KernelCache(tmp_path / "cache")
+    compile_source(_value_src('#include "h.cuh"'), "k.cu", "sm_90", options=["-std=c++17", f"-I{tmp_path}"],
+                   cache=cache)
+    assert list((tmp_path / "cache").glob("*.bin")) == []

@@ -167,6 +167,31 @@ def test_missing_edge_between_writer_and_reader(seeded):
     out.close()
 
 
+def test_two_unordered_copies_into_one_pinned_buffer_are_unordered_writes():
+    # Driver facts for real pinned memory (cuMemHostAlloc): the race of two copies writing it is
+    # the class 5 error a device buffer gets; with the edge, no class 5 finding.
+    from rawgraph import DeviceBuffer, GraphBuilder, HostBuffer
+
+    n = int(np.random.default_rng().integers(64, 4097))
+    host, x, y = HostBuffer(n, np.float32), DeviceBuffer(n), DeviceBuffer(n)
+    try:
+        for ordered in (False, True):
+            b = GraphBuilder()
+            first = b.memcpy(host, x, 4 * n)
+            b.memcpy(host, y, 4 * n, deps=[first] if ordered else ())
+            g = b.build()
+            try:
+                r = check(g)
+                got = [(f.cls, f.name, f.severity, f.address, f.where) for f in r.findings if f.cls == 5]
+                want = [] if ordered else [(5, "unordered-overlap", "error", host.ptr, "memcpy.dst")]
+                assert got == want, str(r)
+            finally:
+                g.close()
+    finally:
+        for buf in (host, x, y):
+            buf.close()
+
+
 def test_torch_input_that_is_an_intermediate(seeded):
     _torch()
     f = faults.input_is_intermediate()

@@ -22,9 +22,9 @@ reports, per node, the classes below. Each class is decided from driver facts, n
    (``inputs=``) whose owner has been collected since while the driver still has the memory (a
    weak reference the report keeps): the allocator gave it to another owner, possibly the whole
    block at the same address and size, which no allocator state tells apart;
-5. ``unordered-overlap``: two nodes touching overlapping bytes, at least one writing, with no
-   dependency path between them (``cuGraphGetEdges``); roles are known for rawgraph's launches
-   (``Launch.uses``), memcpy and memset, "possible" for other kernels;
+5. ``unordered-overlap``: two nodes touching overlapping bytes, device or host memory alike, at
+   least one writing, with no dependency path between them (``cuGraphGetEdges``); roles are known
+   for rawgraph's launches (``Launch.uses``), memcpy and memset, "possible" for other kernels;
 6. ``input-is-intermediate``: a graph input (what the caller rebinds or copies into) that a node of
    the graph writes, or that lies in a graph private pool of PyTorch's allocator where an
    intermediate freed earlier in the capture can have had the same address;
@@ -39,6 +39,7 @@ the graph's: no class applies inside them.
 
 from __future__ import annotations
 
+import numbers
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from typing import Any, Callable, Iterable
 
 from cuda.bindings import driver
 
-from ..graphs.graph import GraphExec, KernelNode
+from ..graphs.graph import Graph, GraphExec, KernelNode
 from ..graphs.nodes import (ChildGraphInfo, ConditionalInfo, HostInfo, KernelInfo, MemAllocInfo, MemcpyInfo,
                             MemsetInfo, NodeInfo, read_graph)
 from ..runtime.launch import KernelArgs
@@ -161,28 +162,40 @@ class _Conditional:
 
 # =========================================================================== front door
 def _resolve(graph: Any) -> tuple[Any, Any, str]:
-    """(the graph object or None, the CUgraph handle, a description)."""
+    """(the graph object or None, the CUgraph handle, a description).
+
+    Takes a graph by type only: a rawgraph graph (or anything whose ``handle`` is a
+    ``CUgraph``), a GraphExec or an object holding one as ``exec``, a ``CUgraph``, or an integer
+    handle (``numbers.Integral``, never a bool). Anything else raises :class:`DoctorError`
+    before any driver call: ``int()`` would turn a float into a truncated handle, a string into
+    a parsed one, and another driver object (a ``CUstream``) into a handle of the wrong kind.
+    """
     if isinstance(graph, GraphExec):
         graph = graph.graph
     exe = getattr(graph, "exec", None)
     if isinstance(exe, GraphExec) and not hasattr(graph, "handle"):
         graph = exe.graph
-    handle = getattr(graph, "handle", graph)
-    try:
-        value = int(handle)
-    except (TypeError, ValueError):
+    if isinstance(graph, Graph) or isinstance(getattr(graph, "handle", None), driver.CUgraph):
+        obj, handle = graph, graph.handle
+    elif isinstance(graph, (driver.CUgraph, numbers.Integral)) and not isinstance(graph, bool):
+        obj, handle = None, graph
+    else:
         raise DoctorError(f"check() takes a Graph, a GraphExec, an adopted graph or a CUgraph, got "
-                          f"{type(graph).__name__}") from None
+                          f"{type(graph).__name__}")
+    value = int(handle)
+    if not 0 <= value < 1 << 64:
+        raise DoctorError(f"check() was given handle {value}, which is no 64-bit CUgraph")
     if not value:
         raise DoctorError("check() was given a null graph")
-    if hasattr(graph, "_check_open"):
-        graph._check_open()
-    if hasattr(graph, "device"):
-        graph.device.activate()
-    kind = getattr(graph, "source", None)
-    desc = f"{type(graph).__name__}{' from ' + kind if kind else ''} 0x{value:x}" if graph is not handle else \
-        f"CUgraph 0x{value:x}"
-    return (graph if graph is not handle else None), driver.CUgraph(value), desc
+    if obj is None:
+        return None, driver.CUgraph(value), f"CUgraph 0x{value:x}"
+    if hasattr(obj, "_check_open"):
+        obj._check_open()
+    device = getattr(obj, "device", None)
+    if device is not None:
+        device.activate()
+    kind = getattr(obj, "source", None)
+    return obj, driver.CUgraph(value), f"{type(obj).__name__}{' from ' + kind if kind else ''} 0x{value:x}"
 
 
 def check(graph: Any, *, inputs: Iterable[Any] = (), baseline: Report | None = None,
@@ -462,8 +475,12 @@ def _span(width: int, height: int, planes: int, pitch: int, slice_height: int) -
 
 # =========================================================================== classes 5, 6, 7
 def _overlaps(refs: list[_Ref], order: _Order) -> list[Finding]:
-    """Class 5: two nodes touching overlapping bytes, one writing, with no path between them."""
-    spans = sorted((r for r in refs if not r.host), key=lambda r: r.address)
+    """Class 5: two nodes touching overlapping bytes, one writing, with no path between them.
+
+    Host memory counts as device memory does: two unordered copies into one pinned buffer race
+    in every replay just the same. (With unified addressing no host range overlaps a device
+    allocation, so a host side only ever meets other references to the same host memory.)"""
+    spans = sorted(refs, key=lambda r: r.address)
     out: list[Finding] = []
     done: set[tuple[int, int]] = set()
     active: list[_Ref] = []

@@ -4,10 +4,20 @@ CUBIN for the exact compute capability is the default: PTX from a newer NVRTC (1
 refused by an older driver (CUDA 13.0 on our H200) with ``CUDA_ERROR_UNSUPPORTED_PTX_VERSION``,
 while a CUBIN is machine code the driver loads as is. PTX is available as an explicit option.
 
-Cache entries are keyed by source, options, name expressions, NVRTC version, architecture and
-format. Each file carries a header with the payload's SHA-256 and length, so a truncated or
+Cache entries are keyed by source, options, name expressions, NVRTC version, architecture,
+format, and the path and content of every header the compile can read (:func:`compile_source`
+says which). Each file carries a header with the payload's SHA-256 and length, so a truncated or
 corrupt entry is detected and recompiled, never loaded. Entries are written to a temporary file
 and renamed into place, so concurrent processes never see (or make) a half-written entry.
+
+The SHA-256 detects damage, not tampering: whoever can write the cache can plant an image (and
+the symbol loaded from it) under a key computed in advance. So the cache trusts only what this
+user alone can write: the directory is created 0700 (with each parent it creates), an existing
+one is refused (a :class:`CacheWarning`, and the compile goes on without the cache) when it is a
+symbolic link, is not owned by this user, or is writable by group or others; an entry that is
+not a regular file of this user's, writable by no one else, is ignored (and replaced by a rename,
+which only the directory's owner can do). Entries are opened with ``O_NOFOLLOW`` relative to the
+opened directory, so neither check can be raced by swapping a path.
 """
 
 from __future__ import annotations
@@ -15,21 +25,29 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import stat
 import struct
-import tempfile
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Sequence
 
 from cuda.bindings import nvrtc
 
-from .errors import NvrtcError, nvrtc_check
+from .errors import NvrtcError, RawgraphWarning, nvrtc_check
 
 CACHE_ENV = "RAWGRAPH_CACHE_DIR"
 _MAGIC = b"RGKCACHE"
 _SCHEMA = 1
 DEFAULT_OPTIONS = ("-std=c++17",)
+
+
+class CacheWarning(RawgraphWarning, RuntimeWarning):
+    """The kernel cache was not used (a directory or entry others could have written, or one that
+    cannot be written): the compile goes on without it, and the warning says why."""
 
 
 def nvrtc_version() -> tuple[int, int]:
@@ -79,12 +97,15 @@ class CompiledImage:
 
 
 class KernelCache:
-    """Directory of compiled images; see the module docstring for the format and guarantees."""
+    """Directory of compiled images; see the module docstring for the format and the trust rules."""
 
     def __init__(self, directory: str | os.PathLike | None = None):
         self.directory = Path(directory) if directory is not None else default_cache_dir()
+        self._warned: set[str] = set()
 
-    def key(self, source: str, arch: str, fmt: str, names: Sequence[str], options: Sequence[str]) -> str:
+    def key(self, source: str, arch: str, fmt: str, names: Sequence[str], options: Sequence[str],
+            headers: Sequence[Sequence[str]] = ()) -> str:
+        """SHA-256 of everything the image depends on; ``headers`` are :func:`_headers`' records."""
         blob = json.dumps(
             {
                 "schema": _SCHEMA,
@@ -94,6 +115,7 @@ class KernelCache:
                 "names": list(names),
                 "options": list(options),
                 "nvrtc": list(nvrtc_version()),
+                "headers": [list(h) for h in headers],
             },
             sort_keys=True,
         )
@@ -103,10 +125,15 @@ class KernelCache:
         return self.directory / f"{key}.bin"
 
     def load(self, key: str) -> CompiledImage | None:
-        """The entry for ``key``, or None when missing, truncated or corrupt."""
+        """The entry for ``key``, or None when missing, truncated, corrupt or not trusted."""
+        fd = self._open_directory(create=False)
+        if fd is None:
+            return None
         try:
-            data = self.path(key).read_bytes()
-        except OSError:
+            data = self._read_entry(fd, f"{key}.bin")
+        finally:
+            os.close(fd)
+        if data is None:
             return None
         try:
             if data[:8] != _MAGIC:
@@ -123,7 +150,8 @@ class KernelCache:
             return None
 
     def store(self, key: str, entry: CompiledImage) -> None:
-        """Write atomically (temp file + ``os.replace``). A cache that can't be written only warns."""
+        """Write atomically: a new 0600 file (``O_EXCL``) in the trusted directory, renamed over the
+        entry (``os.replace``). A cache that can't be written, or is not trusted, only warns."""
         header = json.dumps(
             {
                 "key": key,
@@ -135,23 +163,116 @@ class KernelCache:
                 "log": entry.log,
             }
         ).encode()
+        fd = self._open_directory(create=True)
+        if fd is None:
+            return
+        tmp = f".{key[:16]}.{os.urandom(8).hex()}.tmp"
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{key[:16]}.", suffix=".tmp")
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
             try:
-                with os.fdopen(fd, "wb") as f:
+                with os.fdopen(out, "wb") as f:
                     f.write(_MAGIC + struct.pack("<I", len(header)) + header + entry.image)
                     f.flush()
                     os.fsync(f.fileno())
-                os.replace(tmp, self.path(key))
+                os.replace(tmp, f"{key}.bin", src_dir_fd=fd, dst_dir_fd=fd)
             except BaseException:
                 try:
-                    os.unlink(tmp)
+                    os.unlink(tmp, dir_fd=fd)
                 except OSError:
                     pass
                 raise
         except OSError as exc:
-            warnings.warn(f"rawgraph kernel cache not written ({self.directory}): {exc}", RuntimeWarning, stacklevel=3)
+            self._warn(f"rawgraph kernel cache not written ({self.directory}): {exc}")
+        finally:
+            os.close(fd)
+
+    def _open_directory(self, create: bool) -> int | None:
+        """A descriptor of the cache directory when it is trusted (a real directory of this user's,
+        not writable by group or others); None when it is missing (and ``create`` is False) or
+        refused, after a :class:`CacheWarning`. Owner and mode are read from the opened directory
+        (``fstat``), so a path swapped after the check changes nothing."""
+        path = self.directory
+        if create:
+            try:
+                _make_private_dirs(path)
+            except OSError as exc:
+                self._warn(f"rawgraph kernel cache not written ({path}): {exc}")
+                return None
+        try:
+            mode = os.lstat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # nothing cached yet
+        if stat.S_ISLNK(mode):
+            self._refuse("is a symbolic link")
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as exc:
+            self._refuse(f"cannot be opened as a directory ({exc})")
+            return None
+        st = os.fstat(fd)
+        why = (f"is owned by uid {st.st_uid}, not this user (uid {os.getuid()})" if st.st_uid != os.getuid() else
+               f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})" if st.st_mode & 0o022 else "")
+        if why:
+            os.close(fd)
+            self._refuse(why)
+            return None
+        return fd
+
+    def _read_entry(self, fd: int, name: str) -> bytes | None:
+        """The bytes of entry ``name`` in the opened directory ``fd``, or None when it is missing or
+        not trusted: a symbolic link (``O_NOFOLLOW``), not a regular file, not owned by this user,
+        or writable by group or others (checked with ``fstat`` on the opened file)."""
+        try:
+            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:  # ELOOP: a symbolic link
+            self._warn(f"rawgraph kernel cache entry {self.directory / name} ignored: {exc}")
+            return None
+        try:
+            st = os.fstat(f)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+                self._warn(f"rawgraph kernel cache entry {self.directory / name} ignored: not a regular file of "
+                           f"this user's writable by no one else (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
+                return None
+            with os.fdopen(f, "rb", closefd=False) as stream:
+                return stream.read()
+        except OSError:
+            return None
+        finally:
+            os.close(f)
+
+    def _refuse(self, why: str) -> None:
+        self._warn(f"rawgraph kernel cache {self.directory} {why}: compiling without the cache (make it a directory "
+                   f"of your own that group and others cannot write: chmod 700)")
+
+    def _warn(self, message: str) -> None:
+        """Each message once per cache object (a compile both looks up and stores), attributed to
+        the first caller outside this module."""
+        if message in self._warned:
+            return
+        self._warned.add(message)
+        frame: FrameType | None = sys._getframe()
+        level = 1
+        while frame is not None and frame.f_globals.get("__name__") == __name__:
+            frame, level = frame.f_back, level + 1
+        warnings.warn(message, CacheWarning, stacklevel=level)
+
+
+def _make_private_dirs(path: Path) -> None:
+    """Create ``path`` and each missing parent with mode 0700 (``Path.mkdir(parents=True)`` gives
+    the parents the default mode). Existing ones are left as they are: the trust check is the
+    cache directory's own."""
+    missing = []
+    while not os.path.lexists(path) and path.parent != path:
+        missing.append(path)
+        path = path.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
 
 
 def _program_log(prog: nvrtc.nvrtcProgram) -> str:
@@ -184,6 +305,109 @@ def _check_arch(arch: str, fmt: str) -> int:
     return cc
 
 
+# An #include (or #include_next) directive, and what follows it on the line.
+_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include(?:_next)?\b(.*)$", re.M)
+# A header name as written: "name" or <name>.
+_HEADER_NAME = re.compile(r'[ \t]*(?:"([^"\n]+)"|<([^>\n]+)>)')
+# __has_include("name") / __has_include(<name>): whether a file exists changes the code too.
+_HAS_INCLUDE = re.compile(r'__has_include(?:_next)?[ \t]*\([ \t]*(?:"([^"\n]+)"|<([^>\n]+)>)[ \t]*\)')
+# NVRTC's precompiled-header options (--pch, --create-pch, --use-pch, --pch-dir, ...).
+_PCH_OPTION = re.compile(r"--?[a-z-]*pch[a-z-]*")
+
+
+def _include_options(options: Sequence[str]) -> tuple[list[str], list[str]] | None:
+    """The include directories (``-I``, ``--include-path``) and pre-included headers
+    (``-include``, ``--pre-include``) among NVRTC ``options``, each given as ``-Ix``, ``-I=x``,
+    ``--opt=x`` or ``--opt x``; None when an option brings in files the key cannot cover
+    (precompiled headers)."""
+    dirs: list[str] = []
+    pre: list[str] = []
+    opts = [str(o) for o in options]
+    i = 0
+    while i < len(opts):
+        name, eq, value = opts[i].partition("=")
+        if name in ("-I", "--include-path", "-include", "--pre-include"):
+            if not eq and i + 1 < len(opts):  # the value is the next option
+                i += 1
+                value = opts[i]
+            (dirs if name in ("-I", "--include-path") else pre).append(value)
+        elif name.startswith("-I"):  # -Idir (a '=' inside it is part of the directory)
+            dirs.append(opts[i][2:])
+        elif _PCH_OPTION.fullmatch(name):
+            return None
+        i += 1
+    return dirs, pre
+
+
+def _header_names(text: str) -> set[str] | None:
+    """Every header name ``text`` names in an ``#include`` / ``#include_next`` directive or a
+    ``__has_include``, active or not (a superset of what the preprocessor opens); None when a
+    directive names its header through a macro (which file that is is the preprocessor's to say)."""
+    names: set[str] = set()
+    for m in _INCLUDE.finditer(text):
+        got = _HEADER_NAME.match(m.group(1))
+        if got is None:
+            return None
+        names.add(got.group(1) or got.group(2))
+    names.update(m.group(1) or m.group(2) for m in _HAS_INCLUDE.finditer(text))
+    return names
+
+
+def _headers(source: str, source_name: str, options: Sequence[str]) -> list[tuple[str, str]] | None:
+    """What the cache key needs of the files a compile of ``source`` can read: ``(real path,
+    SHA-256 of the content)`` of every file that an include or pre-include names, in any place
+    the preprocessor could look it up, followed through those files' own includes; and
+    ``(name, "absent")`` for a name found nowhere.
+
+    The places are a superset of the preprocessor's, not its first match: the source's directory
+    (``source_name`` relative to the working directory: NVRTC looks there for quoted includes),
+    each include directory, and the directory of every header found (where its own quoted
+    includes are looked up), repeated until no new file turns up. NVRTC looks nowhere else (no
+    system directories, no ``CPATH``), so a name found nowhere is built into NVRTC (keyed by its
+    version) or fails the compile, and the key changes once a file of that name appears. None
+    when the compile reads files that cannot be named here (an ``#include`` of a macro, a header
+    that cannot be read, precompiled headers): such a compile is not cached.
+    """
+    parsed = _include_options(options)
+    names = _header_names(source)
+    if parsed is None or names is None:
+        return None
+    dirs, pre = parsed
+    names.update(pre)
+    # Real paths: a directory reached through a symbolic link is one place, so this ends.
+    places = list(dict.fromkeys(os.path.realpath(d) for d in [os.path.dirname(source_name) or "."] + dirs))
+    files: dict[str, str] = {}
+    found: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for name in sorted(names):
+            for place in [""] if os.path.isabs(name) else list(places):
+                path = os.path.join(place, name)
+                real = os.path.realpath(path)
+                if real in files:
+                    found.add(name)
+                    continue
+                try:
+                    with open(real, "rb") as f:
+                        data = f.read()
+                except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                    continue
+                except OSError:  # there, but what NVRTC would read of it is unknown
+                    return None
+                inner = _header_names(data.decode("utf-8", "replace"))
+                if inner is None:
+                    return None
+                files[real] = hashlib.sha256(data).hexdigest()
+                found.add(name)
+                names |= inner
+                here = os.path.realpath(os.path.dirname(path))
+                if here not in places:
+                    places.append(here)
+                grew = True
+    return sorted(files.items()) + [(name, "absent") for name in sorted(names - found)]
+
+
 def compile_source(
     source: str,
     source_name: str,
@@ -195,12 +419,22 @@ def compile_source(
 ) -> CompiledImage:
     """Compile CUDA C++ with NVRTC, through the cache.
 
+    The cache key covers every header the compile can read: the path and content of each file
+    named by an ``#include`` of the source (quoted or angled, looked up beside the source and in
+    each ``-I`` / ``--include-path`` directory, then through those headers' own includes) or by
+    ``-include`` / ``--pre-include``, so editing a header recompiles, in any process. A compile
+    whose headers cannot be named that way (an ``#include`` of a macro, precompiled-header
+    options) is never cached: it compiles every time. A header edited while NVRTC runs leaves no
+    entry (which version was read is unknown). rawgraph's own kernels splice their headers into
+    the source (:func:`~rawgraph.runtime.module.kernel_source`) and name none.
+
     Parameters
     ----------
     source : str
         CUDA C++ source.
     source_name : str
-        File name shown in diagnostics.
+        File name shown in diagnostics; NVRTC also looks for quoted includes in its directory
+        (relative to the working directory).
     arch : str
         Real architecture, e.g. ``"sm_90"``. For ``fmt="cubin"`` this is the machine code made;
         for ``fmt="ptx"`` the matching virtual architecture (``compute_90``) is used.
@@ -211,6 +445,8 @@ def compile_source(
         Extra NVRTC options (the architecture option is added here).
     fmt : {"cubin", "ptx"}
     cache : KernelCache, True (default directory) or False/None (no cache)
+        A cache directory others could write is not used (:class:`CacheWarning`); see the module
+        docstring.
 
     Raises
     ------
@@ -226,13 +462,14 @@ def compile_source(
         f"--gpu-architecture={arch if fmt == 'cubin' else arch.replace('sm_', 'compute_')}"
     ]
     key = None
-    if cache:
-        key = cache.key(source, arch, fmt, names, all_options)
+    headers = _headers(source, source_name, all_options) if cache else None
+    if cache and headers is not None:
+        key = cache.key(source, arch, fmt, names, all_options, headers)
         hit = cache.load(key)
         if hit is not None:
             return hit
     entry = _compile(source, source_name, arch, names, all_options, fmt)
-    if cache and key is not None:
+    if cache and key is not None and _headers(source, source_name, all_options) == headers:
         cache.store(key, entry)
     return entry
 
