@@ -147,7 +147,7 @@ def test_doctor_without_gpu_says_so():
         pytest.skip("this machine has a GPU; tests/test_doctor_gpu.py runs the demo")
     r = subprocess.run([sys.executable, "-m", "rawgraph", "doctor", "--demo"], capture_output=True, text=True,
                        timeout=300)
-    assert r.returncode == 2 and "needs a GPU" in r.stderr
+    assert r.returncode == 69 and "needs a GPU" in r.stderr  # EX_UNAVAILABLE, as every command that needs one
 
 
 def test_doctor_without_demo_is_a_usage_error():
@@ -510,3 +510,65 @@ class _NoWeakref:
     __slots__ = ()
     ptr = 0x7F0000002000
     nbytes = 64
+
+
+# ------------------------------------------------------------------------------- host memory in the overlap analysis
+@pytest.mark.parametrize("into", ["pinned", "device"])
+def test_two_unordered_copies_into_one_buffer_are_unordered_writes_pinned_as_device(fake, into):
+    # Two copies writing the same bytes with no path between them race in every replay, whatever
+    # the memory: pinned host memory gets the same class 5 error as device memory.
+    from rawgraph import DeviceBuffer, GraphBuilder, HostBuffer
+    from rawgraph.doctor import check
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(16, 1025))  # floats in the destination
+    la, lb = (int(v) for v in rng.integers(1, n + 1, 2))  # each copy writes the destination's first floats
+    dst = HostBuffer(n, np.float32) if into == "pinned" else DeviceBuffer(n)
+    x, y = DeviceBuffer(n), DeviceBuffer(n)
+    graphs = []
+    try:
+        for ordered in (False, True):
+            gb = GraphBuilder()
+            first = gb.memcpy(dst, x, 4 * la)
+            gb.memcpy(dst, y, 4 * lb, deps=[first] if ordered else ())
+            g = gb.build()
+            graphs.append(g)
+            r = check(g, facts=_fake_facts(fake), torch=False)
+            got = [(f.cls, f.name, f.severity, f.address, f.where, f.related) for f in r.findings if f.cls == 5]
+            if ordered:
+                assert got == [], str(r)
+            else:
+                assert got == [(5, "unordered-overlap", "error", dst.ptr, "memcpy.dst", ("0",))], str(r)
+    finally:
+        for g in graphs:
+            g.close()
+        for buf in (dst, x, y):
+            buf.close()
+
+
+# ------------------------------------------------------------------------------- what check() takes
+@pytest.mark.parametrize("bad", [3.5, True, "5", b"\x05", None, np.float64(7.0), SimpleNamespace(handle=7.5),
+                                 SimpleNamespace(handle=driver.CUstream(7)), SimpleNamespace()],
+                         ids=["float", "bool", "str", "bytes", "None", "np.float64", "float-handle", "stream-handle",
+                              "no-handle"])
+def test_check_refuses_what_is_not_a_graph_by_type_before_any_driver_call(monkeypatch, bad):
+    # Only a graph object or a CUgraph / integer handle is a graph: anything else (a float that
+    # int() would truncate to a handle, a string int() would parse, another driver object) is
+    # refused with DoctorError before the node read-back reaches the driver.
+    from rawgraph.doctor import DoctorError, check
+
+    doctor_check = sys.modules["rawgraph.doctor.check"]  # the module (the package's `check` is the function)
+    reached = []
+    monkeypatch.setattr(doctor_check, "read_graph", lambda handle: reached.append(int(handle)) or [])
+    with pytest.raises(DoctorError, match="check\\(\\) takes a Graph"):
+        check(bad, torch=False)
+    assert reached == []
+    # the handles it does take reach the read-back as they are
+    value = int(np.random.default_rng().integers(1, 1 << 40))
+    for good in (value, np.uint64(value), driver.CUgraph(value), SimpleNamespace(handle=driver.CUgraph(value))):
+        assert check(good, torch=False).findings == []
+    assert reached == [value] * 4
+    for bounds in (-1, 1 << 64):
+        with pytest.raises(DoctorError, match="handle"):
+            check(bounds, torch=False)
+    assert reached == [value] * 4
