@@ -1,4 +1,10 @@
-"""``rawgraph`` command line: ``info``, ``demo``, ``seed``, ``dot``, ``doctor --demo``, ``bench [SUITE]``."""
+"""``rawgraph`` command line: ``info``, ``demo``, ``seed``, ``dot``, ``doctor --demo``,
+``bench [SUITE]`` and ``bench report FILE``.
+
+Results go to stdout, progress and status to stderr (``--json`` prints a results document instead
+of the text). Exit statuses: :data:`rawgraph.bench.command.EXIT_STATUSES`; option values are
+checked by the parser, before any GPU is looked for.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from . import __version__
+from .bench.command import (EX_FAILED, EX_OK, EX_UNAVAILABLE, EX_USAGE, EXIT_STATUSES, HelpFormatter,
+                            add_model_options, emit, nonnegative_int, optional)
 
 # ``rawgraph bench [SUITE] [options]``: suite -> (module, one-line help). A suite module has
 # ``build_parser()`` (no GPU needed, so --help and option errors work anywhere) and ``main(argv)``.
@@ -21,6 +29,8 @@ BENCH_SUITES: dict[str, tuple[str, str]] = {
     "slots": ("rawgraph.bench.slots", "continuous batching: slots and index tables against PyTorch the vLLM way"),
     "choose": ("rawgraph.bench.choose", "the measured-cost strategy choice and its regret over a whole trace"),
 }
+# ``rawgraph bench report FILE``: renders a results file again; the one bench command with no GPU.
+BENCH_REPORT = ("report", "rawgraph.bench.report")
 
 
 def _versions() -> dict[str, str]:
@@ -37,31 +47,54 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def cmd_info(args: argparse.Namespace) -> int:
+def info(ordinal: int = 0) -> dict:
+    """What ``rawgraph info`` reports, as a document: GPU ``ordinal`` (None without one, and why),
+    the driver, cuda-bindings, NVRTC and its CUBIN targets, where the kernel sources and cache are."""
     from .runtime.compiler import default_cache_dir, supported_archs
     from .runtime.device import driver_status, driver_version, get_device
     from .runtime.module import kernel_dir
 
     v = _versions()
     ok, reason = driver_status()
+    gpu = None
     if ok:
-        dev = get_device(args.device)
-        i = dev.info
-        print(f"gpu: {i.name} (device {i.ordinal})")
-        print(f"compute capability: {i.compute_capability[0]}.{i.compute_capability[1]} ({i.arch}), {i.multiprocessors} SMs, "
-              f"{i.total_memory / 2**30:.1f} GiB, L2 {i.l2_bytes / 2**20:.0f} MiB")
-        print(f"driver: CUDA {driver_version()}")
+        i = get_device(ordinal).info
+        gpu = {"name": i.name, "ordinal": i.ordinal, "compute_capability": list(i.compute_capability), "arch": i.arch,
+               "multiprocessors": i.multiprocessors, "total_memory_bytes": i.total_memory, "l2_bytes": i.l2_bytes}
+    return {"rawgraph": __version__, "gpu": gpu, "no_gpu_reason": None if ok else reason,
+            "driver_cuda": driver_version() if ok else None, "cuda_bindings": v["cuda-bindings"], "nvrtc": v["nvrtc"],
+            "cubin_targets": ["sm_%d" % a for a in supported_archs()], "kernel_sources": str(kernel_dir()),
+            "kernel_cache": str(default_cache_dir())}
+
+
+def _info_text(doc: dict) -> str:
+    lines = []
+    i = doc["gpu"]
+    if i is not None:
+        lines.append(f"gpu: {i['name']} (device {i['ordinal']})")
+        lines.append(f"compute capability: {i['compute_capability'][0]}.{i['compute_capability'][1]} ({i['arch']}), "
+                     f"{i['multiprocessors']} SMs, {i['total_memory_bytes'] / 2**30:.1f} GiB, "
+                     f"L2 {i['l2_bytes'] / 2**20:.0f} MiB")
+        lines.append(f"driver: CUDA {doc['driver_cuda']}")
     else:
-        print(f"gpu: none -- {reason}")
-        print("driver: none (NVRTC still compiles kernels; GPU tests and demos need a driver)")
-    print(f"cuda-bindings: {v['cuda-bindings']}")
-    print(f"nvrtc: {v['nvrtc']} (CUBIN targets: {', '.join('sm_%d' % a for a in supported_archs())})")
-    print(f"kernel sources: {kernel_dir()}")
-    print(f"kernel cache: {default_cache_dir()}")
-    return 0
+        lines.append(f"gpu: none -- {doc['no_gpu_reason']}")
+        lines.append("driver: none (NVRTC still compiles kernels; GPU tests and demos need a driver)")
+    lines.append(f"cuda-bindings: {doc['cuda_bindings']}")
+    lines.append(f"nvrtc: {doc['nvrtc']} (CUBIN targets: {', '.join(doc['cubin_targets'])})")
+    lines.append(f"kernel sources: {doc['kernel_sources']}")
+    lines.append(f"kernel cache: {doc['kernel_cache']}")
+    return "\n".join(lines)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    doc = info(args.device)
+    emit(doc, lambda: _info_text(doc), args.json)
+    return EX_OK
 
 
 def _need_gpu() -> bool:
+    """True where the CUDA driver initialises; else False, with why on stderr (the caller exits
+    with :data:`EX_UNAVAILABLE`)."""
     from .runtime.device import driver_status
 
     ok, reason = driver_status()
@@ -72,7 +105,7 @@ def _need_gpu() -> bool:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     if not _need_gpu():
-        return 2
+        return EX_UNAVAILABLE
     from .runtime.device import get_device
     from .runtime.memory import DeviceBuffer
     from .models.tinyblock import TinyBlock
@@ -94,12 +127,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"TinyBlock width={args.width} batch={args.batch} layers={args.layers} form={args.form}: "
           f"{launches} kernel launches, eager on one stream")
     print(f"relative error vs float64 NumPy: {err:.3e} ({'ok' if err < 1e-5 else 'TOO LARGE'})")
-    return 0 if err < 1e-5 else 1
+    return EX_OK if err < 1e-5 else EX_FAILED
 
 
 def cmd_seed(args: argparse.Namespace) -> int:
     if not _need_gpu():
-        return 2
+        return EX_UNAVAILABLE
     from .bench.seed import main
 
     return main()
@@ -107,7 +140,7 @@ def cmd_seed(args: argparse.Namespace) -> int:
 
 def cmd_dot(args: argparse.Namespace) -> int:
     if not _need_gpu():
-        return 2
+        return EX_UNAVAILABLE
     from .graphs.capture import capture_plan
     from .graphs.dot import export
     from .runtime.memory import DeviceBuffer
@@ -121,20 +154,22 @@ def cmd_dot(args: argparse.Namespace) -> int:
         for kind, path in export(graph, args.output).items():
             print(f"{kind}: {path}")
         graph.close()
-    return 0
+    return EX_OK
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """``rawgraph doctor --demo``: build one seeded fault per class, check each, print the reports
     (a rich table when rich is installed) and verify's first diverging node. Exit 0 when every
-    fault is found where it was seeded, 1 otherwise, 2 without a GPU or without ``--demo``."""
+    fault is found where it was seeded, 1 otherwise, 2 without ``--demo``, 69 without a GPU."""
     if not args.demo:
         print("rawgraph doctor: only --demo runs from the command line; examine your own graphs with "
               "rawgraph.doctor.check(graph)", file=sys.stderr)
-        return 2
+        return EX_USAGE
     if not _need_gpu():
-        return 2
-    import json
+        return EX_UNAVAILABLE
+    # torch before CuPy: the order in which both import side by side (benchmarks/NOTES.md).
+    torch_ok = not args.no_torch and optional("torch", "torch", "the PyTorch faults") is not None
+    cupy_ok = not args.no_cupy and optional("cupy", "cupy", "the CuPy fault") is not None
 
     from .doctor import faults
     from .doctor.verify import verify
@@ -149,7 +184,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     missed: list[str] = []
     out: dict[str, Any] = {}
     with Stream() as stream:
-        made = faults.all_faults(stream, torch=not args.no_torch, cupy=not args.no_cupy)
+        made = faults.all_faults(stream, torch=torch_ok, cupy=cupy_ok)
         try:
             for fault in made:
                 report = fault.check()
@@ -178,18 +213,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         out["verify"] = {"ok": res.ok, "node": res.node, "node_label": res.node_label, "text": str(res)}
         if res.node != 1:
             missed.append("verify")
-    if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        print(f"verify (middle kernel given another constant by cuGraphExecKernelNodeSetParams): {res}")
-        print("every seeded fault found" if not missed else f"MISSED: {', '.join(missed)}")
-    return 0 if not missed else 1
+    summary = (f"verify (middle kernel given another constant by cuGraphExecKernelNodeSetParams): {res}\n"
+               + ("every seeded fault found" if not missed else f"MISSED: {', '.join(missed)}"))
+    emit(out, lambda: summary, args.json)
+    return EX_OK if not missed else EX_FAILED
 
 
-def _bench_help() -> str:
+def bench_epilog() -> str:
+    """What every ``rawgraph bench ... --help`` ends with, once: the suites, ``report``, where
+    output goes and the exit statuses."""
     default = next(iter(BENCH_SUITES))
     suites = ", ".join(f"{name} ({'default; ' if name == default else ''}{help_})" for name, (_mod, help_) in BENCH_SUITES.items())
-    return f"Suites: {suites}. rawgraph bench SUITE --help shows a suite's options."
+    return (f"Suites: {suites}. rawgraph bench SUITE --help shows a suite's options. rawgraph bench report FILE "
+            "renders a results file again, with no GPU (the table, and an HTML page with the plots). Results go to "
+            f"stdout (with --json, the results document), progress and status to stderr. {EXIT_STATUSES}")
 
 
 def cmd_bench(argv: list[str]) -> int:
@@ -204,8 +241,8 @@ def cmd_bench(argv: list[str]) -> int:
     Returns
     -------
     int
-        The suite's exit status; 2 without a GPU. ``--help`` exits 0 and a bad option exits 2
-        with the suite's usage, both before the GPU check.
+        The suite's exit status; 69 without a GPU. ``--help`` exits 0 and a bad option or value
+        exits 2 with the suite's usage, both before the GPU check. ``report`` needs no GPU.
     """
     rest = list(argv)
     if rest[:1] == ["--"]:
@@ -214,51 +251,72 @@ def cmd_bench(argv: list[str]) -> int:
     named = bool(rest) and not rest[0].startswith("-")
     if named:
         suite = rest.pop(0)
-        if suite not in BENCH_SUITES:
+        if suite not in BENCH_SUITES and suite != BENCH_REPORT[0]:
             argparse.ArgumentParser(prog="rawgraph bench", usage="%(prog)s [SUITE] [options]").error(
-                f"unknown suite {suite!r} (choose from {', '.join(BENCH_SUITES)})")
+                f"unknown suite {suite!r} (choose from {', '.join(BENCH_SUITES)}, or {BENCH_REPORT[0]} FILE)")
         if rest[:1] == ["--"]:
             rest.pop(0)
-    module = importlib.import_module(BENCH_SUITES[suite][0])
+    module = importlib.import_module(BENCH_REPORT[1] if suite == BENCH_REPORT[0] else BENCH_SUITES[suite][0])
     parser: argparse.ArgumentParser = module.build_parser()
     parser.prog = f"rawgraph bench {suite}" if named else f"rawgraph bench [{suite}]"
-    parser.epilog = _bench_help()
-    parser.parse_args(rest)  # exits here on --help (0) or a bad option (2), GPU or not
-    if not _need_gpu():
-        return 2
+    parser.epilog = bench_epilog()
+    parser.parse_args(rest)  # exits here on --help (0) or a bad option or value (2), GPU or not
+    if suite != BENCH_REPORT[0] and not _need_gpu():
+        return EX_UNAVAILABLE
     return int(module.main(rest))
+
+
+def _model_options(s: argparse.ArgumentParser) -> None:
+    add_model_options(s, width=128, layers=2, form="unfused", batch=1)
+    s.add_argument("--device", type=nonnegative_int, default=0, help="the GPU's ordinal")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``rawgraph`` parser (``bench`` is listed for help; :func:`main` hands it its arguments)."""
-    p = argparse.ArgumentParser(prog="rawgraph", description="Driver-level CUDA Graph reference")
+    p = argparse.ArgumentParser(prog="rawgraph", description="rawgraph: driver-level CUDA Graphs from Python. "
+                                "Results go to stdout, progress and status to stderr.",
+                                epilog=EXIT_STATUSES, formatter_class=HelpFormatter)
     p.add_argument("--version", action="version", version=f"rawgraph {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("info", help="GPU, driver, cuda-bindings, NVRTC and kernel cache")
-    s.add_argument("--device", type=int, default=0)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_: str, description: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_, description=description, epilog=EXIT_STATUSES,
+                              formatter_class=HelpFormatter)
+
+    s = command("info", "GPU, driver, cuda-bindings, NVRTC and kernel cache (no GPU needed)",
+                "Report the GPU (or why there is none), the driver, cuda-bindings, NVRTC and its CUBIN targets, "
+                "and where the kernel sources and the kernel cache are. Runs without a GPU.")
+    s.add_argument("--device", type=nonnegative_int, default=0, help="the GPU's ordinal")
+    s.add_argument("--json", action="store_true", help="print the report as one JSON document")
     s.set_defaults(fn=cmd_info)
-    for name, fn, help_ in (("demo", cmd_demo, "run TinyBlock eagerly and check it against NumPy"),
-                            ("dot", cmd_dot, "export a TinyBlock graph as DOT (and PNG with Graphviz)")):
-        s = sub.add_parser(name, help=help_)
-        s.add_argument("--width", type=int, default=128)
-        s.add_argument("--batch", type=int, default=1)
-        s.add_argument("--layers", type=int, default=2)
-        s.add_argument("--form", choices=("unfused", "fused", "block"), default="unfused")
-        s.add_argument("--seed", type=int, default=0)
-        s.add_argument("--device", type=int, default=0)
-        if name == "dot":
-            s.add_argument("--output", default="tinyblock_graph")
-        s.set_defaults(fn=fn)
-    s = sub.add_parser("doctor", help="the graph doctor: --demo builds one seeded fault per class and reports it")
+    s = command("demo", "run TinyBlock eagerly and check it against NumPy",
+                "Run the TinyBlock (y = relu(x @ W1) @ W2 + x per layer) eagerly on one stream and print its "
+                "relative error against a float64 NumPy reference. Needs a GPU.")
+    _model_options(s)
+    s.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the weights")
+    s.set_defaults(fn=cmd_demo)
+    s = command("dot", "export a TinyBlock graph as DOT (and PNG with Graphviz)",
+                "Capture the TinyBlock into a graph and write it as DOT, and as PNG where Graphviz's dot is on "
+                "the PATH. Needs a GPU.")
+    _model_options(s)
+    s.add_argument("--output", default="tinyblock_graph", help="file stem of the DOT and PNG files")
+    s.set_defaults(fn=cmd_dot)
+    s = command("doctor", "the graph doctor: --demo builds one seeded fault per class and reports it",
+                "The graph doctor's demonstration: build one seeded fault of each kind the doctor knows, check "
+                "each graph, print the reports, and verify a graph whose middle kernel was given another "
+                "constant. Your own graphs: rawgraph.doctor.check(graph) from Python. Needs a GPU.")
     s.add_argument("--demo", action="store_true", help="build the seeded faults, check them, print the reports")
-    s.add_argument("--json", action="store_true", help="print the reports as JSON")
+    s.add_argument("--json", action="store_true", help="print the reports as one JSON document")
     s.add_argument("--no-torch", action="store_true", help="skip the PyTorch faults")
     s.add_argument("--no-cupy", action="store_true", help="skip the CuPy fault")
     s.set_defaults(fn=cmd_doctor)
-    s = sub.add_parser("seed", help="the seed note's static-address experiment at driver level")
+    s = command("seed", "the static-address experiment at driver level",
+                "The static-address experiment at driver level: eager launches, copy + replay and exec-update + "
+                "replay of one model, their results compared. Needs a GPU.")
     s.set_defaults(fn=cmd_seed)
     s = sub.add_parser("bench", add_help=False,
-                       help=f"benchmarks: rawgraph bench [{'|'.join(BENCH_SUITES)}] [options] (--help for a suite's)")
+                       help=f"benchmarks: rawgraph bench [{'|'.join(BENCH_SUITES)}] [options], or "
+                            f"rawgraph bench report FILE (--help for a suite's options)")
     s.add_argument("rest", nargs=argparse.REMAINDER)
     s.set_defaults(fn=lambda args: cmd_bench(args.rest))
     return p
@@ -275,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     Returns
     -------
     int
-        Exit status: 0 done, 1 a check failed, 2 usage error or no GPU for a command that needs one.
+        Exit status: 0 done, 1 a check failed, 2 a bad option or value (before any GPU check), 69
+        no GPU for a command that needs one.
     """
     args_in = sys.argv[1:] if argv is None else list(argv)
     # argparse cannot hand options on through a subcommand (a REMAINDER positional never takes an
@@ -284,4 +343,4 @@ def main(argv: list[str] | None = None) -> int:
     if args_in[:1] == ["bench"]:
         return cmd_bench(args_in[1:])
     args = build_parser().parse_args(args_in)
-    return args.fn(args)
+    return int(args.fn(args))

@@ -14,8 +14,11 @@ if importlib.util.find_spec("torch") is not None:
     except Exception:  # reported by the interop tests that need it
         pass
 
-from rawgraph.runtime.device import driver_status
 from singletons import corrupted_singletons
+
+# rawgraph's own pytest plugin gives the gpu marker's skip, the device and stream fixtures, the
+# fake_driver fixture and the doctor over every instantiated graph (switched on below).
+pytest_plugins = ["rawgraph.testing"]
 
 SEED_ENV = "RAWGRAPH_TEST_SEED"
 
@@ -35,18 +38,6 @@ def pytest_sessionfinish(session, exitstatus):
         else:
             print(text)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    if _doctor_findings:  # listed by pytest_terminal_summary below
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def pytest_collection_modifyitems(config, items):
-    ok, reason = driver_status()
-    if ok:
-        return
-    skip = pytest.mark.skip(reason=f"needs a GPU: no CUDA driver/GPU found here ({reason.split('(')[0].strip()})")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
 
 
 class SeededGenerator(np.random.Generator):
@@ -75,22 +66,6 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture
-def device():
-    from rawgraph import get_device
-
-    return get_device()
-
-
-@pytest.fixture
-def stream(device):
-    from rawgraph import Stream
-
-    s = Stream()
-    yield s
-    s.close()
-
-
-@pytest.fixture
 def count_setparams(monkeypatch):
     """Every ``cuGraphExecKernelNodeSetParams`` call made during the test (the node handles),
     the real call still made."""
@@ -108,51 +83,26 @@ def count_setparams(monkeypatch):
     return calls
 
 
-# -- the graph doctor over every graph the suite instantiates (issue 24) ------------------------
-# Before each Graph.instantiate on the real driver, rawgraph.doctor.check reads the graph back and
-# asks the driver about every address in it; a clean suite must give no finding (false alarms show up here), and
-# any finding fails the run at its end, listed per test. Tests that build faulty graphs on purpose
-# are left out by file; RAWGRAPH_DOCTOR_ALL=0 turns the whole check off.
+# -- the graph doctor over every graph the suite instantiates ------------------------------------
+# The plugin's doctor (rawgraph.testing): before each Graph.instantiate on the real driver,
+# rawgraph.doctor.check reads the graph back and asks the driver about every address in it. A clean
+# suite must give no finding (false alarms show up here), and any finding fails the run at its end,
+# listed per test. Tests that build faulty graphs on purpose are left out by file;
+# RAWGRAPH_DOCTOR_ALL=0 turns the whole check off.
 DOCTOR_ENV = "RAWGRAPH_DOCTOR_ALL"
 DOCTOR_EXEMPT = ("test_doctor_gpu.py",  # seeded faults
                  "test_fault_injection_cpu.py", "test_fault_injection_gpu.py")  # failures injected into check too
-_doctor_findings: list[str] = []
 
 
-@pytest.fixture(autouse=True)
-def _doctor_every_graph(request):
-    # Patched by hand, not with monkeypatch: an autouse fixture asking for monkeypatch would set it
-    # up before a test's fake-driver fixture, so its undo would run after the fake is uninstalled
-    # and put the fake's entries back into cuda.bindings.driver for every later (GPU) test.
-    if os.environ.get(DOCTOR_ENV, "1") != "1" or request.node.fspath.basename in DOCTOR_EXEMPT:
-        yield
-        return
-    from rawgraph.doctor import check
-    from rawgraph.graphs.graph import Graph
+def pytest_configure(config):
+    if os.environ.get(DOCTOR_ENV, "1") == "1":
+        config.option.rawgraph_doctor = True
 
-    real = Graph.instantiate
 
-    import fault_cases
-
-    def checked(self, *args, **kwargs):
-        if fault_cases.FAKE is not None or self.closed:  # a closed graph: instantiate refuses it
-            # A fake-driver graph: its addresses are the fake's, and the doctor asks the real
-            # driver (cuPointerGetAttributes) about memory; on a GPU machine that answers "no
-            # allocation" for every one of them. The doctor's own CPU tests pass the fake's facts.
-            return real(self, *args, **kwargs)
-        try:
-            report = check(self)
-            for f in report.findings:
-                _doctor_findings.append(f"{request.node.nodeid}: {f}")
-        except Exception as exc:  # the doctor failing on a graph is a finding about the doctor
-            _doctor_findings.append(f"{request.node.nodeid}: check raised {type(exc).__name__}: {exc}")
-        return real(self, *args, **kwargs)
-
-    Graph.instantiate = checked
-    try:
-        yield
-    finally:
-        Graph.instantiate = real
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in DOCTOR_EXEMPT:
+            item.add_marker(pytest.mark.no_doctor)
 
 
 # The driver module as the session found it. Fake-driver tests replace its functions and put them
@@ -175,13 +125,3 @@ def pytest_runtest_teardown(item, nextitem):
     if changed:
         raise AssertionError(f"{item.fspath.basename} left cuda.bindings.driver patched after its teardown "
                              f"({', '.join(changed[:6])}); restored for the tests after it")
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if os.environ.get(DOCTOR_ENV, "1") != "1":
-        return
-    terminalreporter.write_line(f"rawgraph doctor over every instantiated graph: {len(_doctor_findings)} finding(s)",
-                                red=bool(_doctor_findings), bold=True)
-    for line in _doctor_findings[:50]:
-        terminalreporter.write_line("  " + line)

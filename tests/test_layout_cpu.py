@@ -9,7 +9,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "rawgraph"
 # Lower layers never import higher ones: driver objects, launch builders, graphs, updates,
 # serving and control (side by side, neither importing the other), models, benchmarks.
-LAYERS = {"runtime": 0, "ops": 1, "graphs": 2, "updates": 3, "serving": 4, "control": 4, "models": 5, "bench": 6, "doctor": 4, "multi": 4}
+LAYERS = {"runtime": 0, "ops": 1, "graphs": 2, "updates": 3, "serving": 4, "control": 4, "models": 5, "bench": 6, "doctor": 4, "multi": 4,
+          "testing": 5}  # testing: the pytest plugin and the fake driver, over the doctor
 TOP = 7  # rawgraph/__init__.py, cli.py, __main__.py
 
 

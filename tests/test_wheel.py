@@ -1,8 +1,11 @@
-"""The built wheel, installed outside the checkout, finds and compiles the kernel sources."""
+"""The built wheel, installed outside the checkout, finds and compiles the kernel sources, carries
+the licence, needs neither CuPy nor PyTorch, and registers the pytest plugin's entry point."""
 
+import email
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,9 @@ import rawgraph.control
 assert kernel_files() == sys.argv[3].split(","), (kernel_files(), sys.argv[3])  # every source of the checkout shipped
 img = compile_source(kernel_source("matmul"), "matmul.cu", "sm_90", ["matvec_kernel<0, 4, 16, 1>"], cache=KernelCache(sys.argv[1]))
 assert img.image[:4] == b"\\x7fELF"
+import rawgraph.testing, _rawgraph_pytestplugin
+assert str(pathlib.Path(_rawgraph_pytestplugin.__file__).resolve()).startswith(sys.argv[2])
+assert "cupy" not in sys.modules and "torch" not in sys.modules, "importing rawgraph imported cupy or torch"
 print("wheel-ok", kernel_dir())
 """
 
@@ -31,8 +37,8 @@ def test_wheel_installs_and_finds_kernels(tmp_path):
     pytest.importorskip("setuptools")
     wheels = tmp_path / "wheels"
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)]
-    # Offline first, with the installed setuptools; an old one (no bdist_wheel) falls back to an
-    # isolated build, which fetches a current setuptools from the package index.
+    # Offline first, with the installed setuptools; an old one (before 77: no licence expression)
+    # falls back to an isolated build, which fetches a current setuptools from the package index.
     r = subprocess.run(build + ["--no-build-isolation"], capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         r = subprocess.run(build, capture_output=True, text=True, timeout=600)
@@ -54,3 +60,45 @@ def test_wheel_installs_and_finds_kernels(tmp_path):
                         ",".join(sorted(p.stem for p in (ROOT / "kernels").glob("*.cu")))], cwd=elsewhere, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "wheel-ok" in r.stdout
+    _check_metadata(whl)
+    _check_plugin_entry_point(env, elsewhere)
+
+
+def _check_metadata(whl):
+    """The wheel's own files: licence, the plugin package and entry point, dependencies."""
+    with zipfile.ZipFile(whl) as z:
+        names = set(z.namelist())
+        dist = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+        meta = email.message_from_bytes(z.read(f"{dist}/METADATA"))
+        entry_points = z.read(f"{dist}/entry_points.txt").decode()
+    assert {"rawgraph/testing/__init__.py", "rawgraph/testing/fakedriver.py", "_rawgraph_pytestplugin.py"} <= names
+    assert any(n.startswith(f"{dist}/licenses/LICENSE") for n in names), sorted(n for n in names if "dist-info" in n)
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert "[pytest11]\n_rawgraph_pytestplugin = _rawgraph_pytestplugin" in entry_points
+    requires = meta.get_all("Requires-Dist")
+    core = [r for r in requires if "extra ==" not in r]
+    assert not [r for r in core if r.startswith(("cupy", "torch", "mypy", "pytest"))], core
+    for extra in ("test", "bench"):  # CuPy and PyTorch come with the extras that use them
+        assert f'rawgraph[cupy,torch]; extra == "{extra}"' in requires, requires
+    assert any(r.startswith("cupy-cuda13x") and 'extra == "cupy"' in r for r in requires)
+    assert any(r.startswith("mypy") and 'extra == "dev"' in r for r in requires)
+    assert not any(r.startswith("mypy") and 'extra == "test"' in r for r in requires)
+
+
+def _check_plugin_entry_point(env, elsewhere):
+    """pytest loads the installed entry point by itself: its options are listed everywhere, and
+    the ini option enables the plugin."""
+    env = {k: v for k, v in env.items() if k not in ("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTEST_ADDOPTS")}
+    pytest_cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
+    r = subprocess.run(pytest_cmd + ["--help"], cwd=elsewhere, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "--rawgraph-doctor" in r.stdout and "rawgraph_testing" in r.stdout
+    (elsewhere / "pytest.ini").write_text("[pytest]\nrawgraph_testing = true\n")
+    from test_testing_plugin_cpu import PROBE  # a gpu-marked test and one on the fake driver
+
+    (elsewhere / "test_probe.py").write_text(PROBE)
+    r = subprocess.run(pytest_cmd + ["-q", "-rs"], cwd=elsewhere, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    from rawgraph.runtime.device import gpu_available
+
+    assert ("2 passed" if gpu_available() else "1 passed, 1 skipped") in r.stdout, r.stdout

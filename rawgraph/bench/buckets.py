@@ -35,6 +35,8 @@ from ..serving.graphmem import reset_high_water
 from ..serving.sizes import padding_waste, pick_bucket, powers_of_two, vllm_sizes
 from ..runtime.stream import Stream
 from ..runtime.timing import stats
+from . import command
+from .progress import INSTALL_HINT
 from .provenance import environment
 
 
@@ -222,12 +224,25 @@ def _time_step(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the dynamic-batch benchmark; write the JSON and plots; the report (or, with ``--json``,
+    the result) on stdout, progress on stderr. Returns the exit status (0)."""
+    return command.run_suite(build_parser().parse_args(argv), collect, render)
+
+
+def render(result: dict) -> str:
+    """A buckets result as text: :func:`report`, then its findings."""
+    return "\n".join([report(result), *(f"finding: {f}" for f in result["findings"])])
+
+
+def collect(args: argparse.Namespace) -> dict:
+    """Build every strategy, check it, time it on both traces; write the JSON and plots; return the result."""
     dev = get_device()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch_error: str | None = None
     torch: Any = None
+    if not args.no_torch:
+        command.optional("torch", "torch", "PyTorch's bucket graphs")
     try:
         import torch as _torch
 
@@ -380,16 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     result["targets"] = targets(result)
     path = out_dir / f"{args.name}.json"
     path.write_text(json.dumps(result, indent=1))
-    print(report(result))
-    for f in findings:
-        print(f"finding: {f}")
     for png in plots(result, out_dir, args.name):
         print(f"plot: {png}")
     print(f"json: {path}")
     for st in strategies.values():
         st.close()
     model.close()
-    return 0
+    return result
 
 
 def _read(res: Any, n: int, width: int, s: Stream) -> np.ndarray:
@@ -515,7 +527,7 @@ def plots(result: dict, out_dir: Path, stem: str) -> list[Path]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib not installed: plots skipped (pip install -e '.[bench]')")
+        print(f"matplotlib not installed: plots skipped ({INSTALL_HINT})")
         return []
     paths = []
     fig, ax = plt.subplots(figsize=(10, 5.5))
@@ -547,21 +559,24 @@ def plots(result: dict, out_dir: Path, stem: str) -> list[Path]:
     return paths
 
 
+DESCRIPTION = ("Dynamic-batch benchmark: bucket strategies (powers of two, vLLM's list, one max bucket, row "
+               "counts, re-shaped and device-shaped graphs) against exact-size graphs, eager launches and "
+               "PyTorch's bucket graphs, on one model and the same traces. Writes OUT/NAME.json and plots; "
+               "prints the report.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``rawgraph bench buckets`` (parsing them needs no GPU)."""
-    p = argparse.ArgumentParser(prog="rawgraph bench buckets", description=__doc__.split("\n")[0])
-    p.add_argument("--width", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--form", choices=("unfused", "fused", "block"), default="fused")
-    p.add_argument("--max-batch", type=int, default=256)
-    p.add_argument("--rounds", type=int, default=7, help="samples per strategy per batch size (uniform trace)")
-    p.add_argument("--steps", type=int, default=3000, help="steps of the decode trace")
-    p.add_argument("--rate", type=float, default=6.0, help="mean new requests per step")
-    p.add_argument("--mean-len", type=float, default=32.0, help="mean request length in steps")
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--no-torch", action="store_true")
-    p.add_argument("--out", default="benchmarks/results")
-    p.add_argument("--name", default="buckets")
+    p = command.parser("rawgraph bench buckets", DESCRIPTION)
+    command.add_model_options(p, width=1024, layers=8, form="fused")
+    p.add_argument("--max-batch", type=command.positive_int, default=256, help="the largest batch (top bucket)")
+    p.add_argument("--rounds", type=command.positive_int, default=7,
+                   help="samples per strategy per batch size (uniform trace)")
+    p.add_argument("--steps", type=command.positive_int, default=3000, help="steps of the decode trace")
+    command.add_trace_options(p, rate=6.0, mean_len=32.0, seed=7)
+    p.add_argument("--no-torch", action="store_true", help="leave out PyTorch's bucket graphs")
+    p.add_argument("--out", default="benchmarks/results", help="folder for the JSON and the plots")
+    p.add_argument("--name", default="buckets", help="file stem of the JSON and the plots")
     return p
 
 

@@ -1,4 +1,4 @@
-"""The regret of the measured-cost choice (issue 25, item 4): :func:`rawgraph.serving.choose_strategy`
+"""The regret of the measured-cost choice: :func:`rawgraph.serving.choose_strategy`
 picks a strategy from the first ``--sample`` steps of a decode-like batch-size trace; then every
 strategy replays the whole trace, in interleaved rounds, and the choice's median time is
 compared with the best fixed strategy's (:func:`rawgraph.serving.regret`; target <= 3 %).
@@ -8,7 +8,7 @@ graph), synchronized once per pass over the trace, as the choice's own timer doe
 per strategy is the median over ``--rounds`` passes (p10/p90 beside it). All of them are built
 once and stay resident, so rounds interleave. Writes ``<out>/<name>.json`` with the commit.
 
-    python -m rawgraph.bench.choose --out benchmarks/results
+    rawgraph bench choose --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -22,26 +22,30 @@ from typing import Any
 
 import numpy as np
 
+from . import command
 from .provenance import environment
 
 TARGET_REGRET = 0.03
 
 
+DESCRIPTION = ("The regret of the measured-cost strategy choice: choose_strategy picks a strategy from the first "
+               "--sample steps of a decode-like batch-size trace; then every strategy replays the whole trace in "
+               "interleaved rounds, and the choice's median time is compared with the best fixed strategy's "
+               f"(target: at most {100 * TARGET_REGRET:.0f} % slower). Writes OUT/NAME.json; prints the figures.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rawgraph bench choose", description=__doc__.split("\n\n")[0])
-    p.add_argument("--width", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--form", choices=("unfused", "fused", "block"), default="fused")
-    p.add_argument("--max-batch", type=int, default=256)
-    p.add_argument("--steps", type=int, default=1000, help="steps of the whole trace")
-    p.add_argument("--sample", type=int, default=200, help="first steps the choice is made from")
-    p.add_argument("--seconds", type=float, default=0.3, help="the choice's time per candidate")
-    p.add_argument("--rounds", type=int, default=7, help="passes over the whole trace per strategy")
-    p.add_argument("--rate", type=float, default=6.0)
-    p.add_argument("--mean-len", type=float, default=32.0)
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--out", default="benchmarks/results")
-    p.add_argument("--name", default="choose")
+    """The options of ``rawgraph bench choose`` (parsing them needs no GPU)."""
+    p = command.parser("rawgraph bench choose", DESCRIPTION)
+    command.add_model_options(p, width=1024, layers=2, form="fused")
+    p.add_argument("--max-batch", type=command.positive_int, default=256, help="the largest batch")
+    p.add_argument("--steps", type=command.positive_int, default=1000, help="steps of the whole trace")
+    p.add_argument("--sample", type=command.positive_int, default=200, help="first steps the choice is made from")
+    p.add_argument("--seconds", type=command.positive_float, default=0.3, help="the choice's time per candidate")
+    p.add_argument("--rounds", type=command.positive_int, default=7, help="passes over the whole trace per strategy")
+    command.add_trace_options(p, rate=6.0, mean_len=32.0, seed=7)
+    p.add_argument("--out", default="benchmarks/results", help="folder for the JSON")
+    p.add_argument("--name", default="choose", help="file stem of the JSON")
     return p
 
 
@@ -64,17 +68,25 @@ def trace_seconds(adapter: Any, trace: list[int], rounds: int, warmup: bool = Tr
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Measure the choice's regret; write the JSON; the figures (or, with ``--json``, the result)
+    on stdout, progress on stderr. Returns the exit status: 0, or 69 without a GPU."""
     args = build_parser().parse_args(argv)
+    from ..runtime.device import driver_status, gpu_available
+
+    if not gpu_available():
+        print(f"rawgraph bench choose: needs a GPU: {driver_status()[1]}", file=sys.stderr)
+        return command.EX_UNAVAILABLE
+    return command.run_suite(args, collect, render)
+
+
+def collect(args: argparse.Namespace) -> dict:
+    """Make the choice, replay the trace through every strategy, write the JSON; return the result."""
     from ..models.tinyblock import TinyBlock
-    from ..runtime.device import gpu_available
     from ..runtime.stream import Stream
     from ..runtime.timing import stats
     from ..serving.choose import DEFAULT_CANDIDATES, Adapter, choose_strategy, footprint, regret
     from .buckets import decode_trace
 
-    if not gpu_available():
-        print("rawgraph bench choose: needs a GPU", file=sys.stderr)
-        return 2
     trace, _finished = decode_trace(args.steps, args.max_batch, args.rate, args.mean_len, args.seed)
     sample = trace[: args.sample]
     out_dir = Path(args.out)
@@ -122,20 +134,28 @@ def main(argv: list[str] | None = None) -> int:
     }
     path = out_dir / f"{args.name}.json"
     path.write_text(json.dumps(result, indent=1))
-    print(f"trace: {len(trace)} steps, mean batch {result['trace_mean_batch']:.1f}; sample: first {len(sample)} "
-          f"(mean {result['sample_mean_batch']:.1f}); choice made in {choose_s:.2f} s")
-    for name in medians:
-        st = result["trace_seconds"][name]
-        mark = " <- choice" if name == choice.name else ""
-        print(f"  {name:14s} {result['us_per_step'][name]:8.2f} us/step  (pass p10 {1e3 * st['p10']:.2f} / "
-              f"median {1e3 * st['median']:.2f} / p90 {1e3 * st['p90']:.2f} ms){mark}")
-    for name, why in skipped.items():
-        print(f"  {name:14s} skipped: {why}")
-    rtxt = "n/a" if r is None else f"{100 * r:.2f} %"
-    print(f"best fixed: {best}; regret of the choice: {rtxt} (target <= {100 * TARGET_REGRET:.0f} %: "
-          f"{'met' if result['met'] else 'MISSED'})")
     print(f"json: {path}")
-    return 0
+    return result
+
+
+def render(result: dict) -> str:
+    """A choose result as text: the trace, each strategy's time per step, the regret of the choice."""
+    cfg, choice = result["config"], result["choice"]
+    lines = [f"trace: {cfg['steps']} steps, mean batch {result['trace_mean_batch']:.1f}; sample: first "
+             f"{min(cfg['sample'], cfg['steps'])} (mean {result['sample_mean_batch']:.1f}); choice made in "
+             f"{choice['wall_s']:.2f} s"]
+    for name, us in result["us_per_step"].items():
+        st = result["trace_seconds"][name]
+        mark = " <- choice" if name == choice["name"] else ""
+        lines.append(f"  {name:14s} {us:8.2f} us/step  (pass p10 {1e3 * st['p10']:.2f} / "
+                     f"median {1e3 * st['median']:.2f} / p90 {1e3 * st['p90']:.2f} ms){mark}")
+    for name, why in result["skipped"].items():
+        lines.append(f"  {name:14s} skipped: {why}")
+    r = result["regret"]
+    rtxt = "n/a" if r is None else f"{100 * r:.2f} %"
+    lines.append(f"best fixed: {result['best_fixed']}; regret of the choice: {rtxt} (target <= "
+                 f"{100 * result['target_regret']:.0f} %: {'met' if result['met'] else 'MISSED'})")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

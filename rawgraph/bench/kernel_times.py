@@ -11,10 +11,10 @@ run on sm_90: each launch's weight loads overlap the one before) and in plain st
 ``--sweep`` also times every other cut (column tile, K split, kernel) of each shape, so the
 choice ``ops.matmul_shape`` makes can be checked against the best one measured; from 32 rows on,
 and below that where ``ops.SGEMM_CUTS`` has an entry for the shape (the only way sgemm runs there),
-that includes a few cuts of issue 23's fp32 GEMM (``kernels/sgemm.cu``, :data:`SGEMM_SWEEP`) and
+that includes a few cuts of the fp32 GEMM (``kernels/sgemm.cu``, :data:`SGEMM_SWEEP`) and
 the table's entry, if any (:func:`sgemm_candidates`).
 
-    PYTHONPATH=. python3 -m rawgraph.bench.kernel_times [--out benchmarks/results] [--sweep]
+    rawgraph bench kernels [--out benchmarks/results] [--sweep]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from .. import ops
+from . import command
 from .provenance import environment
 from ..ops import FLAG_EARLY
 from ..graphs.capture import Capture
@@ -358,39 +359,47 @@ def targets(result: dict) -> str:
     return "\n".join(lines)
 
 
+DESCRIPTION = ("Kernel benchmark: device time per kernel (64 launches in one graph, weights rotated past L2), "
+               "side by side with cuBLAS (torch.mm, TF32 off). Writes OUT/kernel_times.json; prints one "
+               "row per shape and the targets.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``rawgraph bench kernels`` (parsing them needs no GPU)."""
-    p = argparse.ArgumentParser(prog="python -m rawgraph.bench.kernel_times", description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="benchmarks/results")
+    p = command.parser("rawgraph bench kernels", DESCRIPTION)
+    p.add_argument("--out", default="benchmarks/results", help="folder for kernel_times.json")
     p.add_argument("--sweep", action="store_true", help="also time every other cut of each shape")
-    p.add_argument("--width", type=int, nargs="*")
-    p.add_argument("--batch", type=int, nargs="*")
+    p.add_argument("--width", type=command.positive_int, nargs="+",
+                   help=f"widths to time (default: {' '.join(map(str, WIDTHS))})")
+    p.add_argument("--batch", type=command.positive_int, nargs="+",
+                   help=f"batch sizes to time (default: {' '.join(map(str, BATCHES))})")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Time every kernel (with ``--sweep`` every cut); print the targets, write ``kernel_times.json``.
+def render(result: dict) -> str:
+    """A kernel-times result as text: one line per shape, the copy bandwidth, the targets."""
+    lines = [_line(row) for row in result["rows"]]
+    lines.append(f"device-to-device copy: {result['copy_GBps']:.0f} GB/s (read + write)")
+    lines.append(targets(result))
+    return "\n".join(lines)
 
-    Parameters
-    ----------
-    argv : list of str, optional
-        Options as :func:`build_parser` reads them (default ``sys.argv[1:]``).
 
-    Returns
-    -------
-    int
-        Exit status (0).
-    """
-    args = build_parser().parse_args(argv)
+def collect(args: argparse.Namespace) -> dict:
+    """Time every kernel (with ``--sweep`` every cut); write ``kernel_times.json``; return the result."""
+    command.optional("torch", "torch", "the cuBLAS (torch.mm) columns")
     result = {"env": environment(),
               **measure(tuple(args.width or WIDTHS), tuple(args.batch or BATCHES), sweep=args.sweep)}
-    print(f"device-to-device copy: {result['copy_GBps']:.0f} GB/s (read + write)")
-    print(targets(result))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernel_times.json").write_text(json.dumps(result, indent=1))
     print(f"json: {out / 'kernel_times.json'}")
-    return 0
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Time every kernel (with ``--sweep`` every cut), write ``kernel_times.json``; the rows and
+    targets (or, with ``--json``, the result) on stdout, progress on stderr. Returns 0."""
+    return command.run_suite(build_parser().parse_args(argv), collect, render)
 
 
 if __name__ == "__main__":

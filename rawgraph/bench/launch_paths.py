@@ -31,6 +31,7 @@ from ..updates.static import StaticGraph
 from ..runtime.stream import Stream
 from ..runtime.timing import device_us, pipelined_us, stats, synced_us
 from .provenance import environment
+from . import command
 from .progress import SweepProgress
 
 FULL = {"layers": (1, 8, 64), "width": (128, 1024, 4096), "batch": (1, 8, 64)}
@@ -416,36 +417,33 @@ def env_info(runner: Runner) -> dict:
     return environment(torch=getattr(runner.torch, "__version__", None), cupy=getattr(runner.cupy, "__version__", None))
 
 
+DESCRIPTION = ("Launch-path benchmark: the same TinyBlock work through every way of launching it (stream, "
+               "graph, copy + replay, exec-update + replay, PyTorch, CuPy), in one process. Writes "
+               "OUT/NAME.json and plots; prints the table and the targets.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``rawgraph bench paths`` (parsing them needs no GPU)."""
-    p = argparse.ArgumentParser(prog="rawgraph bench", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="layers 1/64, width 128/1024, batch 1/8")
-    p.add_argument("--out", default="benchmarks/results", help="folder for JSON and plots")
-    p.add_argument("--name", default=None, help="file stem (default launch_paths[_quick])")
-    p.add_argument("--budget", type=float, default=0.15, help="seconds per clock per path (rounds scale to it)")
-    p.add_argument("--no-torch", action="store_true")
-    p.add_argument("--no-cupy", action="store_true")
+    p = command.parser("rawgraph bench paths", DESCRIPTION)
+    p.add_argument("--quick", action="store_true", help="the quick grid: layers 1/64, width 128/1024, batch 1/8")
+    p.add_argument("--out", default="benchmarks/results", help="folder for the JSON and the plots")
+    p.add_argument("--name", default=None, help="file stem (default: launch_paths, or launch_paths_quick with --quick)")
+    p.add_argument("--budget", type=command.positive_float, default=0.15,
+                   help="seconds per clock per path (the rounds scale to it)")
+    p.add_argument("--no-torch", action="store_true", help="leave out the PyTorch paths")
+    p.add_argument("--no-cupy", action="store_true", help="leave out the CuPy paths")
     p.add_argument("--no-micro", action="store_true", help="skip the microcost fits")
-    p.add_argument("--layers", type=int, nargs="*")
-    p.add_argument("--width", type=int, nargs="*")
-    p.add_argument("--batch", type=int, nargs="*")
+    p.add_argument("--layers", type=command.positive_int, nargs="+",
+                   help="depths to sweep (default: the full or quick grid's)")
+    p.add_argument("--width", type=command.positive_int, nargs="+",
+                   help="widths to sweep (default: the full or quick grid's)")
+    p.add_argument("--batch", type=command.positive_int, nargs="+",
+                   help="batch sizes to sweep (default: the full or quick grid's)")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the launch-path sweep; write the JSON, print the table and targets, draw the plots.
-
-    Parameters
-    ----------
-    argv : list of str, optional
-        Options as :func:`build_parser` reads them (default ``sys.argv[1:]``).
-
-    Returns
-    -------
-    int
-        Exit status (0).
-    """
-    args = build_parser().parse_args(argv)
+def collect(args: argparse.Namespace) -> dict:
+    """Run the launch-path sweep; write the JSON and draw the plots; return the result."""
     grid = dict(QUICK if args.quick else FULL)
     for k in ("layers", "width", "batch"):
         if getattr(args, k):
@@ -453,6 +451,10 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     name = args.name or ("launch_paths_quick" if args.quick else "launch_paths")
+    if not args.no_torch:
+        command.optional("torch", "torch", "the PyTorch paths")
+    if not args.no_cupy:
+        command.optional("cupy", "cupy", "the CuPy paths")
     runner = Runner(args.budget, out_dir, not args.no_torch, not args.no_cupy)
     t_start = time.perf_counter()
     print(f"rawgraph bench on {runner.dev.info.name}: {grid}", flush=True)
@@ -490,16 +492,21 @@ def main(argv: list[str] | None = None) -> int:
               "records": runner.records, "wall_s": time.perf_counter() - t_start}
     path = out_dir / f"{name}.json"
     path.write_text(json.dumps(result, indent=1))
-    from .report import plots, table, targets
+    from .report import plots
 
-    print(table(result))
-    print(targets(result))
-    for f in runner.findings:
-        print(f"finding: {f}")
     for png in plots(result, out_dir, name):
         print(f"plot: {png}")
     print(f"json: {path} ({time.perf_counter() - t_start:.0f}s)")
-    return 0
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the launch-path sweep (options as :func:`build_parser` reads them); write the JSON and
+    plots; the table and targets (or, with ``--json``, the result) on stdout, progress on stderr.
+    Returns the exit status (0)."""
+    from .report import render
+
+    return command.run_suite(build_parser().parse_args(argv), collect, render)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,22 @@
-"""Terminal table and PNG plots for a launch-path benchmark result."""
+"""Terminal table and PNG plots for a launch-path benchmark result, and ``rawgraph bench report``:
+any suite's results file rendered again with no GPU, as text and as one HTML page with its plots."""
 
 from __future__ import annotations
 
+import argparse
+import base64
+import contextlib
+import html
+import importlib
+import json
+import sys
+import tempfile
+import textwrap
 from pathlib import Path
+from typing import Any, Callable
 
-from .progress import INSTALL_HINT
+from . import command
+from .progress import INSTALL_HINT, importable
 
 PATH_ORDER = ["stream", "graph", "graph_nopdl", "graph_copy", "graph_update", "graph_update2", "graph_indirect", "graph_indirect_mapped", "graph_exec_update", "torch_eager", "torch_graph",
               "torch_graph_copy", "torch_graph_rebind", "cupy_eager", "cupy_graph", "floor_sync", "floor_empty_kernel", "floor_empty_graph"]
@@ -226,26 +238,127 @@ def plots(result: dict, out_dir: Path, stem: str) -> list[Path]:
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m rawgraph.bench.report RESULT.json``: print the table and redraw the plots."""
-    import argparse
-    import json
-    import textwrap
+def render(result: dict) -> str:
+    """A launch-path result as text: :func:`table`, :func:`targets`, then its findings."""
+    lines = [table(result), targets(result)]
+    lines += [textwrap.fill(f"finding: {f}", WIDTH, subsequent_indent="  ") for f in result.get("findings", [])]
+    return "\n".join(lines)
 
-    p = argparse.ArgumentParser(prog="python -m rawgraph.bench.report")
-    p.add_argument("json")
-    p.add_argument("--no-plots", action="store_true")
+
+# -- rawgraph bench report ------------------------------------------------------------------------
+# A results file's suite, told by the keys only that suite's document has (first match wins), and
+# where its text renderer and plot function (or None) live, imported only when that kind is rendered.
+KINDS: list[tuple[str, Callable[[dict], bool], str, str, str | None]] = [
+    ("paths", lambda r: "records" in r and "grid" in r, "rawgraph.bench.report", "render", "plots"),
+    # benchmarks/gemm_sweep.py writes rows and copy_GBps too, but with best_cuts and rows of M, N, K
+    ("kernels", lambda r: "rows" in r and "copy_GBps" in r and "best_cuts" not in r, "rawgraph.bench.kernel_times",
+     "render", None),
+    ("buckets", lambda r: "uniform" in r and "decode" in r and "strategies" in r, "rawgraph.bench.buckets", "render",
+     "plots"),
+    ("slots", lambda r: "bare_launch_us" in r and "strategies" in r, "rawgraph.bench.slots", "report", None),
+    ("choose", lambda r: "best_fixed" in r and "us_per_step" in r, "rawgraph.bench.choose", "render", None),
+]
+
+
+def renderers(kind: str) -> tuple[Callable[[dict], str], Callable[[dict, Path, str], list] | None]:
+    """The text renderer and the plot function (None: the suite draws none) of results of ``kind``."""
+    module, text, draw = next((m, t, d) for name, _, m, t, d in KINDS if name == kind)
+    mod = importlib.import_module(module)
+    return getattr(mod, text), (getattr(mod, draw) if draw else None)
+
+
+def kind_of(result: Any) -> str | None:
+    """Which suite wrote ``result`` (``"paths"``, ``"kernels"``, ...), or None."""
+    if not isinstance(result, dict):
+        return None
+    return next((name for name, match, *_ in KINDS if match(result)), None)
+
+
+def html_page(title: str, text: str, pngs: list[Path], note: str | None, env: dict | None = None) -> str:
+    """One self-contained HTML page: the text as preformatted, then each plot inline (base64 PNG),
+    or ``note`` where there are none."""
+    env = env or {}
+    facts = ", ".join(f"{k} {env[k]}" for k in ("commit", "gpu", "driver", "date") if env.get(k))
+    parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{html.escape(title)}</title>",
+             "<style>body{font-family:sans-serif;margin:2em} pre{font-size:12px;line-height:1.25} "
+             "img{max-width:100%;display:block;margin:1em 0}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1>"]
+    if facts:
+        parts.append(f"<p>{html.escape(facts)}</p>")
+    parts.append(f"<pre>{html.escape(text)}</pre>")
+    if pngs:
+        parts.append("<h2>Plots</h2>")
+        for png in pngs:
+            data = base64.b64encode(Path(png).read_bytes()).decode("ascii")
+            parts.append(f'<img alt="{html.escape(Path(png).stem)}" src="data:image/png;base64,{data}">')
+    if note:
+        parts.append(f'<p class="note">{html.escape(note)}</p>')
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``rawgraph bench report`` (no GPU needed, ever)."""
+    p = command.parser("rawgraph bench report",
+                       "Render a results file again, with no GPU: the table on stdout, and an HTML page with the "
+                       "table and the plots (plots need matplotlib). Reads the JSON any suite wrote "
+                       "(paths, kernels, buckets, slots, choose).", json_help="")
+    p.add_argument("file", metavar="FILE", help="a results JSON written by a rawgraph bench suite")
+    p.add_argument("--html", metavar="PATH", default=None,
+                   help="where to write the HTML page (default: FILE's name with .html, in the current folder)")
+    p.add_argument("--no-html", action="store_true", help="print the table only; write no page")
+    p.add_argument("--no-plots", action="store_true", help="leave the plots out of the page")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rawgraph bench report FILE``: the table on stdout, the HTML page written, status on stderr.
+
+    Returns
+    -------
+    int
+        0; 2 (with the reason) for a file that cannot be read, is not JSON or is no suite's
+        results; 1 when the renderer fails on it (a results file older than the renderer).
+    """
+    p = build_parser()
     args = p.parse_args(argv)
-    path = Path(args.json)
-    result = json.loads(path.read_text())
-    print(table(result))
-    print(targets(result))
-    for f in result.get("findings", []):
-        print(textwrap.fill(f"finding: {f}", WIDTH, subsequent_indent="  "))
-    if not args.no_plots:
-        for png in plots(result, path.parent, path.stem):
-            print(f"plot: {png}")
-    return 0
+    path = Path(args.file)
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        p.error(f"cannot read {path}: {exc}")
+    kind = kind_of(result)
+    if kind is None:
+        p.error(f"{path} is no rawgraph bench results file (expected one written by a suite: "
+                f"{', '.join(name for name, *_ in KINDS)})")
+    text_of, draw = renderers(kind)
+    try:
+        text = text_of(result)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        print(f"rawgraph bench report: cannot render {path} as {kind} results ({type(exc).__name__}: {exc}); "
+              "it may predate this version of the renderer", file=sys.stderr)
+        return command.EX_FAILED
+    print(text, flush=True)
+    if args.no_html:
+        return command.EX_OK
+    note = None
+    pngs: list[Path] = []
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
+        if args.no_plots:
+            note = "plots left out (--no-plots)"
+        elif draw is None:
+            note = f"no plots for {kind} results"
+        elif not importable("matplotlib"):
+            note = f"matplotlib is not installed: the page has no plots ({command.INSTALL_EXTRA.format(extra='bench')})"
+            print(note, flush=True)
+        else:
+            pngs = draw(result, Path(tmp), path.stem)
+        page = html_page(f"rawgraph bench {kind}: {path.name}", text, pngs, note, result.get("env"))
+    out = Path(args.html) if args.html else Path(path.stem + ".html")
+    out.write_text(page, encoding="utf-8")
+    print(f"html: {out}", file=sys.stderr)
+    return command.EX_OK
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Continuous-batching benchmark: requests join and leave between steps; every step advances all
 live requests through slots and an index table.
 
-    python -m rawgraph.bench.slots [--steps 10000] [--width 1024] [--layers 8] [--max-slots 256]
+    rawgraph bench slots [--steps 10000] [--width 1024] [--layers 8] [--max-slots 256]
 
 One decode-like trace (Poisson arrivals, geometric lengths, at most ``max_slots`` live) drives,
 step by step in one process, each strategy's own pool (the strategies take turns within every
@@ -55,6 +55,7 @@ from ..serving import SlotPool
 from ..serving.sizes import pick_bucket, vllm_sizes
 from ..runtime.stream import Stream
 from ..runtime.timing import stats
+from . import command
 from .provenance import environment
 
 STRATEGIES = ("graph_table", "graph_table_kernels", "copy_table", "setparams", "torch_vllm")
@@ -388,33 +389,44 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
+DESCRIPTION = ("Continuous-batching benchmark: requests join and leave between steps, and every step advances "
+               "all live requests through slots and an index table; rawgraph's slot pools against PyTorch the "
+               "vLLM way, on one trace. Writes OUT/slots.json and OUT/slots_table.txt; prints the table.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rawgraph bench slots", description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=10000)
-    p.add_argument("--width", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--max-slots", type=int, default=256)
-    p.add_argument("--rate", type=float, default=2.0, help="new requests per step (Poisson)")
-    p.add_argument("--mean-len", type=float, default=48.0, help="mean steps a request lives (geometric)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-torch", action="store_true")
+    """The options of ``rawgraph bench slots`` (parsing them needs no GPU)."""
+    p = command.parser("rawgraph bench slots", DESCRIPTION)
+    p.add_argument("--steps", type=command.positive_int, default=10000, help="steps of the join-leave trace")
+    command.add_model_options(p, width=1024, layers=8)
+    p.add_argument("--max-slots", type=command.positive_int, default=256, help="slots (live requests at most)")
+    command.add_trace_options(p, rate=2.0, mean_len=48.0, seed=0)
+    p.add_argument("--no-torch", action="store_true", help="leave out PyTorch the vLLM way")
     p.add_argument("--no-bare", action="store_true", help="skip the bare cuGraphLaunch reference (and its idle pool)")
     p.add_argument("--rows", choices=("host", "device"), default="host",
-                   help="a joining request's row: a host NumPy row (default) or a device row")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+                   help="a joining request's row: a host NumPy row or a device row")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                   help="folder for slots.json and slots_table.txt")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def collect(args: argparse.Namespace) -> dict:
+    """Run the trace through every strategy; write ``slots.json`` and ``slots_table.txt``; return the result."""
+    if not args.no_torch:
+        command.optional("torch", "torch", "PyTorch the vLLM way")
     result = run(args.steps, args.width, args.layers, args.max_slots, args.rate, args.mean_len, args.seed,
                  not args.no_torch, not args.no_bare, args.rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "slots.json").write_text(json.dumps(result, indent=1))
-    text = report(result)
-    (args.out / "slots_table.txt").write_text(text + "\n")
-    print(text)
-    return 0
+    (args.out / "slots_table.txt").write_text(report(result) + "\n")
+    print(f"json: {args.out / 'slots.json'}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the continuous-batching benchmark; the table (or, with ``--json``, the result) on
+    stdout, progress on stderr. Returns the exit status (0)."""
+    return command.run_suite(build_parser().parse_args(argv), collect, report)
 
 
 if __name__ == "__main__":

@@ -4,4 +4,5 @@ import sys
 
 from .launch import main
 
-sys.exit(main())
+if __name__ == "__main__":  # imported (autodoc, a walk over the package's modules): no run, no exit
+    sys.exit(main())
