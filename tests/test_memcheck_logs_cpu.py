@@ -26,12 +26,12 @@ exit $rc
 """
 
 
-def _run(tmp_path, out, *args):
+def _run(tmp_path, out, *args, **env_extra):
     sanitizer = tmp_path / "compute-sanitizer"
     sanitizer.write_text(STAND_IN)
     sanitizer.chmod(sanitizer.stat().st_mode | stat.S_IXUSR)
     env = dict(os.environ, OUT=str(out), COMPUTE_SANITIZER=str(sanitizer), MEMCHECK_LIMIT="400",
-               PYTHONPATH=str(ROOT))
+               PYTHONPATH=str(ROOT), **env_extra)
     run = subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
 
@@ -63,7 +63,9 @@ def test_every_gpu_test_file_is_in_one_chunk_and_each_log_names_its_files_and_te
 def test_chunks_picked_by_number_run_alone_and_split_the_files_as_a_whole_run_does(tmp_path):
     whole, part = tmp_path / "whole", tmp_path / "part"
     _run(tmp_path, whole, "4", "3")
-    _run(tmp_path, part, "4", "1", "3")
+    _run(tmp_path, part, "4", "1", "3", MEMCHECK_PARALLEL="1")  # the two chunks at once
+    summary = (part / "sanitize_memcheck_files.txt").read_text()
+    assert re.findall(r"^chunk (\d+): rc=0 \|", summary, re.M) == ["1", "3"]
     assert sorted(p.name for p in part.glob("sanitize_memcheck_chunk*.txt")) == [
         "sanitize_memcheck_chunk1.txt", "sanitize_memcheck_chunk3.txt"]
     assert [p.name for p in whole.glob("sanitize_memcheck_chunk*.txt")] == ["sanitize_memcheck_chunk3.txt"]
