@@ -319,6 +319,8 @@ class RankEnv:
         leaves it at exit (:meth:`Rendezvous.leave`, through ``atexit``)."""
         if self.rendezvous is None:
             raise LaunchError("this rank has no rendezvous folder (one rank needs none)")
+        if self.run_id is None:  # from_environ always pairs the two; a RankEnv made by hand may not
+            raise LaunchError(f"this rank has a rendezvous folder but no run id (set ${RUN_ID_ENV})")
         rdzv = Rendezvous(self.rendezvous, self.rank, self.world, timeout, run_id=self.run_id)
         if self.ranks_remove_rendezvous:
             _leave_at_exit(rdzv)

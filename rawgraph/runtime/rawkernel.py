@@ -164,7 +164,7 @@ class RawKernel:
         # whether the kernel only reads through it (``read``: const pointee), the one place a
         # read-only array may go.
         self._pointees = {p.name: _pointee(p.ctype) for p in self.params if p.kind == "ptr"}
-        self._roles = {p.name: p.role for p in self.params if p.kind == "ptr"}
+        self._roles = {p.name: p.role or "write" for p in self.params if p.kind == "ptr"}  # a pointer always has one
         # Launches reuse one argument buffer: the driver copies the values during cuLaunchKernel.
         self._args = KernelArgs(self.spec)
         self._lock = threading.Lock()
