@@ -1,6 +1,7 @@
 """The examples on a machine without a GPU: each compiles, the importable model example imports
 and its kernels compile with NVRTC, and each (but ``own_kernel.py``, which the README shows word
-for word) exits with status 2 and says it needs a GPU instead of a traceback."""
+for word, and ``driver_walkthrough.py``, which exits 69 as the CLI does) exits with status 2 and
+says it needs a GPU instead of a traceback."""
 
 import importlib.util
 import os
@@ -16,8 +17,9 @@ from rawgraph import gpu_available
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 ALL = sorted(p.name for p in EXAMPLES.glob("*.py"))
-# own_kernel.py is the README's block word for word (tests/test_readme_cpu.py): no GPU check in it
-NEEDS_GPU_MESSAGE = [n for n in ALL if n != "own_kernel.py"]
+# own_kernel.py is the README's block word for word (tests/test_readme_cpu.py): no GPU check in it;
+# driver_walkthrough.py exits 69, the CLI's "no GPU" status (tests/test_walkthrough_cpu.py checks it)
+NEEDS_GPU_MESSAGE = [n for n in ALL if n not in ("own_kernel.py", "driver_walkthrough.py")]
 
 
 def load_example(name):
