@@ -397,7 +397,7 @@ def test_bands_from_the_plans_over_a_model_that_is_not_a_context_manager(fake, u
 
     from rawgraph import DeviceShapedGraph
 
-    ex = load_example("buckets_own_model.py")
+    ex = load_example("buckets_own_model_class.py")
     model = ex.RMSNormScale(64, 1, seed=4)
     try:
         assert not hasattr(model, "__enter__")

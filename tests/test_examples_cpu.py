@@ -61,10 +61,11 @@ def test_the_model_example_imports_without_a_gpu_and_its_kernels_compile(tmp_pat
     from rawgraph.runtime.signature import parse_signature
     from rawgraph.serving.protocol import REQUIRED
 
-    mod = load_example("buckets_own_model.py")  # importing runs nothing (main() is under __main__)
+    mod = load_example("buckets_own_model_class.py")  # importing runs nothing (main() is under __main__)
     cls = mod.RMSNormScale
     assert all(hasattr(cls, name) for name in REQUIRED if name not in ("width", "batch", "device"))
     assert callable(cls.row_count_arg) and callable(cls._check_open)
+    assert callable(load_example("buckets_own_model.py").make_model)  # the function form, importable alike
     img = compile_source(mod.SRC, "buckets_own_model.cu", "sm_90", cache=KernelCache(tmp_path))
     assert img.image
     norm, res = parse_signature(mod.SRC, "rms_scale"), parse_signature(mod.SRC, "scale_residual")

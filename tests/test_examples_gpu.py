@@ -17,7 +17,8 @@ EXAMPLES = ROOT / "examples"
 # example -> the line it prints once its checks passed
 LINES = {
     "own_kernel.py": r"replayed on x1 with no copy, \d+ node updates?",
-    "buckets_own_model.py": r"RMSNormScale: plain and row-count buckets and a slot pool \(gather=kernels\) match float64 to \d\.\de[-+]\d+",
+    "buckets_own_model.py": r"rms_norm_scale as a FunctionModel: plain and row-count buckets, a device-shaped exec and a slot pool \(gather=kernels\) match float64 to \d\.\de[-+]\d+",
+    "buckets_own_model_class.py": r"RMSNormScale as a class: plain and row-count buckets, a device-shaped exec and a slot pool \(gather=kernels\) match float64 to \d\.\de[-+]\d+",
     "torch_graph_rebind.py": r"torch graph adopted: 3 replays on new tensors with no copy \(\d+ node arguments moved each\)",
     "conditional_loop.py": r"one WHILE exec ran depths \[(\d, ){6}\d\] as the device read them, each matching float64",
     "doctor_torch.py": r"torch graph: clean after capture; after `del x`: \d+ allocator-freed error\(s\), "

@@ -162,7 +162,7 @@ def fake():
 
 @pytest.fixture
 def example():
-    return load_example("buckets_own_model.py")
+    return load_example("buckets_own_model_class.py")
 
 
 def _leaks(hook):
@@ -215,7 +215,7 @@ def test_the_model_keeps_the_protocol_and_plans_two_user_kernels(fake, example):
 
 
 def test_the_reference_is_row_wise_float64():
-    ex = load_example("buckets_own_model.py")
+    ex = load_example("buckets_own_model_class.py")
     m = object.__new__(ex.RMSNormScale)  # the reference needs no device: only g, s and eps
     m.g_host = (1 + 0.1 * np.random.default_rng(0).standard_normal(WIDTH)).astype(np.float32)
     m.s, m.eps = 0.5, 1e-6

@@ -29,7 +29,7 @@ MODELS = ("tinyblock", "rmsnorm")
 
 
 def _rms():
-    return load_example("buckets_own_model.py").RMSNormScale
+    return load_example("buckets_own_model_class.py").RMSNormScale
 
 
 def make_model(kind, batch=1, seed=7):

@@ -3,7 +3,8 @@ one scratch arena, graph memory pools, and the driver-level alternatives that re
 instead of capturing one per size. Every class takes any model keeping the row-wise protocol
 (``protocol``).
 
-Reads bottom-up: ``protocol`` (what a model must offer, shared scratch) -> ``sizes`` (bucket
+Reads bottom-up: ``protocol`` (what a model must offer, shared scratch) -> ``function`` (a
+model from a function that launches your kernels, no class to write) -> ``sizes`` (bucket
 lists, no GPU) -> ``graphmem`` (the driver's graph memory pool) -> ``lifecycle`` (instantiate +
 upload, close in order) -> ``buckets`` (:class:`BucketGraphs`) -> ``reshape`` (row-count
 rebinding, one re-shaped graph) -> ``slots`` (continuous batching over fixed slots and an index
@@ -11,6 +12,7 @@ table) -> ``device_shaped`` (one exec whose grids and row counts a kernel sets o
 ``choose`` (the fastest of these for a sample of a batch-size trace, measured). Nothing here is
 imported by the modules below it in :mod:`rawgraph`."""
 
+from .function import FunctionModel, FunctionModelError  # noqa: F401
 from .sizes import pick_bucket, powers_of_two, vllm_sizes  # noqa: F401
 from .graphmem import graph_memory, trim_graph_memory  # noqa: F401
 from .buckets import BucketGraphs  # noqa: F401

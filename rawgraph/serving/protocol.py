@@ -2,8 +2,10 @@
 
 Bucket graphs, row-count rebinding, re-shaped graphs, slot pools, the depth loop and the norm
 gate run any object that keeps this protocol; :class:`~rawgraph.models.TinyBlock` is one,
-``examples/buckets_own_model.py`` (an RMSNorm made of the user's own :class:`~rawgraph.RawKernel`
-kernels) is another. Nothing here knows either.
+``examples/buckets_own_model_class.py`` (an RMSNorm made of the user's own
+:class:`~rawgraph.RawKernel` kernels) is another. Nothing here knows either. A model that is a
+function launching such kernels needs no class: :class:`~rawgraph.serving.function.FunctionModel`
+keeps the protocol for it (``examples/buckets_own_model.py``).
 
 The protocol
 ------------
