@@ -65,8 +65,31 @@ from .updates.adopt import AdoptedGraph, adopt, from_cupy, from_torch  # noqa: E
 from .models.branches import TwoBranchBlock  # noqa: E402
 from . import control  # noqa: E402
 from . import serving  # noqa: E402
-from .serving import BucketGraphs, ReshapedGraph, RowCountBuckets, SlotError, SlotPool  # noqa: E402
-from .serving import DeviceShapedError, DeviceShapedGraph, PendingRow  # noqa: E402
-from .serving import Choice, ChooseError, choose_strategy  # noqa: E402
+# From the defining modules: rawgraph.serving's own re-exports are implicit, which strict checkers don't follow.
+from .serving.buckets import BucketGraphs  # noqa: E402
+from .serving.reshape import ReshapedGraph, RowCountBuckets  # noqa: E402
+from .serving.slots import PendingRow, SlotError, SlotPool  # noqa: E402
+from .serving.device_shaped import DeviceShapedError, DeviceShapedGraph  # noqa: E402
+from .serving.choose import Choice, ChooseError, choose_strategy  # noqa: E402
+from .serving.function import FunctionModel, FunctionModelError  # noqa: E402
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+# The subpackages the imports above load, named here so they are bound for type checkers too.
+from . import graphs, models, ops, runtime, updates  # noqa: E402
+
+# The public API, spelled out so type checkers see it (tests/test_typing_cpu.py checks it against every
+# public name the imports above bind).
+__all__ = [
+    "AddressRebinder", "AdoptedGraph", "ArgumentError", "ArrayError", "Binding", "BlockWeights",
+    "BucketGraphs", "BuiltGraph", "CacheWarning", "Capture", "CaptureError", "CaptureMode",
+    "CaptureRefusedError", "Choice", "ChooseError", "ClosedError", "CudaError", "DTypeError", "Device",
+    "DeviceArray", "DeviceBuffer", "DeviceShapedError", "DeviceShapedGraph", "DeviceUpdatableError", "Event",
+    "ExecUpdateManager", "ForeignNode", "ForeignNodeError", "FunctionModel", "FunctionModelError", "Graph", "GraphBuilder", "GraphExec",
+    "GraphUpdateError", "HostBuffer", "IndirectBinding", "IndirectGraph", "KernelArgs", "KernelCache",
+    "Launch", "LaunchPlan", "LayoutError", "LayoutMismatchError", "NoDeviceError", "NotOnDeviceError",
+    "NvrtcError", "PendingRow", "RawKernel", "RawgraphError", "RebindError", "ReshapedGraph",
+    "RowCountBuckets", "ShapeError", "SignatureError", "SlotError", "SlotPool", "StaticGraph", "Stream",
+    "TinyBlock", "TwoBranchBlock", "Workspace", "adopt", "as_device_array", "build_plan", "capture_branches",
+    "capture_plan", "choose_strategy", "compile_source", "control", "driver_status", "from_cupy",
+    "from_torch", "get_device", "get_kernel", "gpu_available", "graphs", "kernel_dir", "kernel_files",
+    "models", "nvrtc_version", "ops", "read_graph", "reference_forward", "runtime", "serving", "updates",
+]

@@ -283,7 +283,7 @@ def check(graph: Any, *, inputs: Iterable[Any] = (), baseline: Report | None = N
         return got
 
     found: list[Finding] = []
-    seen: set[tuple] = set()
+    seen: set[tuple[int, int, int]] = set()  # (node id, address, class): each said once
     host_spans: list[tuple[int, int]] | None = None
     for ref in refs:
         if _inside(ref.address, owned):
@@ -375,7 +375,7 @@ def _said_defaults(conditions: Any) -> dict[int, Any]:
     return out
 
 
-def _flatten(infos: list[NodeInfo], graph: int, chain: tuple, prefix: str, order: _Order,
+def _flatten(infos: list[NodeInfo], graph: int, chain: tuple[tuple[int, int], ...], prefix: str, order: _Order,
              kmap: dict[int, KernelNode], conds: dict[int, _Conditional], notes: list[str]) -> list[_Node]:
     order.add_graph(graph, infos)
     out: list[_Node] = []
@@ -608,7 +608,7 @@ def _input_records(inputs: list[Any]) -> list[InputRecord]:
 
 
 def _freed_inputs(named: Iterable[InputRecord], refs: list[_Ref], order: _Order, facts: dict[int, PointerFacts],
-                  view: TorchView | None, seen: set[tuple] | None = None) -> list[Finding]:
+                  view: TorchView | None, seen: set[tuple[int, int, int]] | None = None) -> list[Finding]:
     """Class 4 against a baseline: a node holding memory of an input named to the baseline whose
     owner has been collected since, while the driver still has the memory (``facts``: the facts
     of the addresses examined; an address the driver no longer knows is class 1's). One finding

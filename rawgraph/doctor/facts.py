@@ -27,7 +27,7 @@ _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _A = driver.CUpointer_attribute
 _MT = driver.CUmemorytype
 # The attributes asked for in one cuPointerGetAttributes call, in this order.
-ATTRIBUTES = (
+ATTRIBUTES: tuple[Any, ...] = (
     _A.CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
     _A.CU_POINTER_ATTRIBUTE_BUFFER_ID,
     _A.CU_POINTER_ATTRIBUTE_IS_MANAGED,
@@ -192,7 +192,7 @@ class TorchBlock:
     segment: int
     segment_size: int
     private: bool
-    pool: tuple = ()
+    pool: tuple[int, ...] = ()  # PyTorch's segment_pool_id
 
 
 @dataclass
@@ -203,7 +203,7 @@ class TorchView:
     _starts: list[int] = field(default_factory=list)
 
     @classmethod
-    def from_snapshot(cls, segments: list[dict]) -> "TorchView":
+    def from_snapshot(cls, segments: list[dict[str, Any]]) -> "TorchView":
         """From the list ``torch.cuda.memory_snapshot()`` returns (or a made-up one in tests)."""
         blocks: list[TorchBlock] = []
         for seg in segments:

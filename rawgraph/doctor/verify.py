@@ -122,10 +122,13 @@ def compare(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: flo
 
 def _read(view: Any) -> np.ndarray:
     """A device array's bytes as NumPy (``cuMemcpyDtoH``; the device is synchronized first)."""
+    host: np.ndarray
     if hasattr(view, "detach") and hasattr(view, "cpu"):  # torch
-        return view.detach().cpu().numpy()
+        host = view.detach().cpu().numpy()
+        return host
     if hasattr(view, "get") and hasattr(view, "data") and hasattr(view.data, "ptr"):  # CuPy
-        return view.get()
+        host = view.get()
+        return host
     out = np.empty(tuple(view.shape), dtype=view.dtype)
     if out.nbytes:
         call(driver.cuMemcpyDtoH, out.ctypes.data, int(view.ptr), out.nbytes)
@@ -276,6 +279,11 @@ class VerifiedExec:
     """An exec whose every ``every``-th :meth:`launch` is verified (:func:`verify`); the other
     launches are one ``cuGraphLaunch``. Made by :func:`watch`."""
 
+    exec: GraphExec
+    every: int
+    options: dict[str, Any]
+    count: int
+
     def __init__(self, exe: GraphExec, every: int, **options: Any):
         self.exec = exe
         self.every = int(every)
@@ -322,6 +330,17 @@ class Verifier:
     sync : callable, optional
         Waits for the work (default ``cuCtxSynchronize``).
     """
+
+    replay: Callable[[], Any]
+    eager: Callable[[], Any]
+    outputs: list[Any]
+    every: int
+    fill: Callable[[], Any] | None
+    rtol: float
+    atol: float
+    action: str
+    sync: Callable[[], Any]
+    count: int
 
     def __init__(self, replay: Callable[[], Any], eager: Callable[[], Any], outputs: Sequence[Any], every: int = 1,
                  fill: Callable[[], Any] | None = None, rtol: float = 1e-5, atol: float = 1e-6, action: str = "raise",

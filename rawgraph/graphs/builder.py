@@ -56,13 +56,18 @@ from ..runtime.errors import RawgraphError, call
 from .graph import Graph, GraphExec, KernelNode
 from ..runtime.launch import Launch, LaunchPlan
 from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer
-from .keepalive import collect_held, held_objects, hold_for_replays  # noqa: F401 - re-exported
+# Re-exported: the keep-alive of what queued replays call into is part of the builder's interface.
+from .keepalive import collect_held as collect_held, held_objects as held_objects, hold_for_replays as hold_for_replays
 from ..runtime.stream import Event
-from .params import (DEP_DEFAULT, DEP_PROGRAMMATIC, EDGE_KINDS, PORT_DEFAULT, PORT_LAUNCH_ORDER,  # noqa: F401
-                     PORT_PROGRAMMATIC, allocation_address, edge_data, host_params, kernel_params, mem_alloc_params,
-                     memcpy_params, memset_params)
+# Re-exported: the node-parameter helpers and edge constants (the builder's own vocabulary).
+from .params import (DEP_DEFAULT as DEP_DEFAULT, DEP_PROGRAMMATIC as DEP_PROGRAMMATIC, EDGE_KINDS as EDGE_KINDS,
+                     PORT_DEFAULT as PORT_DEFAULT, PORT_LAUNCH_ORDER as PORT_LAUNCH_ORDER,
+                     PORT_PROGRAMMATIC as PORT_PROGRAMMATIC, allocation_address as allocation_address,
+                     edge_data as edge_data, host_params as host_params, kernel_params as kernel_params,
+                     mem_alloc_params as mem_alloc_params, memcpy_params as memcpy_params,
+                     memset_params as memset_params)
 
-NODE_T = driver.CUgraphNodeType
+NODE_T: Any = driver.CUgraphNodeType
 
 # Node types a graph may not hold to be cloned or embedded as a child graph.
 _NO_CLONE = {NODE_T.CU_GRAPH_NODE_TYPE_MEM_ALLOC: "a memory allocation node",
@@ -113,6 +118,9 @@ class HostCallback:
     destroyed with replays queued keeps it until those replays have run (:func:`hold_for_replays`):
     the thunk's memory is what the driver calls.
     """
+
+    fn: Callable[[], Any]
+    address: int  # the CUhostFn a host node is given
 
     def __init__(self, fn: Callable[[], Any]):
         if not callable(fn):
@@ -272,6 +280,9 @@ class GraphBuilder:
     :mod:`rawgraph.graphs.conditional`): then :meth:`build` is refused and host, event and memory nodes,
     which bodies may not hold, are refused too.
     """
+
+    device: Device
+    handle: Any  # driver.CUgraph
 
     def __init__(self, device: Device | None = None, *, _body_of: Any = None, _handle: Any = None):
         self.device = (device or get_device()).activate()

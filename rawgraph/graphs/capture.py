@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 import warnings
 import weakref
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Sequence, cast
 
 from cuda.bindings import driver
 
@@ -54,9 +54,10 @@ from ..runtime.stream import SPECIAL_HANDLES, Event, Stream, _handle_of, as_stre
 class CaptureMode(enum.Enum):
     """``CUstreamCaptureMode``."""
 
-    GLOBAL = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
-    THREAD_LOCAL = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-    RELAXED = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    # Each value is the driver's CUstreamCaptureMode member (cast: the bindings carry no types).
+    GLOBAL = cast(Any, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+    THREAD_LOCAL = cast(Any, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+    RELAXED = cast(Any, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
 
 
 DEFAULT_CAPTURE_MODE = CaptureMode.GLOBAL
@@ -128,7 +129,7 @@ class Capture:
         self._open = False
         self._used = False
         self._record: _capturing.CaptureRecord | None = None
-        self._abandon: weakref.finalize | None = None
+        self._abandon: weakref.finalize[..., Any] | None = None
         self._id = 0
         # Side streams made here (before any capture: stream creation is no capture operation)
         # and how many fork() has handed out; side streams of the capture by handle.
@@ -570,7 +571,7 @@ class Capture:
         else:
             what += "; the capture was ended, its graph discarded, and every stream is usable again"
         exc = CaptureError(code, "CUDA_ERROR_STREAM_CAPTURE_UNJOINED", what, "cuStreamEndCapture")
-        exc.unjoined = unjoined  # type: ignore[attr-defined]
+        exc.unjoined = unjoined  # type: ignore[attr-defined]  # set on this error only: the streams left unjoined
         return exc
 
     def _foreign(self, graph: Graph) -> list[ForeignNode]:

@@ -46,15 +46,15 @@ from cuda.bindings import driver
 
 from ..runtime import _capturing
 from .builder import BuiltGraph, DepSpec, GraphBuilder, Node
-from .capture import DEFAULT_CAPTURE_MODE, Capture, CaptureMode, _not_active, capture_info
+from .capture import DEFAULT_CAPTURE_MODE, Capture, CaptureMode, _not_active
 from ..runtime.device import Device, get_device
 from ..runtime.errors import CaptureError, CaptureRefusedError, RawgraphError, ShapeError, call, check, error_name
 from .graph import KernelNode
 from ..runtime.module import Kernel, get_kernel
 from ..runtime.launch import KernelArgs, Launch, LaunchPlan
-from ..runtime.memory import DeviceBuffer, as_device_array, check_array
+from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from ..runtime.resource import Resource, flush_deferred, shutting_down
-from ..runtime.stream import Stream, stream_handle
+from ..runtime.stream import Stream, capture_info, stream_handle
 
 KINDS = ("if", "while", "switch")
 _COND_T = {
@@ -356,8 +356,8 @@ class BodyCapture:
         self.mode = mode
         self._open = False
         self._record: _capturing.CaptureRecord | None = None
-        self._abandon: weakref.finalize | None = None
-        self.buffers: dict = {}  # no names kept in a body (see buffer_name)
+        self._abandon: weakref.finalize[..., Any] | None = None
+        self.buffers: dict[str, DeviceArray] = {}  # no names kept in a body (see buffer_name)
 
     def __enter__(self) -> "BodyCapture":
         self.stream._check_open()
@@ -392,7 +392,7 @@ class BodyCapture:
         to bind by; the array is held as long as the body's graph)."""
         return wanted
 
-    def launch(self, launch: Launch, stream: Any = None, buffers: dict | None = None,
+    def launch(self, launch: Launch, stream: Any = None, buffers: dict[str, DeviceArray] | None = None,
                pdl: bool | None = None) -> KernelNode:
         """Launch into the body and record the node it became (``cuStreamGetCaptureInfo``).
         ``buffers`` (what a RawKernel call was given) are held by the body's builder. ``pdl=False``
@@ -464,7 +464,7 @@ def _grid(n: int, device: Device) -> tuple[int, int, int]:
     return (max(1, min(-(-n // THREADS), 2 * device.info.multiprocessors)), 1, 1)
 
 
-def _launch(device: Device, name: str, spec: list[tuple[str, str]], values: dict, grid: tuple[int, int, int] = (1, 1, 1),
+def _launch(device: Device, name: str, spec: list[tuple[str, str]], values: dict[str, Any], grid: tuple[int, int, int] = (1, 1, 1),
             block: int = 1) -> Launch:
     args = KernelArgs(spec)
     args.update(values)
@@ -515,7 +515,7 @@ def noop(device: Device) -> Launch:
     return _launch(device, "rg_noop", [], {})
 
 
-def _words(obj: Any, what: str, dtype: Any) -> Any:
+def _words(obj: Any, what: str, dtype: Any) -> DeviceArray:
     """``obj`` as device memory holding at least one ``dtype`` word; :class:`ShapeError` otherwise."""
     arr = as_device_array(obj, what)
     if arr.dtype != dtype or arr.size < 1:

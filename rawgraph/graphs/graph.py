@@ -94,9 +94,9 @@ class Graph(Resource):
     """A ``CUgraph`` with the node map from capture. Destroyed on ``close()`` (``cuGraphDestroy``)."""
 
     def __init__(self, handle: Any, nodes: list[KernelNode], device: Device):
-        self.handle = handle
-        self.nodes = list(nodes)
-        self.device = device
+        self.handle: Any = handle  # driver.CUgraph
+        self.nodes: list[KernelNode] = list(nodes)
+        self.device: Device = device
         self.plan: LaunchPlan | None = None  # set by capture_plan; keeps argument buffers alive
         # The arrays the recorded nodes point at, held while the graph lives (set by Capture).
         self.arrays: list[Any] = []
@@ -105,8 +105,8 @@ class Graph(Resource):
         # nodes a capture found but did not record (set by Capture; see ForeignNode)
         self.foreign_nodes: list[ForeignNode] = []
         # Set by mark_device_updatable: some nodes are updated by kernels on the device.
-        self.device_updatable = False
-        self._live_exec: weakref.ref | None = None
+        self.device_updatable: bool = False
+        self._live_exec: weakref.ref[GraphExec] | None = None
         self._own(driver.cuGraphDestroy, handle)
 
     def mark_device_updatable(self) -> None:
@@ -230,6 +230,31 @@ class Graph(Resource):
     def __repr__(self) -> str:
         return f"<Graph {len(self.nodes)} kernel nodes{' closed' if self.closed else ''}>"
 
+    def _repr_svg_(self) -> str | None:
+        """The graph as SVG, for notebooks: its DOT export (:func:`rawgraph.graphs.dot.to_dot`)
+        rendered by Graphviz's ``dot``.
+
+        Returns None, and the notebook shows the text repr instead, where Graphviz's ``dot`` is
+        not on PATH, the graph is closed (checked before any driver call), or the export or the
+        rendering fails: a repr never raises. No driver call beyond what ``to_dot`` makes.
+        """
+        import shutil
+        import subprocess
+
+        try:
+            if self.closed:
+                return None
+            exe = shutil.which("dot")
+            if exe is None:
+                return None
+            from .dot import to_dot  # dot.py sits beside graph.py and never imports it
+
+            text = to_dot(self)
+            r = subprocess.run([exe, "-Tsvg"], input=text, capture_output=True, text=True, timeout=60, check=False)
+        except Exception:
+            return None
+        return r.stdout if r.returncode == 0 and "<svg" in r.stdout else None
+
 
 class _UpdateResultInfo(ctypes.Structure):
     # CUgraphExecUpdateResultInfo: {CUgraphExecUpdateResult result; CUgraphNode errorNode, errorFromNode}
@@ -251,8 +276,8 @@ class GraphExec(Resource):
     """An executable graph (``cuGraphInstantiate``); keeps its :class:`Graph` alive."""
 
     def __init__(self, graph: Graph, flags: int = 0):
-        self.graph = graph
-        self.flags = int(flags)
+        self.graph: Graph = graph
+        self.flags: int = int(flags)
         upload = int(driver.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)
         if self.flags & upload:
             # The driver rejects it here (CUDA_ERROR_INVALID_VALUE): it needs an upload stream.
@@ -265,11 +290,11 @@ class GraphExec(Resource):
                 "a graph with device-updatable kernel nodes can be instantiated only once at a time "
                 "(the driver answers CUDA_ERROR_NOT_SUPPORTED while its exec lives); close that exec first")
         graph.device.activate()
-        self.handle = call(driver.cuGraphInstantiate, graph.handle, self.flags)
+        self.handle: Any = call(driver.cuGraphInstantiate, graph.handle, self.flags)  # driver.CUgraphExec
         graph._live_exec = weakref.ref(self)
         self._own(driver.cuGraphExecDestroy, self.handle)
         # Every stream a launch named: what holders of memory its replays read wait for.
-        self.streams = StreamSet()
+        self.streams: StreamSet = StreamSet()
 
     def launch(self, stream: Any) -> None:
         """``cuGraphLaunch`` on any stream of the graph's context (any stream-like object).

@@ -129,7 +129,7 @@ class KeepAlive:
 
 # -- objects a queued replay calls into, held past its exec --------------------------------------
 # (fence, objects): released by collect_held once the fence has fired.
-_held: list[tuple[Any, tuple]] = []
+_held: list[tuple[Fence | None, tuple[Any, ...]]] = []
 _held_lock = threading.Lock()
 
 
@@ -173,17 +173,18 @@ def hold_for_replays(exe: GraphExec, objs: Iterable[Any]) -> None:
     collect_held()
 
 
-def _call_kwargs(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+def _call_kwargs(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return func(*args, **kwargs)
 
 
-def _destroy_then_hold(fn: Callable[..., Any], fnargs: tuple, streams: Any, device: Device, objs: tuple) -> Any:
+def _destroy_then_hold(fn: Callable[..., Any], fnargs: tuple[Any, ...], streams: StreamSet, device: Device,
+                       objs: tuple[Any, ...]) -> Any:
     """The release :func:`hold_for_replays` installs: fence, destroy, hold (never raises half-way)."""
     _hold(streams, device, objs)  # first: the fence must follow every launch that was queued
     return fn(*fnargs)
 
 
-def _hold(streams: Any, device: Device, objs: tuple) -> None:
+def _hold(streams: StreamSet, device: Device, objs: tuple[Any, ...]) -> None:
     if not streams:
         return  # never launched: no replay can call into them
     if shutting_down():
@@ -221,15 +222,15 @@ def collect_held() -> int:
     if _capturing.forbids_unsafe_calls():
         with _held_lock:
             return sum(len(o) for _f, o in _held)
-    done: list[tuple[Any, tuple]] = []
-    keep: list[tuple[Any, tuple]] = []
+    done: list[tuple[Fence, tuple[Any, ...]]] = []
+    keep: list[tuple[Fence | None, tuple[Any, ...]]] = []
     with _held_lock:
         for fence, objs in _held:
             try:
                 finished = fence is not None and bool(fence.done())
             except Exception:  # a query failed (a sticky context error): keep them
                 finished = False
-            if finished:
+            if finished and fence is not None:  # (never without a fence: those stay for good)
                 done.append((fence, objs))
             else:
                 keep.append((fence, objs))

@@ -280,7 +280,7 @@ def _int(value: Any) -> int:
         return 0
 
 
-def _raw(fn: Any, *args: Any) -> tuple[Any, tuple]:
+def _raw(fn: Any, *args: Any) -> tuple[Any, tuple[Any, ...]]:
     """Call a driver function; ``(err, values)`` with no raise (``err`` a name for a missing symbol)."""
     try:
         result = fn(*args)
@@ -370,7 +370,7 @@ def pack_params(layout: list[ParamInfo], table: int) -> bytes:
     return bytes(blob)
 
 
-def _kernel(base: dict, node: Any) -> KernelInfo:
+def _kernel(base: dict[str, Any], node: Any) -> KernelInfo:
     p = call(driver.cuGraphKernelNodeGetParams, node)
     func, kern = _int(p.func), _int(p.kern)
     function = func
@@ -402,7 +402,7 @@ def _kernel(base: dict, node: Any) -> KernelInfo:
     return info
 
 
-def _memcpy(base: dict, node: Any) -> MemcpyInfo:
+def _memcpy(base: dict[str, Any], node: Any) -> MemcpyInfo:
     p = call(driver.cuGraphMemcpyNodeGetParams, node)
     st, dt = _memtype(p, "srcMemoryType"), _memtype(p, "dstMemoryType")
 
@@ -421,7 +421,7 @@ def _memcpy(base: dict, node: Any) -> MemcpyInfo:
                       src_array=_int(p.srcArray), dst_array=_int(p.dstArray))
 
 
-def _memset(base: dict, node: Any) -> MemsetInfo:
+def _memset(base: dict[str, Any], node: Any) -> MemsetInfo:
     p = call(driver.cuGraphMemsetNodeGetParams, node)
     return MemsetInfo(**base, dst=_int(p.dst), value=int(p.value), element_size=int(p.elementSize),
                       width=int(p.width), height=int(p.height), pitch=int(p.pitch))
@@ -457,7 +457,7 @@ def _conditional_ctypes(node: Any) -> tuple[str, int, int, list[int]] | str:
     return ctype, handle, size, bodies
 
 
-def _conditional(base: dict, node: Any, depth: int, seen: set[int]) -> ConditionalInfo:
+def _conditional(base: dict[str, Any], node: Any, depth: int, seen: set[int]) -> ConditionalInfo:
     err, vals = _raw(driver.cuGraphNodeGetParams, node)
     if isinstance(err, str):  # the binding has no such function on this driver: ask libcuda itself
         got = _conditional_ctypes(node)

@@ -12,8 +12,8 @@ from cuda.bindings import driver
 from ..runtime.errors import RawgraphError, call
 from ..runtime.launch import Launch
 
-DEP_DEFAULT = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT
-DEP_PROGRAMMATIC = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+DEP_DEFAULT: Any = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT
+DEP_PROGRAMMATIC: Any = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
 # Stream capture turns a launch with PROGRAMMATIC_STREAM_SERIALIZATION into an edge of type
 # PROGRAMMATIC leaving the producer's programmatic port (the port that fires when every CTA has
 # called griddepcontrol.launch_dependents or exited): the CUDA programming guide's PDL-in-graphs

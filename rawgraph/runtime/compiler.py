@@ -52,7 +52,7 @@ class CacheWarning(RawgraphWarning, RuntimeWarning):
 
 def nvrtc_version() -> tuple[int, int]:
     """NVRTC's ``(major, minor)`` (``nvrtcVersion``)."""
-    return tuple(nvrtc_check(nvrtc.nvrtcVersion(), "nvrtcVersion"))  # type: ignore[return-value]
+    return tuple(nvrtc_check(nvrtc.nvrtcVersion(), "nvrtcVersion"))
 
 
 def supported_archs() -> list[int]:
@@ -99,7 +99,9 @@ class CompiledImage:
 class KernelCache:
     """Directory of compiled images; see the module docstring for the format and the trust rules."""
 
-    def __init__(self, directory: str | os.PathLike | None = None):
+    directory: Path
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None):
         self.directory = Path(directory) if directory is not None else default_cache_dir()
         self._warned: set[str] = set()
 

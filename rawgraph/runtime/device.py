@@ -86,6 +86,12 @@ class Device:
     Use :func:`get_device` rather than building one: there is one ``Device`` per ordinal.
     """
 
+    ordinal: int
+    handle: Any  # driver.CUdevice
+    context: Any  # driver.CUcontext: the retained primary context
+    info: DeviceInfo
+    _finalizer: weakref.finalize[..., Any]
+
     def __init__(self, ordinal: int = 0):
         ok, reason = driver_status()
         if not ok:
@@ -101,7 +107,11 @@ class Device:
         self._finalizer = weakref.finalize(self, release, "cuDevicePrimaryCtxRelease", driver.cuDevicePrimaryCtxRelease, self.handle)
         self.activate()
         attr = driver.CUdevice_attribute
-        get = lambda a: call(driver.cuDeviceGetAttribute, a, self.handle)  # noqa: E731
+
+        def get(a: Any) -> int:
+            value: int = call(driver.cuDeviceGetAttribute, a, self.handle)
+            return value
+
         name = call(driver.cuDeviceGetName, 256, self.handle)
         self.info = DeviceInfo(
             ordinal=ordinal,
@@ -162,7 +172,8 @@ class Device:
     def memory_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes (``cuMemGetInfo``)."""
         self.activate()
-        return call(driver.cuMemGetInfo)
+        free_total: tuple[int, int] = call(driver.cuMemGetInfo)
+        return free_total
 
     def __repr__(self) -> str:
         i = self.info

@@ -211,7 +211,8 @@ class GraphUpdateError(RawgraphError):
 def error_name(code: Any) -> str:
     """Name of a ``CUresult`` (works without a driver: the enum carries it)."""
     try:
-        return driver.CUresult(int(code)).name
+        name: str = driver.CUresult(int(code)).name
+        return name
     except Exception:  # an unknown code from a newer driver
         return f"CUDA_ERROR_{int(code)}"
 
@@ -231,7 +232,7 @@ def cuda_error(code: Any, call: str = "") -> CudaError:
     return exc
 
 
-def _values(result: tuple) -> Any:
+def _values(result: tuple[Any, ...]) -> Any:
     """The values after the status: None, the single value, or a tuple of them."""
     if len(result) == 1:
         return None
@@ -240,19 +241,19 @@ def _values(result: tuple) -> Any:
     return result[1:]
 
 
-def check(result: tuple, call: str = "") -> Any:
+def check(result: tuple[Any, ...], call: str = "") -> Any:
     """Return the values of a ``cuda.bindings`` driver result, or raise :class:`CudaError`."""
     if result[0] != _SUCCESS:
         raise cuda_error(result[0], call)
     return _values(result)
 
 
-def call(fn: Callable[..., tuple], *args: Any) -> Any:
+def call(fn: Callable[..., tuple[Any, ...]], *args: Any) -> Any:
     """Call a ``cuda.bindings.driver`` function and :func:`check` its result (names the call)."""
     return check(fn(*args), fn.__name__)
 
 
-def nvrtc_check(result: tuple, call_name: str = "", source_name: str = "") -> Any:
+def nvrtc_check(result: tuple[Any, ...], call_name: str = "", source_name: str = "") -> Any:
     """Like :func:`check` for ``cuda.bindings.nvrtc`` results; raises :class:`NvrtcError`."""
     err = result[0]
     if err != _NVRTC_SUCCESS:

@@ -13,6 +13,7 @@ the call (freed argument memory showed up as ``CUDA_ERROR_MISALIGNED_ADDRESS`` o
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Sequence
@@ -80,7 +81,7 @@ def launch_dims(v: Any, what: str, largest: tuple[int, int, int]) -> tuple[int, 
     positive ints within ``largest`` (:data:`MAX_GRID`, :data:`MAX_BLOCK`); else
     :class:`ArgumentError` naming ``what``, before anything reaches the driver."""
     if isinstance(v, (int, np.integer)):
-        t: tuple = (v,)
+        t: tuple[Any, ...] = (v,)
     elif isinstance(v, (tuple, list)):
         t = tuple(v)
     else:
@@ -139,6 +140,13 @@ class _Layout:
 
     __slots__ = ("spec", "offsets", "slots", "arrays", "words", "relative")
 
+    spec: tuple[tuple[str, str], ...]
+    offsets: MappingProxyType[str, int]  # byte offset of each argument's slot
+    slots: dict[str, tuple[int, int, np.dtype[Any]]]  # (offset, size, element dtype) per argument
+    arrays: frozenset[str]  # the arguments passed by value as arrays (i32[N], u8[N])
+    words: int
+    relative: np.ndarray
+
     def __init__(self, spec: tuple[tuple[str, str], ...]):
         self.spec = spec
         names = [n for n, _ in spec]
@@ -162,7 +170,8 @@ class _Layout:
         self.relative = np.array([offsets[n] for n, _ in spec] or [0], dtype=np.uintp)
 
 
-_LAYOUTS: dict[tuple, _Layout] = {}
+# Keyed by the spec as given (when hashable) and by its normalised form.
+_LAYOUTS: dict[tuple[Any, ...], _Layout] = {}
 
 
 def _layout_of(spec: Iterable[tuple[str, str]]) -> _Layout:
@@ -181,13 +190,13 @@ def _layout_of(spec: Iterable[tuple[str, str]]) -> _Layout:
     return layout
 
 
-class _Views(dict):
+class _Views(dict[str, np.ndarray]):
     """Each argument's slot as a NumPy view, made the first time it is asked for (most launches
     set each argument once, through :meth:`KernelArgs.update`)."""
 
     __slots__ = ("_raw", "_slots")
 
-    def __init__(self, storage: np.ndarray, slots: dict):
+    def __init__(self, storage: np.ndarray, slots: dict[str, tuple[int, int, np.dtype[Any]]]):
         super().__init__()
         self._raw = storage.view(np.uint8)
         self._slots = slots
@@ -217,6 +226,10 @@ class KernelArgs:
         Byte offset of each argument's slot in the value buffer (each aligned to its size);
         read-only, shared by every buffer of the same spec.
     """
+
+    spec: tuple[tuple[str, str], ...]
+    offsets: MappingProxyType[str, int]
+    address: int
 
     def __init__(self, spec: Sequence[tuple[str, str]]):
         layout = _layout_of(spec)
@@ -250,7 +263,7 @@ class KernelArgs:
         """Byte size of each argument."""
         return {n: arg_dtype(k).itemsize for n, k in self.spec}
 
-    def update(self, values: dict) -> None:
+    def update(self, values: dict[str, Any]) -> None:
         for k, v in values.items():
             self[k] = v
 
@@ -274,10 +287,10 @@ class KernelArgs:
         other._storage[:] = self._storage
         return other
 
-    def __deepcopy__(self, memo: dict) -> "KernelArgs":
+    def __deepcopy__(self, memo: dict[int, Any]) -> "KernelArgs":
         return self.copy()  # its own buffer and pointer table (a field-wise copy would point at ours)
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         return (KernelArgs.from_bytes, (self.spec, self.snapshot()))
 
     def __repr__(self) -> str:
@@ -321,6 +334,8 @@ class Launch:
     pdl: bool = False
 
     def __post_init__(self) -> None:
+        # The fields take 1 to 3 ints (or NumPy ints); normalised here to the three plain ints they are
+        # annotated as, which the checker cannot follow through the padding.
         self.grid = tuple(int(g) for g in (tuple(self.grid) + (1, 1))[:3])  # type: ignore[assignment]
         self.block = tuple(int(b) for b in (tuple(self.block) + (1, 1))[:3])  # type: ignore[assignment]
         if min(self.grid) < 1 or min(self.block) < 1:
@@ -362,7 +377,7 @@ class Launch:
         p.ctx = 0
         return p
 
-    def packed(self) -> tuple:
+    def packed(self) -> tuple[Any, ...]:
         """``cuLaunchKernel``'s arguments except the stream, precomputed for the hot path."""
         return (self.kernel.handle, *self.grid, *self.block, self.shared_mem, self.args.address)
 
@@ -407,13 +422,19 @@ class LaunchPlan:
         already captured).
     """
 
+    launches: list[Launch]
+    pdl: bool
+    buffers: dict[str, DeviceArray]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
     def __init__(
         self,
         launches: Sequence[Launch],
         buffers: dict[str, DeviceArray],
         inputs: Sequence[str] = ("x",),
         outputs: Sequence[str] = ("out",),
-        guards: Iterable = (),
+        guards: Iterable[weakref.finalize[..., Any]] = (),
         pdl: bool | None = False,
     ):
         self.launches = list(launches)

@@ -86,10 +86,10 @@ class DeviceArray:
 def native_dtype(dtype: Any, what: str) -> np.dtype:
     """``dtype`` as a :class:`numpy.dtype`, refused when its byte order is not the machine's
     (``>f4``): a kernel would read every element byte-swapped."""
-    dtype = np.dtype(dtype)
-    if not dtype.isnative:
-        raise DTypeError(f"{what} is big-endian ({dtype.str}); pass native (little-endian) elements")
-    return dtype
+    native: np.dtype[Any] = np.dtype(dtype)
+    if not native.isnative:
+        raise DTypeError(f"{what} is big-endian ({native.str}); pass native (little-endian) elements")
+    return native
 
 
 def _to_host(ptr: int, shape: tuple[int, ...], dtype: np.dtype, device: Device, stream: Any, what: str) -> np.ndarray:
@@ -138,6 +138,11 @@ class DeviceBuffer(Resource):
         Defaults to device 0.
     """
 
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    device: Device
+    nbytes: int
+
     def __init__(self, shape: int | Sequence[int], dtype: Any = np.float32, device: Device | None = None):
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
         if any(s < 0 for s in shape):
@@ -175,7 +180,7 @@ class DeviceBuffer(Resource):
         return DeviceArray(self.ptr, self.shape, self.dtype, self)
 
     @property
-    def __cuda_array_interface__(self) -> dict:
+    def __cuda_array_interface__(self) -> dict[str, Any]:
         return {
             "shape": self.shape,
             "typestr": self.dtype.str,
@@ -252,6 +257,11 @@ class HostBuffer(Resource):
     device : Device, optional
     """
 
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    device: Device
+    nbytes: int
+
     def __init__(self, shape: int | Sequence[int], dtype: Any = np.int32, device: Device | None = None):
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(v) for v in shape)
         if any(v < 0 for v in shape):
@@ -263,7 +273,9 @@ class HostBuffer(Resource):
         self._ptr = int(call(driver.cuMemHostAlloc, max(self.nbytes, self.dtype.itemsize), 0))
         self._own(driver.cuMemFreeHost, self._ptr)
         raw = (ctypes.c_char * max(self.nbytes, 1)).from_address(self._ptr)
-        self._array = np.frombuffer(raw, dtype=self.dtype, count=math.prod(shape)).reshape(shape)
+        # (a ctypes array is a buffer; NumPy's stubs name only some buffer types)
+        self._array: np.ndarray = np.frombuffer(raw, dtype=self.dtype,  # type: ignore[call-overload]
+                                                count=math.prod(shape)).reshape(shape)
 
     @property
     def ptr(self) -> int:

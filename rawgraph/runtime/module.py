@@ -57,7 +57,7 @@ def kernel_source(name: str) -> str:
     folder = kernel_dir()
     seen: set[str] = set()
 
-    def splice(match: re.Match) -> str:
+    def splice(match: re.Match[str]) -> str:
         header = match.group(1)
         if header in seen:
             return f"// {header}: already included"
@@ -72,6 +72,10 @@ def kernel_source(name: str) -> str:
 
 class Module(Resource):
     """A loaded module (``cuModuleLoadData`` / ``cuModuleUnload``)."""
+
+    device: Device
+    compiled: CompiledImage
+    handle: Any  # driver.CUmodule
 
     def __init__(self, compiled: CompiledImage, device: Device | None = None):
         self.device = (device or get_device()).activate()
@@ -100,6 +104,15 @@ class Kernel:
         From ``cuFuncGetAttribute``, for reports.
     """
 
+    module: Module
+    name: str
+    symbol: str
+    handle: Any  # driver.CUfunction
+    registers: int
+    static_smem: int
+    max_dynamic_smem: int
+    cluster_dims: tuple[int, int, int]
+
     def __init__(self, module: Module, name: str, symbol: str):
         self.module = module
         self.name = name
@@ -122,7 +135,7 @@ class Kernel:
                            driver.CUresult.CUDA_ERROR_NOT_SUPPORTED):
                 raise cuda_error(err, "cuFuncGetAttribute")
             dims.append(int(value) if err == driver.CUresult.CUDA_SUCCESS else 0)
-        self.cluster_dims: tuple[int, int, int] = (dims[0], dims[1], dims[2])
+        self.cluster_dims = (dims[0], dims[1], dims[2])
 
     def allow_dynamic_smem(self, nbytes: int) -> None:
         """Let launches ask for up to ``nbytes`` of dynamic shared memory
@@ -141,7 +154,8 @@ class Kernel:
         return f"<Kernel {self.name}: {self.registers} regs, {self.static_smem} B smem>"
 
 
-_kernels: dict[tuple, Kernel] = {}
+# (device ordinal, file, kernel name, image format, compile options) -> the loaded kernel
+_kernels: dict[tuple[int, str, str, str, tuple[str, ...]], Kernel] = {}
 _lock = threading.Lock()
 
 

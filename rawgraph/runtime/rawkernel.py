@@ -41,7 +41,7 @@ _ACTIVE = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
 
 # One loaded kernel per (device, source, name, options, format) for the process, as for the
 # kernels in kernels/: a module stays loaded while any graph may hold a node of it.
-_loaded: dict[tuple, Kernel] = {}
+_loaded: dict[tuple[int, str, str, tuple[str, ...]], Kernel] = {}
 _load_lock = threading.Lock()
 
 
@@ -121,6 +121,12 @@ class RawKernel:
         the sizes the driver reports.
     """
 
+    device: Device
+    name: str
+    kernel: Kernel
+    params: list[Param]
+    spec: list[tuple[str, str]]
+
     def __init__(self, source: str, name: str, options: Sequence[str] = (), types: Sequence[str] | None = None,
                  device: Device | None = None, cache: KernelCache | bool = True):
         if not isinstance(source, str) or not isinstance(name, str) or not name:
@@ -150,7 +156,7 @@ class RawKernel:
         self.params = [p if p.name else Param(f"arg{i}", p.ctype, p.kind, p.role) for i, p in enumerate(params)]
         if len(self.params) != len(layout):
             raise SignatureError(f"{name}: the declaration has {len(self.params)} parameters, the kernel {len(layout)}")
-        self.spec: list[tuple[str, str]] = []
+        self.spec = []
         for p, (_off, size) in zip(self.params, layout):
             kind = p.kind if p.kind != "struct" else f"u8[{size}]"
             if kind is None:
@@ -170,7 +176,7 @@ class RawKernel:
         self._lock = threading.Lock()
 
     @staticmethod
-    def _params(source: str, name: str, types: Sequence[str] | None, layout: list) -> list[Param]:
+    def _params(source: str, name: str, types: Sequence[str] | None, layout: list[tuple[int, int]]) -> list[Param]:
         if types is not None:
             types = list(types)
             if len(types) != len(layout):

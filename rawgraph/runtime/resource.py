@@ -31,9 +31,9 @@ _atexit_hooked = False
 # How many release calls have run in this process (close, garbage collection or exit). A holder of
 # strong references that checked its objects open when this read N knows none was closed since
 # while it still reads N: one integer compare instead of a liveness check per object.
-release_count = 0
+release_count: int = 0
 # Releases held back while a capture forbade them: (name, fn, args), run by flush_deferred.
-_deferred: list[tuple[str, Callable[..., Any], tuple]] = []
+_deferred: list[tuple[str, Callable[..., Any], tuple[Any, ...]]] = []
 _deferred_lock = threading.RLock()  # reentrant: a finalizer may release inside the with-block
 
 
@@ -92,7 +92,7 @@ def flush_deferred() -> int:
     return len(todo)
 
 
-def _run_release(name: str, fn: Callable[..., Any], args: tuple) -> None:
+def _run_release(name: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     try:
         result = fn(*args)
     except Exception as exc:  # a composite release raised, or the driver library is gone
@@ -107,7 +107,7 @@ def _run_release(name: str, fn: Callable[..., Any], args: tuple) -> None:
 class Resource:
     """Base for rawgraph's owning wrappers (buffers, streams, events, graphs, execs, modules)."""
 
-    _finalizer: weakref.finalize
+    _finalizer: weakref.finalize[..., Any]
 
     def _own(self, fn: Callable[..., Any], *args: Any, name: str | None = None) -> None:
         """Register ``fn(*args)`` as this object's one release call (``args`` must not refer to

@@ -70,14 +70,15 @@ def discard_capture(handle: Any, abandoning: str | None = None, accept: Collecti
     return err
 
 
-def _destroy_stream(handle: Any) -> tuple:
+def _destroy_stream(handle: Any) -> tuple[Any, ...]:
     """``cuStreamDestroy``, ending a capture still open on the stream first (its graph is
     discarded): a stream destroyed mid-capture would otherwise leave the capture dangling."""
     err, status = driver.cuStreamIsCapturing(handle)
     if err == _SUCCESS and status != _NONE:
         _capturing.abandon_stream(int(handle), "the stream was closed during the capture")
         discard_capture(handle, "closing a capturing stream", accept=(_END_INVALIDATED,))
-    return driver.cuStreamDestroy(handle)
+    result: tuple[Any, ...] = driver.cuStreamDestroy(handle)
+    return result
 
 
 def _handle_of(obj: Any) -> int:
@@ -138,10 +139,12 @@ class Stream(Resource):
         False for borrowed streams (legacy, external).
     """
 
-    handle: Any
+    handle: Any  # driver.CUstream
     ptr: int
     owned: bool
-    source: Any
+    source: Any  # a borrowed stream's lender (kept alive), else None
+    device: Device
+    non_blocking: bool
 
     def __init__(self, non_blocking: bool = True, device: Device | None = None):
         self.device = (device or get_device()).activate()
@@ -268,7 +271,7 @@ class Stream(Resource):
 
     def is_capturing(self) -> bool:
         """``cuStreamIsCapturing`` != NONE (an invalidated capture still counts until it ends)."""
-        return self.capture_status() != _NONE
+        return bool(self.capture_status() != _NONE)
 
     def close(self) -> None:
         """Release the stream (``cuStreamDestroy``; nothing for a borrowed one); safe twice.
@@ -427,6 +430,9 @@ class Fence:
 
     __slots__ = ("owned", "borrowed")
 
+    owned: list[Event]
+    borrowed: list[Event]
+
     def __init__(self, owned: list["Event"], borrowed: list["Event"]):
         self.owned, self.borrowed = owned, borrowed
 
@@ -463,6 +469,8 @@ def stream_handle(obj: Any) -> Any:
 
 class Event(Resource):
     """A CUDA event (``cuEventCreate`` / ``cuEventDestroy``); timing on unless ``timing=False``."""
+
+    handle: Any  # driver.CUevent
 
     def __init__(self, timing: bool = True, device: Device | None = None):
         (device or get_device()).activate()

@@ -25,7 +25,7 @@ from .rebind import AddressRebinder
 TORCH_MIN = (2, 8)
 
 
-def _drop(holder: list) -> None:
+def _drop(holder: list[Any]) -> None:
     # The release of an adopted graph: let go of the owner (it destroys the graph, not us).
     holder.clear()
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import warnings
+import weakref
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from ..runtime import resource as _resource
 from ..graphs.capture import Capture
 from ..runtime.errors import ClosedError, LayoutError, ReleaseWarning, call
 from ..graphs.graph import Graph, GraphExec
+from ..runtime.device import Device
 from ..runtime.launch import LaunchPlan
 from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array, check_array
 from ..runtime.stream import Event, Stream, as_stream
@@ -75,20 +77,23 @@ class IndirectBinding(BaseBinding):
 
     __slots__ = ("ptrs",)
 
-    def __init__(self, graph: "IndirectGraph", ptrs: tuple[int, int], arrays: tuple):
+    ptrs: tuple[int, int]  # the (x, out) addresses the table gets
+
+    def __init__(self, graph: "IndirectGraph", ptrs: tuple[int, int], arrays: tuple[Any, Any]):
         super().__init__(graph, arrays)
         self.ptrs = ptrs
 
     @property
     def graph(self) -> "IndirectGraph":
-        return self.owner
+        graph: IndirectGraph = self.owner
+        return graph
 
     @property
-    def arrays(self) -> tuple:
+    def arrays(self) -> tuple[Any, ...]:
         return self.holds
 
     @property
-    def owners(self) -> tuple:
+    def owners(self) -> tuple[weakref.finalize[..., Any] | None, ...]:
         """Finalizers of the DeviceBuffers among the arrays."""
         return self.alive
 
@@ -114,6 +119,10 @@ class IndirectGraph:
     graph : Graph
     exec : GraphExec
     """
+
+    model: Any  # a row-wise model (rawgraph.serving.protocol)
+    table_place: str
+    device: Device
 
     def __init__(self, model: Any, x: Any, out: Any, stream: Any, table: str = "device"):
         if table not in TABLE_PLACES:
@@ -153,7 +162,7 @@ class IndirectGraph:
         self.exec: GraphExec = self.graph.instantiate()
         self.exec.upload(s)
         s.synchronize()
-        self._bound: tuple = (x, out)
+        self._bound: tuple[Any, Any] = (x, out)
         # The exec's shadow (rawgraph.updates.shadow) for its keep-alive: replaced pairs a queued
         # replay may still read, held until the streams the exec was launched on (exec.streams,
         # whoever launched) have run past those replays. No node is pushed: the table moves.
@@ -211,7 +220,7 @@ class IndirectGraph:
         self.apply(self.prepare(x, out))
 
     @property
-    def retained(self) -> list:
+    def retained(self) -> list[Any]:
         """Replaced (x, out) pairs held for replays that may still read them."""
         return self._keep.retained
 
@@ -227,7 +236,7 @@ class IndirectGraph:
     replay = launch
 
     @property
-    def bound(self) -> tuple:
+    def bound(self) -> tuple[Any, Any]:
         """The (x, out) objects the next replay reads and writes."""
         return self._bound
 

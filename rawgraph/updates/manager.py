@@ -33,7 +33,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import warnings
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from cuda.bindings import driver
@@ -47,6 +47,9 @@ from .addresses import foreign_holders
 from .setters import ParamSetters, _locked
 from .shadow import ExecShadow, KernelShadow, finalizers, refuse_device_updatable
 from .validate import Binding, BindingChecks
+
+if TYPE_CHECKING:
+    from .validate import _Checked, _Slot
 
 __all__ = ["Binding", "ExecUpdateManager"]
 
@@ -138,16 +141,16 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
         self._handles = shadow.handles
         # Per binding, the argument slots it rewrites grouped by node, as ctypes views into the
         # persistent argument buffers (a .value store costs less than a NumPy item store).
-        self._node_slots: dict[str, list[tuple[int, list]]] = {}
+        self._node_slots: dict[str, list[tuple[int, list[_Slot]]]] = {}
         for name in names:
-            grouped: dict[int, list] = {}
+            grouped: dict[int, list[_Slot]] = {}
             for i, arg, _ in self.bindings[name]:
                 slot = self._args[i]._storage.ctypes.data + self._args[i].offsets[arg]
                 grouped.setdefault(i, []).append(ctypes.c_uint64.from_address(slot))
             self._node_slots[name] = list(grouped.items())
         # Per node, every bindable slot in one fixed order, and where each name's slots sit in it;
         # _node_now caches the pointers those slots hold (None: not known, read the slots).
-        canon: dict[int, list] = {}
+        canon: dict[int, list[_Slot]] = {}
         self._slot_index: dict[str, list[tuple[int, list[int]]]] = {}
         for name in names:
             per = []
@@ -157,14 +160,14 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
                 slots.extend(views)
             self._slot_index[name] = per
         self._node_views = {node: tuple(views) for node, views in canon.items()}
-        self._node_now: dict[int, tuple | None] = {node: None for node in canon}
+        self._node_now: dict[int, tuple[int, ...] | None] = {node: None for node in canon}
         self._writers = any("write" in r for r in self._roles.values()) and len(names) > 1
         # (names..., ids...) of a set of arrays bound together -> its Binding (see bind_many)
-        self._cache: dict[tuple, Binding] = {}
+        self._cache: dict[tuple[Any, ...], Binding] = {}
         # resource.release_count when the exec and graph were last seen open
         self._checked_at = -1
         # name -> {id(array): (weakref, ptr, nbytes, owner finalizer or None, address reader or None)}
-        self._checked: dict[str, dict[int, tuple]] = {name: {} for name in names}
+        self._checked: dict[str, dict[int, _Checked]] = {name: {} for name in names}
         self._device = graph.device
         # Per binding, the nodes it rewrites (what bind pushes when its pointer changes).
         self._name_nodes = {name: [node for node, _views in self._node_slots[name]] for name in names}
@@ -368,7 +371,7 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
             self._check_overlap_with(binding)
         return self._apply(binding, values)
 
-    def _apply(self, binding: Binding, values: tuple) -> int:
+    def _apply(self, binding: Binding, values: tuple[Any, ...]) -> int:
         """Write a binding's pointers into the nodes whose slots differ and push those nodes.
 
         Per node, the pointers its slots hold are cached as a tuple (the very tuple of the binding
@@ -381,7 +384,7 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
         exe, handles, params = shadow.handle, shadow.handles, shadow.params
         node_now = self._node_now
         changed: list[int] = []
-        olds: list[tuple] = []
+        olds: list[tuple[int, ...]] = []
         for node, full, idx, vals, views, writes in binding.nodes:
             now = node_now[node]
             if now is full and now is not None:
@@ -427,7 +430,7 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
             bound_obj.update(zip(binding.names, values))
         return len(changed)
 
-    def _unapply(self, log: tuple[list[int], list[tuple]]) -> None:
+    def _unapply(self, log: tuple[list[int], list[tuple[int, ...]]]) -> None:
         """Undo of a refused apply: each changed node's slots get the pointers they held."""
         for node, old in zip(*log):
             for view, a in zip(self._node_views[node], old):
@@ -454,7 +457,7 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
     def _retire(self, old: Any) -> None:
         self._shadow.retire(old)  # nothing held when the exec was never launched
 
-    def _retire_all(self, objs: list) -> None:
+    def _retire_all(self, objs: list[Any]) -> None:
         self._shadow.retire_all(objs)
 
     def collect(self) -> int:

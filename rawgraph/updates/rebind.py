@@ -40,16 +40,19 @@ from __future__ import annotations
 import ctypes
 import threading
 import warnings
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, TypeAlias
 
 import numpy as np
 from cuda.bindings import driver
 
+from ..runtime.device import Device
 from ..runtime.errors import ClosedError, call
 from ..graphs.nodes import KernelInfo, MemcpyInfo, MemsetInfo, NodeInfo, read_graph, walk
-from .addresses import (WORD, InteriorPointerWarning, LayoutMismatchError, Match, RebindError,  # noqa: F401
-                        UnconfirmedMatchWarning, WordHit, allocation_of, as_range, check_allocation,
-                        foreign_holders, scan_words)
+from .addresses import WORD, Match, as_range, check_allocation, scan_words
+# Re-exported: the rebinder's errors, warnings and scan results are part of its interface.
+from .addresses import (InteriorPointerWarning as InteriorPointerWarning, LayoutMismatchError as LayoutMismatchError,
+                        RebindError as RebindError, UnconfirmedMatchWarning as UnconfirmedMatchWarning,
+                        WordHit as WordHit, allocation_of as allocation_of, foreign_holders as foreign_holders)
 from .shadow import BaseBinding, ExecShadow, KernelShadow
 
 _memmove = ctypes.memmove
@@ -107,6 +110,11 @@ class _KernelState(KernelShadow):
         return self.held != self.original_blob
 
 
+# What a memory node held before a write: (addresses, srcDevice, dstDevice) of a memcpy, (addresses, dst)
+# of a memset.
+_Before: TypeAlias = "tuple[dict[str, int], int, int] | tuple[dict[str, int], int]"
+
+
 class _MemState:
     """A memcpy / memset node: the parameters read from the graph (edited in place) and the
     addresses the exec holds now and held at capture."""
@@ -124,14 +132,14 @@ class _MemState:
             self.original = {"dst": info.dst}
         self.current = dict(self.original)
 
-    def write(self, sides: dict[str, int]) -> tuple | None:
+    def write(self, sides: dict[str, int]) -> _Before | None:
         """Move the node's addresses to ``sides`` in its parameters; returns what they were."""
         want = dict(self.current)
         want.update(sides)
         if want == self.current:
             return None
         p = self.params
-        before: tuple
+        before: _Before
         if isinstance(self.info, MemcpyInfo):
             before = (self.current, int(p.srcDevice), int(p.dstDevice))
             # The start address is base + X/Y/Z offsets: move the base by the start's delta.
@@ -143,8 +151,8 @@ class _MemState:
         self.current = want
         return before
 
-    def restore(self, before: tuple) -> None:
-        if isinstance(self.info, MemcpyInfo):
+    def restore(self, before: _Before) -> None:
+        if len(before) == 3:  # a memcpy's (write's shape for this node's kind)
             self.current, self.params.srcDevice, self.params.dstDevice = before
         else:
             self.current, self.params.dst = before
@@ -176,8 +184,14 @@ class AddressBinding(BaseBinding):
 
     __slots__ = ("kernels", "memory", "moves", "blobs", "nodes")
 
+    kernels: dict[int, np.ndarray]
+    memory: dict[int, dict[str, int]]
+    moves: tuple[tuple[int, int, int], ...]
+    blobs: dict[int, bytes]
+    nodes: frozenset[int]
+
     def __init__(self, kernels: dict[int, np.ndarray], memory: dict[int, dict[str, int]],
-                 moves: tuple[tuple[int, int, int], ...], owner: object = None, holds: tuple = ()):
+                 moves: tuple[tuple[int, int, int], ...], owner: object = None, holds: tuple[Any, ...] = ()):
         super().__init__(owner, holds)
         self.kernels = kernels
         self.memory = memory
@@ -235,6 +249,11 @@ class AddressRebinder:
     LayoutMismatchError
     """
 
+    device: Device
+    graph: Any  # a Graph, or a raw CUgraph
+    exec: Any  # a GraphExec, or a raw CUgraphExec
+    nodes: list[NodeInfo]
+
     def __init__(self, graph: Any, exec: Any, expect_layouts: dict[str, Sequence[tuple[int, int]]] | None = None,
                  device: Any = None, own_exec: bool = False):
         from ..runtime.device import get_device
@@ -259,7 +278,7 @@ class AddressRebinder:
         # Objects the exec may point into now: (base, size, object) of each rebind's new buffer,
         # and the objects of the binding applied last.
         self._rebound: list[tuple[int, int, Any]] = []
-        self._applied: tuple = ()
+        self._applied: tuple[Any, ...] = ()
         self.nodes = read_graph(graph)
         self.kernels: dict[int, _KernelState] = {}
         self.memory: dict[int, _MemState] = {}
@@ -615,7 +634,7 @@ class AddressRebinder:
                 self._keep.retire_all(gone)
 
     def _push(self, kernels: dict[int, np.ndarray], memory: dict[int, dict[str, int]], restore_others: bool,
-              blobs: dict[int, bytes] | None = None, named: frozenset | None = None) -> None:
+              blobs: dict[int, bytes] | None = None, named: frozenset[int] | None = None) -> None:
         """Write the new values into the node states and push the changed ones through the shadow
         (a push refused half-way puts every node this call changed back: the exec runs all of
         its old bindings, never a mix)."""

@@ -6,14 +6,18 @@ says."""
 from __future__ import annotations
 
 import functools
-from typing import Any
+import weakref
+from typing import Any, Callable, TypeVar, cast
 
 from ..runtime.errors import ArgumentError, ShapeError
 from ..runtime.launch import ARG_DTYPES, MAX_GRID, KernelArgs, check_scalar, launch_dims
 from .shadow import ExecShadow
 
 
-def _locked(method: Any) -> Any:
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _locked(method: _F) -> _F:
     """Run ``method`` holding the manager's lock: the shadow parameters, the bound pointers and the
     exec change together, so two threads binding at once cannot leave them disagreeing."""
 
@@ -22,7 +26,7 @@ def _locked(method: Any) -> Any:
         with self._lock:
             return method(self, *args, **kwargs)
 
-    return locked
+    return cast(_F, locked)  # same signature: it only wraps the call in the lock
 
 
 def check_grid(grid: Any, cluster: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -46,7 +50,7 @@ def stored_scalar(kind: str, value: Any, what: str) -> Any:
     return ARG_DTYPES[kind].type(value)
 
 
-def _restore_scalars(log: tuple) -> None:
+def _restore_scalars(log: tuple[KernelArgs, Any, dict[str, Any], tuple[int, int, int]]) -> None:
     args, params, old_values, old_grid = log
     args.update(old_values)
     params.gridDimX, params.gridDimY, params.gridDimZ = old_grid
@@ -60,6 +64,8 @@ class ParamSetters:
     _params: list[Any]
     _shadow: ExecShadow
     _lock: Any
+    _alive: tuple[weakref.finalize[..., Any], weakref.finalize[..., Any]]  # the exec's and the graph's
+    _closed: bool
 
     def _check_usable(self) -> None:  # (the manager's)
         raise NotImplementedError
@@ -143,7 +149,7 @@ class ParamSetters:
         view = self._args[node]._views[arg]
         push = self._shadow.push
         nodes = (node,)
-        alive = self._alive  # type: ignore[attr-defined]
+        alive = self._alive
         lock = self._lock
 
         def restore(old: Any) -> None:
@@ -151,7 +157,7 @@ class ParamSetters:
 
         def setter(value: int | float) -> int:
             with lock:
-                if self._closed or not (alive[0].alive and alive[1].alive):  # type: ignore[attr-defined]
+                if self._closed or not (alive[0].alive and alive[1].alive):
                     self._check_usable()
                 stored = stored_scalar(kind, value, what)
                 if view[0] == stored:

@@ -24,12 +24,14 @@ before. :class:`BaseBinding` is the one family of prepared bindings, with one li
 from __future__ import annotations
 
 import ctypes
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
 from cuda.bindings import driver
 
 from ..runtime import resource as _resource
+from ..runtime.device import Device
 from ..runtime.errors import DeviceUpdatableError, cuda_error
 from ..runtime.launch import KernelArgs
 from ..runtime.memory import DeviceBuffer
@@ -60,8 +62,15 @@ class KernelShadow:
 
     __slots__ = ("handle", "params", "storage", "address", "size", "args", "_refs")
 
+    handle: Any  # driver.CUgraphNode
+    params: Any  # driver.CUDA_KERNEL_NODE_PARAMS
+    storage: np.ndarray
+    address: int
+    size: int
+    args: KernelArgs | None
+
     def __init__(self, handle: Any, params: Any, storage: np.ndarray, size: int, args: KernelArgs | None = None,
-                 refs: tuple = ()):
+                 refs: tuple[Any, ...] = ()):
         self.handle = handle
         self.params = params
         self.storage = storage
@@ -77,7 +86,7 @@ class KernelShadow:
         return cls(handle, launch.node_params(args), args._storage, len(captured), args)
 
     @classmethod
-    def of_bytes(cls, blob: bytes, offsets: Sequence[int] | None, fields: dict) -> "KernelShadow":
+    def of_bytes(cls, blob: bytes, offsets: Sequence[int] | None, fields: dict[str, Any]) -> "KernelShadow":
         """A node read from any graph: its parameter bytes, the offset of each parameter
         (``cuFuncGetParamInfo``; None: no layout, handed back through ``extra``) and the other
         fields of its ``CUDA_KERNEL_NODE_PARAMS`` (func, kern, ctx, grid, block, shared_mem)."""
@@ -92,7 +101,7 @@ class KernelShadow:
         p.gridDimX, p.gridDimY, p.gridDimZ = fields["grid"]
         p.blockDimX, p.blockDimY, p.blockDimZ = fields["block"]
         p.sharedMemBytes = fields["shared_mem"]
-        refs: tuple
+        refs: tuple[Any, ...]
         if offsets is not None:
             # kernelParams: one pointer per parameter into the persistent copy.
             table = np.array([base + o for o in offsets] or [0], dtype=np.uintp)
@@ -157,7 +166,14 @@ class ExecShadow:
 
     __slots__ = ("exec", "handle", "device", "handles", "params", "setters", "labels", "pushes", "streams", "keep")
 
-    def __init__(self, exec: Any, device: Any, batch: int = 32):
+    exec: Any  # a GraphExec, or a raw CUgraphExec (handle or int)
+    handle: Any  # driver.CUgraphExec
+    device: Device
+    pushes: int
+    streams: StreamSet
+    keep: KeepAlive
+
+    def __init__(self, exec: Any, device: Device, batch: int = 32):
         refuse_device_updatable(exec)
         self.exec = exec
         self.handle = getattr(exec, "handle", exec)
@@ -185,6 +201,7 @@ class ExecShadow:
         return len(self.handles) - 1
 
     def add_kernel(self, node: KernelShadow, label: str = "") -> int:
+        """:meth:`add` for a kernel node's shadow (its handle and parameters)."""
         return self.add(node.handle, node.params, label)
 
     # -- pushing ------------------------------------------------------------------------------
@@ -262,7 +279,7 @@ class ExecShadow:
         self.keep.close()
 
 
-def finalizers(objs: Sequence[Any]) -> tuple:
+def finalizers(objs: Sequence[Any]) -> tuple[weakref.finalize[..., Any] | None, ...]:
     """The finalizer of each DeviceBuffer among ``objs`` (None for other objects)."""
     return tuple(a._finalizer if isinstance(a, DeviceBuffer) else None for a in objs)
 
@@ -289,7 +306,12 @@ class BaseBinding:
 
     __slots__ = ("owner", "holds", "alive", "checked_at", "__weakref__")
 
-    def __init__(self, owner: Any, holds: tuple = ()):
+    owner: Any
+    holds: tuple[Any, ...]
+    alive: tuple[weakref.finalize[..., Any] | None, ...]
+    checked_at: int
+
+    def __init__(self, owner: Any, holds: tuple[Any, ...] = ()):
         self.owner = owner
         self.holds = holds
         self.alive = finalizers(holds)

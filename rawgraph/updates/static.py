@@ -16,6 +16,7 @@ from cuda.bindings import driver
 from ..graphs.capture import DEFAULT_CAPTURE_MODE, CaptureMode, capture_plan
 from ..runtime.errors import DTypeError, ShapeError, call
 from ..graphs.graph import Graph, GraphExec
+from ..runtime.launch import LaunchPlan
 from ..runtime.memory import DeviceBuffer, as_device_array
 from ..runtime.stream import Stream, stream_handle
 
@@ -43,6 +44,11 @@ class StaticGraph:
     graph : Graph
     exec : GraphExec
     """
+
+    model: Any  # a row-wise model (rawgraph.serving.protocol)
+    static_input: DeviceBuffer
+    static_output: DeviceBuffer
+    plan: LaunchPlan
 
     def __init__(self, model: Any, stream: Stream, mode: CaptureMode = DEFAULT_CAPTURE_MODE, flags: int = 0):
         shape = (model.batch, model.width)

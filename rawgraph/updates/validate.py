@@ -6,14 +6,36 @@ checked set. :class:`BindingChecks` is the part of
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
+
+import numpy as np
 
 from ..runtime import resource as _resource
 from ..runtime.errors import ArrayError, ForeignNodeError, LayoutError
 from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from .shadow import BaseBinding, finalizers
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from ..runtime.device import Device
+    from .manager import ExecUpdateManager
+
+    # One argument slot of a node's persistent buffer, as the ctypes word a bind stores a pointer in.
+    _Slot: TypeAlias = ctypes.c_uint64
+    # (name, (ptr, nbytes)) per array of a binding
+    _Entry: TypeAlias = tuple[str, tuple[int, int]]
+    # Per node a binding touches: (node, full, idx, vals, views, writes); see Binding.__init__.
+    _NodeWrite: TypeAlias = tuple[int, tuple[int, ...] | None, tuple[int, ...], tuple[int, ...], tuple[_Slot, ...],
+                                 tuple[tuple[_Slot, int], ...]]
+    # (index, address reader, pointer checked) per array whose memory can move
+    _Move: TypeAlias = tuple[int, Callable[[Any], int], int]
+    # A checked array: (weak reference, ptr, nbytes, owner's finalizer or None, address reader or None)
+    _Checked: TypeAlias = tuple[weakref.ref[Any], int, int, weakref.finalize[..., Any] | None,
+                               Callable[[Any], int] | None]
 
 
 def address_reader(obj: Any) -> Callable[[Any], int] | None:
@@ -34,14 +56,16 @@ def address_reader(obj: Any) -> Callable[[Any], int] | None:
         return None
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
-        return torch.Tensor.data_ptr
+        data_ptr: Callable[[Any], int] = torch.Tensor.data_ptr
+        return data_ptr
     if hasattr(type(obj), "__cuda_array_interface__"):
         return _interface_address
     return _exported_address
 
 
 def _interface_address(obj: Any) -> int:
-    return obj.__cuda_array_interface__["data"][0]
+    ptr: int = obj.__cuda_array_interface__["data"][0]
+    return ptr
 
 
 def _exported_address(obj: Any) -> int:
@@ -68,7 +92,17 @@ class Binding(BaseBinding):
 
     __slots__ = ("names", "entries", "nodes", "complete", "values", "refs", "pin_epoch", "moves")
 
-    def __init__(self, manager: Any, entries: tuple, nodes: tuple, complete: bool, moves: tuple = ()):
+    names: tuple[str, ...]
+    entries: tuple[_Entry, ...]
+    nodes: tuple[_NodeWrite, ...]
+    complete: bool
+    values: tuple[Any, ...] | None
+    refs: tuple[weakref.ref[Any], ...]
+    pin_epoch: int
+    moves: tuple[_Move, ...]
+
+    def __init__(self, manager: Any, entries: tuple[_Entry, ...], nodes: tuple[_NodeWrite, ...], complete: bool,
+                 moves: tuple[_Move, ...] = ()):
         super().__init__(manager)
         self.checked_at = -1  # nothing named was seen open yet (prepare and the cache set it)
         self.names = tuple(name for name, _ in entries)
@@ -80,18 +114,19 @@ class Binding(BaseBinding):
         # (slot, pointer) pairs when ``full`` is known.
         self.nodes = nodes
         self.complete = complete
-        self.values: tuple | None = None  # the arrays, held strongly (prepare: also its ``holds``)
-        self.refs: tuple = ()  # weak references to them (the bind_many cache)
+        self.values = None  # the arrays, held strongly (prepare: also its ``holds``)
+        self.refs = ()  # weak references to them (the bind_many cache)
         # the manager's pin epoch its entries were checked against (see ExecUpdateManager.adopt)
         self.pin_epoch = manager._pin_epoch
         # (index, address_reader, pointer checked) per array whose memory can move
         self.moves = moves
 
     @property
-    def manager(self) -> Any:
-        return self.owner
+    def manager(self) -> ExecUpdateManager:
+        manager: ExecUpdateManager = self.owner
+        return manager
 
-    def matches(self, values: tuple) -> bool:
+    def matches(self, values: tuple[Any, ...]) -> bool:
         """The same live objects as when validated (weak identity; no closed DeviceBuffer), each
         still at the address it was checked at."""
         if len(values) != len(self.refs):
@@ -101,7 +136,7 @@ class Binding(BaseBinding):
                 return False
         return self.is_open() and not (self.moves and self.moved(values))
 
-    def moved(self, values: tuple) -> str | None:
+    def moved(self, values: tuple[Any, ...]) -> str | None:
         """The name of an array whose memory moved since it was checked, else None."""
         for i, read, ptr in self.moves:
             if read(values[i]) != ptr:
@@ -116,17 +151,17 @@ class BindingChecks:
     """The manager's refusals: every one runs before anything changes."""
 
     bindings: dict[str, list[tuple[int, str, str]]]
-    _specs: dict[str, tuple]
-    _device: Any
+    _specs: dict[str, tuple[tuple[int, ...], np.dtype[Any]]]  # (shape, dtype) per name
+    _device: Device
     _pinned: dict[str, tuple[int, list[str]]]
-    _checked: dict[str, dict[int, tuple]]
+    _checked: dict[str, dict[int, _Checked]]  # per name, by id() of the array
     _bound_ptr: dict[str, tuple[int, int]]
     _write_names: list[str]
     _roles: dict[str, set[str]]
     _writers: bool
     _slot_index: dict[str, list[tuple[int, list[int]]]]
-    _node_views: dict[int, tuple]
-    _cache: dict[tuple, Binding]
+    _node_views: dict[int, tuple[_Slot, ...]]
+    _cache: dict[tuple[Any, ...], Binding]  # (names..., ids...) -> its Binding
 
     def _resolve(self, name: str, array: Any) -> tuple[int, int]:
         """``(ptr, nbytes)`` of a checked array (shape, dtype, layout, device).
@@ -198,31 +233,32 @@ class BindingChecks:
                                        f"adopted graph holds an address in; the manager cannot move that node")
         binding.pin_epoch = epoch
 
-    def _make_binding(self, arrays: dict[str, Any], values: tuple) -> Binding:
+    def _make_binding(self, arrays: dict[str, Any], values: tuple[Any, ...]) -> Binding:
         """Validate a set of arrays (refusing before anything changes) and precompute its slots."""
         entries = tuple((name, self._resolve(name, a)) for name, a in arrays.items())
         if self._writers:
             spans = dict(self._bound_ptr)
             spans.update(entries)
             self._check_overlap(spans)
-        want: dict[int, list] = {}
+        want: dict[int, list[int | None]] = {}
         for name, (ptr, _nb) in entries:
             for node, positions in self._slot_index[name]:
                 w = want.setdefault(node, [None] * len(self._node_views[node]))
                 for i in positions:
                     w[i] = ptr
-        nodes = []
+        nodes: list[_NodeWrite] = []
         for node, w in want.items():
             full = tuple(w) if None not in w else None
             idx = tuple(i for i, v in enumerate(w) if v is not None)
             views = self._node_views[node]
             writes = tuple(zip(views, full)) if full is not None else ()
-            nodes.append((node, full, idx, tuple(w[i] for i in idx), views, writes))
+            # (no None in full, writes or vals: full only when every slot is set, vals only at set slots)
+            nodes.append(cast("_NodeWrite", (node, full, idx, tuple(w[i] for i in idx), views, writes)))
         moves = tuple((i, read, ptr) for i, (a, (_name, (ptr, _nb))) in enumerate(zip(values, entries))
                       if (read := address_reader(a)) is not None)
         return Binding(self, entries, tuple(nodes), set(arrays) >= set(self.bindings), moves)
 
-    def _remember(self, key: tuple, binding: Binding, values: tuple) -> None:
+    def _remember(self, key: tuple[Any, ...], binding: Binding, values: tuple[Any, ...]) -> None:
         try:
             binding.refs = tuple(weakref.ref(a) for a in values)
         except TypeError:  # an array that cannot be weakly referenced: checked every time
