@@ -229,6 +229,37 @@ class Report:
     def __rich__(self) -> Any:
         return self.rich_table()
 
+    def _repr_html_(self) -> str:
+        """The report as HTML, for notebooks: the summary line of ``str(report)``, a table of the
+        findings (the columns of :meth:`rows`, each row tinted by its severity as the DOT export
+        colours the node, the other nodes involved under the node), and the notes. Every text
+        is escaped (``html.escape``)."""
+        from html import escape
+
+        from ..graphs.dot import SEVERITY_COLOURS
+
+        head = f"rawgraph doctor: {self.graph}: {self.nodes} nodes, {len(self.findings)} finding(s)"
+        if not self.findings:
+            head += " -- clean"
+        out = ['<div class="rawgraph-doctor-report">', f"<p><strong>{escape(head)}</strong></p>"]
+        if self.findings:
+            out.append('<table class="rawgraph-doctor-findings">')
+            out.append("<thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in self.HEADERS) + "</tr></thead>")
+            out.append("<tbody>")
+            for row, f in zip(self.rows(), self.findings):
+                cells = [escape(c) for c in row]
+                if f.related:
+                    cells[2] += f"<br>with {escape(', '.join(f.related))}"
+                colour = SEVERITY_COLOURS.get(f.severity)
+                style = f' style="background-color: {escape(colour)}; color: black"' if colour else ""
+                out.append(f'<tr class="{escape(f.severity)}"{style}>' + "".join(
+                    f'<td style="text-align: left">{c}</td>' for c in cells) + "</tr>")
+            out.append("</tbody></table>")
+        if self.notes:
+            out.append("<ul>" + "".join(f"<li>note: {escape(n)}</li>" for n in self.notes) + "</ul>")
+        out.append("</div>")
+        return "\n".join(out)
+
 
 def _short(name: str, limit: int = 48) -> str:
     return name if len(name) <= limit else name[: limit - 3] + "..."
