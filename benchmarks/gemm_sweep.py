@@ -136,10 +136,16 @@ class Cut:
                 + (f" mb{self.minb}" if self.minb > 1 else "") + (f" tm{self.tm}" if self.tm != 8 else ""))
 
     @property
-    def values(self) -> tuple[int, ...]:
-        """(BM, BN, BK, STAGES, S, KS, MINB[, TM]): a ``rawgraph.ops.SGEMM_CUTS`` entry."""
-        head = (self.bm, self.bn, self.bk, self.st, self.s, self.ks, self.minb)
-        return head if self.tm == 8 else head + (self.tm,)
+    def record(self):
+        """The ``rawgraph.ops.SgemmCut`` of this cut: a ``rawgraph.ops.SGEMM_CUTS`` entry."""
+        from rawgraph import ops
+
+        return ops.SgemmCut(self.bm, self.bn, self.bk, self.st, self.s, self.ks, self.minb, self.tm)
+
+    @classmethod
+    def of(cls, cut) -> "Cut":
+        """The sweep's cut of a ``rawgraph.ops.SgemmCut``."""
+        return cls(cut.bm, cut.bn, cut.bk, cut.stages, cut.split, cut.slices, cut.minb, cut.tm)
 
 
 @dataclass(frozen=True)
@@ -325,28 +331,30 @@ def candidates(m: int, k: int, n: int, sms: int, limit: int) -> list[Cut]:
     return out
 
 
-def parse_cut(text: str) -> tuple[int, ...]:
-    """``BM,BN,BK,STAGES,S,KS,MINB[,TM]`` -> seven or eight ints (the type of ``--cut``)."""
+def parse_cut(text: str):
+    """``BM,BN,BK,STAGES,S,KS,MINB[,TM]`` (seven or eight integers) -> a ``rawgraph.ops.SgemmCut``
+    (the type of ``--cut``)."""
     try:
-        cut = tuple(int(t) for t in text.split(","))
+        values = tuple(int(t) for t in text.split(","))
     except ValueError:
-        cut = ()
-    if len(cut) not in (7, 8):
+        values = ()
+    if len(values) not in (7, 8):
         raise argparse.ArgumentTypeError(f"expected BM,BN,BK,STAGES,S,KS,MINB[,TM] (seven or eight integers), got {text!r}")
     from rawgraph import ShapeError, ops  # the kernel's rules, checked here rather than by NVRTC or the launch
 
+    cut = ops.SgemmCut(*values)
     try:
-        ops.sgemm_shape(cut[0], 1024, 1024, *cut)
+        ops.sgemm_shape(cut.bm, 1024, 1024, cut)
     except ShapeError as exc:
         raise argparse.ArgumentTypeError(f"{text!r} is no sgemm cut: {exc}") from None
     return cut
 
 
-def with_cuts(cands: list[Cut], extra: list[tuple[int, ...]]) -> list[Cut]:
-    """The model's candidates and the cuts named with ``--cut`` (each once)."""
+def with_cuts(cands: list[Cut], extra: list) -> list[Cut]:
+    """The model's candidates and the cuts named with ``--cut`` (``rawgraph.ops.SgemmCut``s; each once)."""
     out = list(cands)
     for t in extra:
-        cut = Cut(*t)
+        cut = Cut.of(t)
         if cut not in out:
             out.append(cut)
     return out
@@ -1233,7 +1241,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", nargs="*", help="M values or ranges a:b:step (default 64:256:8)")
     p.add_argument("--max-cands", type=int, default=20, help="sgemm cuts timed per shape")
     p.add_argument("--cut", action="append", default=[], type=parse_cut,
-                   help="also time this cut at every shape: BM,BN,BK,STAGES,S,KS,MINB (repeatable)")
+                   help="also time this cut at every shape: BM,BN,BK,STAGES,S,KS,MINB[,TM] (repeatable)")
     p.add_argument("--repeats", type=int, default=9, help="graph replays per figure (median)")
     p.add_argument("--seed", type=int)
     p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="parallel NVRTC processes")
@@ -1242,8 +1250,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-current", action="store_true", help="skip rawgraph's current matmul cut")
     p.add_argument("--compile-only", action="store_true", help="compile every candidate for sm_90 and stop")
     p.add_argument("--fake", action="store_true", help="no device: NumPy stand-in (tests this script only)")
-    p.add_argument("--table", metavar="FILE", help="print the table (and cut literal) of gemm_sweep.json or "
-                   "partial.jsonl from an earlier run, and stop")
+    p.add_argument("--table", metavar="FILE", help="print the table (and its rows for rawgraph.ops.SGEMM_TABLE) of "
+                   "gemm_sweep.json or partial.jsonl from an earlier run, and stop")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -1387,13 +1395,13 @@ def best_cuts(result: dict) -> dict:
 
 
 def cuts_literal(result: dict) -> str:
-    """The best cuts as a Python literal: {(M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, TM])}."""
-    items = []
-    for r in result["rows"]:
-        if r.get("best"):
-            v = Cut(**r["best_cut"]).values
-            items.append(f"    ({r['M']}, {r['K']}, {r['N']}): {v},  # {r['best']['us']:.2f} us")
-    return "SGEMM_CUTS = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, TM])\n" + "\n".join(items) + "\n}"
+    """The best cuts as ``rawgraph.ops.SGEMM_TABLE`` holds them (``ops.format_sgemm_table``: a header
+    row of named columns, one row per shape), ready to paste; the timings stay in the table above
+    (they go to benchmarks/NOTES.md, not into the library)."""
+    from rawgraph import ops
+
+    cuts = {(r["M"], r["K"], r["N"]): Cut(**r["best_cut"]).record for r in result["rows"] if r.get("best")}
+    return 'SGEMM_TABLE = """\n' + ops.format_sgemm_table(cuts) + '\n"""'
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ import numpy as np
 from rawgraph import DeviceBuffer, LaunchPlan, Stream, TinyBlock, capture_plan, get_device, ops
 from rawgraph.control.rng import PhiloxGenerator, dropout_constants, reference_keep, reference_numbers, uniform24
 from rawgraph.runtime.memory import POISON_BITS, DeviceArray
-from rawgraph.ops import Tf32x3Cut, gemm_shape, matvec_shape, sgemm_shape, tf32x3_shape
+from rawgraph.ops import SgemmCut, Tf32x3Cut, gemm_shape, matvec_shape, sgemm_shape, tf32x3_shape
 
 
 def _rel(got: np.ndarray, ref: np.ndarray) -> float:
@@ -154,10 +154,10 @@ def main() -> int:
                                        (40, 1000, 996, "add", (64, 64, 8, 5, 8, 1, 1, 4)),
                                        (70, 1004, 260, "relu", (16, 128, 16, 3, 1, 2, 2, 4)),
                                        (33, 1000, 196, "add", (48, 64, 16, 4, 1, 1, 1, 4))):
-        matmul_case("sgemm", batch, k, n, epilogue, sgemm_shape(batch, k, n, *cut))
+        matmul_case("sgemm", batch, k, n, epilogue, sgemm_shape(batch, k, n, SgemmCut(*cut)))
     # every cut the sweep's table (ops.SGEMM_CUTS) serves, on a shape with tails in M, K and N
     for cut in sorted(set(ops.SGEMM_CUTS.values())):
-        matmul_case("sgemm table", 70, 1000, 996, "add", sgemm_shape(70, 1000, 996, *cut))
+        matmul_case("sgemm table", 70, 1000, 996, "add", sgemm_shape(70, 1000, 996, cut))
     # tf32x3 (kernels/tf32x3.cu): the epilogue from registers (no split), cluster splits (S = 3 with
     # 48-row warps, S = 8 with 32 x 64 warps), in-CTA slices (2; 4 at BK 8), split and slices with
     # the two-accumulator form; tails in M, K and N; every epilogue
@@ -186,7 +186,7 @@ def main() -> int:
         r_off = DeviceArray(bufs["r"].ptr + 4, (batch, n), np.dtype(np.float32), bufs["r"])
         y_off = DeviceArray(bufs["y"].ptr + 4, (batch, n), np.dtype(np.float32), bufs["y"])
         views = {"x": bufs["x"].view(), "W": bufs["W"].view(), "r": r_off, "y": y_off}
-        shape = tf32x3_shape(batch, k, n, cut) if precision == "tf32x3" else sgemm_shape(batch, k, n, *cut)
+        shape = tf32x3_shape(batch, k, n, cut) if precision == "tf32x3" else sgemm_shape(batch, k, n, cut)
         launch = ops.matmul(dev, views, "x", "W", "y", "add", r="r", shape=shape, precision=precision)
         slots = DeviceBuffer.from_numpy(np.array([views[a].ptr for a in ("x", "y", "r")], np.uint64), stream=s)
         for i, arg in enumerate(("x", "y", "r")):
@@ -203,8 +203,8 @@ def main() -> int:
         for b in (*bufs.values(), slots):
             b.close()
 
-    sgemm_indirect_case(37, 1000, 260, (64, 64, 16, 3, 2, 2, 1))
-    sgemm_indirect_case(5, 36, 68, (32, 64, 8, 2, 1, 1, 1))
+    sgemm_indirect_case(37, 1000, 260, SgemmCut(64, 64, 16, 3, split=2, slices=2))
+    sgemm_indirect_case(5, 36, 68, SgemmCut(32, 64, 8, 2))
     sgemm_indirect_case(37, 1000, 260, Tf32x3Cut(64, 64, 16, 3, split=2, slices=2, wm=32, wn=32), "tf32x3")
     sgemm_indirect_case(5, 36, 68, Tf32x3Cut(16, 64, 8, 2, wm=16, wn=32, flush=1), "tf32x3")
     # the single-kernel block: clusters of 4 and 8, batch tails
@@ -259,8 +259,8 @@ def main() -> int:
 
     routed_case("matvec", 5, 260, lambda b, k: matvec_shape(b, k, k, sm, 4, True))
     routed_case("gemm", 37, 264, lambda b, k: gemm_shape(b, k, k, sm, True, 2, 64, 0, 1))
-    routed_case("sgemm", 37, 264, lambda b, k: sgemm_shape(b, k, k, 64, 64, 16, 3, 1, 1, 1))
-    routed_case("sgemm", 70, 264, lambda b, k: sgemm_shape(b, k, k, 32, 128, 8, 3, 3, 2, 1))
+    routed_case("sgemm", 37, 264, lambda b, k: sgemm_shape(b, k, k, SgemmCut(64, 64, 16, 3)))
+    routed_case("sgemm", 70, 264, lambda b, k: sgemm_shape(b, k, k, SgemmCut(32, 128, 8, 3, split=3, slices=2)))
     routed_case("tf32x3", 37, 264, lambda b, k: tf32x3_shape(b, k, k, Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32)),
                 "tf32x3")
     routed_case("tf32x3", 70, 264, lambda b, k: tf32x3_shape(b, k, k, Tf32x3Cut(32, 128, 8, 3, split=3, slices=2,

@@ -4,7 +4,7 @@
 // cudaGraphSetConditional lives in the device runtime. NVRTC declares the device-runtime API only
 // with -rdc; without it the call is "identifier undefined". We declare the builtin ourselves, as
 // cuda_device_runtime_api.h and cuda.core's tests do: the CUBIN then carries an undefined
-// cudaGraphSetConditional that the driver binds at cuModuleLoadData (probe_conditional_nodes.txt).
+// cudaGraphSetConditional that the driver binds at cuModuleLoadData (benchmarks/probes/conditional_nodes.py).
 //
 // Every condition is set by one thread (thread 0 of block 0): the value is per graph launch, and
 // the last write before the conditional node is evaluated wins, so one writer keeps it defined.

@@ -2,10 +2,10 @@
 // cudaGraphLaunch (rawgraph/control/device_launch.py).
 //
 // NVRTC declares the device runtime API only under -rdc; rawgraph compiles without it and links
-// nothing, so the function is declared here as cuda_device_runtime_api.h declares it. On the
-// H200 (driver 580, NVRTC 13.0) the resulting CUBIN, with cudaGraphLaunch left as an undefined
-// symbol, loads and launches graphs: the driver resolves the call itself
-// (benchmarks/results/probe_device_launch.txt, variant nonrdc_cubin).
+// nothing, so the function is declared here as cuda_device_runtime_api.h declares it. The
+// resulting CUBIN, with cudaGraphLaunch left as an undefined symbol, loads and launches graphs:
+// the driver resolves the call itself at module load (driver 580, NVRTC 13.0; the probe
+// benchmarks/probes/device_launch.py, variant nonrdc_cubin; see benchmarks/NOTES.md).
 //
 // The target must be an exec instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH and
 // uploaded; a plain exec made the probe's context fail with CUDA_ERROR_ILLEGAL_ADDRESS, which is

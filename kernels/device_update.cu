@@ -1,6 +1,6 @@
 // Device-updatable kernel nodes (CUDA 12.4+): a kernel inside a graph changes another kernel
 // node's grid, a scalar parameter, or its enabled state, for this and later replays of the exec
-// (issue 25; probe: benchmarks/probes/device_updatable.py).
+// (what the driver accepts is probed by benchmarks/probes/device_updatable.py).
 //
 // How a node becomes updatable (host side, driver API): CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE
 // (= 13) with CUlaunchAttributeValue.deviceUpdatableKernelNode = {int deviceUpdatable = 1;
@@ -263,8 +263,8 @@ static_assert(sizeof(rg_du_shape_entry) == 48, "shape entry size");
 // cudaGraphKernelNodeUpdatesApply; a node of any other band is only disabled (one update). rc[i] =
 // the call's cudaError_t, rc[count] = the n used (thread 0). Launch with at least `count` threads
 // in total. A node that follows through a programmatic edge sees the updates only after the fence.
-// (One UpdatesApply per node, from its own thread: one call per block for the whole table was 23 us
-// slower a replay for 16 nodes on an H200, benchmarks/results/probe_device_shaped_cost_*.txt.)
+// (One UpdatesApply per node, from its own thread: one call per block for the whole table is
+// slower a replay, measured for 16 nodes: see benchmarks/NOTES.md.)
 extern "C" __global__ void rg_du_shape(const rg_du_shape_entry* table, int count, const int* n_live, int max_rows,
                                        int* rc)
 {

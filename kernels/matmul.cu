@@ -261,8 +261,8 @@ matvec_split_kernel(const float* x, const float* __restrict__ W, float* y, const
 // SL (1 or 2) slices of 256 threads share a CTA and split its K range again, each with its own
 // stages; slice 1 hands its tile to slice 0 through shared memory. Two slices put 16 warps on an
 // SM from one CTA, so a grid of one CTA per SM keeps every SM equally busy (clusters are placed
-// per GPC, and the H200's GPCs differ in size: several CTAs per SM left some SMs doing 1.5x the
-// work of others).
+// per GPC, and a GPU's GPCs may differ in SM count: several CTAs per SM can leave some SMs doing
+// 1.5x the work of others; measured: see benchmarks/NOTES.md).
 //
 // Shared memory is dynamic: SL * RG_GM_STAGES * STAGE floats (ops.gemm_smem_bytes).
 template <int EPI, int BN, int S, int SL>

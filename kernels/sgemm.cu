@@ -15,7 +15,7 @@
 // * 8 x 8 outputs per thread (64 fp32 accumulators). Per 4 steps of k a thread does 8 16-byte
 //   shared loads of x (one per row: 4 k values each) and 8 of W (2 per k) for 256 FMAs: 16 loads
 //   per 256 FMAs, and shared memory bandwidth (1 wavefront per load, see below) is a quarter used.
-//   That ratio is what register blocking buys; 4 x 4 (the old gemm) needs twice the loads per FMA.
+//   That ratio is what register blocking buys; 4 x 4 (matmul.cu's gemm) needs twice the loads per FMA.
 //   SASS of the K loop (NVRTC 13.5, sm_90): 1024 FFMA of 1167 instructions per BK = 16 stage
 //   (88 %; 67 LDS, the rest cp.async bookkeeping and the barrier), 2048 of 2306 at BK = 32.
 //   Since an SM issues one instruction per scheduler per cycle, that fraction bounds the kernel:
@@ -43,15 +43,15 @@
 // * cp.async pipeline of STAGES stages of BK steps of k (x tile and W tile per stage), one
 //   barrier per stage. Small products (K split to 128-256 rows per CTA) should prefetch their
 //   whole K range at once (STAGES - 1 >= stages per CTA): there the cost is DRAM latency, not
-//   bandwidth, and a 3-stage pipeline of 16-row stages pays it 4-8 times over (the old gemm's
-//   15 us at 72 x 1024 x 1024).
+//   bandwidth, and a 3-stage pipeline of 16-row stages pays it 4-8 times over (matmul.cu's gemm
+//   at 72 x 1024 x 1024; measured: see benchmarks/NOTES.md).
 //
 // * Filling 132 SMs at small M: K is cut into P = S * KS parts.
 //   - S CTAs of a thread-block cluster (template S, __cluster_dims__(1, S, 1), grid y = S).
 //   - KS slices of threads inside one CTA (template KS), each with its own pipeline stages and
 //     its own named barrier (bar.sync 1 + slice), so slices don't wait for each other in the K
 //     loop. KS puts more warps on one SM from one CTA: one CTA per SM balances (clusters are
-//     placed per GPC, and the H200's GPCs differ in size; see benchmarks/NOTES.md on the old gemm).
+//     placed per GPC, and a GPU's GPCs may differ in SM count; measured: see benchmarks/NOTES.md).
 //   Part p = rank * KS + slice takes K rows [p * kc, (p + 1) * kc), kc a multiple of BK.
 //   Reduction: every slice stores its partial tile in its CTA's shared memory (reusing the
 //   stages), the cluster synchronizes, and CTA `rank` finishes rows [rank * ceil(BM / S), ...) of
@@ -197,10 +197,10 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
     const int kb = min(K, ((int)rank * KS + slice) * kc);
     const int ke = min(K, kb + kc);
     const int nst = (ke - kb + BK - 1) / BK;
-    // Every slice passes its barrier kc / BK times, computing on its first nst stages only. With
-    // a slice's own count (a short last part), compute-sanitizer's racecheck reported hazards
-    // across the full __syncthreads() before the partial tiles (H100, 2026-12-06, at K = 1000 and
-    // 520; none at K = 1024, where the counts are equal): it orders accesses by barrier count.
+    // Every slice passes its barrier kc / BK times, computing on its first nst stages only, so the
+    // slices of a CTA reach the full __syncthreads() before the partial tiles after equally many
+    // barrier passes: compute-sanitizer's racecheck orders accesses by barrier count, and with a
+    // slice's own count (a short last part: K not a multiple of P * BK) it reports hazards there.
     const int nloop = (KS == 1) ? nst : kc / BK;
     float* const base = smem + slice * STAGES * C::STAGE;
 
@@ -312,11 +312,11 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
                 const float4 b1 = *reinterpret_cast<const float4*>(ws + (kq + kk) * BN + BN / 2 + 4 * tc);
                 const float bq[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
                 // Column-major order (one W value against the TM rows) rather than row-major: ptxas
-                // then allocates registers with fewer bank conflicts at BK = 32 (SASS, FFMAs with two
-                // register-file source reads equal mod 4: 18 % against 21 % at w4096 M = 256's cut),
-                // and ncu's dispatch stalls per issued instruction fell from 0.39 to 0.29 (cuBLAS: 0.14),
-                // w4096 M = 256 from 249.6 to 243.1 us (H100, 2026-12-06, benchmarks/NOTES.md).
-                // Each sum still runs over k in order: the same bits.
+                // then allocates registers with fewer bank conflicts at BK = 32 (fewer FFMAs whose two
+                // register-file source reads are equal mod 4), and fewer dispatch stalls per issued
+                // instruction follow (measured at w4096 M = 256: see benchmarks/NOTES.md). The order
+                // changes which registers hold what, not the arithmetic: each sum still runs over k
+                // in order, so the bits are the same.
 #pragma unroll
                 for (int q = 0; q < 8; ++q)
 #pragma unroll

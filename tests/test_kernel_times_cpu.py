@@ -14,9 +14,9 @@ OPTIN = 232448  # H100 / H200: most dynamic shared memory one CTA may ask for
 SMS = 132
 # A made-up table: a cluster-split cut at 16 rows (serves 9-16), a cut without a split at 24 rows
 # (serves 17-24), nothing for 25-32, and a 40-row entry (serves 33-40) above GEMM_MIN_BATCH.
-TABLE = {(16, 1024, 1024): (16, 64, 32, 3, 8, 2, 1, 4),
-         (24, 1024, 1024): (32, 64, 32, 3, 1, 2, 1, 4),
-         (40, 1024, 1024): (16, 64, 16, 3, 8, 2, 1, 4)}
+TABLE = {(16, 1024, 1024): ops.SgemmCut(16, 64, 32, 3, split=8, slices=2, tm=4),
+         (24, 1024, 1024): ops.SgemmCut(32, 64, 32, 3, slices=2, tm=4),
+         (40, 1024, 1024): ops.SgemmCut(16, 64, 16, 3, split=8, slices=2, tm=4)}
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_below_gemm_min_batch_the_tables_cut_comes_first_then_the_sweeps(table):
         cands = sgemm_candidates(m, 1024, 1024, True, OPTIN)
         today = ops.matmul_shape(m, 1024, 1024, SMS, clusters=True, smem_limit=OPTIN)
         assert cands, f"{m} rows: no sgemm candidate though the table serves them"
-        assert cands[0] == today == ops.sgemm_shape(m, 1024, 1024, *table[(key, 1024, 1024)]), m
+        assert cands[0] == today == ops.sgemm_shape(m, 1024, 1024, table[(key, 1024, 1024)]), m
         assert [_structure(s) for s in cands[1:]] == sweep32, m
         assert all(s.kernel == "sgemm" and s.grid[2] == -(-m // s.bm) for s in cands), m
         # and --sweep times them: every one is among the shape's candidates
@@ -59,7 +59,7 @@ def test_below_gemm_min_batch_no_usable_table_cut_means_no_sgemm_candidates(tabl
     assert sgemm_candidates(16, 1024, 1024, False) == []
     # the 24-row entry does not split: it runs without clusters, the sweep's split cuts do not
     cands = sgemm_candidates(20, 1024, 1024, False)
-    want = ops.sgemm_shape(20, 1024, 1024, *table[(24, 1024, 1024)])
+    want = ops.sgemm_shape(20, 1024, 1024, table[(24, 1024, 1024)])
     assert cands[0] == ops.matmul_shape(20, 1024, 1024, SMS, clusters=False) == want
     assert len(cands) > 1 and all(s.split == 1 for s in cands)
     # a table cut over the shared-memory limit is passed over too
@@ -93,7 +93,7 @@ def test_the_real_tables_cuts_lead_the_sweep_at_every_row_count_they_serve():
             if rows < 1 or (rows != m and (rows, k, n) in ops.SGEMM_CUTS):
                 continue
             cands = sgemm_candidates(rows, k, n, True, OPTIN)
-            assert cands and cands[0] == ops.sgemm_shape(rows, k, n, *cut), (rows, k, n)
+            assert cands and cands[0] == ops.sgemm_shape(rows, k, n, cut), (rows, k, n)
             assert cands[0] == ops.matmul_shape(rows, k, n, SMS, smem_limit=OPTIN), (rows, k, n)
 
 

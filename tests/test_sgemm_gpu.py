@@ -3,34 +3,36 @@ epilogue, row tables, pointer slots and misaligned y / r against a float64 NumPy
 fresh random inputs into poisoned outputs, bit-identical run to run; a PDL launch after a writer
 of x; and a TinyBlock plan whose matmuls come from a (monkeypatched) ``SGEMM_CUTS`` entry."""
 
+from dataclasses import astuple
+
 import numpy as np
 import pytest
 
 from helpers import random_input, rel_err
 from rawgraph import DeviceBuffer, LaunchPlan, TinyBlock, capture_plan, ops
-from rawgraph.ops import gemm, sgemm_shape
+from rawgraph.ops import SgemmCut, gemm, sgemm_shape
 from rawgraph.runtime.memory import POISON_BITS, DeviceArray
 
 pytestmark = pytest.mark.gpu
 F32 = np.dtype(np.float32)
 
-# (M, K, N, (BM, BN, BK, STAGES, S, KS, MINB[, TM])), tails in M, K (not a multiple of BK) and N (not of BN)
+# (M, K, N, cut), tails in M, K (not a multiple of BK) and N (not of BN)
 CUTS = [
-    (33, 1000, 996, (64, 64, 16, 3, 1, 1, 1)),        # no split: epilogue from registers
-    (70, 1004, 260, (128, 128, 8, 2, 1, 1, 2)),       # MINB 2 (128 registers)
-    (256, 512, 512, (128, 128, 16, 4, 1, 1, 1)),      # whole tiles
-    (37, 1000, 996, (64, 128, 8, 4, 3, 1, 1)),        # cluster split of 3 (not a power of two)
-    (100, 1000, 132, (32, 128, 16, 3, 8, 1, 1)),      # cluster split of 8: 4 rows per rank
-    (70, 1000, 196, (32, 128, 16, 3, 1, 2, 1)),       # in-CTA K slices
-    (65, 520, 260, (64, 64, 32, 2, 1, 4, 1)),         # 4 slices, 136 KB of shared memory
-    (33, 1000, 996, (64, 128, 16, 3, 2, 2, 1)),       # split and slices
-    (5, 36, 68, (32, 64, 8, 2, 8, 1, 1)),             # K shorter than the parts: empty K parts
-    (1, 4, 4, (32, 64, 4, 2, 1, 1, 1)),               # the smallest product
-    (40, 1000, 996, (64, 64, 8, 5, 8, 1, 1, 4)),      # 4 x 8 outputs per thread, cluster split of 8
-    (70, 1004, 260, (16, 128, 16, 3, 1, 2, 2, 4)),    # TM 4: in-CTA slices, MINB 2, epilogue from partials
-    (33, 1000, 196, (48, 64, 16, 4, 1, 1, 1, 4)),     # TM 4, no split: epilogue from registers
+    (33, 1000, 996, SgemmCut(64, 64, 16, 3)),                           # no split: epilogue from registers
+    (70, 1004, 260, SgemmCut(128, 128, 8, 2, minb=2)),                  # MINB 2 (128 registers)
+    (256, 512, 512, SgemmCut(128, 128, 16, 4)),                         # whole tiles
+    (37, 1000, 996, SgemmCut(64, 128, 8, 4, split=3)),                  # cluster split of 3 (not a power of two)
+    (100, 1000, 132, SgemmCut(32, 128, 16, 3, split=8)),                # cluster split of 8: 4 rows per rank
+    (70, 1000, 196, SgemmCut(32, 128, 16, 3, slices=2)),                # in-CTA K slices
+    (65, 520, 260, SgemmCut(64, 64, 32, 2, slices=4)),                  # 4 slices, 136 KB of shared memory
+    (33, 1000, 996, SgemmCut(64, 128, 16, 3, split=2, slices=2)),       # split and slices
+    (5, 36, 68, SgemmCut(32, 64, 8, 2, split=8)),                       # K shorter than the parts: empty K parts
+    (1, 4, 4, SgemmCut(32, 64, 4, 2)),                                  # the smallest product
+    (40, 1000, 996, SgemmCut(64, 64, 8, 5, split=8, tm=4)),             # 4 x 8 outputs per thread, cluster split of 8
+    (70, 1004, 260, SgemmCut(16, 128, 16, 3, slices=2, minb=2, tm=4)),  # TM 4: K slices, MINB 2, epilogue from partials
+    (33, 1000, 196, SgemmCut(48, 64, 16, 4, tm=4)),                     # TM 4, no split: epilogue from registers
 ]
-_IDS = [f"m{m}-k{k}-n{n}-" + "-".join(map(str, c)) for m, k, n, c in CUTS]
+_IDS = [f"m{m}-k{k}-n{n}-" + "-".join(map(str, astuple(c)[:7] if c.tm == 8 else astuple(c))) for m, k, n, c in CUTS]
 
 
 def _reference(xh, wh, rh, epilogue):
@@ -88,7 +90,7 @@ def compiled_cuts():
     from rawgraph import get_device
     from rawgraph.runtime.module import get_kernels
 
-    get_kernels("sgemm", sorted({ops.matmul_expr(e, sgemm_shape(m, k, n, *c)) for m, k, n, c in CUTS
+    get_kernels("sgemm", sorted({ops.matmul_expr(e, sgemm_shape(m, k, n, c)) for m, k, n, c in CUTS
                                  for e in ops.EPILOGUES}), get_device())
 
 
@@ -96,7 +98,7 @@ def compiled_cuts():
 @pytest.mark.parametrize("m,k,n,cut", CUTS, ids=_IDS)
 def test_sgemm_cut_matches_float64(device, stream, rng, compiled_cuts, epilogue, m, k, n, cut):
     xh, wh, rh = random_input(rng, (m, k)), random_input(rng, (k, n)), random_input(rng, (m, n))
-    outs, _ = _case(device, stream, xh, wh, rh, epilogue, sgemm_shape(m, k, n, *cut))
+    outs, _ = _case(device, stream, xh, wh, rh, epilogue, sgemm_shape(m, k, n, cut))
     ref = _reference(xh, wh, rh, epilogue)
     if not np.any(ref):  # a tiny relu product can be all zero
         assert not np.any(outs[0]) and np.all(np.isfinite(outs[0]))
@@ -111,13 +113,15 @@ def test_sgemm_misaligned_y_r_and_pointer_slots(device, stream, rng, compiled_cu
     through pointer slots; the float before y keeps its poison."""
     xh, wh, rh = random_input(rng, (m, k)), random_input(rng, (k, n)), random_input(rng, (m, n))
     for offset in ((1, 0) if indirect else (1,)):
-        outs, before = _case(device, stream, xh, wh, rh, "add", sgemm_shape(m, k, n, *cut), offset, indirect)
+        outs, before = _case(device, stream, xh, wh, rh, "add", sgemm_shape(m, k, n, cut), offset, indirect)
         _check(outs, _reference(xh, wh, rh, "add"), rng)
         assert np.all(before.view(np.uint32) == POISON_BITS), "wrote before y"
 
 
-@pytest.mark.parametrize("m,k,cut", [(37, 264, (64, 64, 16, 3, 1, 1, 1)), (70, 264, (32, 128, 8, 3, 3, 2, 1)),
-                                     (5, 1000, (32, 64, 16, 3, 2, 2, 1)), (37, 264, (32, 64, 8, 3, 3, 1, 1, 4))])
+@pytest.mark.parametrize("m,k,cut", [(37, 264, SgemmCut(64, 64, 16, 3)),
+                                     (70, 264, SgemmCut(32, 128, 8, 3, split=3, slices=2)),
+                                     (5, 1000, SgemmCut(32, 64, 16, 3, split=2, slices=2)),
+                                     (37, 264, SgemmCut(32, 64, 8, 3, split=3, tm=4))])
 def test_sgemm_row_tables(device, stream, rng, m, k, cut):
     """Row m of x, r and y is row table[m] of a larger state (the slot pool's fused gather and
     scatter); every other row of y keeps its poison; two runs agree bit for bit."""
@@ -128,7 +132,7 @@ def test_sgemm_row_tables(device, stream, rng, m, k, cut):
             "y": DeviceBuffer((states, k)), "t": DeviceBuffer.from_numpy(table)}
     views = {"W": bufs["W"].view()}
     views.update({key: DeviceArray(bufs[key].ptr, (m, k), F32, bufs[key]) for key in ("x", "r", "y")})
-    launch = ops.matmul(device, views, "x", "W", "y", "add", r="r", shape=sgemm_shape(m, k, k, *cut))
+    launch = ops.matmul(device, views, "x", "W", "y", "add", r="r", shape=sgemm_shape(m, k, k, cut))
     assert ops.routes_rows(launch)
     for arg in ("x", "r", "y"):
         launch.args["flags"] = int(launch.args["flags"]) | ops.ROW_FLAGS[arg]
@@ -158,7 +162,7 @@ def test_sgemm_after_a_writer_with_pdl(device, stream, rng, compiled_cuts, m, k,
     bufs["x"].poison(stream)
     bufs["y"].poison(stream)
     launches = [ops.add(device, views, "xsrc", "zero", "x"),
-                ops.matmul(device, views, "x", "W", "y", shape=sgemm_shape(m, k, n, *cut))]
+                ops.matmul(device, views, "x", "W", "y", shape=sgemm_shape(m, k, n, cut))]
     plan = LaunchPlan(launches, views, pdl=True)
     plan.run(stream)
     stream.synchronize()
@@ -169,8 +173,9 @@ def test_sgemm_after_a_writer_with_pdl(device, stream, rng, compiled_cuts, m, k,
 
 
 @pytest.mark.parametrize("form", ["unfused", "fused"])
-@pytest.mark.parametrize("width,batch,cut", [(256, 72, (32, 64, 16, 3, 2, 1, 1)), (1024, 64, (64, 128, 16, 4, 2, 2, 1)),
-                                             (1024, 104, (64, 128, 8, 3, 6, 2, 1, 4))])
+@pytest.mark.parametrize("width,batch,cut", [(256, 72, SgemmCut(32, 64, 16, 3, split=2)),
+                                             (1024, 64, SgemmCut(64, 128, 16, 4, split=2, slices=2)),
+                                             (1024, 104, SgemmCut(64, 128, 8, 3, split=6, slices=2, tm=4))])
 def test_tinyblock_with_a_table_cut_matches_float64(monkeypatch, stream, rng, form, width, batch, cut):
     monkeypatch.setattr(gemm, "SGEMM_CUTS", {(batch, width, width): cut})
     model = TinyBlock(width, batch, 2, seed=int(rng.integers(1 << 30)), form=form)

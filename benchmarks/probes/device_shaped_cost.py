@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import astuple
 
 import numpy as np
 
@@ -151,7 +152,7 @@ def main() -> int:
                   f"banded==exact bits: {same}; n used {dsg.check_status()} / {dsb.check_status()}")
     # Variants that tell why a device-shaped replay with 3-4 row-blocks takes twice the plain exec:
     # an sgemm cut with or without clusters (--cut), the same model without PDL (--no-pdl).
-    variants = [(f"cut {','.join(map(str, cut))}", cut, False) for cut in a.cut]
+    variants = [(f"cut {','.join(map(str, astuple(cut)))}", cut, False) for cut in a.cut]
     if a.no_pdl:
         variants.append(("no PDL", None, True))
     if a.no_grid:

@@ -120,7 +120,7 @@ def main() -> int:
     a = p.parse_args()
     if a.kernel_dir:
         os.environ["RAWGRAPH_KERNEL_DIR"] = a.kernel_dir
-    from rawgraph.ops import matmul_expr, sgemm_shape
+    from rawgraph.ops import SgemmCut, matmul_expr, sgemm_shape
     from rawgraph.runtime.compiler import DEFAULT_OPTIONS, compile_source
     from rawgraph.runtime.errors import NvrtcError
     from rawgraph.runtime.module import kernel_source
@@ -129,11 +129,11 @@ def main() -> int:
     if tool is None:
         print("NOTE nvdisasm not found (--nvdisasm FILE, the PATH, or pip install nvidia-cuda-nvdisasm)")
         return 2
-    names = [matmul_expr("none", sgemm_shape(c[0], 4096, 4096, *c)) for c in a.cut] + a.expr
+    names = [matmul_expr("none", sgemm_shape(c.bm, 4096, 4096, c)) for c in a.cut] + a.expr
     src = kernel_source("sgemm")
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
-        for name in names or [matmul_expr("none", sgemm_shape(c[0], 4096, 4096, *c)) for c in DEFAULT_CUTS]:
+        for name in names or [matmul_expr("none", sgemm_shape(c[0], 4096, 4096, SgemmCut(*c))) for c in DEFAULT_CUTS]:
             try:
                 img = compile_source(src, "sgemm.cu", "sm_90", [name],
                                      options=list(DEFAULT_OPTIONS) + ["-Xptxas=-v"], cache=False)

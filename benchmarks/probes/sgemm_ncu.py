@@ -47,7 +47,7 @@ def main() -> int:
     bufs = {"x": DeviceBuffer.from_numpy(xh, stream=s), "W": DeviceBuffer.from_numpy(wh, stream=s),
             "y": DeviceBuffer((m, k))}
     views = {key: b.view() for key, b in bufs.items()}
-    shapes = [ops.sgemm_shape(m, k, k, *c) for c in a.cut] or [None]
+    shapes = [ops.sgemm_shape(m, k, k, c) for c in a.cut] or [None]
     ref = xh.astype(np.float64) @ wh
     for shape in shapes:  # each cut: a warm-up launch, then the profiled one
         launch = ops.matmul(dev, views, "x", "W", "y", "none", shape=shape)

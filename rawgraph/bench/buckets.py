@@ -180,7 +180,12 @@ def update_costs(model: TinyBlock, dsg: DeviceShapedGraph, exact: Any, top: int,
 
     With ``banded`` (bands from the plans: at every n it runs the exact-size kernels), also its
     replay against the exact-size exec at n = 1, top / 2 and top: what the head, the updates and
-    the disabled bands' nodes add, per node of the graph."""
+    the disabled bands' nodes add, per node of the graph.
+
+    See Also
+    --------
+    cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
     from cuda.bindings import driver
 
     from ..runtime.timing import device_us

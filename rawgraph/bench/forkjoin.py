@@ -29,7 +29,8 @@ PATHS = ("eager", "linear", "forkjoin", "torch_linear", "torch_forkjoin")
 
 
 def _torch(enabled: bool) -> Any:
-    """torch, imported before any rawgraph GPU work (the import order the H200 image needs)."""
+    """torch, imported before any rawgraph GPU work: imported after it, torch has failed on a device
+    machine (its ``parse_schema`` error, cause unknown; see ``benchmarks/NOTES.md``)."""
     if not enabled:
         return None
     try:

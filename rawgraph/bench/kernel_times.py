@@ -71,7 +71,12 @@ def _graph_time_us(launches, bufs: dict, stream: Stream, pdl: bool, repeats: int
 
 
 def copy_bandwidth(stream: Stream, nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy, GB/s counting bytes read plus written (``cuMemcpyDtoDAsync``)."""
+    """Device-to-device copy, GB/s counting bytes read plus written (``cuMemcpyDtoDAsync``).
+
+    See Also
+    --------
+    cuMemcpyDtoDAsync : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+    """
     src, dst = DeviceBuffer(nbytes // 4), DeviceBuffer(nbytes // 4)
     src.poison(stream)
     a, b = Event(), Event()
@@ -113,7 +118,7 @@ def sgemm_candidates(batch: int, k: int, n: int, clusters: bool, smem_limit: int
     ``ops.SGEMM_ROW_STEP`` rows), if any, then
     :data:`SGEMM_SWEEP`'s structures. Below ``ops.GEMM_MIN_BATCH`` rows the dispatcher launches
     sgemm only through a table entry, so there the cuts come only where the table has one the
-    device can run (w1024 at 9-31 rows today; none at 8 rows, which matvec serves). None where
+    device can run. None where
     K or N is not a multiple of 4 (no sgemm launch there). Cuts that split K over a cluster are
     left out without ``clusters``, and those over ``smem_limit`` bytes of dynamic shared memory
     when it is given. Stages of the sweep's cuts: up to 4, no more than a K part has plus one.
@@ -146,8 +151,8 @@ def sgemm_candidates(batch: int, k: int, n: int, clusters: bool, smem_limit: int
             kc = ops._cdiv(ops._cdiv(k, parts), SGEMM_SWEEP_BK) * SGEMM_SWEEP_BK
             if kc * (parts - 1) >= k:  # an empty K part: wasted CTAs
                 continue
-            shape = ops.sgemm_shape(batch, k, n, bm, bn, SGEMM_SWEEP_BK, max(2, min(4, kc // SGEMM_SWEEP_BK + 1)),
-                                    split, ks, minb)
+            cut = ops.SgemmCut(bm, bn, SGEMM_SWEEP_BK, max(2, min(4, kc // SGEMM_SWEEP_BK + 1)), split, ks, minb)
+            shape = ops.sgemm_shape(batch, k, n, cut)
             if ops.sgemm_fits(shape, clusters, smem_limit):
                 out.append(shape)
     return out

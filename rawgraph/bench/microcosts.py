@@ -75,7 +75,13 @@ def _bind_costs(stream: Stream) -> dict:
 
 
 def measure(sizes=SIZES, torch_ok: bool = True) -> dict:
-    """Returns ``{"cuLaunchKernel": stats, "cuGraphLaunch": {"points": [...], "fit": {...}}, ...}``."""
+    """Returns ``{"cuLaunchKernel": stats, "cuGraphLaunch": {"points": [...], "fit": {...}}, ...}``.
+
+    See Also
+    --------
+    cuLaunchKernel : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
+    cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
     dev = get_device()
     out: dict = {}
     with Stream() as stream:
@@ -143,6 +149,11 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
     block and weights). Also, per step: the host time of the apply / bind_many call alone, of the
     raw pushes alone, of ``cuGraphLaunch`` right after pushes and with none, and the device time
     of the replay (events) after pushes and with none. Medians with p10/p90 in microseconds.
+
+    See Also
+    --------
+    cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     from ..graphs.capture import capture_plan
     from ..updates.manager import ExecUpdateManager

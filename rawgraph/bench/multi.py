@@ -1,4 +1,4 @@
-"""Issue 26's benchmark: the tensor-parallel block's step, eager vs graph (NCCL or the one-shot
+"""Benchmark of the tensor-parallel block's step: eager vs graph (NCCL or the one-shot
 all-reduce) vs the one-GPU graph, and the all-reduce's own cost per message size.
 
 Run one process per GPU through the launcher (rank 0 writes the JSON, with the commit):

@@ -131,7 +131,7 @@ TARGETS = [
     ("1 block: graph_update2 <= 0.6x torch_graph_copy", (1, 128, 1), "graph_update2", "torch_graph_copy", 0.6),
     ("1 block: graph_indirect <= 0.6x torch_graph_copy", (1, 128, 1), "graph_indirect", "torch_graph_copy", 0.6),
     ("1 block: graph_indirect_mapped <= 0.6x torch_g..", (1, 128, 1), "graph_indirect_mapped", "torch_graph_copy", 0.6),
-    # issue 23's small-work floor: the replay, and the best way of feeding new arrays
+    # the small-work floor: the replay, and the best way of feeding new arrays
     ("1 block: fused graph <= 0.6x torch_graph", (1, 128, 1), "graph", "torch_graph", 0.6),
     ("1 block: fused graph_indirect <= 0.55x torch_g..", (1, 128, 1), "graph_indirect", "torch_graph_copy", 0.55),
     ("1 block: fused graph_update <= 0.55x torch_g..", (1, 128, 1), "graph_update", "torch_graph_copy", 0.55),

@@ -63,7 +63,7 @@ POOL_OPTIONS = {"graph_table": {"table": "graph", "gather": "fused"},
                 "graph_table_kernels": {"table": "graph", "gather": "kernels"},
                 "copy_table": {"table": "copy", "gather": "fused"},
                 "setparams": {"table": "params", "gather": "kernels"},
-                # one exec shaped to the live rows on the device (issue 25): no buckets, no padding
+                # one exec shaped to the live rows on the device: no buckets, no padding
                 "device_shaped": {"shape": "device"},
                 # the same with one plan per band of live counts (each runs the exact-size kernels)
                 "device_bands": {"shape": "device", "bands": "plans"},

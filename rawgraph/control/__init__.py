@@ -1,4 +1,4 @@
-"""Control flow on the device (issue 15): work the GPU decides or advances itself, without the host.
+"""Control flow on the device: work the GPU decides or advances itself, without the host.
 
 - :mod:`rawgraph.control.device_launch`: graphs instantiated for device launch
   (:class:`DeviceGraph`) and host graphs whose kernel launches them with the device runtime's

@@ -21,9 +21,9 @@ Two pieces:
 
 The launcher is never handed out as a plain :class:`~rawgraph.runtime.launch.Launch`: device launches are
 allowed only from a kernel running inside a graph, so it exists only captured into a graph, and
-only for a :class:`DeviceGraph` (the H200 probe's device launch of an exec instantiated without the
-flag ended in ``CUDA_ERROR_ILLEGAL_ADDRESS``, which destroys the context: see
-``benchmarks/results/probe_device_launch.txt``).
+only for a :class:`DeviceGraph`: device-launching an exec instantiated without the flag faults
+with ``CUDA_ERROR_ILLEGAL_ADDRESS``, which destroys the context (measured with
+``benchmarks/probes/device_launch.py``).
 
 Ownership: the launcher kernel holds the target's ``CUgraphExec`` as a bare number, so the driver
 knows nothing of the reference. rawgraph keeps the target's exec alive as long as anything can
@@ -138,9 +138,18 @@ def device_launch_problems(graph: Graph) -> list[str]:
     ``cuGraphNodeGetType``, ``cuGraphChildGraphNodeGetGraph``, ``cuGraphMemcpyNodeGetParams``):
     only kernel, memcpy, memset and child-graph nodes (so no conditional, memory alloc/free, empty,
     host, event or wait nodes), at least one kernel, memcpy or memset node, memcpy operands in
-    device or device-mapped memory. On the H200 the driver refused an empty graph, a graph of one
-    empty node and a graph with a conditional IF node (``CUDA_ERROR_INVALID_VALUE``,
-    ``CUDA_GRAPH_INSTANTIATE_ERROR`` / ``..._NODE_OPERATION_NOT_SUPPORTED``).
+    device or device-mapped memory. The driver refuses an empty graph, a graph of one empty node
+    and a graph with a conditional IF node (``CUDA_ERROR_INVALID_VALUE``,
+    ``CUDA_GRAPH_INSTANTIATE_ERROR`` / ``..._NODE_OPERATION_NOT_SUPPORTED``), so they are reported
+    here, before the driver call.
+
+    See Also
+    --------
+    cuGraphInstantiate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    cuGraphGetNodes : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    cuGraphNodeGetType : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    cuGraphChildGraphNodeGetGraph : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    cuGraphMemcpyNodeGetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     graph._check_open()
     problems: list[str] = []
@@ -182,13 +191,20 @@ class DeviceGraph(Resource):
     ------
     DeviceLaunchError
         A flag or a node the driver refuses for device launch, with the reasons.
+
+    See Also
+    --------
+    cuGraphInstantiate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    cuGraphUpload : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    cuStreamSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+    cuGraphExecDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
 
     def __init__(self, graph: Graph, stream: Any, priority: bool = False, flags: int = 0):
         flags = int(flags)
         if flags & AUTO_FREE:
             raise DeviceLaunchError("CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH cannot be combined with "
-                                    "DEVICE_LAUNCH (cuGraphInstantiate documents it; the H200 returned CUDA_ERROR_INVALID_VALUE)")
+                                    "DEVICE_LAUNCH (cuGraphInstantiate documents it; the driver returns CUDA_ERROR_INVALID_VALUE)")
         if flags & UPLOAD:
             raise DeviceLaunchError("leave out CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: DeviceGraph uploads on the stream it is given")
         known = DEVICE_LAUNCH | USE_NODE_PRIORITY
@@ -227,12 +243,22 @@ class DeviceGraph(Resource):
         return int(self.exec.handle)
 
     def launch(self, stream: Any) -> None:
-        """``cuGraphLaunch`` from the host (device graphs may be launched from either side)."""
+        """``cuGraphLaunch`` from the host (device graphs may be launched from either side).
+
+        See Also
+        --------
+        cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self.exec.launch(stream)
 
     def close(self) -> None:
         """Mark it closed and give up its hold on the exec (``cuGraphExecDestroy`` now if no
-        launcher graph was made for it, else when the last launcher lets go); safe twice."""
+        launcher graph was made for it, else when the last launcher lets go); safe twice.
+
+        See Also
+        --------
+        cuGraphExecDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._finalizer()
         self._exec = None
 
@@ -279,6 +305,10 @@ class LauncherGraph(Graph):
         ------
         ClosedError
             This graph or a target is closed (before the driver is called).
+
+        See Also
+        --------
+        cuGraphInstantiate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         self._check_open()
         _check_targets(self.targets)
@@ -305,6 +335,10 @@ class LauncherExec(GraphExec):
         ClosedError
             This exec, the stream or a target :class:`DeviceGraph` is closed (checked before the
             driver is called: the kernel would device-launch an exec its owner gave up).
+
+        See Also
+        --------
+        cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         _check_targets(self.targets)
         super().launch(stream)
@@ -354,13 +388,13 @@ def launcher_graph(target: DeviceGraph, stream: Any, mode: str | None = "tail", 
     Raises
     ------
     DeviceLaunchError
-        ``target`` is not a :class:`DeviceGraph` (a plain exec launched from the device faulted
-        the H200 probe's context), is closed, or ``mode`` is unknown.
+        ``target`` is not a :class:`DeviceGraph` (a plain exec launched from the device faults the
+        context), is closed, or ``mode`` is unknown.
     """
     if not isinstance(target, DeviceGraph):
         raise DeviceLaunchError(
             f"the target must be a DeviceGraph (instantiated with DEVICE_LAUNCH and uploaded), got {type(target).__name__}: "
-            "device-launching any other exec faults the context (CUDA_ERROR_ILLEGAL_ADDRESS on the H200)")
+            "device-launching any other exec faults the context (CUDA_ERROR_ILLEGAL_ADDRESS)")
     if target.closed:
         raise DeviceLaunchError("the target DeviceGraph is closed")
     if mode is not None and mode not in MODES:

@@ -83,6 +83,12 @@ class DepthLoop(Resource):
         Build the graph by stream capture (the body on a second stream) instead of the builder.
     stream : Stream, optional
         For capture and the set-up copies (default: a private one).
+
+    See Also
+    --------
+    cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+    cuGraphDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    cuGraphExecDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
 
     def __init__(self, model: Any, x: Any, out: Any, max_depth: int | None = None, capture: bool = False,
@@ -172,14 +178,24 @@ class DepthLoop(Resource):
 
     def set_depth(self, depth: int, stream: Any) -> None:
         """Write the depth the next replays run (``cuMemcpyHtoDAsync`` + stream sync); values
-        above ``max_depth`` run ``max_depth`` layers."""
+        above ``max_depth`` run ``max_depth`` layers.
+
+        See Also
+        --------
+        cuMemcpyHtoDAsync : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+        """
         self._check_open()
         if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 0:
             raise ValueError(f"depth must be an int >= 0, got {depth!r}")
         self.depth.copy_from_host(np.array([min(int(depth), 0xFFFFFFFF)], np.uint32), stream)
 
     def launch(self, stream: Any) -> None:
-        """One replay (``cuGraphLaunch``) at the depth now in :attr:`depth`."""
+        """One replay (``cuGraphLaunch``) at the depth now in :attr:`depth`.
+
+        See Also
+        --------
+        cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check_open()
         self.exec.launch(stream)
 
@@ -238,7 +254,12 @@ class NormGate(Resource):
         owned.insert(0, self.exec)
 
     def launch(self, stream: Any) -> None:
-        """One replay (``cuGraphLaunch``)."""
+        """One replay (``cuGraphLaunch``).
+
+        See Also
+        --------
+        cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check_open()
         self.exec.launch(stream)
 

@@ -153,6 +153,11 @@ class PhiloxGenerator(Resource):
     stream : stream-like
         Where the initial state is written (stream-ordered, then waited for).
     device : Device, optional
+
+    See Also
+    --------
+    cuMemAlloc : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+    cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
     def __init__(self, seed: int, stream: Any, offset: int = 0, device: Device | None = None):
@@ -165,13 +170,24 @@ class PhiloxGenerator(Resource):
     def set_state(self, seed: int, stream: Any, offset: int = 0) -> None:
         """Write ``(seed, offset)`` to the device state: ``cuMemcpyHtoDAsync`` on ``stream``
         after its queued work (so replays queued before it draw from the old state, those after
-        from the new), then ``cuStreamSynchronize``. Refused on a capturing stream."""
+        from the new), then ``cuStreamSynchronize``. Refused on a capturing stream.
+
+        See Also
+        --------
+        cuMemcpyHtoDAsync : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+        cuStreamSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+        """
         self._check_open()
         value = np.array([_check_u64("seed", seed), _check_u64("offset", offset)], dtype=np.uint64)
         self.state.copy_from_host(value, stream)
 
     def get_state(self, stream: Any) -> tuple[int, int]:
-        """``(seed, offset)`` read on ``stream`` after its queued work (``cuMemcpyDtoHAsync``)."""
+        """``(seed, offset)`` read on ``stream`` after its queued work (``cuMemcpyDtoHAsync``).
+
+        See Also
+        --------
+        cuMemcpyDtoHAsync : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+        """
         self._check_open()
         seed, offset = self.state.to_numpy(stream)
         return int(seed), int(offset)

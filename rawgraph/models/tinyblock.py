@@ -73,6 +73,10 @@ class BlockWeights(Resource):
     width, layers : int
     seed : int, default 0
     device : Device, optional
+
+    See Also
+    --------
+    cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
     def __init__(self, width: int, layers: int = 1, seed: int = 0, device: Device | None = None):
@@ -120,6 +124,11 @@ class Workspace(RowScratch):
     ``batch`` rows of each buffer. Plans that share a workspace must not run at the same time
     (they would write the same scratch): run them one after another on one stream, as bucket
     graphs do.
+
+    See Also
+    --------
+    cuMemAlloc : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+    cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
     def __init__(self, rows: int, width: int, device: Device | None = None):

@@ -66,6 +66,10 @@ class TPBlock(Resource):
         How the hidden width splits (:func:`rawgraph.multi.split.shards`, units of 4 floats).
 
     ``close()`` frees the shards and scratch (``cuMemFree`` / ``ncclMemFree``); safe twice.
+
+    See Also
+    --------
+    cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
     def __init__(self, width: int, batch: int, rank: int, world: int, allreduce: str = "nccl", comm: Any = None,

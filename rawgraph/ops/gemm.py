@@ -4,7 +4,7 @@ block (``kernels/block.cu``): the cut chosen per shape, operands checked, argume
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import numpy as np
 
@@ -41,11 +41,17 @@ __all__ = [
     "MATVEC_TILES",
     "has_clusters",
     "MatmulShape",
+    "SgemmCut",
+    "SGEMM_TABLE",
+    "SGEMM_TABLE_COLUMNS",
     "SGEMM_CUTS",
     "SGEMM_ROW_STEP",
+    "parse_sgemm_table",
+    "format_sgemm_table",
     "matvec_shape",
     "gemm_shape",
     "sgemm_shape",
+    "sgemm_cut",
     "sgemm_fits",
     "table_sgemm_shape",
     "sgemm_smem_bytes",
@@ -76,8 +82,8 @@ EPILOGUES = {"none": 0, "relu": 1, "add": 2}
 _F32 = np.dtype(np.float32)
 
 # The GEMM pays where it re-reads x, not W: for many batch rows and a W too large for L2 to serve
-# matvec's once-per-8-rows re-reads (measured on the H200: matvec wins at 1024 x 1024 even at
-# batch 64, the GEMM at 4096 x 4096).
+# matvec's once-per-8-rows re-reads (measured: matvec wins at 1024 x 1024 even at batch 64, the
+# GEMM at 4096 x 4096; see benchmarks/NOTES.md).
 GEMM_MIN_BATCH = 32
 GEMM_MIN_ELEMENTS = 1 << 22  # K * N (16 MB of W)
 GEMM_MID_ELEMENTS = 1 << 20  # K * N (4 MB of W): the GEMM also wins above MATVEC_MAX_BATCH_L2 rows
@@ -98,77 +104,72 @@ MAX_SPLIT = 8        # portable cluster size
 XS_FLOATS = 4096     # matmul.cu's RG_XS_FLOATS
 UNROLL = 8           # matmul.cu's RG_UNROLL
 MATVEC_TILES = {4: (128, 64, 32, 16), 1: (32, 16, 8)}  # column tiles per load width
-# Issue 23's fp32 GEMM (kernels/sgemm.cu), chosen per exact shape: (M, K, N) -> (BM, BN, BK, STAGES,
-# S, KS, MINB[, TM]), the literal benchmarks/gemm_sweep.py prints (its best timed cut per shape, on
-# the GPU it ran on). matmul_shape consults it first; a shape not in it (or whose operands or device
-# the cut cannot serve) gets the matmul.cu rule below. From 64 rows up: the sweep of 2026-12-06 at
-# 9a322d3 on an H100 80GB HBM3 (132 SMs, as the H200), 30 cuts per shape with 4 x 8 thread tiles
-# (TM = 4) and row tiles fitted to M among them, every cut checked against float64 and run twice
-# bit for bit (benchmarks/results/gemm_sweep_2026-12-06_9a322d3_h100.json); where the earlier
-# table's cut, timed in the same run, was faster, it stayed (w1024 152-224, 248-256 rows; w4096
-# 128, 152, 168, 184, 200, 240). Below 64 rows at w1024 (16-56; at 8 rows matvec's 5.85 us stays),
-# a sweep of 60 cuts per shape at 4c1a372 (H100, benchmarks/results/gemm_deep1024_2026-12-06_
-# 4c1a372_h100.json): 4 x 8 tiles of 16 or 32 rows, 6.40-9.60 us where the 8 x 8 cuts took
-# 7.75-10.87 in the same run.
+# The fp32 GEMM (kernels/sgemm.cu) is chosen per exact (M, K, N) from a measured table: one row per
+# product, its cut in named columns (those of SgemmCut). matmul_shape consults it first; a shape
+# not in it, or whose operands or device the cut cannot serve, gets the matmul.cu rule below.
+# benchmarks/gemm_sweep.py prints rows in this form (its fastest cut per shape, each checked
+# against float64 and run twice bit for bit); where each row came from, with its timing, is in
+# benchmarks/NOTES.md ("The SGEMM_CUTS table"). Rows are sorted by (K, N, M), one per key.
 SGEMM_ROW_STEP = 8  # the table's row grid: M between two entries takes the upper entry's cut
-SGEMM_CUTS: dict[tuple[int, int, int], tuple[int, ...]] = {  # (M, K, N): (BM, BN, BK, STAGES, S, KS, MINB[, TM])
-    (16, 1024, 1024): (16, 64, 32, 3, 8, 2, 1, 4),  # 6.40 us
-    (24, 1024, 1024): (16, 64, 32, 3, 8, 2, 1, 4),  # 6.57 us
-    (32, 1024, 1024): (16, 64, 32, 3, 8, 2, 1, 4),  # 6.73 us
-    (40, 1024, 1024): (16, 64, 16, 3, 8, 2, 1, 4),  # 7.72 us
-    (48, 1024, 1024): (16, 64, 16, 3, 8, 2, 1, 4),  # 7.68 us
-    (56, 1024, 1024): (32, 64, 32, 3, 8, 2, 1, 4),  # 9.60 us
-    (64, 1024, 1024): (32, 64, 32, 3, 8, 2, 1, 4),  # 9.63 us
-    (72, 1024, 1024): (32, 128, 32, 3, 4, 2, 1, 4),  # 11.06 us
-    (80, 1024, 1024): (32, 128, 32, 3, 4, 2, 1, 4),  # 11.08 us
-    (88, 1024, 1024): (32, 128, 32, 3, 4, 2, 1, 4),  # 11.24 us
-    (96, 1024, 1024): (32, 128, 32, 3, 4, 2, 1, 4),  # 11.30 us
-    (104, 1024, 1024): (32, 64, 32, 3, 8, 1, 1, 4),  # 13.42 us
-    (112, 1024, 1024): (32, 64, 32, 3, 8, 1, 1, 4),  # 13.38 us
-    (120, 1024, 1024): (32, 64, 32, 3, 8, 1, 1, 4),  # 13.43 us
-    (128, 1024, 1024): (32, 64, 32, 3, 8, 1, 1, 4),  # 13.42 us
-    (136, 1024, 1024): (48, 128, 32, 3, 4, 2, 1, 4),  # 15.30 us
-    (144, 1024, 1024): (48, 128, 32, 3, 4, 2, 1, 4),  # 15.43 us
-    (152, 1024, 1024): (64, 128, 32, 3, 8, 1, 1),  # 16.92 us
-    (160, 1024, 1024): (64, 128, 32, 3, 8, 1, 1),  # 16.84 us
-    (168, 1024, 1024): (64, 128, 32, 3, 8, 1, 1),  # 16.88 us
-    (176, 1024, 1024): (64, 128, 32, 3, 8, 1, 1),  # 16.95 us
-    (184, 1024, 1024): (64, 128, 32, 3, 8, 1, 1),  # 16.91 us
-    (192, 1024, 1024): (64, 128, 32, 3, 8, 1, 1),  # 16.86 us
-    (200, 1024, 1024): (32, 128, 16, 3, 4, 2, 1),  # 17.42 us
-    (208, 1024, 1024): (32, 128, 16, 3, 4, 2, 1),  # 17.43 us
-    (216, 1024, 1024): (32, 128, 16, 3, 4, 2, 1),  # 17.44 us
-    (224, 1024, 1024): (32, 128, 16, 3, 4, 2, 1),  # 17.47 us
-    (232, 1024, 1024): (64, 64, 16, 3, 2, 4, 1),  # 17.63 us
-    (240, 1024, 1024): (64, 64, 16, 3, 2, 4, 1),  # 17.71 us
-    (248, 1024, 1024): (64, 64, 16, 3, 2, 4, 1),  # 17.65 us
-    (256, 1024, 1024): (64, 64, 16, 3, 2, 4, 1),  # 17.71 us
-    (64, 4096, 4096): (64, 64, 32, 3, 2, 4, 1),  # 58.90 us
-    (72, 4096, 4096): (80, 64, 32, 3, 2, 2, 1, 4),  # 87.51 us
-    (80, 4096, 4096): (80, 64, 32, 3, 2, 2, 1, 4),  # 87.37 us
-    (88, 4096, 4096): (32, 64, 32, 3, 2, 2, 1, 4),  # 90.10 us
-    (96, 4096, 4096): (32, 64, 32, 3, 2, 2, 1, 4),  # 90.09 us
-    (104, 4096, 4096): (64, 128, 32, 3, 2, 2, 1),  # 104.19 us
-    (112, 4096, 4096): (64, 128, 32, 3, 2, 2, 1),  # 104.24 us
-    (120, 4096, 4096): (64, 128, 32, 3, 2, 2, 1),  # 103.65 us
-    (128, 4096, 4096): (64, 128, 32, 3, 2, 2, 1),  # 104.30 us
-    (136, 4096, 4096): (48, 64, 16, 3, 8, 1, 1, 4),  # 154.25 us
-    (144, 4096, 4096): (48, 64, 16, 3, 8, 1, 1, 4),  # 154.25 us
-    (152, 4096, 4096): (32, 128, 16, 4, 8, 2, 1),  # 165.61 us
-    (160, 4096, 4096): (32, 128, 16, 4, 8, 2, 1),  # 164.24 us
-    (168, 4096, 4096): (64, 64, 16, 3, 2, 2, 1),  # 166.42 us
-    (176, 4096, 4096): (64, 64, 16, 3, 2, 2, 1),  # 167.03 us
-    (184, 4096, 4096): (64, 64, 16, 3, 2, 2, 1),  # 166.07 us
-    (192, 4096, 4096): (64, 64, 16, 3, 2, 2, 1),  # 167.38 us
-    (200, 4096, 4096): (64, 128, 32, 3, 2, 1, 1),  # 190.85 us
-    (208, 4096, 4096): (64, 128, 32, 3, 2, 1, 1),  # 192.13 us
-    (216, 4096, 4096): (64, 128, 32, 3, 2, 1, 1),  # 192.28 us
-    (224, 4096, 4096): (64, 128, 32, 3, 2, 1, 1),  # 191.03 us
-    (232, 4096, 4096): (64, 128, 32, 3, 2, 1, 1),  # 192.16 us
-    (240, 4096, 4096): (64, 128, 32, 3, 2, 1, 1),  # 190.97 us
-    (248, 4096, 4096): (64, 128, 32, 3, 2, 1, 1),  # 192.09 us
-    (256, 4096, 4096): (64, 128, 32, 3, 2, 1, 1),  # 192.37 us
-}
+SGEMM_TABLE = """
+      m     k     n  bm   bn  bk  stages  split  slices  minb  tm
+     16  1024  1024  16   64  32       3      8       2     1   4
+     24  1024  1024  16   64  32       3      8       2     1   4
+     32  1024  1024  16   64  32       3      8       2     1   4
+     40  1024  1024  16   64  16       3      8       2     1   4
+     48  1024  1024  16   64  16       3      8       2     1   4
+     56  1024  1024  32   64  32       3      8       2     1   4
+     64  1024  1024  32   64  32       3      8       2     1   4
+     72  1024  1024  32  128  32       3      4       2     1   4
+     80  1024  1024  32  128  32       3      4       2     1   4
+     88  1024  1024  32  128  32       3      4       2     1   4
+     96  1024  1024  32  128  32       3      4       2     1   4
+    104  1024  1024  32   64  32       3      8       1     1   4
+    112  1024  1024  32   64  32       3      8       1     1   4
+    120  1024  1024  32   64  32       3      8       1     1   4
+    128  1024  1024  32   64  32       3      8       1     1   4
+    136  1024  1024  48  128  32       3      4       2     1   4
+    144  1024  1024  48  128  32       3      4       2     1   4
+    152  1024  1024  64  128  32       3      8       1     1   8
+    160  1024  1024  64  128  32       3      8       1     1   8
+    168  1024  1024  64  128  32       3      8       1     1   8
+    176  1024  1024  64  128  32       3      8       1     1   8
+    184  1024  1024  64  128  32       3      8       1     1   8
+    192  1024  1024  64  128  32       3      8       1     1   8
+    200  1024  1024  32  128  16       3      4       2     1   8
+    208  1024  1024  32  128  16       3      4       2     1   8
+    216  1024  1024  32  128  16       3      4       2     1   8
+    224  1024  1024  32  128  16       3      4       2     1   8
+    232  1024  1024  64   64  16       3      2       4     1   8
+    240  1024  1024  64   64  16       3      2       4     1   8
+    248  1024  1024  64   64  16       3      2       4     1   8
+    256  1024  1024  64   64  16       3      2       4     1   8
+     64  4096  4096  64   64  32       3      2       4     1   8
+     72  4096  4096  80   64  32       3      2       2     1   4
+     80  4096  4096  80   64  32       3      2       2     1   4
+     88  4096  4096  32   64  32       3      2       2     1   4
+     96  4096  4096  32   64  32       3      2       2     1   4
+    104  4096  4096  64  128  32       3      2       2     1   8
+    112  4096  4096  64  128  32       3      2       2     1   8
+    120  4096  4096  64  128  32       3      2       2     1   8
+    128  4096  4096  64  128  32       3      2       2     1   8
+    136  4096  4096  48   64  16       3      8       1     1   4
+    144  4096  4096  48   64  16       3      8       1     1   4
+    152  4096  4096  32  128  16       4      8       2     1   8
+    160  4096  4096  32  128  16       4      8       2     1   8
+    168  4096  4096  64   64  16       3      2       2     1   8
+    176  4096  4096  64   64  16       3      2       2     1   8
+    184  4096  4096  64   64  16       3      2       2     1   8
+    192  4096  4096  64   64  16       3      2       2     1   8
+    200  4096  4096  64  128  32       3      2       1     1   8
+    208  4096  4096  64  128  32       3      2       1     1   8
+    216  4096  4096  64  128  32       3      2       1     1   8
+    224  4096  4096  64  128  32       3      2       1     1   8
+    232  4096  4096  64  128  32       3      2       1     1   8
+    240  4096  4096  64  128  32       3      2       1     1   8
+    248  4096  4096  64  128  32       3      2       1     1   8
+    256  4096  4096  64  128  32       3      2       1     1   8
+"""
 SGEMM_MAX_THREADS_PER_SM = 2048  # sm_80 .. sm_90: __launch_bounds__' MINB * threads must fit
 
 # ops.matmul's `precision`: "fp32" runs the fp32 kernels (matvec, gemm, sgemm: FMA in fp32);
@@ -277,7 +278,7 @@ def matvec_shape(batch: int, k: int, n: int, multiprocessors: int, vec: int, clu
     two CTAs per SM. Without a K split when a column tile of at least 32 (64 for 8 batch rows)
     reaches D -- a cluster costs a barrier and a DSMEM reduction, which dominates small products;
     else the widest tile (the narrowest, for W over 8 MB) and the smallest split that reach it.
-    The rule was fitted to the H200 sweep in ``benchmarks/results/kernel_times.json``.
+    The rule is fitted to ``rawgraph bench kernels --sweep`` (measured: see ``benchmarks/NOTES.md``).
     """
     bt = 1
     while bt < min(batch, 8):
@@ -298,7 +299,7 @@ def matvec_shape(batch: int, k: int, n: int, multiprocessors: int, vec: int, clu
         cands = [(t, 1) for t in fits if t >= narrowest] or [(fits[-1], 1)]
         if streaming:
             # W streams from DRAM: many narrow column tiles and a small split beat wide tiles on
-            # big clusters (H200: 4096 x 4096 at batch 1 and 8, 32 columns and a split of 2 best).
+            # big clusters (measured at 4096 x 4096, batch 1 and 8: see benchmarks/NOTES.md).
             cands.reverse()
         pick = next(((t, 1) for t, _ in cands if _cdiv(n, t) * batch_tiles >= reach), None)
         if pick is None and clusters:
@@ -328,10 +329,10 @@ def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool,
     CTAs and again over ``slices`` groups of 256 threads inside each CTA.
 
     By default two slices (16 warps, so one CTA fills an SM) and the smallest split that gives
-    about one CTA per SM. One CTA per SM is what balances: clusters are placed per GPC and the
-    H200's GPCs differ in size, so grids of several CTAs per SM left some SMs with 1.5x the work
-    of others (ncu: SMs active 64-66 % of the kernel's time, ``benchmarks/NOTES.md``). Fitted to
-    the H200 sweep in ``benchmarks/results/kernel_times.json``.
+    about one CTA per SM. One CTA per SM is what balances: clusters are placed per GPC and a
+    GPU's GPCs may differ in SM count, so a grid of several CTAs per SM can leave some SMs with
+    1.5x the work of others (measured: see ``benchmarks/NOTES.md``). Fitted to
+    ``rawgraph bench kernels --sweep``.
     """
     if tile_n not in (64, 128):
         raise ShapeError(f"gemm column tile must be 64 or 128, got {tile_n}")
@@ -349,15 +350,88 @@ def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool,
     return MatmulShape("gemm", 4, tile_n, GEMM_TILE_M, split, grid, per_sm, slices)
 
 
-def sgemm_shape(batch: int, k: int, n: int, bm: int, bn: int, bk: int, stages: int, split: int = 1,
-                slices: int = 1, minb: int = 1, tm: int = 8, *, clusters: bool = True) -> MatmulShape:
-    """A cut of ``kernels/sgemm.cu``: BM x BN output tiles, K in steps of ``bk`` through ``stages``
-    cp.async stages, K split over a cluster of ``split`` CTAs and again over ``slices`` groups of
-    (BM / ``tm``) * (BN / 8) threads inside each CTA, each thread computing ``tm`` x 8 outputs
-    (``tm`` 8 or 4); ``minb`` is ``__launch_bounds__``' minimum CTAs per SM.
-    Grid (ceil(N / BN), S, ceil(M / BM)). The arguments are those of a ``SGEMM_CUTS`` entry
-    ``(BM, BN, BK, STAGES, S, KS, MINB[, TM])``; what the kernel's static_asserts and the launch
-    forbid raises :class:`ShapeError` here (operand layout is :func:`matmul`'s check)."""
+@dataclass(frozen=True, order=True)
+class SgemmCut:
+    """The template arguments of a ``kernels/sgemm.cu`` cut (see its header): one row of
+    :data:`SGEMM_TABLE`, named as its columns.
+
+    BM x BN output tiles (``bm``, ``bn``); K in steps of ``bk`` through ``stages`` cp.async stages,
+    split over a cluster of ``split`` CTAs and again over ``slices`` groups of (BM / TM) x (BN / 8)
+    threads inside each CTA, each thread computing ``tm`` x 8 outputs (``tm`` 8 or 4); ``minb`` is
+    ``__launch_bounds__``' minimum CTAs per SM. What the kernel cannot be is refused by
+    :func:`sgemm_shape`.
+    """
+
+    bm: int
+    bn: int
+    bk: int
+    stages: int
+    split: int = 1
+    slices: int = 1
+    minb: int = 1
+    tm: int = 8
+
+    @property
+    def threads(self) -> int:
+        return self.slices * (self.bm // self.tm) * (self.bn // 8)
+
+
+SGEMM_TABLE_COLUMNS = ("m", "k", "n", *SgemmCut.__dataclass_fields__)
+
+
+def parse_sgemm_table(text: str) -> dict[tuple[int, int, int], SgemmCut]:
+    """The ``(M, K, N) -> SgemmCut`` map of a table in :data:`SGEMM_TABLE`'s form: a header row of
+    :data:`SGEMM_TABLE_COLUMNS`, then one row of integers per product, blank lines ignored.
+
+    Raises
+    ------
+    ValueError
+        A header other than :data:`SGEMM_TABLE_COLUMNS`, a row that is not one integer per
+        column, or a second row for the same ``(M, K, N)``.
+    """
+    lines = [ln.split() for ln in text.splitlines() if ln.strip()]
+    if not lines or tuple(lines[0]) != SGEMM_TABLE_COLUMNS:
+        raise ValueError(f"an sgemm table starts with the header {' '.join(SGEMM_TABLE_COLUMNS)!r}, "
+                         f"got {' '.join(lines[0]) if lines else ''!r}")
+    out: dict[tuple[int, int, int], SgemmCut] = {}
+    for row in lines[1:]:
+        try:
+            values = [int(v) for v in row]
+        except ValueError:
+            values = []
+        if len(values) != len(SGEMM_TABLE_COLUMNS):
+            raise ValueError(f"sgemm table row {' '.join(row)!r}: expected {len(SGEMM_TABLE_COLUMNS)} integers "
+                             f"({' '.join(SGEMM_TABLE_COLUMNS)})")
+        key = (values[0], values[1], values[2])
+        if key in out:
+            raise ValueError(f"sgemm table: a second row for (M, K, N) = {key}")
+        out[key] = SgemmCut(*values[3:])
+    return out
+
+
+def format_sgemm_table(cuts: dict[tuple[int, int, int], SgemmCut]) -> str:
+    """``cuts`` as :data:`SGEMM_TABLE` holds them (what :func:`parse_sgemm_table` reads back): the
+    header, then one row per ``(M, K, N)`` sorted by (K, N, M), right-aligned columns."""
+    rows = [SGEMM_TABLE_COLUMNS] + [tuple(str(v) for v in (*key, *astuple(cuts[key])))
+                                    for key in sorted(cuts, key=lambda key: (key[1], key[2], key[0]))]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(SGEMM_TABLE_COLUMNS))]
+    return "\n".join("    " + "  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows)
+
+
+# The table as matmul_shape reads it, parsed once.
+SGEMM_CUTS: dict[tuple[int, int, int], SgemmCut] = parse_sgemm_table(SGEMM_TABLE)
+
+
+def sgemm_shape(batch: int, k: int, n: int, cut: SgemmCut, *, clusters: bool = True) -> MatmulShape:
+    """A cut of ``kernels/sgemm.cu`` for a (batch, K, N) product: BM x BN output tiles, K in steps
+    of ``cut.bk`` through ``cut.stages`` cp.async stages, K split over a cluster of ``cut.split``
+    CTAs and again over ``cut.slices`` groups of ``cut.threads`` / ``cut.slices`` threads inside each
+    CTA (see :class:`SgemmCut`). Grid (ceil(N / BN), S, ceil(M / BM)). What the kernel's
+    static_asserts and the launch forbid raises :class:`ShapeError` here (operand layout is
+    :func:`matmul`'s check)."""
+    if not isinstance(cut, SgemmCut):
+        raise TypeError(f"sgemm_shape takes an SgemmCut, got {cut!r}")
+    bm, bn, bk, stages, split, slices, minb, tm = astuple(cut)
     if min(batch, k, n) < 1:
         raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
     if tm not in (4, 8):
@@ -373,7 +447,7 @@ def sgemm_shape(batch: int, k: int, n: int, bm: int, bn: int, bk: int, stages: i
         raise ShapeError(f"sgemm split {split} must be 1..{MAX_SPLIT}; above 1 it needs clusters (sm_90)")
     if not 1 <= slices <= 8:
         raise ShapeError(f"sgemm K slices per CTA must be 1..8, got {slices}")
-    threads = slices * (bm // tm) * (bn // 8)
+    threads = cut.threads
     if threads > 1024:
         raise ShapeError(f"sgemm cut {bm} x {bn} with {slices} slices needs {threads} threads per CTA (at most 1024)")
     if minb < 1 or minb * threads > SGEMM_MAX_THREADS_PER_SM:
@@ -382,6 +456,13 @@ def sgemm_shape(batch: int, k: int, n: int, bm: int, bn: int, bk: int, stages: i
     if grid[2] > 65535:
         raise ShapeError(f"sgemm grid z {grid[2]} (batch {batch} / BM {bm}) exceeds 65535")
     return MatmulShape("sgemm", 4, bn, bm, split, grid, 0, slices, bk, stages, minb, tm)
+
+
+def sgemm_cut(shape: MatmulShape) -> SgemmCut:
+    """The template arguments of an ``"sgemm"`` shape."""
+    if shape.kernel != "sgemm":
+        raise ShapeError(f"not an sgemm shape: {shape}")
+    return SgemmCut(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices, shape.minb, shape.tm)
 
 
 def sgemm_smem_bytes(bm: int, bn: int, bk: int, stages: int, split: int, slices: int) -> int:
@@ -441,21 +522,21 @@ def table_sgemm_shape(batch: int, k: int, n: int, clusters: bool = True, smem_li
     Raises
     ------
     ShapeError
-        A malformed entry (not 7 or 8 values, or a cut the kernel cannot be).
+        A malformed entry (not an :class:`SgemmCut`, or a cut the kernel cannot be).
     """
     key = (batch, k, n)
     cut = SGEMM_CUTS.get(key)
     if cut is None and batch % SGEMM_ROW_STEP:
-        # the table steps 8 rows (the sweep's grid); a count in between takes the next row count's
-        # cut, which runs the same row tiles (H100, 2026-12-06: the matmul.cu rule at 65 rows took
-        # 257 us a w1024 8-layer step against 184 at 64, benchmarks/results/probe_switch_bands_*)
+        # The table steps SGEMM_ROW_STEP rows; a count in between takes the next step's cut, which
+        # runs the same row tiles: the matmul.cu rule is far slower at such counts (measured: see
+        # benchmarks/NOTES.md, "The SGEMM_CUTS table").
         key = (_cdiv(batch, SGEMM_ROW_STEP) * SGEMM_ROW_STEP, k, n)
         cut = SGEMM_CUTS.get(key)
     if cut is None:
         return None
-    if len(cut) not in (7, 8):
-        raise ShapeError(f"SGEMM_CUTS[{key}] = {cut}: expected (BM, BN, BK, STAGES, S, KS, MINB[, TM])")
-    sg = sgemm_shape(batch, k, n, *cut, clusters=True)
+    if not isinstance(cut, SgemmCut):
+        raise ShapeError(f"SGEMM_CUTS[{key}] = {cut!r}: expected an SgemmCut")
+    sg = sgemm_shape(batch, k, n, cut, clusters=True)
     return sg if sgemm_fits(sg, clusters, smem_limit) else None
 
 
@@ -640,8 +721,8 @@ def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: 
         return gemm_shape(batch, k, n, multiprocessors, clusters)
     if batch > MATVEC_MAX_BATCH_L2 and k * n >= GEMM_MID_ELEMENTS and gemm_ok and clusters:
         # W in L2 (1024 x 1024 and up to 16 MB), more than 64 rows: matvec's re-reads of W per 8
-        # rows lose to the GEMM (H200, w1024: 18.1 vs 15.2 us at b72, 32.5 vs 18.1 at b192;
-        # benchmarks/results/kernel_times_w1024.json). Which GEMM cut wins depends on the row tiles.
+        # rows lose to the GEMM (measured at w1024: see benchmarks/NOTES.md). Which GEMM cut wins
+        # depends on the row tiles.
         tiles = _cdiv(batch, GEMM_TILE_M)
         if tiles <= 2:
             return gemm_shape(batch, k, n, multiprocessors, clusters, split=8, tile_n=64, slices=1)
@@ -774,8 +855,7 @@ def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray
     if shape.kernel == "sgemm":
         if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
             raise LayoutError("the sgemm kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
-        want = sgemm_shape(batch, k, n, shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices,
-                           shape.minb, shape.tm, clusters=clusters)
+        want = sgemm_shape(batch, k, n, sgemm_cut(shape), clusters=clusters)
         if smem_limit and gemm_smem_bytes(shape) > smem_limit:
             raise ShapeError(f"sgemm cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
                              f"shared memory per CTA; this device allows {smem_limit}")

@@ -78,7 +78,12 @@ def _rows_param_launch(device: Device, buffers: dict[str, DeviceArray], src: str
 def gather_rows_param(device: Device, buffers: dict[str, DeviceArray], src: str, dst: str, rows: int,
                       label: str = "") -> Launch:
     """``dst[i] = src[table[i]]`` for ``i < rows``, the table passed by value: its ``table``
-    argument (``args.array("table")``), changed per step with ``cuGraphExecKernelNodeSetParams``."""
+    argument (``args.array("table")``), changed per step with ``cuGraphExecKernelNodeSetParams``.
+
+    See Also
+    --------
+    cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
     return _rows_param_launch(device, buffers, src, dst, rows, True, label)
 
 

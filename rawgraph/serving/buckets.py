@@ -48,7 +48,12 @@ def graph_scratch(cap: Capture, layout: dict[str, tuple[tuple[int, ...], Any]]) 
     """One allocation inside the capture (``cuMemAllocAsync``: a memory node) holding every
     scratch array of ``layout`` (name -> (shape, dtype)), each 256-byte aligned; returns its
     address (for the matching ``cap.mem_free``) and the arrays. Each is empty with no owner:
-    graph memory is only valid while a replay runs between the node and its free."""
+    graph memory is only valid while a replay runs between the node and its free.
+
+    See Also
+    --------
+    cuMemAllocAsync : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MALLOC__ASYNC.html
+    """
     offsets, total = {}, 0
     for name, (shape, dtype) in layout.items():
         offsets[name] = total
@@ -86,6 +91,12 @@ class StreamOrder:
     The stream used before may have been closed since: ``cuStreamDestroy`` returns with its work
     still queued, so the new stream then waits for that stream's tail event (recorded by
     :meth:`rawgraph.runtime.stream.Stream.close`) instead.
+
+    See Also
+    --------
+    cuEventRecord : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+    cuStreamWaitEvent : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+    cuStreamDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
     """
 
     def __init__(self, device: Any):
@@ -146,6 +157,11 @@ class BucketGraphs:
     stats : collections.Counter
         ``runs``, ``rows`` (asked for), ``computed`` (rows the graphs ran), ``fallback_runs``,
         ``fallback_chunks``, and ``bucket:<b>`` per bucket.
+
+    See Also
+    --------
+    cuMemsetD32Async : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+    cuMemGetInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
     def __init__(self, model: RowwiseModel, sizes: Sequence[int] | None = None, max_batch: int = 256,
@@ -239,6 +255,10 @@ class BucketGraphs:
         ------
         TypeError, ShapeError, DTypeError, LayoutError, NotOnDeviceError
             For a bad ``n`` or ``x``, before anything reaches the GPU.
+
+        See Also
+        --------
+        cuMemcpyDtoDAsync : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
         """
         if self._closed:
             raise ClosedError("BucketGraphs is closed")

@@ -1,4 +1,4 @@
-"""Measured-cost choice of a serving strategy (issue 25, item 4).
+"""Measured-cost choice of a serving strategy.
 
 :func:`choose_strategy` builds each candidate in turn (bucket graphs, row-count rebinding, one
 re-shaped graph, a device-shaped graph with one band, one with bands from the plans, and one

@@ -32,7 +32,7 @@ head takes it as a kernel argument pushed with ``cuGraphExecKernelNodeSetParams`
 exec's shadow, :mod:`rawgraph.updates.shadow`) instead of a copy. The exec belongs to this object:
 update it only through it (an exec update behind its back would change the head's ``n`` unseen).
 
-How it is built (issue 25, ``benchmarks/probes/device_updatable.py``): capture [prologue] -> head
+How it is built (probed by ``benchmarks/probes/device_updatable.py``): capture [prologue] -> head
 -> the plan of each band in turn, each plan's first launch on a full edge (a plan whose first
 launch is a PDL launch is refused when there is more than one band) and each plan's own PDL chain
 kept; then ``cuGraphKernelNodeSetAttribute(
@@ -583,7 +583,13 @@ class DeviceShapedGraph(Resource):
         """Write ``n`` (``0..max_batch``) where the head reads it, ordered on ``stream`` before
         the next replay there (``cuMemcpyHtoDAsync`` from pageable memory: staged before it
         returns, so nothing waits). A SWITCH head with no ``n_live`` takes ``n`` as its argument
-        instead (``cuGraphExecKernelNodeSetParams``): every later replay, on any stream, reads it."""
+        instead (``cuGraphExecKernelNodeSetParams``): every later replay, on any stream, reads it.
+
+        See Also
+        --------
+        cuMemcpyHtoDAsync : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+        cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check()
         self._check_n(n)
         with self._n_lock:
@@ -616,7 +622,12 @@ class DeviceShapedGraph(Resource):
 
     def replay(self, stream: Any = None) -> None:
         """One ``cuGraphLaunch``: the head reads whatever ``n_live`` holds when it runs (a SWITCH
-        head with no ``n_live``: the ``n`` last set)."""
+        head with no ``n_live``: the ``n`` last set).
+
+        See Also
+        --------
+        cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check()
         with self._n_lock:
             s = self._order.enter(self.stream if stream is None else stream)
@@ -666,13 +677,23 @@ class DeviceShapedGraph(Resource):
     # -- refused ----------------------------------------------------------------------------
     def clone(self) -> Any:
         """Refused: the driver cannot clone a graph holding device-updatable nodes or a
-        conditional node (``cuGraphClone`` answers ``CUDA_ERROR_NOT_SUPPORTED``)."""
+        conditional node (``cuGraphClone`` answers ``CUDA_ERROR_NOT_SUPPORTED``).
+
+        See Also
+        --------
+        cuGraphClone : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         what = "a conditional node" if self.select == "switch" else "device-updatable kernel nodes"
         raise DeviceShapedError(f"a graph with {what} cannot be cloned (cuGraphClone answers CUDA_ERROR_NOT_SUPPORTED)")
 
     def update(self, graph: Any) -> None:
         """Refused: ``cuGraphExecUpdate`` is not allowed on an exec with device-updatable nodes;
-        a SWITCH-selected exec keeps the plans it was built with (build another for others)."""
+        a SWITCH-selected exec keeps the plans it was built with (build another for others).
+
+        See Also
+        --------
+        cuGraphExecUpdate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check()
         if self.select == "switch":
             raise DeviceShapedError("a SWITCH-selected DeviceShapedGraph keeps its captured plans: build a new one "

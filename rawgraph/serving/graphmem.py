@@ -23,7 +23,12 @@ _ATTRS = {
 
 def graph_memory(device: Device | None = None) -> dict[str, int]:
     """Bytes of graph memory used and reserved, now and at the high-water mark
-    (``cuDeviceGetGraphMemAttribute``)."""
+    (``cuDeviceGetGraphMemAttribute``).
+
+    See Also
+    --------
+    cuDeviceGetGraphMemAttribute : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
     dev = (device or get_device()).activate()
     out = {}
     for key, name in _ATTRS.items():
@@ -33,7 +38,12 @@ def graph_memory(device: Device | None = None) -> dict[str, int]:
 
 
 def reset_high_water(device: Device | None = None) -> None:
-    """Reset the high-water marks to the current values (``cuDeviceSetGraphMemAttribute``)."""
+    """Reset the high-water marks to the current values (``cuDeviceSetGraphMemAttribute``).
+
+    See Also
+    --------
+    cuDeviceSetGraphMemAttribute : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
     dev = (device or get_device()).activate()
     for name in ("CU_GRAPH_MEM_ATTR_USED_MEM_HIGH", "CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH"):
         call(driver.cuDeviceSetGraphMemAttribute, dev.handle, getattr(driver.CUgraphMem_attribute, name),
@@ -42,7 +52,12 @@ def reset_high_water(device: Device | None = None) -> None:
 
 def trim_graph_memory(device: Device | None = None) -> dict[str, int]:
     """Give the pool's unused physical memory back to the device (``cuDeviceGraphMemTrim``);
-    returns :func:`graph_memory` afterwards."""
+    returns :func:`graph_memory` afterwards.
+
+    See Also
+    --------
+    cuDeviceGraphMemTrim : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
     dev = (device or get_device()).activate()
     call(driver.cuDeviceGraphMemTrim, dev.handle)
     return graph_memory(dev)

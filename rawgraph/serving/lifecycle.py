@@ -67,7 +67,13 @@ class WarmUp:
 def instantiate_uploaded(graph: Graph, stream: Stream, setup: dict[str, float]) -> GraphExec:
     """``cuGraphInstantiate`` then ``cuGraphUpload`` on ``stream`` and a synchronize, so the first
     replay pays neither; the seconds each took are added to ``setup["instantiate"]`` and
-    ``setup["upload"]``."""
+    ``setup["upload"]``.
+
+    See Also
+    --------
+    cuGraphInstantiate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    cuGraphUpload : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
     clock = time.perf_counter
     t0 = clock()
     exe = graph.instantiate()

@@ -99,7 +99,7 @@ class ReshapedGraph:
 
     A node's function may change in the exec only to one launched the same way: a kernel compiled
     with fixed cluster dimensions (``__cluster_dims__``) and one without are launched differently,
-    and an exec whose nodes were pushed across between them returned NaN on the H200 (w1024:
+    and an exec whose nodes are pushed across between them can return NaN (measured at w1024:
     the captured size, after visits to sizes whose cut uses cluster kernels). So the sizes are
     grouped by the cluster dimensions of their plan's kernels,
     one exec per group (captured at its largest size); within a group any size is a push away.
@@ -126,6 +126,10 @@ class ReshapedGraph:
         The eager runs before the captures (one per exec whose kernel functions are new).
     pushes : int
         Node pushes made by :meth:`run` so far.
+
+    See Also
+    --------
+    cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
 
     def __init__(self, model: RowwiseModel, max_batch: int = 256, stream: Any = None):
@@ -202,6 +206,10 @@ class ReshapedGraph:
             After :meth:`close`.
         TypeError, ShapeError
             For an ``n`` that is not an int in ``1..max_batch`` (before any driver call).
+
+        See Also
+        --------
+        cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         if self._closed:
             raise ClosedError("ReshapedGraph is closed")

@@ -165,7 +165,12 @@ class PendingRow:
         self._row: np.ndarray | None = None
 
     def done(self) -> bool:
-        """True once the row is on the host (``cuEventQuery``)."""
+        """True once the row is on the host (``cuEventQuery``).
+
+        See Also
+        --------
+        cuEventQuery : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        """
         with self._pool._lock:
             if self._row is not None:
                 return True
@@ -173,7 +178,12 @@ class PendingRow:
             return ev is not None and ev.query()
 
     def result(self) -> np.ndarray:
-        """The row (``width`` float32), waiting for its copy only (``cuEventSynchronize``)."""
+        """The row (``width`` float32), waiting for its copy only (``cuEventSynchronize``).
+
+        See Also
+        --------
+        cuEventSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        """
         with self._pool._lock:
             self._take()
             assert self._row is not None
@@ -467,6 +477,10 @@ class SlotPool:
         ------
         SlotError
             ``slot`` is free or out of range.
+
+        See Also
+        --------
+        cuMemcpyDtoHAsync : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
         """
         with self._lock:
             self._check_open()
