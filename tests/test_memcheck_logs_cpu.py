@@ -71,3 +71,13 @@ def test_chunks_picked_by_number_run_alone_and_split_the_files_as_a_whole_run_do
     assert [p.name for p in whole.glob("sanitize_memcheck_chunk*.txt")] == ["sanitize_memcheck_chunk3.txt"]
     header = (whole / "sanitize_memcheck_chunk3.txt").read_text().splitlines()[0]
     assert header == (part / "sanitize_memcheck_chunk3.txt").read_text().splitlines()[0]
+
+
+def test_a_skipped_file_is_in_no_chunk_and_named_in_the_summary(tmp_path):
+    out = tmp_path / "out"
+    _run(tmp_path, out, "2", "1", MEMCHECK_SKIP="test_dot_gpu.py test_rng_gpu.py")
+    summary = (out / "sanitize_memcheck_files.txt").read_text()
+    assert re.findall(r"^skipped: (\S+)$", summary, re.M) == ["tests/test_dot_gpu.py", "tests/test_rng_gpu.py"]
+    listed = re.findall(r"^chunk \d+: (tests/\S+)$", summary, re.M)
+    assert "tests/test_dot_gpu.py" not in listed and "tests/test_rng_gpu.py" not in listed
+    assert len(listed) == len(list((ROOT / "tests").glob("*_gpu.py"))) - 2
