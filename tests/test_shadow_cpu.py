@@ -187,17 +187,16 @@ def test_every_update_path_runs_on_the_shadow_core(st, monkeypatch):
                      **{id(shadow): "slots" for shadow, _tables in pool._pushes.values()},
                      **{id(sh): "reshaped" for sh in rg._shadows.values()},
                      **{id(m._shadow): "rowcount" for m in rcb.managers.values()}})
-    # The manager's bind and apply push kernel nodes inline (its per-replay path), from the
-    # core's parameters, into the core's counter, with the core's rollback (tests/test_fault_injection_cpu.py)
+    # The manager's bind (its per-replay path) pushes through the core too: the core's
+    # parameters, counter and rollback (tests/test_fault_injection_cpu.py)
     before = mgr._shadow.pushes
     pushed = mgr.bind("x", m_st["x2"])
     assert pushed > 0 and mgr._shadow.pushes == before + pushed
-    assert mgr._params is mgr._shadow.params and mgr._handles is mgr._shadow.handles
     reb.rebind(r_st["x"], r_st["x2"])
     rg.reshape(1)
     pool.step()
     rcb.run(g_st["x"], 1)
-    assert sorted(set(seen)) == ["rebinder", "reshaped", "rowcount", "slots"], seen
+    assert sorted(set(seen)) == ["manager", "rebinder", "reshaped", "rowcount", "slots"], seen
     # the indirect graph pushes no node (its table moves): its keep-alive is the core's
     assert isinstance(ind._shadow, ExecShadow) and ind._keep is ind._shadow.keep
     old = ind.bound

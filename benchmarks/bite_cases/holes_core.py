@@ -37,8 +37,8 @@ CASES = [
         name="manager_close_drops_pending_arrays",
         why="item 3: ExecUpdateManager.close() drops retired arrays no event covers yet, replay still queued",
         tests=[f"{T}::test_manager_close_waits_for_a_queued_replay_before_dropping_what_it_reads"],
-        edits=[("rawgraph/updates/manager.py", "            self._keep.close()\n",
-                "            self._keep._pending.clear()\n            self._keep.close()\n")],
+        edits=[("rawgraph/updates/manager.py", "            self._shadow.keep.close()\n",
+                "            self._shadow.keep._pending.clear()\n            self._shadow.keep.close()\n")],
     ),
     dict(
         name="fence_records_on_a_closed_stream",

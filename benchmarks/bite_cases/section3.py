@@ -37,8 +37,8 @@ CASES = [
          tests=[_t("manager_bind_many_at_the_keep_alive_batch")],
          edits=[("rawgraph/updates/manager.py",
                  "                    bound_obj[name] = obj  # first: the exec holds it now, whatever retiring does\n"
-                 "                    replaced.append(old)\n            self._retire_all(replaced)\n",
-                 "                    self._retire_all([old])\n                    bound_obj[name] = obj\n")]),
+                 "                    replaced.append(old)\n            self._shadow.keep.retire_all(replaced)\n",
+                 "                    self._shadow.keep.retire_all([old])\n                    bound_obj[name] = obj\n")]),
     dict(name="s3-indirect-retire-before-bookkeeping",
          why="IndirectGraph.apply retires the old pair before noting the new one the table already holds",
          tests=[_t("indirectgraph_apply_at_the_keep_alive_batch")],

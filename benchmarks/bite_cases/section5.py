@@ -49,11 +49,12 @@ CASES = [
          why="the exec-update manager also pushes the graph's recorded non-kernel nodes (its conditionals)",
          tests=["tests/test_conditional_gpu.py::test_exec_update_leaves_conditional_graphs_alone_but_body_kernels_rebind"],
          edits=[("rawgraph/updates/manager.py",
-                 "        if changed:\n            shadow.pushes += len(changed)\n",
-                 "        if changed:\n            shadow.pushes += len(changed)\n"
+                 "        pushed = self._shadow.push(changed, _unapply, (self, changed, olds)) if changed else 0\n",
+                 "        pushed = self._shadow.push(changed, _unapply, (self, changed, olds)) if changed else 0\n"
+                 "        if changed:\n"
                  "            from cuda.bindings import driver\n"
                  "            for other, _kind, _detail in getattr(self.graph, \"other_nodes\", ()):\n"
-                 "                driver.cuGraphExecKernelNodeSetParams(self.exec.handle, other, self._params[changed[0]])\n")]),
+                 "                driver.cuGraphExecKernelNodeSetParams(self.exec.handle, other, self._shadow.params[changed[0]])\n")]),
     # 7
     dict(name="s5-device-launch-modes-swapped",
          why="fire_and_forget and sibling launch with each other's cudaStream_t",

@@ -38,7 +38,7 @@ import rawgraph as rg  # noqa: E402
 from rawgraph.updates import manager  # noqa: E402
 
 # The clause this probe takes out of bind (see the module docstring); a change to it must show here.
-CHECK = re.compile(r"\s*\\\n\s*or \(hit\[4\] is not None and hit\[4\]\(array\) != hit\[1\]\)")
+CHECK = re.compile(r"\s*\\\n\s*or \(hit\.reread is not None and hit\.reread\(array\) != hit\.ptr\)")
 
 
 def bind_without_check() -> Callable[..., int]:

@@ -2,8 +2,9 @@
 
 ``shadow`` (``ExecShadow``: what an exec's nodes hold, the push of changed nodes with rollback,
 the keep-alive over the streams launched on; every update path below runs on it), ``manager``
-(``ExecUpdateManager``: re-bind kernel-node arguments of rawgraph's own graphs; its checks in
-``validate``, its scalar and grid setters in ``setters``), ``addresses`` (scanning parameters for
+(``ExecUpdateManager``: re-bind kernel-node arguments of rawgraph's own graphs, one class; the
+checks it runs before anything changes are functions in ``validate``, those of a scalar or grid
+edit in ``setters``), ``addresses`` (scanning parameters for
 addresses in a range) and ``rebind`` (``AddressRebinder``: re-bind by address in any graph),
 ``adopt`` (PyTorch's and CuPy's graphs), ``indirect`` (``IndirectGraph``: kernels read their
 pointers from a table in the graph), ``static`` (``StaticGraph``: copy into the captured input,

@@ -1,59 +1,74 @@
 """Feeding replays new data without a copy: re-bind kernel-node arguments in the exec.
 
-:class:`ExecUpdateManager` knows, from the capture-time node map, which (node, argument) pairs
-read or write each named buffer (``x`` -> every argument that reads the input, ``out`` -> those
-that write the output). ``bind(name, array)``:
+Read top to bottom, this module is the whole kernel-parameter rebinding of rawgraph's own graphs:
 
-1. validates the array (shape, dtype, device, contiguity, size) -- a refused bind changes nothing;
-2. writes the new pointer into the persistent argument buffers of the affected nodes only;
-3. compares the new pointer with each node's shadow -- the argument buffer that holds exactly what
-   the exec holds (the driver has no getter for exec node parameters) -- and calls
-   ``cuGraphExecKernelNodeSetParams`` only for nodes whose arguments actually changed, through the
-   shadow core (:mod:`rawgraph.updates.shadow`), which puts every node back if one is refused.
+* where a node's parameters live: the capture's node map (``graph.nodes[i]``: launch ``i`` of
+  the plan, its handle and captured argument bytes) gives each node a persistent packed argument
+  buffer and the ``CUDA_KERNEL_NODE_PARAMS`` pointing into it
+  (:class:`~rawgraph.updates.shadow.KernelShadow`), built once;
+* what the shadow holds: exactly what the exec holds (the driver has no getter for exec node
+  parameters), in :class:`~rawgraph.updates.shadow.ExecShadow`;
+* which slots a bind changes: per bindable name (``x``, ``out``, or each array a
+  :class:`~rawgraph.RawKernel` call named) the 8-byte argument words it goes to, grouped by
+  node (:class:`_Name`); a :class:`Binding` precomputes them for a set of arrays;
+* the push: ``cuGraphExecKernelNodeSetParams`` for the nodes whose slots changed, nothing else
+  (:meth:`ExecShadow.push <rawgraph.updates.shadow.ExecShadow.push>`, the one push loop);
+* the rollback: a refused push puts every slot back (:func:`_unbind`, :func:`_unapply`) and the
+  nodes the driver already took are pushed again, so the exec runs exactly its old bindings;
+* the keep-alive: an array bound away from stays alive until the replays queued before the bind
+  have finished (an event per stream used, :class:`~rawgraph.graphs.keepalive.KeepAlive`), so a
+  caching allocator (CuPy's pool, PyTorch's) cannot hand it out while a graph still reads it.
 
-The checks are in :mod:`rawgraph.updates.validate`, the scalar and grid setters in
-:mod:`rawgraph.updates.setters`.
+What a bind refuses (shape, dtype, device, layout, overlap, a foreign node's pin) is checked
+before anything changes, by the functions of :mod:`rawgraph.updates.validate`; the scalar and
+grid checks are in :mod:`rawgraph.updates.setters`.
 
 Only the recorded launches are updated. Foreign nodes (``graph.foreign_nodes``: a CuPy kernel, a
-memset launched straight on the capturing stream) and recorded non-kernel nodes (``graph.other_nodes``:
-memcpys, conditionals) are read once, and a buffer one of them holds an address in cannot be bound
-away from its captured address (:class:`~rawgraph.runtime.errors.ForeignNodeError`): that node would go on
-using the old buffer. A node whose parameters the driver does not give back (a conditional's body on
-driver 580) cannot be checked: the manager warns (:class:`~rawgraph.runtime.errors.RawgraphWarning`) and
-binds.
-
-A replay after ``bind`` reads the new array where it lies. The manager keeps each array it bound
-alive until the replays that may read it have finished (an event recorded on each stream used),
-so a caching allocator (CuPy's pool, PyTorch's) cannot hand that memory out while a graph still
-reads it.
+memset launched straight on the capturing stream) and recorded non-kernel nodes
+(``graph.other_nodes``: memcpys, conditionals) are read once, and a buffer one of them holds an
+address in cannot be bound away from its captured address
+(:class:`~rawgraph.runtime.errors.ForeignNodeError`): that node would go on using the old buffer.
+A node whose parameters the driver does not give back (a conditional's body on some drivers)
+cannot be checked: the manager warns (:class:`~rawgraph.runtime.errors.RawgraphWarning`) and binds.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Sequence
+import weakref
+from typing import Any, Callable, Sequence, TypeVar, cast
 
 import numpy as np
-from cuda.bindings import driver
 
-from ..runtime.errors import ArrayError, ClosedError, RawgraphError, RawgraphWarning
 from ..graphs.graph import Graph, GraphExec
 from ..runtime import resource as _resource
-from ..runtime.launch import KernelArgs
+from ..runtime.errors import ArrayError, ClosedError, ForeignNodeError, RawgraphError, RawgraphWarning
+from ..runtime.launch import ARG_DTYPES, KernelArgs
 from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array
 from .addresses import foreign_holders
-from .setters import ParamSetters, _locked
+from .setters import check_grid, restore_scalars, stored_scalar
 from .shadow import ExecShadow, KernelShadow, finalizers, refuse_device_updatable
-from .validate import Binding, BindingChecks
-
-if TYPE_CHECKING:
-    from .validate import _Checked, _Slot
+from .validate import (Binding, Checked, Move, NodeWrite, address_reader, check_new_array, check_overlap,
+                       check_overlap_one)
 
 __all__ = ["Binding", "ExecUpdateManager"]
 
-_SUCCESS = driver.CUresult.CUDA_SUCCESS
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _locked(method: _F) -> _F:
+    """Run ``method`` holding the manager's lock: the shadow parameters, the bound pointers and the
+    exec change together, so two threads binding at once cannot leave them disagreeing."""
+
+    @functools.wraps(method)
+    def locked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return cast(_F, locked)  # same signature: it only wraps the call in the lock
 
 
 def captured_object(view: DeviceArray) -> Any:
@@ -71,7 +86,42 @@ def captured_object(view: DeviceArray) -> Any:
     return view
 
 
-class ExecUpdateManager(BindingChecks, ParamSetters):
+class _Name:
+    """One bindable name: what an array bound to it must be, the argument slots its pointer goes
+    to, and the arrays already checked for it."""
+
+    __slots__ = ("shape", "dtype", "writes", "slots", "positions", "nodes", "checked", "pinned")
+
+    def __init__(self, view: DeviceArray, writes: bool, slots: list[tuple[int, list[ctypes.c_uint64]]]):
+        self.shape, self.dtype = view.shape, view.dtype
+        self.writes = writes  # a kernel writes through it (read-only memory is refused)
+        self.slots = slots  # (node, [slot word]) per node, a ctypes view per word: a .value store is cheap
+        self.positions: list[tuple[int, list[int]]] = []  # (node, where its slots sit in that node's fixed order)
+        self.nodes = [node for node, _views in slots]  # what a bind that moves it pushes
+        self.checked: dict[int, Checked] = {}  # by id() of the array
+        self.pinned: tuple[int, list[str]] | None = None  # (captured ptr, foreign nodes holding an address in it)
+
+
+def _unbind(log: tuple[ExecUpdateManager, str]) -> None:
+    """Undo of a refused bind: the slots of the name get its bound pointer back."""
+    mgr, name = log
+    ptr = mgr._bound_ptr[name][0]
+    for node, views in mgr._names[name].slots:
+        for v in views:
+            v.value = ptr
+        mgr._node_now[node] = None
+
+
+def _unapply(log: tuple[ExecUpdateManager, list[int], list[tuple[int, ...]]]) -> None:
+    """Undo of a refused apply: each changed node's slots get the pointers they held."""
+    mgr, changed, olds = log
+    for node, old in zip(changed, olds):
+        for view, a in zip(mgr._node_views[node], old):
+            view.value = a
+        mgr._node_now[node] = old
+
+
+class ExecUpdateManager:
     """Named buffer bindings over one graph exec.
 
     Parameters
@@ -99,7 +149,14 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
     several threads run one after another and the shadow parameters always equal what the exec
     holds. ``launch`` takes no lock: which bindings a replay sees when another thread binds at the
     same moment is the caller's ordering to choose.
+
+    State: 17 instance attributes, each read on a hot path where one more indirection would cost
+    per replay; what needs releasing (the arrays held for queued replays, the pooled events) is in
+    one holder, the shadow's keep-alive, which :meth:`close` drains.
     """
+
+    # Retired arrays collected before a covering fence is recorded (KeepAlive's batch).
+    _BATCH = 32
 
     def __init__(self, graph: Graph, exec: GraphExec, names: Sequence[str] | None = None):
         if exec.graph is not graph:
@@ -109,86 +166,79 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
         if plan is None:
             raise ValueError("graph has no launch plan: capture it with capture_plan, or launch into the "
                              "Capture through RawKernel calls or Capture.run so its arrays are named")
-        self.graph = graph
-        self.exec = exec
-        names = tuple(names) if names is not None else plan.inputs + plan.outputs
         # capture_plan records launch i as node i; check it rather than assume it.
         if len(graph.nodes) != len(plan.launches) or not all(n.launch is l for n, l in zip(graph.nodes, plan.launches)):
             raise ValueError("the graph's node map does not follow its plan's launch order")
+        self.graph = graph
+        self.exec = exec
+        names = tuple(names) if names is not None else plan.inputs + plan.outputs
         self.bindings: dict[str, list[tuple[int, str, str]]] = {}
         for name in names:
             uses = plan.uses_of(name)
             if not uses:
                 raise KeyError(f"no node argument uses buffer {name!r}")
             self.bindings[name] = list(uses)
-        self._specs = {name: (plan.buffers[name].shape, plan.buffers[name].dtype) for name in names}
+        # Where each node's parameters live: persistent copies of the captured arguments (binding
+        # never disturbs the eager plan) and the CUDA_KERNEL_NODE_PARAMS pointing at them, in the
+        # exec's shadow with the streams it was launched on and the keep-alive over them.
+        self._shadow = shadow = ExecShadow(exec, graph.device, self._BATCH)
+        kernels = [KernelShadow.of_launch(n.handle, n.launch, n.captured_args) for n in graph.nodes]
+        for node in kernels:
+            shadow.add_kernel(node)
+        self._args: list[KernelArgs] = [node.args for node in kernels if node.args is not None]
+        # Which slots each name's bind changes, and per node every bindable slot in one fixed order
+        # (_node_views); _node_now caches the pointers those slots hold (None: read the slots).
+        self._names: dict[str, _Name] = {}
+        canon: dict[int, list[ctypes.c_uint64]] = {}
+        for name in names:
+            grouped: dict[int, list[ctypes.c_uint64]] = {}
+            for i, arg, _ in self.bindings[name]:
+                word = self._args[i]._storage.ctypes.data + self._args[i].offsets[arg]
+                grouped.setdefault(i, []).append(ctypes.c_uint64.from_address(word))
+            rec = self._names[name] = _Name(plan.buffers[name], any(r == "write" for _, _, r in self.bindings[name]),
+                                            list(grouped.items()))
+            for i, views in rec.slots:
+                slots = canon.setdefault(i, [])
+                rec.positions.append((i, list(range(len(slots), len(slots) + len(views)))))
+                slots.extend(views)
+        self._node_views: dict[int, tuple[ctypes.c_uint64, ...]] = {node: tuple(views) for node, views in canon.items()}
+        self._node_now: dict[int, tuple[int, ...] | None] = {node: None for node in canon}
+        # What each name is bound to now: (ptr, nbytes), and the object passed (held, for replays).
         self._bound_ptr = {name: (plan.buffers[name].ptr, plan.buffers[name].nbytes) for name in names}
         self._bound_obj = {name: captured_object(plan.buffers[name]) for name in names}
-        self._roles = {name: {r for _, _, r in self.bindings[name]} for name in names}
+        # Names a kernel writes, when there is another name they could overlap (else none to check).
+        self._write_names = [n for n in names if self._names[n].writes] if len(names) > 1 else []
         self._pin_epoch = -1
         self._pin_foreign(*foreign_holders(graph, self._bound_ptr))
-        self._write_names = [n for n in names if "write" in self._roles[n]]
-        # The exec's shadow (rawgraph.updates.shadow): per node, persistent arguments (copies:
-        # binding never disturbs the eager plan) and the CUDA_KERNEL_NODE_PARAMS pointing at them,
-        # built once; the streams the exec was launched on (by this manager or anyone else:
-        # GraphExec.launch notes them) and the arrays replaced while replays on them may be queued.
-        self._shadow = shadow = ExecShadow(exec, graph.device, self._BATCH)
-        nodes = [KernelShadow.of_launch(n.handle, n.launch, n.captured_args) for n in graph.nodes]
-        for node in nodes:
-            shadow.add_kernel(node)
-        self._args: list[KernelArgs] = [node.args for node in nodes if node.args is not None]
-        self._params = shadow.params
-        self._handles = shadow.handles
-        # Per binding, the argument slots it rewrites grouped by node, as ctypes views into the
-        # persistent argument buffers (a .value store costs less than a NumPy item store).
-        self._node_slots: dict[str, list[tuple[int, list[_Slot]]]] = {}
-        for name in names:
-            grouped: dict[int, list[_Slot]] = {}
-            for i, arg, _ in self.bindings[name]:
-                slot = self._args[i]._storage.ctypes.data + self._args[i].offsets[arg]
-                grouped.setdefault(i, []).append(ctypes.c_uint64.from_address(slot))
-            self._node_slots[name] = list(grouped.items())
-        # Per node, every bindable slot in one fixed order, and where each name's slots sit in it;
-        # _node_now caches the pointers those slots hold (None: not known, read the slots).
-        canon: dict[int, list[_Slot]] = {}
-        self._slot_index: dict[str, list[tuple[int, list[int]]]] = {}
-        for name in names:
-            per = []
-            for i, views in self._node_slots[name]:
-                slots = canon.setdefault(i, [])
-                per.append((i, list(range(len(slots), len(slots) + len(views)))))
-                slots.extend(views)
-            self._slot_index[name] = per
-        self._node_views = {node: tuple(views) for node, views in canon.items()}
-        self._node_now: dict[int, tuple[int, ...] | None] = {node: None for node in canon}
-        self._writers = any("write" in r for r in self._roles.values()) and len(names) > 1
         # (names..., ids...) of a set of arrays bound together -> its Binding (see bind_many)
         self._cache: dict[tuple[Any, ...], Binding] = {}
         # resource.release_count when the exec and graph were last seen open
         self._checked_at = -1
-        # name -> {id(array): (weakref, ptr, nbytes, owner finalizer or None, address reader or None)}
-        self._checked: dict[str, dict[int, _Checked]] = {name: {} for name in names}
-        self._device = graph.device
-        # Per binding, the nodes it rewrites (what bind pushes when its pointer changes).
-        self._name_nodes = {name: [node for node, _views in self._node_slots[name]] for name in names}
-        self._streams = shadow.streams
-        self._keep = shadow.keep
+        self._keep_graph: Graph | None = None  # after adopt(): the graph whose plan owns the bound buffers
         # One thread at a time changes the shadow parameters and the exec (see _locked).
         self._lock = threading.RLock()
-        # Liveness of what a driver call here names: the exec (its handle) and the graph (its node
-        # handles). A destroyed handle can be reused by the next exec, so a call on it could rewrite
-        # another graph's parameters: every entry point checks these first.
-        self._alive = (exec._finalizer, graph._finalizer)
         self._closed = False
 
     def _pin_foreign(self, holders: dict[str, list[str]], unreadable: list[str]) -> None:
         """Pin each name a node the manager does not update points into (``foreign_holders``)."""
         self._pin_epoch += 1
-        self._pinned = {name: (self._bound_ptr[name][0], where) for name, where in holders.items()}
+        for name, rec in self._names.items():
+            where = holders.get(name)
+            rec.pinned = None if where is None else (self._bound_ptr[name][0], where)
         if unreadable:
             warnings.warn(f"rawgraph: {len(unreadable)} foreign node(s) of this graph cannot be read "
                           f"({', '.join(unreadable[:4])}): if they use a bound buffer, binding it away leaves them "
                           f"on the old one", RawgraphWarning, stacklevel=3)
+
+    @property
+    def _handles(self) -> list[Any]:
+        """Per node, its handle (the shadow's list: what the consistency checks and benchmarks read)."""
+        return self._shadow.handles
+
+    @property
+    def _params(self) -> list[Any]:
+        """Per node, the ``CUDA_KERNEL_NODE_PARAMS`` a push gives the driver (the shadow's list)."""
+        return self._shadow.params
 
     @property
     def update_calls(self) -> int:
@@ -196,18 +246,20 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
         return self._shadow.pushes
 
     def _check_usable(self) -> None:
+        """Refuse a closed manager, or an exec or graph closed under it: a destroyed handle can be
+        reused by the next exec, so a call on it could rewrite another graph's parameters."""
         if self._closed:
             raise ClosedError("ExecUpdateManager is closed")
-        if not self._alive[0].alive:
+        if not self.exec._finalizer.alive:
             raise ClosedError("the GraphExec this manager updates is closed")
-        if not self._alive[1].alive:
+        if not self.graph._finalizer.alive:
             raise ClosedError("the Graph whose node handles this manager names is closed")
 
     # -- binding --------------------------------------------------------------------------
     def bound(self, name: str) -> DeviceArray:
         """The array ``name`` is bound to now (a view; ``owner`` is the object passed to bind)."""
-        shape, dtype = self._specs[name]
-        return DeviceArray(self._bound_ptr[name][0], shape, dtype, self._bound_obj[name])
+        rec = self._names[name]
+        return DeviceArray(self._bound_ptr[name][0], rec.shape, rec.dtype, self._bound_obj[name])
 
     def bind(self, name: str, array: Any) -> int:
         """Point every node argument bound to ``name`` at ``array``; returns driver updates made.
@@ -217,55 +269,39 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
         torch tensor), an overlap check, one in-place pointer write per argument and one
         ``cuGraphExecKernelNodeSetParams`` per node that reads it -- none when the pointer did not
         change. Anything else goes through :meth:`bind_many`, which validates it.
+
+        See Also
+        --------
+        cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         with self._lock:  # inline, not @_locked: this is the per-replay path
             if self._closed or self._checked_at != _resource.release_count:
                 self._check_usable()
                 self._checked_at = _resource.release_count
-            cache = self._checked.get(name)
-            hit = cache.get(id(array)) if cache is not None else None
-            # (the hit test of BindingChecks._resolve, inline: a dead or closed array, or one whose
-            # memory moved while the object stayed, goes through the full check)
-            if hit is None or hit[0]() is not array or (hit[3] is not None and not hit[3].alive) \
-                    or (hit[4] is not None and hit[4](array) != hit[1]):
+            rec = self._names.get(name)
+            hit = rec.checked.get(id(array)) if rec is not None else None
+            # (the hit test of _resolve, inline: a dead or closed array, or one whose memory moved
+            # while the object stayed, goes through the full check)
+            if hit is None or hit.ref() is not array or (hit.alive is not None and not hit.alive.alive) \
+                    or (hit.reread is not None and hit.reread(array) != hit.ptr):
                 return self.bind_many({name: array})
-            ptr, nbytes = hit[1], hit[2]
-            if self._writers:
-                self._check_overlap_one(name, ptr, nbytes)
+            ptr, nbytes = hit.ptr, hit.nbytes
+            if self._write_names:
+                check_overlap_one(self._write_names, self._bound_ptr, name, ptr, nbytes)
             pushed = 0
             if ptr != self._bound_ptr[name][0]:
-                # The shadow core's kernel-node push, inline: this path is measured per replay
-                # (issue 22's no-regression rule), and a call into ExecShadow.push cost 0.27 us
-                # of host time here on the H100. Rollback stays the core's.
-                shadow = self._shadow
-                shadow.device.ensure_current()  # a SetParams on a thread with no context crashes
-                setparams = driver.cuGraphExecKernelNodeSetParams
-                exe, handles, params = shadow.handle, shadow.handles, shadow.params
                 node_now = self._node_now
-                for node, views in self._node_slots[name]:
+                for node, views in rec.slots:  # type: ignore[union-attr]  # (a hit implies rec)
                     for v in views:
                         v.value = ptr
                     node_now[node] = None
-                    (err,) = setparams(exe, handles[node], params[node])
-                    if err != _SUCCESS:
-                        # the bound pointer back into the slots (_unbind), the nodes pushed before it too
-                        raise shadow.roll_back(self._name_nodes[name], pushed, err, self._unbind, name)
-                    pushed += 1
-                shadow.pushes += pushed
+                pushed = self._shadow.push(rec.nodes, _unbind, (self, name))  # type: ignore[union-attr]
                 self._bound_ptr[name] = (ptr, nbytes)
             old_obj = self._bound_obj[name]
             if old_obj is not array:
                 self._bound_obj[name] = array
-                self._retire(old_obj)
+                self._shadow.keep.retire(old_obj)  # nothing held when the exec was never launched
             return pushed
-
-    def _unbind(self, name: str) -> None:
-        """Undo of a refused bind: the slots of ``name`` get its bound pointer back."""
-        ptr = self._bound_ptr[name][0]
-        for node, views in self._node_slots[name]:
-            for v in views:
-                v.value = ptr
-            self._node_now[node] = None
 
     @_locked
     def bind_many(self, arrays: dict[str, Any]) -> int:
@@ -286,6 +322,10 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
         -------
         int
             Number of ``cuGraphExecKernelNodeSetParams`` calls made (0 when nothing changed).
+
+        See Also
+        --------
+        cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         if self._closed or self._checked_at != _resource.release_count:
             self._check_usable()
@@ -296,8 +336,8 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
         if binding is None or not binding.matches(values):
             binding = self._make_binding(arrays, values)
             self._remember(key, binding, values)
-        elif self._writers and not binding.complete:
-            self._check_overlap_with(binding)
+        elif self._write_names and not binding.complete:
+            check_overlap(self._write_names, {**self._bound_ptr, **dict(binding.entries)})
         return self._apply(binding, values)
 
     @_locked
@@ -350,6 +390,10 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
         lookup, one identity check per node, the changed slots and the pushes. A binding whose
         array (a DeviceBuffer) was closed since it was made is refused with :class:`ClosedError`,
         one whose array's memory moved (a torch tensor after ``set_``) with :class:`ArrayError`.
+
+        See Also
+        --------
+        cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         if binding.manager is not self:
             raise ValueError("this Binding was prepared by another ExecUpdateManager")
@@ -366,81 +410,141 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
                 raise ArrayError(f"the array bound to {moved!r} by this Binding moved since it was prepared "
                                  "(the same object at another address): prepare the binding again")
         if binding.pin_epoch != self._pin_epoch:  # prepared before adopt() read new foreign nodes
-            self._check_pins(binding, self._pin_epoch)
-        if self._writers and not binding.complete:
-            self._check_overlap_with(binding)
+            for name, (ptr, _n) in binding.entries:
+                pinned = self._names[name].pinned
+                if pinned is not None and ptr != pinned[0]:
+                    raise ForeignNodeError(f"this Binding moves {name!r}, which {', '.join(pinned[1][:4])} of the "
+                                           f"adopted graph holds an address in; the manager cannot move that node")
+            binding.pin_epoch = self._pin_epoch
+        if self._write_names and not binding.complete:
+            check_overlap(self._write_names, {**self._bound_ptr, **dict(binding.entries)})
         return self._apply(binding, values)
+
+    def _resolve(self, name: str, array: Any) -> tuple[int, int]:
+        """``(ptr, nbytes)`` of a checked array (:func:`~rawgraph.updates.validate.check_new_array`).
+
+        An array already checked is remembered per (name, object) -- by weak reference, so the
+        cache keeps nothing alive -- with its address and how to read that again
+        (:func:`~rawgraph.updates.validate.address_reader`): re-binding it costs a dict lookup and,
+        for an array whose memory can move, one address read. A closed DeviceBuffer or an array
+        whose memory moved fails the lookup and goes through the full check.
+        """
+        rec = self._names.get(name)
+        if rec is None:
+            raise KeyError(f"unknown binding {name!r}; bindable: {sorted(self.bindings)}")
+        hit = rec.checked.get(id(array))
+        if hit is not None and hit.ref() is array and (hit.alive is None or hit.alive.alive) \
+                and (hit.reread is None or hit.reread(array) == hit.ptr):
+            return hit.ptr, hit.nbytes
+        view = check_new_array(array, name, rec.shape, rec.dtype, self._shadow.device, rec.writes, rec.pinned)
+        try:
+            ref = weakref.ref(array)
+        except TypeError:  # not weak-referenceable: checked every time
+            return view.ptr, view.nbytes
+        owner = view.owner
+        if len(rec.checked) > 1024:
+            rec.checked.clear()
+        rec.checked[id(array)] = Checked(ref, view.ptr, view.nbytes,
+                                         owner._finalizer if isinstance(owner, DeviceBuffer) else None,
+                                         address_reader(array))
+        return view.ptr, view.nbytes
+
+    def _make_binding(self, arrays: dict[str, Any], values: tuple[Any, ...]) -> Binding:
+        """Validate a set of arrays (refusing before anything changes) and precompute, per node,
+        which of its bindable slots get which pointer."""
+        entries = tuple((name, self._resolve(name, a)) for name, a in arrays.items())
+        if self._write_names:
+            check_overlap(self._write_names, {**self._bound_ptr, **dict(entries)})
+        want: dict[int, list[int | None]] = {}
+        for name, (ptr, _nb) in entries:
+            for node, positions in self._names[name].positions:
+                w = want.setdefault(node, [None] * len(self._node_views[node]))
+                for i in positions:
+                    w[i] = ptr
+        nodes = []
+        for node, w in want.items():
+            set_at = tuple(i for i, v in enumerate(w) if v is not None)
+            vals = tuple(cast(int, w[i]) for i in set_at)
+            views = self._node_views[node]
+            full = vals if len(set_at) == len(w) else None
+            nodes.append(NodeWrite(node, full, set_at, vals, views))
+        moves = tuple(Move(i, read, ptr) for i, (a, (_name, (ptr, _nb))) in enumerate(zip(values, entries))
+                      if (read := address_reader(a)) is not None)
+        return Binding(self, entries, tuple(nodes), set(arrays) >= set(self.bindings), moves)
+
+    def _remember(self, key: tuple[Any, ...], binding: Binding, values: tuple[Any, ...]) -> None:
+        """Cache a binding for :meth:`bind_many`, weakly (nothing kept alive by the cache)."""
+        try:
+            binding.refs = tuple(weakref.ref(a) for a in values)
+        except TypeError:  # an array that cannot be weakly referenced: checked every time
+            return
+        binding.alive = finalizers(values)
+        binding.checked_at = _resource.release_count
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        self._cache[key] = binding
 
     def _apply(self, binding: Binding, values: tuple[Any, ...]) -> int:
         """Write a binding's pointers into the nodes whose slots differ and push those nodes.
 
         Per node, the pointers its slots hold are cached as a tuple (the very tuple of the binding
         that put them there, so the common check is one identity test); on a refused push every
-        node is put back (_unapply, then the shadow pushes the nodes the driver took again).
+        changed node is put back (:func:`_unapply`) and the nodes the driver took are pushed again.
         """
-        shadow = self._shadow  # its kernel-node push inline, as in bind()
-        shadow.device.ensure_current()  # a SetParams on a thread with no context crashes
-        setparams = driver.cuGraphExecKernelNodeSetParams
-        exe, handles, params = shadow.handle, shadow.handles, shadow.params
         node_now = self._node_now
         changed: list[int] = []
         olds: list[tuple[int, ...]] = []
-        for node, full, idx, vals, views, writes in binding.nodes:
+        for nw in binding.nodes:
+            node, full = nw.node, nw.full
             now = node_now[node]
             if now is full and now is not None:
                 continue  # this binding's pointers are there already
             if now is None:
-                now = tuple(v.value for v in views)
+                now = tuple(v.value for v in nw.views)
             if full is not None:
                 if full == now:
                     node_now[node] = full
                     continue
                 new = full
-                for view, a in writes:
+                for view, a in nw.writes:
                     view.value = a
             else:
                 merged = list(now)
-                for i, val in zip(idx, vals):
+                for i, val in zip(nw.idx, nw.vals):
                     merged[i] = val
                 new = tuple(merged)
                 if new == now:
                     node_now[node] = new
                     continue
-                for view, a in zip(views, new):
+                for view, a in zip(nw.views, new):
                     view.value = a
             changed.append(node)
             olds.append(now)
             node_now[node] = new
-            (err,) = setparams(exe, handles[node], params[node])
-            if err != _SUCCESS:
-                raise shadow.roll_back(changed, len(changed) - 1, err, self._unapply, (changed, olds))
-        if changed:
-            shadow.pushes += len(changed)
+        pushed = self._shadow.push(changed, _unapply, (self, changed, olds)) if changed else 0
         self._bound_ptr.update(binding.entries)
         bound_obj = self._bound_obj
-        if self._streams:  # replayed: a replaced array may still be read by queued replays
+        if self._shadow.streams:  # replayed: a replaced array may still be read by queued replays
             replaced = []
             for name, obj in zip(binding.names, values):
                 old = bound_obj[name]
                 if old is not obj:
                     bound_obj[name] = obj  # first: the exec holds it now, whatever retiring does
                     replaced.append(old)
-            self._retire_all(replaced)
+            self._shadow.keep.retire_all(replaced)
         else:
             bound_obj.update(zip(binding.names, values))
-        return len(changed)
-
-    def _unapply(self, log: tuple[list[int], list[tuple[int, ...]]]) -> None:
-        """Undo of a refused apply: each changed node's slots get the pointers they held."""
-        for node, old in zip(*log):
-            for view, a in zip(self._node_views[node], old):
-                view.value = a
-            self._node_now[node] = old
+        return pushed
 
     def launch(self, stream: Any) -> None:
         """Replay the exec on ``stream`` (``cuGraphLaunch``; any stream-like object) with the
         current bindings. The stream is remembered, so arrays re-bound later stay alive until
-        the replays on it have finished."""
+        the replays on it have finished.
+
+        See Also
+        --------
+        cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         if self._closed or self._checked_at != _resource.release_count:
             self._check_usable()
             self._checked_at = _resource.release_count
@@ -448,31 +552,141 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
 
     replay = launch
 
+    # -- scalars and grid -----------------------------------------------------------------
+    @_locked
+    def set_params(self, node: int, grid: tuple[int, ...] | None = None, **scalars: int | float) -> int:
+        """Change a node's scalar arguments and/or grid in the exec (``cuGraphExecKernelNodeSetParams``).
+
+        The change takes effect for launches made after the call. Pointer arguments are not
+        accepted here (:meth:`bind` validates what they point at); the block size is compiled
+        into the kernels and not accepted either.
+
+        Parameters
+        ----------
+        node : int
+            Node index in capture order.
+        grid : int or tuple of int, optional
+            New grid (an int or 1 to 3 positive ints, within :data:`~rawgraph.runtime.launch.MAX_GRID`).
+            For a kernel compiled with fixed cluster dimensions each grid dimension must be a
+            multiple of the cluster's.
+        **scalars
+            New values of scalar arguments (any kind of :data:`~rawgraph.runtime.launch.ARG_DTYPES` but ``ptr``), by name.
+
+        Returns
+        -------
+        int
+            1 when the node was pushed, 0 when nothing changed.
+
+        Raises
+        ------
+        KeyError
+            Unknown node or argument.
+        TypeError
+            A pointer argument, or a value its C type cannot hold (:class:`ArgumentError`, as a
+            launch refuses it).
+        ShapeError
+            A grid that is not 1 to 3 positive ints, is larger than ``MAX_GRID`` or does not
+            fit the kernel's cluster dimensions.
+
+        Every refusal comes before anything changes: the shadow and the exec keep what they held.
+
+        See Also
+        --------
+        cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
+        # (Over 60 lines with its reference docstring; the body is the checks in the order a launch
+        # makes them, then one edit and one push: splitting it would split that order.)
+        self._check_usable()
+        if not 0 <= node < len(self._args):
+            raise KeyError(f"node {node} is not in this graph (0..{len(self._args) - 1})")
+        args, params = self._args[node], self._shadow.params[node]
+        kinds = dict(args.spec)
+        # Everything is checked before the shadow changes: a refused call leaves the shadow equal
+        # to the exec, so the next push of this node (any bind that moves one of its arrays)
+        # carries none of it.
+        values = {}
+        for arg, value in scalars.items():
+            if arg not in kinds:
+                raise KeyError(f"node {node} ({self.graph.nodes[node].launch.kernel.name}) has no argument {arg!r}; "
+                               f"it has {args.names()}")
+            if kinds[arg] == "ptr":
+                raise TypeError(f"{arg!r} is a pointer argument: rebind it with bind() so the array is checked")
+            if kinds[arg] not in ARG_DTYPES:
+                raise TypeError(f"{arg!r} ({kinds[arg]}) is passed by value as an array: edit it with "
+                                "the launch's args.array() and set_params")
+            values[arg] = stored_scalar(kinds[arg], value, repr(arg))
+        new_grid = None if grid is None else check_grid(grid, self.graph.nodes[node].launch.kernel.cluster_dims)
+        old_values = {arg: args[arg] for arg in values}
+        old_grid = (params.gridDimX, params.gridDimY, params.gridDimZ)
+        if all(old_values[a] == v for a, v in values.items()) and new_grid in (None, old_grid):
+            return 0
+        # Neither edit can fail now; a refused push puts both back (restore_scalars).
+        args.update(values)
+        if new_grid is not None:
+            params.gridDimX, params.gridDimY, params.gridDimZ = new_grid
+        return self._shadow.push((node,), restore_scalars, (args, params, old_values, old_grid))
+
+    def scalar_setter(self, node: int, arg: str) -> Any:
+        """A fast setter for one scalar argument of one node: the node and argument are checked
+        here once (as :meth:`set_params` checks them), then each call ``setter(value)`` checks the
+        value as :meth:`set_params` and a launch do (:class:`ArgumentError`, before anything
+        changes), writes it and pushes the node only when it changed
+        (``cuGraphExecKernelNodeSetParams``); returns the pushes made (0 or 1). For per-step
+        updates such as a live row count.
+
+        See Also
+        --------
+        cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
+        self.set_params(node, None, **{arg: self._args[node][arg]})  # validates node, arg and kind
+        kind, what = dict(self._args[node].spec)[arg], repr(arg)
+        view = self._args[node]._views[arg]
+        push = self._shadow.push
+        nodes = (node,)
+        alive = (self.exec._finalizer, self.graph._finalizer)
+        lock = self._lock
+
+        def restore(old: Any) -> None:
+            view[0] = old
+
+        def setter(value: int | float) -> int:
+            with lock:
+                if self._closed or not (alive[0].alive and alive[1].alive):
+                    self._check_usable()
+                stored = stored_scalar(kind, value, what)
+                if view[0] == stored:
+                    return 0
+                old = view[0].item()
+                view[0] = stored
+                return push(nodes, restore, old)
+
+        return setter
+
+    def node_params(self, node: int) -> dict[str, Any]:
+        """What this manager last gave the exec for ``node``: grid and argument values (the
+        driver has no getter for exec node parameters; this is the shadow it keeps)."""
+        p, args = self._shadow.params[node], self._args[node]
+        return {"grid": (p.gridDimX, p.gridDimY, p.gridDimZ), **{n: args[n] for n in args.names()}}
+
     # -- keeping bound memory alive -------------------------------------------------------
-    # A replaced array may still be read by replays in flight. It is kept in ``_pending`` until an
-    # event recorded after those replays completes. One event per used stream covers a whole batch
-    # of retired arrays, so re-binding costs no driver call on most binds.
-    _BATCH = 32
-
-    def _retire(self, old: Any) -> None:
-        self._shadow.retire(old)  # nothing held when the exec was never launched
-
-    def _retire_all(self, objs: list[Any]) -> None:
-        self._shadow.retire_all(objs)
-
     def collect(self) -> int:
         """Cover retired arrays with an event per stream the exec was launched on
         (``cuEventRecord``), release those whose replays have finished (``cuEventQuery``).
 
         Returns how many arrays are still held.
+
+        See Also
+        --------
+        cuEventRecord : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        cuEventQuery : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
         """
         with self._lock:
-            return self._keep.collect()
+            return self._shadow.keep.collect()
 
     @property
     def retained(self) -> list[Any]:
         """Objects no longer bound but kept alive for replays that may still read them."""
-        return self._keep.retained
+        return self._shadow.keep.retained
 
     # -- whole-graph update ---------------------------------------------------------------
     @_locked
@@ -504,22 +718,28 @@ class ExecUpdateManager(BindingChecks, ParamSetters):
         # The exec's foreign nodes now hold this graph's values: pin again, and forget arrays
         # checked against the old pins.
         self._pin_foreign(*pins)
-        for cache in self._checked.values():
-            cache.clear()
+        for rec in self._names.values():
+            rec.checked.clear()
         self._cache.clear()
-        self._retire_all(replaced)  # last: a fence that cannot be recorded leaves the adoption whole
+        self._shadow.keep.retire_all(replaced)  # last: a fence that cannot be recorded leaves the adoption whole
 
     def close(self) -> None:
         """Wait for every queued replay that may read a retired array, drop them and the pooled
         events (``cuEventRecord`` + ``cuEventSynchronize``; a stream closed since its launch is
         waited for through its tail event); later binds and launches raise :class:`ClosedError`.
         Safe twice; never stops half-way (a failed wait keeps the arrays and warns). The exec and
-        graph are not closed."""
+        graph are not closed.
+
+        See Also
+        --------
+        cuEventRecord : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        cuEventSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        """
         with self._lock:
             self._closed = True
-            self._keep.close()
-            for cache in self._checked.values():
-                cache.clear()
+            self._shadow.keep.close()
+            for rec in self._names.values():
+                rec.checked.clear()
             self._cache.clear()
 
     def __enter__(self) -> "ExecUpdateManager":

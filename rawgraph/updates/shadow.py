@@ -31,7 +31,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from ..runtime import resource as _resource
-from ..runtime.device import Device
+from ..runtime.device import Device, _here
 from ..runtime.errors import DeviceUpdatableError, cuda_error
 from ..runtime.launch import KernelArgs
 from ..runtime.memory import DeviceBuffer
@@ -212,10 +212,21 @@ class ExecShadow:
         If the driver refuses one, ``undo(log)`` puts the shadow of every node in ``nodes`` back,
         the nodes pushed before it get their old values again, and the typed error is raised:
         the exec and the shadow hold the old values, all of them.
+
+        Every update path pushes here, the manager's per-replay ``bind`` and ``apply`` included:
+        when every node is a kernel node the loop is one SetParams call per node and nothing else.
+
+        See Also
+        --------
+        cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        cuGraphExecMemcpyNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        cuGraphExecMemsetNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         if not nodes:
             return 0
-        self.device.ensure_current()  # a SetParams on a thread with no context crashes
+        device = self.device
+        if getattr(_here, "context", None) is not device.context:  # Device.ensure_current, inline
+            device.activate()  # a SetParams on a thread with no context crashes
         setparams = driver.cuGraphExecKernelNodeSetParams
         exe, handles, params, setters = self.handle, self.handles, self.params, self.setters
         if setters is None:  # every node a kernel node: the per-replay path, kept to the bone
@@ -243,8 +254,7 @@ class ExecShadow:
     def roll_back(self, nodes: Sequence[int], k: int, err: Any, undo: Undo | None, log: Any) -> BaseException:
         """The k-th push of ``nodes`` was refused (the driver kept that node's old values): the
         shadow goes back, then the nodes before it (the driver took their new values) get the
-        old ones again. Returns the error to raise. (:meth:`push` calls it; so do owners whose
-        per-replay path pushes kernel nodes inline, as the manager's ``bind`` and ``apply`` do.)"""
+        old ones again. Returns the error to raise (:meth:`push`, the one push loop, calls it)."""
         exc = cuda_error(err, self._call(nodes[k])[1])
         if undo is not None:
             undo(log)

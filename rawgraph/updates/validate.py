@@ -1,7 +1,12 @@
-"""What the exec-update manager checks before anything changes: the arrays a bind names (shape,
-dtype, device, layout, overlap, pinned by a foreign node) and the :class:`Binding` it makes of a
-checked set. :class:`BindingChecks` is the part of
-:class:`~rawgraph.updates.manager.ExecUpdateManager` that refuses; it never touches the exec.
+"""What :class:`~rawgraph.updates.manager.ExecUpdateManager` refuses before anything changes, and
+the records a checked bind is made of.
+
+Pure functions over explicit arguments (no manager state): the full check of one array
+(:func:`check_new_array`: shape, dtype, device, layout, writable, pinned by a foreign node), the
+overlap of a written buffer with any other (:func:`check_overlap`, :func:`check_overlap_one`), how
+to read an array's address again (:func:`address_reader`). The records: :class:`Checked` (an array
+checked once, cached by identity), :class:`NodeWrite` (what one binding writes into one node) and
+:class:`Binding` (a checked set of arrays, ready to push). None of them touches the exec.
 """
 
 from __future__ import annotations
@@ -9,33 +14,20 @@ from __future__ import annotations
 import ctypes
 import sys
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-import numpy as np
-
-from ..runtime import resource as _resource
 from ..runtime.errors import ArrayError, ForeignNodeError, LayoutError
 from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
-from .shadow import BaseBinding, finalizers
+from .shadow import BaseBinding
 
 if TYPE_CHECKING:
-    from typing import TypeAlias
+    import numpy as np
 
     from ..runtime.device import Device
     from .manager import ExecUpdateManager
 
-    # One argument slot of a node's persistent buffer, as the ctypes word a bind stores a pointer in.
-    _Slot: TypeAlias = ctypes.c_uint64
-    # (name, (ptr, nbytes)) per array of a binding
-    _Entry: TypeAlias = tuple[str, tuple[int, int]]
-    # Per node a binding touches: (node, full, idx, vals, views, writes); see Binding.__init__.
-    _NodeWrite: TypeAlias = tuple[int, tuple[int, ...] | None, tuple[int, ...], tuple[int, ...], tuple[_Slot, ...],
-                                 tuple[tuple[_Slot, int], ...]]
-    # (index, address reader, pointer checked) per array whose memory can move
-    _Move: TypeAlias = tuple[int, Callable[[Any], int], int]
-    # A checked array: (weak reference, ptr, nbytes, owner's finalizer or None, address reader or None)
-    _Checked: TypeAlias = tuple[weakref.ref[Any], int, int, weakref.finalize[..., Any] | None,
-                               Callable[[Any], int] | None]
+__all__ = ["Binding", "Checked", "Move", "NodeWrite", "address_reader", "check_new_array", "check_overlap",
+           "check_overlap_one"]
 
 
 def address_reader(obj: Any) -> Callable[[Any], int] | None:
@@ -72,6 +64,109 @@ def _exported_address(obj: Any) -> int:
     return as_device_array(obj).ptr
 
 
+class Checked:
+    """An array checked once for one name, remembered by identity (weakly: the cache keeps
+    nothing alive). A hit holds while ``ref()`` is the array, its owner DeviceBuffer is open
+    (``alive``) and, for memory that can move, ``reread(array)`` still gives ``ptr``."""
+
+    __slots__ = ("ref", "ptr", "nbytes", "alive", "reread")
+
+    ref: weakref.ref[Any]
+    ptr: int
+    nbytes: int
+    alive: weakref.finalize[..., Any] | None
+    reread: Callable[[Any], int] | None
+
+    def __init__(self, ref: weakref.ref[Any], ptr: int, nbytes: int, alive: weakref.finalize[..., Any] | None,
+                 reread: Callable[[Any], int] | None):
+        self.ref = ref
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.alive = alive
+        self.reread = reread
+
+
+def check_new_array(array: Any, name: str, shape: tuple[int, ...], dtype: np.dtype[Any], device: Device,
+                    writes: bool, pinned: tuple[int, list[str]] | None) -> DeviceArray:
+    """``array`` as the view a bind of ``name`` may point nodes at, or the typed refusal: wrong
+    shape, dtype, device or layout (:func:`~rawgraph.runtime.memory.check_array`), read-only memory
+    a kernel writes through (``writes``), or another address for a name a foreign node holds an
+    address in (``pinned``: the captured pointer and the nodes)."""
+    view = check_array(as_device_array(array, name), shape, dtype, name, device)
+    if view.readonly and writes:  # the rule RawKernel keeps at launch
+        raise ArrayError(f"{name!r} is read-only memory (its producer exported it so), but a kernel of this "
+                         "graph writes through that argument: bind writable memory")
+    if pinned is not None and view.ptr != pinned[0]:
+        raise ForeignNodeError(
+            f"cannot bind {name!r} to another buffer: {', '.join(pinned[1][:4])} of this graph holds an address "
+            f"in it, and the manager updates only the launches it recorded, so that node would keep using "
+            f"the old buffer; move every address at once with rawgraph.updates.rebind.AddressRebinder")
+    return view
+
+
+def check_overlap(write_names: list[str], spans: dict[str, tuple[int, int]]) -> None:
+    """:class:`LayoutError` when a buffer a kernel writes (``write_names``) overlaps any other of
+    ``spans`` (name -> (ptr, nbytes)): the kernels would read what another one is writing."""
+    for wname in write_names:
+        wp, wn = spans[wname]
+        for rname, (rp, rn) in spans.items():
+            if rname != wname and wp < rp + rn and rp < wp + wn:
+                raise LayoutError(f"{wname} (written) overlaps {rname}")
+
+
+def check_overlap_one(write_names: list[str], bound: dict[str, tuple[int, int]], name: str, ptr: int,
+                      nbytes: int) -> None:
+    """:func:`check_overlap` of ``bound`` with ``name`` moved to ``(ptr, nbytes)``, without
+    building the merged spans (the bind fast path)."""
+    for wname in write_names:
+        if wname == name:
+            for other, (op, on) in bound.items():
+                if other != name and ptr < op + on and op < ptr + nbytes:
+                    raise LayoutError(f"{name} (written) overlaps {other}")
+        else:
+            wp, wn = bound[wname]
+            if wp < ptr + nbytes and ptr < wp + wn:
+                raise LayoutError(f"{wname} (written) overlaps {name}")
+
+
+class NodeWrite:
+    """What one :class:`Binding` writes into one node's bindable slots.
+
+    ``full``: the pointer of every bindable slot of the node, when the binding sets them all (then
+    ``writes`` pairs each slot with its pointer); None when it sets some, and ``idx``/``vals`` say
+    which slots (positions in ``views``) get which pointer. ``views``: every bindable slot of the
+    node, in the manager's fixed order. (Slotted attributes, not a tuple subclass: an apply reads
+    ``node`` and ``full`` per node per replay, and stops there when that node already holds them.)
+    """
+
+    __slots__ = ("node", "full", "idx", "vals", "views", "writes")
+
+    node: int
+    full: tuple[int, ...] | None
+    idx: tuple[int, ...]
+    vals: tuple[int, ...]
+    views: tuple[ctypes.c_uint64, ...]
+    writes: tuple[tuple[ctypes.c_uint64, int], ...]
+
+    def __init__(self, node: int, full: tuple[int, ...] | None, idx: tuple[int, ...], vals: tuple[int, ...],
+                 views: tuple[ctypes.c_uint64, ...]):
+        self.node = node
+        self.full = full
+        self.idx = idx
+        self.vals = vals
+        self.views = views
+        self.writes = tuple(zip(views, full)) if full is not None else ()
+
+
+class Move(NamedTuple):
+    """An array of a binding whose memory can move while the object stays: its position, how
+    to read its address again, and the address it was checked at."""
+
+    position: int
+    reread: Callable[[Any], int]
+    ptr: int
+
+
 class Binding(BaseBinding):
     """A validated set of arrays for one :class:`~rawgraph.updates.manager.ExecUpdateManager`,
     ready to push.
@@ -85,6 +180,10 @@ class Binding(BaseBinding):
     ----------
     names : tuple of str
         The bindings it sets, in order.
+    entries : tuple
+        ``(name, (ptr, nbytes))`` per array, in order.
+    nodes : tuple of NodeWrite
+        Per node it touches, what it writes there.
     complete : bool
         It names every bindable buffer of its manager (its overlap check then holds whatever else
         is bound, so it is not repeated).
@@ -93,32 +192,26 @@ class Binding(BaseBinding):
     __slots__ = ("names", "entries", "nodes", "complete", "values", "refs", "pin_epoch", "moves")
 
     names: tuple[str, ...]
-    entries: tuple[_Entry, ...]
-    nodes: tuple[_NodeWrite, ...]
+    entries: tuple[tuple[str, tuple[int, int]], ...]
+    nodes: tuple[NodeWrite, ...]
     complete: bool
     values: tuple[Any, ...] | None
     refs: tuple[weakref.ref[Any], ...]
     pin_epoch: int
-    moves: tuple[_Move, ...]
+    moves: tuple[Move, ...]
 
-    def __init__(self, manager: Any, entries: tuple[_Entry, ...], nodes: tuple[_NodeWrite, ...], complete: bool,
-                 moves: tuple[_Move, ...] = ()):
+    def __init__(self, manager: Any, entries: tuple[tuple[str, tuple[int, int]], ...], nodes: tuple[NodeWrite, ...],
+                 complete: bool, moves: tuple[Move, ...] = ()):
         super().__init__(manager)
         self.checked_at = -1  # nothing named was seen open yet (prepare and the cache set it)
         self.names = tuple(name for name, _ in entries)
-        # (name, (ptr, nbytes)) per array
         self.entries = entries
-        # per node touched: (node, full, idx, vals, views, writes). ``full``: the pointers of
-        # every bindable slot of the node when the set covers them all (else None, and
-        # ``idx``/``vals`` say which slots it sets to what); ``views``: those slots; ``writes``:
-        # (slot, pointer) pairs when ``full`` is known.
         self.nodes = nodes
         self.complete = complete
         self.values = None  # the arrays, held strongly (prepare: also its ``holds``)
         self.refs = ()  # weak references to them (the bind_many cache)
         # the manager's pin epoch its entries were checked against (see ExecUpdateManager.adopt)
         self.pin_epoch = manager._pin_epoch
-        # (index, address_reader, pointer checked) per array whose memory can move
         self.moves = moves
 
     @property
@@ -145,126 +238,3 @@ class Binding(BaseBinding):
 
     def __repr__(self) -> str:
         return f"Binding({', '.join(self.names)}; {len(self.nodes)} nodes)"
-
-
-class BindingChecks:
-    """The manager's refusals: every one runs before anything changes."""
-
-    bindings: dict[str, list[tuple[int, str, str]]]
-    _specs: dict[str, tuple[tuple[int, ...], np.dtype[Any]]]  # (shape, dtype) per name
-    _device: Device
-    _pinned: dict[str, tuple[int, list[str]]]
-    _checked: dict[str, dict[int, _Checked]]  # per name, by id() of the array
-    _bound_ptr: dict[str, tuple[int, int]]
-    _write_names: list[str]
-    _roles: dict[str, set[str]]
-    _writers: bool
-    _slot_index: dict[str, list[tuple[int, list[int]]]]
-    _node_views: dict[int, tuple[_Slot, ...]]
-    _cache: dict[tuple[Any, ...], Binding]  # (names..., ids...) -> its Binding
-
-    def _resolve(self, name: str, array: Any) -> tuple[int, int]:
-        """``(ptr, nbytes)`` of a checked array (shape, dtype, layout, device).
-
-        An array already checked is remembered per (name, object) -- by weak reference, so the
-        cache keeps nothing alive -- with its address and how to read that again
-        (:func:`address_reader`), and re-binding it costs a dict lookup and, for an array whose
-        memory can move, one address read. A closed DeviceBuffer or an array whose memory moved
-        fails the lookup and goes through the full check.
-        """
-        if name not in self.bindings:
-            raise KeyError(f"unknown binding {name!r}; bindable: {sorted(self.bindings)}")
-        cache = self._checked[name]
-        hit = cache.get(id(array))
-        if hit is not None and hit[0]() is array and (hit[3] is None or hit[3].alive) \
-                and (hit[4] is None or hit[4](array) == hit[1]):
-            return hit[1], hit[2]
-        shape, dtype = self._specs[name]
-        view = check_array(as_device_array(array, name), shape, dtype, name, self._device)
-        if view.readonly and "write" in self._roles[name]:  # the rule RawKernel keeps at launch
-            raise ArrayError(f"{name!r} is read-only memory (its producer exported it so), but a kernel of this "
-                             "graph writes through that argument: bind writable memory")
-        pinned = self._pinned.get(name)
-        if pinned is not None and view.ptr != pinned[0]:
-            raise ForeignNodeError(
-                f"cannot bind {name!r} to another buffer: {', '.join(pinned[1][:4])} of this graph holds an address "
-                f"in it, and the manager updates only the launches it recorded, so that node would keep using "
-                f"the old buffer; move every address at once with rawgraph.updates.rebind.AddressRebinder")
-        try:
-            ref = weakref.ref(array)
-        except TypeError:  # not weak-referenceable: checked every time
-            return view.ptr, view.nbytes
-        owner = view.owner
-        alive = owner._finalizer if isinstance(owner, DeviceBuffer) else None
-        if len(cache) > 1024:
-            cache.clear()
-        cache[id(array)] = (ref, view.ptr, view.nbytes, alive, address_reader(array))
-        return view.ptr, view.nbytes
-
-    def _check_overlap_one(self, name: str, ptr: int, nbytes: int) -> None:
-        for wname in self._write_names:
-            if wname == name:
-                for other, (op, on) in self._bound_ptr.items():
-                    if other != name and ptr < op + on and op < ptr + nbytes:
-                        raise LayoutError(f"{name} (written) overlaps {other}")
-            else:
-                wp, wn = self._bound_ptr[wname]
-                if wp < ptr + nbytes and ptr < wp + wn:
-                    raise LayoutError(f"{wname} (written) overlaps {name}")
-
-    def _check_overlap(self, spans: dict[str, tuple[int, int]]) -> None:
-        for wname in self._write_names:
-            wp, wn = spans[wname]
-            for rname, (rp, rn) in spans.items():
-                if rname != wname and wp < rp + rn and rp < wp + wn:
-                    raise LayoutError(f"{wname} (written) overlaps {rname}")
-
-    def _check_overlap_with(self, binding: Binding) -> None:
-        spans = dict(self._bound_ptr)
-        spans.update(binding.entries)
-        self._check_overlap(spans)
-
-    def _check_pins(self, binding: Binding, epoch: int) -> None:
-        """A binding prepared before adopt() read new foreign nodes: check it against the new pins."""
-        for name, (ptr, _n) in binding.entries:
-            pinned = self._pinned.get(name)
-            if pinned is not None and ptr != pinned[0]:
-                raise ForeignNodeError(f"this Binding moves {name!r}, which {', '.join(pinned[1][:4])} of the "
-                                       f"adopted graph holds an address in; the manager cannot move that node")
-        binding.pin_epoch = epoch
-
-    def _make_binding(self, arrays: dict[str, Any], values: tuple[Any, ...]) -> Binding:
-        """Validate a set of arrays (refusing before anything changes) and precompute its slots."""
-        entries = tuple((name, self._resolve(name, a)) for name, a in arrays.items())
-        if self._writers:
-            spans = dict(self._bound_ptr)
-            spans.update(entries)
-            self._check_overlap(spans)
-        want: dict[int, list[int | None]] = {}
-        for name, (ptr, _nb) in entries:
-            for node, positions in self._slot_index[name]:
-                w = want.setdefault(node, [None] * len(self._node_views[node]))
-                for i in positions:
-                    w[i] = ptr
-        nodes: list[_NodeWrite] = []
-        for node, w in want.items():
-            full = tuple(w) if None not in w else None
-            idx = tuple(i for i, v in enumerate(w) if v is not None)
-            views = self._node_views[node]
-            writes = tuple(zip(views, full)) if full is not None else ()
-            # (no None in full, writes or vals: full only when every slot is set, vals only at set slots)
-            nodes.append(cast("_NodeWrite", (node, full, idx, tuple(w[i] for i in idx), views, writes)))
-        moves = tuple((i, read, ptr) for i, (a, (_name, (ptr, _nb))) in enumerate(zip(values, entries))
-                      if (read := address_reader(a)) is not None)
-        return Binding(self, entries, tuple(nodes), set(arrays) >= set(self.bindings), moves)
-
-    def _remember(self, key: tuple[Any, ...], binding: Binding, values: tuple[Any, ...]) -> None:
-        try:
-            binding.refs = tuple(weakref.ref(a) for a in values)
-        except TypeError:  # an array that cannot be weakly referenced: checked every time
-            return
-        binding.alive = finalizers(values)
-        binding.checked_at = _resource.release_count
-        if len(self._cache) > 4096:
-            self._cache.clear()
-        self._cache[key] = binding
