@@ -48,13 +48,13 @@ from .runtime.errors import (  # noqa: E402
 from .runtime.device import Device, driver_status, get_device, gpu_available  # noqa: E402
 from .runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array  # noqa: E402
 from .runtime.stream import Event, Stream  # noqa: E402
-from .runtime.compiler import CacheWarning, KernelCache, compile_source, nvrtc_version  # noqa: E402
+from .runtime.compiler import CacheWarning, KernelCache, MissingHeadersError, compile_source, nvrtc_version  # noqa: E402
 from .runtime.module import get_kernel, kernel_dir, kernel_files  # noqa: E402
 from .runtime.launch import KernelArgs, Launch, LaunchPlan  # noqa: E402
 from .models.tinyblock import BlockWeights, TinyBlock, Workspace, reference_forward  # noqa: E402
 from .graphs.graph import ForeignNode, Graph, GraphExec  # noqa: E402
 from .graphs.capture import Capture, CaptureMode, capture_branches, capture_plan  # noqa: E402
-from .runtime.rawkernel import RawKernel  # noqa: E402
+from .runtime.rawkernel import CompileOnlyError, KernelParam, RawKernel, check_kernel  # noqa: E402
 from .updates.static import StaticGraph  # noqa: E402
 from .updates.manager import Binding, ExecUpdateManager  # noqa: E402
 from .updates.indirect import IndirectBinding, IndirectGraph  # noqa: E402
@@ -81,15 +81,15 @@ from . import graphs, models, ops, runtime, updates  # noqa: E402
 __all__ = [
     "AddressRebinder", "AdoptedGraph", "ArgumentError", "ArrayError", "Binding", "BlockWeights",
     "BucketGraphs", "BuiltGraph", "CacheWarning", "Capture", "CaptureError", "CaptureMode",
-    "CaptureRefusedError", "Choice", "ChooseError", "ClosedError", "CudaError", "DTypeError", "Device",
+    "CaptureRefusedError", "Choice", "ChooseError", "ClosedError", "CompileOnlyError", "CudaError", "DTypeError", "Device",
     "DeviceArray", "DeviceBuffer", "DeviceShapedError", "DeviceShapedGraph", "DeviceUpdatableError", "Event",
     "ExecUpdateManager", "ForeignNode", "ForeignNodeError", "FunctionModel", "FunctionModelError", "Graph", "GraphBuilder", "GraphExec",
-    "GraphUpdateError", "HostBuffer", "IndirectBinding", "IndirectGraph", "KernelArgs", "KernelCache",
-    "Launch", "LaunchPlan", "LayoutError", "LayoutMismatchError", "NoDeviceError", "NotOnDeviceError",
+    "GraphUpdateError", "HostBuffer", "IndirectBinding", "IndirectGraph", "KernelArgs", "KernelCache", "KernelParam",
+    "Launch", "LaunchPlan", "LayoutError", "LayoutMismatchError", "MissingHeadersError", "NoDeviceError", "NotOnDeviceError",
     "NvrtcError", "PendingRow", "RawKernel", "RawgraphError", "RebindError", "ReshapedGraph",
     "RowCountBuckets", "ShapeError", "SignatureError", "SlotError", "SlotPool", "StaticGraph", "Stream",
     "TinyBlock", "TwoBranchBlock", "Workspace", "adopt", "as_device_array", "build_plan", "capture_branches",
-    "capture_plan", "choose_strategy", "compile_source", "control", "driver_status", "from_cupy",
+    "capture_plan", "check_kernel", "choose_strategy", "compile_source", "control", "driver_status", "from_cupy",
     "from_torch", "get_device", "get_kernel", "gpu_available", "graphs", "kernel_dir", "kernel_files",
     "models", "nvrtc_version", "ops", "read_graph", "reference_forward", "runtime", "serving", "updates",
 ]

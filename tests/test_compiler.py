@@ -359,3 +359,69 @@ def test_a_header_edited_during_the_compile_is_not_stored(tmp_path, monkeypatch)
     compile_source(_value_src('#include "h.cuh"'), "k.cu", "sm_90", options=["-std=c++17", f"-I{tmp_path}"],
                    cache=cache)
     assert list((tmp_path / "cache").glob("*.bin")) == []
+
+
+def test_an_angled_include_is_keyed_only_where_nvrtc_looks_for_it(tmp_path):
+    # NVRTC looks up <name> in the include directories only, never beside the source or the
+    # header that includes it: a file of that name there is never read, so never keyed.
+    inc, src_dir = tmp_path / "inc", tmp_path / "src"
+    (inc / "sub").mkdir(parents=True)
+    src_dir.mkdir()
+    (inc / "h.cuh").write_text("#include <sub/v.cuh>\n")
+    (inc / "sub" / "v.cuh").write_text("#include <w.cuh>\n")  # angled: not looked up in sub/
+    (inc / "w.cuh").write_text("#define V 1.5f\n")
+    cache = KernelCache(tmp_path / "cache")
+    opts = ["-std=c++17", f"-I{inc}"]
+    name, src = str(src_dir / "k.cu"), _value_src("#include <h.cuh>")
+    assert _stores(compile_source(src, name, "sm_90", options=opts, fmt="ptx", cache=cache).image, 1.5)
+    (src_dir / "h.cuh").write_text("#define V 9.5f\n")  # beside the source
+    (inc / "sub" / "w.cuh").write_text("#define V 9.5f\n")  # beside the header including it
+    again = compile_source(src, name, "sm_90", options=opts, fmt="ptx", cache=cache)
+    assert again.from_cache and _stores(again.image, 1.5)
+    (inc / "w.cuh").write_text("#define V 2.5f\n")  # where NVRTC does look: recompiled
+    edited = compile_source(src, name, "sm_90", options=opts, fmt="ptx", cache=cache)
+    assert not edited.from_cache and _stores(edited.image, 2.5)
+
+
+def test_each_header_is_looked_up_once_per_place(tmp_path, monkeypatch):
+    # A chain of headers, each including the next, among several include directories: every
+    # (name, directory) pair is looked at once, not once more for each level of the chain (the
+    # toolkit's <cuda/std/...> headers name hundreds of files: that took seconds per cache hit).
+    import rawgraph.runtime.compiler as compiler
+
+    dirs = [tmp_path / f"d{i}" for i in range(10)]
+    for d in dirs:
+        d.mkdir()
+    depth = 60
+    for i in range(depth):
+        (dirs[i % len(dirs)] / f"h{i}.cuh").write_text(f"#include <h{i + 1}.cuh>\n" if i + 1 < depth else "")
+    calls = []  # file system lookups: stat, and the lstat of each component realpath resolves
+    for fn in ("stat", "lstat"):
+        monkeypatch.setattr(os, fn, lambda *a, _real=getattr(os, fn), **k: calls.append(a[0]) or _real(*a, **k))
+    found = compiler._headers("#include <h0.cuh>\n", "k.cu", [f"-I{d}" for d in dirs])
+    monkeypatch.undo()
+    assert len([f for f, digest in found if digest != "absent"]) == depth
+    assert len(calls) <= 2 * depth * len(dirs), f"{len(calls)} lookups for {depth} names in {len(dirs)} directories"
+
+
+def test_toolkit_include_directories_come_after_the_callers_and_only_where_a_header_is_named(tmp_path,
+                                                                                             monkeypatch):
+    import rawgraph.runtime.compiler as compiler
+
+    asked = []
+    monkeypatch.setattr(compiler, "_locate_headers", lambda lib: asked.append(lib) or f"/toolkit/{lib}")
+    # rawgraph's own kernels name no header: their options (and cache keys) are as they were,
+    # and no toolkit is looked for on their account
+    for name in kernel_files():
+        assert compiler._toolkit_options(kernel_source(name), ["-std=c++17"]) == []
+    assert asked == []
+    mine = str(tmp_path)
+    assert compiler._toolkit_options("#include <cuda_fp16.h>\n", ["-std=c++17", f"-I{mine}"]) == [
+        "-I/toolkit/cudart", "-I/toolkit/cccl"]
+    assert compiler._toolkit_options("", ["-include", "x.cuh"]) == ["-I/toolkit/cudart", "-I/toolkit/cccl"]
+    # a directory the caller already gives is not given twice
+    assert compiler._toolkit_options('#include "x.cuh"\n', ["-I", "/toolkit/cccl"]) == ["-I/toolkit/cudart"]
+    seen = []
+    monkeypatch.setattr(compiler, "_compile", lambda s, n, a, names, options, fmt: seen.append(options))
+    compile_source('#include <v.cuh>\n', "k.cu", "sm_90", options=["-std=c++17", f"-I{mine}"], cache=False)
+    assert seen == [["-std=c++17", f"-I{mine}", "-I/toolkit/cudart", "-I/toolkit/cccl", "--gpu-architecture=sm_90"]]

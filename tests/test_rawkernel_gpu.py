@@ -308,3 +308,38 @@ def test_plain_cpp_and_namespaced_kernels_run(stream, rng):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=f"seed {rng.seed_used}")
     twice(_grid(n), 256, (y, n), stream=stream)
     np.testing.assert_array_equal(y.to_numpy(stream), np.float32(2) * got)  # doubling is exact
+
+
+HALF = r"""
+#include <cuda_fp16.h>
+extern "C" __global__ void hscale(const __half* __restrict__ x, __half s, __half* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __hadd(__hmul(x[i], s), __float2half(1.0f));
+}
+"""
+
+
+def test_a_half_kernel_from_cuda_fp16_h_runs_with_float16_arrays_and_a_half_scalar(stream, rng):
+    # <cuda_fp16.h> comes from the toolkit headers rawgraph's dependencies install; a __half
+    # scalar is packed from a Python or NumPy float (rounded to float16), __half* takes float16.
+    k = RawKernel(HALF, "hscale")
+    assert k.spec == [("x", "ptr"), ("s", "f16"), ("y", "ptr"), ("n", "i32")]
+    assert k.layout == [(0, 8), (8, 2), (16, 8), (24, 4)]
+    n = int(rng.integers(1000, 5000))
+    xh = rng.uniform(-4, 4, n).astype(np.float16)
+    for s in (float(rng.uniform(0.5, 2)), np.float16(rng.uniform(-2, -0.5))):
+        x = DeviceBuffer.from_numpy(xh, stream=stream)
+        y = DeviceBuffer.from_numpy(np.full(n, np.nan, np.float16), stream=stream)
+        k(_grid(n), 256, (x, s, y, n), stream=stream)
+        got = y.to_numpy(stream).astype(np.float64)
+        prod = xh.astype(np.float64) * float(np.float16(s))  # the scalar as the kernel got it
+        want = prod + 1.0
+        # __hmul and __hadd each round to half (relative error at most 2**-11): bound both.
+        bound = 2.0 ** -11 * (np.abs(prod) + np.abs(want)) * 1.01
+        bad = np.abs(got - want) > bound
+        assert not bad.any(), (f"seed {rng.seed_used}: {bad.sum()} of {n} off, first at {np.argmax(bad)}: "
+                               f"got {got[bad][:4]}, want {want[bad][:4]}")
+    with pytest.raises(ArgumentError, match="points at float16"):
+        k(_grid(n), 256, (DeviceBuffer.from_numpy(xh.astype(np.float32), stream=stream), 1.0, y, n), stream=stream)
+    with pytest.raises(ArgumentError, match="would become infinite"):
+        k(_grid(n), 256, (x, 1e6, y, n), stream=stream)

@@ -3,7 +3,8 @@
 ``errors`` (typed errors naming the CUDA call), ``resource`` (one owner per driver handle,
 deferred releases), ``device``, ``memory`` (``DeviceBuffer``, ``HostBuffer``, arrays from CuPy,
 torch, DLPack), ``stream`` (streams, events, the capture query), ``compiler`` (NVRTC, the kernel
-cache), ``module`` (loaded CUBINs and their kernels), ``signature`` (C types from a ``__global__``
+cache), ``cubin`` (what a CUBIN records of its kernels, read without a driver), ``module`` (loaded CUBINs
+and their kernels), ``signature`` (C types from a ``__global__``
 declaration), ``launch`` (packed arguments, ``Launch``, ``LaunchPlan``), ``rawkernel`` (a user's
 kernel from source in one call), ``timing``.
 """

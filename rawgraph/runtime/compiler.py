@@ -307,8 +307,11 @@ def _check_arch(arch: str, fmt: str) -> int:
     return cc
 
 
-# An #include (or #include_next) directive, and what follows it on the line.
-_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include(?:_next)?\b(.*)$", re.M)
+# An #include (or #include_next) directive, and what follows it on the line; only where the
+# '#' starts its line (after blanks), which _header_names checks. Searched from the '#' rather
+# than anchored at each line start: the regex engine then skips to each '#' (a literal prefix),
+# several times faster over a toolkit's megabytes of headers.
+_INCLUDE = re.compile(r"#[ \t]*include(?:_next)?\b(.*)")
 # A header name as written: "name" or <name>.
 _HEADER_NAME = re.compile(r'[ \t]*(?:"([^"\n]+)"|<([^>\n]+)>)')
 # __has_include("name") / __has_include(<name>): whether a file exists changes the code too.
@@ -341,18 +344,30 @@ def _include_options(options: Sequence[str]) -> tuple[list[str], list[str]] | No
     return dirs, pre
 
 
-def _header_names(text: str) -> set[str] | None:
+def _header_names(text: str) -> tuple[set[str], set[str]] | None:
     """Every header name ``text`` names in an ``#include`` / ``#include_next`` directive or a
-    ``__has_include``, active or not (a superset of what the preprocessor opens); None when a
-    directive names its header through a macro (which file that is is the preprocessor's to say)."""
-    names: set[str] = set()
+    ``__has_include``, active or not (a superset of what the preprocessor opens), as two sets:
+    those written ``"name"`` and those written ``<name>``. None when a directive names its header
+    through a macro (which file that is is the preprocessor's to say)."""
+    quoted: set[str] = set()
+    angled: set[str] = set()
     for m in _INCLUDE.finditer(text):
+        if text[text.rfind("\n", 0, m.start()) + 1:m.start()].strip(" \t"):
+            continue  # not a directive: something precedes the '#' on its line
         got = _HEADER_NAME.match(m.group(1))
         if got is None:
             return None
-        names.add(got.group(1) or got.group(2))
-    names.update(m.group(1) or m.group(2) for m in _HAS_INCLUDE.finditer(text))
-    return names
+        (quoted.add(got.group(1)) if got.group(1) else angled.add(got.group(2)))
+    for m in _HAS_INCLUDE.finditer(text):
+        (quoted.add(m.group(1)) if m.group(1) else angled.add(m.group(2)))
+    return quoted, angled
+
+
+# The header names of a file's content, by its SHA-256 (hashed for the key anyway): a process
+# compiling or looking up several kernels that include the same toolkit headers scans them once.
+# Content-addressed, so never stale; frozen, so no caller can change an entry; cleared when it
+# grows past a bound.
+_names_by_digest: dict[str, tuple[frozenset[str], frozenset[str]] | None] = {}
 
 
 def _headers(source: str, source_name: str, options: Sequence[str]) -> list[tuple[str, str]] | None:
@@ -361,53 +376,201 @@ def _headers(source: str, source_name: str, options: Sequence[str]) -> list[tupl
     the preprocessor could look it up, followed through those files' own includes; and
     ``(name, "absent")`` for a name found nowhere.
 
-    The places are a superset of the preprocessor's, not its first match: the source's directory
-    (``source_name`` relative to the working directory: NVRTC looks there for quoted includes),
-    each include directory, and the directory of every header found (where its own quoted
-    includes are looked up), repeated until no new file turns up. NVRTC looks nowhere else (no
-    system directories, no ``CPATH``), so a name found nowhere is built into NVRTC (keyed by its
-    version) or fails the compile, and the key changes once a file of that name appears. None
-    when the compile reads files that cannot be named here (an ``#include`` of a macro, a header
-    that cannot be read, precompiled headers): such a compile is not cached.
+    The places are a superset of the preprocessor's, not its first match. A ``<name>`` is looked
+    up in each include directory: NVRTC looks for angled names there only (not beside the source
+    or the including file). A ``"name"`` (and a pre-included header) also in the source's
+    directory (``source_name`` relative to the working directory) and in the directory of every
+    header found (where its own quoted includes are looked up), until no new file turns up.
+    NVRTC looks nowhere else (no system directories, no ``CPATH``), so a name found nowhere is
+    built into NVRTC (keyed by its version) or fails the compile, and the key changes once a
+    file of that name appears. None when the compile reads files that cannot be named here (an
+    ``#include`` of a macro, a header that cannot be read, precompiled headers): such a compile
+    is not cached.
     """
     parsed = _include_options(options)
-    names = _header_names(source)
-    if parsed is None or names is None:
+    got = _header_names(source)
+    if parsed is None or got is None:
         return None
     dirs, pre = parsed
-    names.update(pre)
+    quoted, angled = got
+    quoted.update(pre)
     # Real paths: a directory reached through a symbolic link is one place, so this ends.
-    places = list(dict.fromkeys(os.path.realpath(d) for d in [os.path.dirname(source_name) or "."] + dirs))
+    searched = list(dict.fromkeys(os.path.realpath(d) for d in dirs))
+    places = list(dict.fromkeys([os.path.realpath(os.path.dirname(source_name) or ".")] + searched))
+    known = set(places)
     files: dict[str, str] = {}
     found: set[str] = set()
-    grew = True
-    while grew:
-        grew = False
-        for name in sorted(names):
-            for place in [""] if os.path.isabs(name) else list(places):
-                path = os.path.join(place, name)
-                real = os.path.realpath(path)
-                if real in files:
-                    found.add(name)
-                    continue
-                try:
-                    with open(real, "rb") as f:
-                        data = f.read()
-                except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-                    continue
-                except OSError:  # there, but what NVRTC would read of it is unknown
-                    return None
-                inner = _header_names(data.decode("utf-8", "replace"))
-                if inner is None:
-                    return None
-                files[real] = hashlib.sha256(data).hexdigest()
-                found.add(name)
-                names |= inner
-                here = os.path.realpath(os.path.dirname(path))
-                if here not in places:
-                    places.append(here)
-                grew = True
-    return sorted(files.items()) + [(name, "absent") for name in sorted(names - found)]
+    # Every (name, place) pair is looked at once: a name new to a set is queued in the places
+    # its form is looked up in, a place new to the list with every quoted name. The result is
+    # the fixpoint of retrying every name in every place until nothing changes, in one lookup
+    # per pair instead of that times the include depth: a toolkit header such as CCCL's
+    # <cuda/std/...> names hundreds of files, and the retry loop spent seconds on a cache hit.
+    real_dirs: dict[str, str] = {}
+    queue = [(n, p) for n in sorted(quoted) for p in places] + [(n, p) for n in sorted(angled) for p in searched]
+    tried: set[tuple[str, str]] = set()
+    while queue:
+        name, place = queue.pop()
+        if os.path.isabs(name):
+            place = ""
+        if (name, place) in tried:
+            continue
+        tried.add((name, place))
+        path = os.path.join(place, name)
+        try:
+            mode = os.stat(path).st_mode  # one call for the common miss
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError:  # there, but what NVRTC would read of it is unknown
+            return None
+        if stat.S_ISDIR(mode):
+            continue
+        # Its quoted includes are looked up beside the path it was opened by: each such
+        # directory is a place, also for a file already reached through another path.
+        parent = os.path.dirname(path)
+        here = real_dirs.get(parent)
+        if here is None:
+            here = real_dirs[parent] = os.path.realpath(parent)
+        if here not in known:
+            known.add(here)
+            places.append(here)
+            queue.extend((n, here) for n in quoted)
+        # ``here`` has no link in it: the file's real path is ``here`` and its name unless the
+        # file itself is a link (one lstat, not one per component as realpath does).
+        real = os.path.join(here, os.path.basename(path))
+        try:
+            if stat.S_ISLNK(os.lstat(real).st_mode):
+                real = os.path.realpath(real)
+        except OSError:
+            return None  # gone or changed since the stat: what NVRTC reads is unknown
+        if real in files:
+            found.add(name)
+            continue
+        try:
+            with open(real, "rb") as f:
+                data = f.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            continue
+        except OSError:
+            return None
+        digest = hashlib.sha256(data).hexdigest()
+        try:
+            inner = _names_by_digest[digest]
+        except KeyError:  # read once, kept in a local: another thread may clear the memo meanwhile
+            scanned = _header_names(data.decode("utf-8", "replace"))
+            inner = None if scanned is None else (frozenset(scanned[0]), frozenset(scanned[1]))
+            if len(_names_by_digest) >= 16384:
+                _names_by_digest.clear()
+            _names_by_digest[digest] = inner
+        if inner is None:
+            return None
+        files[real] = digest
+        found.add(name)
+        for n in sorted(inner[0] - quoted):
+            quoted.add(n)
+            queue.extend((n, p) for p in places)
+        for n in sorted(inner[1] - angled):
+            angled.add(n)
+            queue.extend((n, p) for p in searched)
+    return sorted(files.items()) + [(name, "absent") for name in sorted((quoted | angled) - found)]
+
+
+class MissingHeadersError(NvrtcError):
+    """A kernel includes a CUDA toolkit header (``<cuda_fp16.h>``, ``<cooperative_groups.h>``,
+    ``<cuda/std/...>``, ``<mma.h>``) that no installed package provides; the message names the
+    pip package to install.
+
+    Attributes
+    ----------
+    headers : list of str
+        The toolkit headers the compile could not open.
+    packages : list of str
+        The wheels that ship them (``nvidia-cuda-runtime``, ``nvidia-cuda-crt``,
+        ``nvidia-cuda-cccl``).
+    """
+
+    headers: list[str]
+    packages: list[str]
+
+
+# The CUDA toolkit headers a user's kernel may include, by the cuda.pathfinder name of their
+# include directory: the runtime's (cuda_fp16.h, cuda_bf16.h, cooperative_groups.h, mma.h, ...)
+# and CCCL's (cuda/std/..., cuda/..., nv/target, cub/..., thrust/...). Each is passed to NVRTC
+# as an include directory after the caller's own, so a directory the caller gives wins.
+TOOLKIT_HEADER_LIBS = ("cudart", "cccl")
+# A header name that belongs to the toolkit -> (cuda.pathfinder name, the wheel that ships it,
+# a path under that include directory that only the wheel puts there). crt/ comes from its own
+# wheel but lands in the runtime's include directory (mma.h includes crt/mma.h).
+_TOOLKIT_NAMES: tuple[tuple[re.Pattern[str], str, str, str], ...] = (
+    (re.compile(r"(?:cuda|nv|cub|thrust)/.+"), "cccl", "nvidia-cuda-cccl", ""),
+    (re.compile(r"crt/.+"), "cudart", "nvidia-cuda-crt", "crt"),
+    (re.compile(r"(?:cuda\w*|cooperative_groups|mma|sm_\d+_\w+|device_\w+|vector_\w+|math_\w+|host_\w+|driver_\w+"
+                r"|(?:surface|texture)_\w+|builtin_types|channel_descriptor|library_types|cuComplex|common_functions"
+                r")\.h(?:pp)?|cooperative_groups/.+"), "cudart", "nvidia-cuda-runtime", ""),
+)
+# NVRTC's words for an #include it could not open (with and without any include directory).
+_NOT_OPENED = re.compile(r'(?:could not|cannot) open source file "([^"\n]+)"')
+
+
+def _locate_headers(lib: str) -> str | None:
+    """cuda.pathfinder's include directory for ``lib`` (``"cudart"``, ``"cccl"``): the installed
+    wheels first, then ``$CUDA_PATH`` / ``$CUDA_HOME`` and a system toolkit; None when there is
+    none. cuda.pathfinder remembers each answer for the process."""
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        found = find_nvidia_header_directory(lib)
+    except Exception:  # a lookup that fails (no or an older cuda.pathfinder, a broken toolkit) finds nothing
+        return None
+    return str(found) if found else None
+
+
+def toolkit_include_dirs() -> list[str]:
+    """The include directories of the CUDA toolkit headers found here (the runtime's, then
+    CCCL's), as :func:`compile_source` passes them to NVRTC for a source that names a header.
+    rawgraph's dependencies install them (``cuda-toolkit[cudart,crt,cccl]``, the release of the
+    NVRTC it uses); empty when none are found."""
+    return [d for d in (_locate_headers(lib) for lib in TOOLKIT_HEADER_LIBS) if d]
+
+
+def _toolkit_options(source: str, options: Sequence[str]) -> list[str]:
+    """``-I`` options for the toolkit include directories not already among ``options``; none
+    for a source that names no header (and pre-includes none): rawgraph's own kernels splice
+    theirs in, so their options, cache keys and compiles stay exactly as they were, and the
+    toolkit is never looked for on their account."""
+    parsed = _include_options(options)
+    names = _header_names(source)
+    if names is not None and not names[0] and not names[1] and (parsed is None or not parsed[1]):
+        return []
+    given = {os.path.realpath(d) for d in parsed[0]} if parsed is not None else set()
+    return [f"-I{d}" for d in toolkit_include_dirs() if os.path.realpath(d) not in given]
+
+
+def _missing_headers(exc: NvrtcError) -> NvrtcError:
+    """``exc`` as a :class:`MissingHeadersError` when its log says a toolkit header could not be
+    opened and the package that ships that header is not installed; else ``exc`` itself (a name
+    mistyped, or a header the installed toolkit does not have, is the compiler's error)."""
+    missing: dict[str, str] = {}
+    for name in dict.fromkeys(_NOT_OPENED.findall(exc.log)):
+        for pattern, lib, package, marker in _TOOLKIT_NAMES:
+            if pattern.fullmatch(name):
+                where = _locate_headers(lib)
+                if where is None or (marker and not os.path.isdir(os.path.join(where, marker))):
+                    missing[name] = package
+                break
+    if not missing:
+        return exc
+    major, minor = nvrtc_version()
+    packages = sorted(set(missing.values()))
+    err = MissingHeadersError(
+        exc.name,
+        f"{', '.join(f'<{n}>' for n in missing)}: CUDA toolkit header{'s' if len(missing) > 1 else ''} that no "
+        f"installed package provides ({' and '.join(packages)}); install the headers of this NVRTC ({major}.{minor}) "
+        f'with: pip install "cuda-toolkit[cudart,crt,cccl]=={major}.{minor}.*" (rawgraph\'s own dependencies '
+        f"include them), or point $CUDA_PATH at a CUDA toolkit",
+        exc.log, exc.source_name)
+    err.headers = list(missing)
+    err.packages = packages
+    return err
 
 
 def compile_source(
@@ -421,10 +584,17 @@ def compile_source(
 ) -> CompiledImage:
     """Compile CUDA C++ with NVRTC, through the cache.
 
+    A source that names a header (``#include``, ``__has_include``, ``-include``) can include the
+    CUDA toolkit's (``<cuda_fp16.h>``, ``<cooperative_groups.h>``, ``<cuda/std/...>``,
+    ``<mma.h>``): the include directories :func:`toolkit_include_dirs` finds are passed after the
+    caller's ``options``, so a directory the caller gives is searched first. A source that names
+    none compiles with ``options`` as given.
+
     The cache key covers every header the compile can read: the path and content of each file
-    named by an ``#include`` of the source (quoted or angled, looked up beside the source and in
-    each ``-I`` / ``--include-path`` directory, then through those headers' own includes) or by
-    ``-include`` / ``--pre-include``, so editing a header recompiles, in any process. A compile
+    named by an ``#include`` of the source (quoted ones looked up beside the source, beside each
+    header found and in each include directory; angled ones in each include directory, the only
+    place NVRTC looks for them; then through those headers' own includes) or by ``-include`` /
+    ``--pre-include``, so editing a header recompiles, in any process. A compile
     whose headers cannot be named that way (an ``#include`` of a macro, precompiled-header
     options) is never cached: it compiles every time. A header edited while NVRTC runs leaves no
     entry (which version was read is unknown). rawgraph's own kernels splice their headers into
@@ -452,6 +622,9 @@ def compile_source(
 
     Raises
     ------
+    MissingHeadersError
+        The source includes a CUDA toolkit header that no installed package provides (an
+        :class:`NvrtcError`; the message names the package to install).
     NvrtcError
         Compilation failed; ``.log`` holds NVRTC's complete log.
     """
@@ -460,7 +633,7 @@ def compile_source(
     _check_arch(arch, fmt)
     if cache is True:
         cache = KernelCache()
-    all_options = list(options) + [
+    all_options = list(options) + _toolkit_options(source, options) + [
         f"--gpu-architecture={arch if fmt == 'cubin' else arch.replace('sm_', 'compute_')}"
     ]
     key = None
@@ -470,7 +643,13 @@ def compile_source(
         hit = cache.load(key)
         if hit is not None:
             return hit
-    entry = _compile(source, source_name, arch, names, all_options, fmt)
+    try:
+        entry = _compile(source, source_name, arch, names, all_options, fmt)
+    except NvrtcError as exc:
+        named = _missing_headers(exc)
+        if named is exc:
+            raise
+        raise named from None  # the same error and log, with the package to install
     if cache and key is not None and _headers(source, source_name, all_options) == headers:
         cache.store(key, entry)
     return entry

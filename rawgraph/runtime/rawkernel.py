@@ -15,18 +15,25 @@ rebound afterwards with no launch plan written by hand::
     exe = cap.graph.instantiate()
     upd = ExecUpdateManager(cap.graph, exe)
     upd.rebind(x, x2)      # or upd.bind("x", x2): the C parameter's name
+
+On a machine without the GPU (a CPU CI), ``RawKernel(src, "saxpy", arch="sm_90")`` or
+:func:`check_kernel` does all of this but the loading: the declaration is read, the source
+compiled for that architecture, and the parameter layout read from the CUBIN itself and checked
+against the declaration; such a kernel cannot be launched (:class:`CompileOnlyError`).
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 from cuda.bindings import driver
 
 from . import _capturing
-from .compiler import DEFAULT_OPTIONS, KernelCache, compile_source
+from .compiler import DEFAULT_OPTIONS, CompiledImage, KernelCache, compile_source
+from .cubin import cubin_kernels
 from .device import Device, get_device
 from .errors import ArgumentError, CaptureRefusedError, RawgraphError, SignatureError, cuda_error
 from .module import Kernel, Module
@@ -82,6 +89,20 @@ def _kind_of(t: str) -> str:
     raise SignatureError(f"unknown argument type {t!r}: give a kind ({sorted(ARG_DTYPES)}, 'u8[N]') or a C type")
 
 
+class CompileOnlyError(RawgraphError, ValueError):
+    """A kernel compiled with ``RawKernel(..., arch=)`` (no driver, nothing loaded) was launched;
+    refused before any driver call."""
+
+
+def _compile_kernel(source: str, name: str, arch: str, opts: tuple[str, ...],
+                    cache: KernelCache | bool) -> CompiledImage:
+    """The CUBIN of kernel ``name`` for ``arch``, through the cache. Always a name expression:
+    only NVRTC knows the symbol of a C++ (mangled), namespaced or templated kernel; an
+    ``extern "C"`` one lowers to its own name."""
+    base = name.split("<", 1)[0].split("::")[-1].strip()
+    return compile_source(source, f"{base}.cu", arch, [name], opts, "cubin", cache)
+
+
 class RawKernel:
     """A ``__global__`` function compiled from source, launched by calling it.
 
@@ -99,58 +120,88 @@ class RawKernel:
         The C type (``"const float*"``, ``"int"``) or kind (``"ptr"``, ``"f32"``) of each
         parameter, when the declaration cannot be read (macros, a template's by-value ``T``).
     device : Device, optional
+        The device to compile for and load on (default the current one).
     cache : KernelCache or bool
         The compiled-image cache (default the one rawgraph's kernels use).
+    arch : str, optional
+        Compile only, for this architecture (``"sm_90"``), with no driver and no GPU: the
+        declaration is read, the source compiled to a CUBIN and the parameter layout read from
+        the CUBIN itself (:func:`~rawgraph.runtime.cubin.cubin_kernels`) and checked against
+        the declaration as a loaded kernel's is. Nothing is loaded, and launching raises
+        :class:`CompileOnlyError` before any driver call. Not with ``device``.
 
     Attributes
     ----------
     kernel : Kernel
-        The loaded function (``handle``, ``registers``, ...).
+        The loaded function (``handle``, ``registers``, ...); :class:`CompileOnlyError` for a
+        kernel compiled with ``arch=``.
+    device : Device or None
+        None for a kernel compiled with ``arch=``.
+    arch : str
+        The architecture compiled for.
     params : list of Param
         Name, C type, kind and role (pointers: ``read`` for ``const``, else ``write``) of each
         parameter.
     spec : list of (name, kind)
         The argument layout packed for each launch.
+    layout : list of (offset, size)
+        Each parameter's byte offset and size as the kernel takes it (the driver's
+        ``cuFuncGetParamInfo``, or the CUBIN's own record with ``arch=``).
 
     Raises
     ------
     NvrtcError
-        The source does not compile (the log is in the error).
+        The source does not compile (the log is in the error);
+        :class:`~rawgraph.runtime.compiler.MissingHeadersError` when it includes a CUDA toolkit
+        header no installed package provides.
     SignatureError
         The declaration cannot be read and no ``types`` were given, or the types disagree with
-        the sizes the driver reports.
+        the sizes the kernel takes.
     """
 
-    device: Device
+    device: Device | None
     name: str
-    kernel: Kernel
+    arch: str
     params: list[Param]
     spec: list[tuple[str, str]]
+    layout: list[tuple[int, int]]
 
     def __init__(self, source: str, name: str, options: Sequence[str] = (), types: Sequence[str] | None = None,
-                 device: Device | None = None, cache: KernelCache | bool = True):
+                 device: Device | None = None, cache: KernelCache | bool = True, arch: str | None = None):
         if not isinstance(source, str) or not isinstance(name, str) or not name:
             raise TypeError("RawKernel(source, name): both are strings")
+        if arch is not None and (not isinstance(arch, str) or device is not None):
+            raise TypeError("RawKernel: arch= (compile only) is a string like 'sm_90', and not given with device=")
         # The declaration first: a kernel name not in the source is refused before NVRTC and
         # the driver (cuModuleGetFunction would only say CUDA_ERROR_NOT_FOUND).
         parsed = parse_signature(source, name) if types is None else None
-        self.device = (device or get_device()).activate()
         self.name = name
         opts = tuple(DEFAULT_OPTIONS) + tuple(str(o) for o in options if str(o) not in DEFAULT_OPTIONS)
-        key = (self.device.ordinal, source, name, opts)
-        kernel = _loaded.get(key)
-        if kernel is None:
-            with _load_lock:
-                kernel = _loaded.get(key)
-                if kernel is None:
-                    base = name.split("<", 1)[0].split("::")[-1].strip()
-                    # Always a name expression: only NVRTC knows the symbol of a C++ (mangled),
-                    # namespaced or templated kernel; an extern "C" one lowers to its own name.
-                    compiled = compile_source(source, f"{base}.cu", self.device.arch, [name], opts, "cubin", cache)
-                    kernel = Kernel(Module(compiled, self.device), name, compiled.lowered[name])
-                    _loaded[key] = kernel
-        self.kernel = kernel
-        layout = param_layout(kernel.handle)
+        self._kernel: Kernel | None = None
+        if arch is not None:
+            # Compile only: nothing here may reach the driver (a CPU machine has none to load).
+            self.device, self.arch = None, arch
+            compiled = _compile_kernel(source, name, arch, opts, cache)
+            symbol = compiled.lowered[name]
+            found = cubin_kernels(compiled.image).get(symbol)
+            if found is None:
+                raise SignatureError(f"{name}: the CUBIN NVRTC made has no kernel {symbol!r}")
+            layout = found.params
+        else:
+            self.device = (device or get_device()).activate()
+            self.arch = self.device.arch
+            key = (self.device.ordinal, source, name, opts)
+            kernel = _loaded.get(key)
+            if kernel is None:
+                with _load_lock:
+                    kernel = _loaded.get(key)
+                    if kernel is None:
+                        compiled = _compile_kernel(source, name, self.device.arch, opts, cache)
+                        kernel = Kernel(Module(compiled, self.device), name, compiled.lowered[name])
+                        _loaded[key] = kernel
+            self._kernel = kernel
+            layout = param_layout(kernel.handle)
+        self.layout = layout
         params = self._params(source, name, types, layout) if parsed is None else parsed
         # An unnamed C parameter (``float*``) still needs a name to pack and bind it by.
         self.params = [p if p.name else Param(f"arg{i}", p.ctype, p.kind, p.role) for i, p in enumerate(params)]
@@ -174,6 +225,17 @@ class RawKernel:
         # Launches reuse one argument buffer: the driver copies the values during cuLaunchKernel.
         self._args = KernelArgs(self.spec)
         self._lock = threading.Lock()
+
+    @property
+    def kernel(self) -> Kernel:
+        """The loaded function; :class:`CompileOnlyError` for a kernel compiled with ``arch=``."""
+        return self._check_loaded()
+
+    def _check_loaded(self) -> Kernel:
+        if self._kernel is None:
+            raise CompileOnlyError(f"{self.name} was compiled for {self.arch} only (RawKernel(..., arch=)): nothing "
+                                   "is loaded to launch; construct it without arch= on a machine with the GPU")
+        return self._kernel
 
     @staticmethod
     def _params(source: str, name: str, types: Sequence[str] | None, layout: list[tuple[int, int]]) -> list[Param]:
@@ -257,6 +319,7 @@ class RawKernel:
         """Build the :class:`~rawgraph.Launch` for these arguments without running it: its own
         argument buffer and, for each pointer argument, which array it uses (named by its C
         parameter, or by ``names``). What a call records inside a capture."""
+        self._check_loaded()  # a compile-only kernel is refused before any driver call
         launch, _arrays = self._launch(grid, block, args, shared_mem, names, None)
         return launch
 
@@ -321,7 +384,10 @@ class RawKernel:
         ------
         ArgumentError
             An argument, grid or block that does not fit (before any driver call).
+        CompileOnlyError
+            The kernel was compiled with ``arch=`` (before any driver call).
         """
+        self._check_loaded()  # a compile-only kernel is refused before any driver call
         h = stream_handle(stream) if stream is not None else 0
         if _capturing._active and int(h):  # a CUstream object is truthy even for handle 0
             status, cid, _g, _d = capture_info(h)
@@ -346,4 +412,56 @@ class RawKernel:
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{p.ctype} {p.name}".strip() for p in self.params)
-        return f"<RawKernel {self.name}({sig})>"
+        return f"<RawKernel {self.name}({sig}){' compiled for ' + self.arch + ' only' if self._kernel is None else ''}>"
+
+
+@dataclass(frozen=True)
+class KernelParam:
+    """One parameter of a kernel as :func:`check_kernel` reports it.
+
+    Attributes
+    ----------
+    name, ctype : str
+        As declared (``argN`` for an unnamed one), or as given in ``types``.
+    kind : str
+        What a launch packs: a scalar kind (``"f32"``, ``"f16"``, ...), ``"ptr"``, ``"i32[N]"``,
+        or ``"u8[N]"`` for a struct passed by value.
+    role : str or None
+        Pointers: ``"read"`` (const pointee) or ``"write"``.
+    offset, size : int
+        Byte offset and size in the kernel's parameter buffer, from the compiled kernel.
+    """
+
+    name: str
+    ctype: str
+    kind: str
+    role: str | None
+    offset: int
+    size: int
+
+
+def check_kernel(source: str, name: str, arch: str = "sm_90", types: Sequence[str] | None = None,
+                 options: Sequence[str] = (), cache: KernelCache | bool = True) -> list[KernelParam]:
+    """Compile kernel ``name`` of ``source`` for ``arch`` and check it as :class:`RawKernel` would,
+    with no driver and no GPU (``RawKernel(..., arch=arch)``): for a CPU CI that tests kernels.
+
+    The declaration is read (or ``types`` used), the source compiled to a CUBIN, and each
+    parameter's size in the CUBIN checked against its C type; includes of the CUDA toolkit's
+    headers are found as for a launch.
+
+    Returns
+    -------
+    list of KernelParam
+        Each parameter's name, C type, kind, role, offset and size, in order.
+
+    Raises
+    ------
+    NvrtcError
+        The source does not compile (:class:`~rawgraph.runtime.compiler.MissingHeadersError`: a
+        toolkit header no installed package provides).
+    SignatureError
+        The declaration cannot be read (give ``types``), or disagrees with the compiled kernel.
+    """
+    k = RawKernel(source, name, options, types, cache=cache, arch=arch)
+    return [KernelParam(p.name, p.ctype, kind, p.role, offset, size)
+            for p, (_n, kind), (offset, size) in zip(k.params, k.spec, k.layout)]
