@@ -17,8 +17,8 @@
 # --report-api-errors no: many tests provoke driver errors on purpose (refusals the driver makes),
 # which memcheck would otherwise count. MEMCHECK_LIMIT bounds each chunk in seconds (default 280);
 # MEMCHECK_SKIP names test files (basenames) left out, each listed as "skipped:" in the summary;
-# MEMCHECK_PARALLEL=1 runs the chunks at once (tests that measure free device memory may then
-# see the other chunks' allocations; memcheck's findings are per process and unaffected).
+# MEMCHECK_PARALLEL=1 runs the chunks at once (tests that measure free device memory skip there:
+# they would see the other chunks' allocations; memcheck's findings are per process).
 set -u
 OUT=${OUT:?set OUT to the folder for the logs}
 chunks=${1:-4}
@@ -54,7 +54,9 @@ status=0
 for c in $run; do
   [ -n "${chunk[$c]:-}" ] || continue
   if [ -n "${MEMCHECK_PARALLEL:-}" ]; then
-    run_chunk "$c" &  # one process per chunk at once: memcheck's cost is mostly host time
+    # one process per chunk at once (memcheck's cost is mostly host time); tests that measure the
+    # device's free memory skip (RAWGRAPH_SHARED_GPU, tests/helpers.py)
+    RAWGRAPH_SHARED_GPU=1 run_chunk "$c" &
   else
     run_chunk "$c" || status=$?
   fi

@@ -17,6 +17,11 @@ SANITIZER_SLOWDOWN = 10 if UNDER_SANITIZER else 1
 # therefore made only without the sanitizer; everything else those tests check still runs.
 CHECK_DESTRUCTION = not UNDER_SANITIZER
 
+# Other processes on the same GPU (benchmarks/memcheck_gpu_tests.sh with MEMCHECK_PARALLEL sets
+# RAWGRAPH_SHARED_GPU): the device's free memory then moves with their allocations too, so tests
+# that measure it (cuMemGetInfo before and after) are made only on a GPU of their own.
+GPU_TO_ITSELF = not os.environ.get("RAWGRAPH_SHARED_GPU")
+
 
 def spin_ns(ns):
     """``ns`` of device time to queue in front of work that must still be queued when the host
