@@ -275,6 +275,34 @@ def test_end_capture_on_the_wrong_stream(rng):
     _usable_afterwards(b, rng)
 
 
+def test_end_capture_on_a_stream_that_joined_the_capture_is_unmatched(rng):
+    """A side stream forked into the capture (event recorded on the origin, waited on by the side
+    stream) is capturing, but the capture was not begun there: ending it on that stream returns
+    CUDA_ERROR_STREAM_CAPTURE_UNMATCHED. Whether the capture survives is not documented, so both
+    outcomes are accepted for the rest; either way both streams are usable afterwards."""
+    a, b = Stream(), Stream()
+    fork, join = Event(timing=False), Event(timing=False)
+    check(driver.cuStreamBeginCapture(a.handle, GLOBAL.value), "cuStreamBeginCapture")
+    check(driver.cuEventRecord(fork.handle, a.handle), "cuEventRecord")
+    check(driver.cuStreamWaitEvent(b.handle, fork.handle, 0), "cuStreamWaitEvent")
+    assert a.is_capturing() and b.is_capturing()  # b joined the capture
+    err, graph = driver.cuStreamEndCapture(b.handle)
+    assert error_name(err) == "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED" and not int(graph or 0)
+    # Join b back into the origin and end the capture where it began. If the failed end
+    # invalidated the capture, these calls answer CUDA_ERROR_STREAM_CAPTURE_INVALIDATED instead.
+    driver.cuEventRecord(join.handle, b.handle)
+    driver.cuStreamWaitEvent(a.handle, join.handle, 0)
+    err, graph = driver.cuStreamEndCapture(a.handle)
+    assert error_name(err) in ("CUDA_SUCCESS", INVALIDATED), error_name(err)
+    if int(graph or 0):
+        check(driver.cuGraphDestroy(graph))
+    assert not a.is_capturing() and not b.is_capturing()
+    fork.close()
+    join.close()
+    _usable_afterwards(a, rng)
+    _usable_afterwards(b, rng)
+
+
 def test_begin_twice_and_end_without_begin(stream, rng):
     (err,) = driver.cuStreamEndCapture(stream.handle)[:1]
     assert error_name(err) == ILLEGAL_STATE
