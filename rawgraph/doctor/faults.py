@@ -117,7 +117,7 @@ def stream_ordered_pool(stream: Stream) -> Fault:
     The device's default pool keeps what is freed (release threshold raised for the fault, put
     back by :meth:`Fault.close`), so the memory stays the pool's and the next allocation takes it.
     The driver forgets the address once it is freed (``cuPointerGetAttributes`` answers as for
-    freed memory, measured on an H100 with driver 580), so the check is given a baseline taken
+    freed memory, measured with driver 580), so the check is given a baseline taken
     while the buffer was live: it names the pool there.
     """
     k = kernels()

@@ -37,8 +37,8 @@ does not keep the struct alive (see :func:`allocation_address`).
 Clone rules
 -----------
 ``cuGraphClone`` refuses graphs holding memory allocation/free nodes (documented for
-``cuGraphAddMemAllocNode``) and conditional nodes (``CUDA_ERROR_NOT_SUPPORTED`` on the H200,
-benchmarks/results/probe_conditional_nodes.txt); ``cuGraphAddChildGraphNode`` refuses the same
+``cuGraphAddMemAllocNode``) and conditional nodes (``CUDA_ERROR_NOT_SUPPORTED``, driver 580:
+``benchmarks/probes/conditional_nodes.py``); ``cuGraphAddChildGraphNode`` refuses the same
 child graphs. Both are refused here first, with the reason.
 """
 

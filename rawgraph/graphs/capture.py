@@ -159,7 +159,7 @@ class Capture:
         # The record is open before the driver's capture is and closes after it (cuStreamEndCapture
         # in _end): garbage collection may run a finalizer at any allocation, and one that ran
         # between cuStreamBeginCapture and begin() would call cuMemFree into the capture and
-        # invalidate it (seen on the H100: a cyclic buffer freed as this record was allocated).
+        # invalidate it (measured: a cyclic buffer freed as this record was allocated).
         self._record = _capturing.CaptureRecord(self.stream.ptr, self.mode.name)
         _capturing.begin(self._record)
         try:

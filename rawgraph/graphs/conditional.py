@@ -26,7 +26,7 @@ Rules (checked here before the driver sees them): a body holds only kernel, empt
 memset, child graph and conditional nodes; sizes are IF 1 or 2, WHILE 1, SWITCH >= 1; a handle
 serves one node of the graph it was made for; a graph with a conditional node cannot be cloned
 or embedded as a child graph (``CUDA_ERROR_NOT_SUPPORTED``). An exec's conditional node takes no
-``cuGraphExecNodeSetParams`` (``CUDA_ERROR_NOT_SUPPORTED`` on the H200); the kernel nodes of
+``cuGraphExecNodeSetParams`` (``CUDA_ERROR_NOT_SUPPORTED``, driver 580); the kernel nodes of
 its bodies do take ``cuGraphExecKernelNodeSetParams``.
 
 Worked examples over any row-wise model (:mod:`rawgraph.control.loops`): ``DepthLoop`` (a
@@ -90,8 +90,8 @@ def check_kind(kind: str, size: int | None, version: int | None = None) -> int:
     Raises
     ------
     ValueError
-        Unknown kind or a size the driver rejects (``CUDA_ERROR_INVALID_VALUE`` on the H200 for
-        WHILE 2, IF 3 and SWITCH 0).
+        Unknown kind or a size the driver rejects (``CUDA_ERROR_INVALID_VALUE`` from driver 580
+        for WHILE 2, IF 3 and SWITCH 0).
     ConditionalUnsupportedError
         IF/ELSE or SWITCH on a driver older than CUDA 12.8, any conditional before 12.3.
     """

@@ -130,7 +130,7 @@ def allocation_address(node: Any) -> int:
     struct's memory that does not keep the struct alive, so ``int(call(...).dptr)`` reads freed
     memory. With the default allocator that memory happens to still hold the address; under
     ``PYTHONMALLOC=debug`` it reads 0xDDDDDDDDDDDDDDDD, which the next ``cuGraphAddMemcpyNode`` or
-    ``cuGraphAddMemFreeNode`` refused with ``CUDA_ERROR_INVALID_VALUE`` (issue 21, item 11).
+    ``cuGraphAddMemFreeNode`` refused with ``CUDA_ERROR_INVALID_VALUE``.
     """
     params = call(driver.cuGraphMemAllocNodeGetParams, node)
     ptr = int(params.dptr)

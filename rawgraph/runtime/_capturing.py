@@ -3,7 +3,7 @@
 Three rules need this knowledge below the capture module:
 
 - the context-wide fence (``cuCtxSynchronize``) fails inside *any* thread's capture and
-  invalidates that capture, whatever its mode (seen on the H200), so rawgraph refuses it while
+  invalidates that capture, whatever its mode (measured, driver 580), so rawgraph refuses it while
   one of its captures is active anywhere in the process (:func:`active`);
 - a release that garbage collection runs while a capture is open (a finalizer can fire between
   any two bytecodes) must not call ``cuMemFree`` and friends into it: that fails and invalidates

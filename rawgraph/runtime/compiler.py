@@ -1,7 +1,7 @@
 """Run-time compilation with NVRTC (``cuda.bindings.nvrtc``) and an on-disk cache.
 
 CUBIN for the exact compute capability is the default: PTX from a newer NVRTC (13.5 from pip) is
-refused by an older driver (CUDA 13.0 on our H200) with ``CUDA_ERROR_UNSUPPORTED_PTX_VERSION``,
+refused by an older driver (580, CUDA 13.0) with ``CUDA_ERROR_UNSUPPORTED_PTX_VERSION``,
 while a CUBIN is machine code the driver loads as is. PTX is available as an explicit option.
 
 Cache entries are keyed by source, options, name expressions, NVRTC version, architecture,

@@ -144,7 +144,7 @@ class Device:
         read on the hot path; ``cuCtxSetCurrent`` the first time on each thread).
 
         Needed before every exec update: on a thread with no current context (a new worker
-        thread), ``cuGraphExecKernelNodeSetParams`` crashes the process (driver 580, H200:
+        thread), ``cuGraphExecKernelNodeSetParams`` crashes the process (driver 580:
         ``benchmarks/probes/thread_no_context.py``), where launches, copies and event records
         work and allocations return ``CUDA_ERROR_INVALID_CONTEXT``. A context another library
         makes current on the thread afterwards is not seen; the exec names its own context, so

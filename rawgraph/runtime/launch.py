@@ -6,7 +6,7 @@ and keeps the pointer array next to them, so a launch passes one integer (the ar
 and nothing is packed or allocated per call. Values are edited in place (``args["x"] = ptr``).
 
 The host memory must outlive every launch and capture that reads it: the driver reads it during
-the call (freed argument memory showed up as ``CUDA_ERROR_MISALIGNED_ADDRESS`` on our H200), so a
+the call (freed argument memory showed up as ``CUDA_ERROR_MISALIGNED_ADDRESS``, driver 580), so a
 :class:`Launch` owns its :class:`KernelArgs` and a :class:`LaunchPlan` owns its launches.
 """
 
