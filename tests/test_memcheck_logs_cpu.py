@@ -54,6 +54,8 @@ def test_every_gpu_test_file_is_in_one_chunk_and_each_log_names_its_files_and_te
             assert re.search(rf"^{re.escape(f)}::\S+ (SKIPPED|PASSED)", text, re.M), f"{log.name}: no test of {f}"
         assert "ERROR SUMMARY: 0 errors" in text
     assert sorted(covered) == gpu_files  # each file exactly once, none left out
+    for log in logs:  # committed as they are: no path of this machine in them
+        assert str(ROOT) not in log.read_text() and "rootdir: <checkout>" in log.read_text()
 
     summary = (out / "sanitize_memcheck_files.txt").read_text()
     assert sorted(re.findall(r"^chunk \d+: (tests/\S+)$", summary, re.M)) == gpu_files
