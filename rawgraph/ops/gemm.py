@@ -350,17 +350,13 @@ def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool,
     return MatmulShape("gemm", 4, tile_n, GEMM_TILE_M, split, grid, per_sm, slices)
 
 
-@dataclass(frozen=True, order=True)
-class SgemmCut:
-    """The template arguments of a ``kernels/sgemm.cu`` cut (see its header): one row of
-    :data:`SGEMM_TABLE`, named as its columns.
-
+@dataclass(frozen=True)
+class TileCut:
+    """What every cut of rawgraph's tiled GEMMs (``kernels/sgemm.cu``, ``kernels/tf32x3.cu``) names:
     BM x BN output tiles (``bm``, ``bn``); K in steps of ``bk`` through ``stages`` cp.async stages,
-    split over a cluster of ``split`` CTAs and again over ``slices`` groups of (BM / TM) x (BN / 8)
-    threads inside each CTA, each thread computing ``tm`` x 8 outputs (``tm`` 8 or 4); ``minb`` is
-    ``__launch_bounds__``' minimum CTAs per SM. What the kernel cannot be is refused by
-    :func:`sgemm_shape`.
-    """
+    split over a cluster of ``split`` CTAs and again over ``slices`` groups of threads inside each
+    CTA; ``minb`` is ``__launch_bounds__``' minimum CTAs per SM. Each kernel's record adds how its
+    threads cover a tile."""
 
     bm: int
     bn: int
@@ -369,6 +365,17 @@ class SgemmCut:
     split: int = 1
     slices: int = 1
     minb: int = 1
+
+
+@dataclass(frozen=True, order=True)
+class SgemmCut(TileCut):
+    """The template arguments of a ``kernels/sgemm.cu`` cut (see its header): one row of
+    :data:`SGEMM_TABLE`, named as its columns (:class:`TileCut`'s, then ``tm``).
+
+    Each slice has (BM / TM) x (BN / 8) threads, each computing ``tm`` x 8 outputs (``tm`` 8 or
+    4). What the kernel cannot be is refused by :func:`sgemm_shape`.
+    """
+
     tm: int = 8
 
     @property
@@ -541,25 +548,17 @@ def table_sgemm_shape(batch: int, k: int, n: int, clusters: bool = True, smem_li
 
 
 @dataclass(frozen=True)
-class Tf32x3Cut:
-    """The template arguments of a ``kernels/tf32x3.cu`` cut (see its header).
+class Tf32x3Cut(TileCut):
+    """The template arguments of a ``kernels/tf32x3.cu`` cut (see its header): :class:`TileCut`'s,
+    then how warps cover a tile.
 
-    BM x BN output tiles (``bm``, ``bn``), each warp computing ``wm`` x ``wn`` of it; K in steps of
-    ``bk`` through ``stages`` cp.async stages, split over a cluster of ``split`` CTAs and again over
-    ``slices`` groups of (BM / WM) x (BN / WN) warps inside each CTA; ``minb`` is
-    ``__launch_bounds__``' minimum CTAs per SM; ``flush``: k8 steps per tensor-core accumulation run,
-    each added into fp32 sums with round-to-nearest (the tensor core's own accumulation rounds
-    toward zero, a bias that grows with the run), or 0 for big*big and the corrections accumulated
-    over the whole K part in two sets. What the kernel cannot be is refused by :func:`tf32x3_shape`.
+    Each slice has (BM / WM) x (BN / WN) warps, each computing ``wm`` x ``wn`` of the tile;
+    ``flush``: k8 steps per tensor-core accumulation run, each added into fp32 sums with
+    round-to-nearest (the tensor core's own accumulation rounds toward zero, a bias that grows with
+    the run), or 0 for big*big and the corrections accumulated over the whole K part in two sets.
+    What the kernel cannot be is refused by :func:`tf32x3_shape`.
     """
 
-    bm: int
-    bn: int
-    bk: int
-    stages: int
-    split: int = 1
-    slices: int = 1
-    minb: int = 1
     wm: int = 64
     wn: int = 32
     flush: int = 2
