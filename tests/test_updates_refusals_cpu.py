@@ -245,3 +245,20 @@ def test_read_only_memory_binds_only_where_every_kernel_reads_it(rig, count_setp
     with pytest.raises(ArrayError, match="read-only"):
         mgr.rebind(rig.y, ReadOnly(rig.x3))
     assert rig.held()["y"] == rig.y.ptr and len(count_setparams) == 1
+
+
+# -- adopt -----------------------------------------------------------------------------------------
+def test_adopt_takes_the_new_graphs_launch_configuration_so_no_later_push_restores_an_old_grid(rig):
+    """After ``exec.update(g2)`` the exec runs g2's grid; ``adopt(g2)`` must make the shadow say so,
+    or the next bind that pushes the node puts back the grid ``set_params`` gave before."""
+    mgr, s = rig.mgr, Stream()
+    g2_grid = (rig.captured["grid"][0] + 1, 1, 1)
+    with Capture(s) as cap2:
+        rig.k(g2_grid, 128, (rig.captured["a"], rig.x2, rig.y, rig.n, rig.n, True), stream=s)
+    mgr.set_params(0, grid=(rig.captured["grid"][0] + 2,))
+    rig.exe.update(cap2.graph)
+    mgr.adopt(cap2.graph)
+    assert rig.held()["grid"] == g2_grid == mgr.node_params(0)["grid"]
+    assert mgr.bind("x", rig.x3) == 1
+    assert rig.held()["grid"] == g2_grid and rig.held()["x"] == rig.x3.ptr
+    _close(s, cap2.graph)

@@ -356,12 +356,13 @@ class RawKernel:
             raise ArgumentError(f"{self.name}: block {b} has more than 1024 threads")
         if isinstance(shared_mem, bool) or not isinstance(shared_mem, (int, np.integer)) or shared_mem < 0:
             raise ArgumentError(f"shared_mem must be an int >= 0, got {shared_mem!r}")
-        names = dict(names or {})
-        unknown = set(names) - {n for n, k in self.spec if k == "ptr"}
-        if unknown:
-            raise ArgumentError(f"{self.name}: names= gives {sorted(unknown)}, which are not pointer parameters")
-        if any(not isinstance(v, str) or not v for v in names.values()):
-            raise ArgumentError(f"{self.name}: names= maps parameter names to non-empty strings")
+        names = dict(names) if names else {}
+        if names:  # most calls name nothing: no set built per launch
+            unknown = set(names) - set(self._roles)  # the pointer parameters
+            if unknown:
+                raise ArgumentError(f"{self.name}: names= gives {sorted(unknown)}, which are not pointer parameters")
+            if any(not isinstance(v, str) or not v for v in names.values()):
+                raise ArgumentError(f"{self.name}: names= maps parameter names to non-empty strings")
         if shared_mem > 48 * 1024:
             self.kernel.allow_dynamic_smem(int(shared_mem))
         return g, b, names
@@ -387,7 +388,7 @@ class RawKernel:
         CompileOnlyError
             The kernel was compiled with ``arch=`` (before any driver call).
         """
-        self._check_loaded()  # a compile-only kernel is refused before any driver call
+        kernel = self._check_loaded()  # a compile-only kernel is refused before any driver call
         h = stream_handle(stream) if stream is not None else 0
         if _capturing._active and int(h):  # a CUstream object is truthy even for handle 0
             status, cid, _g, _d = capture_info(h)
@@ -406,7 +407,7 @@ class RawKernel:
         g, b, _names = self._config(grid, block, shared_mem, names)
         with self._lock:  # one argument buffer: a second thread must not repack it mid-launch
             self._pack(args, self._args)
-            (err,) = driver.cuLaunchKernel(self.kernel.handle, *g, *b, int(shared_mem), h, self._args.address, 0)
+            (err,) = driver.cuLaunchKernel(kernel.handle, *g, *b, int(shared_mem), h, self._args.address, 0)
         if err != _SUCCESS:
             raise cuda_error(err, f"cuLaunchKernel({self.name})")
 

@@ -63,6 +63,7 @@ from ..runtime.launch import Launch, LaunchPlan
 from ..runtime.memory import DeviceArray, as_device_array
 from ..runtime.resource import Resource
 from ..runtime.stream import Stream
+from .lifecycle import close_all
 from .protocol import RowScratch
 
 __all__ = ["FunctionModel", "FunctionModelError", "PROBE_ROWS", "row_count_candidates", "row_grid_of"]
@@ -122,14 +123,13 @@ class _Rule:
         return self.count, self.grid, self.conflict
 
 
-def _close_all(owned: list) -> None:
-    for obj in reversed(owned):
-        obj.close()
+def _close_owned(owned: list) -> None:
+    close_all(reversed(owned))  # the last made first
     owned.clear()
 
 
 def _release(stream: Stream, owned: list) -> None:
-    _close_all(owned)
+    _close_owned(owned)
     stream.close()
     if stream.tail is not None:  # only captures ever ran on it: its tail has nothing to wait for
         stream.tail.close()
@@ -311,7 +311,7 @@ class FunctionModel:
         self.fn, self.width, self.device, self.layout = shared.fn, shared.width, shared.device, shared.layout
         self.batch = _positive(batch, "batch")
         self._owned: list[Any] = []
-        self._finalizer = weakref.finalize(self, _close_all, self._owned)
+        self._finalizer = weakref.finalize(self, _close_owned, self._owned)
         _check_workspace(workspace)
         if isinstance(workspace, RowScratch):
             workspace._check_open()

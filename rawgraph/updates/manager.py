@@ -286,10 +286,12 @@ class ExecUpdateManager:
                     or (hit.reread is not None and hit.reread(array) != hit.ptr):
                 return self.bind_many({name: array})
             ptr, nbytes = hit.ptr, hit.nbytes
-            if self._write_names:
-                check_overlap_one(self._write_names, self._bound_ptr, name, ptr, nbytes)
             pushed = 0
             if ptr != self._bound_ptr[name][0]:
+                # only a new address can overlap anew: the span of a name is fixed by its shape,
+                # and the bound ones were checked when they were bound
+                if self._write_names:
+                    check_overlap_one(self._write_names, self._bound_ptr, name, ptr, nbytes)
                 node_now = self._node_now
                 for node, views in rec.slots:  # type: ignore[union-attr]  # (a hit implies rec)
                     for v in views:
@@ -705,6 +707,12 @@ class ExecUpdateManager:
         pins = foreign_holders(graph, {name: (plan.buffers[name].ptr, plan.buffers[name].nbytes) for name in self.bindings})
         for i, node in enumerate(graph.nodes):
             self._args[i]._storage[:] = np.frombuffer(node.captured_args, dtype=np.uint64)
+            # the exec now runs graph's launch configuration too: a grid set_params gave the old
+            # one must not come back with the next push of this node
+            launch, p = node.launch, self._shadow.params[i]
+            p.gridDimX, p.gridDimY, p.gridDimZ = launch.grid
+            p.blockDimX, p.blockDimY, p.blockDimZ = launch.block
+            p.sharedMemBytes = launch.shared_mem
         self._node_now = {n: None for n in self._node_now}
         replaced = []
         for name in self.bindings:
