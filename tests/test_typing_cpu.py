@@ -100,13 +100,36 @@ def test_all_is_static_and_names_every_public_name():
     assert all(hasattr(rawgraph, n) for n in names)
 
 
+def test_mypy_sees_the_installed_rawgraph_from_outside_the_checkout(tmp_path):
+    """A user's script type-checks against the installed package: an editable install is a .pth
+    file naming the checkout (hatchling's), not an import hook mypy cannot follow (setuptools' with a
+    package-dir mapping gave ``import-not-found``). Skips where rawgraph is not installed from here."""
+    _needs_mypy()
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        dist = distribution("rawgraph")
+    except PackageNotFoundError:
+        pytest.skip("rawgraph is not installed (pip install -e '.[dev]')")
+    direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    if not direct.get("dir_info", {}).get("editable") or Path(direct["url"].removeprefix("file://")).resolve() != ROOT:
+        pytest.skip("rawgraph is not installed editable from this checkout")
+    (tmp_path / "user.py").write_text("from rawgraph.runtime.module import kernel_dir\n"
+                                      "reveal_type(kernel_dir)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MYPYPATH")}
+    r = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "user.py"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert 'Revealed type is "def () -> pathlib.Path"' in r.stdout, r.stdout
+
+
 @pytest.fixture(scope="module")
 def verifytypes():
     """pyright's ``--verifytypes rawgraph --ignoreexternal`` report (JSON), run once."""
     exe = shutil.which("pyright")
     if exe is None:
         pytest.skip("pyright is not installed (pip install -e '.[dev]' brings it, with Node.js from PyPI)")
-    # The editable install is an import hook pyright cannot follow: the checkout goes first on the path.
+    # The checkout goes first on the path, so the report is of this tree whatever is installed.
     # --outputjson and IGNORE_WARNINGS: the wrapper then asks no server for a newer version.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYRIGHT_PYTHON_IGNORE_WARNINGS": "1"}
     r = subprocess.run([exe, "--pythonpath", sys.executable, "--verifytypes", "rawgraph", "--ignoreexternal",
