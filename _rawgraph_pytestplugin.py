@@ -26,12 +26,23 @@ def add_options(parser: Any) -> None:
     if getattr(parser, "_rawgraph_options_added", False):
         return
     parser._rawgraph_options_added = True
-    group = parser.getgroup(GROUP, "rawgraph (enable the plugin with -p rawgraph.testing or the ini option rawgraph_testing)")
-    group.addoption("--rawgraph-doctor", action="store_true", default=False, dest="rawgraph_doctor",
-                    help="run rawgraph's graph doctor over every graph a test instantiates; any finding "
-                         "fails the run (tests marked no_doctor are left out)")
-    parser.addini("rawgraph_testing", type="bool", default=False,
-                  help="load rawgraph's pytest plugin: the gpu marker, the device, stream and fake_driver fixtures")
+    group = parser.getgroup(
+        GROUP, "rawgraph (enable the plugin with -p rawgraph.testing or the ini option rawgraph_testing)"
+    )
+    group.addoption(
+        "--rawgraph-doctor",
+        action="store_true",
+        default=False,
+        dest="rawgraph_doctor",
+        help="run rawgraph's graph doctor over every graph a test instantiates; any finding "
+        "fails the run (tests marked no_doctor are left out)",
+    )
+    parser.addini(
+        "rawgraph_testing",
+        type="bool",
+        default=False,
+        help="load rawgraph's pytest plugin: the gpu marker, the device, stream and fake_driver fixtures",
+    )
     parser.addini("rawgraph_doctor", type="bool", default=False, help="as --rawgraph-doctor, from the ini file")
 
 

@@ -66,7 +66,7 @@ def _copy_tree(dst: Path) -> None:
             shutil.copy2(src, dst / item)
 
 
-def edited_texts(tree: Path, edits) -> "dict[str, str] | str":
+def edited_texts(tree: Path, edits) -> dict[str, str] | str:
     """The files of ``tree`` the edits touch, as they read after all of them (nothing is
     written); a string saying why not when an edit does not apply (a missing file, a stale case)."""
     texts: dict[str, str] = {}
@@ -97,8 +97,14 @@ def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[int, str, f
     env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
     t0 = time.perf_counter()
     try:
-        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
-                           cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         rc, out = p.returncode, p.stdout + p.stderr
     except subprocess.TimeoutExpired as exc:
         rc, out = -9, f"timed out after {timeout} s\n{exc.stdout or ''}"
@@ -122,8 +128,12 @@ def check_case(case: dict, baseline: bool, timeout: float) -> dict:
             return rec
         rc, out, secs = run_tests(tree, case["tests"], timeout)
     lines = [ln for ln in out.splitlines() if ln.strip()]
-    rec.update(rc=rc, seconds=round(secs, 1), summary=lines[-1] if lines else "",
-               outcome="bites" if rc == 1 else ("passes-broken" if rc == 0 else "error"))
+    rec.update(
+        rc=rc,
+        seconds=round(secs, 1),
+        summary=lines[-1] if lines else "",
+        outcome="bites" if rc == 1 else ("passes-broken" if rc == 0 else "error"),
+    )
     if rc != 1:
         rec["tail"] = out[-1500:]
     else:
@@ -163,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     commit = provenance_commit()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     name = "bite_check" + ("_" + "_".join(args.module) if args.module else "") + ".json"
-    (Path(args.out) / name).write_text(json.dumps(
-        {"commit": commit, "date": time.strftime("%Y-%m-%d"), "counts": counts, "cases": results}, indent=1))
+    (Path(args.out) / name).write_text(
+        json.dumps({"commit": commit, "date": time.strftime("%Y-%m-%d"), "counts": counts, "cases": results}, indent=1)
+    )
     print("bite_check:", ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), f"of {len(results)}")
     return 0 if counts.get("bites", 0) == len(results) else 1
 

@@ -17,8 +17,17 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-KEY_PATHS = ("graph", "graph_update", "graph_update2", "graph_indirect", "graph_copy", "stream", "torch_graph",
-             "torch_graph_copy", "floor_empty_graph")
+KEY_PATHS = (
+    "graph",
+    "graph_update",
+    "graph_update2",
+    "graph_indirect",
+    "graph_copy",
+    "stream",
+    "torch_graph",
+    "torch_graph_copy",
+    "floor_empty_graph",
+)
 MICRO = ("cuLaunchKernel", "cuLaunchKernelEx_pdl", "manager_bind_1_node", "manager_bind_same")
 
 
@@ -42,7 +51,9 @@ def compare(specs: list[str]) -> dict:
         for doc in docs:
             for r in doc["records"]:
                 if r["path"] in KEY_PATHS:
-                    rows[(r["path"], r["form"], r["layers"], r["width"], r["batch"])][label].append(r["sync_us"]["median"])
+                    rows[(r["path"], r["form"], r["layers"], r["width"], r["batch"])][label].append(
+                        r["sync_us"]["median"]
+                    )
             for name in MICRO:
                 m = (doc.get("microcosts") or {}).get(name)
                 if isinstance(m, dict) and "median" in m:
@@ -50,8 +61,15 @@ def compare(specs: list[str]) -> dict:
     out = []
     for key in sorted(rows, key=lambda k: tuple(str(x) for x in k)):
         med = {lab: statistics.median(v) for lab, v in rows[key].items()}
-        entry = {"path": key[0], "form": key[1], "layers": key[2], "width": key[3], "batch": key[4],
-                 "median_us": med, "runs": {lab: v for lab, v in rows[key].items()}}
+        entry = {
+            "path": key[0],
+            "form": key[1],
+            "layers": key[2],
+            "width": key[3],
+            "batch": key[4],
+            "median_us": med,
+            "runs": {lab: v for lab, v in rows[key].items()},
+        }
         if labels[0] in med and labels[-1] in med:
             entry["ratio"] = med[labels[-1]] / med[labels[0]]
         out.append(entry)
@@ -68,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     res = compare(args.runs)
     labels = res["labels"]
     print(f"gpu {res['gpu']}, commits {res['commits']} (synced host µs, median of run medians)")
-    print(f"{'path':<34}{'form':<9}{'L':>3}{'w':>6}{'b':>5}" + "".join(f"{lab:>10}" for lab in labels) + f"{'ratio':>8}")
+    print(
+        f"{'path':<34}{'form':<9}{'L':>3}{'w':>6}{'b':>5}" + "".join(f"{lab:>10}" for lab in labels) + f"{'ratio':>8}"
+    )
     for r in res["rows"]:
         cells = "".join(f"{r['median_us'].get(lab, float('nan')):>10.2f}" for lab in labels)
         ratio = f"{r['ratio']:>8.3f}" if "ratio" in r else ""

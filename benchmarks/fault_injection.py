@@ -28,7 +28,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 from cuda.bindings import driver  # noqa: E402
-
 from fault_cases import all_cases, fake_session  # noqa: E402
 from faultinject import GOOD, OUTCOMES, Result, count_calls, run_case, summarize  # noqa: E402
 
@@ -40,8 +39,12 @@ def commit() -> str:
     return provenance_commit()
 
 
-def run_all(only: str | None = None, code: Any = driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY, verbose: bool = False,
-            max_k: int | None = None) -> tuple[list[Result], dict[str, list[str]]]:
+def run_all(
+    only: str | None = None,
+    code: Any = driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY,
+    verbose: bool = False,
+    max_k: int | None = None,
+) -> tuple[list[Result], dict[str, list[str]]]:
     """Every (operation, k) case; returns the results and, per operation, the calls it makes."""
     results: list[Result] = []
     calls: dict[str, list[str]] = {}
@@ -70,8 +73,11 @@ def report(results: list[Result], calls: dict[str, list[str]], code: Any) -> dic
         ops.setdefault(op, {"cases": 0, "outcomes": {o: 0 for o in OUTCOMES}})
         ops[op]["driver_calls"] = sorted(set(names))
     totals = {o: sum(v["outcomes"][o] for v in ops.values()) for o in OUTCOMES}
-    bad = [{"op": r.op, "k": r.k, "call": r.call, "outcome": r.outcome, "detail": r.detail}
-           for r in results if r.outcome not in GOOD]
+    bad = [
+        {"op": r.op, "k": r.k, "call": r.call, "outcome": r.outcome, "detail": r.detail}
+        for r in results
+        if r.outcome not in GOOD
+    ]
     return {
         "what": "fault injection on the CPU fake driver: the k-th driver call of each operation fails, for every k",
         "commit": commit(),
@@ -100,8 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     data["seconds"] = round(time.perf_counter() - t0, 1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = "fault_injection.json" if args.only is None and args.code == "CUDA_ERROR_OUT_OF_MEMORY" else \
-        "fault_injection_partial.json"
+    name = (
+        "fault_injection.json"
+        if args.only is None and args.code == "CUDA_ERROR_OUT_OF_MEMORY"
+        else "fault_injection_partial.json"
+    )
     (out / name).write_text(json.dumps(data, indent=1) + "\n")
     width = max(len(op) for op in data["operations"])
     for op, v in data["operations"].items():

@@ -62,21 +62,31 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-REPS = 64                      # launches per graph
+REPS = 64  # launches per graph
 WIDTHS = (1024, 4096)
 ROWS = tuple(range(64, 257, 8))
 QUICK = [(64, 1024), (136, 1024), (256, 1024), (64, 4096), (136, 4096), (256, 4096)]
 KEY_SHAPES = [(256, 4096), (72, 1024), (256, 1024), (64, 4096), (128, 4096), (64, 1024)]
-EARLY_MAX_W_BYTES = 8 << 20    # as ops: successor launched at the start for W <= 8 MB
+EARLY_MAX_W_BYTES = 8 << 20  # as ops: successor launched at the start for W <= 8 MB
 EPIS = {"none": 0, "relu": 1, "add": 2}
 TARGET_RATIO, REQUIRED_RATIO, TARGET_PEAK = 0.8, 1.0, 0.70
-U = 2.0 ** -24
+U = 2.0**-24
 REL_TOL = 1e-5
 NAN_BITS = 0x7FC00000
-STICKY = {"CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_MISALIGNED_ADDRESS",
-          "CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_INVALID_ADDRESS_SPACE",
-          "CUDA_ERROR_INVALID_PC", "CUDA_ERROR_LAUNCH_TIMEOUT", "CUDA_ERROR_ASSERT", "CUDA_ERROR_ECC_UNCORRECTABLE",
-          "CUDA_ERROR_CONTEXT_IS_DESTROYED", "CUDA_ERROR_ILLEGAL_STATE"}
+STICKY = {
+    "CUDA_ERROR_ILLEGAL_ADDRESS",
+    "CUDA_ERROR_LAUNCH_FAILED",
+    "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+    "CUDA_ERROR_INVALID_PC",
+    "CUDA_ERROR_LAUNCH_TIMEOUT",
+    "CUDA_ERROR_ASSERT",
+    "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+    "CUDA_ERROR_ILLEGAL_STATE",
+}
 EXIT_STICKY = 3
 
 
@@ -92,6 +102,7 @@ def log(msg: str) -> None:
 # Cuts
 # ---------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Cut:
     """One instantiation of kernels/sgemm.cu (see its header for the parameters)."""
@@ -103,7 +114,7 @@ class Cut:
     s: int
     ks: int
     minb: int = 1
-    tm: int = 8            # output rows per thread (8 or 4)
+    tm: int = 8  # output rows per thread (8 or 4)
     file: str = "sgemm"
 
     @property
@@ -119,10 +130,12 @@ class Cut:
 
     def expr(self, epi: str) -> str:
         e = EPIS[epi]
-        tm = "" if self.tm == 8 else f", {self.tm}"   # as rawgraph.ops.matmul_expr spells it
+        tm = "" if self.tm == 8 else f", {self.tm}"  # as rawgraph.ops.matmul_expr spells it
         if self.s == 1:
             return f"sgemm_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.ks}, {self.minb}{tm}>"
-        return f"sgemm_split_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.s}, {self.ks}, {self.minb}{tm}>"
+        return (
+            f"sgemm_split_kernel<{e}, {self.bm}, {self.bn}, {self.bk}, {self.st}, {self.s}, {self.ks}, {self.minb}{tm}>"
+        )
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
         return (_cdiv(n, self.bn), self.s, _cdiv(m, self.bm))
@@ -132,8 +145,11 @@ class Cut:
 
     @property
     def label(self) -> str:
-        return (f"sgemm {self.bm}x{self.bn} k{self.bk} st{self.st} s{self.s} ks{self.ks}"
-                + (f" mb{self.minb}" if self.minb > 1 else "") + (f" tm{self.tm}" if self.tm != 8 else ""))
+        return (
+            f"sgemm {self.bm}x{self.bn} k{self.bk} st{self.st} s{self.s} ks{self.ks}"
+            + (f" mb{self.minb}" if self.minb > 1 else "")
+            + (f" tm{self.tm}" if self.tm != 8 else "")
+        )
 
     @property
     def record(self):
@@ -143,7 +159,7 @@ class Cut:
         return ops.SgemmCut(self.bm, self.bn, self.bk, self.st, self.s, self.ks, self.minb, self.tm)
 
     @classmethod
-    def of(cls, cut) -> "Cut":
+    def of(cls, cut) -> Cut:
         """The sweep's cut of a ``rawgraph.ops.SgemmCut``."""
         return cls(cut.bm, cut.bn, cut.bk, cut.stages, cut.split, cut.slices, cut.minb, cut.tm)
 
@@ -152,14 +168,14 @@ class Cut:
 class OldCut:
     """A cut of kernels/matmul.cu: rawgraph's current choice for the shape."""
 
-    kernel: str        # "gemm" or "matvec"
-    exprs: tuple       # (none, relu, add) name expressions
+    kernel: str  # "gemm" or "matvec"
+    exprs: tuple  # (none, relu, add) name expressions
     grid_: tuple
     threads: int
     smem: int
     early_: int
     label: str
-    source: str        # where the cut came from ("rawgraph.ops")
+    source: str  # where the cut came from ("rawgraph.ops")
     file: str = "matmul"
 
     def expr(self, epi: str) -> str:
@@ -187,29 +203,56 @@ def current_cut(m: int, k: int, n: int, sms: int) -> OldCut:
     if shape.per_sm:
         raise RuntimeError("current cut uses a residency cap; not replicated here")
     # once ops.SGEMM_CUTS has the shape, today's choice is an sgemm cut: compile it from its own file
-    return OldCut(shape.kernel, exprs, tuple(shape.grid), shape.threads, int(ops.gemm_smem_bytes(shape)), early,
-                  label, "rawgraph.ops", ops.matmul_file(shape))
+    return OldCut(
+        shape.kernel,
+        exprs,
+        tuple(shape.grid),
+        shape.threads,
+        int(ops.gemm_smem_bytes(shape)),
+        early,
+        label,
+        "rawgraph.ops",
+        ops.matmul_file(shape),
+    )
 
 
 # Tile structures (BM, BN, KS, MINB, TM) the generator draws from. Threads = KS * (BM / TM) * (BN / 8).
 # TM = 4 (4 x 8 outputs per thread, about 128 registers: 2-4 CTAs per SM) is cuBLAS's small-M thread
 # tile (cutlass_80_simt_sgemm_64x64_8x5, benchmarks/NOTES.md session 18).
 STRUCTS = [
-    (128, 128, 1, 1, 8), (128, 128, 1, 2, 8), (128, 128, 2, 1, 8), (256, 128, 1, 1, 8),
-    (64, 128, 2, 1, 8), (64, 128, 2, 2, 8), (64, 128, 1, 1, 8), (64, 128, 1, 4, 8),
-    (128, 64, 2, 1, 8), (128, 64, 1, 1, 8), (96, 128, 1, 1, 8), (96, 64, 2, 1, 8),
-    (64, 64, 4, 1, 8), (64, 64, 2, 1, 8), (32, 128, 4, 1, 8), (32, 128, 2, 1, 8),
-    (64, 64, 1, 1, 4), (64, 64, 2, 1, 4), (64, 128, 1, 1, 4), (64, 128, 1, 2, 4),
-    (32, 128, 2, 1, 4), (128, 64, 1, 2, 4), (32, 64, 2, 1, 4), (128, 128, 1, 1, 4),
+    (128, 128, 1, 1, 8),
+    (128, 128, 1, 2, 8),
+    (128, 128, 2, 1, 8),
+    (256, 128, 1, 1, 8),
+    (64, 128, 2, 1, 8),
+    (64, 128, 2, 2, 8),
+    (64, 128, 1, 1, 8),
+    (64, 128, 1, 4, 8),
+    (128, 64, 2, 1, 8),
+    (128, 64, 1, 1, 8),
+    (96, 128, 1, 1, 8),
+    (96, 64, 2, 1, 8),
+    (64, 64, 4, 1, 8),
+    (64, 64, 2, 1, 8),
+    (32, 128, 4, 1, 8),
+    (32, 128, 2, 1, 8),
+    (64, 64, 1, 1, 4),
+    (64, 64, 2, 1, 4),
+    (64, 128, 1, 1, 4),
+    (64, 128, 1, 2, 4),
+    (32, 128, 2, 1, 4),
+    (128, 64, 1, 2, 4),
+    (32, 64, 2, 1, 4),
+    (128, 128, 1, 1, 4),
 ]
 SPLITS = (1, 2, 3, 4, 6, 8)
-SM_SMEM = 233472          # 228 KB per SM (H100 / H200)
-SMEM_OPTIN = 232448       # 227 KB per CTA
-SMEM_RESERVED = 1024      # per CTA
+SM_SMEM = 233472  # 228 KB per SM (H100 / H200)
+SMEM_OPTIN = 232448  # 227 KB per CTA
+SMEM_RESERVED = 1024  # per CTA
 REGS_PER_SM = 65536
-REGS_EST = {8: 168, 16: 168, 32: 240}      # registers of an 8 x 8 tile thread, MINB = 1 (NVRTC 13.x, by BK)
-REGS_EST_TM4 = 128                          # a 4 x 8 tile thread at any BK (NVRTC 13.5: 125-128)
-FFMA_FRAC = {8: 0.84, 16: 0.88, 32: 0.89}   # FMA share of the K loop's SASS (BK 16: 1024 of 1152)
+REGS_EST = {8: 168, 16: 168, 32: 240}  # registers of an 8 x 8 tile thread, MINB = 1 (NVRTC 13.x, by BK)
+REGS_EST_TM4 = 128  # a 4 x 8 tile thread at any BK (NVRTC 13.5: 125-128)
+FFMA_FRAC = {8: 0.84, 16: 0.88, 32: 0.89}  # FMA share of the K loop's SASS (BK 16: 1024 of 1152)
 
 
 def reg_cap(threads: int, minb: int) -> int:
@@ -227,10 +270,10 @@ def model_cycles(cut: Cut, m: int, k: int, n: int, sms: int, min_ctas: float = 0
         return None
     p = cut.s * cut.ks
     kc = _cdiv(_cdiv(k, p), cut.bk) * cut.bk
-    if kc * (p - 1) >= k:          # an empty K part: wasted CTAs
+    if kc * (p - 1) >= k:  # an empty K part: wasted CTAs
         return None
     nst = kc // cut.bk
-    if cut.st > nst + 1:           # more stages than the K range has
+    if cut.st > nst + 1:  # more stages than the K range has
         return None
     regs = min(REGS_EST[cut.bk] if cut.tm == 8 else REGS_EST_TM4, reg_cap(th, cut.minb))
     if regs < (128 if cut.tm == 8 else 96):
@@ -244,9 +287,9 @@ def model_cycles(cut: Cut, m: int, k: int, n: int, sms: int, min_ctas: float = 0
     if ctas < min_ctas * sms:
         return None
     waves = _cdiv(ctas, cap * sms)
-    per_sm = _cdiv(ctas, sms * waves)           # CTAs on the busiest SM in a wave
+    per_sm = _cdiv(ctas, sms * waves)  # CTAs on the busiest SM in a wave
     busy_warps = per_sm * warps
-    hide = min(1.0, 0.55 + 0.06 * busy_warps)   # latency hiding: 8 warps ~ full issue
+    hide = min(1.0, 0.55 + 0.06 * busy_warps)  # latency hiding: 8 warps ~ full issue
     spill = 0.85 if (regs <= 128 and cut.bk >= 16 and cut.tm == 8) else 1.0
     # half the outputs per shared-memory load: 12 loads per 128 FMAs against 16 per 256
     eff = FFMA_FRAC[cut.bk] * hide * spill * (1.0 if cut.tm == 8 else 0.96)
@@ -298,14 +341,14 @@ def candidates(m: int, k: int, n: int, sms: int, limit: int) -> list[Cut]:
                         continue
                     cut = Cut(bm, bn, bk, st, s, ks, minb, tm)
                     t = model_cycles(cut, m, k, n, sms)
-                    if t is None:   # small products: keep the cuts that fill fewer SMs, ranked last
+                    if t is None:  # small products: keep the cuts that fill fewer SMs, ranked last
                         t2 = model_cycles(cut, m, k, n, sms, 0.0)
                         t = None if t2 is None else 1e12 + t2
                     if t is not None:
                         scored.append((t, cut))
     scored.sort(key=lambda tc: (tc[0], tc[1].label))
     out, structs, near = [], set(), set()
-    for t, cut in scored:
+    for _t, cut in scored:
         key = (cut.bm, cut.bn, cut.ks, cut.minb, cut.tm)
         if key not in structs and len(out) < max(1, (2 * limit) // 3):
             structs.add(key)
@@ -315,13 +358,13 @@ def candidates(m: int, k: int, n: int, sms: int, limit: int) -> list[Cut]:
     # then other splits.
     chosen = {(c.bm, c.bn, c.ks, c.minb, c.tm, c.s) for c in out}
     room = (limit - len(out) + 1) // 2
-    for t, cut in scored:
+    for _t, cut in scored:
         nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.tm, cut.s, cut.bk)
         if room > 0 and nk[:6] in chosen and nk not in near:
             near.add(nk)
             out.append(cut)
             room -= 1
-    for t, cut in scored:
+    for _t, cut in scored:
         if len(out) >= limit:
             break
         nk = (cut.bm, cut.bn, cut.ks, cut.minb, cut.tm, cut.s, cut.bk)
@@ -339,7 +382,9 @@ def parse_cut(text: str):
     except ValueError:
         values = ()
     if len(values) not in (7, 8):
-        raise argparse.ArgumentTypeError(f"expected BM,BN,BK,STAGES,S,KS,MINB[,TM] (seven or eight integers), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected BM,BN,BK,STAGES,S,KS,MINB[,TM] (seven or eight integers), got {text!r}"
+        )
     from rawgraph import ShapeError, ops  # the kernel's rules, checked here rather than by NVRTC or the launch
 
     cut = ops.SgemmCut(*values)
@@ -363,6 +408,7 @@ def with_cuts(cands: list[Cut], extra: list) -> list[Cut]:
 # ---------------------------------------------------------------------------------------------
 # Compilation (NVRTC, one program per chunk of name expressions, chunks in parallel processes)
 # ---------------------------------------------------------------------------------------------
+
 
 def kernel_source(name: str) -> str:
     """kernels/<name>.cu with its local .cuh includes spliced in: rawgraph's own loader, so the
@@ -427,7 +473,15 @@ def _compile_chunk(args):
             image, lowered, text = _nvrtc_compile(src, f"{file}.cu", arch, list(names), OPTIONS)
         return file, tuple(names), image, lowered, text, time.perf_counter() - t0, None
     except Exception as exc:  # noqa: BLE001 - reported per chunk
-        return file, tuple(names), None, {}, getattr(exc, "log", "") or "", time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"
+        return (
+            file,
+            tuple(names),
+            None,
+            {},
+            getattr(exc, "log", "") or "",
+            time.perf_counter() - t0,
+            f"{type(exc).__name__}: {exc}",
+        )
 
 
 def parse_ptxas(text: str) -> dict[str, dict]:
@@ -457,7 +511,7 @@ def compile_all(jobs: dict[str, list[str]], arch: str, workers: int, chunk: int 
     for file, names in jobs.items():
         names = sorted(set(names))
         for i in range(0, len(names), chunk):
-            tasks.append((file, tuple(names[i:i + chunk]), arch))
+            tasks.append((file, tuple(names[i : i + chunk]), arch))
     out: dict = {}
     if not tasks:
         return out
@@ -470,7 +524,7 @@ def compile_all(jobs: dict[str, list[str]], arch: str, workers: int, chunk: int 
     else:
         results = [_compile_chunk(t) for t in tasks]
     retry = []
-    for file, names, image, lowered, text, secs, err in results:
+    for file, names, image, lowered, text, _secs, err in results:
         if err:
             if len(names) > 1:
                 retry.extend((file, (n,), arch) for n in names)
@@ -481,7 +535,7 @@ def compile_all(jobs: dict[str, list[str]], arch: str, workers: int, chunk: int 
         for n in names:
             sym = lowered.get(n, n)
             out[(file, n)] = {"image": image, "lowered": sym, "ptxas": ptx.get(sym, {})}
-    for file, names, image, lowered, text, secs, err in (map(_compile_chunk, retry) if retry else []):
+    for file, names, image, lowered, text, _secs, err in map(_compile_chunk, retry) if retry else []:
         if err:
             log(f"  compile FAILED {file}: {names[0]}: {err}\n{text[-2000:]}")
             continue
@@ -494,6 +548,7 @@ def compile_all(jobs: dict[str, list[str]], arch: str, workers: int, chunk: int 
 # ---------------------------------------------------------------------------------------------
 # Device backend (cuda.bindings.driver)
 # ---------------------------------------------------------------------------------------------
+
 
 class StickyError(RuntimeError):
     """The context is lost (a kernel faulted): nothing more can run in this process."""
@@ -515,7 +570,10 @@ class Cuda:
         A = driver.CUdevice_attribute
         attr = lambda a: int(self._check(driver.cuDeviceGetAttribute(a, self.dev), "cuDeviceGetAttribute"))  # noqa: E731
         self.sms = attr(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        self.cc = (attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+        self.cc = (
+            attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+            attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+        )
         self.l2 = attr(A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
         self.smem_optin = attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         try:
@@ -580,8 +638,10 @@ class Cuda:
         fn = self._check(self.d.cuModuleGetFunction(mod, symbol.encode()), "cuModuleGetFunction")
         FA = self.d.CUfunction_attribute
         if smem > 48 * 1024:
-            self._check(self.d.cuFuncSetAttribute(fn, FA.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem)),
-                        "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+            self._check(
+                self.d.cuFuncSetAttribute(fn, FA.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem)),
+                "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+            )
         return fn
 
     def func_info(self, fn, threads: int, smem: int, cluster: int, grid) -> dict:
@@ -589,9 +649,12 @@ class Cuda:
         info = {}
         try:
             info["registers"] = int(self._check(self.d.cuFuncGetAttribute(FA.CU_FUNC_ATTRIBUTE_NUM_REGS, fn), "attr"))
-            info["local_bytes"] = int(self._check(self.d.cuFuncGetAttribute(FA.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn), "attr"))
-            info["ctas_per_sm"] = int(self._check(
-                self.d.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, smem), "occupancy"))
+            info["local_bytes"] = int(
+                self._check(self.d.cuFuncGetAttribute(FA.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn), "attr")
+            )
+            info["ctas_per_sm"] = int(
+                self._check(self.d.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, smem), "occupancy")
+            )
             if cluster > 1:
                 cfg = self._config(fn, grid, threads, smem, pdl=False)
                 info["max_active_clusters"] = int(self._check(self.d.cuOccupancyMaxActiveClusters(fn, cfg), "clusters"))
@@ -663,7 +726,9 @@ class Cuda:
                 self._check(d.cuGraphLaunch(exe, self.stream), "cuGraphLaunch")
                 self._check(d.cuEventRecord(b, self.stream), "cuEventRecord")
                 self._check(d.cuEventSynchronize(b), "cuEventSynchronize")
-                samples.append(float(self._check(d.cuEventElapsedTime(a, b), "cuEventElapsedTime")) * 1e3 / len(launches))
+                samples.append(
+                    float(self._check(d.cuEventElapsedTime(a, b), "cuEventElapsedTime")) * 1e3 / len(launches)
+                )
             return samples
         finally:
             d.cuGraphExecDestroy(exe)
@@ -765,6 +830,7 @@ class FakeCuda:
 # The sweep (child process)
 # ---------------------------------------------------------------------------------------------
 
+
 def shape_order(shapes: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Key shapes first, then the rest spread over the grid (so a cut-off run still spans it)."""
     first = [s for s in KEY_SHAPES if s in shapes]
@@ -802,34 +868,43 @@ def judge(y: np.ndarray, ref: np.ndarray, bound: np.ndarray) -> dict:
 class ShapeRun:
     """Checks and timings of cuts at one shape, on the inputs of ``data`` (one width)."""
 
-    def __init__(self, sweep: "Sweep", m: int, width: int, data: dict):
+    def __init__(self, sweep: Sweep, m: int, width: int, data: dict):
         self.sw, self.dev, self.m, self.k, self.n, self.data = sweep, sweep.dev, m, width, width, data
         self.x, self.y, self.r, self.ws = data["x"], data["y"], data["r"], data["ws"]
         rh = data["rh"][:m]
         self.dev.upload(self.x, data["xh"][:m])
         self.dev.upload(self.r, rh)
-        self.refs = {e: ref_and_bound(data["ref"][:m], data["absprod"][:m], width, e, rh if e == "add" else None)
-                     for e in EPIS}
+        self.refs = {
+            e: ref_and_bound(data["ref"][:m], data["absprod"][:m], width, e, rh if e == "add" else None) for e in EPIS
+        }
         self.flop = 2.0 * m * width * width
         self.nbytes = 4.0 * (width * width + 2 * m * width)
 
     def figures(self, us: float, epi: str = "none") -> dict:
         b = self.nbytes + (4.0 * self.m * self.n if epi == "add" else 0.0)
         tf = self.flop / us / 1e6
-        return {"us": us, "tflops": tf, "pct_peak": 100 * tf / self.sw.peak_tflops,
-                "pct_copy_bw": 100 * (b / (us * 1e-6) / 1e9) / self.sw.copy_gbps}
+        return {
+            "us": us,
+            "tflops": tf,
+            "pct_peak": 100 * tf / self.sw.peak_tflops,
+            "pct_copy_bw": 100 * (b / (us * 1e-6) / 1e9) / self.sw.copy_gbps,
+        }
 
     def launches(self, cut, epi, fn, flags, count=REPS):
         m, k, n, dev = self.m, self.k, self.n, self.dev
         cfgs = dev.configs(fn, cut.grid(m, n), cut.threads, cut.smem)
         out = []
         for i in range(count):
-            L = dev.launch_obj(cfgs, fn, self.x, self.ws[i % len(self.ws)], self.y, self.r if epi == "add" else 0,
-                               m, k, n, flags)
+            L = dev.launch_obj(
+                cfgs, fn, self.x, self.ws[i % len(self.ws)], self.y, self.r if epi == "add" else 0, m, k, n, flags
+            )
             L["expr"], L["epi"] = cut.expr(epi), EPIS[epi]
             if isinstance(dev, FakeCuda):
-                L["t"] = (model_cycles(cut, m, k, n, self.sw.sms, 0.0) or 0) / (self.sw.clock_ghz * 1e3) + 1.5 \
-                    if isinstance(cut, Cut) else self.flop / 1e6 / 25.0 + 3
+                L["t"] = (
+                    (model_cycles(cut, m, k, n, self.sw.sms, 0.0) or 0) / (self.sw.clock_ghz * 1e3) + 1.5
+                    if isinstance(cut, Cut)
+                    else self.flop / 1e6 / 25.0 + 3
+                )
             out.append(L)
         return out
 
@@ -858,8 +933,13 @@ class ShapeRun:
 
     def try_cut(self, cut, epi="none", flags=None, pdl=True, do_check=True) -> dict:
         m, k, n = self.m, self.k, self.n
-        rec = {"cut": cut.label, "expr": cut.expr(epi), "threads": cut.threads, "smem": cut.smem,
-               "grid": list(cut.grid(m, n))}
+        rec = {
+            "cut": cut.label,
+            "expr": cut.expr(epi),
+            "threads": cut.threads,
+            "smem": cut.smem,
+            "grid": list(cut.grid(m, n)),
+        }
         if isinstance(cut, Cut):
             t = model_cycles(cut, m, k, n, self.sw.sms, 0.0)
             rec["model_us"] = t / (self.sw.clock_ghz * 1e3) if t else None
@@ -896,15 +976,17 @@ class Sweep:
         if ex.exists():
             self.excluded = {ln.strip() for ln in ex.read_text().splitlines() if ln.strip()}
         self.inflight = out / "inflight.txt"
-        self.kernels: dict = {}      # (file, expr) -> (module, symbol)
-        self.compiled: dict = {}     # (file, expr) -> compile record
+        self.kernels: dict = {}  # (file, expr) -> (module, symbol)
+        self.compiled: dict = {}  # (file, expr) -> compile record
         self.torch = None
         self.copy_gbps = 0.0
         self.t_start = time.perf_counter()
 
     # -- compilation and loading --------------------------------------------------------------
     def ensure(self, jobs: dict[str, list[str]]) -> None:
-        need = {f: [e for e in names if (f, e) not in self.compiled and e not in self.excluded] for f, names in jobs.items()}
+        need = {
+            f: [e for e in names if (f, e) not in self.compiled and e not in self.excluded] for f, names in jobs.items()
+        }
         need = {f: v for f, v in need.items() if v}
         if not need:
             return
@@ -942,10 +1024,17 @@ class Sweep:
         lim = math.sqrt(3.0 / k)
         wh = rng.uniform(-lim, lim, size=(k, n)).astype(np.float32)
         count = int(min(REPS, max(2, _cdiv(3 * dev.l2, k * n * 4))))
-        data = {"xh": xh, "rh": rh, "ref": xh.astype(np.float64) @ wh.astype(np.float64),
-                "absprod": (np.abs(xh) @ np.abs(wh)).astype(np.float64) * 1.001,
-                "x": dev.alloc(mmax * k), "y": dev.alloc(mmax * n), "r": dev.alloc(mmax * n),
-                "ws": [dev.alloc(k * n) for _ in range(count)], "wh": wh}
+        data = {
+            "xh": xh,
+            "rh": rh,
+            "ref": xh.astype(np.float64) @ wh.astype(np.float64),
+            "absprod": (np.abs(xh) @ np.abs(wh)).astype(np.float64) * 1.001,
+            "x": dev.alloc(mmax * k),
+            "y": dev.alloc(mmax * n),
+            "r": dev.alloc(mmax * n),
+            "ws": [dev.alloc(k * n) for _ in range(count)],
+            "wh": wh,
+        }
         for p in data["ws"]:
             dev.upload(p, wh)
         if self.torch is not None:
@@ -987,8 +1076,16 @@ class Sweep:
         best = min(good, key=lambda c: c["us"])
         row["best"] = dict(best)
         bcut = next(c for c in cands if c.label == best["cut"])
-        row["best_cut"] = {"bm": bcut.bm, "bn": bcut.bn, "bk": bcut.bk, "st": bcut.st, "s": bcut.s, "ks": bcut.ks,
-                           "minb": bcut.minb, "tm": bcut.tm}
+        row["best_cut"] = {
+            "bm": bcut.bm,
+            "bn": bcut.bn,
+            "bk": bcut.bk,
+            "st": bcut.st,
+            "s": bcut.s,
+            "ks": bcut.ks,
+            "minb": bcut.minb,
+            "tm": bcut.tm,
+        }
         if "us" in row.get("current", {}):
             row["best"]["speedup_vs_current"] = row["current"]["us"] / best["us"]
         early = bcut.early(k, n)
@@ -1031,7 +1128,7 @@ class Sweep:
         a, dev = self.a, self.dev
         partial = self.out / "partial.jsonl"
         rows: dict = {}
-        if partial.exists():   # a restarted child: keep what the last one finished
+        if partial.exists():  # a restarted child: keep what the last one finished
             for ln in partial.read_text().splitlines():
                 if ln.strip():
                     rd = json.loads(ln)
@@ -1067,10 +1164,15 @@ class Sweep:
             except Exception as exc:  # noqa: BLE001
                 log(f"torch unavailable ({exc}): no cuBLAS column")
         self.copy_gbps = dev.copy_bandwidth()
-        seed = a.seed if a.seed is not None else (next(iter(rows.values()))["seed"] if rows else int(time.time()) % 100000)
-        log(f"{dev.name}: {self.sms} SMs, fp32 peak {self.peak_tflops:.1f} TFLOP/s at {self.clock_ghz:.2f} GHz, "
+        seed = (
+            a.seed if a.seed is not None else (next(iter(rows.values()))["seed"] if rows else int(time.time()) % 100000)
+        )
+        log(
+            f"{dev.name}: {self.sms} SMs, fp32 peak {self.peak_tflops:.1f} TFLOP/s at {self.clock_ghz:.2f} GHz, "
             f"copy {self.copy_gbps:.0f} GB/s; seed {seed}; excluded: {sorted(self.excluded) or 'none'}"
-            + (f"; resuming after {len(rows)} shapes" if rows else "") + f"; torch {'yes' if self.torch else 'no'}")
+            + (f"; resuming after {len(rows)} shapes" if rows else "")
+            + f"; torch {'yes' if self.torch else 'no'}"
+        )
         mmax = max(m for m, _ in shapes)
         # Pass 1, width by width (the key shapes' widths first).
         widths = list(dict.fromkeys(w for _, w in todo))
@@ -1078,7 +1180,7 @@ class Sweep:
             if self.over_budget():
                 break
             data = self.make_data(width, mmax, seed)
-            for (m, w) in [s for s in todo if s[1] == width]:
+            for m, w in [s for s in todo if s[1] == width]:
                 if self.over_budget():
                     log(f"budget of {a.budget_s:.0f} s spent: M={m} w{w} and later shapes not run")
                     break
@@ -1090,7 +1192,9 @@ class Sweep:
                 log(line(row) + f"  [{row['seconds']:.1f} s]")
             self.free_data(data)
         # Pass 2: the fused epilogues of each shape's best cut, compiled in one batch.
-        todo2 = [s for s in shape_order(shapes) if rows.get(s, {}).get("best") and "relu" not in rows[s]["best_variants"]]
+        todo2 = [
+            s for s in shape_order(shapes) if rows.get(s, {}).get("best") and "relu" not in rows[s]["best_variants"]
+        ]
         if todo2 and not self.over_budget():
             self.ensure({"sgemm": [Cut(**rows[s]["best_cut"]).expr(e) for s in todo2 for e in ("relu", "add")]})
             for width in list(dict.fromkeys(w for _, w in todo2)):
@@ -1105,15 +1209,30 @@ class Sweep:
                     self.epilogues(row, data)
                     save(row)
                     v = row["best_variants"]
-                    log(f"M={s[0]:<4d} K=N={s[1]:<5d} epilogues of {row['best']['cut']}: "
-                        + ", ".join(f"{e} {v[e]['us']:.2f} us" if "us" in v[e] else f"{e} FAILED {v[e]}" for e in ("relu", "add")))
+                    log(
+                        f"M={s[0]:<4d} K=N={s[1]:<5d} epilogues of {row['best']['cut']}: "
+                        + ", ".join(
+                            f"{e} {v[e]['us']:.2f} us" if "us" in v[e] else f"{e} FAILED {v[e]}"
+                            for e in ("relu", "add")
+                        )
+                    )
                 self.free_data(data)
         info = {e: dict(rec["ptxas"]) for (f, e), rec in self.compiled.items()}
         return {
-            "commit": commit(), "device": dev.name, "sms": self.sms, "clock_ghz": self.clock_ghz,
-            "fp32_peak_tflops": self.peak_tflops, "copy_GBps": self.copy_gbps, "reps_per_graph": REPS,
-            "repeats": a.repeats, "seed": seed, "tf32": False, "sources": source_hashes(),
-            "excluded": sorted(self.excluded), "compile": info, "fake": isinstance(dev, FakeCuda),
+            "commit": commit(),
+            "device": dev.name,
+            "sms": self.sms,
+            "clock_ghz": self.clock_ghz,
+            "fp32_peak_tflops": self.peak_tflops,
+            "copy_GBps": self.copy_gbps,
+            "reps_per_graph": REPS,
+            "repeats": a.repeats,
+            "seed": seed,
+            "tf32": False,
+            "sources": source_hashes(),
+            "excluded": sorted(self.excluded),
+            "compile": info,
+            "fake": isinstance(dev, FakeCuda),
             "not_run": [list(s) for s in shapes if s not in rows],
             "rows": [rows[s] for s in sorted(rows, key=lambda s: (s[1], s[0]))],
             "seconds": time.perf_counter() - self.t_start,
@@ -1159,8 +1278,10 @@ def table(result: dict) -> str:
     """Best cut per shape with cuBLAS beside it; flags the issue's required and target figures,
     judged on the faster of the best cut timed and today's cut (``current``: what rawgraph serves
     now, e.g. the committed table's entry), since either is what the library can serve."""
-    hdr = (f"{'M':>4s} {'K=N':>5s}  {'best sgemm cut':<36s} {'us':>8s} {'%peak':>6s} {'%copy':>6s} "
-           f"{'cuBLAS':>8s} {'ratio':>6s} {'current':>8s} {'cur/cub':>7s}  relu/add us  flags")
+    hdr = (
+        f"{'M':>4s} {'K=N':>5s}  {'best sgemm cut':<36s} {'us':>8s} {'%peak':>6s} {'%copy':>6s} "
+        f"{'cuBLAS':>8s} {'ratio':>6s} {'current':>8s} {'cur/cub':>7s}  relu/add us  flags"
+    )
     out = [hdr, "-" * len(hdr)]
     misses = {"required": [], "target": [], "peak": []}
     for row in result["rows"]:
@@ -1188,39 +1309,62 @@ def table(result: dict) -> str:
             flags.append(f"peak<{100 * TARGET_PEAK:.0f}%")
             misses["peak"].append((row["M"], row["K"]))
         v = row.get("best_variants", {})
-        ra = "/".join(f"{v[e]['us']:.1f}" if "us" in v.get(e, {}) else ("FAIL" if e in v else "-") for e in ("relu", "add"))
-        out.append(f"{row['M']:4d} {row['K']:5d}  {b['cut']:<36s} {b['us']:8.2f} {b['pct_peak']:6.1f} {b['pct_copy_bw']:6.1f} "
-                   f"{cub if cub else float('nan'):8.2f} {ratio:6.2f} {cur if cur else float('nan'):8.2f} "
-                   f"{(cur / cub) if (cur and cub) else float('nan'):7.2f}  {ra:<11s}  {' '.join(flags)}")
+        ra = "/".join(
+            f"{v[e]['us']:.1f}" if "us" in v.get(e, {}) else ("FAIL" if e in v else "-") for e in ("relu", "add")
+        )
+        out.append(
+            f"{row['M']:4d} {row['K']:5d}  {b['cut']:<36s} {b['us']:8.2f} {b['pct_peak']:6.1f} {b['pct_copy_bw']:6.1f} "
+            f"{cub if cub else float('nan'):8.2f} {ratio:6.2f} {cur if cur else float('nan'):8.2f} "
+            f"{(cur / cub) if (cur and cub) else float('nan'):7.2f}  {ra:<11s}  {' '.join(flags)}"
+        )
     n = len(result["rows"])
     out.append("")
     if result.get("not_run"):
         out.append(f"NOT RUN (budget or failures): {result['not_run']}")
-    out.append(f"REQUIRED (<= {REQUIRED_RATIO}x cuBLAS at every shape): "
-               + ("met at all %d shapes" % n if not misses["required"] else f"MISSED at {misses['required']}"))
-    out.append(f"TARGET (<= {TARGET_RATIO}x cuBLAS at every shape): "
-               + ("met" if not misses["target"] and not misses["required"] else
-                  f"missed at {len(misses['target']) + len(misses['required'])} of {n} shapes"))
+    out.append(
+        f"REQUIRED (<= {REQUIRED_RATIO}x cuBLAS at every shape): "
+        + (f"met at all {n} shapes" if not misses["required"] else f"MISSED at {misses['required']}")
+    )
+    out.append(
+        f"TARGET (<= {TARGET_RATIO}x cuBLAS at every shape): "
+        + (
+            "met"
+            if not misses["target"] and not misses["required"]
+            else f"missed at {len(misses['target']) + len(misses['required'])} of {n} shapes"
+        )
+    )
     if not any("cublas" in r for r in result["rows"]):
         out.append("(no cuBLAS figures in this run: the ratios above are not judged)")
     key = [r for r in result["rows"] if r["M"] == 256 and r["K"] == 4096 and r.get("best")]
     if key:
         b, cur = key[0]["best"], key[0].get("current", {}).get("us")
         peak = b["pct_peak"] * b["us"] / (min(b["us"], cur) if cur else b["us"])
-        out.append(f"TARGET (>= {100 * TARGET_PEAK:.0f}% fp32 peak at w4096 M=256): {peak:.1f}% "
-                   + ("met" if peak >= 100 * TARGET_PEAK else "MISSED"))
+        out.append(
+            f"TARGET (>= {100 * TARGET_PEAK:.0f}% fp32 peak at w4096 M=256): {peak:.1f}% "
+            + ("met" if peak >= 100 * TARGET_PEAK else "MISSED")
+        )
     out.append("(flags judge the faster of the best cut and the current one)")
-    failed = [(r["M"], r["K"], c["cut"]) for r in result["rows"] for c in r.get("candidates", []) if not c.get("ok", False)]
-    bad_epi = [(r["M"], r["K"], e) for r in result["rows"] for e in ("relu", "add")
-               if e in r.get("best_variants", {}) and not r["best_variants"][e].get("ok", False)]
-    out.append(f"checks: {sum(len(r.get('candidates', [])) for r in result['rows'])} cut runs, {len(failed)} failed"
-               + (f": {failed[:8]}" if failed else "") + f"; epilogue checks failed: {bad_epi or 'none'}")
+    failed = [
+        (r["M"], r["K"], c["cut"]) for r in result["rows"] for c in r.get("candidates", []) if not c.get("ok", False)
+    ]
+    bad_epi = [
+        (r["M"], r["K"], e)
+        for r in result["rows"]
+        for e in ("relu", "add")
+        if e in r.get("best_variants", {}) and not r["best_variants"][e].get("ok", False)
+    ]
+    out.append(
+        f"checks: {sum(len(r.get('candidates', [])) for r in result['rows'])} cut runs, {len(failed)} failed"
+        + (f": {failed[:8]}" if failed else "")
+        + f"; epilogue checks failed: {bad_epi or 'none'}"
+    )
     return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------------------------
 # Entry points
 # ---------------------------------------------------------------------------------------------
+
 
 def parse_rows(items) -> list[int]:
     out = []
@@ -1240,8 +1384,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--widths", type=int, nargs="*", help="K = N values (default 1024 4096)")
     p.add_argument("--rows", nargs="*", help="M values or ranges a:b:step (default 64:256:8)")
     p.add_argument("--max-cands", type=int, default=20, help="sgemm cuts timed per shape")
-    p.add_argument("--cut", action="append", default=[], type=parse_cut,
-                   help="also time this cut at every shape: BM,BN,BK,STAGES,S,KS,MINB[,TM] (repeatable)")
+    p.add_argument(
+        "--cut",
+        action="append",
+        default=[],
+        type=parse_cut,
+        help="also time this cut at every shape: BM,BN,BK,STAGES,S,KS,MINB[,TM] (repeatable)",
+    )
     p.add_argument("--repeats", type=int, default=9, help="graph replays per figure (median)")
     p.add_argument("--seed", type=int)
     p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="parallel NVRTC processes")
@@ -1250,8 +1399,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-current", action="store_true", help="skip rawgraph's current matmul cut")
     p.add_argument("--compile-only", action="store_true", help="compile every candidate for sm_90 and stop")
     p.add_argument("--fake", action="store_true", help="no device: NumPy stand-in (tests this script only)")
-    p.add_argument("--table", metavar="FILE", help="print the table (and its rows for rawgraph.ops.SGEMM_TABLE) of "
-                   "gemm_sweep.json or partial.jsonl from an earlier run, and stop")
+    p.add_argument(
+        "--table",
+        metavar="FILE",
+        help="print the table (and its rows for rawgraph.ops.SGEMM_TABLE) of "
+        "gemm_sweep.json or partial.jsonl from an earlier run, and stop",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -1300,14 +1453,18 @@ def compile_only(a, shapes, reason: str) -> int:
     got = compile_all({f: sorted(v) for f, v in jobs.items()}, "sm_90", a.jobs)
     failed = [n for n in names if ("sgemm", n) not in got] + [n for f, n in cur if (f, n) not in got]
     log(f"{'expression':<62s} {'regs':>4s} {'spill st/ld':>11s} {'smem KB':>7s}")
-    for (f, n), rec in sorted(got.items()):
+    for (_f, n), rec in sorted(got.items()):
         p = rec["ptxas"]
         cut = _parse_cut(n)
         smem = f"{cut.smem / 1024:7.1f}" if cut else "      -"
-        log(f"{n:<62s} {p.get('registers', -1):4d} {p.get('spill_stores', -1):5d}/{p.get('spill_loads', -1):<5d} {smem}")
+        log(
+            f"{n:<62s} {p.get('registers', -1):4d} {p.get('spill_stores', -1):5d}/{p.get('spill_loads', -1):<5d} {smem}"
+        )
     spills = [n for (f, n), rec in got.items() if rec["ptxas"].get("spill_stores", 0) > 0]
-    log(f"{len(got)} compiled, {len(failed)} failed{': ' + str(failed) if failed else ''}; "
-        f"{len(spills)} with spills{': ' + ', '.join(spills) if spills else ''}")
+    log(
+        f"{len(got)} compiled, {len(failed)} failed{': ' + str(failed) if failed else ''}; "
+        f"{len(spills)} with spills{': ' + ', '.join(spills) if spills else ''}"
+    )
     log(f"no GPU: {reason}; compiled only, nothing timed" if reason else "compiled only, nothing timed")
     return 1 if failed else 0
 
@@ -1318,7 +1475,7 @@ def _parse_cut(expr: str) -> Cut | None:
         return None
     v = [int(t) for t in mt.group(2).split(",")]
     if not mt.group(1):
-        v.insert(5, 1)   # S = 1
+        v.insert(5, 1)  # S = 1
     tm = v[8] if len(v) > 8 else 8
     _, bm, bn, bk, st, s, ks, mb = v[:8]
     return Cut(bm, bn, bk, st, s, ks, mb, tm)
@@ -1333,7 +1490,9 @@ def child_main(a) -> int:
     try:
         result = sweep.run(shapes)
     except StickyError as exc:
-        log(f"STICKY CUDA ERROR: {exc} (running: {sweep.inflight.read_text().strip() if sweep.inflight.exists() else '?'})")
+        log(
+            f"STICKY CUDA ERROR: {exc} (running: {sweep.inflight.read_text().strip() if sweep.inflight.exists() else '?'})"
+        )
         return EXIT_STICKY
     result["best_cuts"] = best_cuts(result)
     (out / "gemm_sweep.json").write_text(json.dumps(result, indent=1))
@@ -1355,8 +1514,14 @@ def parent_main(a, argv) -> int:
         if attempt:
             spent = time.perf_counter() - t0
             child_argv += ["--budget-s", str(max(10.0, a.budget_s - spent))]
-        proc = subprocess.Popen(child_argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            child_argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         last = time.perf_counter()
         stalled = False
         while True:
@@ -1390,7 +1555,7 @@ def parent_main(a, argv) -> int:
 
 
 def best_cuts(result: dict) -> dict:
-    """"M,K,N" -> the best cut's parameters (what ops.matmul_shape would look up)."""
+    """ "M,K,N" -> the best cut's parameters (what ops.matmul_shape would look up)."""
     return {f"{r['M']},{r['K']},{r['N']}": r["best_cut"] for r in result["rows"] if r.get("best")}
 
 
@@ -1409,7 +1574,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if a.table:
         text = Path(a.table).read_text()
-        if a.table.endswith(".jsonl"):   # a run cut off before its JSON: the shapes it finished
+        if a.table.endswith(".jsonl"):  # a run cut off before its JSON: the shapes it finished
             rows = {}
             for ln in text.splitlines():
                 if ln.strip():

@@ -1,7 +1,7 @@
 """Launch-path benchmark entry point (same as ``rawgraph bench``).
 
-    PYTHONPATH=. python3 benchmarks/launch_paths.py --quick
-    PYTHONPATH=. python3 benchmarks/launch_paths.py            # full sweep
+PYTHONPATH=. python3 benchmarks/launch_paths.py --quick
+PYTHONPATH=. python3 benchmarks/launch_paths.py            # full sweep
 """
 
 import sys

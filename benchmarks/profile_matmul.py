@@ -61,9 +61,13 @@ def main() -> None:
             continue
         launch = ops.matmul(dev, bufs, "x", "W", "y", "none", shape=shape)
         k = launch.kernel
-        per_sm = int(call(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor, k.handle, launch.block[0], launch.shared_mem))
-        line = (f"{_label(shape):18s} {k.registers:3d} regs {k.static_smem:6d}+{launch.shared_mem:5d} B smem  {per_sm} CTA/SM  "
-                f"grid {launch.grid} = {shape.ctas} CTAs")
+        per_sm = int(
+            call(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor, k.handle, launch.block[0], launch.shared_mem)
+        )
+        line = (
+            f"{_label(shape):18s} {k.registers:3d} regs {k.static_smem:6d}+{launch.shared_mem:5d} B smem  {per_sm} CTA/SM  "
+            f"grid {launch.grid} = {shape.ctas} CTAs"
+        )
         if shape.split > 1:
             fit = max_active_clusters(launch, shape.split)
             need = shape.ctas // shape.split

@@ -22,8 +22,8 @@ import numpy as np
 
 from rawgraph import DeviceBuffer, LaunchPlan, Stream, TinyBlock, capture_plan, get_device, ops
 from rawgraph.control.rng import PhiloxGenerator, dropout_constants, reference_keep, reference_numbers, uniform24
-from rawgraph.runtime.memory import POISON_BITS, DeviceArray
 from rawgraph.ops import SgemmCut, Tf32x3Cut, gemm_shape, matvec_shape, sgemm_shape, tf32x3_shape
+from rawgraph.runtime.memory import POISON_BITS, DeviceArray
 
 
 def _rel(got: np.ndarray, ref: np.ndarray) -> float:
@@ -55,16 +55,18 @@ def check_count_mismatch(c: Checker, dev, s: Stream, rng: np.random.Generator, n
     a_bits = ah.view(np.uint32)
     b_bits = a_bits.copy()
     pos = rng.permutation(n)
-    flipped, zeros, nans = pos[: n // 3], pos[n // 3: n // 3 + 5], pos[n // 3 + 5: n // 3 + 14]
-    b_bits[flipped] ^= (np.uint32(1) << rng.integers(0, 32, size=flipped.size).astype(np.uint32))
+    flipped, zeros, nans = pos[: n // 3], pos[n // 3 : n // 3 + 5], pos[n // 3 + 5 : n // 3 + 14]
+    b_bits[flipped] ^= np.uint32(1) << rng.integers(0, 32, size=flipped.size).astype(np.uint32)
     a_bits[zeros], b_bits[zeros] = 0x00000000, 0x80000000
     a_bits[nans] = b_bits[nans] = POISON_BITS
     want = int(np.count_nonzero(a_bits != b_bits))
     assert want == flipped.size + zeros.size  # the host side of the check
     start = int(rng.integers(1, 1 << 40))
-    bufs = {"a": DeviceBuffer.from_numpy(a_bits.view(np.float32), stream=s),
-            "b": DeviceBuffer.from_numpy(b_bits.view(np.float32), stream=s),
-            "count": DeviceBuffer.from_numpy(np.array([start], np.uint64), stream=s)}
+    bufs = {
+        "a": DeviceBuffer.from_numpy(a_bits.view(np.float32), stream=s),
+        "b": DeviceBuffer.from_numpy(b_bits.view(np.float32), stream=s),
+        "count": DeviceBuffer.from_numpy(np.array([start], np.uint64), stream=s),
+    }
     views = {k: v.view() for k, v in bufs.items()}
     differ = ops.count_mismatch(dev, views, "a", "b", "count")
     same = ops.count_mismatch(dev, views, "a", "a", "count")
@@ -72,8 +74,11 @@ def check_count_mismatch(c: Checker, dev, s: Stream, rng: np.random.Generator, n
     for launch in (differ, same, differ):
         launch(s)
         counts.append(int(bufs["count"].to_numpy(s)[0]) - start)
-    c.verdict(f"count_mismatch n{n}", counts == [want, want, 2 * want], f"{counts} past the start (expected "
-              f"{[want, want, 2 * want]})")
+    c.verdict(
+        f"count_mismatch n{n}",
+        counts == [want, want, 2 * want],
+        f"{counts} past the start (expected {[want, want, 2 * want]})",
+    )
     for b in bufs.values():
         b.close()
 
@@ -87,8 +92,11 @@ def check_philox(c: Checker, dev, s: Stream, rng: np.random.Generator, n: int = 
     raw, uni = DeviceBuffer(n, np.uint32), DeviceBuffer(n)
     xh = rng.standard_normal(n, dtype=np.float32) + np.float32(3.0)
     bufs = {"x": DeviceBuffer.from_numpy(xh, stream=s), "y": DeviceBuffer(n)}
-    launches = (gen.draw(raw), gen.draw(uni, "uniform", skip=1000),
-                gen.dropout({k: b.view() for k, b in bufs.items()}, "x", "y", 0.3, skip=2000))
+    launches = (
+        gen.draw(raw),
+        gen.draw(uni, "uniform", skip=1000),
+        gen.dropout({k: b.view() for k, b in bufs.items()}, "x", "y", 0.3, skip=2000),
+    )
     for when in ("constructor", "set_state"):
         if when == "set_state":
             seed, offset = int(rng.integers(1 << 63)) * 2 + 1, int(rng.integers(1 << 40))
@@ -99,13 +107,22 @@ def check_philox(c: Checker, dev, s: Stream, rng: np.random.Generator, n: int = 
             launch(s)
         state = gen.get_state(s)
         c.verdict(f"philox state after {when}", state == (seed, offset), f"device {state}, host {(seed, offset)}")
-        c.verdict(f"philox_draw uint32 n{n} ({when})", bool(np.array_equal(raw.to_numpy(s), reference_numbers(seed, offset, n))))
-        c.close_to(f"philox_draw uniform n{n} ({when})", uni.to_numpy(s),
-                   uniform24(reference_numbers(seed, offset + 1000, n)).astype(np.float64))
+        c.verdict(
+            f"philox_draw uint32 n{n} ({when})",
+            bool(np.array_equal(raw.to_numpy(s), reference_numbers(seed, offset, n))),
+        )
+        c.close_to(
+            f"philox_draw uniform n{n} ({when})",
+            uni.to_numpy(s),
+            uniform24(reference_numbers(seed, offset + 1000, n)).astype(np.float64),
+        )
         keep = reference_keep(seed, offset + 2000, n, 0.3)
         _threshold, scale = dropout_constants(0.3)
-        c.close_to(f"philox_dropout n{n} ({when})", bufs["y"].to_numpy(s),
-                   np.where(keep, xh.astype(np.float64) * np.float32(scale), 0.0))
+        c.close_to(
+            f"philox_dropout n{n} ({when})",
+            bufs["y"].to_numpy(s),
+            np.where(keep, xh.astype(np.float64) * np.float32(scale), 0.0),
+        )
     gen.close()
 
 
@@ -120,12 +137,17 @@ def main() -> int:
 
     def matmul_case(name, batch, k, n, epilogue, shape=None, precision="fp32"):
         xh, wh, rh = (rng.standard_normal(sh, dtype=np.float32) for sh in ((batch, k), (k, n), (batch, n)))
-        bufs = {"x": DeviceBuffer.from_numpy(xh, stream=s), "W": DeviceBuffer.from_numpy(wh, stream=s),
-                "r": DeviceBuffer.from_numpy(rh, stream=s), "y": DeviceBuffer((batch, n))}
+        bufs = {
+            "x": DeviceBuffer.from_numpy(xh, stream=s),
+            "W": DeviceBuffer.from_numpy(wh, stream=s),
+            "r": DeviceBuffer.from_numpy(rh, stream=s),
+            "y": DeviceBuffer((batch, n)),
+        }
         views = {key: b.view() for key, b in bufs.items()}
         bufs["y"].poison(s)
-        launch = ops.matmul(dev, views, "x", "W", "y", epilogue, r="r" if epilogue == "add" else None, shape=shape,
-                            precision=precision)
+        launch = ops.matmul(
+            dev, views, "x", "W", "y", epilogue, r="r" if epilogue == "add" else None, shape=shape, precision=precision
+        )
         launch(s)
         ref = xh.astype(np.float64) @ wh
         ref = np.maximum(ref, 0) if epilogue == "relu" else ref + rh if epilogue == "add" else ref
@@ -143,17 +165,19 @@ def main() -> int:
     # and 128 x 128 at MINB 2), a cluster split (S = 3: not a power of two; S = 8 with 8-row
     # stages), in-CTA K slices alone (KS = 2, 4) and with a split; M, K, N with tails
     # (K % 16 != 0, N % 64 != 0, M % BM != 0), every epilogue
-    for batch, k, n, epilogue, cut in ((33, 1000, 996, "add", (64, 64, 16, 3, 1, 1, 1)),
-                                       (70, 1004, 260, "relu", (128, 128, 8, 2, 1, 1, 2)),
-                                       (37, 1000, 996, "none", (64, 128, 8, 4, 3, 1, 1)),
-                                       (100, 1000, 132, "add", (32, 128, 16, 3, 8, 1, 1)),
-                                       (70, 1000, 196, "relu", (32, 128, 16, 3, 1, 2, 1)),
-                                       (65, 520, 260, "add", (64, 64, 32, 2, 1, 4, 1)),
-                                       (33, 1000, 996, "add", (64, 128, 16, 3, 2, 2, 1)),
-                                       # 4 x 8 outputs per thread (TM = 4): split, slices, none
-                                       (40, 1000, 996, "add", (64, 64, 8, 5, 8, 1, 1, 4)),
-                                       (70, 1004, 260, "relu", (16, 128, 16, 3, 1, 2, 2, 4)),
-                                       (33, 1000, 196, "add", (48, 64, 16, 4, 1, 1, 1, 4))):
+    for batch, k, n, epilogue, cut in (
+        (33, 1000, 996, "add", (64, 64, 16, 3, 1, 1, 1)),
+        (70, 1004, 260, "relu", (128, 128, 8, 2, 1, 1, 2)),
+        (37, 1000, 996, "none", (64, 128, 8, 4, 3, 1, 1)),
+        (100, 1000, 132, "add", (32, 128, 16, 3, 8, 1, 1)),
+        (70, 1000, 196, "relu", (32, 128, 16, 3, 1, 2, 1)),
+        (65, 520, 260, "add", (64, 64, 32, 2, 1, 4, 1)),
+        (33, 1000, 996, "add", (64, 128, 16, 3, 2, 2, 1)),
+        # 4 x 8 outputs per thread (TM = 4): split, slices, none
+        (40, 1000, 996, "add", (64, 64, 8, 5, 8, 1, 1, 4)),
+        (70, 1004, 260, "relu", (16, 128, 16, 3, 1, 2, 2, 4)),
+        (33, 1000, 196, "add", (48, 64, 16, 4, 1, 1, 1, 4)),
+    ):
         matmul_case("sgemm", batch, k, n, epilogue, sgemm_shape(batch, k, n, SgemmCut(*cut)))
     # every cut the sweep's table (ops.SGEMM_CUTS) serves, on a shape with tails in M, K and N
     for cut in sorted(set(ops.SGEMM_CUTS.values())):
@@ -161,28 +185,34 @@ def main() -> int:
     # tf32x3 (kernels/tf32x3.cu): the epilogue from registers (no split), cluster splits (S = 3 with
     # 48-row warps, S = 8 with 32 x 64 warps), in-CTA slices (2; 4 at BK 8), split and slices with
     # the two-accumulator form; tails in M, K and N; every epilogue
-    for batch, k, n, epilogue, cut in ((33, 1000, 996, "add", Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32, flush=2)),
-                                       (37, 1000, 996, "none", Tf32x3Cut(96, 128, 32, 4, split=3, wm=48, wn=32)),
-                                       (100, 1000, 132, "relu", Tf32x3Cut(32, 128, 16, 3, split=8, wm=32, wn=64,
-                                                                          flush=1)),
-                                       (70, 1000, 196, "add", Tf32x3Cut(64, 64, 16, 3, slices=2, wm=32, wn=32)),
-                                       (65, 520, 260, "relu", Tf32x3Cut(32, 64, 8, 2, slices=4, wm=16, wn=32, flush=1)),
-                                       (33, 1000, 996, "add", Tf32x3Cut(64, 128, 32, 3, split=2, slices=2, wm=32, wn=32,
-                                                                        flush=0))):
+    for batch, k, n, epilogue, cut in (
+        (33, 1000, 996, "add", Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32, flush=2)),
+        (37, 1000, 996, "none", Tf32x3Cut(96, 128, 32, 4, split=3, wm=48, wn=32)),
+        (100, 1000, 132, "relu", Tf32x3Cut(32, 128, 16, 3, split=8, wm=32, wn=64, flush=1)),
+        (70, 1000, 196, "add", Tf32x3Cut(64, 64, 16, 3, slices=2, wm=32, wn=32)),
+        (65, 520, 260, "relu", Tf32x3Cut(32, 64, 8, 2, slices=4, wm=16, wn=32, flush=1)),
+        (33, 1000, 996, "add", Tf32x3Cut(64, 128, 32, 3, split=2, slices=2, wm=32, wn=32, flush=0)),
+    ):
         matmul_case("tf32x3", batch, k, n, epilogue, tf32x3_shape(batch, k, n, cut), "tf32x3")
     # every cut the dispatcher serves at M = 8..256, K = N = 1024 / 2048 / 4096 (table and default rule)
-    served = {ops.tf32x3_cut(ops.matmul_shape(m, w, w, sm, precision="tf32x3",
-                                              smem_limit=dev.info.smem_per_block_optin))
-              for w in (1024, 2048, 4096) for m in range(8, 257, 8)}
+    served = {
+        ops.tf32x3_cut(ops.matmul_shape(m, w, w, sm, precision="tf32x3", smem_limit=dev.info.smem_per_block_optin))
+        for w in (1024, 2048, 4096)
+        for m in range(8, 257, 8)
+    }
     for cut in sorted(served, key=lambda c: tuple(vars(c).values())):
         matmul_case("tf32x3 served", 70, 1000, 996, "add", tf32x3_shape(70, 1000, 996, cut), "tf32x3")
+
     # sgemm through pointer slots (the indirect launch path): x, y and r read from 8-byte slots,
     # y and r 4 bytes off 16-byte alignment (scalar epilogue stores); a split with slices
     def sgemm_indirect_case(batch, k, n, cut, precision="fp32"):
         xh, wh, rh = (rng.standard_normal(sh, dtype=np.float32) for sh in ((batch, k), (k, n), (batch, n)))
-        bufs = {"x": DeviceBuffer.from_numpy(xh, stream=s), "W": DeviceBuffer.from_numpy(wh, stream=s),
-                "r": DeviceBuffer.from_numpy(np.concatenate([np.zeros(1, np.float32), rh.ravel()]), stream=s),
-                "y": DeviceBuffer(batch * n + 1)}
+        bufs = {
+            "x": DeviceBuffer.from_numpy(xh, stream=s),
+            "W": DeviceBuffer.from_numpy(wh, stream=s),
+            "r": DeviceBuffer.from_numpy(np.concatenate([np.zeros(1, np.float32), rh.ravel()]), stream=s),
+            "y": DeviceBuffer(batch * n + 1),
+        }
         r_off = DeviceArray(bufs["r"].ptr + 4, (batch, n), np.dtype(np.float32), bufs["r"])
         y_off = DeviceArray(bufs["y"].ptr + 4, (batch, n), np.dtype(np.float32), bufs["y"])
         views = {"x": bufs["x"].view(), "W": bufs["W"].view(), "r": r_off, "y": y_off}
@@ -211,8 +241,12 @@ def main() -> int:
     for batch, width, cluster in ((5, 132, 8), (1, 200, 4), (3, 36, 8)):
         xh = rng.standard_normal((batch, width), dtype=np.float32)
         w1h, w2h = (rng.standard_normal((width, width), dtype=np.float32) / np.float32(width**0.5) for _ in range(2))
-        bufs = {"x": DeviceBuffer.from_numpy(xh, stream=s), "W1": DeviceBuffer.from_numpy(w1h, stream=s),
-                "W2": DeviceBuffer.from_numpy(w2h, stream=s), "y": DeviceBuffer((batch, width))}
+        bufs = {
+            "x": DeviceBuffer.from_numpy(xh, stream=s),
+            "W1": DeviceBuffer.from_numpy(w1h, stream=s),
+            "W2": DeviceBuffer.from_numpy(w2h, stream=s),
+            "y": DeviceBuffer((batch, width)),
+        }
         bufs["y"].poison(s)
         ops.block(dev, {k: v.view() for k, v in bufs.items()}, "x", "W1", "W2", "y", cluster=cluster)(s)
         x64 = xh.astype(np.float64)
@@ -220,26 +254,36 @@ def main() -> int:
     # elementwise, the spin kernel, the mismatch counter
     n = 1001
     ah, bh = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
-    bufs = {"a": DeviceBuffer.from_numpy(ah, stream=s), "b": DeviceBuffer.from_numpy(bh, stream=s), "y": DeviceBuffer(n),
-            "z": DeviceBuffer(n)}
+    bufs = {
+        "a": DeviceBuffer.from_numpy(ah, stream=s),
+        "b": DeviceBuffer.from_numpy(bh, stream=s),
+        "y": DeviceBuffer(n),
+        "z": DeviceBuffer(n),
+    }
     views = {k: v.view() for k, v in bufs.items()}
     bufs["y"].poison(s)
     bufs["z"].poison(s)
-    plan = LaunchPlan([ops.spin(dev, 1000), ops.relu(dev, views, "a", "y"), ops.add(dev, views, "a", "b", "z")],
-                      views, (), ())
+    plan = LaunchPlan(
+        [ops.spin(dev, 1000), ops.relu(dev, views, "a", "y"), ops.add(dev, views, "a", "b", "z")], views, (), ()
+    )
     plan.run(s)
     check("relu", bufs["y"].to_numpy(s), np.maximum(ah, 0).astype(np.float64))
     check("add", bufs["z"].to_numpy(s), ah.astype(np.float64) + bh)
     check_count_mismatch(c, dev, s, rng)
+
     # row routing inside the matmuls (the slot pool's fused gather): row m of x, r and y is row
     # table[m] of a larger state; every other row of y must keep its poison
     def routed_case(name, batch, k, shape_fn, precision="fp32"):
         states = 3 * batch + 1
         table = rng.permutation(states)[:batch].astype(np.int32)
         xh, wh, rh = (rng.standard_normal(sh, dtype=np.float32) for sh in ((states, k), (k, k), (states, k)))
-        bufs = {"x": DeviceBuffer.from_numpy(xh, stream=s), "W": DeviceBuffer.from_numpy(wh, stream=s),
-                "r": DeviceBuffer.from_numpy(rh, stream=s), "y": DeviceBuffer((states, k)),
-                "t": DeviceBuffer.from_numpy(table, stream=s)}
+        bufs = {
+            "x": DeviceBuffer.from_numpy(xh, stream=s),
+            "W": DeviceBuffer.from_numpy(wh, stream=s),
+            "r": DeviceBuffer.from_numpy(rh, stream=s),
+            "y": DeviceBuffer((states, k)),
+            "t": DeviceBuffer.from_numpy(table, stream=s),
+        }
         bufs["y"].poison(s)
         views = {key: bufs[key].view() for key in ("W",)}
         views.update({key: DeviceBuffer((batch, k)).view() for key in ("x", "r", "y")})  # shapes for the checks
@@ -261,26 +305,37 @@ def main() -> int:
     routed_case("gemm", 37, 264, lambda b, k: gemm_shape(b, k, k, sm, True, 2, 64, 0, 1))
     routed_case("sgemm", 37, 264, lambda b, k: sgemm_shape(b, k, k, SgemmCut(64, 64, 16, 3)))
     routed_case("sgemm", 70, 264, lambda b, k: sgemm_shape(b, k, k, SgemmCut(32, 128, 8, 3, split=3, slices=2)))
-    routed_case("tf32x3", 37, 264, lambda b, k: tf32x3_shape(b, k, k, Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32)),
-                "tf32x3")
-    routed_case("tf32x3", 70, 264, lambda b, k: tf32x3_shape(b, k, k, Tf32x3Cut(32, 128, 8, 3, split=3, slices=2,
-                                                                                 wm=32, wn=32, flush=1)), "tf32x3")
+    routed_case("tf32x3", 37, 264, lambda b, k: tf32x3_shape(b, k, k, Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32)), "tf32x3")
+    routed_case(
+        "tf32x3",
+        70,
+        264,
+        lambda b, k: tf32x3_shape(b, k, k, Tf32x3Cut(32, 128, 8, 3, split=3, slices=2, wm=32, wn=32, flush=1)),
+        "tf32x3",
+    )
     # row gathers and scatters: through a device table and by value (two capacities), odd sizes
     for rows, width, states in ((13, 33, 40), (50, 17, 61)):
         table = rng.permutation(states)[:rows].astype(np.int32)
         sh = rng.standard_normal((states, width), dtype=np.float32)
         ch = rng.standard_normal((rows, width), dtype=np.float32)
-        bufs = {"state": DeviceBuffer.from_numpy(sh, stream=s), "compact": DeviceBuffer.from_numpy(ch, stream=s),
-                "g": DeviceBuffer((rows, width)), "g2": DeviceBuffer((rows, width)),
-                "sc": DeviceBuffer.from_numpy(sh, stream=s), "sc2": DeviceBuffer.from_numpy(sh, stream=s),
-                "t": DeviceBuffer.from_numpy(table, stream=s)}
+        bufs = {
+            "state": DeviceBuffer.from_numpy(sh, stream=s),
+            "compact": DeviceBuffer.from_numpy(ch, stream=s),
+            "g": DeviceBuffer((rows, width)),
+            "g2": DeviceBuffer((rows, width)),
+            "sc": DeviceBuffer.from_numpy(sh, stream=s),
+            "sc2": DeviceBuffer.from_numpy(sh, stream=s),
+            "t": DeviceBuffer.from_numpy(table, stream=s),
+        }
         views = {key: b.view() for key, b in bufs.items()}
         bufs["g"].poison(s)
         bufs["g2"].poison(s)
-        launches = [ops.gather_rows(dev, views, "state", "t", "g", rows),
-                    ops.scatter_rows(dev, views, "compact", "t", "sc", rows),
-                    ops.gather_rows_param(dev, views, "state", "g2", rows),
-                    ops.scatter_rows_param(dev, views, "compact", "sc2", rows)]
+        launches = [
+            ops.gather_rows(dev, views, "state", "t", "g", rows),
+            ops.scatter_rows(dev, views, "compact", "t", "sc", rows),
+            ops.gather_rows_param(dev, views, "state", "g2", rows),
+            ops.scatter_rows_param(dev, views, "compact", "sc2", rows),
+        ]
         for launch in launches[2:]:
             launch.args.array("table")[:rows] = table
         for launch in launches:

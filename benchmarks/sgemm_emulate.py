@@ -362,8 +362,18 @@ def main() -> int:
     (work / "runner.cpp").write_text(RUNNER)
     (work / "cases.inc").write_text(CASES)
     (work / "sgemm_emu.cu").write_text(src)
-    cmd = [a.cxx, "-std=c++20", "-O1", "-g", "-fno-strict-aliasing", "-fsanitize=address,undefined", "-pthread",
-           "runner.cpp", "-o", "runner"]
+    cmd = [
+        a.cxx,
+        "-std=c++20",
+        "-O1",
+        "-g",
+        "-fno-strict-aliasing",
+        "-fsanitize=address,undefined",
+        "-pthread",
+        "runner.cpp",
+        "-o",
+        "runner",
+    ]
     print("building:", " ".join(cmd), flush=True)
     if subprocess.run(cmd, cwd=work).returncode:
         return 2

@@ -38,8 +38,17 @@ else:
     TORCH_ERROR = None
 import cupy as cp
 
-from rawgraph import (CaptureMode, DeviceBuffer, ExecUpdateManager, Stream, TinyBlock, as_device_array, capture_plan,
-                      get_device, ops)
+from rawgraph import (
+    CaptureMode,
+    DeviceBuffer,
+    ExecUpdateManager,
+    Stream,
+    TinyBlock,
+    as_device_array,
+    capture_plan,
+    get_device,
+    ops,
+)
 from rawgraph.bench.provenance import environment
 from rawgraph.graphs.capture import Capture
 from rawgraph.models.tinyblock import reference_forward
@@ -165,18 +174,32 @@ def replays(steps: int, seed: int) -> dict:
     last_in = {int(j): int(i) for i, j in zip(ins, ots)}
     replay_err = max(rel_err64(host_copy(outs[j], s), refs[i]) for j, i in last_in.items())
     mgr.close()
-    return {"steps": steps, "inputs": kinds_in, "outputs": kinds_out, "mismatched_elements": mismatches,
-            "eager_vs_float64": eager_err, "replays_vs_float64": replay_err, "float64_tol": FLOAT64_TOL,
-            "checker": checker, "driver_updates": mgr.update_calls, "wall_s": wall,
-            "us_per_step": wall / steps * 1e6, "seed": seed}
+    return {
+        "steps": steps,
+        "inputs": kinds_in,
+        "outputs": kinds_out,
+        "mismatched_elements": mismatches,
+        "eager_vs_float64": eager_err,
+        "replays_vs_float64": replay_err,
+        "float64_tol": FLOAT64_TOL,
+        "checker": checker,
+        "driver_updates": mgr.update_calls,
+        "wall_s": wall,
+        "us_per_step": wall / steps * 1e6,
+        "seed": seed,
+    }
 
 
 def replays_ok(r: dict) -> bool:
     """The replays verdict: no mismatched element, eager and the last replays within the float64
     tolerance, and a mismatch counter seen to count exactly."""
-    return (r.get("mismatched_elements") == 0 and r.get("eager_vs_float64", 1.0) < FLOAT64_TOL
-            and r.get("replays_vs_float64", 1.0) < FLOAT64_TOL
-            and bool(r.get("checker")) and r["checker"]["counted"] == r["checker"]["expected"])
+    return (
+        r.get("mismatched_elements") == 0
+        and r.get("eager_vs_float64", 1.0) < FLOAT64_TOL
+        and r.get("replays_vs_float64", 1.0) < FLOAT64_TOL
+        and bool(r.get("checker"))
+        and r["checker"]["counted"] == r["checker"]["expected"]
+    )
 
 
 def cycles(n: int) -> dict:
@@ -206,8 +229,12 @@ def cycles(n: int) -> dict:
     wall = time.perf_counter() - t0
     free1, _ = dev.memory_info()
     rss1 = rss_bytes()
-    return {"cycles": n, "device_growth_bytes": free0 - free1, "rss_growth_bytes": rss1 - rss0,
-            "ms_per_cycle": wall / n * 1e3}
+    return {
+        "cycles": n,
+        "device_growth_bytes": free0 - free1,
+        "rss_growth_bytes": rss1 - rss0,
+        "ms_per_cycle": wall / n * 1e3,
+    }
 
 
 def threads(n_capture: int, rounds: int, seed: int) -> dict:
@@ -270,9 +297,15 @@ def threads(n_capture: int, rounds: int, seed: int) -> dict:
     stop.set()
     for t in allocators:
         t.join()
-    return {"capture_threads": n_capture, "captures_per_thread": rounds, "allocating_threads": 2,
-            "allocations": allocations[0], "mismatched_replays": mismatches[0], "errors": errors,
-            "wall_s": time.perf_counter() - t0}
+    return {
+        "capture_threads": n_capture,
+        "captures_per_thread": rounds,
+        "allocating_threads": 2,
+        "allocations": allocations[0],
+        "mismatched_replays": mismatches[0],
+        "errors": errors,
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,8 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % (1 << 31))
     result: dict = {"env": environment(), "seed": seed, "torch_import_error": TORCH_ERROR}
-    for name, fn in (("replays", lambda: replays(args.replays, seed)), ("cycles", lambda: cycles(args.cycles)),
-                     ("threads", lambda: threads(8, args.thread_rounds, seed))):
+    for name, fn in (
+        ("replays", lambda: replays(args.replays, seed)),
+        ("cycles", lambda: cycles(args.cycles)),
+        ("threads", lambda: threads(8, args.thread_rounds, seed)),
+    ):
         t0 = time.perf_counter()
         try:
             result[name] = fn()
@@ -294,8 +330,13 @@ def main(argv: list[str] | None = None) -> int:
             result[name] = {"error": f"{type(exc).__name__}: {exc}"}
         print(f"{name}: {json.dumps(result[name])} ({time.perf_counter() - t0:.0f} s)", flush=True)
     r, c, t = result["replays"], result["cycles"], result["threads"]
-    ok = (replays_ok(r) and c.get("device_growth_bytes") == 0
-          and c.get("rss_growth_bytes", 1 << 40) < 10 << 20 and t.get("mismatched_replays") == 0 and not t.get("errors"))
+    ok = (
+        replays_ok(r)
+        and c.get("device_growth_bytes") == 0
+        and c.get("rss_growth_bytes", 1 << 40) < 10 << 20
+        and t.get("mismatched_replays") == 0
+        and not t.get("errors")
+    )
     result["passed"] = bool(ok)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

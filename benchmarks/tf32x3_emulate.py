@@ -359,7 +359,7 @@ class Case:
     flags: int = 0
     mode: int = 2
     seed: int = 1
-    quick: bool = False   # one of the --quick subset
+    quick: bool = False  # one of the --quick subset
     why: str = ""
 
     def line(self) -> str:
@@ -367,8 +367,10 @@ class Case:
 
         smem = tf32x3_smem_bytes(self.bm, self.bn, self.bk, self.stages, self.split, self.slices) // 4
         args = (self.epi, self.bm, self.bn, self.bk, self.stages, self.split, self.slices, self.wm, self.wn, self.flush)
-        return (f"emu_mode = {self.mode}; test<{', '.join(map(str, args))}>({self.m}, {self.k}, {self.n}, {self.flags}, "
-                f"{self.seed}, {smem});  // {self.why}")
+        return (
+            f"emu_mode = {self.mode}; test<{', '.join(map(str, args))}>({self.m}, {self.k}, {self.n}, {self.flags}, "
+            f"{self.seed}, {smem});  // {self.why}"
+        )
 
 
 ROWS = 16 | 32 | 64
@@ -387,28 +389,128 @@ CASES = [
     # cluster splits (also not a power of two) and in-CTA slices, every epilogue
     Case(2, 64, 64, 16, 3, 2, 1, 32, 32, 2, 72, 200, 132, mode=0, seed=21, quick=True, why="cluster split 2, K tail"),
     Case(0, 32, 64, 8, 4, 3, 1, 16, 32, 1, 40, 264, 64, mode=1, seed=22, why="cluster split 3"),
-    Case(1, 64, 64, 8, 3, 1, 2, 32, 32, 0, 64, 128, 64, mode=2, seed=23, quick=True, why="2 in-CTA slices, two accumulators"),
+    Case(
+        1,
+        64,
+        64,
+        8,
+        3,
+        1,
+        2,
+        32,
+        32,
+        0,
+        64,
+        128,
+        64,
+        mode=2,
+        seed=23,
+        quick=True,
+        why="2 in-CTA slices, two accumulators",
+    ),
     Case(2, 32, 64, 16, 2, 2, 2, 16, 32, 2, 33, 256, 68, mode=1, seed=24, why="split and slices"),
     Case(0, 16, 32, 8, 2, 8, 1, 16, 32, 1, 9, 160, 36, mode=2, seed=25, why="cluster split 8: 2 rows per rank"),
     Case(2, 32, 32, 8, 3, 2, 4, 32, 32, 1, 24, 64, 64, mode=0, seed=26, why="4 slices (named barriers 1..4)"),
     # row tables, pointer slots, misaligned y / r, empty K parts, tiny M, NaN in x, scaled rows
     Case(2, 64, 64, 16, 3, 2, 1, 32, 32, 2, 50, 96, 64, ROWS, seed=31, quick=True, why="row tables, split"),
-    Case(2, 32, 64, 8, 3, 1, 1, 16, 32, 1, 37, 64, 132, ROWS | IND | 1 | MISALIGNED, seed=32, quick=True,
-         why="row tables, pointer slots, misaligned y / r, no split"),
-    Case(2, 32, 64, 16, 3, 2, 2, 32, 32, 1, 30, 64, 68, MISALIGNED | 64, seed=33,
-         why="misaligned y / r, scattered y, split and slices"),
+    Case(
+        2,
+        32,
+        64,
+        8,
+        3,
+        1,
+        1,
+        16,
+        32,
+        1,
+        37,
+        64,
+        132,
+        ROWS | IND | 1 | MISALIGNED,
+        seed=32,
+        quick=True,
+        why="row tables, pointer slots, misaligned y / r, no split",
+    ),
+    Case(
+        2,
+        32,
+        64,
+        16,
+        3,
+        2,
+        2,
+        32,
+        32,
+        1,
+        30,
+        64,
+        68,
+        MISALIGNED | 64,
+        seed=33,
+        why="misaligned y / r, scattered y, split and slices",
+    ),
     Case(0, 32, 64, 8, 2, 8, 1, 16, 32, 1, 5, 40, 64, seed=34, why="K shorter than the parts: empty K parts"),
     Case(1, 16, 32, 8, 2, 1, 1, 16, 32, 1, 1, 8, 4, seed=35, quick=True, why="the smallest product"),
     Case(2, 64, 64, 8, 3, 2, 1, 32, 32, 1, 40, 96, 64, NAN_IN_X | ROWS, seed=36, quick=True, why="a NaN in x, routed"),
-    Case(0, 32, 64, 16, 3, 1, 1, 32, 32, 2, 48, 512, 64, SCALED_ROWS | VS_FFMA, seed=37, quick=True,
-         why="rows scaled over 8 orders of magnitude, K 512"),
-    Case(2, 64, 64, 32, 3, 2, 2, 32, 32, 2, 64, 1024, 64, SCALED_ROWS | VS_FFMA, seed=38,
-         why="scaled rows, K 1024, split and slices"),
+    Case(
+        0,
+        32,
+        64,
+        16,
+        3,
+        1,
+        1,
+        32,
+        32,
+        2,
+        48,
+        512,
+        64,
+        SCALED_ROWS | VS_FFMA,
+        seed=37,
+        quick=True,
+        why="rows scaled over 8 orders of magnitude, K 512",
+    ),
+    Case(
+        2,
+        64,
+        64,
+        32,
+        3,
+        2,
+        2,
+        32,
+        32,
+        2,
+        64,
+        1024,
+        64,
+        SCALED_ROWS | VS_FFMA,
+        seed=38,
+        why="scaled rows, K 1024, split and slices",
+    ),
     # the accuracy of the accumulation against an FFMA loop at K = 1024 (no split: one long sum)
     Case(0, 64, 64, 32, 3, 1, 1, 64, 32, 2, 64, 1024, 64, VS_FFMA, seed=40, quick=True, why="runs of 2 k8 steps"),
     Case(0, 64, 64, 32, 3, 1, 1, 64, 32, 4, 64, 1024, 64, VS_FFMA, seed=40, why="runs of 4 k8 steps"),
-    Case(0, 64, 64, 32, 3, 1, 1, 64, 32, 0, 64, 1024, 64, REPORT_ONLY, seed=40,
-         why="two accumulators over all K: reported only (the truncating model makes it worse than FFMA)"),
+    Case(
+        0,
+        64,
+        64,
+        32,
+        3,
+        1,
+        1,
+        64,
+        32,
+        0,
+        64,
+        1024,
+        64,
+        REPORT_ONLY,
+        seed=40,
+        why="two accumulators over all K: reported only (the truncating model makes it worse than FFMA)",
+    ),
     Case(0, 64, 128, 32, 4, 1, 1, 64, 32, 4, 64, 32, 128, mode=1, seed=39, why="128 x 64 warp grid: 4 warps along N"),
 ]
 
@@ -425,8 +527,12 @@ def prepare_source(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="one case of each form (the CPU test's subset)")
-    p.add_argument("--mma", choices=("truncate", "exact"), default="truncate",
-                   help="how the emulated tensor core adds into its accumulator")
+    p.add_argument(
+        "--mma",
+        choices=("truncate", "exact"),
+        default="truncate",
+        help="how the emulated tensor core adds into its accumulator",
+    )
     p.add_argument("--keep", help="write the generated files here and keep them")
     p.add_argument("--source", default=str(ROOT / "kernels" / "tf32x3.cu"))
     p.add_argument("--cxx", default=shutil.which("g++") or "g++")
@@ -438,8 +544,18 @@ def main(argv: list[str] | None = None) -> int:
     (work / "runner.cpp").write_text(RUNNER)
     (work / "cases.inc").write_text("\n".join(c.line() for c in cases) + "\n")
     (work / "tf32x3_emu.cu").write_text(prepare_source(Path(a.source).read_text()))
-    cmd = [a.cxx, "-std=c++20", "-O1", "-g", "-fno-strict-aliasing", "-fsanitize=address,undefined", "-pthread",
-           "runner.cpp", "-o", "runner"]
+    cmd = [
+        a.cxx,
+        "-std=c++20",
+        "-O1",
+        "-g",
+        "-fno-strict-aliasing",
+        "-fsanitize=address,undefined",
+        "-pthread",
+        "runner.cpp",
+        "-o",
+        "runner",
+    ]
     print("building:", " ".join(cmd), f"({len(cases)} cases)", flush=True)
     if subprocess.run(cmd, cwd=work).returncode:
         return 2

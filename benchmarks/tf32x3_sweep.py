@@ -50,17 +50,28 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rawgraph.ops.gemm import (MAX_SPLIT, Tf32x3Cut, matmul_expr, tf32x3_cut, tf32x3_shape,  # noqa: E402
-                               tf32x3_smem_bytes)
+from rawgraph.ops.gemm import (
+    MAX_SPLIT,
+    Tf32x3Cut,
+    matmul_expr,
+    tf32x3_cut,
+    tf32x3_shape,  # noqa: E402
+    tf32x3_smem_bytes,
+)
 
 REPS = 64
 WIDTHS = (1024, 2048, 4096)
 ROWS = tuple(range(64, 257, 8))
 QUICK = [(64, 1024), (128, 1024), (256, 1024), (64, 2048), (256, 2048), (64, 4096), (128, 4096), (256, 4096)]
-TF32X3_IDEAL_TFLOPS = 165.0   # dense TF32 tensor peak / 3 (H100 SXM)
+TF32X3_IDEAL_TFLOPS = 165.0  # dense TF32 tensor peak / 3 (H100 SXM)
 FP32_PEAK_TFLOPS = 66.9
-TARGET_VS_CUBLAS, TARGET_VS_CUBLAS_WIDE, WIDE = 1.3, 1.5, 4096   # the second from M >= 128 at K = N = WIDE
-TRITON_CONFIGS = ((64, 64, 32, 4, 4), (64, 128, 32, 4, 3), (128, 128, 32, 8, 3), (32, 64, 32, 4, 4))  # BM BN BK warps stages
+TARGET_VS_CUBLAS, TARGET_VS_CUBLAS_WIDE, WIDE = 1.3, 1.5, 4096  # the second from M >= 128 at K = N = WIDE
+TRITON_CONFIGS = (
+    (64, 64, 32, 4, 4),
+    (64, 128, 32, 4, 3),
+    (128, 128, 32, 8, 3),
+    (32, 64, 32, 4, 4),
+)  # BM BN BK warps stages
 
 
 def log(msg: str) -> None:
@@ -69,13 +80,16 @@ def log(msg: str) -> None:
 
 # -- cuts ---------------------------------------------------------------------------------------
 
+
 def parse_cut(text: str) -> Tf32x3Cut:
     """``bm=128,bn=128,bk=32,stages=4[,split=..][,slices=..][,minb=..][,wm=..][,wn=..][,flush=..]``."""
     fields = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
         if not sep or key.strip() not in Tf32x3Cut.__dataclass_fields__:
-            raise argparse.ArgumentTypeError(f"{part!r}: expected name=value with a name of {list(Tf32x3Cut.__dataclass_fields__)}")
+            raise argparse.ArgumentTypeError(
+                f"{part!r}: expected name=value with a name of {list(Tf32x3Cut.__dataclass_fields__)}"
+            )
         fields[key.strip()] = int(value)
     try:
         cut = Tf32x3Cut(**fields)
@@ -109,8 +123,9 @@ def alternates(table: Tf32x3Cut, k: int, limit: int) -> list[Tf32x3Cut]:
 
 
 def label(cut: Tf32x3Cut) -> str:
-    return (f"{cut.bm}x{cut.bn}/k{cut.bk}/st{cut.stages}/s{cut.split}/ks{cut.slices}/w{cut.wm}x{cut.wn}/f{cut.flush}"
-            + (f"/mb{cut.minb}" if cut.minb > 1 else ""))
+    return f"{cut.bm}x{cut.bn}/k{cut.bk}/st{cut.stages}/s{cut.split}/ks{cut.slices}/w{cut.wm}x{cut.wn}/f{cut.flush}" + (
+        f"/mb{cut.minb}" if cut.minb > 1 else ""
+    )
 
 
 def _warm_one(args):
@@ -142,6 +157,7 @@ def warm_compile(jobs: list[tuple[str, str]], arch: str, workers: int) -> None:
 
 # -- Triton ---------------------------------------------------------------------------------------
 
+
 def triton_kernel():
     """A plain Triton matmul with tl.dot(input_precision="tf32x3"), or None without triton."""
     try:
@@ -152,8 +168,21 @@ def triton_kernel():
         return None
 
     @triton.jit
-    def mm_tf32x3(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride_cm,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    def mm_tf32x3(
+        a_ptr,
+        b_ptr,
+        c_ptr,
+        M,
+        N,
+        K,
+        stride_am,
+        stride_bk,
+        stride_cm,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+        GROUP_M: tl.constexpr,
+    ):
         pid = tl.program_id(0)
         num_m = tl.cdiv(M, BM)
         num_n = tl.cdiv(N, BN)
@@ -193,12 +222,15 @@ class MmAs:
 
 # -- the sweep ------------------------------------------------------------------------------------
 
+
 def rel_errs(y: np.ndarray, ref: np.ndarray) -> dict:
     d = y.astype(np.float64) - ref
     rows = np.linalg.norm(d, axis=1) / np.maximum(np.linalg.norm(ref, axis=1), 1e-300)
     finite = bool(np.all(np.isfinite(y)))
-    return {"fro": float(np.linalg.norm(d) / np.linalg.norm(ref)) if finite else float("inf"),
-            "worst_row": float(rows.max()) if finite else float("inf")}
+    return {
+        "fro": float(np.linalg.norm(d) / np.linalg.norm(ref)) if finite else float("inf"),
+        "worst_row": float(rows.max()) if finite else float("inf"),
+    }
 
 
 class Sweep:
@@ -237,9 +269,14 @@ class Sweep:
         lim = math.sqrt(3.0 / width)
         wh = rng.uniform(-lim, lim, size=(width, width)).astype(np.float32)
         count = int(min(REPS, max(2, -(-3 * self.dev.info.l2_bytes // (width * width * 4)))))
-        d = {"xh": {"normal": xn, "scaled": xs}, "wh": wh, "count": count,
-             "x": {"normal": DeviceBuffer.from_numpy(xn), "scaled": DeviceBuffer.from_numpy(xs)},
-             "ws": [DeviceBuffer.from_numpy(wh) for _ in range(count)], "y": DeviceBuffer((mmax, width))}
+        d = {
+            "xh": {"normal": xn, "scaled": xs},
+            "wh": wh,
+            "count": count,
+            "x": {"normal": DeviceBuffer.from_numpy(xn), "scaled": DeviceBuffer.from_numpy(xs)},
+            "ws": [DeviceBuffer.from_numpy(wh) for _ in range(count)],
+            "y": DeviceBuffer((mmax, width)),
+        }
         if self.torch is not None:
             t = self.torch
             tw = t.from_numpy(wh).cuda()
@@ -261,8 +298,14 @@ class Sweep:
     def figures(self, m: int, w: int, st: dict) -> dict:
         flop = 2.0 * m * w * w
         tflops = flop / st["median"] / 1e6
-        return {"us": st["median"], "p10": st["p10"], "p90": st["p90"], "tflops": tflops,
-                "pct_tf32x3_ideal": 100 * tflops / TF32X3_IDEAL_TFLOPS, "pct_fp32_peak": 100 * tflops / FP32_PEAK_TFLOPS}
+        return {
+            "us": st["median"],
+            "p10": st["p10"],
+            "p90": st["p90"],
+            "tflops": tflops,
+            "pct_tf32x3_ideal": 100 * tflops / TF32X3_IDEAL_TFLOPS,
+            "pct_fp32_peak": 100 * tflops / FP32_PEAK_TFLOPS,
+        }
 
     def ours(self, m: int, w: int, d: dict, precision: str, shape=None) -> dict:
         """A rawgraph cut (``shape``, or ops.matmul's own at ``precision``): errors on both data
@@ -294,12 +337,16 @@ class Sweep:
             rec["kernel"] = k.name
             if k.name not in self.kernel_info:
                 attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES
-                self.kernel_info[k.name] = {"registers": k.registers,
-                                            "local_bytes": int(call(driver.cuFuncGetAttribute, attr, k.handle))}
+                self.kernel_info[k.name] = {
+                    "registers": k.registers,
+                    "local_bytes": int(call(driver.cuFuncGetAttribute, attr, k.handle)),
+                }
             rec.update(self.kernel_info[k.name])
             views["x"] = DeviceArray(d["x"]["normal"].ptr, (m, w), f32, d["x"]["normal"])
-            launches = [ops.matmul(self.dev, views, "x", f"W{i % d['count']}", "y", shape=shape, precision=precision)
-                        for i in range(REPS)]
+            launches = [
+                ops.matmul(self.dev, views, "x", f"W{i % d['count']}", "y", shape=shape, precision=precision)
+                for i in range(REPS)
+            ]
             rec.update(self.figures(m, w, self.graph_time_us(launches, views, self.stream, True, self.a.repeats)))
         except Exception as exc:  # noqa: BLE001 - one cut's failure is a finding, not the end of the sweep
             rec["error"] = f"{type(exc).__name__}: {exc}"
@@ -316,10 +363,21 @@ class Sweep:
                 mm.mm(d["tx"][kind][:m], d["tws"][0], out=ty)
                 t.cuda.synchronize()
                 rec[f"err_{kind}"] = rel_errs(ty.cpu().numpy(), d["ref"][kind][:m])
-            samples = self.cublas_graph_samples(mm, d["tx"]["normal"][:m], d["tws"], ty, REPS, repeats or self.a.repeats)
+            samples = self.cublas_graph_samples(
+                mm, d["tx"]["normal"][:m], d["tws"], ty, REPS, repeats or self.a.repeats
+            )
             a = np.asarray(samples)
-            rec.update(self.figures(m, w, {"median": float(np.median(a)), "p10": float(np.percentile(a, 10)),
-                                           "p90": float(np.percentile(a, 90))}))
+            rec.update(
+                self.figures(
+                    m,
+                    w,
+                    {
+                        "median": float(np.median(a)),
+                        "p10": float(np.percentile(a, 10)),
+                        "p90": float(np.percentile(a, 90)),
+                    },
+                )
+            )
         except Exception as exc:  # noqa: BLE001
             rec["error"] = f"{type(exc).__name__}: {exc}"
         return rec
@@ -330,10 +388,27 @@ class Sweep:
             return None
         kern, best = self.triton, None
         for bm, bn, bk, warps, stages in TRITON_CONFIGS:
+
             def run(a, b, out, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages):
                 grid = (-(-a.shape[0] // bm) * -(-b.shape[1] // bn),)
-                kern[grid](a, b, out, a.shape[0], b.shape[1], a.shape[1], a.stride(0), b.stride(0), out.stride(0),
-                           BM=bm, BN=bn, BK=bk, GROUP_M=8, num_warps=warps, num_stages=stages)
+                kern[grid](
+                    a,
+                    b,
+                    out,
+                    a.shape[0],
+                    b.shape[1],
+                    a.shape[1],
+                    a.stride(0),
+                    b.stride(0),
+                    out.stride(0),
+                    BM=bm,
+                    BN=bn,
+                    BK=bk,
+                    GROUP_M=8,
+                    num_warps=warps,
+                    num_stages=stages,
+                )
+
             mm = MmAs(self.torch, run)
             rec = self.torch_row(m, w, d, mm, f"triton tf32x3 {bm}x{bn}x{bk} w{warps} s{stages}", repeats=3)
             if "us" in rec and (best is None or rec["us"] < best[0]["us"]):
@@ -346,13 +421,18 @@ class Sweep:
         from rawgraph import ops
 
         row: dict = {"M": m, "K": w, "N": w, "flop": 2.0 * m * w * w, "weights_rotated": d["count"]}
-        table = tf32x3_cut(ops.matmul_shape(m, w, w, self.sms, precision="tf32x3",
-                                            smem_limit=self.dev.info.smem_per_block_optin))
+        table = tf32x3_cut(
+            ops.matmul_shape(m, w, w, self.sms, precision="tf32x3", smem_limit=self.dev.info.smem_per_block_optin)
+        )
         cuts = [table] + alternates(table, w, self.a.alternates) + [c for c in self.a.cut if c != table]
         row["tf32x3"] = []
         for i, cut in enumerate(cuts):
-            rec = {"cut": label(cut), "values": asdict(cut), "table": i == 0,
-                   "smem": tf32x3_smem_bytes(cut.bm, cut.bn, cut.bk, cut.stages, cut.split, cut.slices)}
+            rec = {
+                "cut": label(cut),
+                "values": asdict(cut),
+                "table": i == 0,
+                "smem": tf32x3_smem_bytes(cut.bm, cut.bn, cut.bk, cut.stages, cut.split, cut.slices),
+            }
             rec.update(self.ours(m, w, d, "tf32x3", tf32x3_shape(m, w, w, cut)))
             row["tf32x3"].append(rec)
         row["fp32"] = self.ours(m, w, d, "fp32")
@@ -382,8 +462,10 @@ class Sweep:
             fp = ops.matmul_shape(m, w, w, self.sms, smem_limit=optin)
             jobs.add((ops.matmul_file(fp), matmul_expr("none", fp)))
         warm_compile(sorted(jobs), self.dev.arch, self.a.jobs)
-        log(f"{self.dev.info.name}: {self.sms} SMs; seed {self.a.seed}; torch {'yes' if self.torch else 'no'}; "
-            f"triton {'yes' if self.triton else 'no'}; {len(shapes)} shapes")
+        log(
+            f"{self.dev.info.name}: {self.sms} SMs; seed {self.a.seed}; torch {'yes' if self.torch else 'no'}; "
+            f"triton {'yes' if self.triton else 'no'}; {len(shapes)} shapes"
+        )
         rows, not_run = [], []
         mmax = max(m for m, _ in shapes)
         for width in dict.fromkeys(w for _, w in shapes):
@@ -404,13 +486,24 @@ class Sweep:
         if not_run:
             log(f"budget of {self.a.budget_s:.0f} s spent: {len(not_run)} shapes not run")
         env = environment(gpu_name=self.dev.info.name, sms=self.sms)
-        return {"environment": env, "commit": env["commit"], "gpu": self.dev.info.name, "seed": self.a.seed,
-                "reps_per_graph": REPS, "repeats": self.a.repeats, "tf32x3_ideal_tflops": TF32X3_IDEAL_TFLOPS,
-                "fp32_peak_tflops": FP32_PEAK_TFLOPS, "kernels": self.kernel_info, "rows": rows,
-                "not_run": [list(s) for s in not_run], "seconds": time.perf_counter() - self.t0}
+        return {
+            "environment": env,
+            "commit": env["commit"],
+            "gpu": self.dev.info.name,
+            "seed": self.a.seed,
+            "reps_per_graph": REPS,
+            "repeats": self.a.repeats,
+            "tf32x3_ideal_tflops": TF32X3_IDEAL_TFLOPS,
+            "fp32_peak_tflops": FP32_PEAK_TFLOPS,
+            "kernels": self.kernel_info,
+            "rows": rows,
+            "not_run": [list(s) for s in not_run],
+            "seconds": time.perf_counter() - self.t0,
+        }
 
 
 # -- verdicts and the table ---------------------------------------------------------------------
+
 
 def _errs_ok(rec: dict, ref: dict | None) -> bool:
     """Both errors no worse than ``ref``'s (cuBLAS fp32, else rawgraph's fp32 kernel)."""
@@ -434,10 +527,18 @@ def judge(row: dict) -> None:
         if not rec or "us" not in rec:
             row[f"verdict_{key}"] = "no result"
             continue
-        v = {"accurate": rec["accurate"], "speedup_vs_cublas_fp32": cub / rec["us"] if cub else None,
-             "needed_vs_cublas_fp32": need, "faster_than_triton": (rec["us"] < tri) if tri else None}
-        v["meets_targets"] = bool(v["accurate"] and v["speedup_vs_cublas_fp32"] and v["speedup_vs_cublas_fp32"] >= need
-                                  and v["faster_than_triton"] is not False)
+        v = {
+            "accurate": rec["accurate"],
+            "speedup_vs_cublas_fp32": cub / rec["us"] if cub else None,
+            "needed_vs_cublas_fp32": need,
+            "faster_than_triton": (rec["us"] < tri) if tri else None,
+        }
+        v["meets_targets"] = bool(
+            v["accurate"]
+            and v["speedup_vs_cublas_fp32"]
+            and v["speedup_vs_cublas_fp32"] >= need
+            and v["faster_than_triton"] is not False
+        )
         row[f"verdict_{key}"] = v
 
 
@@ -447,8 +548,10 @@ def _cell(rec: dict | None) -> str:
     if "us" not in rec:
         return f"FAILED ({rec.get('error', 'no time')[:60]})"
     en, es = rec.get("err_normal", {}).get("fro", float("nan")), rec.get("err_scaled", {}).get("fro", float("nan"))
-    return (f"{rec['us']:8.2f} us [{rec['p10']:7.2f}..{rec['p90']:7.2f}] {rec['tflops']:6.1f} TF/s "
-            f"{rec['pct_tf32x3_ideal']:5.1f}% {rec['pct_fp32_peak']:5.1f}%  err {en:.2e} {es:.2e}")
+    return (
+        f"{rec['us']:8.2f} us [{rec['p10']:7.2f}..{rec['p90']:7.2f}] {rec['tflops']:6.1f} TF/s "
+        f"{rec['pct_tf32x3_ideal']:5.1f}% {rec['pct_fp32_peak']:5.1f}%  err {en:.2e} {es:.2e}"
+    )
 
 
 def line(row: dict) -> str:
@@ -467,17 +570,23 @@ def line(row: dict) -> str:
 
 
 def table(result: dict) -> str:
-    out = [f"tf32x3 sweep, {result['gpu']}, commit {result['commit']}; us median [p10..p90], TFLOP/s, % of "
-           f"{TF32X3_IDEAL_TFLOPS:.0f} (TF32 peak / 3), % of fp32 peak {FP32_PEAK_TFLOPS}, relative Frobenius error "
-           f"vs float64 (normal, scaled rows)", ""]
+    out = [
+        f"tf32x3 sweep, {result['gpu']}, commit {result['commit']}; us median [p10..p90], TFLOP/s, % of "
+        f"{TF32X3_IDEAL_TFLOPS:.0f} (TF32 peak / 3), % of fp32 peak {FP32_PEAK_TFLOPS}, relative Frobenius error "
+        f"vs float64 (normal, scaled rows)",
+        "",
+    ]
     missed = []
     for row in result["rows"]:
         out.append(f"M={row['M']} K=N={row['K']}")
         for rec in row["tf32x3"]:
             tag = "tf32x3 table" if rec["table"] else "tf32x3 alt"
             mark = "" if rec.get("accurate") else "  (error above cuBLAS fp32's or not deterministic)"
-            regs = f" r{rec['registers']}" + (f" spill {rec['local_bytes']}B" if rec.get("local_bytes") else "") \
-                if "registers" in rec else ""
+            regs = (
+                f" r{rec['registers']}" + (f" spill {rec['local_bytes']}B" if rec.get("local_bytes") else "")
+                if "registers" in rec
+                else ""
+            )
             out.append(f"  {tag:<14s} {rec['cut']:<40s}{regs:<14s} {_cell(rec)}{mark}")
         for key in ("fp32", "cublas_fp32", "cublas_tf32", "triton_tf32x3"):
             if key in row:
@@ -486,10 +595,12 @@ def table(result: dict) -> str:
             v = row.get(f"verdict_{key}")
             if isinstance(v, dict):
                 sp = v["speedup_vs_cublas_fp32"]
-                out.append(f"  verdict {key}: " + (f"{sp:.2f}x cuBLAS fp32 (need {v['needed_vs_cublas_fp32']}x)" if sp else
-                                                   "no cuBLAS")
-                           + f", faster than Triton: {v['faster_than_triton']}, accurate: {v['accurate']}"
-                           + ("" if v["meets_targets"] else "  MISSED"))
+                out.append(
+                    f"  verdict {key}: "
+                    + (f"{sp:.2f}x cuBLAS fp32 (need {v['needed_vs_cublas_fp32']}x)" if sp else "no cuBLAS")
+                    + f", faster than Triton: {v['faster_than_triton']}, accurate: {v['accurate']}"
+                    + ("" if v["meets_targets"] else "  MISSED")
+                )
                 if key == "best" and not v["meets_targets"]:
                     missed.append((row["M"], row["K"]))
             elif key == "best":
@@ -517,6 +628,7 @@ def cuts_literal(result: dict) -> str:
 
 # -- command line -------------------------------------------------------------------------------
 
+
 def parse_rows(items: list[str]) -> list[int]:
     out: list[int] = []
     for it in items:
@@ -537,7 +649,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cut", type=parse_cut, action="append", default=[], help="also time this cut at every shape")
     p.add_argument("--alternates", type=int, default=None, help="other tf32x3 cuts per shape (default 4, quick 5)")
     p.add_argument("--repeats", type=int, default=None, help="graph replays per figure (default 5, quick 7)")
-    p.add_argument("--budget-s", type=float, default=None, help="start no new shape after this (default 440, quick 100)")
+    p.add_argument(
+        "--budget-s", type=float, default=None, help="start no new shape after this (default 440, quick 100)"
+    )
     p.add_argument("--jobs", type=int, default=8, help="NVRTC compile processes")
     p.add_argument("--seed", type=int, default=20261207)
     return p

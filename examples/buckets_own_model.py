@@ -53,8 +53,9 @@ extern "C" __global__ void scale_residual(const float* __restrict__ t, const flo
 """
 
 
-def make_model(width: int, seed: int = 0, s: float = 0.5, eps: float = 1e-6, device: rg.Device | None = None
-               ) -> FunctionModel:
+def make_model(
+    width: int, seed: int = 0, s: float = 0.5, eps: float = 1e-6, device: rg.Device | None = None
+) -> FunctionModel:
     """``out = x / sqrt(mean(x^2) + eps) * g * s + x`` row by row, ``g = 1 + 0.1 N(0, 1)`` from
     ``seed``: a weight the function closes over and the model owns (closed with it)."""
     g_host = (1.0 + 0.1 * np.random.default_rng(seed).standard_normal(width)).astype(np.float32)
@@ -63,10 +64,10 @@ def make_model(width: int, seed: int = 0, s: float = 0.5, eps: float = 1e-6, dev
 
     def rms_norm_scale(x, out, scratch, rows, stream):
         t, n = scratch["t"], rows * width
-        norm(rows, 128, (x, g, t, width, rows, eps), stream=stream)        # one CTA per row
-        residual(-(-n // 256), 256, (t, x, s, out, n), stream=stream)     # one thread per value
+        norm(rows, 128, (x, g, t, width, rows, eps), stream=stream)  # one CTA per row
+        residual(-(-n // 256), 256, (t, x, s, out, n), stream=stream)  # one thread per value
 
-    def reference(x):                                                       # float64, row by row
+    def reference(x):  # float64, row by row
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g_host * s + x
 
     return FunctionModel(rms_norm_scale, width, scratch={"t": width}, reference=reference, device=device, owns=[g])
@@ -115,8 +116,10 @@ def main() -> int:
     worst, gather = serve(model, rng)
     model.close()
     assert worst < 1e-4, f"max |error| {worst:.3g} against the float64 reference"
-    print(f"rms_norm_scale as a FunctionModel: plain and row-count buckets, a device-shaped exec and a slot pool "
-          f"(gather={gather}) match float64 to {worst:.1e}")
+    print(
+        f"rms_norm_scale as a FunctionModel: plain and row-count buckets, a device-shaped exec and a slot pool "
+        f"(gather={gather}) match float64 to {worst:.1e}"
+    )
     return 0
 
 

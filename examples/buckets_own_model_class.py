@@ -57,8 +57,17 @@ class RMSNormScale:
         (False: every :meth:`plan` is given ``scratch``).
     """
 
-    def __init__(self, width: int, batch: int, seed: int = 0, s: float = 0.5, eps: float = 1e-6,
-                 device: Any = None, workspace: Any = None, _shared: "RMSNormScale | None" = None):
+    def __init__(
+        self,
+        width: int,
+        batch: int,
+        seed: int = 0,
+        s: float = 0.5,
+        eps: float = 1e-6,
+        device: Any = None,
+        workspace: Any = None,
+        _shared: RMSNormScale | None = None,
+    ):
         for name, v in (("width", width), ("batch", batch)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise rg.ShapeError(f"{name} must be a positive int, got {v!r}")
@@ -89,8 +98,10 @@ class RMSNormScale:
         if isinstance(workspace, RowScratch):
             workspace._check_open()
             if workspace.rows < self.batch or workspace.layout.get("t") != self.width:
-                raise rg.ShapeError(f"workspace of {workspace.rows} rows {workspace.layout} cannot hold a "
-                                    f"{self.batch} x {self.width} batch")
+                raise rg.ShapeError(
+                    f"workspace of {workspace.rows} rows {workspace.layout} cannot hold a "
+                    f"{self.batch} x {self.width} batch"
+                )
         elif workspace is None:
             workspace = RowScratch(self.batch, {"t": self.width}, self.device)
             self._owned.append(workspace)
@@ -103,7 +114,7 @@ class RMSNormScale:
         if not self._finalizer.alive or not self._weights_alive.alive:
             raise rg.ClosedError("RMSNormScale is closed")
 
-    def with_batch(self, batch: int, workspace: Any = None) -> "RMSNormScale":
+    def with_batch(self, batch: int, workspace: Any = None) -> RMSNormScale:
         self._check_open()
         return type(self)(self.width, batch, s=self.s, eps=self.eps, workspace=workspace, _shared=self)
 
@@ -181,8 +192,10 @@ def main() -> int:
     worst, gather = _FUNCTION_FORM["serve"](model, rng)  # what the function form's script serves
     model.close()
     assert worst < 1e-4, f"max |error| {worst:.3g} against the float64 reference"
-    print(f"RMSNormScale as a class: plain and row-count buckets, a device-shaped exec and a slot pool "
-          f"(gather={gather}) match float64 to {worst:.1e}")
+    print(
+        f"RMSNormScale as a class: plain and row-count buckets, a device-shaped exec and a slot pool "
+        f"(gather={gather}) match float64 to {worst:.1e}"
+    )
     return 0
 
 

@@ -4,6 +4,7 @@
 cur -> out`` once. The depth is a word in device memory, read by the graph at every replay: a
 new depth needs no re-instantiation, no parameter update, no new graph.
 """
+
 import sys
 
 import numpy as np
@@ -21,11 +22,11 @@ def main() -> int:
     with rg.Stream() as s:
         model = rg.TinyBlock(width, batch, layers, seed=int(rng.integers(1 << 30)), form="fused")
         x, out = rg.DeviceBuffer.from_numpy(xh, stream=s), rg.DeviceBuffer((batch, width))
-        loop = rg.control.DepthLoop(model, x, out, stream=s)   # max_depth = model.layers
+        loop = rg.control.DepthLoop(model, x, out, stream=s)  # max_depth = model.layers
         weights = model.weights_numpy(s)
         depths = [int(d) for d in rng.permutation(layers + 1)]
         for d in depths:
-            loop.set_depth(d, s)                               # the only thing that changes
+            loop.set_depth(d, s)  # the only thing that changes
             out.poison(s)
             loop.launch(s)
             got, want = out.to_numpy(s), rg.reference_forward(xh, weights[:d])

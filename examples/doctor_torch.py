@@ -6,6 +6,7 @@ fresh graph is clean. Then the classic bug: a tensor the graph reads is deleted 
 hands its block to a new tensor; the check against the report taken right after capture names the
 node that still reads the old address.
 """
+
 import sys
 
 import rawgraph as rg
@@ -32,15 +33,17 @@ def main() -> int:
         y = torch.relu(x @ w) + x
 
     graph = rg.from_torch(g)
-    report = check(graph, inputs=[x])                   # right after capture: the baseline
+    report = check(graph, inputs=[x])  # right after capture: the baseline
     assert report.findings == [], report
-    del x                                               # the graph still reads x's block ...
-    z = torch.empty(8, 256, device="cuda")              # ... which the allocator hands to z
+    del x  # the graph still reads x's block ...
+    z = torch.empty(8, 256, device="cuda")  # ... which the allocator hands to z
     later = check(graph, baseline=report)
     bad = [f for f in later.findings if f.name == "allocator-freed" and f.severity == "error"]
     assert bad, later
-    print(f"torch graph: clean after capture; after `del x`: {len(bad)} allocator-freed error(s), "
-          f"first at node {bad[0].node_index} ({bad[0].kernel})")
+    print(
+        f"torch graph: clean after capture; after `del x`: {len(bad)} allocator-freed error(s), "
+        f"first at node {bad[0].node_index} ({bad[0].kernel})"
+    )
     graph.close()
     del y, z
     return 0

@@ -3,6 +3,7 @@
 into the captured input (PyTorch's way), and by the same graph with its input pointer rebound by
 ``cuGraphExecKernelNodeSetParams`` (no copy); then the bits and the time of each. Each step names the
 rule it shows and its ``docs/semantics.md`` section (§). Exit status: 0 equal bits, 1 not, 69 no GPU."""
+
 import ctypes
 import statistics
 import sys
@@ -106,6 +107,7 @@ def walkthrough(dev, owned):
     # A stream of our own, non-blocking: the legacy default stream cannot be captured. §2, §3
     stream = own(driver.cuStreamDestroy, call(driver.cuStreamCreate, int(driver.CUstream_flags.CU_STREAM_NON_BLOCKING)))
     ev0, ev1 = (own(driver.cuEventDestroy, call(driver.cuEventCreate, 0)) for _ in range(2))  # timing events
+
     def alloc(host=None, nbytes=4 * BATCH * WIDTH):  # device memory, filled in stream order
         ptr = own(driver.cuMemFree, int(call(driver.cuMemAlloc, nbytes if host is None else host.nbytes)))
         if host is not None:
@@ -113,7 +115,7 @@ def walkthrough(dev, owned):
         return ptr
 
     rng = np.random.default_rng(83)
-    w1h, w2h = (rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) / np.float32(WIDTH ** 0.5) for _ in range(2))
+    w1h, w2h = (rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) / np.float32(WIDTH**0.5) for _ in range(2))
     reqh = [rng.standard_normal((BATCH, WIDTH), dtype=np.float32) for _ in range(2)]  # two requests
     w1, w2, req = alloc(w1h), alloc(w2h), [alloc(r) for r in reqh]  # requests keep their addresses
     x_static, h, y = alloc(), alloc(), alloc()  # the graph's input, intermediate and output
@@ -128,6 +130,7 @@ def walkthrough(dev, owned):
     def launch_block(x):
         for table in tables[x]:
             call(driver.cuLaunchKernel, kernel, grid, 1, 1, block, 1, 1, 0, stream, table, 0)
+
     launch_block(x_static)  # warm-up before capture (lazy module loading happens here)
     # 6. Capture: the same launches are recorded, not run (§2); thread-local mode, so another
     #    thread's unsafe call cannot invalidate it (§3). Each node copies its arguments (§4).
@@ -140,8 +143,12 @@ def walkthrough(dev, owned):
     #    graph keeps the captured values, an exec cannot be read back: §11), point every argument
     #    that held x_static at the request, push it into the exec only (§6, §11 "Rebinding by address").
     count = call(driver.cuGraphGetNodes, graph, 0)[1]
-    nodes = [n for n in call(driver.cuGraphGetNodes, graph, count)[0]
-             if call(driver.cuGraphNodeGetType, n) == driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL]
+    nodes = [
+        n
+        for n in call(driver.cuGraphGetNodes, graph, count)[0]
+        if call(driver.cuGraphNodeGetType, n) == driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
+    ]
+
     def rebound(x):  # [(node, params)] moving every x_static argument to x
         out = []
         for node in nodes:
@@ -151,17 +158,22 @@ def walkthrough(dev, owned):
                 p.kernelParams = pack([x if i in POINTERS and v == x_static else v for i, v in enumerate(vals)])
                 out.append((node, p))
         return out
+
     plans = [rebound(x) for x in req]
+
     # 9. The three paths; step i serves request i % 2, at its own address.
     def eager(i):
         launch_block(req[i % 2])
+
     def copy_replay(i):  # PyTorch's way: new data into the captured input, then replay
         call(driver.cuMemcpyDtoDAsync, x_static, req[i % 2], 4 * BATCH * WIDTH, stream)
         call(driver.cuGraphLaunch, gexec, stream)
+
     def rebind_replay(i):  # no copy: the exec reads the request where it is (later launches only, §6)
         for node, p in plans[i % 2]:
             call(driver.cuGraphExecKernelNodeSetParams, gexec, node, p)
         call(driver.cuGraphLaunch, gexec, stream)
+
     paths = [("eager (2 launches)", eager), ("copy + replay", copy_replay), ("rebind + replay", rebind_replay)]
 
     # 10. Each path on request 0 after poisoning x_static, h and y (so the rebind path must read the
@@ -179,8 +191,11 @@ def walkthrough(dev, owned):
         got = out.view(np.uint32)  # the bits themselves (a NaN never equals, -0.0 differs from 0.0)
         err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
         if not np.array_equal(got, bits.setdefault("eager", got)) or not err < 1e-5:
-            print(f"{NAME}: FAILED: {name}: {np.count_nonzero(got != bits['eager'])} of {got.size} floats differ "
-                  f"from eager's bits; relative error vs float64 {err:.1e}", file=sys.stderr)
+            print(
+                f"{NAME}: FAILED: {name}: {np.count_nonzero(got != bits['eager'])} of {got.size} floats differ "
+                f"from eager's bits; relative error vs float64 {err:.1e}",
+                file=sys.stderr,
+            )
             return 1
         rows.append((name, *measure(step, stream, ev0, ev1)))
     print(f"{gpu} ({arch}), block {BATCH}x{WIDTH} float32, median of {ROUNDS} steps")

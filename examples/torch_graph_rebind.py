@@ -4,6 +4,7 @@ torch captures the graph (``CUDAGraph(keep_graph=True)``, PyTorch >= 2.8); ``raw
 adopts it, rawgraph instantiates its own exec, and ``rebind(old, new)`` moves the captured input
 and output to other tensors in the kernel nodes' parameters: no ``static_in.copy_(x)`` per replay.
 """
+
 import sys
 
 import rawgraph as rg
@@ -27,7 +28,7 @@ def main() -> int:
     g = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.cuda.graph(g):
         static_out = block(static_in)
-    reb = rg.from_torch(g).rebinder()                   # rawgraph's own exec of torch's graph
+    reb = rg.from_torch(g).rebinder()  # rawgraph's own exec of torch's graph
     s = rg.Stream.from_external(torch.cuda.current_stream())
     x_old, out_old = static_in, static_out
     for _ in range(3):

@@ -16,8 +16,18 @@ from typing import Any
 import numpy as np
 
 from . import __version__
-from .bench.command import (EX_FAILED, EX_OK, EX_UNAVAILABLE, EX_USAGE, EXIT_STATUSES, HelpFormatter,
-                            add_model_options, emit, nonnegative_int, optional)
+from .bench.command import (
+    EX_FAILED,
+    EX_OK,
+    EX_UNAVAILABLE,
+    EX_USAGE,
+    EXIT_STATUSES,
+    HelpFormatter,
+    add_model_options,
+    emit,
+    nonnegative_int,
+    optional,
+)
 
 # ``rawgraph bench [SUITE] [options]``: suite -> (module, one-line help). A suite module has
 # ``build_parser()`` (no GPU needed, so --help and option errors work anywhere) and ``main(argv)``.
@@ -43,7 +53,7 @@ def _versions() -> dict[str, str]:
         out["cuda-bindings"] = version("cuda-bindings")
     except PackageNotFoundError:
         out["cuda-bindings"] = "?"
-    out["nvrtc"] = "%d.%d" % nvrtc_version()
+    out["nvrtc"] = "{}.{}".format(*nvrtc_version())
     return out
 
 
@@ -59,12 +69,26 @@ def info(ordinal: int = 0) -> dict:
     gpu = None
     if ok:
         i = get_device(ordinal).info
-        gpu = {"name": i.name, "ordinal": i.ordinal, "compute_capability": list(i.compute_capability), "arch": i.arch,
-               "multiprocessors": i.multiprocessors, "total_memory_bytes": i.total_memory, "l2_bytes": i.l2_bytes}
-    return {"rawgraph": __version__, "gpu": gpu, "no_gpu_reason": None if ok else reason,
-            "driver_cuda": driver_version() if ok else None, "cuda_bindings": v["cuda-bindings"], "nvrtc": v["nvrtc"],
-            "cubin_targets": ["sm_%d" % a for a in supported_archs()], "kernel_sources": str(kernel_dir()),
-            "kernel_cache": str(default_cache_dir())}
+        gpu = {
+            "name": i.name,
+            "ordinal": i.ordinal,
+            "compute_capability": list(i.compute_capability),
+            "arch": i.arch,
+            "multiprocessors": i.multiprocessors,
+            "total_memory_bytes": i.total_memory,
+            "l2_bytes": i.l2_bytes,
+        }
+    return {
+        "rawgraph": __version__,
+        "gpu": gpu,
+        "no_gpu_reason": None if ok else reason,
+        "driver_cuda": driver_version() if ok else None,
+        "cuda_bindings": v["cuda-bindings"],
+        "nvrtc": v["nvrtc"],
+        "cubin_targets": [f"sm_{a}" for a in supported_archs()],
+        "kernel_sources": str(kernel_dir()),
+        "kernel_cache": str(default_cache_dir()),
+    }
 
 
 def _info_text(doc: dict) -> str:
@@ -72,9 +96,11 @@ def _info_text(doc: dict) -> str:
     i = doc["gpu"]
     if i is not None:
         lines.append(f"gpu: {i['name']} (device {i['ordinal']})")
-        lines.append(f"compute capability: {i['compute_capability'][0]}.{i['compute_capability'][1]} ({i['arch']}), "
-                     f"{i['multiprocessors']} SMs, {i['total_memory_bytes'] / 2**30:.1f} GiB, "
-                     f"L2 {i['l2_bytes'] / 2**20:.0f} MiB")
+        lines.append(
+            f"compute capability: {i['compute_capability'][0]}.{i['compute_capability'][1]} ({i['arch']}), "
+            f"{i['multiprocessors']} SMs, {i['total_memory_bytes'] / 2**30:.1f} GiB, "
+            f"L2 {i['l2_bytes'] / 2**20:.0f} MiB"
+        )
         lines.append(f"driver: CUDA {doc['driver_cuda']}")
     else:
         lines.append(f"gpu: none -- {doc['no_gpu_reason']}")
@@ -106,16 +132,20 @@ def _need_gpu() -> bool:
 def cmd_demo(args: argparse.Namespace) -> int:
     if not _need_gpu():
         return EX_UNAVAILABLE
+    from .models.tinyblock import TinyBlock
     from .runtime.device import get_device
     from .runtime.memory import DeviceBuffer
-    from .models.tinyblock import TinyBlock
     from .runtime.stream import Stream
 
     dev = get_device(args.device)
     rng = np.random.default_rng()
     x_host = rng.standard_normal((args.batch, args.width), dtype=np.float32)
-    with Stream() as stream, TinyBlock(args.width, args.batch, args.layers, seed=args.seed, form=args.form) as model, \
-            DeviceBuffer.from_numpy(x_host) as x, DeviceBuffer((args.batch, args.width)) as out:
+    with (
+        Stream() as stream,
+        TinyBlock(args.width, args.batch, args.layers, seed=args.seed, form=args.form) as model,
+        DeviceBuffer.from_numpy(x_host) as x,
+        DeviceBuffer((args.batch, args.width)) as out,
+    ):
         out.poison(stream)
         model.forward(x, out, stream)
         stream.synchronize()
@@ -124,8 +154,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         launches = args.layers * model.kernels_per_layer
     err = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
     print(f"device: {dev.info.name} ({dev.arch})")
-    print(f"TinyBlock width={args.width} batch={args.batch} layers={args.layers} form={args.form}: "
-          f"{launches} kernel launches, eager on one stream")
+    print(
+        f"TinyBlock width={args.width} batch={args.batch} layers={args.layers} form={args.form}: "
+        f"{launches} kernel launches, eager on one stream"
+    )
     print(f"relative error vs float64 NumPy: {err:.3e} ({'ok' if err < 1e-5 else 'TOO LARGE'})")
     return EX_OK if err < 1e-5 else EX_FAILED
 
@@ -143,12 +175,16 @@ def cmd_dot(args: argparse.Namespace) -> int:
         return EX_UNAVAILABLE
     from .graphs.capture import capture_plan
     from .graphs.dot import export
-    from .runtime.memory import DeviceBuffer
     from .models.tinyblock import TinyBlock
+    from .runtime.memory import DeviceBuffer
     from .runtime.stream import Stream
 
-    with Stream() as stream, TinyBlock(args.width, args.batch, args.layers, form=args.form) as model, \
-            DeviceBuffer((args.batch, args.width)) as x, DeviceBuffer((args.batch, args.width)) as out:
+    with (
+        Stream() as stream,
+        TinyBlock(args.width, args.batch, args.layers, form=args.form) as model,
+        DeviceBuffer((args.batch, args.width)) as x,
+        DeviceBuffer((args.batch, args.width)) as out,
+    ):
         x.poison(stream)
         graph = capture_plan(model.plan(x, out), stream)
         for kind, path in export(graph, args.output).items():
@@ -162,8 +198,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     (a rich table when rich is installed) and verify's first diverging node. Exit 0 when every
     fault is found where it was seeded, 1 otherwise, 2 without ``--demo``, 69 without a GPU."""
     if not args.demo:
-        print("rawgraph doctor: only --demo runs from the command line; examine your own graphs with "
-              "rawgraph.doctor.check(graph)", file=sys.stderr)
+        print(
+            "rawgraph doctor: only --demo runs from the command line; examine your own graphs with "
+            "rawgraph.doctor.check(graph)",
+            file=sys.stderr,
+        )
         return EX_USAGE
     if not _need_gpu():
         return EX_UNAVAILABLE
@@ -213,8 +252,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         out["verify"] = {"ok": res.ok, "node": res.node, "node_label": res.node_label, "text": str(res)}
         if res.node != 1:
             missed.append("verify")
-    summary = (f"verify (middle kernel given another constant by cuGraphExecKernelNodeSetParams): {res}\n"
-               + ("every seeded fault found" if not missed else f"MISSED: {', '.join(missed)}"))
+    summary = f"verify (middle kernel given another constant by cuGraphExecKernelNodeSetParams): {res}\n" + (
+        "every seeded fault found" if not missed else f"MISSED: {', '.join(missed)}"
+    )
     emit(out, lambda: summary, args.json)
     return EX_OK if not missed else EX_FAILED
 
@@ -223,10 +263,14 @@ def bench_epilog() -> str:
     """What every ``rawgraph bench ... --help`` ends with, once: the suites, ``report``, where
     output goes and the exit statuses."""
     default = next(iter(BENCH_SUITES))
-    suites = ", ".join(f"{name} ({'default; ' if name == default else ''}{help_})" for name, (_mod, help_) in BENCH_SUITES.items())
-    return (f"Suites: {suites}. rawgraph bench SUITE --help shows a suite's options. rawgraph bench report FILE "
-            "renders a results file again, with no GPU (the table, and an HTML page with the plots). Results go to "
-            f"stdout (with --json, the results document), progress and status to stderr. {EXIT_STATUSES}")
+    suites = ", ".join(
+        f"{name} ({'default; ' if name == default else ''}{help_})" for name, (_mod, help_) in BENCH_SUITES.items()
+    )
+    return (
+        f"Suites: {suites}. rawgraph bench SUITE --help shows a suite's options. rawgraph bench report FILE "
+        "renders a results file again, with no GPU (the table, and an HTML page with the plots). Results go to "
+        f"stdout (with --json, the results document), progress and status to stderr. {EXIT_STATUSES}"
+    )
 
 
 def cmd_bench(argv: list[str]) -> int:
@@ -253,7 +297,8 @@ def cmd_bench(argv: list[str]) -> int:
         suite = rest.pop(0)
         if suite not in BENCH_SUITES and suite != BENCH_REPORT[0]:
             argparse.ArgumentParser(prog="rawgraph bench", usage="%(prog)s [SUITE] [options]").error(
-                f"unknown suite {suite!r} (choose from {', '.join(BENCH_SUITES)}, or {BENCH_REPORT[0]} FILE)")
+                f"unknown suite {suite!r} (choose from {', '.join(BENCH_SUITES)}, or {BENCH_REPORT[0]} FILE)"
+            )
         if rest[:1] == ["--"]:
             rest.pop(0)
     module = importlib.import_module(BENCH_REPORT[1] if suite == BENCH_REPORT[0] else BENCH_SUITES[suite][0])
@@ -273,50 +318,73 @@ def _model_options(s: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``rawgraph`` parser (``bench`` is listed for help; :func:`main` hands it its arguments)."""
-    p = argparse.ArgumentParser(prog="rawgraph", description="rawgraph: driver-level CUDA Graphs from Python. "
-                                "Results go to stdout, progress and status to stderr.",
-                                epilog=EXIT_STATUSES, formatter_class=HelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="rawgraph",
+        description="rawgraph: driver-level CUDA Graphs from Python. "
+        "Results go to stdout, progress and status to stderr.",
+        epilog=EXIT_STATUSES,
+        formatter_class=HelpFormatter,
+    )
     p.add_argument("--version", action="version", version=f"rawgraph {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_: str, description: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help_, description=description, epilog=EXIT_STATUSES,
-                              formatter_class=HelpFormatter)
+        return sub.add_parser(
+            name, help=help_, description=description, epilog=EXIT_STATUSES, formatter_class=HelpFormatter
+        )
 
-    s = command("info", "GPU, driver, cuda-bindings, NVRTC and kernel cache (no GPU needed)",
-                "Report the GPU (or why there is none), the driver, cuda-bindings, NVRTC and its CUBIN targets, "
-                "and where the kernel sources and the kernel cache are. Runs without a GPU.")
+    s = command(
+        "info",
+        "GPU, driver, cuda-bindings, NVRTC and kernel cache (no GPU needed)",
+        "Report the GPU (or why there is none), the driver, cuda-bindings, NVRTC and its CUBIN targets, "
+        "and where the kernel sources and the kernel cache are. Runs without a GPU.",
+    )
     s.add_argument("--device", type=nonnegative_int, default=0, help="the GPU's ordinal")
     s.add_argument("--json", action="store_true", help="print the report as one JSON document")
     s.set_defaults(fn=cmd_info)
-    s = command("demo", "run TinyBlock eagerly and check it against NumPy",
-                "Run the TinyBlock (y = relu(x @ W1) @ W2 + x per layer) eagerly on one stream and print its "
-                "relative error against a float64 NumPy reference. Needs a GPU.")
+    s = command(
+        "demo",
+        "run TinyBlock eagerly and check it against NumPy",
+        "Run the TinyBlock (y = relu(x @ W1) @ W2 + x per layer) eagerly on one stream and print its "
+        "relative error against a float64 NumPy reference. Needs a GPU.",
+    )
     _model_options(s)
     s.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the weights")
     s.set_defaults(fn=cmd_demo)
-    s = command("dot", "export a TinyBlock graph as DOT (and PNG with Graphviz)",
-                "Capture the TinyBlock into a graph and write it as DOT, and as PNG where Graphviz's dot is on "
-                "the PATH. Needs a GPU.")
+    s = command(
+        "dot",
+        "export a TinyBlock graph as DOT (and PNG with Graphviz)",
+        "Capture the TinyBlock into a graph and write it as DOT, and as PNG where Graphviz's dot is on "
+        "the PATH. Needs a GPU.",
+    )
     _model_options(s)
     s.add_argument("--output", default="tinyblock_graph", help="file stem of the DOT and PNG files")
     s.set_defaults(fn=cmd_dot)
-    s = command("doctor", "the graph doctor: --demo builds one seeded fault per class and reports it",
-                "The graph doctor's demonstration: build one seeded fault of each kind the doctor knows, check "
-                "each graph, print the reports, and verify a graph whose middle kernel was given another "
-                "constant. Your own graphs: rawgraph.doctor.check(graph) from Python. Needs a GPU.")
+    s = command(
+        "doctor",
+        "the graph doctor: --demo builds one seeded fault per class and reports it",
+        "The graph doctor's demonstration: build one seeded fault of each kind the doctor knows, check "
+        "each graph, print the reports, and verify a graph whose middle kernel was given another "
+        "constant. Your own graphs: rawgraph.doctor.check(graph) from Python. Needs a GPU.",
+    )
     s.add_argument("--demo", action="store_true", help="build the seeded faults, check them, print the reports")
     s.add_argument("--json", action="store_true", help="print the reports as one JSON document")
     s.add_argument("--no-torch", action="store_true", help="skip the PyTorch faults")
     s.add_argument("--no-cupy", action="store_true", help="skip the CuPy fault")
     s.set_defaults(fn=cmd_doctor)
-    s = command("seed", "the static-address experiment at driver level",
-                "The static-address experiment at driver level: eager launches, copy + replay and exec-update + "
-                "replay of one model, their results compared. Needs a GPU.")
+    s = command(
+        "seed",
+        "the static-address experiment at driver level",
+        "The static-address experiment at driver level: eager launches, copy + replay and exec-update + "
+        "replay of one model, their results compared. Needs a GPU.",
+    )
     s.set_defaults(fn=cmd_seed)
-    s = sub.add_parser("bench", add_help=False,
-                       help=f"benchmarks: rawgraph bench [{'|'.join(BENCH_SUITES)}] [options], or "
-                            f"rawgraph bench report FILE (--help for a suite's options)")
+    s = sub.add_parser(
+        "bench",
+        add_help=False,
+        help=f"benchmarks: rawgraph bench [{'|'.join(BENCH_SUITES)}] [options], or "
+        f"rawgraph bench report FILE (--help for a suite's options)",
+    )
     s.add_argument("rest", nargs=argparse.REMAINDER)
     s.set_defaults(fn=lambda args: cmd_bench(args.rest))
     return p

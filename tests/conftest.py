@@ -90,8 +90,11 @@ def count_setparams(monkeypatch):
 # listed per test. Tests that build faulty graphs on purpose are left out by file;
 # RAWGRAPH_DOCTOR_ALL=0 turns the whole check off.
 DOCTOR_ENV = "RAWGRAPH_DOCTOR_ALL"
-DOCTOR_EXEMPT = ("test_doctor_gpu.py",  # seeded faults
-                 "test_fault_injection_cpu.py", "test_fault_injection_gpu.py")  # failures injected into check too
+DOCTOR_EXEMPT = (
+    "test_doctor_gpu.py",  # seeded faults
+    "test_fault_injection_cpu.py",
+    "test_fault_injection_gpu.py",
+)  # failures injected into check too
 
 
 def pytest_configure(config):
@@ -123,5 +126,7 @@ def pytest_runtest_teardown(item, nextitem):
     for name in changed:
         setattr(_driver, name, _DRIVER_AS_FOUND[name])
     if changed:
-        raise AssertionError(f"{item.fspath.basename} left cuda.bindings.driver patched after its teardown "
-                             f"({', '.join(changed[:6])}); restored for the tests after it")
+        raise AssertionError(
+            f"{item.fspath.basename} left cuda.bindings.driver patched after its teardown "
+            f"({', '.join(changed[:6])}); restored for the tests after it"
+        )

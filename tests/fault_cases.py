@@ -12,14 +12,13 @@ also has the real driver. :func:`all_cases` lists the cases; ``benchmarks/fault_
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import struct
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
-
 from fakedriver import FakeDriver
 from faultinject import Case, FaultHook
 
@@ -33,10 +32,9 @@ def fake_session() -> Iterator[tuple[FakeDriver, FaultHook]]:
     """The fake driver and the hook installed over ``cuda.bindings.driver``, rawgraph's device and
     kernel caches emptied for the session and restored after it."""
     global FAKE, HOOK
-    import rawgraph.runtime.device as device
     import rawgraph.graphs.keepalive as keepalive
+    import rawgraph.runtime.device as device
     import rawgraph.runtime.module as kernels
-
     import rawgraph.runtime.stream as stream
 
     gc.collect()  # nothing of an earlier real-driver test may be released into the fake
@@ -156,7 +154,7 @@ def arg_value(args: Any, layout: list, blob: bytes, name: str) -> bytes:
     """The bytes argument ``name`` of ``args``' spec has in a device-side blob."""
     j = args.names().index(name)
     off, size = layout[j]
-    return blob[off:off + size]
+    return blob[off : off + size]
 
 
 def assert_args_held(args: Any, func: int, blob: bytes, what: str) -> None:
@@ -166,8 +164,10 @@ def assert_args_held(args: Any, func: int, blob: bytes, what: str) -> None:
     raw = args._storage.view(np.uint8)
     assert len(layout) == len(args.spec), f"{what}: layout {layout} vs spec {args.spec}"
     for (name, _kind), (off, size) in zip(args.spec, layout):
-        mine = raw[args.offsets[name]: args.offsets[name] + size].tobytes()
-        assert blob[off:off + size] == mine, f"{what}: argument {name} held {blob[off:off + size].hex()}, shadow {mine.hex()}"
+        mine = raw[args.offsets[name] : args.offsets[name] + size].tobytes()
+        assert blob[off : off + size] == mine, (
+            f"{what}: argument {name} held {blob[off : off + size].hex()}, shadow {mine.hex()}"
+        )
 
 
 def graph_fingerprint(handle: Any) -> list:
@@ -225,14 +225,19 @@ def exec_matches_graph(exe: Any) -> None:
     ex = FAKE.execs[int(exe.handle)]
     for h, stt in ex.state.items():
         n = FAKE.nodes[h]
-        want = n.params["kernel"] if "kernel" in n.params else {k: v for k, v in n.params.items() if k in ("memcpy", "memset")}
+        want = (
+            n.params["kernel"]
+            if "kernel" in n.params
+            else {k: v for k, v in n.params.items() if k in ("memcpy", "memset")}
+        )
         assert stt == want, f"exec node 0x{h:x} holds {stt}, graph {want}"
 
 
 def last_launch(exe: Any, stream: Any) -> None:
     assert FAKE is not None
-    assert FAKE.launch_log and FAKE.launch_log[-1] == ("graph", int(exe.handle), int(stream.handle)), \
+    assert FAKE.launch_log and FAKE.launch_log[-1] == ("graph", int(exe.handle), int(stream.handle)), (
         f"last launch {FAKE.launch_log[-1:]}, expected exec 0x{int(exe.handle):x} on 0x{int(stream.handle):x}"
+    )
 
 
 # ------------------------------------------------------------------------ the exec-update manager
@@ -364,8 +369,9 @@ def reb_consistent(st: dict) -> None:
     nbytes = st["x"].nbytes
     for node, kst in reb.kernels.items():
         blob = held_kernel(st["exe"], node)["blob"]
-        assert blob == kst.held[: len(blob)] and kst.current() == kst.held[: kst.size], \
+        assert blob == kst.held[: len(blob)] and kst.current() == kst.held[: kst.size], (
             f"node {kst.info.index}: the exec holds {blob.hex()}, the rebinder {kst.held.hex()}"
+        )
     for old, new in (("x", "x2"), ("out", "o2")):
         lo_o, lo_n = st[old].ptr, st[new].ptr
         at_old = at_new = 0
@@ -421,7 +427,9 @@ def _adopt(st: dict) -> None:
 def _adopt_check(st: dict) -> None:
     reb = st["reb"]
     assert len(reb.kernels) == 2 and not reb.unreadable
-    assert all(kst.info.name and kst.info.layout for kst in reb.kernels.values()), "a kernel read without name or layout"
+    assert all(kst.info.name and kst.info.layout for kst in reb.kernels.values()), (
+        "a kernel read without name or layout"
+    )
     for node, kst in reb.kernels.items():
         assert held_kernel(reb.exec, node)["blob"] == kst.held[: kst.size]
     assert len(reb.find(st["x"])) == 2
@@ -677,7 +685,7 @@ def _buckets_run_check(st: dict) -> None:
         # (chunks a failed run computed before its error count as computed: they ran)
         assert bg.stats["fallback_chunks"] >= -(-n // bg.largest) and bg.stats["fallback_runs"] == 1
         tail = n - (n - 1) // bg.largest * bg.largest  # rows of the last chunk
-        assert FAKE.read(bg.input.ptr, tail * rb) == x[(n - tail) * rb:]
+        assert FAKE.read(bg.input.ptr, tail * rb) == x[(n - tail) * rb :]
         last_launch(bg.execs[bg.bucket_for(tail)], st["stream"])
         assert bg._overflow is not None and bg._overflow.shape[0] >= n
 
@@ -784,7 +792,7 @@ def pool_consistent(st: dict) -> None:
     live = sorted(pool._pos)
     assert sorted(st["rows"]) == live, f"live slots {live}, expected {sorted(st['rows'])}"
     assert sorted(int(v) for v in pool.table[: len(live)]) == live
-    assert all(int(v) == pool.scratch_slot for v in pool.table[len(live):])
+    assert all(int(v) == pool.scratch_slot for v in pool.table[len(live) :])
     assert sorted(pool._free + live) == list(range(pool.max_slots))
     for slot, row in st["rows"].items():
         assert FAKE.read(pool.state.ptr + slot * W * 4, W * 4) == row.tobytes(), f"slot {slot} row"
@@ -817,11 +825,11 @@ def _step_check(st: dict) -> None:
         assert FAKE.read(pool.table_dev.ptr, 4 * b) == pool.table[:b].tobytes()
     if pool.mode == "params":
         shadow, tables = pool._pushes[b]
-        for node, table in zip(shadow.handles, tables):
+        for node, _table in zip(shadow.handles, tables):
             k = held_kernel(pool.execs[b], node)
             layout = FAKE.layout(k["func"])
             off, size = layout[[n for n, _ in pool._edges[b][0].args.spec].index("table")]
-            assert k["blob"][off:off + 4 * b] == pool.table[:b].tobytes(), "by-value table not pushed"
+            assert k["blob"][off : off + 4 * b] == pool.table[:b].tobytes(), "by-value table not pushed"
 
 
 # ------------------------------------------------------------------------------------ builder
@@ -888,7 +896,9 @@ def _edge_consistent(st: dict) -> None:
     assert FAKE is not None
     b = st["builder"]
     held = FAKE.graphs[int(b.handle)].nodes
-    assert [int(n.handle) for n in b.nodes] == held, f"the graph holds {len(held)} nodes, the builder recorded {len(b.nodes)}"
+    assert [int(n.handle) for n in b.nodes] == held, (
+        f"the graph holds {len(held)} nodes, the builder recorded {len(b.nodes)}"
+    )
     assert len(b.nodes) == len(b.kernel_nodes)
 
 
@@ -1001,8 +1011,9 @@ def _launcher_check(st: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------ closes
-def _closer(make: Callable[[dict], Any], use: Callable[[Any, dict], Any], close: Callable[[Any], None] | None = None
-            ) -> tuple[Callable[[], dict], Callable[[dict], None], Callable[[dict], Any], Callable[[dict], None]]:
+def _closer(
+    make: Callable[[dict], Any], use: Callable[[Any, dict], Any], close: Callable[[Any], None] | None = None
+) -> tuple[Callable[[], dict], Callable[[dict], None], Callable[[dict], Any], Callable[[dict], None]]:
     """(setup, run, again, check) of closing the object ``make`` builds: ``run`` closes it, ``again``
     uses it (must raise ClosedError before any driver call)."""
 
@@ -1057,45 +1068,88 @@ def _closing_stream(st: dict) -> Any:
 
 
 def _close_cases() -> list[Case]:
-    from rawgraph import (BlockWeights, BucketGraphs, DeviceBuffer, Event, HostBuffer, IndirectGraph, ReshapedGraph,
-                          RowCountBuckets, SlotPool, StaticGraph, TinyBlock, Workspace, capture_plan, get_kernel)
-    from rawgraph.runtime.module import Module
+    from rawgraph import (
+        BlockWeights,
+        BucketGraphs,
+        DeviceBuffer,
+        Event,
+        HostBuffer,
+        IndirectGraph,
+        ReshapedGraph,
+        RowCountBuckets,
+        SlotPool,
+        StaticGraph,
+        TinyBlock,
+        Workspace,
+        capture_plan,
+        get_kernel,
+    )
     from rawgraph.control import DepthLoop, DeviceGraph, NormGate
+    from rawgraph.runtime.module import Module
 
-    s_ = lambda st: st["s"]  # noqa: E731
     defs: list[tuple[str, Callable[[dict], Any], Callable[[Any, dict], Any]]] = [
         ("close DeviceBuffer", lambda st: DeviceBuffer((B, W)), lambda o, st: o.to_numpy(st["s"])),
         ("close HostBuffer", lambda st: HostBuffer(4), lambda o, st: o.array),
         ("close Stream", _closing_stream, lambda o, st: o.synchronize()),
         ("close Event", lambda st: Event().record(st["s"]), lambda o, st: o.synchronize()),
-        ("close Graph", lambda st: capture_plan(st["model"].plan(st["x"], st["out"]), st["s"]),
-         lambda o, st: o.instantiate()),
-        ("close GraphExec", lambda st: _own(st, capture_plan(st["model"].plan(st["x"], st["out"]), st["s"])).instantiate(),
-         lambda o, st: o.launch(st["s"])),
+        (
+            "close Graph",
+            lambda st: capture_plan(st["model"].plan(st["x"], st["out"]), st["s"]),
+            lambda o, st: o.instantiate(),
+        ),
+        (
+            "close GraphExec",
+            lambda st: _own(st, capture_plan(st["model"].plan(st["x"], st["out"]), st["s"])).instantiate(),
+            lambda o, st: o.launch(st["s"]),
+        ),
         ("close GraphExec with host node", _host_node_exec, lambda o, st: o.launch(st["s"])),
-        ("close TinyBlock", lambda st: TinyBlock(W, B, 1, seed=5, form="fused"), lambda o, st: o.plan(st["x"], st["out"])),
+        (
+            "close TinyBlock",
+            lambda st: TinyBlock(W, B, 1, seed=5, form="fused"),
+            lambda o, st: o.plan(st["x"], st["out"]),
+        ),
         ("close StaticGraph", lambda st: StaticGraph(st["model"], st["s"]), lambda o, st: o.replay(st["s"])),
         ("close ExecUpdateManager", _launched_mgr, lambda o, st: o.bind("x", st["out"])),
-        ("close IndirectGraph", lambda st: _launched(IndirectGraph(st["model"], st["x"], st["out"], st["s"]), st),
-         lambda o, st: o.launch(st["s"])),
-        ("close BucketGraphs", lambda st: BucketGraphs(st["model"], sizes=[1, 2], stream=st["s"]),
-         lambda o, st: o.run(st["x"], 1)),
-        ("close RowCountBuckets", lambda st: RowCountBuckets(st["model"], sizes=[1, 2], stream=st["s"]),
-         lambda o, st: o.run(st["x"], 1)),
-        ("close SlotPool", lambda st: SlotPool(st["model"], max_slots=2, sizes=[1, 2], stream=st["s"]),
-         lambda o, st: o.join(np.zeros(W, np.float32))),
-        ("close DepthLoop", lambda st: DepthLoop(st["model"], st["x"], st["out"]),
-         lambda o, st: o.launch(st["s"])),
+        (
+            "close IndirectGraph",
+            lambda st: _launched(IndirectGraph(st["model"], st["x"], st["out"], st["s"]), st),
+            lambda o, st: o.launch(st["s"]),
+        ),
+        (
+            "close BucketGraphs",
+            lambda st: BucketGraphs(st["model"], sizes=[1, 2], stream=st["s"]),
+            lambda o, st: o.run(st["x"], 1),
+        ),
+        (
+            "close RowCountBuckets",
+            lambda st: RowCountBuckets(st["model"], sizes=[1, 2], stream=st["s"]),
+            lambda o, st: o.run(st["x"], 1),
+        ),
+        (
+            "close SlotPool",
+            lambda st: SlotPool(st["model"], max_slots=2, sizes=[1, 2], stream=st["s"]),
+            lambda o, st: o.join(np.zeros(W, np.float32)),
+        ),
+        ("close DepthLoop", lambda st: DepthLoop(st["model"], st["x"], st["out"]), lambda o, st: o.launch(st["s"])),
         ("close NormGate", lambda st: NormGate(st["model"], st["x"], st["out"], 1.0), lambda o, st: o.launch(st["s"])),
-        ("close DeviceGraph", lambda st: DeviceGraph(_own(st, capture_plan(st["model"].plan(st["x"], st["out"]), st["s"])),
-                                                     st["s"]), lambda o, st: o.launch(st["s"])),
-        ("close Module", lambda st: Module(get_kernel("elementwise", "relu").module.compiled),
-         lambda o, st: o.function("relu")),
+        (
+            "close DeviceGraph",
+            lambda st: DeviceGraph(_own(st, capture_plan(st["model"].plan(st["x"], st["out"]), st["s"])), st["s"]),
+            lambda o, st: o.launch(st["s"]),
+        ),
+        (
+            "close Module",
+            lambda st: Module(get_kernel("elementwise", "relu").module.compiled),
+            lambda o, st: o.function("relu"),
+        ),
         ("close BlockWeights", lambda st: BlockWeights(W, 2, seed=1), lambda o, st: o.numpy(st["s"])),
         ("close Workspace", lambda st: Workspace(B, W), lambda o, st: o.views(1)),
         ("close GraphBuilder (not built)", _unbuilt, lambda o, st: o.empty()),
-        ("close ReshapedGraph", lambda st: ReshapedGraph(st["model"], max_batch=2, stream=st["s"]),
-         lambda o, st: o.run(st["x"], 1)),
+        (
+            "close ReshapedGraph",
+            lambda st: ReshapedGraph(st["model"], max_batch=2, stream=st["s"]),
+            lambda o, st: o.run(st["x"], 1),
+        ),
     ]
     cases = []
     for op, make, use in defs:
@@ -1125,8 +1179,14 @@ def _close_obj(st: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------ catalog
-def _case(op: str, setup: Callable[[], dict], run: Callable[[dict], Any], check: Callable[[dict], None],
-          consistent: Callable[[dict], None] | None = None, again: Callable[[dict], Any] | None = None) -> Case:
+def _case(
+    op: str,
+    setup: Callable[[], dict],
+    run: Callable[[dict], Any],
+    check: Callable[[dict], None],
+    consistent: Callable[[dict], None] | None = None,
+    again: Callable[[dict], Any] | None = None,
+) -> Case:
     fp = same_as_first(op)
 
     def setup_fp() -> dict:
@@ -1139,7 +1199,7 @@ def _case(op: str, setup: Callable[[], dict], run: Callable[[dict], Any], check:
 
 def all_cases() -> list[Case]:
     """Every operation fault injection covers on the CPU (see the module docstring)."""
-    fp_check = lambda key: (lambda st: check_graph(st[key], st["fp"]))  # noqa: E731
+    fp_check = lambda key: lambda st: check_graph(st[key], st["fp"])  # noqa: E731
     cases = [
         _case("module load (get_kernels)", _module_setup, _module, _module_check),
         _case("capture (capture_plan)", _capture_setup, _capture, fp_check("graph")),
@@ -1162,18 +1222,33 @@ def all_cases() -> list[Case]:
         _case("adopt a raw graph + rebinder", _adopt_setup, _adopt, _adopt_check),
         _case("IndirectGraph build", _indirect_setup, _indirect, _indirect_check),
         _case("IndirectGraph apply", _ind_apply_setup(), _ind_apply, _ind_apply_check, ind_consistent),
-        _case("IndirectGraph apply at the keep-alive batch", _ind_apply_setup(True), _ind_apply, _ind_apply_check,
-              ind_consistent),
+        _case(
+            "IndirectGraph apply at the keep-alive batch",
+            _ind_apply_setup(True),
+            _ind_apply,
+            _ind_apply_check,
+            ind_consistent,
+        ),
         _case("BucketGraphs build (arena)", _buckets_setup, _buckets("arena"), _buckets_check),
         _case("BucketGraphs build (graph memory)", _buckets_setup, _buckets("graph"), _buckets_check),
         _case("BucketGraphs run", _buckets_run_setup(), _buckets_run(1), _buckets_run_check),
         _case("BucketGraphs run on another stream", _buckets_run_setup(), _buckets_run(1, "s2"), _buckets_run_check),
         _case("BucketGraphs run above the largest bucket", _buckets_run_setup(), _buckets_run(3), _buckets_run_check),
-        _case("RowCountBuckets run", _buckets_run_setup("RowCountBuckets"), _buckets_run(1), _buckets_run_check,
-              _rowcount_consistent),
+        _case(
+            "RowCountBuckets run",
+            _buckets_run_setup("RowCountBuckets"),
+            _buckets_run(1),
+            _buckets_run_check,
+            _rowcount_consistent,
+        ),
         _case("ReshapedGraph build", _buckets_setup, _reshaped, _reshaped_check),
-        _case("ReshapedGraph run (re-shape pushes)", _reshaped_run_setup, _reshaped_run, _reshaped_run_check,
-              _reshaped_consistent),
+        _case(
+            "ReshapedGraph run (re-shape pushes)",
+            _reshaped_run_setup,
+            _reshaped_run,
+            _reshaped_run_check,
+            _reshaped_consistent,
+        ),
         _case("SlotPool build (graph table)", _slots_setup, _slots("graph"), _slots_check),
         _case("SlotPool build (copy table)", _slots_setup, _slots("copy"), _slots_check),
         _case("SlotPool build (params table)", _slots_setup, _slots("params"), _slots_check),

@@ -37,8 +37,9 @@ import gc
 import sys
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from cuda.bindings import driver
 
@@ -50,14 +51,30 @@ GOOD = ("recovered", "closed", "absorbed", "warned")
 # Handle kinds: the call that makes one (its first returned value is the handle) and the call that
 # releases one (its first argument is the handle).
 CREATES = {
-    "cuMemAlloc": "memory", "cuMemHostAlloc": "host", "cuStreamCreate": "stream", "cuStreamCreateWithPriority": "stream",
-    "cuEventCreate": "event", "cuGraphCreate": "graph", "cuGraphClone": "graph", "cuStreamEndCapture": "graph",
-    "cuGraphInstantiate": "exec", "cuGraphInstantiateWithParams": "exec", "cuModuleLoadData": "module",
-    "cuModuleLoadDataEx": "module", "cuLibraryLoadData": "library", "cuLinkCreate": "link",
+    "cuMemAlloc": "memory",
+    "cuMemHostAlloc": "host",
+    "cuStreamCreate": "stream",
+    "cuStreamCreateWithPriority": "stream",
+    "cuEventCreate": "event",
+    "cuGraphCreate": "graph",
+    "cuGraphClone": "graph",
+    "cuStreamEndCapture": "graph",
+    "cuGraphInstantiate": "exec",
+    "cuGraphInstantiateWithParams": "exec",
+    "cuModuleLoadData": "module",
+    "cuModuleLoadDataEx": "module",
+    "cuLibraryLoadData": "library",
+    "cuLinkCreate": "link",
 }
 DESTROYS = {
-    "cuMemFree": "memory", "cuMemFreeHost": "host", "cuStreamDestroy": "stream", "cuEventDestroy": "event",
-    "cuGraphDestroy": "graph", "cuGraphExecDestroy": "exec", "cuModuleUnload": "module", "cuLibraryUnload": "library",
+    "cuMemFree": "memory",
+    "cuMemFreeHost": "host",
+    "cuStreamDestroy": "stream",
+    "cuEventDestroy": "event",
+    "cuGraphDestroy": "graph",
+    "cuGraphExecDestroy": "exec",
+    "cuModuleUnload": "module",
+    "cuLibraryUnload": "library",
     "cuLinkDestroy": "link",
 }
 # Diagnostics, not operations: building the message of an error must not count as a call to fail.
@@ -109,7 +126,7 @@ class FaultHook:
         return {key: c for key, c in self.live.items() if key not in keep}
 
     # -- wrapping ---------------------------------------------------------------------------------
-    def install(self) -> "FaultHook":
+    def install(self) -> FaultHook:
         from fakedriver import output_count
 
         for name in dir(driver):
@@ -129,7 +146,7 @@ class FaultHook:
             setattr(driver, name, fn)
         self._saved.clear()
 
-    def __enter__(self) -> "FaultHook":
+    def __enter__(self) -> FaultHook:
         return self.install()
 
     def __exit__(self, *exc: object) -> None:
@@ -185,11 +202,14 @@ class FaultHook:
         """Where each of ``keys`` (handles, e.g. :meth:`leaked`'s) was created, and which live
         rawgraph objects own it and who holds them: a leak's message."""
         from helpers import describe_holders
+
         from rawgraph.runtime.resource import Resource
 
         out = {}
         for key in keys:
-            owners = [o for o in gc.get_objects() if isinstance(o, Resource) and _as_int(getattr(o, "handle", None)) == key[1]]
+            owners = [
+                o for o in gc.get_objects() if isinstance(o, Resource) and _as_int(getattr(o, "handle", None)) == key[1]
+            ]
             held = "; ".join(f"{o!r} held by:\n{describe_holders(o)}" for o in owners[:2]) or "no live owner"
             out[key] = f"{self.origins.get(key, '?')} | {held}"
         return out
@@ -373,8 +393,11 @@ def run_case(case: Case, k: int, hook: FaultHook) -> Result:
             elif exc is not None:
                 outcome, detail = _judge_failure(case, st, exc, call, code_name, hook)
             else:
-                degraded = [str(w.message) for w in caught if issubclass(w.category, RawgraphWarning)
-                            and not issubclass(w.category, ReleaseWarning)]
+                degraded = [
+                    str(w.message)
+                    for w in caught
+                    if issubclass(w.category, RawgraphWarning) and not issubclass(w.category, ReleaseWarning)
+                ]
                 if degraded:  # the failure was taken for an answer: the result is not what it should be
                     outcome, detail = "inconsistent", f"{call} failed, no error, and a warning: {degraded[0][:300]}"
                 else:
@@ -401,7 +424,9 @@ def run_case(case: Case, k: int, hook: FaultHook) -> Result:
         what = ", ".join(f"{kind} 0x{h:x} (from {c})" for (kind, h), c in list(hook.leaked().items())[:6])
         if outcome in GOOD or outcome == "":
             outcome = "leak"
-        detail = (detail + "; " if detail else "") + f"leaked: {what}" + (f"; {hook.problems[:3]}" if hook.problems else "")
+        detail = (
+            (detail + "; " if detail else "") + f"leaked: {what}" + (f"; {hook.problems[:3]}" if hook.problems else "")
+        )
     return Result(case.op, k, call, outcome, detail, notes)
 
 
@@ -414,7 +439,9 @@ def _count_during(hook: FaultHook, fn: Callable[[], Any]) -> tuple[int, Any, Bas
         return hook.calls - before, None, e
 
 
-def _judge_failure(case: Case, st: State, exc: Exception, call: str, code_name: str, hook: FaultHook) -> tuple[str, str]:
+def _judge_failure(
+    case: Case, st: State, exc: Exception, call: str, code_name: str, hook: FaultHook
+) -> tuple[str, str]:
     if not isinstance(exc, RawgraphError):
         return "inconsistent", f"untyped error (not a RawgraphError): {_fmt(exc)}"
     if not names_call(exc, call, code_name):
@@ -444,7 +471,10 @@ def _judge_success(case: Case, st: State, call: str, released: list[str], hook: 
         n, _out, err = _count_during(hook, lambda: (case.again or (lambda s: None))(st))
         if case.again is not None:
             if not isinstance(err, ClosedError):
-                return "inconsistent", f"after close, a use did not raise ClosedError ({_fmt(err) if err else 'it worked'})"
+                return (
+                    "inconsistent",
+                    f"after close, a use did not raise ClosedError ({_fmt(err) if err else 'it worked'})",
+                )
             if n:
                 return "inconsistent", f"a closed object made {n} driver call(s) before refusing"
         if err is not None:

@@ -47,7 +47,7 @@ def perturbed_tolerance(xh, weights, rng, tol=1e-5, trials=4):
     from rawgraph.models.tinyblock import reference_forward
 
     ref = reference_forward(xh, weights)
-    u = 2.0 ** -24
+    u = 2.0**-24
 
     def bump(a):
         a = np.asarray(a, np.float64)
@@ -75,8 +75,11 @@ def exact_run(model, xh, n, stream):
     output rows and the plan's kernel names."""
     from rawgraph import DeviceBuffer
 
-    with model.with_batch(n) as m, DeviceBuffer.from_numpy(np.ascontiguousarray(xh[:n])) as x, \
-            DeviceBuffer((n, model.width)) as out:
+    with (
+        model.with_batch(n) as m,
+        DeviceBuffer.from_numpy(np.ascontiguousarray(xh[:n])) as x,
+        DeviceBuffer((n, model.width)) as out,
+    ):
         plan = m.plan(x, out)
         plan.run(stream)
         return out.to_numpy(stream), [l.kernel.name for l in plan.launches]
@@ -111,8 +114,12 @@ def describe_holders(obj, depth=4, width=4):
         cur, level = frontier.pop(0)
         if level >= depth:
             continue
-        refs = [r for r in gc.get_referrers(cur) if id(r) not in seen and not (isinstance(r, tuple) and len(r) == 2
-                                                                               and r[0] is cur and isinstance(r[1], int))]
+        refs = [
+            r
+            for r in gc.get_referrers(cur)
+            if id(r) not in seen
+            and not (isinstance(r, tuple) and len(r) == 2 and r[0] is cur and isinstance(r[1], int))
+        ]
         for r in refs[:width]:
             seen.add(id(r))
             if isinstance(r, types.FrameType):
@@ -169,4 +176,3 @@ def refuses_what_the_driver_forbids(dsg, monkeypatch, names):
     with pytest.raises(DeviceUpdatableError, match="AddressRebinder"):
         AddressRebinder(dsg.graph, dsg.exec)
     assert calls == []
-

@@ -6,11 +6,11 @@ import warnings
 
 import numpy as np
 import pytest
-
 from helpers import rel_err, torch_with_graphs
+
 from rawgraph import Stream
-from rawgraph.runtime.errors import RawgraphError
 from rawgraph.graphs.nodes import KernelInfo
+from rawgraph.runtime.errors import RawgraphError
 from rawgraph.updates.addresses import InteriorPointerWarning
 
 pytestmark = pytest.mark.gpu
@@ -56,8 +56,10 @@ def _random_rebinds(torch, rng, fn, shape_in, slack=1):
     # Outputs as the front of larger buffers: torch's pool may give the output the address of an
     # intermediate it freed earlier in the capture, and that tensor moves with it (its extent is
     # not visible in the parameters).
-    outs = [torch.empty(static_out.numel() * slack, device="cuda")[: static_out.numel()].view(static_out.shape)
-            for _ in range(3)]
+    outs = [
+        torch.empty(static_out.numel() * slack, device="cuda")[: static_out.numel()].view(static_out.shape)
+        for _ in range(3)
+    ]
     assert reb.find(static_in), "the static input is not in any kernel parameter"
     assert reb.find(static_out), "the static output is not in any kernel parameter"
     cur_x, cur_o = static_in, static_out
@@ -78,7 +80,8 @@ def _random_rebinds(torch, rng, fn, shape_in, slack=1):
             g.replay()
             torch.cuda.synchronize()
             assert torch.equal(outs[j], static_out), (
-                f"rebind {it}: max |diff| {float((outs[j] - static_out).abs().max()):.3g}, seed {rng.seed_used}")
+                f"rebind {it}: max |diff| {float((outs[j] - static_out).abs().max()):.3g}, seed {rng.seed_used}"
+            )
     # and against eager torch in float64 terms
     ref = fn(xs[i]).double()
     assert rel_err(outs[j].double().cpu().numpy(), ref.cpu().numpy()) < 1e-5
@@ -93,8 +96,8 @@ def test_torch_block_rebinds_equal_torch_replay(rng):
     torch = _torch()
     width, batch = 128, 4
     gen = torch.Generator(device="cuda").manual_seed(int(rng.integers(1 << 62)))
-    w1 = torch.randn(width, width, device="cuda", generator=gen) / width ** 0.5
-    w2 = torch.randn(width, width, device="cuda", generator=gen) / width ** 0.5
+    w1 = torch.randn(width, width, device="cuda", generator=gen) / width**0.5
+    w2 = torch.randn(width, width, device="cuda", generator=gen) / width**0.5
 
     def block(x):
         return torch.relu(x @ w1) @ w2 + x
@@ -108,9 +111,17 @@ def test_torch_block_rebinds_equal_torch_replay(rng):
 def test_torch_mlp_rebinds_equal_torch_replay(rng):
     torch = _torch()
     torch.manual_seed(int(rng.integers(1 << 62)))
-    mlp = torch.nn.Sequential(
-        torch.nn.Linear(128, 256), torch.nn.GELU(), torch.nn.LayerNorm(256), torch.nn.Linear(256, 128), torch.nn.Tanh(),
-    ).cuda().eval()
+    mlp = (
+        torch.nn.Sequential(
+            torch.nn.Linear(128, 256),
+            torch.nn.GELU(),
+            torch.nn.LayerNorm(256),
+            torch.nn.Linear(256, 128),
+            torch.nn.Tanh(),
+        )
+        .cuda()
+        .eval()
+    )
 
     def fn(x):
         with torch.no_grad():

@@ -18,8 +18,16 @@ from rawgraph import (
     TinyBlock,
     as_device_array,
 )
+from rawgraph.ops.gemm import (
+    GEMM_MIN_BATCH,
+    _check_shape,
+    gemm_shape,
+    gemm_smem_bytes,
+    matmul_shape,
+    matvec_shape,
+    residency_pad,
+)
 from rawgraph.runtime.errors import check, cuda_error
-from rawgraph.ops.gemm import GEMM_MIN_BATCH, _check_shape, gemm_shape, matmul_shape, matvec_shape, residency_pad, gemm_smem_bytes
 
 
 def test_packed_layout_alignment_and_pointer_table():
@@ -212,7 +220,13 @@ def test_hand_picked_matmul_shapes_are_checked():
 
 class FakeCAI:
     def __init__(self, shape, typestr="<f4", strides=None, ptr=0x7F0000000000):
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False), "strides": strides, "version": 3}
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": typestr,
+            "data": (ptr, False),
+            "strides": strides,
+            "version": 3,
+        }
 
 
 def test_host_arrays_are_refused_before_the_gpu():
@@ -316,7 +330,7 @@ def test_a_float_is_refused_only_when_it_would_round_to_infinity():
     with pytest.raises(ArgumentError, match="would become infinite"):
         check_scalar("f32", 3.4028236e38, "s")
     # exactly halfway past FLT_MAX rounds (to even) to infinity; the double just below it does not
-    halfway = 2.0 ** 128 - 2.0 ** 103
+    halfway = 2.0**128 - 2.0**103
     check_scalar("f32", float(np.nextafter(halfway, 0)), "s")
     with pytest.raises(ArgumentError, match="would become infinite"):
         check_scalar("f32", halfway, "s")

@@ -9,7 +9,6 @@ so the case breaks the feature instead of breaking the import.
 from pathlib import Path
 
 import pytest
-
 from helpers import bench_script
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from helpers import GPU_TO_ITSELF, random_input, rel_err
+
 from rawgraph import (
     BucketGraphs,
     DeviceBuffer,

@@ -36,6 +36,7 @@ def _raw(obj, size):
 # Layouts from cuda.h (x86-64); each test packs the bytes it expects, reserved and padding included,
 # and compares the whole struct: a field left to chance, or a value written to the wrong place, differs.
 
+
 def _memcpy_side(ptr, host, nbytes):
     mtype = int(driver.CUmemorytype.CU_MEMORYTYPE_HOST if host else driver.CUmemorytype.CU_MEMORYTYPE_DEVICE)
     # XInBytes, Y, Z, LOD, memoryType (+4 padding), Host, Device, Array, reserved, Pitch, Height
@@ -80,8 +81,11 @@ def test_mem_alloc_params_set_every_byte_of_the_pool_properties(ordinal):
 @pytest.mark.parametrize("kind", ["default", "programmatic"])
 def test_edge_data_sets_every_byte(kind):
     d = builder.edge_data(kind)
-    want = (builder.PORT_PROGRAMMATIC, 0, int(builder.DEP_PROGRAMMATIC)) if kind == "programmatic" else \
-        (builder.PORT_DEFAULT, 0, int(builder.DEP_DEFAULT))
+    want = (
+        (builder.PORT_PROGRAMMATIC, 0, int(builder.DEP_PROGRAMMATIC))
+        if kind == "programmatic"
+        else (builder.PORT_DEFAULT, 0, int(builder.DEP_DEFAULT))
+    )
     assert _raw(d, 8) == struct.pack("<3B5x", *want)
     with pytest.raises(ValueError):
         builder.edge_data("later")
@@ -104,8 +108,9 @@ def test_conditional_node_params_set_every_byte():
     p = cn._node_params(cond, "while", 1, types.SimpleNamespace(context=ctx))
     # CUgraphNodeParams: type, reserved0[3], a 232-byte union holding CUDA_CONDITIONAL_NODE_PARAMS
     # {handle, type, size, phGraph_out (the driver's output), ctx}, reserved2.
-    conditional = struct.pack("<Q2I2Q", 0xABC0001, int(driver.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE),
-                              1, 0, 0x7F0000C0C000)
+    conditional = struct.pack(
+        "<Q2I2Q", 0xABC0001, int(driver.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE), 1, 0, 0x7F0000C0C000
+    )
     want = struct.pack("<I12x", int(driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL)) + conditional
     want += bytes(232 - len(conditional)) + bytes(8)
     assert _raw(p, 256) == want

@@ -3,9 +3,18 @@
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
 from helpers import random_input, rel_err
-from rawgraph import DeviceArray, DeviceBuffer, Event, ExecUpdateManager, HostBuffer, RawgraphError, TinyBlock, capture_plan
+
+from rawgraph import (
+    DeviceArray,
+    DeviceBuffer,
+    Event,
+    ExecUpdateManager,
+    HostBuffer,
+    RawgraphError,
+    TinyBlock,
+    capture_plan,
+)
 from rawgraph.graphs import conditional as cn
 from rawgraph.graphs.builder import GraphBuilder, HostCallback, build_plan, edge_list
 from rawgraph.graphs.graph import read_node_args
@@ -17,8 +26,12 @@ def _kernel_params(node):
     p = driver.cuGraphKernelNodeGetParams(node.handle)[1]
     # The driver may report func 0 for a captured node (verify_node_map allows it); else it is the launch's.
     assert int(p.func) in (0, int(node.launch.kernel.handle))
-    return ((p.gridDimX, p.gridDimY, p.gridDimZ), (p.blockDimX, p.blockDimY, p.blockDimZ),
-            int(p.sharedMemBytes), read_node_args(node.handle, node.launch))
+    return (
+        (p.gridDimX, p.gridDimY, p.gridDimZ),
+        (p.blockDimX, p.blockDimY, p.blockDimZ),
+        int(p.sharedMemBytes),
+        read_node_args(node.handle, node.launch),
+    )
 
 
 def _indexed_edges(graph):
@@ -87,10 +100,10 @@ def test_every_node_kind_runs_in_a_built_graph(device, stream, rng):
     child_graph = child.build()
     ev = Event(timing=False)
     g = GraphBuilder(device)
-    ms = g.memset(dst, bits, n)                                   # dst = fill
+    ms = g.memset(dst, bits, n)  # dst = fill
     alloc, tmp = g.mem_alloc(n * 4, deps=ms)
-    cp = g.memcpy(tmp, src, n * 4, deps=alloc)                    # tmp = src (graph memory)
-    ch = g.child(child_graph, deps=ms)                            # dst = fill * a + b
+    cp = g.memcpy(tmp, src, n * 4, deps=alloc)  # tmp = src (graph memory)
+    ch = g.child(child_graph, deps=ms)  # dst = fill * a + b
     join = g.empty(deps=[cp, ch])
     tmp_view = DeviceArray(tmp, (n,), np.dtype(np.float32), None)
     add = g.kernel(cn.axpb(device, tmp_view, back, 2.0, 0.0), deps=join)  # back = 2 * src
@@ -98,11 +111,22 @@ def test_every_node_kind_runs_in_a_built_graph(device, stream, rng):
     rec = g.event_record(ev, deps=host)
     wait = g.event_wait(ev, deps=rec)
     free = g.mem_free(tmp, deps=wait)
-    g.memcpy(pinned, back, n * 4, deps=free)                      # device -> pinned host
+    g.memcpy(pinned, back, n * 4, deps=free)  # device -> pinned host
     graph = g.build()
     kinds = [nd.kind for nd in graph.built_nodes]
-    assert kinds == ["memset", "mem_alloc", "memcpy", "child", "empty", "kernel", "host", "event_record",
-                     "event_wait", "mem_free", "memcpy"]
+    assert kinds == [
+        "memset",
+        "mem_alloc",
+        "memcpy",
+        "child",
+        "empty",
+        "kernel",
+        "host",
+        "event_record",
+        "event_wait",
+        "mem_free",
+        "memcpy",
+    ]
     assert graph.node_count() == len(kinds)
     exe = graph.instantiate()
     for replay in range(2):

@@ -3,28 +3,33 @@
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
 from helpers import random_input, rel_err
+
 from rawgraph import (
     Capture,
     CaptureMode,
     CaptureRefusedError,
     DeviceBuffer,
+    DTypeError,
     ExecUpdateManager,
     ShapeError,
-    DTypeError,
     StaticGraph,
     Stream,
     TinyBlock,
     capture_plan,
 )
-from rawgraph.runtime.errors import check
 from rawgraph.graphs.graph import read_node_args
+from rawgraph.runtime.errors import check
 
 pytestmark = pytest.mark.gpu
 
 SIZES = [(128, 1, 1), (128, 1, 8), (33, 3, 64), (1000, 17, 8), (256, 8, 1), (1, 1, 8), (128, 3, 64)]
-CASES = [(form, *s) for s in SIZES for form in ("unfused", "fused", "block") if form != "block" or (s[0] % 4 == 0 and s[0] <= 256)]
+CASES = [
+    (form, *s)
+    for s in SIZES
+    for form in ("unfused", "fused", "block")
+    if form != "block" or (s[0] % 4 == 0 and s[0] <= 256)
+]
 
 
 @pytest.mark.parametrize("form,width,batch,layers", CASES)

@@ -16,8 +16,13 @@ class Stub:
     def __init__(self, log, name, nbytes=1000, as_dict=False, fail_run=False):
         self.log, self.name, self.fail_run = log, name, fail_run
         if as_dict:
-            self.memory = {"weights": 10**9, "io": nbytes // 2, "workspace": nbytes - nbytes // 2,
-                           "allocated": 0, "graphs": 0}
+            self.memory = {
+                "weights": 10**9,
+                "io": nbytes // 2,
+                "workspace": nbytes - nbytes // 2,
+                "allocated": 0,
+                "graphs": 0,
+            }
         else:
             self.nbytes = nbytes
         self.runs = []
@@ -36,13 +41,16 @@ class Stub:
 
 def _factories(log, built, spec):
     """spec: name -> dict of Stub kwargs, or an exception to raise while building."""
+
     def make(name, kw):
         def factory(model, max_batch, stream):
             if isinstance(kw, BaseException):
                 raise kw
             built[name] = s = Stub(log, name, **kw)
             return s
+
         return factory
+
     return {name: make(name, kw) for name, kw in spec.items()}
 
 
@@ -57,6 +65,7 @@ def _fake_timer(costs, calls=None):
         if isinstance(c, BaseException):
             raise c
         return c
+
     return timer
 
 
@@ -81,10 +90,17 @@ def test_fastest_fitting_is_picked_and_every_candidate_closed():
 
 def test_over_budget_skipped_with_reason_and_closed():
     log, built, calls = [], {}, []
-    fac = _factories(log, built, {"small": {"nbytes": 100}, "big": {"nbytes": 10_000},
-                                  "bigdict": {"nbytes": 5000, "as_dict": True}})
-    ch = choose_strategy(None, SAMPLE, 64, memory_budget=1000, candidates=fac,
-                         timer=_fake_timer({"small": 5.0, "big": 1.0, "bigdict": 1.0}, calls))
+    fac = _factories(
+        log, built, {"small": {"nbytes": 100}, "big": {"nbytes": 10_000}, "bigdict": {"nbytes": 5000, "as_dict": True}}
+    )
+    ch = choose_strategy(
+        None,
+        SAMPLE,
+        64,
+        memory_budget=1000,
+        candidates=fac,
+        timer=_fake_timer({"small": 5.0, "big": 1.0, "bigdict": 1.0}, calls),
+    )
     assert ch.name == "small"
     assert set(ch.skipped) == {"big", "bigdict"}
     assert "over budget" in ch.skipped["big"] and "10000" in ch.skipped["big"]
@@ -97,10 +113,18 @@ def test_over_budget_skipped_with_reason_and_closed():
 
 def test_a_candidate_raising_while_building_or_timing_is_skipped_and_the_rest_closed():
     log, built = [], {}
-    fac = _factories(log, built, {"ok": {}, "nobuild": ValueError("no row count"), "norun": {"fail_run": True},
-                                  "badtimer": {}, "slow": {}})
-    ch = choose_strategy(None, SAMPLE, 64, candidates=fac,
-                         timer=_fake_timer({"ok": 2.0, "badtimer": KeyError("x"), "slow": 9.0, "norun": 0.1}))
+    fac = _factories(
+        log,
+        built,
+        {"ok": {}, "nobuild": ValueError("no row count"), "norun": {"fail_run": True}, "badtimer": {}, "slow": {}},
+    )
+    ch = choose_strategy(
+        None,
+        SAMPLE,
+        64,
+        candidates=fac,
+        timer=_fake_timer({"ok": 2.0, "badtimer": KeyError("x"), "slow": 9.0, "norun": 0.1}),
+    )
     assert ch.name == "ok" and set(ch.seconds) == {"ok", "slow"}
     assert "failed to build" in ch.skipped["nobuild"] and "no row count" in ch.skipped["nobuild"]
     assert "failed to run" in ch.skipped["norun"] and "boom" in ch.skipped["norun"]
@@ -139,9 +163,17 @@ def test_regret_arithmetic():
         regret("a", {"a": "1"})
 
 
-@pytest.mark.parametrize("sample,exc", [
-    ([], ChooseError), ([0], ShapeError), ([65], ShapeError), ([1, -3], ShapeError),
-    ([1.5], TypeError), ([True], TypeError)])
+@pytest.mark.parametrize(
+    "sample,exc",
+    [
+        ([], ChooseError),
+        ([0], ShapeError),
+        ([65], ShapeError),
+        ([1, -3], ShapeError),
+        ([1.5], TypeError),
+        ([True], TypeError),
+    ],
+)
 def test_bad_sample_refused_before_anything_is_built(sample, exc):
     log, built = [], {}
     fac = _factories(log, built, {"a": {}})
@@ -150,11 +182,19 @@ def test_bad_sample_refused_before_anything_is_built(sample, exc):
     assert built == {}
 
 
-@pytest.mark.parametrize("kwargs,exc", [
-    ({"memory_budget": -1}, ChooseError), ({"memory_budget": "1GB"}, TypeError),
-    ({"max_batch": 0}, ShapeError), ({"max_batch": 2.0}, TypeError),
-    ({"seconds": 0}, ChooseError), ({"candidates": ["buckets", "nope"]}, ChooseError),
-    ({"candidates": {}}, ChooseError), ({"candidates": {"a": 3}}, ChooseError)])
+@pytest.mark.parametrize(
+    "kwargs,exc",
+    [
+        ({"memory_budget": -1}, ChooseError),
+        ({"memory_budget": "1GB"}, TypeError),
+        ({"max_batch": 0}, ShapeError),
+        ({"max_batch": 2.0}, TypeError),
+        ({"seconds": 0}, ChooseError),
+        ({"candidates": ["buckets", "nope"]}, ChooseError),
+        ({"candidates": {}}, ChooseError),
+        ({"candidates": {"a": 3}}, ChooseError),
+    ],
+)
 def test_bad_arguments_refused(kwargs, exc):
     args = {"max_batch": 64, "candidates": _factories([], {}, {"a": {}}), "timer": _fake_timer({"a": 1.0})}
     args.update(kwargs)
@@ -167,8 +207,14 @@ def test_errors_are_rawgraph_and_value_errors():
 
 
 def test_default_candidates_are_the_serving_strategies():
-    assert list(DEFAULT_CANDIDATES) == ["buckets", "rowcount", "reshaped", "device_shaped", "device_bands",
-                                       "switch_sizes"]
+    assert list(DEFAULT_CANDIDATES) == [
+        "buckets",
+        "rowcount",
+        "reshaped",
+        "device_shaped",
+        "device_bands",
+        "switch_sizes",
+    ]
 
 
 def test_footprint_reads_memory_dict_nbytes_or_buffers():

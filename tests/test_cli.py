@@ -49,6 +49,7 @@ def test_seed_experiment():
 
 # -- argument handling: parsed before any GPU is needed, so these hold on every machine ------------
 
+
 def _no_gpu_here():
     if gpu_available():
         pytest.skip("this machine has a GPU: the command would run the benchmark")
@@ -78,8 +79,16 @@ def test_bench_kernels_help():
     assert "usage: rawgraph bench kernels" in r.stdout and "--sweep" in r.stdout
 
 
-@pytest.mark.parametrize("args", [("bench", "--quick"), ("bench", "--", "--quick"), ("bench", "paths", "--quick", "--width", "128"),
-                                  ("bench", "kernels", "--sweep"), ("bench", "kernels", "--", "--sweep")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("bench", "--quick"),
+        ("bench", "--", "--quick"),
+        ("bench", "paths", "--quick", "--width", "128"),
+        ("bench", "kernels", "--sweep"),
+        ("bench", "kernels", "--", "--sweep"),
+    ],
+)
 def test_bench_options_reach_the_gpu_check(args):
     _no_gpu_here()
     r = _run(*args)
@@ -117,11 +126,13 @@ def test_other_commands_refuse_unknown_options(args):
 
 def test_bench_suites_import_and_parse_in_a_fresh_process():
     """Every suite module imports and builds its parser (here, with no GPU: import needs none)."""
-    probe = ("import importlib; from rawgraph.cli import BENCH_SUITES\n"
-             "for name, (module, _) in BENCH_SUITES.items():\n"
-             "    mod = importlib.import_module(module)\n"
-             "    assert callable(mod.main) and vars(mod.build_parser().parse_args([])), name\n"
-             "print(' '.join(BENCH_SUITES))")
+    probe = (
+        "import importlib; from rawgraph.cli import BENCH_SUITES\n"
+        "for name, (module, _) in BENCH_SUITES.items():\n"
+        "    mod = importlib.import_module(module)\n"
+        "    assert callable(mod.main) and vars(mod.build_parser().parse_args([])), name\n"
+        "print(' '.join(BENCH_SUITES))"
+    )
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[:2] == ["paths", "kernels"]
@@ -152,6 +163,7 @@ def no_gpu(monkeypatch):
 @pytest.fixture
 def gpu_check_forbidden(monkeypatch):
     """Fails the test if anything asks whether there is a GPU."""
+
     def asked():
         raise AssertionError("the GPU check ran")
 
@@ -171,8 +183,19 @@ def _parsers():
     return out
 
 
-@pytest.mark.parametrize("argv", [["demo"], ["dot"], ["seed"], ["doctor", "--demo"], ["bench"], ["bench", "kernels"],
-                                  ["bench", "slots", "--json"], ["bench", "choose", "--steps", "10"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo"],
+        ["dot"],
+        ["seed"],
+        ["doctor", "--demo"],
+        ["bench"],
+        ["bench", "kernels"],
+        ["bench", "slots", "--json"],
+        ["bench", "choose", "--steps", "10"],
+    ],
+)
 def test_no_gpu_is_status_69_with_the_reason(argv, no_gpu, capsys):
     assert cli.main(argv) == command.EX_UNAVAILABLE == 69
     err = capsys.readouterr().err
@@ -187,18 +210,21 @@ def test_help_documents_the_exit_statuses():
     assert "2 a bad option or value" in flat
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["demo", "--width", "-5"], "argument --width: must be a positive integer, got -5"),
-    (["dot", "--layers", "0"], "argument --layers: must be a positive integer, got 0"),
-    (["demo", "--batch", "two"], "argument --batch: must be a positive integer, got 'two'"),
-    (["info", "--device", "-1"], "argument --device: must be an integer >= 0, got -1"),
-    (["bench", "--budget", "0"], "argument --budget: must be a number > 0, got 0"),
-    (["bench", "paths", "--width", "128", "-5"], "argument --width: must be a positive integer, got -5"),
-    (["bench", "kernels", "--batch", "0"], "argument --batch: must be a positive integer, got 0"),
-    (["bench", "buckets", "--rate", "-1"], "argument --rate: must be a number > 0, got -1"),
-    (["bench", "slots", "--steps", "0"], "argument --steps: must be a positive integer, got 0"),
-    (["bench", "choose", "--seconds", "inf"], "argument --seconds: must be a number > 0, got inf"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["demo", "--width", "-5"], "argument --width: must be a positive integer, got -5"),
+        (["dot", "--layers", "0"], "argument --layers: must be a positive integer, got 0"),
+        (["demo", "--batch", "two"], "argument --batch: must be a positive integer, got 'two'"),
+        (["info", "--device", "-1"], "argument --device: must be an integer >= 0, got -1"),
+        (["bench", "--budget", "0"], "argument --budget: must be a number > 0, got 0"),
+        (["bench", "paths", "--width", "128", "-5"], "argument --width: must be a positive integer, got -5"),
+        (["bench", "kernels", "--batch", "0"], "argument --batch: must be a positive integer, got 0"),
+        (["bench", "buckets", "--rate", "-1"], "argument --rate: must be a number > 0, got -1"),
+        (["bench", "slots", "--steps", "0"], "argument --steps: must be a positive integer, got 0"),
+        (["bench", "choose", "--seconds", "inf"], "argument --seconds: must be a number > 0, got inf"),
+    ],
+)
 def test_bad_values_are_usage_errors_before_the_gpu_check(argv, message, gpu_check_forbidden, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)
@@ -239,6 +265,7 @@ def test_each_bench_help_ends_with_the_epilogue_once(suite):
 
 # -- results on stdout, progress on stderr ---------------------------------------------------------
 
+
 def test_info_json_is_one_document_on_stdout():
     r = _run("info", "--json")
     assert r.returncode == 0, r.stderr
@@ -250,8 +277,13 @@ def test_info_json_is_one_document_on_stdout():
 
 def _result_of(suite):
     """A committed results file of ``suite`` (skips where this checkout has none)."""
-    names = {"paths": "launch_paths_quick.json", "kernels": "kernel_times.json", "buckets": "buckets.json",
-             "slots": "slots.json", "choose": "choose_2026-12-06_847ed0a_h100.json"}
+    names = {
+        "paths": "launch_paths_quick.json",
+        "kernels": "kernel_times.json",
+        "buckets": "buckets.json",
+        "slots": "slots.json",
+        "choose": "choose_2026-12-06_847ed0a_h100.json",
+    }
     path = RESULTS / names[suite]
     if not path.exists():
         pytest.skip(f"{path} not in this checkout")
@@ -285,9 +317,14 @@ def test_suites_print_results_on_stdout_and_progress_on_stderr(suite, as_json, m
         assert out == renderers(suite)[0](result) + "\n" and out.strip()
 
 
-@pytest.mark.parametrize("module_name, stop_at", [("rawgraph.bench.launch_paths", "Runner"),
-                                                  ("rawgraph.bench.kernel_times", "measure"),
-                                                  ("rawgraph.bench.slots", "run")])
+@pytest.mark.parametrize(
+    "module_name, stop_at",
+    [
+        ("rawgraph.bench.launch_paths", "Runner"),
+        ("rawgraph.bench.kernel_times", "measure"),
+        ("rawgraph.bench.slots", "run"),
+    ],
+)
 def test_a_suite_without_torch_or_cupy_says_what_it_leaves_out(module_name, stop_at, monkeypatch, capsys, tmp_path):
     import importlib
 
@@ -312,12 +349,14 @@ def test_a_suite_without_torch_or_cupy_says_what_it_leaves_out(module_name, stop
 
 def test_optional_import_of_a_missing_package(capsys):
     assert command.optional("no_such_module_rawgraph", "cupy", "the CuPy rows") is None
-    assert capsys.readouterr().err == ("no_such_module_rawgraph not installed: the CuPy rows skipped "
-                                       "(pip install 'rawgraph[cupy]')\n")
+    assert capsys.readouterr().err == (
+        "no_such_module_rawgraph not installed: the CuPy rows skipped (pip install 'rawgraph[cupy]')\n"
+    )
     assert command.optional("json", "x", "y") is json
 
 
 # -- rawgraph bench report ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("suite", list(cli.BENCH_SUITES))
 def test_report_renders_any_suites_file_with_no_gpu(suite, tmp_path, monkeypatch, gpu_check_forbidden, capsys):
@@ -354,8 +393,11 @@ def test_report_refuses_what_is_no_results_file(tmp_path, capsys):
     bad.write_text("{not json")
     other = tmp_path / "other.json"
     other.write_text('{"something": 1}')
-    for path, message in ((bad, "cannot read"), (other, "is no rawgraph bench results file"),
-                          (tmp_path / "missing.json", "cannot read")):
+    for path, message in (
+        (bad, "cannot read"),
+        (other, "is no rawgraph bench results file"),
+        (tmp_path / "missing.json", "cannot read"),
+    ):
         with pytest.raises(SystemExit) as exc:
             cli.main(["bench", "report", str(path), "--no-html"])
         assert exc.value.code == 2
@@ -369,8 +411,13 @@ def test_report_refuses_what_is_no_results_file(tmp_path, capsys):
 def test_report_runs_as_a_command_without_a_gpu(tmp_path):
     src = tmp_path / "k.json"
     src.write_text(json.dumps(_result_of("kernels")))
-    r = subprocess.run([sys.executable, "-m", "rawgraph", "bench", "report", str(src)], capture_output=True,
-                       text=True, timeout=120, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-m", "rawgraph", "bench", "report", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert "device-to-device copy:" in r.stdout and (tmp_path / "k.html").is_file()
 

@@ -16,22 +16,40 @@ try:  # the cache's own warning class (absent before the cache checked who may w
     from rawgraph.runtime.compiler import CacheWarning
 except ImportError:
     CacheWarning = RuntimeWarning
-from rawgraph.runtime.module import kernel_files, kernel_source
 from rawgraph.ops import EPILOGUES, MATVEC_TILES, MatmulShape, matmul_expr
+from rawgraph.runtime.module import kernel_files, kernel_source
 
 ARCHS = ["sm_80", "sm_90"]
 
 # Every extern "C" kernel per file, and the instantiations TinyBlock and the benchmarks can ask
 # for: every matvec tile with the plain epilogue, every epilogue on one tile, every GEMM; on
 # sm_90 also the cluster (split) forms and the single-kernel block.
-PLAIN = {"elementwise": ["relu", "add", "empty", "spin", "count_mismatch", "gather_rows", "scatter_rows"], "init": ["fill_uniform"],
-         "control": ["rg_set_cond", "rg_countdown", "rg_axpb", "rg_noop", "rg_depth_init", "rg_select_layer",
-                     "rg_layer_advance", "rg_norm_gate", "rg_set_band"],
-         "philox": ["philox_draw", "philox_dropout", "philox_advance"],
-         "device_launch": ["rg_graph_launch", "rg_bump", "rg_snapshot"],
-         "device_update": ["rg_du_update_rows", "rg_du_update_table", "rg_du_rows", "rg_du_mark", "rg_du_shape",
-                           "rg_du_count_live"],
-         "allreduce": ["rg_allreduce_oneshot"]}
+PLAIN = {
+    "elementwise": ["relu", "add", "empty", "spin", "count_mismatch", "gather_rows", "scatter_rows"],
+    "init": ["fill_uniform"],
+    "control": [
+        "rg_set_cond",
+        "rg_countdown",
+        "rg_axpb",
+        "rg_noop",
+        "rg_depth_init",
+        "rg_select_layer",
+        "rg_layer_advance",
+        "rg_norm_gate",
+        "rg_set_band",
+    ],
+    "philox": ["philox_draw", "philox_dropout", "philox_advance"],
+    "device_launch": ["rg_graph_launch", "rg_bump", "rg_snapshot"],
+    "device_update": [
+        "rg_du_update_rows",
+        "rg_du_update_table",
+        "rg_du_rows",
+        "rg_du_mark",
+        "rg_du_shape",
+        "rg_du_count_live",
+    ],
+    "allreduce": ["rg_allreduce_oneshot"],
+}
 
 
 def _matvec_shapes(splits):
@@ -47,8 +65,13 @@ def matmul_names(arch):
     splits = (1, 2, 4, 8) if arch == "sm_90" else (1,)
     names = {matmul_expr("none", s) for s in _matvec_shapes(splits)}
     names |= {matmul_expr(e, MatmulShape("matvec", 4, 64, 8, sp, (1, sp, 1))) for e in EPILOGUES for sp in splits}
-    names |= {matmul_expr(e, MatmulShape("gemm", 4, bn, 64, sp, (1, sp, 1), 0, sl))
-              for e in EPILOGUES for sp in splits for bn in (64, 128) for sl in (1, 2)}
+    names |= {
+        matmul_expr(e, MatmulShape("gemm", 4, bn, 64, sp, (1, sp, 1), 0, sl))
+        for e in EPILOGUES
+        for sp in splits
+        for bn in (64, 128)
+        for sl in (1, 2)
+    }
     return sorted(names)
 
 
@@ -63,13 +86,16 @@ def block_names(arch):
 
 
 def test_every_source_is_covered():
-    assert sorted(kernel_files()) == sorted(list(PLAIN) + ["matmul", "block", "rows", "sgemm", "tf32x3"])  # tf32x3: tests/test_tf32x3_cpu.py
+    assert sorted(kernel_files()) == sorted(
+        list(PLAIN) + ["matmul", "block", "rows", "sgemm", "tf32x3"]
+    )  # tf32x3: tests/test_tf32x3_cpu.py
 
 
 # Issue 23's fp32 GEMM (benchmarks/gemm_sweep.py times every cut): one cut of each kernel, each
 # epilogue, compiles for Hopper (clusters and named barriers need sm_90).
-SGEMM = [f"sgemm_kernel<{e}, 64, 64, 16, 3, 1, 1>" for e in (0, 1, 2)] + \
-        [f"sgemm_split_kernel<{e}, 128, 64, 16, 3, 2, 2, 1>" for e in (0, 2)]
+SGEMM = [f"sgemm_kernel<{e}, 64, 64, 16, 3, 1, 1>" for e in (0, 1, 2)] + [
+    f"sgemm_split_kernel<{e}, 128, 64, 16, 3, 2, 2, 1>" for e in (0, 2)
+]
 
 
 def test_sgemm_cuts_compile_for_sm90():
@@ -102,14 +128,18 @@ def test_compile_every_kernel_to_cubin(arch, tmp_path):
 
 
 def test_ptx_is_explicit(tmp_path):
-    img = compile_source(kernel_source("elementwise"), "elementwise.cu", "sm_90", fmt="ptx", cache=KernelCache(tmp_path))
+    img = compile_source(
+        kernel_source("elementwise"), "elementwise.cu", "sm_90", fmt="ptx", cache=KernelCache(tmp_path)
+    )
     text = img.image.decode()
     assert ".target sm_90" in text and ".entry relu" in text
 
 
 def test_compile_error_carries_the_log(tmp_path):
     with pytest.raises(NvrtcError) as info:
-        compile_source('extern "C" __global__ void k() { this_is_not_cuda; }', "broken.cu", "sm_90", cache=KernelCache(tmp_path))
+        compile_source(
+            'extern "C" __global__ void k() { this_is_not_cuda; }', "broken.cu", "sm_90", cache=KernelCache(tmp_path)
+        )
     assert "this_is_not_cuda" in info.value.log
     assert "broken.cu" in str(info.value)
     assert info.value.name == "NVRTC_ERROR_COMPILATION"
@@ -356,8 +386,9 @@ def test_a_header_edited_during_the_compile_is_not_stored(tmp_path, monkeypatch)
 
     monkeypatch.setattr(compiler, "_compile", edited_meanwhile)
     cache = KernelCache(tmp_path / "cache")
-    compile_source(_value_src('#include "h.cuh"'), "k.cu", "sm_90", options=["-std=c++17", f"-I{tmp_path}"],
-                   cache=cache)
+    compile_source(
+        _value_src('#include "h.cuh"'), "k.cu", "sm_90", options=["-std=c++17", f"-I{tmp_path}"], cache=cache
+    )
     assert list((tmp_path / "cache").glob("*.bin")) == []
 
 
@@ -396,16 +427,19 @@ def test_each_header_is_looked_up_once_per_place(tmp_path, monkeypatch):
     for i in range(depth):
         (dirs[i % len(dirs)] / f"h{i}.cuh").write_text(f"#include <h{i + 1}.cuh>\n" if i + 1 < depth else "")
     calls = []  # file system lookups: stat, and the lstat of each component realpath resolves
+
+    def counting(real):
+        return lambda *a, **k: calls.append(a[0]) or real(*a, **k)
+
     for fn in ("stat", "lstat"):
-        monkeypatch.setattr(os, fn, lambda *a, _real=getattr(os, fn), **k: calls.append(a[0]) or _real(*a, **k))
+        monkeypatch.setattr(os, fn, counting(getattr(os, fn)))
     found = compiler._headers("#include <h0.cuh>\n", "k.cu", [f"-I{d}" for d in dirs])
     monkeypatch.undo()
     assert len([f for f, digest in found if digest != "absent"]) == depth
     assert len(calls) <= 2 * depth * len(dirs), f"{len(calls)} lookups for {depth} names in {len(dirs)} directories"
 
 
-def test_toolkit_include_directories_come_after_the_callers_and_only_where_a_header_is_named(tmp_path,
-                                                                                             monkeypatch):
+def test_toolkit_include_directories_come_after_the_callers_and_only_where_a_header_is_named(tmp_path, monkeypatch):
     import rawgraph.runtime.compiler as compiler
 
     asked = []
@@ -417,11 +451,13 @@ def test_toolkit_include_directories_come_after_the_callers_and_only_where_a_hea
     assert asked == []
     mine = str(tmp_path)
     assert compiler._toolkit_options("#include <cuda_fp16.h>\n", ["-std=c++17", f"-I{mine}"]) == [
-        "-I/toolkit/cudart", "-I/toolkit/cccl"]
+        "-I/toolkit/cudart",
+        "-I/toolkit/cccl",
+    ]
     assert compiler._toolkit_options("", ["-include", "x.cuh"]) == ["-I/toolkit/cudart", "-I/toolkit/cccl"]
     # a directory the caller already gives is not given twice
     assert compiler._toolkit_options('#include "x.cuh"\n', ["-I", "/toolkit/cccl"]) == ["-I/toolkit/cudart"]
     seen = []
     monkeypatch.setattr(compiler, "_compile", lambda s, n, a, names, options, fmt: seen.append(options))
-    compile_source('#include <v.cuh>\n', "k.cu", "sm_90", options=["-std=c++17", f"-I{mine}"], cache=False)
+    compile_source("#include <v.cuh>\n", "k.cu", "sm_90", options=["-std=c++17", f"-I{mine}"], cache=False)
     assert seen == [["-std=c++17", f"-I{mine}", "-I/toolkit/cudart", "-I/toolkit/cccl", "--gpu-architecture=sm_90"]]

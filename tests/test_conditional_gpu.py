@@ -6,16 +6,25 @@ import warnings
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
 from helpers import random_input, rel_err
-from rawgraph import BlockWeights, Capture, DeviceBuffer, ExecUpdateManager, RawgraphError, Stream, TinyBlock, capture_plan
-from rawgraph.graphs import conditional as cn
+
+from rawgraph import (
+    BlockWeights,
+    Capture,
+    DeviceBuffer,
+    ExecUpdateManager,
+    RawgraphError,
+    Stream,
+    TinyBlock,
+    capture_plan,
+)
 from rawgraph.control.loops import DepthLoop, NormGate
+from rawgraph.graphs import conditional as cn
 from rawgraph.graphs.builder import GraphBuilder
+from rawgraph.graphs.nodes import ConditionalInfo, read_graph
+from rawgraph.models.tinyblock import reference_forward
 from rawgraph.runtime.errors import RawgraphWarning
 from rawgraph.runtime.memory import POISON_BITS
-from rawgraph.models.tinyblock import reference_forward
-from rawgraph.graphs.nodes import ConditionalInfo, read_graph
 
 gpu = pytest.mark.gpu
 N = 1000
@@ -84,7 +93,9 @@ def test_each_branch_runs_as_the_device_decides(device, stream, rng, kind, size,
     coeffs = [(float(rng.uniform(0.5, 1.5)), float(rng.uniform(-1, 1))) for _ in range(size)]
     with Stream() as body_stream:
         graph, node = _build(device, stream, kind, size, x, y, value, coeffs, how, body_stream)
-    assert node.size == size and all(len(node.body_kernel_nodes(i)) == (2 if kind == "while" else 1) for i in range(size))
+    assert node.size == size and all(
+        len(node.body_kernel_nodes(i)) == (2 if kind == "while" else 1) for i in range(size)
+    )
     assert graph.node_count() == 3
     types = [driver.cuGraphNodeGetType(n)[1] for n in graph.all_nodes()]
     assert types.count(driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL) == 1
@@ -192,8 +203,9 @@ def test_conditional_refusals_before_the_driver(device, stream):
 
 
 @gpu
-def test_exec_update_leaves_conditional_graphs_alone_but_body_kernels_rebind(device, stream, rng, count_setparams,
-                                                                             monkeypatch):
+def test_exec_update_leaves_conditional_graphs_alone_but_body_kernels_rebind(
+    device, stream, rng, count_setparams, monkeypatch
+):
     # rawgraph's own update path on a graph holding conditional nodes: a TinyBlock plan built node by
     # node, then a taken IF (default 1) whose body writes z = w*a + b and an IF never taken (default 0).
     model = TinyBlock(256, 1, 1, seed=int(rng.integers(1 << 30)), form="fused")
@@ -201,7 +213,12 @@ def test_exec_update_leaves_conditional_graphs_alone_but_body_kernels_rebind(dev
     bufs = [DeviceBuffer.from_numpy(v, stream=stream) for v in xs]
     out, eager = DeviceBuffer((1, 256)), DeviceBuffer((1, 256))
     wh = random_input(rng, (N,))
-    w, z, z_eager, skipped = DeviceBuffer.from_numpy(wh, stream=stream), DeviceBuffer((N,)), DeviceBuffer((N,)), DeviceBuffer((N,))
+    w, z, z_eager, skipped = (
+        DeviceBuffer.from_numpy(wh, stream=stream),
+        DeviceBuffer((N,)),
+        DeviceBuffer((N,)),
+        DeviceBuffer((N,)),
+    )
     a, b = float(rng.uniform(0.5, 1.5)), float(rng.uniform(-1, 1))
     g = GraphBuilder(device)
     plan = model.plan(bufs[0], out)
@@ -272,18 +289,27 @@ def test_exec_update_leaves_conditional_graphs_alone_but_body_kernels_rebind(dev
 
 
 # ----------------------------------------------------------------------------- no GPU needed
-@pytest.mark.parametrize("kind,size,version,error", [
-    ("while", 2, 13000, ValueError), ("if", 3, 13000, ValueError), ("switch", 0, 13000, ValueError),
-    ("switch", None, 13000, ValueError), ("loop", 1, 13000, ValueError),
-    ("if", 2, 12060, cn.ConditionalUnsupportedError), ("switch", 4, 12060, cn.ConditionalUnsupportedError),
-    ("while", 1, 12020, cn.ConditionalUnsupportedError),
-])
+@pytest.mark.parametrize(
+    "kind,size,version,error",
+    [
+        ("while", 2, 13000, ValueError),
+        ("if", 3, 13000, ValueError),
+        ("switch", 0, 13000, ValueError),
+        ("switch", None, 13000, ValueError),
+        ("loop", 1, 13000, ValueError),
+        ("if", 2, 12060, cn.ConditionalUnsupportedError),
+        ("switch", 4, 12060, cn.ConditionalUnsupportedError),
+        ("while", 1, 12020, cn.ConditionalUnsupportedError),
+    ],
+)
 def test_check_kind_refuses_what_the_driver_would(kind, size, version, error):
     with pytest.raises(error):
         cn.check_kind(kind, size, version)
 
 
-@pytest.mark.parametrize("kind,size,version,want", [("if", None, 12030, 1), ("while", None, 12030, 1),
-                                                     ("if", 2, 12080, 2), ("switch", 5, 13000, 5)])
+@pytest.mark.parametrize(
+    "kind,size,version,want",
+    [("if", None, 12030, 1), ("while", None, 12030, 1), ("if", 2, 12080, 2), ("switch", 5, 13000, 5)],
+)
 def test_check_kind_accepts_what_the_driver_has(kind, size, version, want):
     assert cn.check_kind(kind, size, version) == want

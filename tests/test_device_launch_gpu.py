@@ -20,9 +20,13 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture
 def bufs(stream):
-    b = {"counter": DeviceBuffer((1,), np.uint32), "snap": DeviceBuffer((1,), np.uint32),
-         "after": DeviceBuffer((1,), np.uint32), "tail": DeviceBuffer((1,), np.uint32),
-         "rc": DeviceBuffer((1,), np.int32)}
+    b = {
+        "counter": DeviceBuffer((1,), np.uint32),
+        "snap": DeviceBuffer((1,), np.uint32),
+        "after": DeviceBuffer((1,), np.uint32),
+        "tail": DeviceBuffer((1,), np.uint32),
+        "rc": DeviceBuffer((1,), np.int32),
+    }
     yield b
     for v in b.values():
         v.close()
@@ -31,8 +35,15 @@ def bufs(stream):
 def _snapshot_plan(counter, snap):
     args = KernelArgs([("counter", "ptr"), ("snap", "ptr")])
     args.update({"counter": counter.ptr, "snap": snap.ptr})
-    launch = Launch(get_kernel("device_launch", "rg_snapshot", counter.device), (1, 1, 1), (1, 1, 1), args,
-                    {"counter": ArgUse("counter", "read"), "snap": ArgUse("snap", "write")}, 0, "snapshot")
+    launch = Launch(
+        get_kernel("device_launch", "rg_snapshot", counter.device),
+        (1, 1, 1),
+        (1, 1, 1),
+        args,
+        {"counter": ArgUse("counter", "read"), "snap": ArgUse("snap", "write")},
+        0,
+        "snapshot",
+    )
     return LaunchPlan([launch], {"counter": counter.view(), "snap": snap.view()}, (), ("snap",), pdl=False)
 
 
@@ -64,15 +75,24 @@ MODE_SEES = {"tail": (0, 2), "fire_and_forget": (1, 2), "sibling": (1, 1)}
 def test_a_kernel_launches_the_device_graph(stream, rng, bufs, mode, device):
     counter = bufs["counter"]
     bumps = bench.bump_chain(counter, 2).launches
-    slow = LaunchPlan([bumps[0], ops.spin(device, SLOW_NS), bumps[1]], {"counter": counter.view()}, (), ("counter",),
-                      pdl=False)
+    slow = LaunchPlan(
+        [bumps[0], ops.spin(device, SLOW_NS), bumps[1]], {"counter": counter.view()}, (), ("counter",), pdl=False
+    )
     target = DeviceGraph(capture_plan(slow, stream), stream)  # bump, 100 ms, bump
     tail_snap = DeviceGraph(capture_plan(_snapshot_plan(counter, bufs["tail"]), stream), stream)
     # In the launching graph, after the launcher of the mode under test: a tail launch of
     # tail_snap, 20 ms of spin, then snap = counter.
-    inner = LaunchPlan([_launcher(tail_snap, "tail", None, device), ops.spin(device, IN_GRAPH_NS),
-                        _snapshot_plan(counter, bufs["snap"]).launches[0]],
-                       {"counter": counter.view(), "snap": bufs["snap"].view()}, (), ("snap",), pdl=False)
+    inner = LaunchPlan(
+        [
+            _launcher(tail_snap, "tail", None, device),
+            ops.spin(device, IN_GRAPH_NS),
+            _snapshot_plan(counter, bufs["snap"]).launches[0],
+        ],
+        {"counter": counter.view(), "snap": bufs["snap"].view()},
+        (),
+        ("snap",),
+        pdl=False,
+    )
     outer = launcher_graph(target, stream, mode, after=inner, rc=bufs["rc"])
     exe = outer.instantiate()
     after = _snapshot_plan(counter, bufs["after"])  # stream-ordered after the outer graph
@@ -90,7 +110,8 @@ def test_a_kernel_launches_the_device_graph(stream, rng, bufs, mode, device):
     assert seen == MODE_SEES[mode], (
         f"{mode}: the launching graph saw {seen[0]} bumps, its tail launch {seen[1]}; "
         f"expected {MODE_SEES[mode]} (tail {MODE_SEES['tail']}, fire_and_forget {MODE_SEES['fire_and_forget']}, "
-        f"sibling {MODE_SEES['sibling']})")
+        f"sibling {MODE_SEES['sibling']})"
+    )
     for _ in range(5):
         exe.launch(stream)
     stream.synchronize()
@@ -176,8 +197,9 @@ def test_refuses_memory_alloc_and_free_nodes(stream, bufs):
 
 def test_refuses_a_conditional_node(stream, device, bufs):
     g = capture_plan(bench.bump_chain(bufs["counter"], 1), stream)
-    handle = call(driver.cuGraphConditionalHandleCreate, g.handle, device.context, 1,
-                  int(driver.CU_GRAPH_COND_ASSIGN_DEFAULT))
+    handle = call(
+        driver.cuGraphConditionalHandleCreate, g.handle, device.context, 1, int(driver.CU_GRAPH_COND_ASSIGN_DEFAULT)
+    )
     p = driver.CUgraphNodeParams()
     p.type = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
     p.conditional.handle, p.conditional.type = handle, driver.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_IF

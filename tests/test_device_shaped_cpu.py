@@ -10,14 +10,21 @@ import types
 
 import numpy as np
 import pytest
-
-from helpers import refuses_what_the_driver_forbids
 from cuda.bindings import driver
-
 from fault_cases import fake_session
+from helpers import refuses_what_the_driver_forbids
+
 from rawgraph.ops import GEMM_TILE_M
-from rawgraph.serving.device_shaped import (ENTRY_DTYPE, ShapeEntry, check_bands, grid_for, pack_table, plan_bands,
-                                            plan_signature, shape_entries)
+from rawgraph.serving.device_shaped import (
+    ENTRY_DTYPE,
+    ShapeEntry,
+    check_bands,
+    grid_for,
+    pack_table,
+    plan_bands,
+    plan_signature,
+    shape_entries,
+)
 from rawgraph.serving.protocol import row_grid
 
 
@@ -36,14 +43,25 @@ def test_entry_layout_matches_the_kernel_struct():
     # kernels/device_update.cu's rg_du_shape_entry: node @0, grid @8, axis @20, rows_per_block @24,
     # param_offset @28, param_size @32, factor @36, lo @40, hi @44, 48 bytes.
     assert ENTRY_DTYPE.itemsize == 48
-    assert [ENTRY_DTYPE.fields[f][1] for f in ("node", "grid", "axis", "rows_per_block", "param_offset", "param_size",
-                                                "factor", "lo", "hi")] == [0, 8, 20, 24, 28, 32, 36, 40, 44]
+    assert [
+        ENTRY_DTYPE.fields[f][1]
+        for f in ("node", "grid", "axis", "rows_per_block", "param_offset", "param_size", "factor", "lo", "hi")
+    ] == [0, 8, 20, 24, 28, 32, 36, 40, 44]
     src = open("kernels/device_update.cu").read()
-    assert "struct rg_du_shape_entry" in src and 'sizeof(rg_du_shape_entry) == 48' in src
-    body = src[src.index("struct rg_du_shape_entry"):]
-    body = body[:body.index("};")]
-    assert [line.split()[-1].rstrip(";") for line in body.splitlines()[1:] if line.strip()] == \
-        ["node", "grid[3]", "axis", "rows_per_block", "param_offset", "param_size", "factor", "lo", "hi"]
+    assert "struct rg_du_shape_entry" in src and "sizeof(rg_du_shape_entry) == 48" in src
+    body = src[src.index("struct rg_du_shape_entry") :]
+    body = body[: body.index("};")]
+    assert [line.split()[-1].rstrip(";") for line in body.splitlines()[1:] if line.strip()] == [
+        "node",
+        "grid[3]",
+        "axis",
+        "rows_per_block",
+        "param_offset",
+        "param_size",
+        "factor",
+        "lo",
+        "hi",
+    ]
 
 
 def test_pack_table_bytes():
@@ -61,8 +79,9 @@ def test_pack_table_bytes():
         pack_table([e], [])
 
 
-@pytest.mark.parametrize("n,runs", [(0, False), (1, False), (64, False), (65, True), (100, True), (128, True),
-                                    (129, False)])
+@pytest.mark.parametrize(
+    "n,runs", [(0, False), (1, False), (64, False), (65, True), (100, True), (128, True), (129, False)]
+)
 def test_a_node_runs_only_for_the_row_counts_of_its_band(n, runs):
     e = ShapeEntry(0, "", "k", (4, 1, 8), 2, 8, "B", 32, 4, 1, 65, 128)
     assert e.runs(n) is runs
@@ -81,14 +100,21 @@ def test_band_tops_from_signatures_and_from_the_caller():
     assert check_bands(np.array([64, 8]), 256) == [8, 64, 256]  # any sequence of ints, NumPy's too
     from rawgraph.runtime.errors import ShapeError
 
-    for bad, exc in (([0], ShapeError), ([300], ShapeError), ([1.5], TypeError), ([True], TypeError),
-                     ("64", TypeError), (7, TypeError)):
+    for bad, exc in (
+        ([0], ShapeError),
+        ([300], ShapeError),
+        ([1.5], TypeError),
+        ([True], TypeError),
+        ("64", TypeError),
+        (7, TypeError),
+    ):
         with pytest.raises(exc):
             check_bands(bad, 256)
 
 
-@pytest.mark.parametrize("n,want", [(0, (4, 1, 1)), (1, (4, 1, 1)), (8, (4, 1, 1)), (9, (4, 1, 2)), (64, (4, 1, 8)),
-                                    (500, (4, 1, 8))])
+@pytest.mark.parametrize(
+    "n,want", [(0, (4, 1, 1)), (1, (4, 1, 1)), (8, (4, 1, 1)), (9, (4, 1, 2)), (64, (4, 1, 8)), (500, (4, 1, 8))]
+)
 def test_grid_for_covers_exactly_n_rows(n, want):
     e = ShapeEntry(0, "", "matvec_kernel<0, 4, 64, 8>", (4, 1, 8), 2, 8, "B", 32, 4, 1)
     assert grid_for(e, n) == want
@@ -131,13 +157,25 @@ def _expect(model, launch, max_batch):
     return 2, int(re.findall(r"\d+", name.split("<")[1])[3]), "B", 4, 1
 
 
-@pytest.mark.parametrize("form,width,max_batch", [("unfused", 64, 64), ("fused", 64, 64), ("unfused", 1024, 256),
-                                                   ("fused", 1024, 256), ("block", 64, 64), ("unfused", 64, 5)])
+@pytest.mark.parametrize(
+    "form,width,max_batch",
+    [
+        ("unfused", 64, 64),
+        ("fused", 64, 64),
+        ("unfused", 1024, 256),
+        ("fused", 1024, 256),
+        ("block", 64, 64),
+        ("unfused", 64, 5),
+    ],
+)
 def test_table_entries_of_tinyblock_plans(fake, form, width, max_batch):
     from rawgraph import DeviceBuffer, TinyBlock
 
-    with TinyBlock(width, max_batch, 2, seed=1, form=form) as model, \
-            DeviceBuffer((max_batch, width)) as x, DeviceBuffer((max_batch, width)) as out:
+    with (
+        TinyBlock(width, max_batch, 2, seed=1, form=form) as model,
+        DeviceBuffer((max_batch, width)) as x,
+        DeviceBuffer((max_batch, width)) as out,
+    ):
         plan = model.plan(x, out)
         entries = shape_entries(model, plan.launches, max_batch)
         assert len(entries) == len(plan.launches) == 2 * model.kernels_per_layer
@@ -158,9 +196,11 @@ def test_table_refuses_a_model_that_lies(fake):
 
     with TinyBlock(64, 64, 1, form="unfused") as model, DeviceBuffer((64, 64)) as x, DeviceBuffer((64, 64)) as out:
         plan = model.plan(x, out)
-        liar = types.SimpleNamespace(width=64, row_count_arg=model.row_count_arg,
-                                     row_grid=lambda l: (0, 1) if "matvec" in l.kernel.name or "gemm" in l.kernel.name
-                                     else None)
+        liar = types.SimpleNamespace(
+            width=64,
+            row_count_arg=model.row_count_arg,
+            row_grid=lambda l: (0, 1) if "matvec" in l.kernel.name or "gemm" in l.kernel.name else None,
+        )
         with pytest.raises(ShapeError, match="row_grid says"):
             shape_entries(liar, plan.launches, 64)
         with pytest.raises(ShapeError, match="holds 64"):
@@ -205,8 +245,11 @@ def test_build_writes_the_table_and_refuses_what_the_driver_forbids(fake, updata
             assert list(table["param_offset"]) == [e.param_offset for e in dsg.entries]
             assert int(dsg.n_live.ptr) and dsg.head.kernel.name == "rg_du_shape"
             # every refusal comes before any driver call
-            refuses_what_the_driver_forbids(dsg, monkeypatch, ("cuGraphInstantiate", "cuGraphExecUpdate",
-                                                                "cuGraphClone", "cuGraphExecKernelNodeSetParams"))
+            refuses_what_the_driver_forbids(
+                dsg,
+                monkeypatch,
+                ("cuGraphInstantiate", "cuGraphExecUpdate", "cuGraphClone", "cuGraphExecKernelNodeSetParams"),
+            )
             from rawgraph.runtime.errors import ShapeError
 
             with pytest.raises(ShapeError):
@@ -231,8 +274,12 @@ def test_graph_marked_device_updatable_follows_the_drivers_rules(fake, monkeypat
     from rawgraph import AddressRebinder, DeviceUpdatableError, ExecUpdateManager, Stream, TinyBlock, capture_plan
     from rawgraph.runtime.memory import DeviceBuffer
 
-    with TinyBlock(64, 1, 1, seed=3, form="unfused") as model, DeviceBuffer((1, 64), np.float32) as x, \
-            DeviceBuffer((1, 64), np.float32) as out, Stream() as stream:
+    with (
+        TinyBlock(64, 1, 1, seed=3, form="unfused") as model,
+        DeviceBuffer((1, 64), np.float32) as x,
+        DeviceBuffer((1, 64), np.float32) as out,
+        Stream() as stream,
+    ):
         graph = capture_plan(model.plan(x, out), stream)
         with graph:
             first = graph.instantiate()
@@ -303,8 +350,7 @@ def test_bands_capture_one_plan_per_band_behind_the_head(fake, updatable_attrs):
     head; their entries carry the bands 1..2 and 3..8, and so does the table the head reads."""
     from rawgraph import DeviceShapedGraph, TinyBlock
 
-    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model, \
-            DeviceShapedGraph(model, max_batch=8, bands=[2]) as dsg:
+    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model, DeviceShapedGraph(model, max_batch=8, bands=[2]) as dsg:
         per_plan = model.kernels_per_layer  # one layer
         assert dsg.bands == [2, 8] and len(dsg.plans) == 2 and dsg.plan is dsg.plans[-1]
         assert len(dsg.entries) == len(updatable_attrs) == 2 * per_plan
@@ -331,8 +377,10 @@ def test_bands_with_the_same_kernels_are_warmed_up_once(fake, updatable_attrs):
 
     cuts = {ops.matmul_expr("relu", ops.matmul_shape(n, 1024, 1024, 132)) for n in (16, 24, 32)}
     assert len(cuts) == 1, cuts  # the table's one cut for 16-32 rows (else this test needs new bands)
-    with TinyBlock(1024, 1, 1, seed=2, form="fused") as model, \
-            DeviceShapedGraph(model, max_batch=32, bands=[16, 24]) as dsg:
+    with (
+        TinyBlock(1024, 1, 1, seed=2, form="fused") as model,
+        DeviceShapedGraph(model, max_batch=32, bands=[16, 24]) as dsg,
+    ):
         assert dsg.bands == [16, 24, 32]
         names = [[launch.kernel.name for launch in plan.launches] for plan in dsg.plans]
         assert names[0] == names[1] == names[2]
@@ -351,8 +399,10 @@ def test_bands_from_the_plans_follow_every_change_of_kernel_or_cut(fake, updatab
     cuts = [ops.matmul_expr("relu", ops.matmul_shape(b, 1024, 1024, sms)) for b in range(1, 257)]
     grids = [ops.matmul_shape(b, 1024, 1024, sms).grid[:2] for b in range(1, 257)]
     want = [b for b in range(1, 256) if (cuts[b], grids[b]) != (cuts[b - 1], grids[b - 1])] + [256]
-    with TinyBlock(1024, 1, 1, seed=2, form="fused") as model, \
-            DeviceShapedGraph(model, max_batch=256, bands="plans") as dsg:
+    with (
+        TinyBlock(1024, 1, 1, seed=2, form="fused") as model,
+        DeviceShapedGraph(model, max_batch=256, bands="plans") as dsg,
+    ):
         assert dsg.bands == want and len(want) > 1
         assert dsg.setup["bands"] > 0
         # the eager warm-up ran a band only while it brought a kernel function no earlier band ran
@@ -365,8 +415,9 @@ def test_bands_from_the_plans_follow_every_change_of_kernel_or_cut(fake, updatab
         assert new_bands > 0
         for n in (1, 2, 3, 5, 24, 25, 64, 65, 200, 256):
             with model.with_batch(n) as exact, DeviceBuffer((n, 1024)) as x, DeviceBuffer((n, 1024)) as out:
-                assert plan_signature(model, exact.plan(x, out).launches) == \
-                    plan_signature(model, dsg.plan_for(n).launches), n
+                assert plan_signature(model, exact.plan(x, out).launches) == plan_signature(
+                    model, dsg.plan_for(n).launches
+                ), n
 
 
 def test_bands_are_checked_before_anything_is_allocated(fake):
@@ -471,8 +522,10 @@ def test_a_switch_captures_one_body_per_band_behind_rg_set_band(fake):
     to device updates and the graph is not marked."""
     from rawgraph import DeviceShapedGraph, TinyBlock
 
-    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model, \
-            DeviceShapedGraph(model, max_batch=8, bands=[2], select="switch") as dsg:
+    with (
+        TinyBlock(64, 1, 1, seed=2, form="unfused") as model,
+        DeviceShapedGraph(model, max_batch=8, bands=[2], select="switch") as dsg,
+    ):
         assert dsg.bands == [2, 8] and dsg.entries == [] and dsg.handles == []
         assert dsg.head.kernel.name == "rg_set_band" and dsg.head.args["count"] == 2
         # n is the head's argument (no n_live): captured at max_batch, pushed by run / set_rows
@@ -509,8 +562,11 @@ def test_a_switch_reads_the_callers_n_live(fake):
     """With n_live given, the SWITCH head reads it from device memory and run() is refused."""
     from rawgraph import DeviceBuffer, DeviceShapedError, DeviceShapedGraph, TinyBlock
 
-    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model, DeviceBuffer((1,), np.int32) as n_live, \
-            DeviceShapedGraph(model, max_batch=8, n_live=n_live, select="switch") as dsg:
+    with (
+        TinyBlock(64, 1, 1, seed=2, form="unfused") as model,
+        DeviceBuffer((1,), np.int32) as n_live,
+        DeviceShapedGraph(model, max_batch=8, n_live=n_live, select="switch") as dsg,
+    ):
         assert dsg.head.args["value"] == n_live.ptr and dsg._n_arg is None
         with pytest.raises(DeviceShapedError, match="n_live"):
             dsg.run(3)
@@ -557,8 +613,9 @@ def test_a_switch_slot_pool_copies_the_whole_table(fake, monkeypatch):
             assert pool._shaped.select == "switch" and pool._shaped.bands == [3, 8]
             sizes = []
             real = driver.cuMemcpyHtoDAsync
-            monkeypatch.setattr(driver, "cuMemcpyHtoDAsync",
-                                lambda dst, src, n, s: sizes.append((int(dst), n)) or real(dst, src, n, s))
+            monkeypatch.setattr(
+                driver, "cuMemcpyHtoDAsync", lambda dst, src, n, s: sizes.append((int(dst), n)) or real(dst, src, n, s)
+            )
             pool.join(np.ones(64, np.float32))
             sizes.clear()
             assert pool.step() == 1
@@ -589,8 +646,12 @@ def test_select_band_checks_its_arrays(fake):
 
     dev = get_device()
     cond = ConditionalHandle(0x1234, 0, None)
-    with DeviceBuffer((3,), np.int32) as tops, DeviceBuffer((1,), np.int32) as used, \
-            DeviceBuffer((1,), np.uint32) as u32, DeviceBuffer((0,), np.int32) as empty:
+    with (
+        DeviceBuffer((3,), np.int32) as tops,
+        DeviceBuffer((1,), np.int32) as used,
+        DeviceBuffer((1,), np.uint32) as u32,
+        DeviceBuffer((0,), np.int32) as empty,
+    ):
         launch = select_band(dev, cond, None, tops, used, n=7)
         assert (launch.args["value"], launch.args["n_arg"], launch.args["count"]) == (0, 7, 3)
         assert select_band(dev, cond, used, tops, used).args["value"] == used.ptr
@@ -609,8 +670,10 @@ def test_a_switch_head_takes_each_threads_n_for_its_own_launch(fake, monkeypatch
 
     from rawgraph import DeviceShapedGraph, TinyBlock
 
-    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model, \
-            DeviceShapedGraph(model, max_batch=16, bands=[4, 8], select="switch") as dsg:
+    with (
+        TinyBlock(64, 1, 1, seed=2, form="unfused") as model,
+        DeviceShapedGraph(model, max_batch=16, bands=[4, 8], select="switch") as dsg,
+    ):
         state = {"exec_n": dsg._n_arg.args["n_arg"]}
         wrong = []
         set_params, launch = driver.cuGraphExecKernelNodeSetParams, driver.cuGraphLaunch
@@ -655,12 +718,16 @@ def test_the_prologue_is_captured_before_the_head(fake, updatable_attrs, select,
     from rawgraph.runtime.launch import KernelArgs, Launch, LaunchPlan
     from rawgraph.runtime.module import get_kernel
 
-    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model, DeviceBuffer((8,), np.int32) as table, \
-            DeviceBuffer((1,), np.int32) as n_live:
+    with (
+        TinyBlock(64, 1, 1, seed=2, form="unfused") as model,
+        DeviceBuffer((8,), np.int32) as table,
+        DeviceBuffer((1,), np.int32) as n_live,
+    ):
         args = KernelArgs([("table", "ptr"), ("count", "i32"), ("n_live", "ptr")])
         args.update({"table": table.ptr, "count": 8, "n_live": n_live.ptr})
-        count = Launch(get_kernel("device_update", "rg_du_count_live"), (1, 1, 1), (256, 1, 1), args, {}, 0,
-                       "count_live")
+        count = Launch(
+            get_kernel("device_update", "rg_du_count_live"), (1, 1, 1), (256, 1, 1), args, {}, 0, "count_live"
+        )
         plan = LaunchPlan([count], {}, (), ())
         prologue = plan if as_plan else (lambda s: count(s))
         with DeviceShapedGraph(model, 8, n_live=n_live, prologue=prologue, select=select) as dsg:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import exact_run, random_input, refuses_what_the_driver_forbids, rel_err
 
-from helpers import exact_run, random_input, rel_err, refuses_what_the_driver_forbids
 from rawgraph import DeviceBuffer, DeviceShapedError, DeviceShapedGraph, TinyBlock
 from rawgraph.models.tinyblock import reference_forward
 from rawgraph.runtime.launch import KernelArgs, Launch, LaunchPlan
@@ -37,9 +37,16 @@ def _check_n(dsg, model, xh, weights, n, stream, counts):
         counts["tol"] += 1
 
 
-@pytest.mark.parametrize("form,width,max_batch,subset", [
-    ("unfused", 64, 64, None), ("fused", 64, 64, None), ("block", 64, 64, None),
-    ("unfused", 1024, 256, 40), ("fused", 1024, 256, 40)])
+@pytest.mark.parametrize(
+    "form,width,max_batch,subset",
+    [
+        ("unfused", 64, 64, None),
+        ("fused", 64, 64, None),
+        ("block", 64, 64, None),
+        ("unfused", 1024, 256, 40),
+        ("fused", 1024, 256, 40),
+    ],
+)
 def test_every_n_in_random_order_equals_the_exact_size_run(device, stream, rng, form, width, max_batch, subset):
     if form == "block" and not _clusters(device):
         pytest.skip("the block form needs compute capability 9.0")
@@ -50,8 +57,9 @@ def test_every_n_in_random_order_equals_the_exact_size_run(device, stream, rng, 
         ns = [int(n) for n in rng.permutation(np.arange(1, max_batch + 1))]
         if subset:
             # a random subset plus the sizes where the cut rules change (tiles of 8 and of 64 rows)
-            ns = list(dict.fromkeys(ns[:subset] + [1, 7, 8, 9, 32, 63, 64, 65, 127, 128, 129, 192, max_batch - 1,
-                                                   max_batch]))
+            ns = list(
+                dict.fromkeys(ns[:subset] + [1, 7, 8, 9, 32, 63, 64, 65, 127, 128, 129, 192, max_batch - 1, max_batch])
+            )
             rng.shuffle(ns)
         counts = {"bit": 0, "tol": 0}
         for n in ns:
@@ -60,15 +68,18 @@ def test_every_n_in_random_order_equals_the_exact_size_run(device, stream, rng, 
         assert dsg.replays == len(ns)
 
 
-@pytest.mark.parametrize("form,width,max_batch,subset", [("fused", 1024, 256, 40), ("unfused", 64, 64, None),
-                                                          ("block", 64, 64, None)])
+@pytest.mark.parametrize(
+    "form,width,max_batch,subset", [("fused", 1024, 256, 40), ("unfused", 64, 64, None), ("block", 64, 64, None)]
+)
 def test_bands_from_the_plans_give_the_exact_size_bits_at_every_n(device, stream, rng, form, width, max_batch, subset):
     """bands="plans": every n, in random order and with n = 0 between, runs its band's plan cut to
     n rows, which launches what the exact-size plan launches: the same bits."""
     if form == "block" and not _clusters(device):
         pytest.skip("the block form needs compute capability 9.0")
-    with TinyBlock(width, 1, 2, seed=11, form=form) as model, \
-            DeviceShapedGraph(model, max_batch, stream, bands="plans") as dsg:
+    with (
+        TinyBlock(width, 1, 2, seed=11, form=form) as model,
+        DeviceShapedGraph(model, max_batch, stream, bands="plans") as dsg,
+    ):
         assert dsg.bands[-1] == max_batch
         xh = random_input(rng, (max_batch, width))
         dsg.input.copy_from_host(xh, stream)
@@ -137,15 +148,20 @@ def test_n_written_by_a_kernel_in_the_same_graph(device, stream, rng, select, ba
     same replay (rg_du_shape cutting the plan to n rows; rg_set_band picking the band, whose top's
     rows are written)."""
     slots = 64
-    with TinyBlock(64, 1, 2, form=form) as model, DeviceBuffer((slots,), np.int32) as table, \
-            DeviceBuffer((1,), np.int32) as n_live:
+    with (
+        TinyBlock(64, 1, 2, form=form) as model,
+        DeviceBuffer((slots,), np.int32) as table,
+        DeviceBuffer((1,), np.int32) as n_live,
+    ):
         args = KernelArgs([("table", "ptr"), ("count", "i32"), ("n_live", "ptr")])
         args.update({"table": table.ptr, "count": slots, "n_live": n_live.ptr})
-        count = Launch(get_kernel("device_update", "rg_du_count_live", device), (1, 1, 1), (256, 1, 1), args, {}, 0,
-                       "count_live")
+        count = Launch(
+            get_kernel("device_update", "rg_du_count_live", device), (1, 1, 1), (256, 1, 1), args, {}, 0, "count_live"
+        )
         prologue = LaunchPlan([count], {}, (), ())
-        with DeviceShapedGraph(model, slots, stream, n_live=n_live, prologue=prologue, bands=bands,
-                               select=select) as dsg:
+        with DeviceShapedGraph(
+            model, slots, stream, n_live=n_live, prologue=prologue, bands=bands, select=select
+        ) as dsg:
             xh = random_input(rng, (slots, 64))
             dsg.input.copy_from_host(xh, stream)
             weights = model.weights_numpy(stream)
@@ -167,8 +183,13 @@ def test_n_written_by_a_kernel_in_the_same_graph(device, stream, rng, select, ba
 
 
 def test_refusals_come_before_any_driver_call(device, stream, rng, monkeypatch):
-    names = ("cuGraphInstantiate", "cuGraphInstantiateWithParams", "cuGraphExecUpdate", "cuGraphClone",
-             "cuGraphExecKernelNodeSetParams")
+    names = (
+        "cuGraphInstantiate",
+        "cuGraphInstantiateWithParams",
+        "cuGraphExecUpdate",
+        "cuGraphClone",
+        "cuGraphExecKernelNodeSetParams",
+    )
     with TinyBlock(64, 1, 1, form="unfused") as model, DeviceShapedGraph(model, 64, stream) as dsg:
         refuses_what_the_driver_forbids(dsg, monkeypatch, names)
         # still serving after the refusals

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from helpers import exact_run, random_input, rel_err
+
 from rawgraph import DeviceShapedError, DeviceShapedGraph, TinyBlock
 from rawgraph.models.tinyblock import reference_forward
 from rawgraph.runtime.memory import POISON_BITS
@@ -14,17 +14,21 @@ from rawgraph.runtime.memory import POISON_BITS
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("form,width,max_batch,subset", [("fused", 1024, 256, 40), ("unfused", 64, 64, None),
-                                                          ("block", 64, 64, None)])
-def test_a_switch_over_plan_bands_gives_the_exact_size_bits_at_every_n(device, stream, rng, form, width, max_batch,
-                                                                         subset):
+@pytest.mark.parametrize(
+    "form,width,max_batch,subset", [("fused", 1024, 256, 40), ("unfused", 64, 64, None), ("block", 64, 64, None)]
+)
+def test_a_switch_over_plan_bands_gives_the_exact_size_bits_at_every_n(
+    device, stream, rng, form, width, max_batch, subset
+):
     """Every n, in random order with n = 0 between: the band's body runs the exact-size plan's
     kernels at the band top's rows, so the first n rows equal the exact run to the bit; n = 0
     runs no body (SWITCH value = band count) and writes nothing."""
     if form == "block" and device.info.compute_capability < (9, 0):
         pytest.skip("the block form needs compute capability 9.0")
-    with TinyBlock(width, 1, 2, seed=13, form=form) as model, \
-            DeviceShapedGraph(model, max_batch, stream, bands="plans", select="switch") as dsg:
+    with (
+        TinyBlock(width, 1, 2, seed=13, form=form) as model,
+        DeviceShapedGraph(model, max_batch, stream, bands="plans", select="switch") as dsg,
+    ):
         assert dsg.switch is not None and dsg.switch.size == len(dsg.bands) and dsg.entries == []
         xh = random_input(rng, (max_batch, width))
         dsg.input.copy_from_host(xh, stream)
@@ -54,8 +58,10 @@ def test_a_switch_over_plan_bands_gives_the_exact_size_bits_at_every_n(device, s
 def test_a_switch_over_every_row_count_writes_exactly_n_rows(device, stream, rng):
     """bands = every row count: the body taken is the exact-size plan itself, so rows >= n keep
     their poison and rows < n match the float64 reference."""
-    with TinyBlock(64, 1, 2, seed=3, form="fused") as model, \
-            DeviceShapedGraph(model, 48, stream, bands=range(1, 49), select="switch") as dsg:
+    with (
+        TinyBlock(64, 1, 2, seed=3, form="fused") as model,
+        DeviceShapedGraph(model, 48, stream, bands=range(1, 49), select="switch") as dsg,
+    ):
         assert dsg.bands == list(range(1, 49))
         xh = random_input(rng, (48, 64))
         dsg.input.copy_from_host(xh, stream)
@@ -72,8 +78,10 @@ def test_a_switch_graph_refuses_clone_and_update_before_any_driver_call(device, 
     from cuda.bindings import driver
 
     calls: list[str] = []
-    with TinyBlock(64, 1, 1, form="unfused") as model, \
-            DeviceShapedGraph(model, 16, stream, bands=[8], select="switch") as dsg:
+    with (
+        TinyBlock(64, 1, 1, form="unfused") as model,
+        DeviceShapedGraph(model, 16, stream, bands=[8], select="switch") as dsg,
+    ):
         for name in ("cuGraphExecUpdate", "cuGraphClone"):
             real = getattr(driver, name)
             monkeypatch.setattr(driver, name, lambda *a, _n=name, _r=real: calls.append(_n) or _r(*a))

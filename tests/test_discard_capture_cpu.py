@@ -11,20 +11,26 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from cuda.bindings import driver
-
 from fault_cases import fake_session
+
 from rawgraph.runtime.errors import ReleaseWarning
 
 R = driver.CUresult
 TESTS = Path(__file__).resolve().parent
 # Every result a path may meet, and which of them each path takes as no failure.
-RESULTS = (R.CUDA_SUCCESS, R.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, R.CUDA_ERROR_ILLEGAL_STATE,
-           R.CUDA_ERROR_STREAM_CAPTURE_UNJOINED, R.CUDA_ERROR_UNKNOWN)
+RESULTS = (
+    R.CUDA_SUCCESS,
+    R.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+    R.CUDA_ERROR_ILLEGAL_STATE,
+    R.CUDA_ERROR_STREAM_CAPTURE_UNJOINED,
+    R.CUDA_ERROR_UNKNOWN,
+)
 DESTROY_ACCEPTS = {R.CUDA_SUCCESS, R.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED}
 LIVE_ACCEPTS = DESTROY_ACCEPTS | {R.CUDA_ERROR_ILLEGAL_STATE}
 
@@ -62,8 +68,11 @@ def _release_warnings(seen: list[warnings.WarningMessage]) -> list[str]:
 def _warned_from(seen: list[warnings.WarningMessage]) -> list[tuple[str, str]]:
     """Where each ReleaseWarning is attributed (its stacklevel's frame): the file's name and the
     source line, so a frame one level off in the same file does not pass."""
-    return [(Path(w.filename).name, linecache.getline(w.filename, w.lineno).strip())
-            for w in seen if issubclass(w.category, ReleaseWarning)]
+    return [
+        (Path(w.filename).name, linecache.getline(w.filename, w.lineno).strip())
+        for w in seen
+        if issubclass(w.category, ReleaseWarning)
+    ]
 
 
 @pytest.fixture
@@ -96,7 +105,8 @@ def test_discard_capture_warns_for_what_the_caller_does_not_accept(session, code
                 assert _release_warnings(seen) == []  # no warning without a name, or for an accepted result
             else:
                 assert _release_warnings(seen) == [
-                    f"rawgraph: cuStreamEndCapture failed while testing the rule: {code.name}"]
+                    f"rawgraph: cuStreamEndCapture failed while testing the rule: {code.name}"
+                ]
 
 
 def test_discard_capture_is_quiet_while_the_interpreter_exits(session):
@@ -135,7 +145,8 @@ def test_closing_a_capturing_stream_warns_for_results_it_does_not_accept(session
         assert _release_warnings(seen) == []
     else:
         assert _release_warnings(seen) == [
-            f"rawgraph: cuStreamEndCapture failed while closing a capturing stream: {code.name}"]
+            f"rawgraph: cuStreamEndCapture failed while closing a capturing stream: {code.name}"
+        ]
         # attributed where it always was: the release call that ran the stream's destroy
         assert _warned_from(seen) == [("resource.py", "_run_release(name, fn, args)")]
 
@@ -163,7 +174,8 @@ def test_a_capture_whose_stream_was_closed_warns_for_results_it_does_not_accept(
         assert _release_warnings(seen) == []
     else:
         assert _release_warnings(seen) == [
-            f"rawgraph: cuStreamEndCapture failed while ending the capture of a closed stream: {code.name}"]
+            f"rawgraph: cuStreamEndCapture failed while ending the capture of a closed stream: {code.name}"
+        ]
         # the Capture's exit, where it always was
         assert _warned_from(seen) == [("capture.py", "return self._end(exc_type, exc, record)")]
 
@@ -192,7 +204,8 @@ def test_a_stream_left_capturing_at_exit_is_closed_quietly(flags):
         driver.cuStreamEndCapture = failing_end
         print("ok", flush=True)
     """)
-    r = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, timeout=120,
-                       cwd=TESTS.parent)
+    r = subprocess.run(
+        [sys.executable, *flags, "-c", code], capture_output=True, text=True, timeout=120, cwd=TESTS.parent
+    )
     assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
     assert r.stdout.split() == ["ok", "ended"], r.stdout  # the capture was ended at exit, not skipped

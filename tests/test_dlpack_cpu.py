@@ -42,8 +42,23 @@ class Wrapper:
 
 # -- NumPy's capsules ---------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "dtype", [np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64,
-              np.uint8, np.uint16, np.uint32, np.uint64, np.bool_, np.complex64, np.complex128]
+    "dtype",
+    [
+        np.float32,
+        np.float64,
+        np.float16,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint16,
+        np.uint32,
+        np.uint64,
+        np.bool_,
+        np.complex64,
+        np.complex128,
+    ],
 )
 def test_dtype_pointer_shape_device(dtype, rng):
     seed = rng.seed_used
@@ -234,8 +249,15 @@ class _DType(ctypes.Structure):
 
 
 class _Tensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _Dev), ("ndim", ctypes.c_int32), ("dtype", _DType),
-                ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p), ("byte_offset", ctypes.c_uint64)]
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _Dev),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DType),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("byte_offset", ctypes.c_uint64),
+    ]
 
 
 class _Managed(ctypes.Structure):
@@ -243,15 +265,33 @@ class _Managed(ctypes.Structure):
 
 
 class _Versioned(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
-                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", _Tensor)]
+    _fields_ = [
+        ("major", ctypes.c_uint32),
+        ("minor", ctypes.c_uint32),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", _Tensor),
+    ]
 
 
 class FakeCapsule:
     """Owns a hand-built DLManagedTensor[Versioned] and a capsule (no destructor) pointing at it."""
 
-    def __init__(self, shape=(2, 3), strides=None, code=2, bits=32, lanes=1, data=0x10000,
-                 byte_offset=0, device=(2, 0), versioned=False, major=1, flags=0):
+    def __init__(
+        self,
+        shape=(2, 3),
+        strides=None,
+        code=2,
+        bits=32,
+        lanes=1,
+        data=0x10000,
+        byte_offset=0,
+        device=(2, 0),
+        versioned=False,
+        major=1,
+        flags=0,
+    ):
         self.shape_arr = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         self.strides_arr = None if strides is None else (ctypes.c_int64 * max(len(strides), 1))(*strides)
         self.managed = _Versioned(major, 0, None, None, flags) if versioned else _Managed()
@@ -296,15 +336,17 @@ def test_handmade_versioned_capsule_flags_and_version():
 
 @pytest.mark.parametrize(
     "code, bits, lanes",
-    [(4, 16, 1),    # bfloat16
-     (2, 32, 4),    # float32x4 vector
-     (10, 8, 1),    # float8_e4m3fn
-     (17, 4, 1),    # float4_e2m1fn
-     (0, 4, 1),     # int4
-     (2, 128, 1),   # IEEE quad, not NumPy's padded long double
-     (5, 32, 1),    # complex32
-     (6, 32, 1),    # a 32-bit bool
-     (3, 64, 1)],   # opaque handle
+    [
+        (4, 16, 1),  # bfloat16
+        (2, 32, 4),  # float32x4 vector
+        (10, 8, 1),  # float8_e4m3fn
+        (17, 4, 1),  # float4_e2m1fn
+        (0, 4, 1),  # int4
+        (2, 128, 1),  # IEEE quad, not NumPy's padded long double
+        (5, 32, 1),  # complex32
+        (6, 32, 1),  # a 32-bit bool
+        (3, 64, 1),
+    ],  # opaque handle
 )
 def test_unmappable_dtypes_are_refused(code, bits, lanes):
     with pytest.raises(DTypeError):
@@ -343,20 +385,22 @@ def test_is_cuda_device():
 
 @pytest.mark.parametrize(
     "shape, strides, expected",
-    [((2, 3), None, True),
-     ((2, 3), (3, 1), True),
-     ((2, 3), (1, 2), False),        # Fortran order
-     ((2, 3), (6, 2), False),        # every other column
-     ((2, 3), (3, -1), False),       # reversed
-     ((2, 3), (4, 1), False),        # padded rows
-     ((1, 3), (99, 1), True),        # extent-1 dims may carry any stride
-     ((2, 1), (1, 7), True),
-     ((1, 1), (5, 9), True),
-     ((0, 3), (7, 7), True),         # no elements: nothing is out of place
-     ((), (), True),
-     ((4,), (1,), True),
-     ((4,), (2,), False),
-     ((2, 3), (3,), False)],         # strides of the wrong rank
+    [
+        ((2, 3), None, True),
+        ((2, 3), (3, 1), True),
+        ((2, 3), (1, 2), False),  # Fortran order
+        ((2, 3), (6, 2), False),  # every other column
+        ((2, 3), (3, -1), False),  # reversed
+        ((2, 3), (4, 1), False),  # padded rows
+        ((1, 3), (99, 1), True),  # extent-1 dims may carry any stride
+        ((2, 1), (1, 7), True),
+        ((1, 1), (5, 9), True),
+        ((0, 3), (7, 7), True),  # no elements: nothing is out of place
+        ((), (), True),
+        ((4,), (1,), True),
+        ((4,), (2,), False),
+        ((2, 3), (3,), False),
+    ],  # strides of the wrong rank
 )
 def test_contiguous_c_truth_table(shape, strides, expected):
     assert contiguous_c(shape, strides) is expected

@@ -24,8 +24,11 @@ def _config_text() -> str:
 
 
 def _subpackages() -> list[str]:
-    return sorted(p.parent.name for p in (ROOT / "rawgraph").glob("*/__init__.py")
-                  if not p.parent.name.startswith("_") and p.parent.name not in NO_PAGE)
+    return sorted(
+        p.parent.name
+        for p in (ROOT / "rawgraph").glob("*/__init__.py")
+        if not p.parent.name.startswith("_") and p.parent.name not in NO_PAGE
+    )
 
 
 def _installed(module: str) -> bool:
@@ -52,7 +55,9 @@ def test_every_example_has_a_page_that_includes_it():
     assert examples
     for ex in examples:
         page = ROOT / "docs" / "examples" / f"{ex.stem}.md"
-        assert page.is_file(), f"no page for {ex.name}: add {page.relative_to(ROOT)} (a snippet include) and its nav entry"
+        assert page.is_file(), (
+            f"no page for {ex.name}: add {page.relative_to(ROOT)} (a snippet include) and its nav entry"
+        )
         assert f'--8<-- "examples/{ex.name}"' in page.read_text(encoding="utf-8"), page
         assert f"examples/{ex.stem}.md" in nav, f"examples/{ex.stem}.md is not in the nav of mkdocs.yml"
 
@@ -65,8 +70,14 @@ def test_mkdocs_build_strict(tmp_path):
     site = tmp_path / "site"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")  # Material's banner about its successor
     # From a scratch folder: every path in mkdocs.yml is relative to the file, none to the caller.
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(CONFIG), "-d", str(site)],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(CONFIG), "-d", str(site)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     assert "WARNING" not in r.stderr, r.stderr[-5000:]
     graphs = (site / "api" / "graphs" / "index.html").read_text(encoding="utf-8")

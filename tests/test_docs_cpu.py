@@ -19,17 +19,23 @@ CITE = re.compile(r"`(tests/[A-Za-z0-9_]+\.py)::([A-Za-z0-9_]+)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 REF_DEF = re.compile(r"^\[([A-Za-z0-9-]+)\]: (\S+)$", re.M)
 # A CUDA call named in the text: driver calls, the device runtime's graph calls, NVRTC's calls.
-CALL = re.compile(r"\b(cu[A-Z][A-Za-z0-9]+|cudaGraph(?:Launch|SetConditional|KernelNodeUpdatesApply)\b|nvrtc[A-Z][A-Za-z]+)")
+CALL = re.compile(
+    r"\b(cu[A-Z][A-Za-z0-9]+|cudaGraph(?:Launch|SetConditional|KernelNodeUpdatesApply)\b|nvrtc[A-Z][A-Za-z]+)"
+)
 NOT_CALLS = {"cuBLAS", "cuRAND", "cuGraphExec"}  # libraries, and the exec type in `cuGraphExec*GetParams`
-DOC_PAGES = re.compile(r"https://docs\.nvidia\.com/cuda/(cuda-driver-api/(group__CUDA__[A-Z_]+|api-sync-behavior)\.html"
-                       r"|cuda-runtime-api/group__CUDART__GRAPH\.html|nvrtc/index\.html)")
+DOC_PAGES = re.compile(
+    r"https://docs\.nvidia\.com/cuda/(cuda-driver-api/(group__CUDA__[A-Z_]+|api-sync-behavior)\.html"
+    r"|cuda-runtime-api/group__CUDART__GRAPH\.html|nvrtc/index\.html)"
+)
 # Each claim's last words: documented, with a link to the page that says so, or measured only.
 MARK = re.compile(r"(\[documented\]\[([a-z-]+)\]|\[measured\])$")
-HISTORY = [(re.compile(r"`[0-9a-f]{7,40}`"), "a commit hash"),
-           (re.compile(r"\b[Ii]ssues? \d+"), "an issue number"),
-           (re.compile(r"\bthis session\b|\b[Ss]ession \d+"), "session history"),
-           (re.compile(r"\bBefore this\b|\bwritten 20\d\d-|\bto run\)"), "history of the text itself"),
-           (re.compile(r"(?<![\w{,-])20\d\d-\d\d-\d\d(?![\w}_-])"), "a date outside a results file name")]
+HISTORY = [
+    (re.compile(r"`[0-9a-f]{7,40}`"), "a commit hash"),
+    (re.compile(r"\b[Ii]ssues? \d+"), "an issue number"),
+    (re.compile(r"\bthis session\b|\b[Ss]ession \d+"), "session history"),
+    (re.compile(r"\bBefore this\b|\bwritten 20\d\d-|\bto run\)"), "history of the text itself"),
+    (re.compile(r"(?<![\w{,-])20\d\d-\d\d-\d\d(?![\w}_-])"), "a date outside a results file name"),
+]
 
 
 def _text(page: str) -> str:
@@ -117,7 +123,7 @@ def test_the_contents_list_every_section_of_the_guide_and_moved_ones_point_to_th
     entries = re.findall(r"^- \[([^\]]+)\]\(([^)]+)\)", contents.group(1), re.M)
     headings = [h[3:] for h, _ in _sections(text)]
     assert [title for title, _ in entries] == headings
-    for (title, target), (heading, body) in zip(entries, _sections(text)):
+    for (title, target), (_heading, body) in zip(entries, _sections(text)):
         number = title.split(".", 1)[0]
         if number in MOVED:  # the number stays (other files cite "section N"), its text moved
             assert target.startswith(MOVED[number] + "#"), (title, target)
@@ -164,8 +170,12 @@ def test_every_cuda_call_a_section_names_links_its_documentation(page):
 def test_no_commit_hash_issue_number_or_session_history(page):
     """History belongs in benchmarks/NOTES.md (its heading "History moved out of the semantics
     guide"); results file names keep their commit and date."""
-    found = [f"{what}: {m.group(0)!r} in {line.strip()[:70]!r}" for line in _text(page).splitlines()
-             for rx, what in HISTORY for m in rx.finditer(line)]
+    found = [
+        f"{what}: {m.group(0)!r} in {line.strip()[:70]!r}"
+        for line in _text(page).splitlines()
+        for rx, what in HISTORY
+        for m in rx.finditer(line)
+    ]
     assert found == [], found
 
 

@@ -17,8 +17,9 @@ from rawgraph.doctor.verify import compare
 from rawgraph.graphs.dot import SEVERITY_COLOURS, finding_marks
 from rawgraph.runtime.device import gpu_available
 
-DEV = PointerFacts(0x7F0000001000, "device", buffer_id=7, device_ordinal=0, range_start=0x7F0000000000,
-                   range_size=1 << 20)
+DEV = PointerFacts(
+    0x7F0000001000, "device", buffer_id=7, device_ordinal=0, range_start=0x7F0000000000, range_size=1 << 20
+)
 
 
 def _classes(*args, **kw):
@@ -47,8 +48,9 @@ def test_reallocated_since_baseline_by_buffer_id():
 
 
 def test_stream_ordered_pool():
-    pooled = PointerFacts(DEV.address, "device", buffer_id=3, mempool=0xABC, range_start=DEV.range_start,
-                          range_size=4096)
+    pooled = PointerFacts(
+        DEV.address, "device", buffer_id=3, mempool=0xABC, range_start=DEV.range_start, range_size=4096
+    )
     got = classify_pointer(False, False, False, pooled)
     assert [(c, s) for c, s, _o, _a in got] == [(2, "warning")]
     assert "0xabc" in got[0][2] and "cuMemFreeAsync" in got[0][3]
@@ -74,11 +76,22 @@ def test_host_memory_kinds():
 
 
 SNAPSHOT = [
-    {"address": 0x1000000, "total_size": 0x200000, "segment_pool_id": (0, 0),
-     "blocks": [{"size": 0x1000, "state": "active_allocated"}, {"size": 0x1000, "state": "inactive"},
-                {"size": 0x1FE000, "state": "active_allocated"}]},
-    {"address": 0x4000000, "total_size": 0x200000, "segment_pool_id": (1, 0),
-     "blocks": [{"address": 0x4000000, "size": 0x200000, "state": "inactive"}]},
+    {
+        "address": 0x1000000,
+        "total_size": 0x200000,
+        "segment_pool_id": (0, 0),
+        "blocks": [
+            {"size": 0x1000, "state": "active_allocated"},
+            {"size": 0x1000, "state": "inactive"},
+            {"size": 0x1FE000, "state": "active_allocated"},
+        ],
+    },
+    {
+        "address": 0x4000000,
+        "total_size": 0x200000,
+        "segment_pool_id": (1, 0),
+        "blocks": [{"address": 0x4000000, "size": 0x200000, "state": "inactive"}],
+    },
 ]
 
 
@@ -103,8 +116,21 @@ def test_allocator_freed_outside_private_pools_only():
 
 # ------------------------------------------------------------------------------- report
 def _finding(cls=5, sev="error", node=1, node_id=0x10):
-    return Finding(cls, CLASS_NAMES[cls], sev, node, "kernel", "scale", 0x7F00, "owner text", "advice text",
-                   str(node), node_id, "arg x", ("0",))
+    return Finding(
+        cls,
+        CLASS_NAMES[cls],
+        sev,
+        node,
+        "kernel",
+        "scale",
+        0x7F00,
+        "owner text",
+        "advice text",
+        str(node),
+        node_id,
+        "arg x",
+        ("0",),
+    )
 
 
 def test_report_to_dict_text_and_rich():
@@ -145,16 +171,18 @@ def test_compare_tolerance_and_nan():
 def test_doctor_without_gpu_says_so():
     if gpu_available():
         pytest.skip("this machine has a GPU; tests/test_doctor_gpu.py runs the demo")
-    r = subprocess.run([sys.executable, "-m", "rawgraph", "doctor", "--demo"], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "rawgraph", "doctor", "--demo"], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 69 and "needs a GPU" in r.stderr  # EX_UNAVAILABLE, as every command that needs one
 
 
 def test_doctor_without_demo_is_a_usage_error():
     r = subprocess.run([sys.executable, "-m", "rawgraph", "doctor"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--demo" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "rawgraph", "doctor", "--nope"], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "rawgraph", "doctor", "--nope"], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 2 and "unrecognized arguments: --nope" in r.stderr
 
 
@@ -162,8 +190,9 @@ def test_doctor_without_demo_is_a_usage_error():
 @pytest.fixture
 def fake():
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-    import rawgraph.runtime.rawkernel as rawkernel
     from fault_cases import fake_session
+
+    import rawgraph.runtime.rawkernel as rawkernel
 
     # RawKernel's loaded-kernel cache outlives a fake session: start and end each one empty
     saved = dict(rawkernel._loaded)
@@ -182,8 +211,15 @@ def _fake_facts(drv):
         if a is None:
             return PointerFacts(addr)
         kind = "host" if a.kind == "host" else "device"
-        return PointerFacts(addr, kind, buffer_id=a.base, range_start=a.base, range_size=a.size,
-                            host_flags=0 if kind == "host" else None)
+        return PointerFacts(
+            addr,
+            kind,
+            buffer_id=a.base,
+            range_start=a.base,
+            range_size=a.size,
+            host_flags=0 if kind == "host" else None,
+        )
+
     return facts
 
 
@@ -242,8 +278,10 @@ def test_check_on_the_fake_driver_input_written_by_the_graph(fake):
 
     k = _kernels()
     x, y = DeviceBuffer(64), DeviceBuffer(64)
-    launches = [k["scale"].launch(1, 64, (x, y, 2.0, 64), names={"x": "x", "y": "y"}),
-                k["fill"].launch(1, 64, (x, 0.0, 64), names={"y": "x"})]  # writes the plan's input
+    launches = [
+        k["scale"].launch(1, 64, (x, y, 2.0, 64), names={"x": "x", "y": "y"}),
+        k["fill"].launch(1, 64, (x, 0.0, 64), names={"y": "x"}),
+    ]  # writes the plan's input
     plan = LaunchPlan(launches, {"x": x.view(), "y": y.view()}, inputs=("x",), outputs=("y",))
     g = build_plan(plan)
     r = check(g, facts=_fake_facts(fake), torch=False)
@@ -287,17 +325,20 @@ def test_conditional_handle_words_and_said_defaults():
 def test_host_mappings_keep_device_and_pinned_ranges():
     from rawgraph.doctor.check import host_mappings
 
-    maps = ("7ffe66400000-7ffe66500000 rw-p 00000000 00:00 0                          [stack]\n"
-            "55d0c0000000-55d0c0100000 rw-p 00000000 00:00 0                          [heap]\n"
-            "7f1200000000-7f1200200000 r-xp 00000000 08:01 123   /usr/lib/libcublasLt.so.13\n"
-            "7f1300000000-7f1300200000 rw-s 00000000 00:05 77    /dev/nvidiactl\n"
-            "7f1400000000-7f1400200000 rw-p 00000000 00:00 0 \n"
-            "garbage line\n")
+    maps = (
+        "7ffe66400000-7ffe66500000 rw-p 00000000 00:00 0                          [stack]\n"
+        "55d0c0000000-55d0c0100000 rw-p 00000000 00:00 0                          [heap]\n"
+        "7f1200000000-7f1200200000 r-xp 00000000 08:01 123   /usr/lib/libcublasLt.so.13\n"
+        "7f1300000000-7f1300200000 rw-s 00000000 00:05 77    /dev/nvidiactl\n"
+        "7f1400000000-7f1400200000 rw-p 00000000 00:00 0 \n"
+        "garbage line\n"
+    )
     spans = host_mappings(maps)
     assert (0x7FFE66400000, 0x7FFE66500000) in spans and (0x55D0C0000000, 0x55D0C0100000) in spans
     assert (0x7F1200000000, 0x7F1200200000) in spans
     assert not any(lo == 0x7F1300000000 or lo == 0x7F1400000000 for lo, _ in spans)  # pinned / anonymous kept
     import sys
+
     if sys.platform.startswith("linux"):  # this process maps at least its stack and its libraries
         assert host_mappings()
 
@@ -342,8 +383,16 @@ class _Named:
 def _whole_block(buf, state="active_allocated", size=None):
     """PyTorch's view of one segment holding ``buf`` as one block (the allocator's state the same
     before and after the owner changed: the case only the input's identity tells)."""
-    return TorchView.from_snapshot([{"address": buf.ptr, "total_size": buf.nbytes, "segment_pool_id": (0, 0),
-                                     "blocks": [{"size": size or buf.nbytes, "state": state}]}])
+    return TorchView.from_snapshot(
+        [
+            {
+                "address": buf.ptr,
+                "total_size": buf.nbytes,
+                "segment_pool_id": (0, 0),
+                "blocks": [{"size": size or buf.nbytes, "state": state}],
+            }
+        ]
+    )
 
 
 @pytest.fixture
@@ -547,10 +596,21 @@ def test_two_unordered_copies_into_one_buffer_are_unordered_writes_pinned_as_dev
 
 
 # ------------------------------------------------------------------------------- what check() takes
-@pytest.mark.parametrize("bad", [3.5, True, "5", b"\x05", None, np.float64(7.0), SimpleNamespace(handle=7.5),
-                                 SimpleNamespace(handle=driver.CUstream(7)), SimpleNamespace()],
-                         ids=["float", "bool", "str", "bytes", "None", "np.float64", "float-handle", "stream-handle",
-                              "no-handle"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        3.5,
+        True,
+        "5",
+        b"\x05",
+        None,
+        np.float64(7.0),
+        SimpleNamespace(handle=7.5),
+        SimpleNamespace(handle=driver.CUstream(7)),
+        SimpleNamespace(),
+    ],
+    ids=["float", "bool", "str", "bytes", "None", "np.float64", "float-handle", "stream-handle", "no-handle"],
+)
 def test_check_refuses_what_is_not_a_graph_by_type_before_any_driver_call(monkeypatch, bad):
     # Only a graph object or a CUgraph / integer handle is a graph: anything else (a float that
     # int() would truncate to a handle, a string int() would parse, another driver object) is

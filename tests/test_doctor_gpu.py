@@ -5,11 +5,9 @@ slots, RawKernel captures, torch and CuPy graphs adopted cleanly)."""
 
 import numpy as np
 import pytest
-
 from helpers import CHECK_DESTRUCTION, torch_with_graphs
 
-from rawgraph.doctor import check, verify, watch
-from rawgraph.doctor import faults
+from rawgraph.doctor import check, faults, verify, watch
 from rawgraph.doctor.verify import VerifyError
 
 pytestmark = pytest.mark.gpu
@@ -106,8 +104,11 @@ def _torch_reader(torch):
     return from_torch(g), g, w, x
 
 
-@pytest.mark.skipif(not CHECK_DESTRUCTION, reason="under compute-sanitizer the driver calls' frames keep the "
-                    "deleted input alive (tests/helpers.py), so its weak reference never dies")
+@pytest.mark.skipif(
+    not CHECK_DESTRUCTION,
+    reason="under compute-sanitizer the driver calls' frames keep the "
+    "deleted input alive (tests/helpers.py), so its weak reference never dies",
+)
 def test_a_deleted_torch_input_whose_block_is_reused_whole_is_named():
     # examples/doctor_torch.py on an H200: after `del x` the caching allocator handed z exactly
     # x's block (same address, same size, active again), so no allocator state differed from the
@@ -220,8 +221,9 @@ def test_conditional_without_default_nobody_sets(seeded):
 def test_verify_names_the_middle_node_given_a_wrong_argument(stream):
     w = faults.wrong_argument(stream)
     try:
-        x_before = np.array(w.plan.buffers["x"].owner.to_numpy()) if hasattr(w.plan.buffers["x"].owner, "to_numpy") \
-            else None
+        x_before = (
+            np.array(w.plan.buffers["x"].owner.to_numpy()) if hasattr(w.plan.buffers["x"].owner, "to_numpy") else None
+        )
         res = verify(w.exec, stream, seed=1)
         assert not res.ok and res.mismatch.output == "out"
         assert res.node == 1, res
@@ -246,8 +248,11 @@ def test_verify_names_the_middle_node_given_a_wrong_argument(stream):
 def test_verify_clean_plan_is_ok(stream, rng):
     from rawgraph import DeviceBuffer, TinyBlock, capture_plan
 
-    with TinyBlock(64, 4, 2, seed=int(rng.integers(1 << 30))) as model, DeviceBuffer((4, 64)) as x, \
-            DeviceBuffer((4, 64)) as out:
+    with (
+        TinyBlock(64, 4, 2, seed=int(rng.integers(1 << 30))) as model,
+        DeviceBuffer((4, 64)) as x,
+        DeviceBuffer((4, 64)) as out,
+    ):
         g = capture_plan(model.plan(x, out), stream)
         exe = g.instantiate()
         res = verify(exe, stream, seed=int(rng.integers(1 << 30)))
@@ -334,10 +339,15 @@ def test_clean_torch_graph_adopted(rng):
     from rawgraph.updates.adopt import from_torch
 
     width = 128
-    w1 = torch.randn(width, width, device="cuda") / width ** 0.5
-    w2 = torch.randn(width, width, device="cuda") / width ** 0.5
-    mlp = torch.nn.Sequential(torch.nn.Linear(width, 256), torch.nn.GELU(), torch.nn.LayerNorm(256),
-                              torch.nn.Linear(256, width)).cuda().eval()
+    w1 = torch.randn(width, width, device="cuda") / width**0.5
+    w2 = torch.randn(width, width, device="cuda") / width**0.5
+    mlp = (
+        torch.nn.Sequential(
+            torch.nn.Linear(width, 256), torch.nn.GELU(), torch.nn.LayerNorm(256), torch.nn.Linear(256, width)
+        )
+        .cuda()
+        .eval()
+    )
     x = torch.randn(4, width, device="cuda")
 
     def fn():
@@ -388,7 +398,8 @@ def test_doctor_demo_command():
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "rawgraph", "doctor", "--demo"], capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "rawgraph", "doctor", "--demo"], capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "every seeded fault found" in r.stdout

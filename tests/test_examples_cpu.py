@@ -49,8 +49,9 @@ def test_example_without_a_gpu_exits_2_with_a_message(name):
         pytest.skip("a GPU is present: tests/test_examples_gpu.py runs the examples")
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    r = subprocess.run([sys.executable, str(EXAMPLES / name)], cwd=str(ROOT), env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(EXAMPLES / name)], cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 2, f"{name} exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
     assert r.stdout == ""
     assert f"{name} needs a GPU: " in r.stderr and "Traceback" not in r.stderr, r.stderr

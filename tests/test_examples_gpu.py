@@ -22,7 +22,7 @@ LINES = {
     "torch_graph_rebind.py": r"torch graph adopted: 3 replays on new tensors with no copy \(\d+ node arguments moved each\)",
     "conditional_loop.py": r"one WHILE exec ran depths \[(\d, ){6}\d\] as the device read them, each matching float64",
     "doctor_torch.py": r"torch graph: clean after capture; after `del x`: \d+ allocator-freed error\(s\), "
-                       r"first at node \d+ \(.+\)",
+    r"first at node \d+ \(.+\)",
 }
 TORCH_GRAPH = ("torch_graph_rebind.py", "doctor_torch.py")  # need CUDAGraph(keep_graph=True)
 
@@ -30,8 +30,9 @@ TORCH_GRAPH = ("torch_graph_rebind.py", "doctor_torch.py")  # need CUDAGraph(kee
 def run_example(name, timeout=600):
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return subprocess.run([sys.executable, str(EXAMPLES / name)], cwd=str(ROOT), env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / name)], cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 OWN_TESTS = {"driver_walkthrough.py"}  # a table, not one line: tests/test_walkthrough_gpu.py runs it

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
 from fakedriver import cubin_info, cubin_kernels, output_count
 from fault_cases import all_cases, fake_session
 from faultinject import GOOD, Case, count_calls, names_call, run_case
@@ -43,21 +42,56 @@ def test_every_injected_failure_is_typed_recovered_and_leaks_nothing(session, ca
     results = [run_case(case, k, hook) for k in range(1, n + 1)]
     bad = [r for r in results if r.outcome not in GOOD]
     assert not bad, f"{case.op}: {len(bad)} of {n} cases not consistent:\n" + "\n".join(
-        f"  k={r.k} {r.call}: {r.outcome}: {r.detail}" for r in bad[:12])
+        f"  k={r.k} {r.call}: {r.outcome}: {r.detail}" for r in bad[:12]
+    )
     if case.closes:  # a close that releases anything must have met a failed release and warned
         assert any(r.outcome == "warned" for r in results), [r.outcome for r in results]
 
 
 def test_the_operations_cover_the_issue_list():
     ops = " | ".join(c.op for c in CASES).lower()
-    for word in ("capture", "instantiate", "upload", "launch", "manager bind", "bind_many", "prepare", "apply",
-                 "rebind", "adopt", "bucketgraphs build", "bucketgraphs run", "slotpool join", "slotpool leave",
-                 "slotpool step", "indirectgraph apply", "builder", "conditional", "device launch"):
+    for word in (
+        "capture",
+        "instantiate",
+        "upload",
+        "launch",
+        "manager bind",
+        "bind_many",
+        "prepare",
+        "apply",
+        "rebind",
+        "adopt",
+        "bucketgraphs build",
+        "bucketgraphs run",
+        "slotpool join",
+        "slotpool leave",
+        "slotpool step",
+        "indirectgraph apply",
+        "builder",
+        "conditional",
+        "device launch",
+    ):
         assert word in ops, word
     closes = {c.op for c in CASES if c.closes}
-    for owner in ("DeviceBuffer", "HostBuffer", "Stream", "Event", "Graph", "GraphExec", "Module", "TinyBlock",
-                  "StaticGraph", "ExecUpdateManager", "IndirectGraph", "BucketGraphs", "SlotPool", "DepthLoop",
-                  "NormGate", "DeviceGraph", "ReshapedGraph"):
+    for owner in (
+        "DeviceBuffer",
+        "HostBuffer",
+        "Stream",
+        "Event",
+        "Graph",
+        "GraphExec",
+        "Module",
+        "TinyBlock",
+        "StaticGraph",
+        "ExecUpdateManager",
+        "IndirectGraph",
+        "BucketGraphs",
+        "SlotPool",
+        "DepthLoop",
+        "NormGate",
+        "DeviceGraph",
+        "ReshapedGraph",
+    ):
         assert f"close {owner}" in closes, owner
 
 
@@ -196,6 +230,11 @@ def test_no_module_caches_a_driver_function_at_import():
             targets = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None else None
             if targets is not None:
                 for sub in ast.walk(targets):
-                    if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "driver" \
-                            and re.match(r"cu[A-Z]", sub.attr) and not isinstance(targets, ast.Call):
+                    if (
+                        isinstance(sub, ast.Attribute)
+                        and isinstance(sub.value, ast.Name)
+                        and sub.value.id == "driver"
+                        and re.match(r"cu[A-Z]", sub.attr)
+                        and not isinstance(targets, ast.Call)
+                    ):
                         pytest.fail(f"{path.name}:{node.lineno} keeps driver.{sub.attr} at import time")

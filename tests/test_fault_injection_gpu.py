@@ -17,9 +17,9 @@ import gc
 
 import numpy as np
 import pytest
-
-from helpers import CHECK_DESTRUCTION, random_input, rel_err
 from faultinject import FaultHook, names_call
+from helpers import CHECK_DESTRUCTION, random_input, rel_err
+
 from rawgraph import DeviceBuffer, ExecUpdateManager, IndirectGraph, TinyBlock, capture_plan
 from rawgraph.runtime.errors import RawgraphError
 from rawgraph.updates.rebind import AddressRebinder
@@ -117,8 +117,9 @@ def _inject_each(hook, stream, rng, make, op, launch, bound_after_failure=None):
             except RawgraphError as exc:
                 fired = hook.fired
                 hook.disarm()
-                assert fired is not None and names_call(exc, fired[0], OOM), \
+                assert fired is not None and names_call(exc, fired[0], OOM), (
                     f"k={k}: {type(exc).__name__}: {exc} does not name {fired}"
+                )
                 fired_setparams += fired[0] == "cuGraphExecKernelNodeSetParams"
                 old = (0, 0) if bound_after_failure is None else bound_after_failure(rig, state)
                 _expect_bound(rig, launch(rig, state), old, f"after call {k} ({fired[0]}) failed")

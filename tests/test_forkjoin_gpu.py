@@ -5,11 +5,11 @@ inside a rawgraph capture is mapped."""
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
 from helpers import random_input, rel_err
+
 from rawgraph import Capture, CaptureError, CaptureRefusedError, DeviceBuffer, Stream, get_device, ops
-from rawgraph.runtime import _capturing
 from rawgraph.models.branches import TwoBranchBlock, concat, split
+from rawgraph.runtime import _capturing
 from rawgraph.runtime.errors import check
 from rawgraph.runtime.memory import DeviceArray
 
@@ -57,7 +57,9 @@ def test_two_branches_fork_join_equal_eager_and_linear_to_the_bit(stream, rng, f
     a_nodes, b_nodes = forked.nodes[:n_a], forked.nodes[n_a:]
     assert set(forked.edges()) == _chain(a_nodes) | _chain(b_nodes)
     assert a_nodes[0].deps == () and b_nodes[0].deps == ()
-    assert set(linear.edges()) == _chain(linear.nodes) and linear.nodes[n_a].deps == (int(linear.nodes[n_a - 1].handle),)
+    assert set(linear.edges()) == _chain(linear.nodes) and linear.nodes[n_a].deps == (
+        int(linear.nodes[n_a - 1].handle),
+    )
     fx, lx = forked.instantiate(), linear.instantiate()
     np.testing.assert_array_equal(_replay(fx, (ya, yb), stream), eager)
     np.testing.assert_array_equal(_replay(lx, (ya, yb), stream), eager)
@@ -86,12 +88,12 @@ def test_fork_into_three_streams_with_diamonds(stream, rng):
     shape = (8, 300)
     xh, owned = _buffers(shape, stream, rng, ["t", "u1", "u2", "u3", "v", "out"])
     bufs = {k: b.view() for k, b in owned.items()}
-    n0 = ops.add(dev, bufs, "x", "x", "t")        # t = 2x            (origin)
-    l1 = ops.relu(dev, bufs, "t", "u1")           # u1 = relu(2x)     (s1)
-    l2 = ops.add(dev, bufs, "t", "x", "u2")       # u2 = 3x           (s2)
-    l3 = ops.add(dev, bufs, "t", "t", "u3")       # u3 = 4x           (s3)
-    l4 = ops.add(dev, bufs, "u1", "u2", "v")      # v = u1 + u2       (s3, after joining s1 and s2)
-    l5 = ops.add(dev, bufs, "v", "u3", "out")     # out = v + u3      (origin, after the join)
+    n0 = ops.add(dev, bufs, "x", "x", "t")  # t = 2x            (origin)
+    l1 = ops.relu(dev, bufs, "t", "u1")  # u1 = relu(2x)     (s1)
+    l2 = ops.add(dev, bufs, "t", "x", "u2")  # u2 = 3x           (s2)
+    l3 = ops.add(dev, bufs, "t", "t", "u3")  # u3 = 4x           (s3)
+    l4 = ops.add(dev, bufs, "u1", "u2", "v")  # v = u1 + u2       (s3, after joining s1 and s2)
+    l5 = ops.add(dev, bufs, "v", "u3", "out")  # out = v + u3      (origin, after the join)
     order = [n0, l1, l2, l3, l4, l5]
     for launch in order:  # eager, and the kernels loaded before the capture
         launch(stream)

@@ -16,12 +16,21 @@ import types
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
 from test_device_shaped_cpu import updatable_attrs  # noqa: F401  (a fixture)
 from test_examples_cpu import load_example
 from test_protocol_cpu import _arg, _leaks, fake  # noqa: F401  (fake: a fixture)
-from rawgraph import (BucketGraphs, ClosedError, DeviceBuffer, DeviceShapedGraph, KernelArgs, RawKernel,
-                      RowCountBuckets, ShapeError, SlotPool)
+
+from rawgraph import (
+    BucketGraphs,
+    ClosedError,
+    DeviceBuffer,
+    DeviceShapedGraph,
+    KernelArgs,
+    RawKernel,
+    RowCountBuckets,
+    ShapeError,
+    SlotPool,
+)
 from rawgraph.serving import FunctionModel, FunctionModelError
 from rawgraph.serving.function import PROBE_ROWS, row_count_candidates, row_grid_of
 from rawgraph.serving.protocol import RowScratch, RowwiseModel, check_model, row_count_arg
@@ -52,9 +61,9 @@ def test_the_row_count_is_the_integer_argument_linear_in_rows():
 
     assert row_count_candidates(at(LO), at(HI), LO, HI) == [("nrows", 1), ("n", W)]  # both: ambiguous
     at_lo, at_hi = at(LO), at(HI)
-    at_hi.args["nrows"] = 16                        # a constant is no row count, nor a float that moves
+    at_hi.args["nrows"] = 16  # a constant is no row count, nor a float that moves
     assert row_count_candidates(at_lo, at_hi, LO, HI) == [("n", W)]
-    at_hi.args["n"] = (HI + 1) * W                  # rows + 1: not linear
+    at_hi.args["n"] = (HI + 1) * W  # rows + 1: not linear
     assert row_count_candidates(at_lo, at_hi, LO, HI) == []
 
 
@@ -71,11 +80,11 @@ def test_rows_per_block_the_two_row_counts_cannot_tell_give_no_row_grid(k):
 
 
 def test_a_grid_that_does_not_follow_the_rows_in_whole_blocks_has_no_row_grid():
-    assert row_grid_of((132, 1, 1), (132, 1, 1), LO, HI) is None                  # grid-stride: constant
-    assert row_grid_of((LO, LO, 1), (HI, HI, 1), LO, HI) is None                  # two axes moved
+    assert row_grid_of((132, 1, 1), (132, 1, 1), LO, HI) is None  # grid-stride: constant
+    assert row_grid_of((LO, LO, 1), (HI, HI, 1), LO, HI) is None  # two axes moved
     # 100 values a row, 256 per block: no whole number of rows per block
     assert row_grid_of((-(-LO * 100 // 256), 1, 1), (-(-HI * 100 // 256), 1, 1), LO, HI) is None
-    assert row_grid_of((4 * LO, 1, 1), (4 * HI, 1, 1), LO, HI) is None              # 4 blocks a row
+    assert row_grid_of((4 * LO, 1, 1), (4 * HI, 1, 1), LO, HI) is None  # 4 blocks a row
 
 
 # -- the example's function on the fake driver ----------------------------------------------------
@@ -84,8 +93,10 @@ def test_the_model_records_the_functions_launches_per_batch_and_runs_none(fake, 
     model = example.make_model(W, seed=1)
     calls = []
     fn = model.fn
-    model._shared.fn = lambda x, out, scratch, rows, stream: calls.append((x.shape, out.shape, {
-        k: v.shape for k, v in scratch.items()}, rows, stream)) or fn(x, out, scratch, rows, stream)
+    model._shared.fn = lambda x, out, scratch, rows, stream: (
+        calls.append((x.shape, out.shape, {k: v.shape for k, v in scratch.items()}, rows, stream))
+        or fn(x, out, scratch, rows, stream)
+    )
     assert check_model(model) is model and isinstance(model, RowwiseModel)
     assert model.weights_nbytes == W * 4 and model.scratch_layout(5) == {"t": ((5, W), np.dtype(np.float32))}
     for b in (1, 3, 8):
@@ -120,7 +131,7 @@ def test_workspaces_weights_and_closing_follow_the_protocol(fake, example):
     plan = small.plan(x, out)
     assert plan.buffers["t"].ptr == ws.buffers["t"].ptr and plan.buffers["g"].ptr == g.ptr  # shared weights
     with pytest.raises(ShapeError):
-        model.with_batch(9, workspace=ws)                     # the workspace holds 8 rows
+        model.with_batch(9, workspace=ws)  # the workspace holds 8 rows
     bare = model.with_batch(5, workspace=False)
     with pytest.raises(ValueError, match="pass scratch"):
         bare.plan(x, out)
@@ -129,12 +140,12 @@ def test_workspaces_weights_and_closing_follow_the_protocol(fake, example):
     with pytest.raises(KeyError):
         bare.plan(x, out, scratch={"u": t})
     with pytest.raises(ShapeError):
-        model.plan(x, out)                                    # a 5-row x for a 1-row model
-    small.close()                                             # a view: its plans refuse, the model goes on
+        model.plan(x, out)  # a 5-row x for a 1-row model
+    small.close()  # a view: its plans refuse, the model goes on
     with pytest.raises(ClosedError):
         plan.check_open()
     assert model.with_batch(2).batch == 2
-    model.close()                                             # the root: weights (owns), every view
+    model.close()  # the root: weights (owns), every view
     for m in (model, bare):
         with pytest.raises(ClosedError):
             m.plan(x, out)
@@ -156,7 +167,7 @@ def test_closing_a_weight_makes_the_plans_refuse(fake, example):
     x, out = DeviceBuffer((1, W)), DeviceBuffer((1, W))
     plan = model.plan(x, out)
     assert model.make_workspace(4) is None and model.workspace is None and model.weights_nbytes == W * 4
-    g.close()                                                  # the user's weight, not handed to the model
+    g.close()  # the user's weight, not handed to the model
     with pytest.raises(ClosedError):
         plan.check_open()
     for obj in (model, x, out):
@@ -170,7 +181,7 @@ def test_the_reference_is_float64_of_the_right_shape(fake, example):
     y = model.reference(x)
     assert y.dtype == np.float64 and y.shape == x.shape
     for i in range(5):
-        np.testing.assert_array_equal(model.reference(x[i:i + 1])[0], y[i])  # row by row
+        np.testing.assert_array_equal(model.reference(x[i : i + 1])[0], y[i])  # row by row
     bad = FunctionModel(model.fn, W, scratch={"t": W}, reference=lambda x: x[:, :1])
     with pytest.raises(ShapeError, match="reference"):
         bad.reference(x)
@@ -207,15 +218,22 @@ def _misuse(example):
     return g, {"nothing": nothing, "memset": memset, "writes_no_out": writes_no_out, "picks_by_rows": picks_by_rows}
 
 
-@pytest.mark.parametrize("which,match", [("nothing", "launched no kernel"), ("memset", "MEMSET"),
-                                         ("writes_no_out", "writes out"), ("picks_by_rows", "same kernels")])
+@pytest.mark.parametrize(
+    "which,match",
+    [
+        ("nothing", "launched no kernel"),
+        ("memset", "MEMSET"),
+        ("writes_no_out", "writes out"),
+        ("picks_by_rows", "same kernels"),
+    ],
+)
 def test_a_function_breaking_a_rule_is_refused_when_the_model_is_made_and_keeps_nothing(fake, example, which, match):
     fk, hook, s = fake
     g, fns = _misuse(example)
     before = set(_leaks(hook))
     with pytest.raises(FunctionModelError, match=match) as err:
         FunctionModel(fns[which], W, scratch={"t": W})
-    assert isinstance(err.value, TypeError)                   # as for a model that misses the protocol
+    assert isinstance(err.value, TypeError)  # as for a model that misses the protocol
     assert not set(_leaks(hook)) - before, "a refused function model left something allocated"
     assert not s.is_capturing()
     g.close()
@@ -227,7 +245,7 @@ def test_other_kernels_or_a_nonlinear_row_count_at_a_batch_size_are_refused_at_i
     g = DeviceBuffer(W)
 
     def small_batches_differ(x, out, scratch, rows, stream):
-        n = max(rows, 16) * W if rows < 4 else rows * W      # padded to 16 rows below 4
+        n = max(rows, 16) * W if rows < 4 else rows * W  # padded to 16 rows below 4
         norm(rows, 128, (x, g, scratch["t"], W, rows, 1e-6), stream=stream)
         res(-(-n // 256), 256, (scratch["t"], x, 0.5, out, n), stream=stream)
         if rows == 1:
@@ -255,7 +273,7 @@ def test_two_row_counts_in_one_kernel_serve_buckets_but_not_row_count_rebinding(
 
     model = FunctionModel(twice, W, owns=[g])
     s = fake[2]
-    BucketGraphs(model, sizes=[1, 2], stream=s).close()      # plain buckets ask no row count
+    BucketGraphs(model, sizes=[1, 2], stream=s).close()  # plain buckets ask no row count
     with pytest.raises(FunctionModelError, match="2 arguments"):
         RowCountBuckets(model, sizes=[1, 2], stream=s)
     model.close()
@@ -265,9 +283,15 @@ def test_two_row_counts_in_one_kernel_serve_buckets_but_not_row_count_rebinding(
 def test_bad_parameters_are_refused_before_anything_is_allocated(fake, example):
     fn = example.make_model  # any callable: nothing is recorded before the checks
     before = set(_leaks(fake[1]))
-    for kwargs, error in [({"fn": None}, TypeError), ({"width": 0}, ShapeError), ({"width": True}, ShapeError),
-                          ({"scratch": {"x": W}}, ValueError), ({"scratch": {"t": 0}}, ShapeError),
-                          ({"reference": 3}, TypeError), ({"batch": 0}, ShapeError)]:
+    for kwargs, error in [
+        ({"fn": None}, TypeError),
+        ({"width": 0}, ShapeError),
+        ({"width": True}, ShapeError),
+        ({"scratch": {"x": W}}, ValueError),
+        ({"scratch": {"t": 0}}, ShapeError),
+        ({"reference": 3}, TypeError),
+        ({"batch": 0}, ShapeError),
+    ]:
         args = {"fn": fn, "width": W, **kwargs}
         with pytest.raises(error):
             FunctionModel(args.pop("fn"), args.pop("width"), **args)
@@ -328,11 +352,15 @@ def test_a_device_shaped_exec_cuts_the_grids_and_row_counts_the_recording_found(
         assert got == [("rms_scale", 0, 1, "nrows", 1, 16), ("scale_residual", 0, 4, "n", W, 4)]
         dsg.run(5)
     with SlotPool(model, max_slots=8, shape="device", stream=fake[2]) as pool:
-        assert [e.kernel for e in pool._shaped.entries] == ["gather_rows", "rms_scale", "scale_residual",
-                                                            "scatter_rows"]
+        assert [e.kernel for e in pool._shaped.entries] == [
+            "gather_rows",
+            "rms_scale",
+            "scale_residual",
+            "scatter_rows",
+        ]
         pool.join(np.ones(W, np.float32))
         assert pool.step() == 1
     with DeviceShapedGraph(model, max_batch=8, stream=fake[2], bands="plans") as dsg:
-        assert dsg.bands == [8]                                # the function's plan never changes
+        assert dsg.bands == [8]  # the function's plan never changes
     model.close()
     assert not _leaks(fake[1])

@@ -10,11 +10,11 @@ is printed on failure); outputs are poisoned before every run.
 
 import numpy as np
 import pytest
-
 from helpers import random_input, rel_err
 from test_examples_cpu import load_example
 from test_protocol_gpu import WIDTH, Eager, _ns
 from test_slots_gpu import _drive, _trace
+
 from rawgraph import BucketGraphs, DeviceBuffer, DeviceShapedGraph, RowCountBuckets, SlotPool
 from rawgraph.runtime.memory import POISON_BITS
 
@@ -46,10 +46,10 @@ def test_the_recorded_plan_equals_the_function_called_eagerly(model, stream, rng
         xh = random_input(rng, (n, WIDTH))
         x, out, t = DeviceBuffer.from_numpy(xh, stream=stream), DeviceBuffer((n, WIDTH)), DeviceBuffer((n, WIDTH))
         out.poison(stream)
-        model.fn(x, out, {"t": t}, n, stream)                 # the user's own call, eager
+        model.fn(x, out, {"t": t}, n, stream)  # the user's own call, eager
         called = out.to_numpy(stream)
         out.poison(stream)
-        m.plan(x, out).run(stream)                            # the launches recorded from that call
+        m.plan(x, out).run(stream)  # the launches recorded from that call
         planned = out.to_numpy(stream)
         np.testing.assert_array_equal(planned, called, err_msg=f"n={n}, seed {rng.seed_used}")
         assert rel_err(planned, model.reference(xh)) < 1e-5, f"n={n}, seed {rng.seed_used}"
@@ -57,8 +57,10 @@ def test_the_recorded_plan_equals_the_function_called_eagerly(model, stream, rng
             obj.close()
 
 
-@pytest.mark.parametrize("kind,scratch", [(BucketGraphs, "arena"), (BucketGraphs, "graph"), (BucketGraphs, "private"),
-                                           (RowCountBuckets, "arena")])
+@pytest.mark.parametrize(
+    "kind,scratch",
+    [(BucketGraphs, "arena"), (BucketGraphs, "graph"), (BucketGraphs, "private"), (RowCountBuckets, "arena")],
+)
 def test_bucket_graphs_serve_the_function(model, stream, rng, kind, scratch):
     """Every scratch mode (``graph`` records the function inside the bucket's capture); row-count
     buckets bound both kernels to the live rows with the row counts the recording found."""
@@ -76,7 +78,7 @@ def test_bucket_graphs_serve_the_function(model, stream, rng, kind, scratch):
             assert rel_err(out[:n], model.reference(xh)) < 1e-5, f"n={n}, seed {rng.seed_used}"
             if kind is RowCountBuckets:  # padding rows never written
                 assert (out[n:b].view(np.uint32) == POISON_BITS).all(), f"n={n}: padding rows computed"
-            else:                        # padding rows zeroed, computed from zeros
+            else:  # padding rows zeroed, computed from zeros
                 assert np.isfinite(out[:b]).all(), f"n={n}: NaN in bucket {b}, seed {rng.seed_used}"
             x.close()
         assert (bg.stats["computed"] == bg.stats["rows"]) == (kind is RowCountBuckets)
@@ -90,8 +92,10 @@ def test_a_device_shaped_exec_serves_every_n_in_random_order(model, stream, rng,
     nothing."""
     eager = Eager(model, stream)
     with DeviceShapedGraph(model, MAX, stream, bands=bands) as dsg:
-        assert [(e.param, e.factor, e.axis, e.rows_per_block) for e in dsg.entries] == \
-            [("nrows", 1, 0, 1), ("n", WIDTH, 0, 2)]          # 256 threads over 128 values a row
+        assert [(e.param, e.factor, e.axis, e.rows_per_block) for e in dsg.entries] == [
+            ("nrows", 1, 0, 1),
+            ("n", WIDTH, 0, 2),
+        ]  # 256 threads over 128 values a row
         xh = random_input(rng, (MAX, WIDTH))
         dsg.input.copy_from_host(xh, stream)
         ns = [int(n) for n in rng.permutation(np.arange(0, MAX + 1))]
@@ -108,8 +112,9 @@ def test_a_device_shaped_exec_serves_every_n_in_random_order(model, stream, rng,
     eager.close()
 
 
-@pytest.mark.parametrize("table,shape", [("graph", "buckets"), ("copy", "buckets"), ("params", "buckets"),
-                                         (None, "device")])
+@pytest.mark.parametrize(
+    "table,shape", [("graph", "buckets"), ("copy", "buckets"), ("params", "buckets"), (None, "device")]
+)
 def test_slot_pools_match_each_request_alone(model, stream, rng, table, shape):
     """Over a random join/leave trace every request equals its own steps alone (float64), and a
     pool shaped on the device gives the bucket pool's bits (the kernels compute each row alone)."""
@@ -117,7 +122,7 @@ def test_slot_pools_match_each_request_alone(model, stream, rng, table, shape):
     reqs = _trace(rng, steps, slots, max_len=20)
     rows = [random_input(rng, (WIDTH,)) for _ in reqs]
     with SlotPool(model, max_slots=slots, table=table, shape=shape, stream=stream) as pool:
-        assert pool.gather == "kernels"                        # user kernels take no row table
+        assert pool.gather == "kernels"  # user kernels take no row table
         final = _drive(pool, reqs, rows, steps)
     want = _expected(model, reqs, rows, steps)
     assert len(final) == len(reqs) > 50

@@ -15,12 +15,27 @@ import weakref
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
 from helpers import random_input, rel_err, spin_ns
+
 from rawgraph import (
-    AddressRebinder, BucketGraphs, ClosedError, DeviceArray, DeviceBuffer, ExecUpdateManager, IndirectGraph,
-    LayoutError, RebindError, ReshapedGraph, RowCountBuckets, ShapeError, SlotPool, Stream, TinyBlock,
-    capture_plan, get_device, ops,
+    AddressRebinder,
+    BucketGraphs,
+    ClosedError,
+    DeviceArray,
+    DeviceBuffer,
+    ExecUpdateManager,
+    IndirectGraph,
+    LayoutError,
+    RebindError,
+    ReshapedGraph,
+    RowCountBuckets,
+    ShapeError,
+    SlotPool,
+    Stream,
+    TinyBlock,
+    capture_plan,
+    get_device,
+    ops,
 )
 from rawgraph.runtime.errors import call
 
@@ -105,8 +120,13 @@ def test_the_rebinder_refuses_a_closed_exec_or_graph_before_the_driver(stream, r
     binding = reb.prepare({x: x2})
     {"exec": exe, "graph": graph, "rebinder": reb}[closed].close()
     before = len(count_setparams)
-    for op in (lambda: reb.apply(binding), lambda: reb.rebind(x, x2), lambda: reb.prepare({x: x2}),
-               lambda: reb.launch(stream), lambda: reb.find(x)):
+    for op in (
+        lambda: reb.apply(binding),
+        lambda: reb.rebind(x, x2),
+        lambda: reb.prepare({x: x2}),
+        lambda: reb.launch(stream),
+        lambda: reb.find(x),
+    ):
         with pytest.raises(ClosedError, match="closed"):
             op()
     assert len(count_setparams) == before, "a driver update reached a closed exec"
@@ -251,8 +271,9 @@ def test_manager_close_waits_for_a_queued_replay_before_dropping_what_it_reads(s
     for f in fresh:
         f.fill(cp.nan)
     reused = any(f.data.ptr == a_ptr for f in fresh)
-    np.testing.assert_array_equal(out.to_numpy(stream), want,
-                                  err_msg=f"the replay read a reused block (reused={reused}, queued={queued})")
+    np.testing.assert_array_equal(
+        out.to_numpy(stream), want, err_msg=f"the replay read a reused block (reused={reused}, queued={queued})"
+    )
     assert not queued, "close let a retired array go with the replay that reads it still queued"
     exe.close()
     graph.close()
@@ -294,9 +315,11 @@ def test_a_run_on_a_new_stream_waits_for_one_queued_on_a_closed_stream(device, s
     model = _model(rng, batch=4)
     _, (x1, x2) = _buffers(rng, model, 2, stream)
     want = _eager(model, x2, stream)
-    served = {"buckets": lambda: BucketGraphs(model, sizes=[4], stream=stream),
-              "row_count": lambda: RowCountBuckets(model, sizes=[4], stream=stream),
-              "reshaped": lambda: ReshapedGraph(model, max_batch=4, stream=stream)}[kind]()
+    served = {
+        "buckets": lambda: BucketGraphs(model, sizes=[4], stream=stream),
+        "row_count": lambda: RowCountBuckets(model, sizes=[4], stream=stream),
+        "reshaped": lambda: ReshapedGraph(model, max_batch=4, stream=stream),
+    }[kind]()
     stream.synchronize()
     t = Stream()
     ops.spin(device, SPIN_NS)(t)
@@ -335,7 +358,9 @@ def test_reshaped_graph_refuses_bad_sizes_and_a_partly_overlapping_x(stream, rng
     rg.input.copy_from_host(xh, stream)
     y = rg.run(DeviceArray(rg.input.ptr, (4, model.width), f32, rg.input), 4)
     assert copies == [] and y.ptr == rg.output.ptr
-    np.testing.assert_array_equal(rg.output.to_numpy(stream), _eager(model, DeviceBuffer.from_numpy(xh, stream=stream), stream))
+    np.testing.assert_array_equal(
+        rg.output.to_numpy(stream), _eager(model, DeviceBuffer.from_numpy(xh, stream=stream), stream)
+    )
     rg.close()
     with pytest.raises(ClosedError):
         rg.reshape(2)
@@ -377,12 +402,14 @@ print(json.dumps(done))
 def test_exec_updates_from_a_thread_with_no_current_context_do_not_crash():
     # Before the fix cuGraphExecKernelNodeSetParams crashed the process there (driver 580): a child.
     env = dict(os.environ, PYTHONPATH=str(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(NEW_THREAD_CHILD)], env=env, capture_output=True,
-                       text=True, timeout=240)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(NEW_THREAD_CHILD)], env=env, capture_output=True, text=True, timeout=240
+    )
     assert r.returncode == 0, f"the child died ({r.returncode}): {r.stderr[-3000:]}"
     done = json.loads(r.stdout.strip().splitlines()[-1])
-    assert done == {k: "ok" for k in ("bind", "prepare", "set_params", "scalar_setter", "rebind", "reshape",
-                                       "exec.update")}, done
+    assert done == {
+        k: "ok" for k in ("bind", "prepare", "set_params", "scalar_setter", "rebind", "reshape", "exec.update")
+    }, done
 
 
 # -- item 12: one thread at a time in each owner ---------------------------------------------------------

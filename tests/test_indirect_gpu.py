@@ -5,12 +5,12 @@ import time
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
 from helpers import random_input
+
 from rawgraph import ClosedError, DeviceBuffer, LayoutError, ShapeError, TinyBlock, ops
 from rawgraph.runtime.device import get_device
-from rawgraph.updates.indirect import IndirectGraph, make_indirect
 from rawgraph.runtime.memory import DeviceArray
+from rawgraph.updates.indirect import IndirectGraph, make_indirect
 
 pytestmark = pytest.mark.gpu
 
@@ -29,10 +29,12 @@ def _eager(model, x, stream):
 
 
 @pytest.mark.parametrize("table", ["device", "mapped"])
-@pytest.mark.parametrize("form,width,batch,layers", [("fused", 128, 1, 1), ("fused", 1024, 8, 3), ("block", 128, 1, 1),
-                                                     ("block", 256, 4, 2)])
-def test_each_replay_reads_the_pair_applied_last_equal_to_eager(stream, rng, table, form, width, batch, layers,
-                                                                 count_setparams):
+@pytest.mark.parametrize(
+    "form,width,batch,layers", [("fused", 128, 1, 1), ("fused", 1024, 8, 3), ("block", 128, 1, 1), ("block", 256, 4, 2)]
+)
+def test_each_replay_reads_the_pair_applied_last_equal_to_eager(
+    stream, rng, table, form, width, batch, layers, count_setparams
+):
     model = _model(form, width, batch, layers)
     shape = (batch, width)
     xs = [DeviceBuffer.from_numpy(random_input(rng, shape)) for _ in range(3)]

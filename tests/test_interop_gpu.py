@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from helpers import bench_script, random_input, rel_err, spin_ns
+
 from rawgraph import (
     CaptureRefusedError,
     DTypeError,
@@ -161,7 +161,9 @@ def test_jax_arrays_through_dlpack(rng):
         pytest.skip("jax is not installed")
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=os.pathsep.join(sys.path))
     seed = int(rng.integers(1 << 31))
-    r = subprocess.run([sys.executable, "-c", JAX_SCRIPT, str(seed)], capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", JAX_SCRIPT, str(seed)], capture_output=True, text=True, timeout=300, env=env
+    )
     if "jax-no-gpu" in r.stdout:
         pytest.skip("jax sees no GPU here")
     assert r.returncode == 0 and "jax-ok" in r.stdout, f"seed {seed}\n{r.stdout}\n{r.stderr[-3000:]}"

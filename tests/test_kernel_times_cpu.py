@@ -14,9 +14,11 @@ OPTIN = 232448  # H100 / H200: most dynamic shared memory one CTA may ask for
 SMS = 132
 # A made-up table: a cluster-split cut at 16 rows (serves 9-16), a cut without a split at 24 rows
 # (serves 17-24), nothing for 25-32, and a 40-row entry (serves 33-40) above GEMM_MIN_BATCH.
-TABLE = {(16, 1024, 1024): ops.SgemmCut(16, 64, 32, 3, split=8, slices=2, tm=4),
-         (24, 1024, 1024): ops.SgemmCut(32, 64, 32, 3, slices=2, tm=4),
-         (40, 1024, 1024): ops.SgemmCut(16, 64, 16, 3, split=8, slices=2, tm=4)}
+TABLE = {
+    (16, 1024, 1024): ops.SgemmCut(16, 64, 32, 3, split=8, slices=2, tm=4),
+    (24, 1024, 1024): ops.SgemmCut(32, 64, 32, 3, slices=2, tm=4),
+    (40, 1024, 1024): ops.SgemmCut(16, 64, 16, 3, split=8, slices=2, tm=4),
+}
 
 
 @pytest.fixture
@@ -105,8 +107,17 @@ def test_kernel_times_json_records_the_commit_and_machine(tmp_path, monkeypatch)
     from rawgraph.bench import kernel_times
 
     monkeypatch.setenv("RAWGRAPH_COMMIT", "feedbee")
-    monkeypatch.setattr(kernel_times, "measure", lambda widths, batches, sweep=False: {
-        "device": "stub", "copy_GBps": 1.0, "reps_per_graph": 1, "pdl": False, "rows": []})
+    monkeypatch.setattr(
+        kernel_times,
+        "measure",
+        lambda widths, batches, sweep=False: {
+            "device": "stub",
+            "copy_GBps": 1.0,
+            "reps_per_graph": 1,
+            "pdl": False,
+            "rows": [],
+        },
+    )
     monkeypatch.setattr(kernel_times, "targets", lambda result: "")
     assert kernel_times.main(["--out", str(tmp_path), "--width", "128", "--batch", "1"]) == 0
     written = json.loads((tmp_path / "kernel_times.json").read_text())

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from helpers import random_input, rel_err
+
 from rawgraph import DeviceBuffer, LaunchPlan, ops
 
 pytestmark = pytest.mark.gpu
@@ -18,8 +18,12 @@ def _run(launches, stream):
 def _matmul_case(device, stream, rng, epilogue, batch, k, n, shape=None, pdl=False):
     """One matmul launch (optionally after another kernel, as a PDL launch) against float64."""
     xh, wh, rh = random_input(rng, (batch, k)), random_input(rng, (k, n)), random_input(rng, (batch, n))
-    bufs = {"x": DeviceBuffer.from_numpy(xh), "W": DeviceBuffer.from_numpy(wh), "r": DeviceBuffer.from_numpy(rh),
-            "y": DeviceBuffer((batch, n))}
+    bufs = {
+        "x": DeviceBuffer.from_numpy(xh),
+        "W": DeviceBuffer.from_numpy(wh),
+        "r": DeviceBuffer.from_numpy(rh),
+        "y": DeviceBuffer((batch, n)),
+    }
     if pdl:
         bufs["xsrc"], bufs["zero"] = DeviceBuffer.from_numpy(xh), DeviceBuffer.from_numpy(np.zeros_like(xh))
     views = {k_: v.view() for k_, v in bufs.items()}
@@ -42,8 +46,21 @@ def _matmul_case(device, stream, rng, epilogue, batch, k, n, shape=None, pdl=Fal
 
 
 @pytest.mark.parametrize("epilogue", ["none", "relu", "add"])
-@pytest.mark.parametrize("batch,k,n", [(1, 1, 1), (1, 128, 128), (3, 33, 33), (17, 1000, 1000), (8, 1024, 1024),
-                                       (64, 128, 4096), (5, 4096, 12), (2, 7, 300), (64, 256, 256), (100, 36, 68)])
+@pytest.mark.parametrize(
+    "batch,k,n",
+    [
+        (1, 1, 1),
+        (1, 128, 128),
+        (3, 33, 33),
+        (17, 1000, 1000),
+        (8, 1024, 1024),
+        (64, 128, 4096),
+        (5, 4096, 12),
+        (2, 7, 300),
+        (64, 256, 256),
+        (100, 36, 68),
+    ],
+)
 def test_matmul(device, stream, rng, epilogue, batch, k, n):
     for _ in range(8):  # a tiny relu product can be all zero: draw again (fresh inputs each time)
         got, ref, _ = _matmul_case(device, stream, rng, epilogue, batch, k, n)
@@ -58,8 +75,12 @@ def _shapes():
     for split in (1, 2, 4, 8):
         for bn in (64, 128):
             for sl in (1, 2):  # 2: two K slices per CTA; at K = 260, split 8, the last chunks are empty
-                cases.append((17, 1000, 1000, ops.gemm_shape(17, 1000, 1000, 1, True, split, bn, slices=sl)))  # K, N tails
-                cases.append((100, 260, 68, ops.gemm_shape(100, 260, 68, 1, True, split, bn, slices=sl)))      # 2 batch tiles
+                cases.append(
+                    (17, 1000, 1000, ops.gemm_shape(17, 1000, 1000, 1, True, split, bn, slices=sl))
+                )  # K, N tails
+                cases.append(
+                    (100, 260, 68, ops.gemm_shape(100, 260, 68, 1, True, split, bn, slices=sl))
+                )  # 2 batch tiles
             if split > 1:  # residency capped at 2 CTAs/SM (padded dynamic shared memory)
                 cases.append((100, 260, 68, ops.gemm_shape(100, 260, 68, 1, True, split, bn, per_sm=2, slices=1)))
         for tc in (128, 64, 32, 16):
@@ -75,15 +96,21 @@ def _shapes():
 @pytest.fixture(scope="module")
 def compiled_cuts():
     """Compile every hand-picked cut in one NVRTC program (one compile, not one per test)."""
-    from rawgraph.runtime.module import get_kernels
-
     from rawgraph import get_device
+    from rawgraph.runtime.module import get_kernels
 
     get_kernels("matmul", sorted({ops.matmul_expr("add", s) for *_, s in _shapes()}), get_device())
 
 
-@pytest.mark.parametrize("batch,k,n,shape", _shapes(), ids=lambda v: str(v) if not hasattr(v, "kernel") else
-                         f"{v.kernel}-v{v.vec}-t{v.tc}-b{v.bt}-s{v.split}-c{v.per_sm}-sl{v.slices}")
+@pytest.mark.parametrize(
+    "batch,k,n,shape",
+    _shapes(),
+    ids=lambda v: (
+        str(v)
+        if not hasattr(v, "kernel")
+        else f"{v.kernel}-v{v.vec}-t{v.tc}-b{v.bt}-s{v.split}-c{v.per_sm}-sl{v.slices}"
+    ),
+)
 def test_every_matmul_cut(device, stream, rng, compiled_cuts, batch, k, n, shape):
     got, ref, launch = _matmul_case(device, stream, rng, "add", batch, k, n, shape)
     assert launch.grid == shape.grid
@@ -128,9 +155,16 @@ def test_matmul_is_bit_identical_run_to_run(device, stream, rng, batch):
 @pytest.mark.parametrize("batch,width", [(1, 4), (1, 128), (3, 132), (5, 256), (17, 64), (4, 200), (64, 128)])
 def test_single_kernel_block(device, stream, rng, batch, width, cluster):
     xh = random_input(rng, (batch, width))
-    w1h, w2h = random_input(rng, (width, width)) / np.float32(width**0.5), random_input(rng, (width, width)) / np.float32(width**0.5)
-    bufs = {"x": DeviceBuffer.from_numpy(xh), "W1": DeviceBuffer.from_numpy(w1h), "W2": DeviceBuffer.from_numpy(w2h),
-            "y": DeviceBuffer((batch, width))}
+    w1h, w2h = (
+        random_input(rng, (width, width)) / np.float32(width**0.5),
+        random_input(rng, (width, width)) / np.float32(width**0.5),
+    )
+    bufs = {
+        "x": DeviceBuffer.from_numpy(xh),
+        "W1": DeviceBuffer.from_numpy(w1h),
+        "W2": DeviceBuffer.from_numpy(w2h),
+        "y": DeviceBuffer((batch, width)),
+    }
     bufs["y"].poison(stream)
     launch = ops.block(device, {k: v.view() for k, v in bufs.items()}, "x", "W1", "W2", "y", cluster=cluster)
     _run([launch], stream)
@@ -188,8 +222,14 @@ def test_relu_lets_nan_through(device, stream):
 
 def test_fill_uniform_is_deterministic_and_in_range(device, stream):
     a, b, c = DeviceBuffer(100_000), DeviceBuffer(100_000), DeviceBuffer(100_000)
-    _run([ops.fill_uniform(device, a.view(), 7, 0.5), ops.fill_uniform(device, b.view(), 7, 0.5),
-          ops.fill_uniform(device, c.view(), 8, 0.5)], stream)
+    _run(
+        [
+            ops.fill_uniform(device, a.view(), 7, 0.5),
+            ops.fill_uniform(device, b.view(), 7, 0.5),
+            ops.fill_uniform(device, c.view(), 8, 0.5),
+        ],
+        stream,
+    )
     av, bv, cv = a.to_numpy(), b.to_numpy(), c.to_numpy()
     np.testing.assert_array_equal(av, bv)
     assert not np.array_equal(av, cv)

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from test_multi_cpu import ROOT, _run, _script
 
 from rawgraph.multi.launch import LaunchError, RankEnv, Rendezvous, RendezvousError
-from test_multi_cpu import ROOT, _run, _script
 
 CHILD_ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
@@ -65,12 +65,15 @@ def private_tmp(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------ the folder itself
-@pytest.mark.parametrize("plant, reason", [
-    ("open-folder", "mode 0o777"),
-    ("symlink", "symbolic link"),
-    ("open-parent", "mode 0o777"),
-    ("other-owner", "owned by uid 65534"),
-])
+@pytest.mark.parametrize(
+    "plant, reason",
+    [
+        ("open-folder", "mode 0o777"),
+        ("symlink", "symbolic link"),
+        ("open-parent", "mode 0o777"),
+        ("other-owner", "owned by uid 65534"),
+    ],
+)
 def test_a_torchrun_rendezvous_folder_someone_else_could_plant_is_refused(private_tmp, tmp_path, plant, reason):
     env = _torchrun_env()
     folder = RankEnv.from_environ(env).rendezvous  # where the ranks of this run meet
@@ -115,11 +118,18 @@ def test_an_explicit_rendezvous_folder_needs_a_run_id(tmp_path):
         RankEnv.from_environ(env)
 
 
-@pytest.mark.parametrize("var, value", [
-    ("MASTER_PORT", "../../x"), ("MASTER_PORT", "70000"), ("MASTER_PORT", "0"),
-    ("TORCHELASTIC_RUN_ID", "../../etc"), ("TORCHELASTIC_RUN_ID", "a/b"), ("TORCHELASTIC_RUN_ID", ".."),
-    ("RAWGRAPH_RUN_ID", "a\nb"),
-])
+@pytest.mark.parametrize(
+    "var, value",
+    [
+        ("MASTER_PORT", "../../x"),
+        ("MASTER_PORT", "70000"),
+        ("MASTER_PORT", "0"),
+        ("TORCHELASTIC_RUN_ID", "../../etc"),
+        ("TORCHELASTIC_RUN_ID", "a/b"),
+        ("TORCHELASTIC_RUN_ID", ".."),
+        ("RAWGRAPH_RUN_ID", "a\nb"),
+    ],
+)
 def test_torchrun_variables_that_could_leave_the_folder_are_refused(private_tmp, var, value):
     env = dict(_torchrun_env(), **{var: value})
     with pytest.raises(LaunchError, match=var):
@@ -157,8 +167,9 @@ def test_fetch_ignores_a_symlink_and_a_value_of_another_run(tmp_path):
 
 
 def test_a_restarted_torchrun_rank_never_reads_the_attempt_before(private_tmp):
-    first, again = (RankEnv.from_environ(dict(_torchrun_env(rank=r), TORCHELASTIC_RESTART_COUNT=n))
-                    for r, n in ((0, "0"), (1, "1")))
+    first, again = (
+        RankEnv.from_environ(dict(_torchrun_env(rank=r), TORCHELASTIC_RESTART_COUNT=n)) for r, n in ((0, "0"), (1, "1"))
+    )
     assert first.rendezvous == again.rendezvous and first.run_id != again.run_id
     Rendezvous(first.rendezvous, 0, 2, run_id=first.run_id).publish("nccl_id", b"attempt 0's id")
     with pytest.raises(RendezvousError, match="from rank 0"):
@@ -196,8 +207,9 @@ def test_a_second_torchrun_launch_never_reads_the_first_ones_values(private_tmp,
     outs = []
     for r in (0, 1):
         env = dict(CHILD_ENV, TMPDIR=str(private_tmp), **_torchrun_env(29600, "same", r))
-        outs.append(subprocess.run([sys.executable, agent, rank], env=env, capture_output=True, text=True,
-                                   timeout=60, cwd=ROOT))
+        outs.append(
+            subprocess.run([sys.executable, agent, rank], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        )
     assert outs[0].returncode == 1, outs[0].stderr
     assert outs[1].returncode == 0, outs[1].stderr
     assert outs[1].stdout.split() == ["waited", "waited"]
@@ -206,7 +218,10 @@ def test_a_second_torchrun_launch_never_reads_the_first_ones_values(private_tmp,
 def test_torchrun_ranks_remove_their_folder_when_the_last_one_leaves(private_tmp, tmp_path):
     # Rank 0 publishes and exits before rank 1 starts: the folder stays for rank 1 (a rank still
     # to come reads it), and goes once rank 1, the last of the run, exits.
-    rank = _script(tmp_path, "rank.py", """
+    rank = _script(
+        tmp_path,
+        "rank.py",
+        """
         from rawgraph.multi import RankEnv
         env = RankEnv.from_environ()
         r = env.rendezvous_for(timeout=10)
@@ -215,7 +230,8 @@ def test_torchrun_ranks_remove_their_folder_when_the_last_one_leaves(private_tmp
             r.publish("hello", b"from 0")
         else:
             assert r.fetch("hello", 0) == b"from 0"
-    """)
+    """,
+    )
     folders = []
     for r in (0, 1):
         env = dict(CHILD_ENV, TMPDIR=str(private_tmp), **_torchrun_env(29601, "t", r))
@@ -230,7 +246,10 @@ def test_torchrun_ranks_remove_their_folder_when_the_last_one_leaves(private_tmp
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_to_the_launcher_reaches_every_rank_and_stops_them(tmp_path, sig):
     out = _private(tmp_path / "out")
-    script = _script(tmp_path, "c.py", f"""
+    script = _script(
+        tmp_path,
+        "c.py",
+        f"""
         import os, signal, sys, time
         rank, out = os.environ["RANK"], {str(out)!r}
         if rank == "0":  # notes which signal came, then exits
@@ -245,11 +264,16 @@ def test_a_signal_to_the_launcher_reaches_every_rank_and_stops_them(tmp_path, si
             f.write(str(os.getpid()) + " " + os.environ["RAWGRAPH_RENDEZVOUS"])
         os.replace(os.path.join(out, rank + ".tmp"), os.path.join(out, rank))
         time.sleep(60)
-    """)
+    """,
+    )
     log = tmp_path / "stderr"  # a file, not a pipe: a rank left running would hold a pipe open
     with open(log, "w") as f:
-        launcher = subprocess.Popen([sys.executable, "-m", "rawgraph.multi", "--nproc", "2", "--grace", "1", script],
-                                    env=CHILD_ENV, cwd=ROOT, stderr=f)
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "rawgraph.multi", "--nproc", "2", "--grace", "1", script],
+            env=CHILD_ENV,
+            cwd=ROOT,
+            stderr=f,
+        )
     pids = []
     try:
         assert _wait_for(lambda: all((out / r).exists() for r in "01"), 30), "the ranks never started"
@@ -276,12 +300,16 @@ def test_a_signal_to_the_launcher_reaches_every_rank_and_stops_them(tmp_path, si
 
 def test_a_rank_dying_of_a_real_time_signal_is_reported_not_a_traceback(tmp_path):
     n = signal.SIGRTMIN + 1  # no name in signal.Signals
-    script = _script(tmp_path, "rt.py", f"""
+    script = _script(
+        tmp_path,
+        "rt.py",
+        f"""
         import os, time
         if os.environ["RANK"] == "1":
             os.kill(os.getpid(), {n})
         time.sleep(60)
-    """)
+    """,
+    )
     res = _run("--nproc", "2", "--grace", "1", script)
     assert "Traceback" not in res.stderr, res.stderr
     assert f"rank 1 died of signal {n} (SIGRTMIN+1)" in res.stderr

@@ -9,8 +9,19 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "rawgraph"
 # Lower layers never import higher ones: driver objects, launch builders, graphs, updates,
 # serving and control (side by side, neither importing the other), models, benchmarks.
-LAYERS = {"runtime": 0, "ops": 1, "graphs": 2, "updates": 3, "serving": 4, "control": 4, "models": 5, "bench": 6, "doctor": 4, "multi": 4,
-          "testing": 5}  # testing: the pytest plugin and the fake driver, over the doctor
+LAYERS = {
+    "runtime": 0,
+    "ops": 1,
+    "graphs": 2,
+    "updates": 3,
+    "serving": 4,
+    "control": 4,
+    "models": 5,
+    "bench": 6,
+    "doctor": 4,
+    "multi": 4,
+    "testing": 5,
+}  # testing: the pytest plugin and the fake driver, over the doctor
 TOP = 7  # rawgraph/__init__.py, cli.py, __main__.py
 
 
@@ -52,7 +63,9 @@ def test_imports_run_one_way(path):
     for target, line in _imports(path):
         if target == sub:
             continue
-        assert LAYERS[target] < rank, f"{path.relative_to(ROOT)}:{line} imports rawgraph.{target} (a layer not below {sub or 'the top'})"
+        assert LAYERS[target] < rank, (
+            f"{path.relative_to(ROOT)}:{line} imports rawgraph.{target} (a layer not below {sub or 'the top'})"
+        )
 
 
 def test_read_back_sits_below_graph():

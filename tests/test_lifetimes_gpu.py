@@ -9,9 +9,20 @@ import threading
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
 from helpers import random_input, rel_err
-from rawgraph import Capture, CaptureError, CaptureMode, CaptureRefusedError, CudaError, DeviceBuffer, Stream, TinyBlock, get_device, ops
+
+from rawgraph import (
+    Capture,
+    CaptureError,
+    CaptureMode,
+    CaptureRefusedError,
+    CudaError,
+    DeviceBuffer,
+    Stream,
+    TinyBlock,
+    get_device,
+    ops,
+)
 from rawgraph.runtime import _capturing
 from rawgraph.runtime.errors import ReleaseWarning, check
 

@@ -5,8 +5,8 @@ import weakref
 
 import numpy as np
 import pytest
-
 from helpers import random_input
+
 from rawgraph import (
     DeviceBuffer,
     DTypeError,

@@ -30,8 +30,14 @@ def _run(tmp_path, out, *args, **env_extra):
     sanitizer = tmp_path / "compute-sanitizer"
     sanitizer.write_text(STAND_IN)
     sanitizer.chmod(sanitizer.stat().st_mode | stat.S_IXUSR)
-    env = dict(os.environ, OUT=str(out), COMPUTE_SANITIZER=str(sanitizer), MEMCHECK_LIMIT="400",
-               PYTHONPATH=str(ROOT), **env_extra)
+    env = dict(
+        os.environ,
+        OUT=str(out),
+        COMPUTE_SANITIZER=str(sanitizer),
+        MEMCHECK_LIMIT="400",
+        PYTHONPATH=str(ROOT),
+        **env_extra,
+    )
     run = subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
 
@@ -69,7 +75,9 @@ def test_chunks_picked_by_number_run_alone_and_split_the_files_as_a_whole_run_do
     summary = (part / "sanitize_memcheck_files.txt").read_text()
     assert re.findall(r"^chunk (\d+): rc=0 \|", summary, re.M) == ["1", "3"]
     assert sorted(p.name for p in part.glob("sanitize_memcheck_chunk*.txt")) == [
-        "sanitize_memcheck_chunk1.txt", "sanitize_memcheck_chunk3.txt"]
+        "sanitize_memcheck_chunk1.txt",
+        "sanitize_memcheck_chunk3.txt",
+    ]
     assert [p.name for p in whole.glob("sanitize_memcheck_chunk*.txt")] == ["sanitize_memcheck_chunk3.txt"]
     header = (whole / "sanitize_memcheck_chunk3.txt").read_text().splitlines()[0]
     assert header == (part / "sanitize_memcheck_chunk3.txt").read_text().splitlines()[0]

@@ -9,9 +9,27 @@ import warnings
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
 from helpers import UNDER_SANITIZER, random_input, rel_err, spin_ns
-from rawgraph import Capture, CaptureError, CaptureMode, CaptureRefusedError, ClosedError, CudaError, DeviceBuffer, Event, ExecUpdateManager, LaunchPlan, ShapeError, StaticGraph, Stream, TinyBlock, capture_plan, get_device, ops
+
+from rawgraph import (
+    Capture,
+    CaptureError,
+    CaptureMode,
+    CaptureRefusedError,
+    ClosedError,
+    CudaError,
+    DeviceBuffer,
+    Event,
+    ExecUpdateManager,
+    LaunchPlan,
+    ShapeError,
+    StaticGraph,
+    Stream,
+    TinyBlock,
+    capture_plan,
+    get_device,
+    ops,
+)
 from rawgraph.runtime import _capturing
 from rawgraph.runtime.errors import EmptyCaptureWarning, ForeignNodeError, check, cuda_error, error_name
 from rawgraph.runtime.memory import POISON_BITS
@@ -59,9 +77,13 @@ def _eager(model, x, stream):
 # -- 1. default streams ----------------------------------------------------------------------
 @pytest.mark.parametrize("which", ["legacy()", "handle 0", "CU_STREAM_LEGACY", "CU_STREAM_PER_THREAD", "raw int 2"])
 def test_default_stream_handles_are_refused_before_the_driver(stream, rng, monkeypatch, which):
-    target = {"legacy()": lambda: Stream.legacy(), "handle 0": lambda: Stream.from_external(0),
-              "CU_STREAM_LEGACY": lambda: driver.CUstream(1), "CU_STREAM_PER_THREAD": lambda: Stream.from_external(2),
-              "raw int 2": lambda: 2}[which]()
+    target = {
+        "legacy()": lambda: Stream.legacy(),
+        "handle 0": lambda: Stream.from_external(0),
+        "CU_STREAM_LEGACY": lambda: driver.CUstream(1),
+        "CU_STREAM_PER_THREAD": lambda: Stream.from_external(2),
+        "raw int 2": lambda: 2,
+    }[which]()
     model, _xh, x, out = _model_io(rng, stream)
     plan = model.plan(x, out)
     out.poison(stream)
@@ -152,8 +174,11 @@ def test_the_manager_never_reaches_a_foreign_node(stream, rng):
     # buffer, so it is refused (before any driver call: nothing was pushed), for bind, bind_many
     # and prepare alike; rebinding `out` to itself is fine.
     other = DeviceBuffer((2, 64))
-    for attempt in (lambda: mgr.bind("out", other), lambda: mgr.bind_many({"x": x, "out": other}),
-                    lambda: mgr.prepare({"out": other})):
+    for attempt in (
+        lambda: mgr.bind("out", other),
+        lambda: mgr.bind_many({"x": x, "out": other}),
+        lambda: mgr.prepare({"out": other}),
+    ):
         with pytest.raises(ForeignNodeError, match=r"'out'.*foreign node \d+ \(memset\)"):
             attempt()
     assert mgr.update_calls == 0 and mgr.bound("out").ptr == out.ptr
@@ -246,9 +271,15 @@ def _fail_fence(s):
     get_device().synchronize()  # refused by rawgraph before the driver: the capture survives
 
 
-FAILURES = {"sync": (_fail_sync, CaptureError), "alloc": (_fail_alloc, CaptureError), "query": (_fail_query, CaptureError),
-            "python": (_fail_python, KeyError), "bad launch": (_fail_bad_launch, CudaError),
-            "swallowed": (_fail_swallowed, CaptureError), "context fence": (_fail_fence, CaptureRefusedError)}
+FAILURES = {
+    "sync": (_fail_sync, CaptureError),
+    "alloc": (_fail_alloc, CaptureError),
+    "query": (_fail_query, CaptureError),
+    "python": (_fail_python, KeyError),
+    "bad launch": (_fail_bad_launch, CudaError),
+    "swallowed": (_fail_swallowed, CaptureError),
+    "context fence": (_fail_fence, CaptureRefusedError),
+}
 
 
 @pytest.mark.parametrize("how", list(FAILURES))
@@ -505,7 +536,7 @@ def test_two_execs_replay_concurrently_on_two_streams(rng):
             cap.launch(ops.spin(dev, 50_000_000))
             cap.launch(ops.relu(dev, views, "x", "y"))
         cases.append((cap.graph.instantiate(), bufs, xh))
-    for (exe, bufs, _), s in zip(cases, streams):
+    for (exe, _bufs, _), s in zip(cases, streams):
         exe.launch(s)  # warm
         s.synchronize()
     t0 = time.perf_counter()
@@ -515,7 +546,7 @@ def test_two_execs_replay_concurrently_on_two_streams(rng):
     for s in streams:
         s.synchronize()
     wall = time.perf_counter() - t0
-    for (exe, bufs, xh), s in zip(cases, streams):
+    for (_exe, bufs, xh), s in zip(cases, streams):
         np.testing.assert_array_equal(bufs["y"].to_numpy(s), np.maximum(xh, 0))
     # Two 50 ms graphs on two streams overlap: well under the 100 ms they would take in turn.
     # (Skipped under compute-sanitizer, which serialises kernels.)
@@ -761,28 +792,56 @@ def _closed_cases(stream, rng):
     exe = graph.instantiate()
     mgr = ExecUpdateManager(graph, exe)
     host = np.ones((2, 64), np.float32)
-    buf, ev, s, exe2, g2 = DeviceBuffer((2, 64)), Event(), Stream(), graph.instantiate(), capture_plan(model.plan(x, out), stream)
+    buf, ev, s, exe2, g2 = (
+        DeviceBuffer((2, 64)),
+        Event(),
+        Stream(),
+        graph.instantiate(),
+        capture_plan(model.plan(x, out), stream),
+    )
     open_event, ready_plan = Event(), model.plan(x, out)
     buf.close()
     ev.close()
     s.close()
     cases = {
-        "buffer.ptr": lambda: buf.ptr, "buffer.to_numpy": lambda: buf.to_numpy(stream),
-        "buffer.copy_from_host": lambda: buf.copy_from_host(host, stream), "buffer.poison": lambda: buf.poison(stream),
-        "stream.synchronize": s.synchronize, "stream.query": s.query, "stream.is_capturing": s.is_capturing,
-        "stream.wait": lambda: stream.wait(ev), "event.record": lambda: ev.record(stream), "event.query": ev.query,
-        "event.synchronize": ev.synchronize, "event.record on closed stream": lambda: open_event.record(s),
-        "plan.run on closed stream": lambda: ready_plan.run(s), "exec.launch on closed stream": lambda: exe.launch(s),
-        "exec.upload on closed stream": lambda: exe.upload(s), "capture on closed stream": lambda: Capture(s),
+        "buffer.ptr": lambda: buf.ptr,
+        "buffer.to_numpy": lambda: buf.to_numpy(stream),
+        "buffer.copy_from_host": lambda: buf.copy_from_host(host, stream),
+        "buffer.poison": lambda: buf.poison(stream),
+        "stream.synchronize": s.synchronize,
+        "stream.query": s.query,
+        "stream.is_capturing": s.is_capturing,
+        "stream.wait": lambda: stream.wait(ev),
+        "event.record": lambda: ev.record(stream),
+        "event.query": ev.query,
+        "event.synchronize": ev.synchronize,
+        "event.record on closed stream": lambda: open_event.record(s),
+        "plan.run on closed stream": lambda: ready_plan.run(s),
+        "exec.launch on closed stream": lambda: exe.launch(s),
+        "exec.upload on closed stream": lambda: exe.upload(s),
+        "capture on closed stream": lambda: Capture(s),
         "bind into a closed stream's replay": lambda: mgr.launch(s),
     }
     exe2.close()
-    cases.update({"exec.launch": lambda: exe2.launch(stream), "exec.upload": lambda: exe2.upload(stream),
-                  "exec.update": lambda: exe2.update(g2), "exec.driver_flags": exe2.driver_flags})
+    cases.update(
+        {
+            "exec.launch": lambda: exe2.launch(stream),
+            "exec.upload": lambda: exe2.upload(stream),
+            "exec.update": lambda: exe2.update(g2),
+            "exec.driver_flags": exe2.driver_flags,
+        }
+    )
     g3 = capture_plan(model.plan(x, out), stream)
     g3.close()
-    cases.update({"graph.instantiate": g3.instantiate, "graph.node_count": g3.node_count, "graph.edges": g3.edges,
-                  "graph.verify_node_map": g3.verify_node_map, "exec.update from closed graph": lambda: exe.update(g3)})
+    cases.update(
+        {
+            "graph.instantiate": g3.instantiate,
+            "graph.node_count": g3.node_count,
+            "graph.edges": g3.edges,
+            "graph.verify_node_map": g3.verify_node_map,
+            "exec.update from closed graph": lambda: exe.update(g3),
+        }
+    )
     # The manager names its exec's handle and its graph's node handles: both must be open.
     g4 = capture_plan(model.plan(x, out), stream)
     e4 = g4.instantiate()
@@ -790,11 +849,15 @@ def _closed_cases(stream, rng):
     x2 = DeviceBuffer((2, 64))
     b4 = m4.prepare({"x": x2})
     e4.close()
-    cases.update({"manager.bind after exec.close": lambda: m4.bind("x", x2),
-                  "manager.bind_many after exec.close": lambda: m4.bind_many({"x": x2}),
-                  "manager.apply after exec.close": lambda: m4.apply(b4),
-                  "manager.set_params after exec.close": lambda: m4.set_params(0, B=2),
-                  "manager.launch after exec.close": lambda: m4.launch(stream)})
+    cases.update(
+        {
+            "manager.bind after exec.close": lambda: m4.bind("x", x2),
+            "manager.bind_many after exec.close": lambda: m4.bind_many({"x": x2}),
+            "manager.apply after exec.close": lambda: m4.apply(b4),
+            "manager.set_params after exec.close": lambda: m4.set_params(0, B=2),
+            "manager.launch after exec.close": lambda: m4.launch(stream),
+        }
+    )
     g5 = capture_plan(model.plan(x, out), stream)
     m5 = ExecUpdateManager(g5, g5.instantiate())
     g5.close()

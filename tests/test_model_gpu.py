@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-
 from helpers import perturbed_tolerance, random_input, rel_err
-from rawgraph import DeviceBuffer, LayoutError, NotOnDeviceError, ShapeError, DTypeError, TinyBlock
+
+from rawgraph import DeviceBuffer, DTypeError, LayoutError, NotOnDeviceError, ShapeError, TinyBlock
 from rawgraph.models.tinyblock import reference_forward
 
 pytestmark = pytest.mark.gpu
@@ -17,8 +17,12 @@ SIZES = [(1, 1, 1), (33, 3, 8), (1000, 17, 1), (33, 17, 64), (128, 1, 64), (1000
 # longer catch a percent-level error, so such a block is drawn again instead.
 MAX_TOLERANCE = 1e-3
 
-CASES = [(form, *size) for size in SIZES for form in ("unfused", "fused", "block")
-         if form != "block" or (size[0] % 4 == 0 and size[0] <= 256)]
+CASES = [
+    (form, *size)
+    for size in SIZES
+    for form in ("unfused", "fused", "block")
+    if form != "block" or (size[0] % 4 == 0 and size[0] <= 256)
+]
 CASES += [("block", 4, 3, 8), ("block", 256, 17, 8), ("block", 132, 5, 64)]
 
 
@@ -34,7 +38,9 @@ def test_block_matches_float64(stream, rng, form, width, batch, layers):
         model.close()
     else:
         pytest.fail(f"8 blocks in a row above the tolerance cap; seed {rng.seed_used}")
-    assert len(model.plan(DeviceBuffer((batch, width)), DeviceBuffer((batch, width)))) == layers * model.kernels_per_layer
+    assert (
+        len(model.plan(DeviceBuffer((batch, width)), DeviceBuffer((batch, width)))) == layers * model.kernels_per_layer
+    )
     x, out = DeviceBuffer.from_numpy(xh), DeviceBuffer((batch, width))
     out.poison(stream)
     model.forward(x, out, stream)

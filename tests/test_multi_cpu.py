@@ -1,5 +1,6 @@
 """rawgraph.multi without a GPU: the split arithmetic, the launcher, its watchdog, the rendezvous."""
 
+import importlib
 import os
 import subprocess
 import sys
@@ -8,8 +9,6 @@ import time
 
 import numpy as np
 import pytest
-
-import importlib
 
 L = importlib.import_module("rawgraph.multi.launch")  # the module (the package re-exports a function of that name)
 from rawgraph.multi.launch import LaunchError, RankEnv, RankFailedError, Rendezvous, RendezvousError
@@ -79,8 +78,15 @@ def test_rank_env_defaults_to_one_rank():
 
 
 def test_rank_env_reads_torchrun_names(tmp_path):
-    env = RankEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "RAWGRAPH_RENDEZVOUS": str(tmp_path),
-                                "RAWGRAPH_RUN_ID": "r1"})
+    env = RankEnv.from_environ(
+        {
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "1",
+            "RAWGRAPH_RENDEZVOUS": str(tmp_path),
+            "RAWGRAPH_RUN_ID": "r1",
+        }
+    )
     assert (env.rank, env.world, env.device, env.rendezvous, env.run_id) == (1, 2, 1, tmp_path, "r1")
     env = RankEnv.from_environ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "29511", "TORCHELASTIC_RUN_ID": "t"})
     assert env.rendezvous is not None and env.rendezvous.is_dir() and "29511" in env.rendezvous.name
@@ -88,15 +94,18 @@ def test_rank_env_reads_torchrun_names(tmp_path):
     assert RankEnv.from_environ({"RAWGRAPH_DEVICE": "3"}).device == 3
 
 
-@pytest.mark.parametrize("environ, match", [
-    ({"RANK": "x", "WORLD_SIZE": "2"}, "integer"),
-    ({"RANK": "0"}, "both"),
-    ({"RANK": "2", "WORLD_SIZE": "2", "RAWGRAPH_RENDEZVOUS": "/"}, "outside"),
-    ({"RANK": "0", "WORLD_SIZE": "0"}, ">= 1"),
-    ({"RANK": "0", "WORLD_SIZE": "2"}, "no \\$RAWGRAPH_RENDEZVOUS"),
-    ({"RANK": "0", "WORLD_SIZE": "2", "RAWGRAPH_RENDEZVOUS": "/nonexistent/rdzv"}, "not a folder"),
-    ({"RAWGRAPH_DEVICE": "-1"}, ">= 0"),
-])
+@pytest.mark.parametrize(
+    "environ, match",
+    [
+        ({"RANK": "x", "WORLD_SIZE": "2"}, "integer"),
+        ({"RANK": "0"}, "both"),
+        ({"RANK": "2", "WORLD_SIZE": "2", "RAWGRAPH_RENDEZVOUS": "/"}, "outside"),
+        ({"RANK": "0", "WORLD_SIZE": "0"}, ">= 1"),
+        ({"RANK": "0", "WORLD_SIZE": "2"}, "no \\$RAWGRAPH_RENDEZVOUS"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "RAWGRAPH_RENDEZVOUS": "/nonexistent/rdzv"}, "not a folder"),
+        ({"RAWGRAPH_DEVICE": "-1"}, ">= 0"),
+    ],
+)
 def test_rank_env_refusals(environ, match):
     with pytest.raises(LaunchError, match=match):
         RankEnv.from_environ(environ)
@@ -128,14 +137,23 @@ def _script(tmp_path, name, body):
 
 def _run(*args, timeout=60):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "rawgraph.multi", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "rawgraph.multi", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def test_launcher_sets_the_environment_and_passes_the_id(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    script = _script(tmp_path, "child.py", f"""
+    script = _script(
+        tmp_path,
+        "child.py",
+        f"""
         import os, sys
         from rawgraph.multi import RankEnv, heartbeat
         env = RankEnv.from_environ()
@@ -145,7 +163,8 @@ def test_launcher_sets_the_environment_and_passes_the_id(tmp_path):
         r.barrier()
         open(os.path.join({str(out)!r}, str(env.rank)), "w").write(
             f"{{env.rank}} {{env.world}} {{env.local_rank}} {{env.device}} {{uid.hex()}} {{' '.join(sys.argv[1:])}}")
-    """)
+    """,
+    )
     res = _run("--nproc", "3", script, "--flag", "v")
     assert res.returncode == 0, res.stderr
     lines = [(out / str(r)).read_text().split() for r in range(3)]
@@ -155,22 +174,30 @@ def test_launcher_sets_the_environment_and_passes_the_id(tmp_path):
 
 
 def test_isolate_sets_visible_devices(tmp_path):
-    script = _script(tmp_path, "c.py", """
+    script = _script(
+        tmp_path,
+        "c.py",
+        """
         import os, sys
         assert os.environ["CUDA_VISIBLE_DEVICES"] == ["5", "7"][int(os.environ["RANK"])], os.environ["CUDA_VISIBLE_DEVICES"]
         assert os.environ["RAWGRAPH_DEVICE"] == "0"
-    """)
+    """,
+    )
     res = _run("--nproc", "2", "--devices", "5,7", "--isolate", script)
     assert res.returncode == 0, res.stderr
 
 
 def test_failing_rank_is_named_and_stops_the_others(tmp_path):
-    script = _script(tmp_path, "c.py", """
+    script = _script(
+        tmp_path,
+        "c.py",
+        """
         import os, sys, time
         if os.environ["RANK"] == "1":
             sys.exit(3)
         time.sleep(60)
-    """)
+    """,
+    )
     t0 = time.monotonic()
     res = _run("--nproc", "3", "--grace", "2", script)
     assert res.returncode == 3
@@ -179,11 +206,15 @@ def test_failing_rank_is_named_and_stops_the_others(tmp_path):
 
 
 def test_hung_rank_is_stopped_by_the_timeout(tmp_path):
-    script = _script(tmp_path, "c.py", """
+    script = _script(
+        tmp_path,
+        "c.py",
+        """
         import os, time
         if os.environ["RANK"] == "0":
             time.sleep(120)
-    """)
+    """,
+    )
     t0 = time.monotonic()
     res = _run("--nproc", "2", "--timeout", "3", "--grace", "1", script)
     assert res.returncode == L.TIMEOUT_EXIT
@@ -192,7 +223,10 @@ def test_hung_rank_is_stopped_by_the_timeout(tmp_path):
 
 
 def test_stalled_rank_is_found_by_its_heartbeat(tmp_path):
-    script = _script(tmp_path, "c.py", """
+    script = _script(
+        tmp_path,
+        "c.py",
+        """
         import os, time
         from rawgraph.multi import heartbeat
         for i in range(400):
@@ -200,14 +234,17 @@ def test_stalled_rank_is_found_by_its_heartbeat(tmp_path):
                 time.sleep(120)  # stops replaying: no more beats
             heartbeat()
             time.sleep(0.05)
-    """)
+    """,
+    )
     res = _run("--nproc", "2", "--stall-timeout", "2", "--grace", "1", script)
     assert res.returncode == L.TIMEOUT_EXIT
     assert "rank 1" in res.stderr and "stalled" in res.stderr
 
 
 def test_signal_death_and_success(tmp_path):
-    dead = _script(tmp_path, "d.py", "import os, signal\nif os.environ['RANK'] == '0': os.kill(os.getpid(), signal.SIGKILL)\n")
+    dead = _script(
+        tmp_path, "d.py", "import os, signal\nif os.environ['RANK'] == '0': os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
     res = _run("--nproc", "2", dead)
     assert res.returncode == 128 + 9 and "SIGKILL" in res.stderr
     ok = _script(tmp_path, "ok.py", "pass\n")
@@ -219,13 +256,16 @@ def test_module_mode(tmp_path):
     assert res.returncode == 0
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(nproc=0), "--nproc"),
-    (dict(nproc=2, devices=[0]), "names 1 device"),
-    (dict(nproc=2, devices=[1, 1]), "distinct"),
-    (dict(nproc=1, timeout=0), "--timeout"),
-    (dict(nproc=1, stall_timeout=-1), "--stall-timeout"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(nproc=0), "--nproc"),
+        (dict(nproc=2, devices=[0]), "names 1 device"),
+        (dict(nproc=2, devices=[1, 1]), "distinct"),
+        (dict(nproc=1, timeout=0), "--timeout"),
+        (dict(nproc=1, stall_timeout=-1), "--stall-timeout"),
+    ],
+)
 def test_launcher_refusals(tmp_path, kw, match):
     script = _script(tmp_path, "c.py", "pass\n")
     with pytest.raises(LaunchError, match=match):

@@ -170,8 +170,14 @@ def test_one_shot_kernel_on_one_rank(device, stream, rng):
 # ------------------------------------------------------------------------------ two GPUs
 def _launch(*args, timeout=540):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "rawgraph.multi", "--nproc", "2", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "rawgraph.multi", "--nproc", "2", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 @pytest.mark.gpu
@@ -221,8 +227,10 @@ def _worker(mode: str, *rest: str) -> int:
     width, batch = 1024, 8
     rng = np.random.default_rng(1234)  # the same inputs on every rank
     peer = PeerAllReduce(env.rank, env.world, batch * width, rdzv, device)
-    kinds = {"nccl": TPBlock(width, batch, env.rank, env.world, "nccl", comm=comm, seed=3, device=device),
-             "custom": TPBlock(width, batch, env.rank, env.world, "custom", peer=peer, seed=3, device=device)}
+    kinds = {
+        "nccl": TPBlock(width, batch, env.rank, env.world, "nccl", comm=comm, seed=3, device=device),
+        "custom": TPBlock(width, batch, env.rank, env.world, "custom", peer=peer, seed=3, device=device),
+    }
     x = DeviceBuffer.from_numpy(rng.standard_normal((batch, width), dtype=np.float32))
     out = DeviceBuffer((batch, width), np.float32)
     try:

@@ -7,14 +7,26 @@ import re
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
 from helpers import random_input
+
 from rawgraph import DeviceBuffer, TinyBlock, capture_plan, ops
 from rawgraph.graphs.dot import to_dot
+from rawgraph.graphs.nodes import (
+    ChildGraphInfo,
+    ConditionalInfo,
+    EmptyInfo,
+    EventInfo,
+    HostInfo,
+    KernelInfo,
+    MemAllocInfo,
+    MemcpyInfo,
+    MemFreeInfo,
+    MemsetInfo,
+    read_graph,
+    walk,
+)
 from rawgraph.runtime.errors import call
 from rawgraph.runtime.launch import ARG_DTYPES, LaunchPlan
-from rawgraph.graphs.nodes import (ChildGraphInfo, ConditionalInfo, EmptyInfo, EventInfo, HostInfo, KernelInfo, MemAllocInfo,
-                            MemcpyInfo, MemFreeInfo, MemsetInfo, read_graph, walk)
 from rawgraph.runtime.stream import Event
 
 pytestmark = pytest.mark.gpu
@@ -160,12 +172,26 @@ def test_every_node_type_reads_back(stream, rng, device):
         assert len(infos) == 11
         ki = by_id[int(k)]
         assert isinstance(ki, KernelInfo) and ki.name == "relu" and ki.grid == relu.grid
-        assert int.from_bytes(ki.param_bytes(0), "little") == a.ptr and int.from_bytes(ki.param_bytes(1), "little") == b.ptr
+        assert (
+            int.from_bytes(ki.param_bytes(0), "little") == a.ptr
+            and int.from_bytes(ki.param_bytes(1), "little") == b.ptr
+        )
         mi = by_id[int(mc)]
-        assert isinstance(mi, MemcpyInfo) and (mi.src, mi.dst, mi.nbytes, mi.direction) == (b.ptr, a.ptr, nbytes, "DtoD")
+        assert isinstance(mi, MemcpyInfo) and (mi.src, mi.dst, mi.nbytes, mi.direction) == (
+            b.ptr,
+            a.ptr,
+            nbytes,
+            "DtoD",
+        )
         assert mi.dependencies == [int(k)]
         si = by_id[int(ms)]
-        assert isinstance(si, MemsetInfo) and (si.dst, si.value, si.element_size, si.width, si.height) == (b.ptr, value, 4, 64, 1)
+        assert isinstance(si, MemsetInfo) and (si.dst, si.value, si.element_size, si.width, si.height) == (
+            b.ptr,
+            value,
+            4,
+            64,
+            1,
+        )
         hi = by_id[int(host)]
         assert isinstance(hi, HostInfo) and hi.fn == fn_addr and hi.user_data == 0x1234
         ri, wi = by_id[int(rec)], by_id[int(wait)]
@@ -181,7 +207,6 @@ def test_every_node_type_reads_back(stream, rng, device):
         co = by_id[int(cond)]
         assert isinstance(co, ConditionalInfo), co
         if co.error:  # only where the driver itself cannot give a conditional node's parameters back
-
             assert "missing" in co.error and not hasattr(ctypes.CDLL("libcuda.so.1"), "cuGraphNodeGetParams"), co.error
         else:
             assert (co.cond_type, co.size, co.bodies) == ("IF", 1, [int(body)])
@@ -199,8 +224,20 @@ def test_every_node_type_reads_back(stream, rng, device):
         text = to_dot(g)
         # an unreadable conditional (driver 580) is labelled with the reason, and its body is not drawn
         cond_words = ("conditional", "cuGraphNodeGetParams") if co.error else ("conditional IF",)
-        for word in ("kernel relu", "memcpy DtoD", "memset", "host", "event_record", "event_wait", "empty",
-                     "child graph", "mem_alloc", "mem_free", *cond_words, "cluster_"):
+        for word in (
+            "kernel relu",
+            "memcpy DtoD",
+            "memset",
+            "host",
+            "event_record",
+            "event_wait",
+            "empty",
+            "child graph",
+            "mem_alloc",
+            "mem_free",
+            *cond_words,
+            "cluster_",
+        ):
             assert word in text, word
         assert len(re.findall(r"^\s*n[0-9a-f]+ \[label=", text, re.M)) == (12 if co.error else 13)
     finally:

@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
 from helpers import CHECK_DESTRUCTION, random_input, rel_err, spin_ns
+
 from rawgraph import ClosedError, DeviceBuffer, RawgraphError, Stream, TinyBlock, capture_plan
-from rawgraph.runtime import resource
 from rawgraph.bench import device_launch as bench
-from rawgraph.graphs.builder import GraphBuilder, build_plan, edge_data
 from rawgraph.control import DeviceGraph, LauncherExec, launcher_graph
 from rawgraph.graphs import conditional as cn
+from rawgraph.graphs.builder import GraphBuilder, build_plan, edge_data
+from rawgraph.runtime import resource
 from rawgraph.runtime.errors import ReleaseWarning, call
 
 pytestmark = pytest.mark.gpu
@@ -38,8 +38,14 @@ def _child(code: str, *args: object, debug_malloc: bool = False) -> dict:
     if debug_malloc:
         env["PYTHONMALLOC"] = "debug"
     try:
-        r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=240)
+        r = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the child process hung (a replay calling into freed memory?): {exc}")
     assert r.returncode == 0, f"child exited {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
@@ -113,9 +119,14 @@ def test_a_launcher_of_a_closed_device_graph_is_refused_before_the_driver(stream
     assert _get(rc, stream) == 0 and _get(counter, stream) == c0 + 2  # it runs while the target is open
     target.close()
     calls = []
-    monkeypatch.setattr(driver, "cuGraphLaunch", lambda *a: calls.append(("cuGraphLaunch", a)) or (driver.CUresult.CUDA_SUCCESS,))
-    monkeypatch.setattr(driver, "cuGraphInstantiate",
-                        lambda *a: calls.append(("cuGraphInstantiate", a)) or (driver.CUresult.CUDA_ERROR_UNKNOWN, None))
+    monkeypatch.setattr(
+        driver, "cuGraphLaunch", lambda *a: calls.append(("cuGraphLaunch", a)) or (driver.CUresult.CUDA_SUCCESS,)
+    )
+    monkeypatch.setattr(
+        driver,
+        "cuGraphInstantiate",
+        lambda *a: calls.append(("cuGraphInstantiate", a)) or (driver.CUresult.CUDA_ERROR_UNKNOWN, None),
+    )
     with pytest.raises(ClosedError, match="DeviceGraph"):
         exe.launch(stream)
     with pytest.raises(ClosedError, match="DeviceGraph"):
@@ -254,8 +265,9 @@ def _freed(ptr: int) -> bool:
 
 
 @pytest.mark.parametrize("edge", ["begin", "end"])
-def test_a_buffer_collected_at_the_edge_of_a_capture_is_freed_after_it_not_into_it(stream, rng, monkeypatch,
-                                                                                  recwarn, edge):
+def test_a_buffer_collected_at_the_edge_of_a_capture_is_freed_after_it_not_into_it(
+    stream, rng, monkeypatch, recwarn, edge
+):
     width, batch = 128, 2
     model = TinyBlock(width, batch, 2, seed=int(rng.integers(1 << 30)), form="fused")
     x = DeviceBuffer.from_numpy(random_input(rng, (batch, width)), stream=stream)
@@ -272,15 +284,15 @@ def test_a_buffer_collected_at_the_edge_of_a_capture_is_freed_after_it_not_into_
     graph = capture_plan(plan, stream, warmup=False)  # invalidated before the fix
     monkeypatch.undo()
     assert _freed(ptr), "the collected buffer was never freed once the capture ended"
-    assert not [w for w in recwarn if issubclass(w.category, ReleaseWarning)], \
-        [str(w.message) for w in recwarn]
+    assert not [w for w in recwarn if issubclass(w.category, ReleaseWarning)], [str(w.message) for w in recwarn]
     graph.instantiate().launch(stream)
     np.testing.assert_array_equal(out.to_numpy(stream), eager)
 
 
 @pytest.mark.parametrize("edge", ["begin", "end"])
-def test_a_buffer_collected_at_the_edge_of_a_body_capture_is_freed_after_it_not_into_it(device, stream, monkeypatch,
-                                                                                       recwarn, edge):
+def test_a_buffer_collected_at_the_edge_of_a_body_capture_is_freed_after_it_not_into_it(
+    device, stream, monkeypatch, recwarn, edge
+):
     g = GraphBuilder(device)
     node = cn.add_conditional(g, "if", cn.make_handle(g, default=1))
     noop = cn.noop(device)
@@ -294,8 +306,7 @@ def test_a_buffer_collected_at_the_edge_of_a_body_capture_is_freed_after_it_not_
             body.launch(noop)
         monkeypatch.undo()
     assert _freed(ptr), "the collected buffer was never freed once the body capture ended"
-    assert not [w for w in recwarn if issubclass(w.category, ReleaseWarning)], \
-        [str(w.message) for w in recwarn]
+    assert not [w for w in recwarn if issubclass(w.category, ReleaseWarning)], [str(w.message) for w in recwarn]
     exe = g.build().instantiate()  # the body capture was not invalidated
     exe.launch(stream)
     stream.synchronize()
@@ -317,8 +328,13 @@ def test_verify_edges_passes_on_a_built_graph_and_catches_an_edge_behind_its_bac
     g.depend(k2, k4)
     k5 = g.kernel(cn.axpb(device, y3, y3, *c[4]), deps=g.empty(deps=[k3, k4]))
     graph = g.build()
-    assert [kn.deps for kn in graph.nodes] == [(int(root.handle),), (int(root.handle),), (int(k1.handle),),
-                                              (int(k2.handle),), (int(graph.built_nodes[-2].handle),)]
+    assert [kn.deps for kn in graph.nodes] == [
+        (int(root.handle),),
+        (int(root.handle),),
+        (int(k1.handle),),
+        (int(k2.handle),),
+        (int(graph.built_nodes[-2].handle),),
+    ]
     graph.verify_edges()
     graph.clone().verify_edges()  # the copy's node map names the copy's nodes
     for b in (y1, y2, y3):

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from helpers import random_input, rel_err
+
 from rawgraph import DeviceBuffer, ExecUpdateManager, LaunchPlan, TinyBlock, capture_plan, ops
 
 pytestmark = pytest.mark.gpu
@@ -29,9 +29,18 @@ def test_plan_edges_are_programmatic_exactly_with_pdl(stream, form, pdl):
     graph.verify_node_map()
 
 
-@pytest.mark.parametrize("form,width,batch,layers", [("unfused", 128, 1, 64), ("fused", 128, 1, 64), ("block", 128, 1, 64),
-                                                     ("fused", 1024, 8, 8), ("unfused", 4096, 1, 2), ("fused", 256, 64, 8),
-                                                     ("block", 256, 17, 8)])
+@pytest.mark.parametrize(
+    "form,width,batch,layers",
+    [
+        ("unfused", 128, 1, 64),
+        ("fused", 128, 1, 64),
+        ("block", 128, 1, 64),
+        ("fused", 1024, 8, 8),
+        ("unfused", 4096, 1, 2),
+        ("fused", 256, 64, 8),
+        ("block", 256, 17, 8),
+    ],
+)
 def test_pdl_chains_give_the_bits_of_plain_stream_order(stream, rng, form, width, batch, layers):
     seed = int(rng.integers(1 << 30))
     plain = TinyBlock(width, batch, layers, seed=seed, form=form, pdl=False)

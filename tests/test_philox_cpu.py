@@ -4,7 +4,6 @@ Philox, the counter layout, the dropout constants; and the refusals that need no
 import numpy as np
 import pytest
 
-from rawgraph.runtime.compiler import compile_source
 from rawgraph.control import (
     DeviceGraph,
     DeviceLaunchError,
@@ -18,19 +17,25 @@ from rawgraph.control import (
     uniform24,
 )
 from rawgraph.control.device_launch import AUTO_FREE, UPLOAD
-from rawgraph.runtime.module import kernel_source
 from rawgraph.models.tinyblock import reference_forward
+from rawgraph.runtime.compiler import compile_source
+from rawgraph.runtime.module import kernel_source
 
 # Random123's kat_vectors for philox4x32_10: (counter, key, result).
 KAT = [
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
     ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
 ]
 
-CONSTANTS = {32: (0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85),
-             64: (0xD2E7470EE14C6C93, 0xCA5A826395121157, 0x9E3779B97F4A7C15, 0xBB67AE8584CAA73B)}
+CONSTANTS = {
+    32: (0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85),
+    64: (0xD2E7470EE14C6C93, 0xCA5A826395121157, 0x9E3779B97F4A7C15, 0xBB67AE8584CAA73B),
+}
 
 
 def philox_ints(ctr, key, width):
@@ -83,7 +88,7 @@ def test_counter_layout_seed_split_and_offset_carry(rng):
     for b in range(4):
         c = offset + b
         want = philox_ints([c & 0xFFFFFFFF, c >> 32, 0, 0], [seed & 0xFFFFFFFF, seed >> 32], 32)
-        assert [int(v) for v in nums[4 * b:4 * b + 4]] == want
+        assert [int(v) for v in nums[4 * b : 4 * b + 4]] == want
     # 64-bit wrap-around of the block counter, as the device's unsigned long long add
     top = reference_numbers(seed, 2**64 - 1, 8)
     assert np.array_equal(top[4:], reference_numbers(seed, 0, 4))

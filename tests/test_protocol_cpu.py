@@ -16,10 +16,19 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 from fault_cases import fake_session
 from test_examples_cpu import load_example
-from rawgraph import BucketGraphs, ClosedError, KernelArgs, LayoutError, ReshapedGraph, RowCountBuckets, SlotPool, Stream
+
+from rawgraph import (
+    BucketGraphs,
+    ClosedError,
+    KernelArgs,
+    LayoutError,
+    ReshapedGraph,
+    RowCountBuckets,
+    SlotPool,
+    Stream,
+)
 from rawgraph.control import DepthLoop, NormGate
 from rawgraph.serving.protocol import REQUIRED, RowwiseModel, check_model, row_count_arg
 
@@ -81,12 +90,15 @@ def test_a_closed_model_refuses_with_its_own_error():
         check_model(m)
 
 
-@pytest.mark.parametrize("make", [
-    lambda m: BucketGraphs(m, sizes=[1, 2]),
-    lambda m: RowCountBuckets(m, sizes=[1, 2]),
-    lambda m: ReshapedGraph(m, max_batch=2),
-    lambda m: SlotPool(m, max_slots=2),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda m: BucketGraphs(m, sizes=[1, 2]),
+        lambda m: RowCountBuckets(m, sizes=[1, 2]),
+        lambda m: ReshapedGraph(m, max_batch=2),
+        lambda m: SlotPool(m, max_slots=2),
+    ],
+)
 @pytest.mark.parametrize("missing", ["with_batch", "make_workspace", "scratch_layout", "plan", "width"])
 def test_serving_refuses_a_model_missing_a_method_before_any_driver_call(make, missing):
     with fake_session() as (_fake, hook):
@@ -95,8 +107,9 @@ def test_serving_refuses_a_model_missing_a_method_before_any_driver_call(make, m
         assert hook.calls == 0 and not hook.live, "a refused model reached the driver"
 
 
-@pytest.mark.parametrize("make", [lambda m: DepthLoop(m, None, None, max_depth=2),
-                                  lambda m: NormGate(m, None, None, 1.0)])
+@pytest.mark.parametrize(
+    "make", [lambda m: DepthLoop(m, None, None, max_depth=2), lambda m: NormGate(m, None, None, 1.0)]
+)
 @pytest.mark.parametrize("missing", ["plan", "batch", "width", "device"])
 def test_control_refuses_a_model_missing_what_it_uses_before_any_driver_call(make, missing):
     with fake_session() as (_fake, hook):
@@ -117,7 +130,7 @@ def test_row_count_arg_returns_the_name_and_an_int_factor():
 
 def test_row_count_arg_refusals_are_type_errors():
     with pytest.raises(TypeError, match="names no row-count argument of k"):
-        row_count_arg(Complete(), fake_launch())              # the optional method is absent
+        row_count_arg(Complete(), fake_launch())  # the optional method is absent
 
     class Nothing(Complete):
         def row_count_arg(self, launch):
@@ -147,8 +160,10 @@ def fake():
     rawkernel._loaded.clear()
     with fake_session() as (fk, hook):
         s = Stream()
-        hook.exempt = lambda: {("module", int(k.module.handle))
-                               for k in [*kernels._kernels.values(), *rawkernel._loaded.values()]} | {("stream", s.ptr)}
+        hook.exempt = lambda: (
+            {("module", int(k.module.handle)) for k in [*kernels._kernels.values(), *rawkernel._loaded.values()]}
+            | {("stream", s.ptr)}  # noqa: F821 (pyflakes reads the del below as undefining s)
+        )
         try:
             yield fk, hook, s
         finally:
@@ -194,14 +209,14 @@ def test_the_model_keeps_the_protocol_and_plans_two_user_kernels(fake, example):
     assert small.workspace is ws and small.g is m.g and small.batch == 5
     assert small.plan(DeviceBuffer((5, WIDTH)), DeviceBuffer((5, WIDTH))).buffers["t"].ptr == ws.buffers["t"].ptr
     with pytest.raises(ShapeError):
-        m.with_batch(9, workspace=ws)                         # the workspace holds 8 rows
+        m.with_batch(9, workspace=ws)  # the workspace holds 8 rows
     bare = m.with_batch(2, workspace=False)
     with pytest.raises(ValueError, match="pass scratch"):
         bare.plan(DeviceBuffer((2, WIDTH)), DeviceBuffer((2, WIDTH)))
     with pytest.raises(ShapeError):
-        m.plan(DeviceBuffer((2, WIDTH)), out)                 # x of another batch
+        m.plan(DeviceBuffer((2, WIDTH)), out)  # x of another batch
     m.close()
-    for model in (m, small):                                  # closing the weights' owner closes them all
+    for model in (m, small):  # closing the weights' owner closes them all
         with pytest.raises(ClosedError):
             model.plan(x, out)
     with pytest.raises(ClosedError):
@@ -223,7 +238,7 @@ def test_the_reference_is_row_wise_float64():
     y = m.reference(x)
     assert y.dtype == np.float64 and y.shape == x.shape
     for i in range(5):
-        np.testing.assert_array_equal(m.reference(x[i:i + 1])[0], y[i])  # each row on its own
+        np.testing.assert_array_equal(m.reference(x[i : i + 1])[0], y[i])  # each row on its own
     ms = np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1, keepdims=True) + 1e-6)
     np.testing.assert_allclose(y, x / ms * m.g_host * 0.5 + x, rtol=1e-12)
 
@@ -329,9 +344,9 @@ def test_depth_loop_and_norm_gate_build_over_the_model(fake, example, capture):
     x, out = DeviceBuffer((2, WIDTH)), DeviceBuffer((2, WIDTH))
     s = fake[2]
     with pytest.raises(TypeError, match="give max_depth"):
-        DepthLoop(m, x, out, stream=s)                    # not layered: the depth bound is the caller's
+        DepthLoop(m, x, out, stream=s)  # not layered: the depth bound is the caller's
     loop = DepthLoop(m, x, out, max_depth=3, capture=capture, stream=s)
-    assert loop.graph.node_count() == 4                   # memcpy, init, WHILE, memcpy
+    assert loop.graph.node_count() == 4  # memcpy, init, WHILE, memcpy
     assert [l.kernel.name for l in loop.body_plan.launches] == ["rms_scale", "scale_residual"]
     assert loop.body_plan.buffers["x"].ptr == loop.cur.ptr and loop.body_plan.buffers["out"].ptr == loop.nxt.ptr
     loop.set_depth(2, s)

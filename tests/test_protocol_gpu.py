@@ -14,10 +14,10 @@ import gc
 
 import numpy as np
 import pytest
-
 from faultinject import FaultHook
 from helpers import random_input, rel_err
 from test_examples_cpu import load_example
+
 from rawgraph import BucketGraphs, DeviceBuffer, LayoutError, ReshapedGraph, RowCountBuckets, SlotPool, TinyBlock
 from rawgraph.control import DepthLoop, NormGate
 from rawgraph.runtime.memory import POISON_BITS
@@ -225,7 +225,7 @@ def test_a_non_layered_depth_loop_equals_its_plan_repeated(stream, rng, capture)
         x, out = DeviceBuffer.from_numpy(xh, stream=stream), DeviceBuffer((batch, WIDTH))
         loop = DepthLoop(Flat(model), x, out, max_depth=max_depth, capture=capture, stream=stream)
         a, b = DeviceBuffer((batch, WIDTH)), DeviceBuffer((batch, WIDTH))
-        plans = (model.plan(a, b), model.plan(b, a))           # the eager ping-pong
+        plans = (model.plan(a, b), model.plan(b, a))  # the eager ping-pong
         for d in [int(v) for v in rng.permutation(max_depth + 1)] + [max_depth + 2]:
             loop.set_depth(d, stream)
             out.poison(stream)
@@ -287,8 +287,9 @@ def hook(device):
 
     gc.collect()
     h = FaultHook()
-    h.exempt = lambda: {("module", int(k.module.handle))
-                        for k in [*kernels._kernels.values(), *rawkernel._loaded.values()]}
+    h.exempt = lambda: {
+        ("module", int(k.module.handle)) for k in [*kernels._kernels.values(), *rawkernel._loaded.values()]
+    }
     h.install()
     try:
         yield h
@@ -313,14 +314,18 @@ def test_a_model_missing_a_protocol_method_is_refused_before_anything_is_allocat
     x, out = DeviceBuffer((1, WIDTH)), DeviceBuffer((1, WIDTH))
     hook.live.clear()
     bad = Hide(model, missing)
-    for make in (lambda: BucketGraphs(bad, sizes=[1, 2], stream=stream),
-                 lambda: RowCountBuckets(bad, sizes=[1, 2], stream=stream),
-                 lambda: ReshapedGraph(bad, max_batch=2, stream=stream),
-                 lambda: SlotPool(bad, max_slots=2, stream=stream)):
+    for make in (
+        lambda: BucketGraphs(bad, sizes=[1, 2], stream=stream),
+        lambda: RowCountBuckets(bad, sizes=[1, 2], stream=stream),
+        lambda: ReshapedGraph(bad, max_batch=2, stream=stream),
+        lambda: SlotPool(bad, max_slots=2, stream=stream),
+    ):
         with pytest.raises(TypeError, match=missing):
             make()
-    for make in (lambda: DepthLoop(Hide(model, "plan"), x, out, max_depth=2, stream=stream),
-                 lambda: NormGate(Hide(model, "device"), x, out, 1.0)):
+    for make in (
+        lambda: DepthLoop(Hide(model, "plan"), x, out, max_depth=2, stream=stream),
+        lambda: NormGate(Hide(model, "device"), x, out, 1.0),
+    ):
         with pytest.raises(TypeError, match="plan|device"):
             make()
     assert not hook.live, f"a refused model made driver objects: {hook.where(set(hook.live))}"

@@ -65,7 +65,8 @@ def _has(*relative):
 # crt and cccl extras); elsewhere a test that needs them says what is missing.
 needs_headers = pytest.mark.skipif(
     not _has("cuda_fp16.h", "cooperative_groups.h", "cuda/std/version", "nv/target", "crt/mma.h"),
-    reason="no CUDA toolkit headers found (pip install 'cuda-toolkit[cudart,crt,cccl]', a rawgraph dependency)")
+    reason="no CUDA toolkit headers found (pip install 'cuda-toolkit[cudart,crt,cccl]', a rawgraph dependency)",
+)
 
 
 @pytest.fixture
@@ -80,6 +81,7 @@ def no_driver(monkeypatch):
         def fn(*args, **kw):
             called.append(name)
             raise AssertionError(f"{name} was called")
+
         return fn
 
     for name in dir(driver):
@@ -107,8 +109,10 @@ def test_a_half_kernel_compiles_for_sm90_and_its_layout_is_checked_with_no_drive
     assert k.layout == [(0, 8), (8, 2), (16, 8), (24, 4)]  # a __half by value: 2 bytes, 2-aligned
     assert [p.role for p in k.params] == ["read", None, "write", None]
     assert check_kernel(HALF, "hfill", cache=False) == [
-        KernelParam("y", "half*", "ptr", "write", 0, 8), KernelParam("v", "half", "f16", None, 8, 2),
-        KernelParam("n", "unsigned int", "u32", None, 12, 4)]
+        KernelParam("y", "half*", "ptr", "write", 0, 8),
+        KernelParam("v", "half", "f16", None, 8, 2),
+        KernelParam("n", "unsigned int", "u32", None, 12, 4),
+    ]
     # through the cache: the same layout from the stored CUBIN
     from rawgraph.runtime.compiler import KernelCache
 
@@ -119,14 +123,23 @@ def test_a_half_kernel_compiles_for_sm90_and_its_layout_is_checked_with_no_drive
 
 
 @needs_headers
-@pytest.mark.parametrize("include, body", [
-    ("<cooperative_groups.h>", "namespace cg = cooperative_groups;\n"
-     'extern "C" __global__ void k(int* y) { auto b = cg::this_thread_block(); b.sync(); y[b.thread_rank()] = 1; }'),
-    ("<cuda/std/cstdint>", 'extern "C" __global__ void k(cuda::std::int64_t* y) { y[0] = 1; }'),
-    ("<mma.h>", "using namespace nvcuda;\n"
-     'extern "C" __global__ void k(const __half* a) {\n'
-     "    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> f; wmma::load_matrix_sync(f, a, 16); }"),
-])
+@pytest.mark.parametrize(
+    "include, body",
+    [
+        (
+            "<cooperative_groups.h>",
+            "namespace cg = cooperative_groups;\n"
+            'extern "C" __global__ void k(int* y) { auto b = cg::this_thread_block(); b.sync(); y[b.thread_rank()] = 1; }',
+        ),
+        ("<cuda/std/cstdint>", 'extern "C" __global__ void k(cuda::std::int64_t* y) { y[0] = 1; }'),
+        (
+            "<mma.h>",
+            "using namespace nvcuda;\n"
+            'extern "C" __global__ void k(const __half* a) {\n'
+            "    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> f; wmma::load_matrix_sync(f, a, 16); }",
+        ),
+    ],
+)
 def test_cooperative_groups_cuda_std_and_mma_compile(include, body):
     (param,) = check_kernel(f"#include {include}\n{body}", "k", cache=False)
     assert (param.kind, param.offset, param.size) == ("ptr", 0, 8)
@@ -180,8 +193,11 @@ def test_only_what_is_missing_is_named(monkeypatch, tmp_path):
 def test_a_compile_only_kernel_refuses_to_launch_before_any_driver_call(no_driver):
     k = RawKernel(PLAIN, "axpb", arch="sm_90", cache=False)
     assert "compiled for sm_90 only" in repr(k)
-    for attempt in (lambda: k(1, 32, (1.0, None, 0.0, None, 4)), lambda: k.launch(1, 32, (1.0, None, 0.0, None, 4)),
-                    lambda: k.kernel):
+    for attempt in (
+        lambda: k(1, 32, (1.0, None, 0.0, None, 4)),
+        lambda: k.launch(1, 32, (1.0, None, 0.0, None, 4)),
+        lambda: k.kernel,
+    ):
         with pytest.raises(CompileOnlyError, match="compiled for sm_90 only"):
             attempt()
     assert no_driver == []
@@ -194,18 +210,31 @@ def test_a_compile_only_kernel_refuses_to_launch_before_any_driver_call(no_drive
 
 def test_check_kernel_plain_template_namespaced_and_struct_by_value(no_driver):
     assert [(p.name, p.ctype, p.kind, p.offset, p.size) for p in check_kernel(PLAIN, "axpb", cache=False)] == [
-        ("a", "float", "f32", 0, 4), ("x", "const float*", "ptr", 8, 8), ("b", "float", "f32", 16, 4),
-        ("y", "float*", "ptr", 24, 8), ("n", "int", "i32", 32, 4)]
+        ("a", "float", "f32", 0, 4),
+        ("x", "const float*", "ptr", 8, 8),
+        ("b", "float", "f32", 16, 4),
+        ("y", "float*", "ptr", 24, 8),
+        ("n", "int", "i32", 32, 4),
+    ]
     assert [(p.kind, p.offset, p.size) for p in check_kernel(PLAIN, "affine", cache=False)] == [
-        ("u8[16]", 0, 16), ("ptr", 16, 8), ("ptr", 24, 8), ("i64", 32, 8)]
+        ("u8[16]", 0, 16),
+        ("ptr", 16, 8),
+        ("ptr", 24, 8),
+        ("i64", 32, 8),
+    ]
     assert [(p.kind, p.role) for p in check_kernel(PLAIN, "scale_k<3, float>", cache=False)] == [
-        ("ptr", "write"), ("ptr", "read"), ("i32", None)]
+        ("ptr", "write"),
+        ("ptr", "read"),
+        ("i32", None),
+    ]
     assert [p.name for p in check_kernel(PLAIN, "ns::twice", arch="sm_80", cache=False)] == ["y", "n"]
     # a by-value template parameter: the declaration cannot say its size, the types given can
     with pytest.raises(SignatureError, match="give types="):
         check_kernel(PLAIN, "shift_k<double>", cache=False)
-    assert [(p.kind, p.size) for p in check_kernel(PLAIN, "shift_k<double>", types=["double*", "double", "int"],
-                                                   cache=False)] == [("ptr", 8), ("f64", 8), ("i32", 4)]
+    assert [
+        (p.kind, p.size)
+        for p in check_kernel(PLAIN, "shift_k<double>", types=["double*", "double", "int"], cache=False)
+    ] == [("ptr", 8), ("f64", 8), ("i32", 4)]
     # types that disagree with the compiled kernel are refused, as against the driver's sizes
     with pytest.raises(SignatureError, match="is 4 bytes as read, but the kernel takes 8"):
         check_kernel(PLAIN, "shift_k<double>", types=["double*", "float", "int"], cache=False)
@@ -221,12 +250,13 @@ def test_the_cubin_reader_agrees_with_the_fake_driver_and_refuses_damage():
     for name, exprs in (("control", []), ("block", ["block_kernel<1, 8>"])):  # block: __cluster_dims__(8, 1, 1)
         image = compile_source(kernel_source(name), f"{name}.cu", "sm_90", exprs, cache=False).image
         ours = cubin_kernels(image)
-        assert ours and {s: (k.params, k.cluster_dims) for s, k in ours.items()} == \
-            {s: (layout, tuple(cluster)) for s, (layout, cluster) in cubin_info(image).items()}
+        assert ours and {s: (k.params, k.cluster_dims) for s, k in ours.items()} == {
+            s: (layout, tuple(cluster)) for s, (layout, cluster) in cubin_info(image).items()
+        }
     assert any(k.cluster_dims == (8, 1, 1) for k in ours.values())
     image = compile_source(PLAIN, "plain.cu", "sm_90", ["affine"], cache=False).image
     assert cubin_kernels(image)["affine"].params == [(0, 16), (16, 8), (24, 8), (32, 8)]
-    for bad in (b"", b"not an elf", image[:100], image[:len(image) // 2], image[:4] + b"\x01" + image[5:]):
+    for bad in (b"", b"not an elf", image[:100], image[: len(image) // 2], image[:4] + b"\x01" + image[5:]):
         with pytest.raises(ValueError):
             cubin_kernels(bad)
     shoff = struct.unpack_from("<Q", image, 0x28)[0]

@@ -14,10 +14,9 @@ import struct
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
 from fault_cases import fake_session
-from rawgraph import (ArgumentError, Capture, DeviceBuffer, ExecUpdateManager, RawKernel, SignatureError,
-                      Stream)
+
+from rawgraph import ArgumentError, Capture, DeviceBuffer, ExecUpdateManager, RawKernel, SignatureError, Stream
 
 AXPB = r"""
 extern "C" __global__ void axpb(float a, const float* __restrict__ x, float b, float* y, int n) {
@@ -66,7 +65,7 @@ def launches(fake, monkeypatch):
 
 def _value(fake, kernel, blob, i):
     off, size = fake.layout(kernel.kernel.handle)[i]
-    return blob[off:off + size]
+    return blob[off : off + size]
 
 
 def test_the_layout_comes_from_the_driver_and_the_types_from_the_declaration(fake):
@@ -102,8 +101,13 @@ def test_a_call_passes_exactly_its_arguments(fake, launches):
         grid, block, smem, h, blob = launches[-1]
         assert (grid, block, smem, h) == ((4, 1, 1), (256, 1, 1), 0, int(s.handle))
         got = [_value(fake, k, blob, i) for i in range(5)]
-        assert got == [struct.pack("<f", 1.5), struct.pack("<Q", x.ptr), struct.pack("<f", -2.0),
-                       struct.pack("<Q", y.ptr), struct.pack("<i", 1000)]
+        assert got == [
+            struct.pack("<f", 1.5),
+            struct.pack("<Q", x.ptr),
+            struct.pack("<f", -2.0),
+            struct.pack("<Q", y.ptr),
+            struct.pack("<i", 1000),
+        ]
         p = np.zeros((), AFFINE)
         p["scale"], p["shift"], p["bias"] = 0.5, -7, 1e300
         aff(1, 32, (p[()], x, y, 1 << 40), stream=s)
@@ -128,11 +132,19 @@ def test_bad_arguments_never_reach_the_driver(fake, launches):
             "too many": ((1.0, x, 0.0, y, 64, 1), "takes 5 arguments"),
             "not a tuple": ("abc", "tuple"),
         }
-        for what, (args, match) in bad.items():
+        for _what, (args, match) in bad.items():
             with pytest.raises(ArgumentError, match=match):
                 k(1, 64, args, stream=s)
-        for grid, block in ((0, 64), (1, 2048), (1.5, 64), (1, (1, 1, 1, 1)), ((True,), 64), (1 << 32, 64),
-                            ((1, 65536), 64), (1, (1, 1, 65))):
+        for grid, block in (
+            (0, 64),
+            (1, 2048),
+            (1.5, 64),
+            (1, (1, 1, 1, 1)),
+            ((True,), 64),
+            (1 << 32, 64),
+            ((1, 65536), 64),
+            (1, (1, 1, 65)),
+        ):
             with pytest.raises(ArgumentError):
                 k(grid, block, (1.0, x, 0.0, y, 64), stream=s)
         with pytest.raises(ArgumentError, match="16-byte struct"):
@@ -165,17 +177,17 @@ def test_a_capture_records_the_call_and_the_manager_rebinds_it_by_array(fake):
             return _value(fake, k, fake.exec_kernel(exe.handle, node.handle)["blob"], i)
 
         assert held(1) == struct.pack("<Q", x0.ptr)
-        assert upd.rebind(x0, x1) == 1                   # by the object captured
+        assert upd.rebind(x0, x1) == 1  # by the object captured
         assert held(1) == struct.pack("<Q", x1.ptr) and held(3) == struct.pack("<Q", y0.ptr)
-        assert upd.rebind(y0.view(), y1) == 1            # by a view of the same memory
+        assert upd.rebind(y0.view(), y1) == 1  # by a view of the same memory
         assert held(3) == struct.pack("<Q", y1.ptr)
         assert held(0) == struct.pack("<f", 2.0) and held(4) == struct.pack("<i", 512)  # scalars kept
-        upd.bind("x", x0)                               # by the C parameter's name
+        upd.bind("x", x0)  # by the C parameter's name
         assert held(1) == struct.pack("<Q", x0.ptr)
         with pytest.raises(KeyError, match="bound to none"):
             upd.rebind(x1, y0)
         with pytest.raises(Exception, match="overlaps"):
-            upd.rebind(x0, y1)                          # x would overlap the written y
+            upd.rebind(x0, y1)  # x would overlap the written y
         assert held(1) == struct.pack("<Q", x0.ptr)
         upd.close()
         exe.close()
@@ -189,16 +201,18 @@ def test_names_are_shared_by_one_array_and_numbered_for_two(fake):
         other = DeviceBuffer(256)
         with Capture(s) as cap:
             k(1, 256, (1.0, x, 0.0, y1, 256), stream=s, names={"x": "inp"})
-            k(1, 256, (2.0, x, 0.0, y2, 256), stream=s)          # the same x: the same name
-            k(1, 256, (3.0, other, 0.0, y2, 256), stream=s)      # another x: numbered
+            k(1, 256, (2.0, x, 0.0, y2, 256), stream=s)  # the same x: the same name
+            k(1, 256, (3.0, other, 0.0, y2, 256), stream=s)  # another x: numbered
         names = [{a: u.buffer for a, u in n.launch.uses.items()} for n in cap.graph.nodes]
         assert names == [{"x": "inp", "y": "y"}, {"x": "inp", "y": "y_2"}, {"x": "x", "y": "y_2"}]
         exe = cap.graph.instantiate()
         upd = ExecUpdateManager(cap.graph, exe, names=["inp"])
         fresh = DeviceBuffer(256)
-        assert upd.rebind(x, fresh) == 2                         # both nodes that read it
+        assert upd.rebind(x, fresh) == 2  # both nodes that read it
         blobs = [fake.exec_kernel(exe.handle, n.handle)["blob"] for n in cap.graph.nodes]
-        assert [_value(fake, k, b, 1) for b in blobs] == [struct.pack("<Q", p) for p in (fresh.ptr, fresh.ptr, other.ptr)]
+        assert [_value(fake, k, b, 1) for b in blobs] == [
+            struct.pack("<Q", p) for p in (fresh.ptr, fresh.ptr, other.ptr)
+        ]
         upd.close()
         exe.close()
         cap.graph.close()
@@ -241,28 +255,40 @@ def test_bool_floats_and_byte_pointers_pack_and_refuse_what_they_cannot_hold(fak
     from rawgraph.graphs.graph import read_node_args
 
     k = RawKernel(KINDS_SRC, "kinds")
-    assert k.spec == [("on", "bool"), ("h", "f32"), ("d", "f64"), ("u", "u16"), ("idx", "ptr"),
-                      ("raw", "ptr"), ("bytes", "ptr"), ("y", "ptr")]
+    assert k.spec == [
+        ("on", "bool"),
+        ("h", "f32"),
+        ("d", "f64"),
+        ("u", "u16"),
+        ("idx", "ptr"),
+        ("raw", "ptr"),
+        ("bytes", "ptr"),
+        ("y", "ptr"),
+    ]
     with Stream() as s:
         idx, y = DeviceBuffer(4, np.int32), DeviceBuffer(4)
         raw, b8 = DeviceBuffer(16, np.float64), DeviceBuffer(16, np.uint8)
         k(1, 1, (True, 1.5, float("inf"), 65535, idx, raw, y, b8), stream=s)  # any array for void*/u8*
         blob = launches[-1][4]
         assert [_value(fake, k, blob, i) for i in range(4)] == [
-            b"\x01", struct.pack("<f", 1.5), struct.pack("<d", float("inf")), struct.pack("<H", 65535)]
+            b"\x01",
+            struct.pack("<f", 1.5),
+            struct.pack("<d", float("inf")),
+            struct.pack("<H", 65535),
+        ]
         k(1, 1, (np.bool_(False), np.float16(-2), 0.0, 0, idx, raw, b8, b8), stream=s)  # a byte array for float*
         assert _value(fake, k, launches[-1][4], 0) == b"\x00"
         n = len(launches)
         bad = {
             "an int for a bool": ((1, 1.0, 0.0, 0, idx, raw, b8, y), "takes True or False"),
             "a finite value past f32": ((True, 1e39, 0.0, 0, idx, raw, b8, y), "would become infinite"),
-            "an int past any float": ((True, 1.0, 2 ** 2000, 0, idx, raw, b8, y), "too large"),
+            "an int past any float": ((True, 1.0, 2**2000, 0, idx, raw, b8, y), "too large"),
             "65536 for an unsigned short": ((True, 1.0, 0.0, 65536, idx, raw, b8, y), "cannot hold"),
             "floats for const int*": ((True, 1.0, 0.0, 0, y, raw, b8, y), "'idx' points at int32"),
             "ints for float*": ((True, 1.0, 0.0, 0, idx, raw, b8, idx), "'y' points at float32"),
             "a bool for a float": ((True, True, 0.0, 0, idx, raw, b8, y), "takes a number"),
         }
-        for what, (args, match) in bad.items():
+        for _what, (args, match) in bad.items():
             with pytest.raises(ArgumentError, match=match):
                 k(1, 1, args, stream=s)
         assert len(launches) == n, "a refused call reached cuLaunchKernel"
@@ -380,8 +406,12 @@ def test_the_plan_a_capture_keeps_is_checked_against_the_captured_pointers(fake)
         # first, "mid" read by the second): the derived plan's only input is x, never "mid".
         z = DeviceBuffer(64)
         first = LaunchPlan([k.launch(1, 64, (1.0, w, 0.0, y, 64))], {"x": w.view(), "y": y.view()}, ("x",), ("y",))
-        second = LaunchPlan([k.launch(1, 64, (1.0, y, 0.0, z, 64), names={"x": "mid", "y": "z"})],
-                            {"mid": y.view(), "z": z.view()}, ("mid",), ("z",))
+        second = LaunchPlan(
+            [k.launch(1, 64, (1.0, y, 0.0, z, 64), names={"x": "mid", "y": "z"})],
+            {"mid": y.view(), "z": z.view()},
+            ("mid",),
+            ("z",),
+        )
         with Capture(s) as cap:
             cap.run(first)
             cap.run(second)
@@ -450,14 +480,14 @@ def test_int32_array_arguments_are_checked_like_int_scalars(fake, launches):
     k = RawKernel(ROWS, "rows", types=["i32[4]", "float*"])
     with Stream() as s:
         y = DeviceBuffer(4)
-        k(1, 1, ([1, -2, 2 ** 31 - 1, -(2 ** 31)], y), stream=s)
-        assert _value(fake, k, launches[-1][4], 0) == struct.pack("<4i", 1, -2, 2 ** 31 - 1, -(2 ** 31))
+        k(1, 1, ([1, -2, 2**31 - 1, -(2**31)], y), stream=s)
+        assert _value(fake, k, launches[-1][4], 0) == struct.pack("<4i", 1, -2, 2**31 - 1, -(2**31))
         k(1, 1, (np.arange(4, dtype=np.int64), y), stream=s)  # NumPy integers in range
         assert _value(fake, k, launches[-1][4], 0) == struct.pack("<4i", 0, 1, 2, 3)
         n = len(launches)
         bad = {
             "floats": ([1.7, 2.9, -3.5, 4.2], r"'t'\[0\] \(i32\) takes an int"),
-            "2**40": ([0, 2 ** 40, 0, 0], r"'t'\[1\] \(i32\) cannot hold"),
+            "2**40": ([0, 2**40, 0, 0], r"'t'\[1\] \(i32\) cannot hold"),
             "strings": (["1", "2", "3", "4"], "takes an int, got str"),
             "bools": ([True, 0, 0, 0], "takes an int"),
             "a float array": (np.ones(4), "takes an int"),
@@ -465,7 +495,7 @@ def test_int32_array_arguments_are_checked_like_int_scalars(fake, launches):
             "a string": ("abcd", "takes 4 int32 values"),
             "nested": ([[1, 2], [3, 4]], "takes 4 int32 values"),
         }
-        for what, (value, match) in bad.items():
+        for _what, (value, match) in bad.items():
             with pytest.raises(ArgumentError, match=match):
                 k(1, 1, (value, y), stream=s)
         assert len(launches) == n, "a refused call reached cuLaunchKernel"
@@ -487,8 +517,13 @@ def test_a_device_array_made_with_a_numpy_scalar_type_is_a_pointer_argument(fake
 
 class _CAI:
     def __init__(self, ptr, typestr="<f4", readonly=False, shape=(64,)):
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, readonly),
-                                         "strides": None, "version": 3}
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": typestr,
+            "data": (ptr, readonly),
+            "strides": None,
+            "version": 3,
+        }
 
 
 def test_read_only_arrays_only_for_const_pointers_and_big_endian_never(fake, launches):
@@ -517,13 +552,16 @@ def test_read_only_arrays_only_for_const_pointers_and_big_endian_never(fake, lau
         with pytest.raises(ArgumentError, match="'x' is read-only memory"):
             hand(1, 64, (1.0, ro, 0.0, y, 64), stream=s)
         RawKernel(AXPB, "axpb", types=["float", "const float*", "float", "float*", "int"])(
-            1, 64, (1.0, ro, 0.0, y, 64), stream=s)
+            1, 64, (1.0, ro, 0.0, y, 64), stream=s
+        )
         assert len(launches) == n + 1
 
 
 def test_a_kernel_declared_per_preprocessor_branch_needs_types(fake, launches):
-    src = ('#ifdef USE_INT\nextern "C" __global__ void k(int a, float* y)\n#else\n'
-           'extern "C" __global__ void k(float a, float* y)\n#endif\n{ y[0] = a; }\n')
+    src = (
+        '#ifdef USE_INT\nextern "C" __global__ void k(int a, float* y)\n#else\n'
+        'extern "C" __global__ void k(float a, float* y)\n#endif\n{ y[0] = a; }\n'
+    )
     with pytest.raises(SignatureError, match="types="):
         RawKernel(src, "k", options=["-DUSE_INT"])
     k = RawKernel(src, "k", options=["-DUSE_INT"], types=["int", "float*"])

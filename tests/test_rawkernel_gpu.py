@@ -6,10 +6,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
 from helpers import random_input
-from rawgraph import (ArgumentError, Capture, DeviceArray, DeviceBuffer, ExecUpdateManager, RawKernel,
-                      SignatureError, Stream)
+
+from rawgraph import (
+    ArgumentError,
+    Capture,
+    DeviceArray,
+    DeviceBuffer,
+    ExecUpdateManager,
+    RawKernel,
+    SignatureError,
+    Stream,
+)
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +64,12 @@ def _poisoned(shape, stream):
 def test_eager_call_matches_float64_with_arrays_from_every_source(stream, rng):
     k = RawKernel(AXPB, "axpb")
     assert [(p.name, p.kind, p.role) for p in k.params] == [
-        ("a", "f32", None), ("x", "ptr", "read"), ("b", "f32", None), ("y", "ptr", "write"), ("n", "i32", None)]
+        ("a", "f32", None),
+        ("x", "ptr", "read"),
+        ("b", "f32", None),
+        ("y", "ptr", "write"),
+        ("n", "i32", None),
+    ]
     n = int(rng.integers(1000, 5000))
     a, b = float(rng.uniform(-2, 2)), float(rng.uniform(-1, 1))
     xh = random_input(rng, (n,))
@@ -75,8 +88,12 @@ def test_eager_call_matches_float64_with_arrays_from_every_source(stream, rng):
     stream.synchronize()
     np.testing.assert_array_equal(cp.asnumpy(yc), got)  # the same kernel: the same bits
     y2 = _poisoned((n,), stream)
-    k(_grid(n), (256, 1), (np.float32(a), x.view(), b, DeviceArray(y2.ptr, (n,), np.dtype(np.float32), y2), np.int32(n)),
-      stream=stream)
+    k(
+        _grid(n),
+        (256, 1),
+        (np.float32(a), x.view(), b, DeviceArray(y2.ptr, (n,), np.dtype(np.float32), y2), np.int32(n)),
+        stream=stream,
+    )
     np.testing.assert_array_equal(y2.to_numpy(stream), got)
     torch = pytest.importorskip("torch")
     xt = torch.from_numpy(xh).cuda()
@@ -97,12 +114,12 @@ def test_bad_arguments_are_refused_before_the_driver(stream, rng, monkeypatch):
     monkeypatch.setattr(driver, "cuLaunchKernel", lambda *a: calls.append(a) or real(*a))
     cases = [
         ((2.0, x, 1.0, y, 2.5), "'n' \\(i32\\) takes an int"),  # a float for an int
-        ((2.0, x, 1.0, y, 2 ** 40), "'n' \\(i32\\) cannot hold"),           # out of int32's range
-        ((2.0, x, 1.0, y, True), "n.*takes an int"),             # a bool is not an int
+        ((2.0, x, 1.0, y, 2**40), "'n' \\(i32\\) cannot hold"),  # out of int32's range
+        ((2.0, x, 1.0, y, True), "n.*takes an int"),  # a bool is not an int
         ((2.0, np.zeros(n, np.float32), 1.0, y, n), "'x'.*host array"),  # a host array for a pointer
-        ((2.0, x.ptr, 1.0, y, n), "'x' is a pointer"),            # a raw address
-        (("2", x, 1.0, y, n), "'a' \\(f32\\) takes a number"),              # a string for a float
-        ((2.0, x, 1.0, y), "takes 5 arguments"),                 # too few
+        ((2.0, x.ptr, 1.0, y, n), "'x' is a pointer"),  # a raw address
+        (("2", x, 1.0, y, n), "'a' \\(f32\\) takes a number"),  # a string for a float
+        ((2.0, x, 1.0, y), "takes 5 arguments"),  # too few
     ]
     for args, match in cases:
         with pytest.raises(ArgumentError, match=match):
@@ -177,8 +194,8 @@ def test_a_captured_user_kernel_is_rebound_by_the_array_object_with_no_copy(stre
     copies = []
     for name in ("cuMemcpyDtoDAsync", "cuMemcpyAsync", "cuMemcpy2DAsync"):
         real = getattr(driver, name)
-        monkeypatch.setattr(driver, name, (lambda r, nm: (lambda *a: copies.append(nm) or r(*a)))(real, name))
-    assert upd.rebind(xs[0], xs[1]) == 1        # by the captured object
+        monkeypatch.setattr(driver, name, (lambda r, nm: lambda *a: copies.append(nm) or r(*a))(real, name))
+    assert upd.rebind(xs[0], xs[1]) == 1  # by the captured object
     assert upd.rebind(ys[0], ys[1]) == 1
     for y in ys:
         y.poison(stream)
@@ -195,7 +212,7 @@ def test_a_captured_user_kernel_is_rebound_by_the_array_object_with_no_copy(stre
     upd.launch(stream)
     np.testing.assert_array_equal(ys[2].to_numpy(stream), eager[2])
     with pytest.raises(KeyError, match="bound to none"):
-        upd.rebind(xs[0], xs[1])                    # xs[0] is bound to nothing any more
+        upd.rebind(xs[0], xs[1])  # xs[0] is bound to nothing any more
     upd.close()
     exe.close()
     graph.close()
@@ -227,7 +244,7 @@ def test_a_two_kernel_capture_shares_names_and_renames_on_request(stream, rng):
     assert [nd.launch.uses["x"].buffer for nd in cap.graph.nodes] == ["inp", "inp"]
     exe = cap.graph.instantiate()
     upd = ExecUpdateManager(cap.graph, exe, names=["inp"])
-    assert upd.rebind(xs[0], xs[1]) == 2            # both nodes read it
+    assert upd.rebind(xs[0], xs[1]) == 2  # both nodes read it
     out.poison(stream)
     upd.launch(stream)
     np.testing.assert_array_equal(out.to_numpy(stream), want[1], err_msg=f"seed {rng.seed_used}")
@@ -281,8 +298,9 @@ def test_a_call_in_a_conditional_body_runs_when_the_device_says_so(stream, rng, 
     exe.launch(stream)
     got = y.to_numpy(stream)
     if taken:
-        np.testing.assert_array_equal(got, (2.0 * xh.astype(np.float64)).astype(np.float32),
-                                      err_msg=f"seed {rng.seed_used}")
+        np.testing.assert_array_equal(
+            got, (2.0 * xh.astype(np.float64)).astype(np.float32), err_msg=f"seed {rng.seed_used}"
+        )
     else:
         assert np.isnan(got).all(), "the body ran although the condition was 0"
     exe.close()
@@ -335,10 +353,12 @@ def test_a_half_kernel_from_cuda_fp16_h_runs_with_float16_arrays_and_a_half_scal
         prod = xh.astype(np.float64) * float(np.float16(s))  # the scalar as the kernel got it
         want = prod + 1.0
         # __hmul and __hadd each round to half (relative error at most 2**-11): bound both.
-        bound = 2.0 ** -11 * (np.abs(prod) + np.abs(want)) * 1.01
+        bound = 2.0**-11 * (np.abs(prod) + np.abs(want)) * 1.01
         bad = np.abs(got - want) > bound
-        assert not bad.any(), (f"seed {rng.seed_used}: {bad.sum()} of {n} off, first at {np.argmax(bad)}: "
-                               f"got {got[bad][:4]}, want {want[bad][:4]}")
+        assert not bad.any(), (
+            f"seed {rng.seed_used}: {bad.sum()} of {n} off, first at {np.argmax(bad)}: "
+            f"got {got[bad][:4]}, want {want[bad][:4]}"
+        )
     with pytest.raises(ArgumentError, match="points at float16"):
         k(_grid(n), 256, (DeviceBuffer.from_numpy(xh.astype(np.float32), stream=stream), 1.0, y, n), stream=stream)
     with pytest.raises(ArgumentError, match="would become infinite"):

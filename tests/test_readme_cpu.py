@@ -59,7 +59,7 @@ def readme_commands(markdown: str) -> list[str]:
 
 def needs_gpu(argv: list[str]) -> bool:
     """Whether ``rawgraph *argv`` needs a GPU (help and version forms never do)."""
-    return not (HELP & set(argv)) and not any(tuple(argv[:len(words)]) == words for words in NO_GPU)
+    return not (HELP & set(argv)) and not any(tuple(argv[: len(words)]) == words for words in NO_GPU)
 
 
 def test_needs_gpu():
@@ -76,9 +76,11 @@ def test_readme_shows_rawgraph_commands():
 
 
 def test_readme_commands_extraction():
-    md = ("Run `rawgraph info` or `rawgraph bench --quick`; the package `rawgraph.bench`, plain `rawgraph`.\n"
-          "```bash\n$ rawgraph demo --width 64  # comment\npython3 -m rawgraph info\nrawgraph info\n```\n"
-          "`rawgraph demo --width 64  # comment` again\n")
+    md = (
+        "Run `rawgraph info` or `rawgraph bench --quick`; the package `rawgraph.bench`, plain `rawgraph`.\n"
+        "```bash\n$ rawgraph demo --width 64  # comment\npython3 -m rawgraph info\nrawgraph info\n```\n"
+        "`rawgraph demo --width 64  # comment` again\n"
+    )
     assert readme_commands(md) == ["rawgraph info", "rawgraph bench --quick", "rawgraph demo --width 64  # comment"]
 
 
@@ -95,8 +97,9 @@ def test_readme_command(command, tmp_path):
         pytest.skip(f"{missing[0]} is not in this tree (the sdist carries no recorded results)")
     argv = [str(ROOT / a) if (ROOT / a).is_file() else a for a in argv]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    r = subprocess.run([sys.executable, "-m", "rawgraph", *argv], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "rawgraph", *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert "usage:" not in r.stderr and "error:" not in r.stderr, f"{command}: argparse refused it:\n{r.stderr}"
     if gpu:
         assert r.returncode == 69 and "needs a GPU" in r.stderr, f"{command}: rc={r.returncode}\n{r.stderr}"

@@ -1,16 +1,15 @@
 """The pure parts of rebinding by address (no GPU): word scanning of parameter bytes, confirmation
 by layout, address ranges of array-like objects, and the import order of the new modules."""
 
-import ast
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from rawgraph.updates.adopt import _version
 from rawgraph.graphs.nodes import KernelInfo, ParamInfo, pack_params
 from rawgraph.updates.addresses import RebindError, as_range, scan_words
+from rawgraph.updates.adopt import _version
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,20 +56,30 @@ def test_scan_ignores_a_trailing_partial_word_and_empty_blobs():
 
 
 def test_pack_params_places_each_parameter_at_its_offset():
-    vals = [np.array([0x1122334455667788], dtype=np.uint64), np.array([-3], dtype=np.int32), np.array([2.5], dtype=np.float32)]
+    vals = [
+        np.array([0x1122334455667788], dtype=np.uint64),
+        np.array([-3], dtype=np.int32),
+        np.array([2.5], dtype=np.float32),
+    ]
     table = np.array([v.ctypes.data for v in vals], dtype=np.uintp)
     blob = pack_params(_layout((0, 8), (8, 4), (12, 4)), int(table.ctypes.data))
     assert blob == struct.pack("<Qif", 0x1122334455667788, -3, 2.5)
-    info = KernelInfo(handle=0, kind="kernel", index=0, graph=0, depth=0, layout=_layout((0, 8), (8, 4), (12, 4)),
-                      params=blob)
+    info = KernelInfo(
+        handle=0, kind="kernel", index=0, graph=0, depth=0, layout=_layout((0, 8), (8, 4), (12, 4)), params=blob
+    )
     assert info.param_bytes(1) == struct.pack("<i", -3)
     assert info.param_at(13).index == 2 and info.param_at(16) is None
 
 
 class _Cai:
     def __init__(self, ptr, shape, typestr, strides=None):
-        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": typestr,
-                                         "strides": strides, "version": 3}
+        self.__cuda_array_interface__ = {
+            "data": (ptr, False),
+            "shape": shape,
+            "typestr": typestr,
+            "strides": strides,
+            "version": 3,
+        }
 
 
 class _Tensorish:
@@ -187,16 +196,27 @@ def fake_graph(monkeypatch):
         "cuGraphMemsetNodeGetParams": mparams,
         "cuFuncGetParamInfo": info,
         "cuFuncGetName": lambda f: (S, {0xF1: b"k1", 0xF2: b"k2"}[int(f)]),
-        "cuGraphGetEdges": lambda g, n=0: (S, [nodes[0], nodes[1]] if n else None, [nodes[1], nodes[2]] if n else None,
-                                           [edge, edge] if n else None, 2),
+        "cuGraphGetEdges": lambda g, n=0: (
+            S,
+            [nodes[0], nodes[1]] if n else None,
+            [nodes[1], nodes[2]] if n else None,
+            [edge, edge] if n else None,
+            2,
+        ),
         "cuMemGetAddressRange": address_range,
         "cuGraphExecKernelNodeSetParams": set_kernel,
         "cuGraphExecMemsetNodeSetParams": set_memset,
     }
     for name, fn in fakes.items():
         monkeypatch.setattr(d, name, fn)
-    return {"x": x, "out": out, "other": other, "pushed": pushed, "keep": (vals1, vals2, tables),
-            "add_alloc": allocs.__setitem__}
+    return {
+        "x": x,
+        "out": out,
+        "other": other,
+        "pushed": pushed,
+        "keep": (vals1, vals2, tables),
+        "add_alloc": allocs.__setitem__,
+    }
 
 
 def test_rebinder_finds_and_moves_every_word_with_a_fake_driver(fake_graph):
@@ -289,8 +309,10 @@ def test_every_node_type_decodes_from_real_binding_structs(monkeypatch):
     c.conditional.handle = d.CUgraphConditionalHandle(3)
     c.conditional.size = 0  # no bodies: the fake has no driver-owned body array to point at
     for name, fn in {
-        "cuGraphMemcpyNodeGetParams": lambda n: (S, m), "cuGraphMemsetNodeGetParams": lambda n: (S, ms),
-        "cuGraphHostNodeGetParams": lambda n: (S, h), "cuGraphMemAllocNodeGetParams": lambda n: (S, a),
+        "cuGraphMemcpyNodeGetParams": lambda n: (S, m),
+        "cuGraphMemsetNodeGetParams": lambda n: (S, ms),
+        "cuGraphHostNodeGetParams": lambda n: (S, h),
+        "cuGraphMemAllocNodeGetParams": lambda n: (S, a),
         "cuGraphEventRecordNodeGetEvent": lambda n: (S, d.CUevent(0x77)),
         "cuGraphEventWaitNodeGetEvent": lambda n: (S, d.CUevent(0x78)),
         "cuGraphChildGraphNodeGetGraph": lambda n: (S, d.CUgraph(0x999)),
@@ -340,7 +362,8 @@ def test_memcpy_rebind_moves_the_base_by_the_start_delta(monkeypatch):
         "cuGraphNodeGetType": lambda n: (S, d.CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMCPY),
         "cuMemGetAddressRange": lambda p: (S, d.CUdeviceptr(int(p) & ~0xFFFF), 0x10000),
         "cuGraphExecMemcpyNodeSetParams": lambda e, n, p, c: (
-            pushed.append((int(p.srcDevice), int(p.srcXInBytes), int(p.dstDevice))) or (S,)),
+            pushed.append((int(p.srcDevice), int(p.srcXInBytes), int(p.dstDevice))) or (S,)
+        ),
     }.items():
         monkeypatch.setattr(d, name, fn)
     reb = AddressRebinder(1, 2, device=_FakeDevice())
@@ -394,8 +417,7 @@ def test_a_refused_push_keeps_the_held_copy_and_bindings_stay_with_their_rebinde
     reb = AddressRebinder(0x1, 0x2, device=_FakeDevice())
     binding = reb.prepare({(x, 4096): new_x})
     good = d.cuGraphExecKernelNodeSetParams
-    monkeypatch.setattr(d, "cuGraphExecKernelNodeSetParams",
-                        lambda e, n, p: (d.CUresult.CUDA_ERROR_INVALID_VALUE,))
+    monkeypatch.setattr(d, "cuGraphExecKernelNodeSetParams", lambda e, n, p: (d.CUresult.CUDA_ERROR_INVALID_VALUE,))
     with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE"):
         reb.apply(binding)
     assert reb.held(0xA1) == reb.kernels[0xA1].original[: reb.kernels[0xA1].size] and reb.pushes == 0
@@ -423,10 +445,20 @@ def test_foreign_holders_finds_struct_words_and_overlapping_memsets(fake_graph):
     from rawgraph.updates.addresses import foreign_holders
 
     x, out, other = fake_graph["x"], fake_graph["out"], fake_graph["other"]
-    graph = SimpleNamespace(handle=0x1, foreign_nodes=[ForeignNode(d.CUgraphNode(0xA1), "KERNEL", ()),
-                                                       ForeignNode(d.CUgraphNode(0xA3), "MEMSET", (0xA2,))])
-    spans = {"x_tail": (x + 64, 64), "out_head": (out, 128), "out_mid": (out + 160, 8),
-             "other_end": (other + 8, 8192 - 8), "x_gap": (x + 8, 56)}
+    graph = SimpleNamespace(
+        handle=0x1,
+        foreign_nodes=[
+            ForeignNode(d.CUgraphNode(0xA1), "KERNEL", ()),
+            ForeignNode(d.CUgraphNode(0xA3), "MEMSET", (0xA2,)),
+        ],
+    )
+    spans = {
+        "x_tail": (x + 64, 64),
+        "out_head": (out, 128),
+        "out_mid": (out + 160, 8),
+        "other_end": (other + 8, 8192 - 8),
+        "x_gap": (x + 8, 56),
+    }
     holders, unreadable = foreign_holders(graph, spans)
     assert holders == {"x_tail": ["foreign node 0 (kernel k1)"], "out_mid": ["foreign node 2 (memset)"]}
     assert unreadable == []

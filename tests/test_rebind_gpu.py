@@ -4,8 +4,8 @@ CuPy-captured graph: every random rebind checked against a fresh eager run, and 
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
 from helpers import random_input, rel_err
+
 from rawgraph import DeviceBuffer, TinyBlock, capture_plan
 from rawgraph.runtime.errors import call
 from rawgraph.updates.rebind import AddressRebinder, LayoutMismatchError, RebindError
@@ -207,8 +207,8 @@ def test_cupy_graph_random_rebinds(stream, rng):
 
 def test_parameters_are_copied_and_exec_updates_leave_the_graph_alone(stream, rng, device):
     from rawgraph import ops
-    from rawgraph.runtime.launch import LaunchPlan
     from rawgraph.graphs.nodes import read_graph
+    from rawgraph.runtime.launch import LaunchPlan
 
     n = 1024
     a = DeviceBuffer.from_numpy(random_input(rng, n))

@@ -21,34 +21,64 @@ def _clock(median: float) -> dict:
 
 def _record(path, form, layers, width, batch, sync, **extra) -> dict:
     """A record as ``launch_paths.Runner.record`` writes it (host and device clocks below sync)."""
-    rec = {"path": path, "form": form, "layers": layers, "width": width, "batch": batch,
-           "sync_us": _clock(sync), "host_us": _clock(sync * 0.5), "device_us": _clock(sync * 0.7)}
+    rec = {
+        "path": path,
+        "form": form,
+        "layers": layers,
+        "width": width,
+        "batch": batch,
+        "sync_us": _clock(sync),
+        "host_us": _clock(sync * 0.5),
+        "device_us": _clock(sync * 0.7),
+    }
     rec.update(extra)
     return rec
 
 
 def fake_result() -> dict:
-    recs = [_record("floor_sync", None, 0, 0, 0, 0.84), _record("floor_empty_kernel", None, 0, 0, 0, 10.49),
-            _record("floor_empty_graph", None, 0, 0, 0, 6.59)]
+    recs = [
+        _record("floor_sync", None, 0, 0, 0, 0.84),
+        _record("floor_empty_kernel", None, 0, 0, 0, 10.49),
+        _record("floor_empty_graph", None, 0, 0, 0, 6.59),
+    ]
     for layers, width, batch, scale in ((1, 128, 1, 1.0), (64, 4096, 64, 1000.0)):
         key = (layers, width, batch)
-        recs += [_record("stream", "unfused", *key, 22.32 * scale),
-                 _record("graph", "unfused", *key, 11.27 * scale, capture_ms=0.28, instantiate_ms=0.06, pdl=True),
-                 _record("graph_nopdl", "unfused", *key, 12.60 * scale, pdl=False),
-                 _record("graph_copy", "unfused", *key, 18.89 * scale),
-                 _record("graph_update", "unfused", *key, 14.64 * scale),
-                 _record("graph_exec_update", "unfused", *key, 16.01 * scale),
-                 _record("torch_eager", None, *key, 38.73 * scale, rel_err_vs_rawgraph=1e-7),
-                 _record("torch_graph", None, *key, 13.69 * scale, capture_ms=7.55),
-                 _record("torch_graph_copy", None, *key, 20.23 * scale),
-                 _record("cupy_eager", None, *key, 30.0 * scale, rel_err_vs_rawgraph=1e-7),
-                 _record("cupy_graph", None, *key, 12.0 * scale, note="CuPy RawKernels", rel_err_vs_cupy_eager=0.0)]
-    recs.append({"path": "graph", "form": "fused", "layers": 1, "width": 128, "batch": 1, "sync_us": None, "host_us": None,
-                 "device_us": None})  # a record with no clocks (as record() allows)
+        recs += [
+            _record("stream", "unfused", *key, 22.32 * scale),
+            _record("graph", "unfused", *key, 11.27 * scale, capture_ms=0.28, instantiate_ms=0.06, pdl=True),
+            _record("graph_nopdl", "unfused", *key, 12.60 * scale, pdl=False),
+            _record("graph_copy", "unfused", *key, 18.89 * scale),
+            _record("graph_update", "unfused", *key, 14.64 * scale),
+            _record("graph_exec_update", "unfused", *key, 16.01 * scale),
+            _record("torch_eager", None, *key, 38.73 * scale, rel_err_vs_rawgraph=1e-7),
+            _record("torch_graph", None, *key, 13.69 * scale, capture_ms=7.55),
+            _record("torch_graph_copy", None, *key, 20.23 * scale),
+            _record("cupy_eager", None, *key, 30.0 * scale, rel_err_vs_rawgraph=1e-7),
+            _record("cupy_graph", None, *key, 12.0 * scale, note="CuPy RawKernels", rel_err_vs_cupy_eager=0.0),
+        ]
+    recs.append(
+        {
+            "path": "graph",
+            "form": "fused",
+            "layers": 1,
+            "width": 128,
+            "batch": 1,
+            "sync_us": None,
+            "host_us": None,
+            "device_us": None,
+        }
+    )  # a record with no clocks (as record() allows)
     fit = {"points": [], "fit": {"fixed_us": 2.21, "per_node_us": 0.001}}
-    micro = {"cuLaunchKernel": _clock(5.50), "cuLaunchKernelEx_pdl": _clock(4.22), "cuLaunchKernelEx_plain": _clock(5.03),
-             "manager_bind_1_node": _clock(1.62), "manager_bind_same": _clock(0.31), "cuGraphLaunch": fit,
-             "cuGraphExecKernelNodeSetParams": fit, "cuGraphExecUpdate": fit}
+    micro = {
+        "cuLaunchKernel": _clock(5.50),
+        "cuLaunchKernelEx_pdl": _clock(4.22),
+        "cuLaunchKernelEx_plain": _clock(5.03),
+        "manager_bind_1_node": _clock(1.62),
+        "manager_bind_same": _clock(0.31),
+        "cuGraphLaunch": fit,
+        "cuGraphExecKernelNodeSetParams": fit,
+        "cuGraphExecUpdate": fit,
+    }
     return {"env": {}, "grid": {}, "findings": [], "microcosts": micro, "records": recs, "wall_s": 1.0}
 
 
@@ -101,6 +131,7 @@ def test_plots_with_matplotlib(tmp_path):
 
 
 # -- progress -----------------------------------------------------------------------------------
+
 
 def test_duration():
     assert [duration(s) for s in (0.4, 59.6, 187, 3900)] == ["0s", "1m00s", "3m07s", "1h05m"]

@@ -80,8 +80,12 @@ class _Table(HTMLParser):
             self.cells.append([])
         elif tag in ("td", "th", "p", "li"):
             self._into = tag
-            {"td": lambda: self.cells[-1].append(""), "th": lambda: self.heads.append(""),
-             "p": lambda: self.paras.append(""), "li": lambda: self.items.append("")}[tag]()
+            {
+                "td": lambda: self.cells[-1].append(""),
+                "th": lambda: self.heads.append(""),
+                "p": lambda: self.paras.append(""),
+                "li": lambda: self.items.append(""),
+            }[tag]()
         elif tag == "br" and self._into == "td":
             self.cells[-1][-1] += "\n"
 
@@ -90,8 +94,12 @@ class _Table(HTMLParser):
             self._into = None
 
     def handle_data(self, data):
-        target = {"td": lambda: self.cells[-1], "th": lambda: self.heads, "p": lambda: self.paras,
-                  "li": lambda: self.items}.get(self._into)
+        target = {
+            "td": lambda: self.cells[-1],
+            "th": lambda: self.heads,
+            "p": lambda: self.paras,
+            "li": lambda: self.items,
+        }.get(self._into)
         if target is not None:
             t = target()
             t[-1] += data
@@ -105,15 +113,34 @@ def _parse(text):
 
 
 def _finding(cls, sev, node, kernel="scale", owner="owner", advice="advice", related=()):
-    return Finding(cls, CLASS_NAMES[cls], sev, node, "kernel", kernel, 0x7F00, owner, advice, str(node), 0x10 + node,
-                   "arg x", related)
+    return Finding(
+        cls,
+        CLASS_NAMES[cls],
+        sev,
+        node,
+        "kernel",
+        kernel,
+        0x7F00,
+        owner,
+        advice,
+        str(node),
+        0x10 + node,
+        "arg x",
+        related,
+    )
 
 
 def test_report_html_is_the_summary_and_a_table_of_the_findings():
     evil = "<script>alert('x')</script> & \"q\""
-    r = Report([_finding(5, "error", 2, kernel=evil, related=("0", "<1>")),
-                _finding(2, "warning", 0, owner=evil, advice=evil)],
-               graph=f"BuiltGraph {evil}", nodes=3, notes=[f"note {evil}"])
+    r = Report(
+        [
+            _finding(5, "error", 2, kernel=evil, related=("0", "<1>")),
+            _finding(2, "warning", 0, owner=evil, advice=evil),
+        ],
+        graph=f"BuiltGraph {evil}",
+        nodes=3,
+        notes=[f"note {evil}"],
+    )
     text = r._repr_html_()
     assert "<script>" not in text and "&lt;script&gt;" in text and "<1>" not in text
     got = _parse(text)

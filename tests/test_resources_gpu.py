@@ -19,7 +19,7 @@ def test_close_twice_and_context_managers(stream):
         assert obj.closed
         obj.close()
     with pytest.raises(ClosedError):
-        b.ptr
+        _ = b.ptr
     with pytest.raises(ClosedError):
         s.synchronize()
 

@@ -3,15 +3,15 @@ eager == replay for the same state, shared generators, seed reset, dropout in th
 
 import numpy as np
 import pytest
-
 from helpers import bench_script, random_input, rel_err
+
 from rawgraph import DeviceBuffer, TinyBlock, capture_plan
 from rawgraph.control import (
     PhiloxGenerator,
     blocks_for,
     noisy_plan,
-    reference_numbers,
     reference_noisy_forward,
+    reference_numbers,
     uniform24,
 )
 from rawgraph.runtime.errors import CaptureRefusedError, ClosedError
@@ -62,7 +62,7 @@ def test_replays_draw_fresh_numbers_and_match_eager_at_the_same_offsets(stream, 
     out = DeviceBuffer((n,), np.uint32)
     plan = gen.draw_plan(out)
     exe = capture_plan(plan, stream).instantiate()  # the warm-up run advanced the state...
-    gen.set_state(seed, stream, off0)               # ...so start again from off0
+    gen.set_state(seed, stream, off0)  # ...so start again from off0
     replays = [_run(exe.launch, out, stream) for _ in range(3)]
     nb = blocks_for(n)
     for i, r in enumerate(replays):

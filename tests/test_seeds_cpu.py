@@ -15,7 +15,10 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 def _rawgraph_importable(monkeypatch):
     # pytester runs pytest in a temporary folder: make rawgraph importable there as it is here.
     # tests/ too: the copied conftest.py imports its helper module singletons from there.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([ROOT, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")])
+    )
+
 
 FAILING = """
 def test_draws_then_fails(rng):

@@ -9,9 +9,24 @@ import pytest
 
 from rawgraph import LayoutError, ShapeError, as_device_array, ops
 from rawgraph.ops import gemm
-from rawgraph.ops.gemm import (SGEMM_CUTS, SGEMM_TABLE, SGEMM_TABLE_COLUMNS, MatmulShape, SgemmCut, _check_shape,
-                               format_sgemm_table, gemm_smem_bytes, matmul_expr, matmul_file, matmul_shape,
-                               parse_sgemm_table, sgemm_cut, sgemm_fits, sgemm_shape, sgemm_smem_bytes)
+from rawgraph.ops.gemm import (
+    SGEMM_CUTS,
+    SGEMM_TABLE,
+    SGEMM_TABLE_COLUMNS,
+    MatmulShape,
+    SgemmCut,
+    _check_shape,
+    format_sgemm_table,
+    gemm_smem_bytes,
+    matmul_expr,
+    matmul_file,
+    matmul_shape,
+    parse_sgemm_table,
+    sgemm_cut,
+    sgemm_fits,
+    sgemm_shape,
+    sgemm_smem_bytes,
+)
 from rawgraph.runtime.compiler import compile_source
 from rawgraph.runtime.module import kernel_source
 
@@ -20,8 +35,13 @@ OPTIN = 232448  # H100 / H200: most dynamic shared memory one CTA may ask for
 
 class FakeCAI:
     def __init__(self, shape, ptr=0x7F0000000000):
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f4", "data": (ptr, False), "strides": None,
-                                         "version": 3}
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": "<f4",
+            "data": (ptr, False),
+            "strides": None,
+            "version": 3,
+        }
 
 
 def _arr(shape, ptr=0x7F0000000000):
@@ -56,7 +76,7 @@ CUTS = [
     (100, 1000, 996, SgemmCut(64, 64, 32, 2, split=2, slices=2)),
     (33, 1000, 260, SgemmCut(128, 128, 8, 3, minb=2)),
     (5, 36, 68, SgemmCut(32, 64, 8, 2, split=8)),
-    (104, 1024, 1024, SgemmCut(64, 128, 8, 3, split=6, slices=2, tm=4)),   # 4 x 8 outputs per thread
+    (104, 1024, 1024, SgemmCut(64, 128, 8, 3, split=6, slices=2, tm=4)),  # 4 x 8 outputs per thread
     (40, 1000, 260, SgemmCut(16, 64, 16, 3, slices=2, minb=2, tm=4)),
 ]
 
@@ -69,7 +89,15 @@ def test_sgemm_shape_matches_the_sweep(sweep, m, k, n, cut):
     ref = sweep.Cut.of(cut)
     assert shape.kernel == "sgemm" and matmul_file(shape) == "sgemm"
     assert (shape.bm, shape.bn, shape.bk, shape.stages, shape.split, shape.slices, shape.minb, shape.tm) == (
-        cut.bm, cut.bn, cut.bk, cut.stages, cut.split, cut.slices, cut.minb, cut.tm)
+        cut.bm,
+        cut.bn,
+        cut.bk,
+        cut.stages,
+        cut.split,
+        cut.slices,
+        cut.minb,
+        cut.tm,
+    )
     assert sgemm_cut(shape) == cut and ref.record == cut
     assert shape.per_sm == 0 and shape.vec == 4
     for epi in ("none", "relu", "add"):
@@ -77,8 +105,11 @@ def test_sgemm_shape_matches_the_sweep(sweep, m, k, n, cut):
     assert sweep._parse_cut(matmul_expr("none", shape)) == ref
     assert shape.grid == ref.grid(m, n) == (-(-n // cut.bn), cut.split, -(-m // cut.bm))
     assert shape.threads == ref.threads == cut.threads == cut.slices * (cut.bm // cut.tm) * (cut.bn // 8)
-    assert gemm_smem_bytes(shape) == sgemm_smem_bytes(cut.bm, cut.bn, cut.bk, cut.stages, cut.split,
-                                                      cut.slices) == ref.smem
+    assert (
+        gemm_smem_bytes(shape)
+        == sgemm_smem_bytes(cut.bm, cut.bn, cut.bk, cut.stages, cut.split, cut.slices)
+        == ref.smem
+    )
     assert shape.ctas == shape.grid[0] * shape.grid[1] * shape.grid[2]
 
 
@@ -104,24 +135,27 @@ def test_sgemm_numbers_by_hand():
     assert gemm_smem_bytes(four) == gemm_smem_bytes(eight)
 
 
-@pytest.mark.parametrize("cut,clusters,match", [
-    (SgemmCut(48, 64, 16, 3), True, "BM % 32"),
-    (SgemmCut(40, 64, 16, 3, tm=4), True, "BM % 16"),
-    (SgemmCut(64, 64, 16, 3, tm=2), True, "TM must be 8 or 4"),
-    (SgemmCut(128, 128, 16, 3, minb=5, tm=4), True, "MINB 5 x 512"),
-    (SgemmCut(64, 96, 16, 3), True, "BN % 64"),
-    (SgemmCut(64, 64, 6, 3), True, "multiple of 4"),
-    (SgemmCut(64, 64, 0, 3), True, "multiple of 4"),
-    (SgemmCut(64, 64, 16, 1), True, "2 pipeline stages"),
-    (SgemmCut(64, 64, 16, 3, split=9), True, "split 9"),
-    (SgemmCut(64, 64, 16, 3, split=0), True, "split 0"),
-    (SgemmCut(64, 64, 16, 3, split=2), False, "clusters"),
-    (SgemmCut(64, 64, 16, 3, slices=9), True, "slices"),
-    (SgemmCut(256, 256, 16, 3, slices=2), True, "2048 threads"),
-    (SgemmCut(128, 128, 16, 3, slices=5), True, "at most 1024"),
-    (SgemmCut(128, 128, 16, 3, slices=2, minb=5), True, "MINB 5"),
-    (SgemmCut(64, 64, 16, 3, minb=0), True, "MINB 0"),
-])
+@pytest.mark.parametrize(
+    "cut,clusters,match",
+    [
+        (SgemmCut(48, 64, 16, 3), True, "BM % 32"),
+        (SgemmCut(40, 64, 16, 3, tm=4), True, "BM % 16"),
+        (SgemmCut(64, 64, 16, 3, tm=2), True, "TM must be 8 or 4"),
+        (SgemmCut(128, 128, 16, 3, minb=5, tm=4), True, "MINB 5 x 512"),
+        (SgemmCut(64, 96, 16, 3), True, "BN % 64"),
+        (SgemmCut(64, 64, 6, 3), True, "multiple of 4"),
+        (SgemmCut(64, 64, 0, 3), True, "multiple of 4"),
+        (SgemmCut(64, 64, 16, 1), True, "2 pipeline stages"),
+        (SgemmCut(64, 64, 16, 3, split=9), True, "split 9"),
+        (SgemmCut(64, 64, 16, 3, split=0), True, "split 0"),
+        (SgemmCut(64, 64, 16, 3, split=2), False, "clusters"),
+        (SgemmCut(64, 64, 16, 3, slices=9), True, "slices"),
+        (SgemmCut(256, 256, 16, 3, slices=2), True, "2048 threads"),
+        (SgemmCut(128, 128, 16, 3, slices=5), True, "at most 1024"),
+        (SgemmCut(128, 128, 16, 3, slices=2, minb=5), True, "MINB 5"),
+        (SgemmCut(64, 64, 16, 3, minb=0), True, "MINB 0"),
+    ],
+)
 def test_sgemm_shape_refuses_what_the_kernel_cannot_be(cut, clusters, match):
     with pytest.raises(ShapeError, match=match):
         sgemm_shape(64, 1024, 1024, cut, clusters=clusters)
@@ -164,12 +198,16 @@ def test_hand_picked_sgemm_cuts_are_checked():
     with pytest.raises(ShapeError, match="BN % 64"):
         _check_shape(bad, 64, 1000, 1000, x, w, clusters=True)
     # a residency cap is not an sgemm thing (MINB is); a wrong grid is refused
-    for wrong in (MatmulShape("sgemm", 4, 128, 64, 2, good.grid, 2, 2, 16, 3, 1, 8),
-                  MatmulShape("sgemm", 4, 128, 64, 2, (8, 2, 2), 0, 2, 16, 3, 1, 8)):
+    for wrong in (
+        MatmulShape("sgemm", 4, 128, 64, 2, good.grid, 2, 2, 16, 3, 1, 8),
+        MatmulShape("sgemm", 4, 128, 64, 2, (8, 2, 2), 0, 2, 16, 3, 1, 8),
+    ):
         with pytest.raises(ShapeError, match="does not fit"):
             _check_shape(wrong, 64, 1000, 1000, x, w, clusters=True)
     with pytest.raises(ShapeError, match="BM % 16"):  # TM 4: a warp covers 16 rows
-        _check_shape(MatmulShape("sgemm", 4, 128, 40, 1, (8, 1, 2), 0, 1, 16, 3, 1, 4), 64, 1000, 1000, x, w, clusters=True)
+        _check_shape(
+            MatmulShape("sgemm", 4, 128, 40, 1, (8, 1, 2), 0, 1, 16, 3, 1, 4), 64, 1000, 1000, x, w, clusters=True
+        )
     with pytest.raises(ShapeError, match="needs tm"):
         MatmulShape("sgemm", 4, 128, 64, 2, good.grid, 0, 2, 16, 3, 1)
 
@@ -203,13 +241,18 @@ def test_the_table_text_is_one_row_per_product_in_named_columns():
     assert parse_sgemm_table(format_sgemm_table(SGEMM_CUTS)) == SGEMM_CUTS
 
 
-@pytest.mark.parametrize("text,match", [
-    ("m k n bm bn bk stages split slices minb\n64 64 64 64 64 16 3 1 1 1", "header"),
-    ("m k n bm bn bk stages split slices minb tm\n64 64 64 64 64 16 3 1 1 1", "11 integers"),
-    ("m k n bm bn bk stages split slices minb tm\n64 64 64 64 64 16 3 1 1 1 x", "11 integers"),
-    ("m k n bm bn bk stages split slices minb tm\n64 64 64 64 64 16 3 1 1 1 8\n64 64 64 32 64 16 3 1 1 1 8",
-     "second row"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("m k n bm bn bk stages split slices minb\n64 64 64 64 64 16 3 1 1 1", "header"),
+        ("m k n bm bn bk stages split slices minb tm\n64 64 64 64 64 16 3 1 1 1", "11 integers"),
+        ("m k n bm bn bk stages split slices minb tm\n64 64 64 64 64 16 3 1 1 1 x", "11 integers"),
+        (
+            "m k n bm bn bk stages split slices minb tm\n64 64 64 64 64 16 3 1 1 1 8\n64 64 64 32 64 16 3 1 1 1 8",
+            "second row",
+        ),
+    ],
+)
 def test_a_malformed_table_text_is_refused(text, match):
     with pytest.raises(ValueError, match=match):
         parse_sgemm_table(text)
@@ -242,8 +285,15 @@ def test_table_entry_is_used_for_its_shape_and_the_row_counts_just_below(monkeyp
         assert matmul_shape(m, 4096, 4096, 132) == sgemm_shape(m, 4096, 4096, split2), m
     for m in range(65, 72):
         assert matmul_shape(m, 1024, 1024, 132, clusters=False) == sgemm_shape(m, 1024, 1024, slices4)
-    for other in ((65, 4096, 4096), (56, 4096, 4096), (64, 1024, 1024), (64, 4096, 4092), (64, 4092, 4096),
-                  (72, 1024, 4096), (256, 4096, 4096)):
+    for other in (
+        (65, 4096, 4096),
+        (56, 4096, 4096),
+        (64, 1024, 1024),
+        (64, 4096, 4092),
+        (64, 4092, 4096),
+        (72, 1024, 4096),
+        (256, 4096, 4096),
+    ):
         assert matmul_shape(*other, 132).kernel != "sgemm", other
     # where the cut cannot run, today's rule: misaligned x or W, no clusters for a split, too
     # little shared memory
@@ -302,6 +352,7 @@ def test_tinyblock_row_grid_knows_sgemm():
 
 # -- launches and TinyBlock plans on the fake driver (tests/fakedriver.py): real NVRTC cubins ------
 
+
 @pytest.fixture(scope="module")
 def fake():
     from fault_cases import fake_session
@@ -335,8 +386,9 @@ def test_sgemm_launch_is_built_as_the_sweep_launches_it(fake, sweep):
         big_k = 4096
         with DeviceBuffer((m, big_k)) as xb, DeviceBuffer((big_k, 1024)) as wb, DeviceBuffer((m, 1024)) as yb:
             vb = {"x": xb.view(), "W": wb.view(), "y": yb.view()}
-            late = ops.matmul(dev, vb, "x", "W", "y",
-                              shape=sgemm_shape(m, big_k, 1024, SgemmCut(64, 64, 16, 3, split=2)))
+            late = ops.matmul(
+                dev, vb, "x", "W", "y", shape=sgemm_shape(m, big_k, 1024, SgemmCut(64, 64, 16, 3, split=2))
+            )
             assert late.args["flags"] == 0  # 16 MB of W: after the K loop
 
 
@@ -348,8 +400,11 @@ def test_tinyblock_plan_uses_a_table_cut(fake, monkeypatch, form):
     width, batch = 256, 72
     cut = SgemmCut(32, 64, 16, 3, split=2)
     monkeypatch.setattr(gemm, "SGEMM_CUTS", {(batch, width, width): cut})
-    with TinyBlock(width, batch, 2, seed=1, form=form) as model, \
-            DeviceBuffer((batch, width)) as x, DeviceBuffer((batch, width)) as out:
+    with (
+        TinyBlock(width, batch, 2, seed=1, form=form) as model,
+        DeviceBuffer((batch, width)) as x,
+        DeviceBuffer((batch, width)) as out,
+    ):
         plan = model.plan(x, out)
         mm = [l for l in plan.launches if "gemm" in l.kernel.name or "matvec" in l.kernel.name]
         assert mm and all(l.kernel.name.startswith("sgemm_split_kernel<") for l in mm)
@@ -364,8 +419,11 @@ def test_tinyblock_plan_uses_a_table_cut(fake, monkeypatch, form):
                 assert grid_for(e, batch) == launch.grid
                 assert grid_for(e, 1) == (shape.grid[0], shape.grid[1], 1)
     monkeypatch.setattr(gemm, "SGEMM_CUTS", {})
-    with TinyBlock(width, batch, 1, seed=1, form=form) as model, \
-            DeviceBuffer((batch, width)) as x, DeviceBuffer((batch, width)) as out:
+    with (
+        TinyBlock(width, batch, 1, seed=1, form=form) as model,
+        DeviceBuffer((batch, width)) as x,
+        DeviceBuffer((batch, width)) as out,
+    ):
         assert not any(l.kernel.name.startswith("sgemm") for l in model.plan(x, out).launches)
 
 
@@ -378,8 +436,14 @@ def test_routes_rows_is_false_for_a_lookalike(fake):
 
     dev = get_device()
     with DeviceBuffer((64, 256)) as x, DeviceBuffer((256, 256)) as w, DeviceBuffer((64, 256)) as y:
-        launch = ops.matmul(dev, {"x": x.view(), "W": w.view(), "y": y.view()}, "x", "W", "y",
-                            shape=sgemm_shape(64, 256, 256, SgemmCut(64, 64, 16, 3)))
+        launch = ops.matmul(
+            dev,
+            {"x": x.view(), "W": w.view(), "y": y.view()},
+            "x",
+            "W",
+            "y",
+            shape=sgemm_shape(64, 256, 256, SgemmCut(64, 64, 16, 3)),
+        )
         other = SimpleNamespace(kernel=SimpleNamespace(name=launch.kernel.name, module=launch.kernel.module))
         assert ops.routes_rows(launch) and not ops.routes_rows(other)
 
@@ -409,6 +473,7 @@ def test_a_named_cut_the_kernel_cannot_be_is_refused_when_parsed(sweep):
 def test_the_sweep_table_judges_the_faster_of_best_and_current(sweep):
     """The flags judge what the library could serve: the best candidate or today's cut, whichever
     was faster; today's cut alone when no candidate passed."""
+
     def row(m, best, cur, cub=10.0):
         r = {"M": m, "K": 1024, "N": 1024, "cublas": {"us": cub}, "best_variants": {}}
         if best:
@@ -416,8 +481,10 @@ def test_the_sweep_table_judges_the_faster_of_best_and_current(sweep):
         if cur:
             r["current"] = {"cut": "sgemm b", "us": cur, "pct_peak": 20.0, "pct_copy_bw": 10.0}
         return r
-    text = sweep.table({"rows": [row(64, 10.5, 9.5), row(72, 9.0, 11.0), row(80, None, 9.9), row(88, 10.2, None),
-                                 row(96, None, None)]})
+
+    text = sweep.table(
+        {"rows": [row(64, 10.5, 9.5), row(72, 9.0, 11.0), row(80, None, 9.9), row(88, 10.2, None), row(96, None, None)]}
+    )
     assert "MISSED at [(88, 1024), (96, 1024)]" in text, text
     lines = {int(l.split()[0]): l for l in text.splitlines() if l[:4].strip().isdigit()}
     assert "(current)" in lines[80] and "REQUIRED-MISS" not in lines[64] + lines[72] + lines[80]
@@ -429,7 +496,7 @@ def test_the_sweep_times_named_cuts_once(sweep):
     cands = sweep.candidates(256, 4096, 4096, 132, 4)
     named = SgemmCut(128, 128, 8, 4, split=2)
     got = sweep.with_cuts(cands, [named, cands[0].record])
-    assert got[:len(cands)] == cands and got[len(cands):] == [sweep.Cut.of(named)]
+    assert got[: len(cands)] == cands and got[len(cands) :] == [sweep.Cut.of(named)]
     assert sweep.with_cuts(cands, []) == cands
 
 
@@ -447,13 +514,15 @@ def test_the_bank_conflict_screen_counts_register_file_reads_in_one_bank(monkeyp
     spec = importlib.util.spec_from_file_location("sgemm_bank_conflicts", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    sass = "\n".join([
-        "        /*0010*/                   FFMA R4, R8, R12, R16 ;        /* 0x0 */",  # 0, 0, 0: conflict
-        "        /*0020*/                   FFMA R4, R8.reuse, R12, R17 ;  /* 0x0 */",  # R8 still read: 0, 0, 1
-        "        /*0030*/                   FFMA R5, R8, R13, R20 ;        /* 0x0 */",  # R8 cached: 1, 0
-        "        /*0040*/                @P0 FFMA R5, R9, R13, R6 ;        /* 0x0 */",  # 1, 1, 2: conflict
-        "        /*0050*/                   LDS.128 R8, [R2] ;             /* 0x0 */",
-    ])
+    sass = "\n".join(
+        [
+            "        /*0010*/                   FFMA R4, R8, R12, R16 ;        /* 0x0 */",  # 0, 0, 0: conflict
+            "        /*0020*/                   FFMA R4, R8.reuse, R12, R17 ;  /* 0x0 */",  # R8 still read: 0, 0, 1
+            "        /*0030*/                   FFMA R5, R8, R13, R20 ;        /* 0x0 */",  # R8 cached: 1, 0
+            "        /*0040*/                @P0 FFMA R5, R9, R13, R6 ;        /* 0x0 */",  # 1, 1, 2: conflict
+            "        /*0050*/                   LDS.128 R8, [R2] ;             /* 0x0 */",
+        ]
+    )
     assert mod.ffma_conflicts(sass) == (5, 4, 3)
     assert mod.parse_cut("64,128,32,3,2,1,1") == SgemmCut(64, 128, 32, 3, split=2)
     for bad in ("64,128", "64,128,32,3,2,1,x"):

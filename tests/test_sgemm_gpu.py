@@ -7,8 +7,8 @@ from dataclasses import astuple
 
 import numpy as np
 import pytest
-
 from helpers import random_input, rel_err
+
 from rawgraph import DeviceBuffer, LaunchPlan, TinyBlock, capture_plan, ops
 from rawgraph.ops import SgemmCut, gemm, sgemm_shape
 from rawgraph.runtime.memory import POISON_BITS, DeviceArray
@@ -18,19 +18,19 @@ F32 = np.dtype(np.float32)
 
 # (M, K, N, cut), tails in M, K (not a multiple of BK) and N (not of BN)
 CUTS = [
-    (33, 1000, 996, SgemmCut(64, 64, 16, 3)),                           # no split: epilogue from registers
-    (70, 1004, 260, SgemmCut(128, 128, 8, 2, minb=2)),                  # MINB 2 (128 registers)
-    (256, 512, 512, SgemmCut(128, 128, 16, 4)),                         # whole tiles
-    (37, 1000, 996, SgemmCut(64, 128, 8, 4, split=3)),                  # cluster split of 3 (not a power of two)
-    (100, 1000, 132, SgemmCut(32, 128, 16, 3, split=8)),                # cluster split of 8: 4 rows per rank
-    (70, 1000, 196, SgemmCut(32, 128, 16, 3, slices=2)),                # in-CTA K slices
-    (65, 520, 260, SgemmCut(64, 64, 32, 2, slices=4)),                  # 4 slices, 136 KB of shared memory
-    (33, 1000, 996, SgemmCut(64, 128, 16, 3, split=2, slices=2)),       # split and slices
-    (5, 36, 68, SgemmCut(32, 64, 8, 2, split=8)),                       # K shorter than the parts: empty K parts
-    (1, 4, 4, SgemmCut(32, 64, 4, 2)),                                  # the smallest product
-    (40, 1000, 996, SgemmCut(64, 64, 8, 5, split=8, tm=4)),             # 4 x 8 outputs per thread, cluster split of 8
+    (33, 1000, 996, SgemmCut(64, 64, 16, 3)),  # no split: epilogue from registers
+    (70, 1004, 260, SgemmCut(128, 128, 8, 2, minb=2)),  # MINB 2 (128 registers)
+    (256, 512, 512, SgemmCut(128, 128, 16, 4)),  # whole tiles
+    (37, 1000, 996, SgemmCut(64, 128, 8, 4, split=3)),  # cluster split of 3 (not a power of two)
+    (100, 1000, 132, SgemmCut(32, 128, 16, 3, split=8)),  # cluster split of 8: 4 rows per rank
+    (70, 1000, 196, SgemmCut(32, 128, 16, 3, slices=2)),  # in-CTA K slices
+    (65, 520, 260, SgemmCut(64, 64, 32, 2, slices=4)),  # 4 slices, 136 KB of shared memory
+    (33, 1000, 996, SgemmCut(64, 128, 16, 3, split=2, slices=2)),  # split and slices
+    (5, 36, 68, SgemmCut(32, 64, 8, 2, split=8)),  # K shorter than the parts: empty K parts
+    (1, 4, 4, SgemmCut(32, 64, 4, 2)),  # the smallest product
+    (40, 1000, 996, SgemmCut(64, 64, 8, 5, split=8, tm=4)),  # 4 x 8 outputs per thread, cluster split of 8
     (70, 1004, 260, SgemmCut(16, 128, 16, 3, slices=2, minb=2, tm=4)),  # TM 4: K slices, MINB 2, epilogue from partials
-    (33, 1000, 196, SgemmCut(48, 64, 16, 4, tm=4)),                     # TM 4, no split: epilogue from registers
+    (33, 1000, 196, SgemmCut(48, 64, 16, 4, tm=4)),  # TM 4, no split: epilogue from registers
 ]
 _IDS = [f"m{m}-k{k}-n{n}-" + "-".join(map(str, astuple(c)[:7] if c.tm == 8 else astuple(c))) for m, k, n, c in CUTS]
 
@@ -52,8 +52,12 @@ def _case(device, stream, xh, wh, rh, epilogue, shape, offset=0, indirect=False,
     x, w = DeviceBuffer.from_numpy(xh), DeviceBuffer.from_numpy(wh)
     rbuf = DeviceBuffer.from_numpy(np.concatenate([np.zeros(offset, F32), rh.ravel()]))
     ybuf = DeviceBuffer(m * n + offset)
-    views = {"x": x.view(), "W": w.view(), "r": DeviceArray(rbuf.ptr + 4 * offset, (m, n), F32, rbuf),
-             "y": DeviceArray(ybuf.ptr + 4 * offset, (m, n), F32, ybuf)}
+    views = {
+        "x": x.view(),
+        "W": w.view(),
+        "r": DeviceArray(rbuf.ptr + 4 * offset, (m, n), F32, rbuf),
+        "y": DeviceArray(ybuf.ptr + 4 * offset, (m, n), F32, ybuf),
+    }
     launch = ops.matmul(device, views, "x", "W", "y", epilogue, r="r" if epilogue == "add" else None, shape=shape)
     assert launch.kernel.name == ops.matmul_expr(epilogue, shape)
     assert launch.grid == shape.grid and launch.block == (shape.threads, 1, 1)
@@ -90,8 +94,11 @@ def compiled_cuts():
     from rawgraph import get_device
     from rawgraph.runtime.module import get_kernels
 
-    get_kernels("sgemm", sorted({ops.matmul_expr(e, sgemm_shape(m, k, n, c)) for m, k, n, c in CUTS
-                                 for e in ops.EPILOGUES}), get_device())
+    get_kernels(
+        "sgemm",
+        sorted({ops.matmul_expr(e, sgemm_shape(m, k, n, c)) for m, k, n, c in CUTS for e in ops.EPILOGUES}),
+        get_device(),
+    )
 
 
 @pytest.mark.parametrize("epilogue", ["none", "relu", "add"])
@@ -107,29 +114,41 @@ def test_sgemm_cut_matches_float64(device, stream, rng, compiled_cuts, epilogue,
 
 
 @pytest.mark.parametrize("indirect", [False, True])
-@pytest.mark.parametrize("m,k,n,cut", [CUTS[i] for i in (0, 3, 7, 8, 10, 12)], ids=[_IDS[i] for i in (0, 3, 7, 8, 10, 12)])
+@pytest.mark.parametrize(
+    "m,k,n,cut", [CUTS[i] for i in (0, 3, 7, 8, 10, 12)], ids=[_IDS[i] for i in (0, 3, 7, 8, 10, 12)]
+)
 def test_sgemm_misaligned_y_r_and_pointer_slots(device, stream, rng, compiled_cuts, indirect, m, k, n, cut):
     """y and r one float past 16-byte alignment (the epilogue's scalar stores), optionally read
     through pointer slots; the float before y keeps its poison."""
     xh, wh, rh = random_input(rng, (m, k)), random_input(rng, (k, n)), random_input(rng, (m, n))
-    for offset in ((1, 0) if indirect else (1,)):
+    for offset in (1, 0) if indirect else (1,):
         outs, before = _case(device, stream, xh, wh, rh, "add", sgemm_shape(m, k, n, cut), offset, indirect)
         _check(outs, _reference(xh, wh, rh, "add"), rng)
         assert np.all(before.view(np.uint32) == POISON_BITS), "wrote before y"
 
 
-@pytest.mark.parametrize("m,k,cut", [(37, 264, SgemmCut(64, 64, 16, 3)),
-                                     (70, 264, SgemmCut(32, 128, 8, 3, split=3, slices=2)),
-                                     (5, 1000, SgemmCut(32, 64, 16, 3, split=2, slices=2)),
-                                     (37, 264, SgemmCut(32, 64, 8, 3, split=3, tm=4))])
+@pytest.mark.parametrize(
+    "m,k,cut",
+    [
+        (37, 264, SgemmCut(64, 64, 16, 3)),
+        (70, 264, SgemmCut(32, 128, 8, 3, split=3, slices=2)),
+        (5, 1000, SgemmCut(32, 64, 16, 3, split=2, slices=2)),
+        (37, 264, SgemmCut(32, 64, 8, 3, split=3, tm=4)),
+    ],
+)
 def test_sgemm_row_tables(device, stream, rng, m, k, cut):
     """Row m of x, r and y is row table[m] of a larger state (the slot pool's fused gather and
     scatter); every other row of y keeps its poison; two runs agree bit for bit."""
     states = 3 * m + 1
     table = rng.permutation(states)[:m].astype(np.int32)
     xh, wh, rh = random_input(rng, (states, k)), random_input(rng, (k, k)), random_input(rng, (states, k))
-    bufs = {"x": DeviceBuffer.from_numpy(xh), "W": DeviceBuffer.from_numpy(wh), "r": DeviceBuffer.from_numpy(rh),
-            "y": DeviceBuffer((states, k)), "t": DeviceBuffer.from_numpy(table)}
+    bufs = {
+        "x": DeviceBuffer.from_numpy(xh),
+        "W": DeviceBuffer.from_numpy(wh),
+        "r": DeviceBuffer.from_numpy(rh),
+        "y": DeviceBuffer((states, k)),
+        "t": DeviceBuffer.from_numpy(table),
+    }
     views = {"W": bufs["W"].view()}
     views.update({key: DeviceArray(bufs[key].ptr, (m, k), F32, bufs[key]) for key in ("x", "r", "y")})
     launch = ops.matmul(device, views, "x", "W", "y", "add", r="r", shape=sgemm_shape(m, k, k, cut))
@@ -156,13 +175,20 @@ def test_sgemm_after_a_writer_with_pdl(device, stream, rng, compiled_cuts, m, k,
     """A PDL launch after the kernel that writes its x: it may start early (its W prefetch), but
     reads x only once that kernel is done (poisoned x would show as NaN)."""
     xh, wh = random_input(rng, (m, k)), random_input(rng, (k, n))
-    bufs = {"xsrc": DeviceBuffer.from_numpy(xh), "zero": DeviceBuffer.from_numpy(np.zeros_like(xh)),
-            "x": DeviceBuffer((m, k)), "W": DeviceBuffer.from_numpy(wh), "y": DeviceBuffer((m, n))}
+    bufs = {
+        "xsrc": DeviceBuffer.from_numpy(xh),
+        "zero": DeviceBuffer.from_numpy(np.zeros_like(xh)),
+        "x": DeviceBuffer((m, k)),
+        "W": DeviceBuffer.from_numpy(wh),
+        "y": DeviceBuffer((m, n)),
+    }
     views = {key: b.view() for key, b in bufs.items()}
     bufs["x"].poison(stream)
     bufs["y"].poison(stream)
-    launches = [ops.add(device, views, "xsrc", "zero", "x"),
-                ops.matmul(device, views, "x", "W", "y", shape=sgemm_shape(m, k, n, cut))]
+    launches = [
+        ops.add(device, views, "xsrc", "zero", "x"),
+        ops.matmul(device, views, "x", "W", "y", shape=sgemm_shape(m, k, n, cut)),
+    ]
     plan = LaunchPlan(launches, views, pdl=True)
     plan.run(stream)
     stream.synchronize()
@@ -173,9 +199,14 @@ def test_sgemm_after_a_writer_with_pdl(device, stream, rng, compiled_cuts, m, k,
 
 
 @pytest.mark.parametrize("form", ["unfused", "fused"])
-@pytest.mark.parametrize("width,batch,cut", [(256, 72, SgemmCut(32, 64, 16, 3, split=2)),
-                                             (1024, 64, SgemmCut(64, 128, 16, 4, split=2, slices=2)),
-                                             (1024, 104, SgemmCut(64, 128, 8, 3, split=6, slices=2, tm=4))])
+@pytest.mark.parametrize(
+    "width,batch,cut",
+    [
+        (256, 72, SgemmCut(32, 64, 16, 3, split=2)),
+        (1024, 64, SgemmCut(64, 128, 16, 4, split=2, slices=2)),
+        (1024, 104, SgemmCut(64, 128, 8, 3, split=6, slices=2, tm=4)),
+    ],
+)
 def test_tinyblock_with_a_table_cut_matches_float64(monkeypatch, stream, rng, form, width, batch, cut):
     monkeypatch.setattr(gemm, "SGEMM_CUTS", {(batch, width, width): cut})
     model = TinyBlock(width, batch, 2, seed=int(rng.integers(1 << 30)), form=form)

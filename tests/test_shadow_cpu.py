@@ -5,10 +5,9 @@ path (manager, rebinder, re-shaped graph, slot pool's params mode, indirect grap
 
 from __future__ import annotations
 
+import fault_cases as fc
 import pytest
 from cuda.bindings import driver
-
-import fault_cases as fc
 from fault_cases import fake_session
 
 SET = "cuGraphExecKernelNodeSetParams"
@@ -88,12 +87,24 @@ def _slots(st: dict) -> None:
 
 # path -> (setup, the update that pushes several nodes, exec == shadow check, nodes it pushes)
 PATHS = {
-    "manager": (_manager, lambda st: st["mgr"].bind_many({"x": st["x2"], "out": st["o2"]}), fc.mgr_consistent,
-                lambda st: len({i for ns in st["mgr"].bindings.values() for i, _a, _r in ns})),
-    "rebinder": (_rebinder, lambda st: st["reb"].apply(st["binding"]), fc.reb_consistent,
-                 lambda st: len(st["binding"].kernels)),
-    "reshaped": (_reshaped, lambda st: st["rg"].reshape(1), fc._reshaped_consistent,
-                 lambda st: sum(a != b for a, b in zip(st["rg"]._current[st["rg"]._group_of[1]], st["rg"]._keys[1]))),
+    "manager": (
+        _manager,
+        lambda st: st["mgr"].bind_many({"x": st["x2"], "out": st["o2"]}),
+        fc.mgr_consistent,
+        lambda st: len({i for ns in st["mgr"].bindings.values() for i, _a, _r in ns}),
+    ),
+    "rebinder": (
+        _rebinder,
+        lambda st: st["reb"].apply(st["binding"]),
+        fc.reb_consistent,
+        lambda st: len(st["binding"].kernels),
+    ),
+    "reshaped": (
+        _reshaped,
+        lambda st: st["rg"].reshape(1),
+        fc._reshaped_consistent,
+        lambda st: sum(a != b for a, b in zip(st["rg"]._current[st["rg"]._group_of[1]], st["rg"]._keys[1])),
+    ),
     "slots": (_slots, lambda st: st["pool"].step(), lambda st: _slots_consistent(st), lambda st: 2),
 }
 
@@ -105,7 +116,7 @@ def _slots_consistent(st: dict) -> None:
         for node, table in zip(shadow.handles, tables):
             k = fc.held_kernel(pool.execs[b], node)
             off, _size = fc.FAKE.layout(k["func"])[[n for n, _ in pool._edges[b][0].args.spec].index("table")]
-            assert k["blob"][off:off + table.nbytes] == table.tobytes(), f"bucket {b}: exec and shadow differ"
+            assert k["blob"][off : off + table.nbytes] == table.tobytes(), f"bucket {b}: exec and shadow differ"
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
@@ -127,7 +138,7 @@ def test_a_push_refused_at_the_kth_node_leaves_exec_and_shadow_equal(session, mo
                 update(st)
             # the k-1 nodes the driver took were given their old values again
             assert len(pushes.calls) == k + (k - 1), (path, k, pushes.calls)
-            assert pushes.calls[k:] == pushes.calls[:k - 1][::-1]
+            assert pushes.calls[k:] == pushes.calls[: k - 1][::-1]
             consistent(st)
             monkeypatch.setattr(driver, SET, pushes.real)
             update(st)  # the same update again: it now goes through whole
@@ -183,10 +194,15 @@ def test_every_update_path_runs_on_the_shadow_core(st, monkeypatch):
     ind_st = part(fc._ind_apply_setup())
     ind = ind_st["ind"]
     mgr, reb, rg = m_st["mgr"], r_st["reb"], g_st["rg"]
-    owner_of.update({id(mgr._shadow): "manager", id(reb._shadow): "rebinder",
-                     **{id(shadow): "slots" for shadow, _tables in pool._pushes.values()},
-                     **{id(sh): "reshaped" for sh in rg._shadows.values()},
-                     **{id(m._shadow): "rowcount" for m in rcb.managers.values()}})
+    owner_of.update(
+        {
+            id(mgr._shadow): "manager",
+            id(reb._shadow): "rebinder",
+            **{id(shadow): "slots" for shadow, _tables in pool._pushes.values()},
+            **{id(sh): "reshaped" for sh in rg._shadows.values()},
+            **{id(m._shadow): "rowcount" for m in rcb.managers.values()},
+        }
+    )
     # The manager's bind (its per-replay path) pushes through the core too: the core's
     # parameters, counter and rollback (tests/test_fault_injection_cpu.py)
     before = mgr._shadow.pushes

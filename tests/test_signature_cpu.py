@@ -13,7 +13,12 @@ def P(name, ctype, kind, role=None):
     return Param(name, ctype, kind, role)
 
 
-SAXPY = [P("a", "float", "f32"), P("x", "const float*", "ptr", "read"), P("y", "float*", "ptr", "write"), P("n", "int", "i32")]
+SAXPY = [
+    P("a", "float", "f32"),
+    P("x", "const float*", "ptr", "read"),
+    P("y", "float*", "ptr", "write"),
+    P("n", "int", "i32"),
+]
 
 
 def test_saxpy_extern_c():
@@ -46,7 +51,7 @@ def test_launch_bounds_anywhere_and_macros():
 
 
 def test_comments_strings_and_preprocessor_ignored():
-    src = r'''
+    src = r"""
     #include <cuda_fp16.h>
     #define DECL __global__ void saxpy(double a)
     #define LONG_MACRO(x) \
@@ -58,7 +63,7 @@ def test_comments_strings_and_preprocessor_ignored():
     __device__ char quote = '"';
     extern "C" __global__ void /* here */ saxpy(float a, // the scale
         const float* x /* input */, float* y, int n) {}
-    '''
+    """
     assert parse_signature(src, "saxpy") == SAXPY
 
 
@@ -69,7 +74,9 @@ def test_whole_identifier_only():
     __global__ void relu(const float* x, float* y, long long n) {}
     """
     assert parse_signature(src, "relu") == [
-        P("x", "const float*", "ptr", "read"), P("y", "float*", "ptr", "write"), P("n", "long long", "i64")
+        P("x", "const float*", "ptr", "read"),
+        P("y", "float*", "ptr", "write"),
+        P("n", "long long", "i64"),
     ]
     with pytest.raises(SignatureError, match="'rel'"):
         parse_signature(src, "rel")
@@ -131,22 +138,46 @@ def test_pointer_spellings():
 
 
 SCALARS = [
-    ("int", "int", "i32"), ("signed int", "int", "i32"), ("signed", "int", "i32"),
-    ("unsigned", "unsigned int", "u32"), ("unsigned int", "unsigned int", "u32"),
-    ("int32_t", "int32_t", "i32"), ("uint32_t", "uint32_t", "u32"),
-    ("long long", "long long", "i64"), ("long long int", "long long", "i64"),
-    ("signed long long", "long long", "i64"), ("unsigned long long", "unsigned long long", "u64"),
-    ("unsigned long long int", "unsigned long long", "u64"), ("long unsigned long", "unsigned long long", "u64"),
-    ("int64_t", "int64_t", "i64"), ("uint64_t", "uint64_t", "u64"),
-    ("size_t", "size_t", "u64"), ("std::size_t", "size_t", "u64"), ("ptrdiff_t", "ptrdiff_t", "i64"),
-    ("long", "long", "i64"), ("long int", "long", "i64"), ("unsigned long", "unsigned long", "u64"),
-    ("short", "short", "i16"), ("short int", "short", "i16"), ("unsigned short", "unsigned short", "u16"),
-    ("int16_t", "int16_t", "i16"), ("uint16_t", "uint16_t", "u16"),
-    ("char", "char", "i8"), ("signed char", "signed char", "i8"), ("int8_t", "int8_t", "i8"),
-    ("unsigned char", "unsigned char", "u8"), ("char unsigned", "unsigned char", "u8"), ("uint8_t", "uint8_t", "u8"),
-    ("bool", "bool", "bool"), ("float", "float", "f32"), ("double", "double", "f64"),
-    ("__half", "__half", "f16"), ("half", "half", "f16"),
-    ("const int", "int", "i32"), ("int const", "int", "i32"), ("const unsigned long long", "unsigned long long", "u64"),
+    ("int", "int", "i32"),
+    ("signed int", "int", "i32"),
+    ("signed", "int", "i32"),
+    ("unsigned", "unsigned int", "u32"),
+    ("unsigned int", "unsigned int", "u32"),
+    ("int32_t", "int32_t", "i32"),
+    ("uint32_t", "uint32_t", "u32"),
+    ("long long", "long long", "i64"),
+    ("long long int", "long long", "i64"),
+    ("signed long long", "long long", "i64"),
+    ("unsigned long long", "unsigned long long", "u64"),
+    ("unsigned long long int", "unsigned long long", "u64"),
+    ("long unsigned long", "unsigned long long", "u64"),
+    ("int64_t", "int64_t", "i64"),
+    ("uint64_t", "uint64_t", "u64"),
+    ("size_t", "size_t", "u64"),
+    ("std::size_t", "size_t", "u64"),
+    ("ptrdiff_t", "ptrdiff_t", "i64"),
+    ("long", "long", "i64"),
+    ("long int", "long", "i64"),
+    ("unsigned long", "unsigned long", "u64"),
+    ("short", "short", "i16"),
+    ("short int", "short", "i16"),
+    ("unsigned short", "unsigned short", "u16"),
+    ("int16_t", "int16_t", "i16"),
+    ("uint16_t", "uint16_t", "u16"),
+    ("char", "char", "i8"),
+    ("signed char", "signed char", "i8"),
+    ("int8_t", "int8_t", "i8"),
+    ("unsigned char", "unsigned char", "u8"),
+    ("char unsigned", "unsigned char", "u8"),
+    ("uint8_t", "uint8_t", "u8"),
+    ("bool", "bool", "bool"),
+    ("float", "float", "f32"),
+    ("double", "double", "f64"),
+    ("__half", "__half", "f16"),
+    ("half", "half", "f16"),
+    ("const int", "int", "i32"),
+    ("int const", "int", "i32"),
+    ("const unsigned long long", "unsigned long long", "u64"),
     ("cudaGraphConditionalHandle", "cudaGraphConditionalHandle", "u64"),
 ]
 
@@ -293,11 +324,23 @@ def test_what_one_branch_holds_alone_still_parses():
     one = [P("a", "float", "f32"), P("y", "float*", "ptr", "write")]
     # attributes chosen per branch, a guard around the whole kernel, the same kernel in both
     # branches, a forward declaration identical to the definition, a template
-    assert parse_signature("__global__ void\n#if __CUDA_ARCH__ >= 900\n__launch_bounds__(256, 2)\n#else\n"
-                           "__launch_bounds__(256)\n#endif\nk(float a, float* y) {}", "k") == one
+    assert (
+        parse_signature(
+            "__global__ void\n#if __CUDA_ARCH__ >= 900\n__launch_bounds__(256, 2)\n#else\n"
+            "__launch_bounds__(256)\n#endif\nk(float a, float* y) {}",
+            "k",
+        )
+        == one
+    )
     assert parse_signature("#ifndef K_H\n#define K_H\n__global__ void k(float a, float* y) {}\n#endif\n", "k") == one
-    assert parse_signature("#if A\n__global__ void k(float a, float* y) {}\n#else\n"
-                           "__global__ void k(float b, float* z) { }\n#endif\n", "k") == one
+    assert (
+        parse_signature(
+            "#if A\n__global__ void k(float a, float* y) {}\n#else\n__global__ void k(float b, float* z) { }\n#endif\n",
+            "k",
+        )
+        == one
+    )
     assert parse_signature("__global__ void k(float, float*);\n__global__ void k(float a, float* y) {}", "k") == one
-    assert parse_signature("template <typename T>\n#if A\n__global__ void k(T a, float* y) {}\n#endif\n", "k<float>") \
-        == [P("a", "T", None), P("y", "float*", "ptr", "write")]
+    assert parse_signature(
+        "template <typename T>\n#if A\n__global__ void k(T a, float* y) {}\n#endif\n", "k<float>"
+    ) == [P("a", "T", None), P("y", "float*", "ptr", "write")]

@@ -1,9 +1,9 @@
 """A fresh NVRTC compile leaves CPython's shared one-byte bytes and one-character str intact (CPU)."""
 
 import pytest
+from singletons import corrupted_singletons
 
 from rawgraph.runtime.compiler import compile_source
-from singletons import corrupted_singletons
 
 CLEAN = 'extern "C" __global__ void rg_singleton_clean(float* x) { x[threadIdx.x] = 1.0f; }\n'
 # An unused variable: NVRTC's log holds a warning (a log of more than one byte).

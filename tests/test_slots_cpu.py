@@ -3,11 +3,10 @@ stream (issue 23, item 3), and the row the caller passed may be reused as soon a
 
 from __future__ import annotations
 
+import fault_cases as fc
 import numpy as np
 import pytest
 from cuda.bindings import driver
-
-import fault_cases as fc
 from fault_cases import fake_session
 
 WAITS = ("cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize")

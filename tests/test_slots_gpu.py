@@ -4,8 +4,8 @@ import time
 
 import numpy as np
 import pytest
-
 from helpers import random_input
+
 from rawgraph import DeviceBuffer, DTypeError, LayoutError, ShapeError, SlotError, SlotPool, TinyBlock, get_device, ops
 from rawgraph.models.tinyblock import reference_forward
 
@@ -23,7 +23,7 @@ def model():
 def _trace(rng, steps, max_slots, rate=1.5, mean_len=12, max_len=40):
     """(join step, length) per request: Poisson arrivals, geometric lengths (capped: the block's
     outputs grow with every step)."""
-    reqs, alive = [], 0
+    reqs = []
     ends: list[int] = []
     for t in range(steps):
         ends = [e for e in ends if e > t]
@@ -90,8 +90,9 @@ def _expected(reqs, rows, weights, steps):
     return out, seen
 
 
-@pytest.mark.parametrize("table,gather", [("graph", "fused"), ("copy", "fused"), ("graph", "kernels"),
-                                          ("params", "kernels")])
+@pytest.mark.parametrize(
+    "table,gather", [("graph", "fused"), ("copy", "fused"), ("graph", "kernels"), ("params", "kernels")]
+)
 def test_a_random_join_leave_trace_matches_each_request_alone(model, stream, rng, table, gather):
     steps, slots = 10_000, 64
     reqs = _trace(rng, steps, slots)

@@ -28,8 +28,17 @@ class CupyLike:
     ptr = 0x7000
 
 
-@pytest.mark.parametrize("obj,handle", [(Protocol(0x4000), 0x4000), (OldProtocol(), 0x5000), (TorchLike(), 0x6000),
-                                        (CupyLike(), 0x7000), (driver.CUstream(0x8000), 0x8000), (0x9000, 0x9000)])
+@pytest.mark.parametrize(
+    "obj,handle",
+    [
+        (Protocol(0x4000), 0x4000),
+        (OldProtocol(), 0x5000),
+        (TorchLike(), 0x6000),
+        (CupyLike(), 0x7000),
+        (driver.CUstream(0x8000), 0x8000),
+        (0x9000, 0x9000),
+    ],
+)
 def test_every_stream_spelling_resolves_to_its_handle(obj, handle):
     assert _handle_of(obj) == handle
 
@@ -42,8 +51,9 @@ def test_unknown_protocol_versions_and_non_streams_are_refused():
             _handle_of(bad)
 
 
-@pytest.mark.parametrize("obj", [0, 1, 2, Protocol(0), Protocol(2), TorchLike.__new__(type("T", (), {"cuda_stream": 1})),
-                                 driver.CUstream(0)])
+@pytest.mark.parametrize(
+    "obj", [0, 1, 2, Protocol(0), Protocol(2), TorchLike.__new__(type("T", (), {"cuda_stream": 1})), driver.CUstream(0)]
+)
 def test_default_streams_are_refused_for_capture_before_the_driver(obj, monkeypatch):
     monkeypatch.setattr(driver, "cuStreamBeginCapture", lambda *a: pytest.fail("reached the driver"))
     with pytest.raises(CaptureRefusedError, match="legacy/NULL"):
@@ -57,6 +67,7 @@ def test_a_borrowed_stream_dropped_per_launch_is_no_release():
     import gc
 
     from fault_cases import fake_session
+
     from rawgraph import Stream
     from rawgraph.runtime import resource
     from rawgraph.runtime.stream import stream_handle
@@ -87,8 +98,8 @@ def test_a_borrowed_stream_is_checked_once_and_its_wrapper_reused_while_held():
     import weakref
 
     from cuda.bindings import driver
-
     from fault_cases import fake_session
+
     from rawgraph import Stream
     from rawgraph.runtime.stream import StreamSet, as_stream, stream_handle
 
@@ -113,9 +124,9 @@ def test_a_borrowed_stream_is_checked_once_and_its_wrapper_reused_while_held():
             registry.clear()
             gc.collect()
             assert lender_ref() is None, "the wrapper cache kept a lender alive"
-            fresh = as_stream(CupyLikeOf(owner.ptr))     # a new wrapper: the handle is known
+            fresh = as_stream(CupyLikeOf(owner.ptr))  # a new wrapper: the handle is known
             assert int(stream_handle(CupyLikeOf(owner.ptr))) == owner.ptr
             assert asked == [owner.ptr] and fresh.ptr == owner.ptr
-            fresh.close()                                 # a closed wrapper is never handed out
+            fresh.close()  # a closed wrapper is never handed out
             again = as_stream(CupyLikeOf(owner.ptr))
             assert again is not fresh and not again.closed

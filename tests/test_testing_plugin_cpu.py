@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "docs" / "testing" / "test_my_graph.py"
 
 # One file exercising each piece; run below with the plugin on and off.
-PROBE = '''
+PROBE = """
 import pytest
 
 
@@ -29,11 +29,11 @@ def test_marked_gpu():
 
 def test_fake(fake_driver, stream):
     assert stream.ptr in fake_driver.streams
-'''
+"""
 
 # Graph.instantiate and the doctor's check stood in for (no driver here): each instantiate of a
 # graph the doctor may look at yields one finding.
-DOCTORED = '''
+DOCTORED = """
 import pytest
 import rawgraph.doctor
 import rawgraph.graphs.graph as graph_mod
@@ -62,7 +62,7 @@ def test_exempt():
 
 def test_on_the_fake_driver(fake_driver):
     assert graph_mod.Graph.instantiate(FakeGraph()) == "exec"
-'''
+"""
 
 
 @pytest.fixture
@@ -80,8 +80,10 @@ def test_options_are_listed_but_nothing_happens_until_enabled(pytester, plugin_e
     helped = pytester.runpytest_subprocess(*plugin_env, "--help")
     text = helped.stdout.str()
     assert "--rawgraph-doctor" in text and "rawgraph_testing" in text and "rawgraph_doctor" in text
-    pytester.makepyfile(test_probe=PROBE, test_imports="import sys\n\ndef test_no_rawgraph():\n"
-                        "    assert 'rawgraph' not in sys.modules\n")
+    pytester.makepyfile(
+        test_probe=PROBE,
+        test_imports="import sys\n\ndef test_no_rawgraph():\n    assert 'rawgraph' not in sys.modules\n",
+    )
     r = pytester.runpytest_subprocess(*plugin_env, "-rs")
     # The marker skips nothing, the fixtures do not exist, and rawgraph is not even imported.
     r.assert_outcomes(passed=2, errors=1)

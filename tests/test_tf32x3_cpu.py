@@ -17,8 +17,19 @@ import pytest
 
 from rawgraph import LayoutError, ShapeError, as_device_array, ops
 from rawgraph.ops import gemm
-from rawgraph.ops.gemm import (MatmulShape, Tf32x3Cut, _check_shape, gemm_smem_bytes, matmul_expr, matmul_file,
-                               matmul_shape, tf32x3_cut, tf32x3_default_cut, tf32x3_shape, tf32x3_smem_bytes)
+from rawgraph.ops.gemm import (
+    MatmulShape,
+    Tf32x3Cut,
+    _check_shape,
+    gemm_smem_bytes,
+    matmul_expr,
+    matmul_file,
+    matmul_shape,
+    tf32x3_cut,
+    tf32x3_default_cut,
+    tf32x3_shape,
+    tf32x3_smem_bytes,
+)
 from rawgraph.runtime.compiler import compile_source
 from rawgraph.runtime.module import kernel_source
 
@@ -30,8 +41,13 @@ GRID = [(m, w) for w in (1024, 2048, 4096) for m in range(8, 257, 8)]
 
 class FakeCAI:
     def __init__(self, shape, ptr=0x7F0000000000):
-        self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f4", "data": (ptr, False), "strides": None,
-                                         "version": 3}
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": "<f4",
+            "data": (ptr, False),
+            "strides": None,
+            "version": 3,
+        }
 
 
 def _arr(shape, ptr=0x7F0000000000):
@@ -75,8 +91,11 @@ def test_tf32x3_shape_numbers(m, k, n, cut):
     assert shape.threads == cut.threads == cut.slices * warps * 32
     stage = cut.bm * (cut.bk + 4) + cut.bk * (cut.bn + 8)
     part = cut.slices * cut.bm * (cut.bn + 4) if cut.split * cut.slices > 1 else 0
-    assert gemm_smem_bytes(shape) == tf32x3_smem_bytes(cut.bm, cut.bn, cut.bk, cut.stages, cut.split, cut.slices) \
+    assert (
+        gemm_smem_bytes(shape)
+        == tf32x3_smem_bytes(cut.bm, cut.bn, cut.bk, cut.stages, cut.split, cut.slices)
         == 4 * max(cut.slices * cut.stages * stage, part)
+    )
     tail = f"{cut.bm}, {cut.bn}, {cut.bk}, {cut.stages}, "
     tail += (f"{cut.split}, " if cut.split > 1 else "") + f"{cut.slices}, {cut.minb}, {cut.wm}, {cut.wn}, {cut.flush}>"
     for epi, e in ops.EPILOGUES.items():
@@ -91,21 +110,24 @@ def test_tf32x3_numbers_by_hand():
     assert matmul_expr("relu", shape) == "tf32x3_split_kernel<1, 128, 128, 32, 4, 2, 1, 1, 64, 32, 2>"
 
 
-@pytest.mark.parametrize("cut,clusters,match", [
-    (Tf32x3Cut(64, 64, 16, 3, wm=24, wn=32), True, "warp tiles"),
-    (Tf32x3Cut(64, 64, 16, 3, wm=32, wn=16), True, "warp tiles"),
-    (Tf32x3Cut(128, 128, 16, 3, wm=64, wn=64), True, "accumulators"),
-    (Tf32x3Cut(80, 64, 16, 3, wm=32, wn=32), True, "whole warp tiles"),
-    (Tf32x3Cut(64, 96, 16, 3, wm=32, wn=64), True, "whole warp tiles"),
-    (Tf32x3Cut(64, 64, 12, 3, wm=32, wn=32), True, "multiple of 8"),
-    (Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32, flush=4), True, "runs of 4"),
-    (Tf32x3Cut(64, 64, 16, 1, wm=32, wn=32), True, "2 pipeline stages"),
-    (Tf32x3Cut(64, 64, 16, 3, split=2, wm=32, wn=32), False, "clusters"),
-    (Tf32x3Cut(64, 64, 16, 3, split=9, wm=32, wn=32), True, "split 9"),
-    (Tf32x3Cut(64, 64, 16, 3, slices=9, wm=32, wn=32), True, "slices"),
-    (Tf32x3Cut(128, 128, 16, 3, slices=3, wm=32, wn=32), True, "threads per CTA"),
-    (Tf32x3Cut(128, 128, 16, 3, minb=9, wm=64, wn=32), True, "threads per SM"),
-])
+@pytest.mark.parametrize(
+    "cut,clusters,match",
+    [
+        (Tf32x3Cut(64, 64, 16, 3, wm=24, wn=32), True, "warp tiles"),
+        (Tf32x3Cut(64, 64, 16, 3, wm=32, wn=16), True, "warp tiles"),
+        (Tf32x3Cut(128, 128, 16, 3, wm=64, wn=64), True, "accumulators"),
+        (Tf32x3Cut(80, 64, 16, 3, wm=32, wn=32), True, "whole warp tiles"),
+        (Tf32x3Cut(64, 96, 16, 3, wm=32, wn=64), True, "whole warp tiles"),
+        (Tf32x3Cut(64, 64, 12, 3, wm=32, wn=32), True, "multiple of 8"),
+        (Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32, flush=4), True, "runs of 4"),
+        (Tf32x3Cut(64, 64, 16, 1, wm=32, wn=32), True, "2 pipeline stages"),
+        (Tf32x3Cut(64, 64, 16, 3, split=2, wm=32, wn=32), False, "clusters"),
+        (Tf32x3Cut(64, 64, 16, 3, split=9, wm=32, wn=32), True, "split 9"),
+        (Tf32x3Cut(64, 64, 16, 3, slices=9, wm=32, wn=32), True, "slices"),
+        (Tf32x3Cut(128, 128, 16, 3, slices=3, wm=32, wn=32), True, "threads per CTA"),
+        (Tf32x3Cut(128, 128, 16, 3, minb=9, wm=64, wn=32), True, "threads per SM"),
+    ],
+)
 def test_tf32x3_shape_refuses_what_the_kernel_cannot_be(cut, clusters, match):
     with pytest.raises(ShapeError, match=match):
         tf32x3_shape(64, 1024, 1024, cut, clusters=clusters)
@@ -128,8 +150,9 @@ def test_precision_picks_the_kernel_and_falls_back_to_fp32():
         assert tx.kernel == "tf32x3" and tx == tf32x3_shape(m, w, w, tf32x3_cut(tx))
         # where the kernel's layout rules exclude the operands: the fp32 cut, unchanged
         for kw in ({"x_aligned16": False}, {"w_aligned16": False}):
-            assert matmul_shape(m, w, w, SMS, smem_limit=OPTIN, precision="tf32x3", **kw) == \
-                matmul_shape(m, w, w, SMS, smem_limit=OPTIN, **kw)
+            assert matmul_shape(m, w, w, SMS, smem_limit=OPTIN, precision="tf32x3", **kw) == matmul_shape(
+                m, w, w, SMS, smem_limit=OPTIN, **kw
+            )
     for k, n in ((1002, 1024), (1024, 1002)):
         assert matmul_shape(64, k, n, SMS, precision="tf32x3") == matmul_shape(64, k, n, SMS)
     with pytest.raises(ValueError, match="precision"):
@@ -151,7 +174,9 @@ def test_default_cut_fills_the_gpu_with_little_padding():
         assert tf32x3_default_cut(m, w, w, SMS, clusters=False).split == 1
     assert tf32x3_default_cut(256, 4096, 4096, SMS) == Tf32x3Cut(128, 128, 32, 4, split=2, wm=64, wn=32, flush=2)
     small = tf32x3_default_cut(64, 4096, 4096, SMS, smem_limit=48 * 1024)  # fewer stages where memory is short
-    assert tf32x3_smem_bytes(small.bm, small.bn, small.bk, small.stages, small.split, 1) <= 48 * 1024 or small.stages == 2
+    assert (
+        tf32x3_smem_bytes(small.bm, small.bn, small.bk, small.stages, small.split, 1) <= 48 * 1024 or small.stages == 2
+    )
 
 
 def test_table_entry_is_used_for_its_shape_and_the_row_counts_just_below(monkeypatch):
@@ -182,8 +207,9 @@ def test_hand_picked_tf32x3_cuts_are_checked():
     with pytest.raises(LayoutError, match="16-byte"):
         _check_shape(good, 64, 1000, 996, _arr((64, 1000), 0x7F0000000004), w, clusters=True)
     with pytest.raises(LayoutError, match="K % 4"):
-        _check_shape(tf32x3_shape(64, 998, 996, tf32x3_cut(good)), 64, 998, 996, _arr((64, 998)), _arr((998, 996)),
-                     clusters=True)
+        _check_shape(
+            tf32x3_shape(64, 998, 996, tf32x3_cut(good)), 64, 998, 996, _arr((64, 998)), _arr((998, 996)), clusters=True
+        )
     with pytest.raises(ShapeError, match="clusters"):
         _check_shape(good, 64, 1000, 996, x, w, clusters=False)
     with pytest.raises(ShapeError, match="does not fit"):
@@ -195,8 +221,11 @@ def test_hand_picked_tf32x3_cuts_are_checked():
 
 
 def _served_cuts():
-    return sorted({tf32x3_cut(matmul_shape(m, w, w, SMS, precision="tf32x3", smem_limit=OPTIN)) for m, w in GRID}
-                  | set(gemm.TF32X3_CUTS.values()), key=lambda c: tuple(vars(c).values()))
+    return sorted(
+        {tf32x3_cut(matmul_shape(m, w, w, SMS, precision="tf32x3", smem_limit=OPTIN)) for m, w in GRID}
+        | set(gemm.TF32X3_CUTS.values()),
+        key=lambda c: tuple(vars(c).values()),
+    )
 
 
 def _ptxas(log: str) -> dict[str, dict[str, int]]:
@@ -222,11 +251,15 @@ def test_every_tf32x3_cut_compiles_for_sm90_within_its_registers():
     512 threads leave 128 registers a thread.)"""
     served = [tf32x3_shape(cut.bm, 1024, 1024, cut) for cut in _served_cuts()]
     forms = [tf32x3_shape(m, k, n, c) for m, k, n, c in CUTS]
-    names = sorted({matmul_expr(e, s) for s in served + forms[:2] for e in ops.EPILOGUES}
-                   | {matmul_expr("add", s) for s in forms})
-    assert any(n.startswith("tf32x3_split_kernel<") for n in names) and any(n.startswith("tf32x3_kernel<") for n in names)
-    out = compile_source(kernel_source("tf32x3"), "tf32x3.cu", "sm_90", names,
-                         ("-std=c++17", "--ptxas-options=-v"), cache=False)
+    names = sorted(
+        {matmul_expr(e, s) for s in served + forms[:2] for e in ops.EPILOGUES} | {matmul_expr("add", s) for s in forms}
+    )
+    assert any(n.startswith("tf32x3_split_kernel<") for n in names) and any(
+        n.startswith("tf32x3_kernel<") for n in names
+    )
+    out = compile_source(
+        kernel_source("tf32x3"), "tf32x3.cu", "sm_90", names, ("-std=c++17", "--ptxas-options=-v"), cache=False
+    )
     assert out.image[:4] == b"\x7fELF" and set(out.lowered) == set(names)
     info = _ptxas(out.log)
     served_names = {matmul_expr(e, s) for s in served for e in ops.EPILOGUES}
@@ -239,6 +272,7 @@ def test_every_tf32x3_cut_compiles_for_sm90_within_its_registers():
 
 
 # -- launches on the fake driver (tests/fakedriver.py): real NVRTC cubins ---------------------------
+
 
 @pytest.fixture(scope="module")
 def fake():
@@ -268,12 +302,22 @@ def test_tf32x3_launch_is_built_from_its_cut(fake):
             assert launch.args["flags"] == ops.FLAG_EARLY  # 1 MB of W: successor at the start
             assert ops.routes_rows(launch)
         auto = ops.matmul(dev, views, "x", "W", "y", precision="tf32x3")
-        assert auto.kernel.name == matmul_expr("none", matmul_shape(m, k, n, dev.info.multiprocessors,
-                                                                    clusters=ops.has_clusters(dev),
-                                                                    smem_limit=dev.info.smem_per_block_optin,
-                                                                    precision="tf32x3"))
-        assert ops.matmul(dev, views, "x", "W", "y").kernel.name == \
-            ops.matmul(dev, views, "x", "W", "y", precision="fp32").kernel.name
+        assert auto.kernel.name == matmul_expr(
+            "none",
+            matmul_shape(
+                m,
+                k,
+                n,
+                dev.info.multiprocessors,
+                clusters=ops.has_clusters(dev),
+                smem_limit=dev.info.smem_per_block_optin,
+                precision="tf32x3",
+            ),
+        )
+        assert (
+            ops.matmul(dev, views, "x", "W", "y").kernel.name
+            == ops.matmul(dev, views, "x", "W", "y", precision="fp32").kernel.name
+        )
         assert not ops.matmul(dev, views, "x", "W", "y").kernel.name.startswith("tf32x3")
         with pytest.raises(ValueError, match="precision='tf32x3'"):
             ops.matmul(dev, views, "x", "W", "y", shape=tf32x3_shape(m, k, n, Tf32x3Cut(64, 64, 32, 3, wm=32, wn=32)))
@@ -292,13 +336,21 @@ def test_routes_rows_is_false_for_a_lookalike(fake):
 
     dev = get_device()
     with DeviceBuffer((64, 256)) as x, DeviceBuffer((256, 256)) as w, DeviceBuffer((64, 256)) as y:
-        launch = ops.matmul(dev, {"x": x.view(), "W": w.view(), "y": y.view()}, "x", "W", "y", precision="tf32x3",
-                            shape=tf32x3_shape(64, 256, 256, Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32)))
+        launch = ops.matmul(
+            dev,
+            {"x": x.view(), "W": w.view(), "y": y.view()},
+            "x",
+            "W",
+            "y",
+            precision="tf32x3",
+            shape=tf32x3_shape(64, 256, 256, Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32)),
+        )
         other = SimpleNamespace(kernel=SimpleNamespace(name=launch.kernel.name, module=launch.kernel.module))
         assert ops.routes_rows(launch) and not ops.routes_rows(other)
 
 
 # -- the sweep's helpers and the emulation ---------------------------------------------------------
+
 
 def test_the_sweep_parses_named_cuts_and_prints_the_table_literal():
     import argparse
@@ -306,8 +358,12 @@ def test_the_sweep_parses_named_cuts_and_prints_the_table_literal():
     sweep = _module("tf32x3_sweep")
     cut = sweep.parse_cut("bm=128,bn=128,bk=32,stages=4,split=2,flush=1")
     assert cut == Tf32x3Cut(128, 128, 32, 4, split=2, flush=1)
-    for bad, why in (("bm=100,bn=128,bk=32,stages=4", "whole warp tiles"), ("bm=64,bn=64", "stages"),
-                     ("bm=64,bn=64,bk=16,stages=3,tm=4", "name=value"), ("64,64,16,3", "name=value")):
+    for bad, why in (
+        ("bm=100,bn=128,bk=32,stages=4", "whole warp tiles"),
+        ("bm=64,bn=64", "stages"),
+        ("bm=64,bn=64,bk=16,stages=3,tm=4", "name=value"),
+        ("64,64,16,3", "name=value"),
+    ):
         with pytest.raises(argparse.ArgumentTypeError, match=why):
             sweep.parse_cut(bad)
     table = tf32x3_default_cut(256, 4096, 4096, SMS)
@@ -319,12 +375,31 @@ def test_the_sweep_parses_named_cuts_and_prints_the_table_literal():
 
     def rec(us, err, **kw):
         e = {"fro": err, "worst_row": err}
-        return dict(us=us, p10=us, p90=us, tflops=1.0, pct_tf32x3_ideal=1.0, pct_fp32_peak=1.0, err_normal=e,
-                    err_scaled=e, deterministic=True, **kw)
-    row = {"M": 128, "K": 4096, "N": 4096,
-           "tf32x3": [rec(60.0, 1e-7, cut="t", values=vars(table), table=True),
-                      rec(50.0, 9e-7, cut="fast but inaccurate", values=vars(alts[0]), table=False)],
-           "fp32": rec(100.0, 5e-7), "cublas_fp32": rec(95.0, 4e-7), "triton_tf32x3": rec(70.0, 2e-7)}
+        return dict(
+            us=us,
+            p10=us,
+            p90=us,
+            tflops=1.0,
+            pct_tf32x3_ideal=1.0,
+            pct_fp32_peak=1.0,
+            err_normal=e,
+            err_scaled=e,
+            deterministic=True,
+            **kw,
+        )
+
+    row = {
+        "M": 128,
+        "K": 4096,
+        "N": 4096,
+        "tf32x3": [
+            rec(60.0, 1e-7, cut="t", values=vars(table), table=True),
+            rec(50.0, 9e-7, cut="fast but inaccurate", values=vars(alts[0]), table=False),
+        ],
+        "fp32": rec(100.0, 5e-7),
+        "cublas_fp32": rec(95.0, 4e-7),
+        "triton_tf32x3": rec(70.0, 2e-7),
+    }
     sweep.judge(row)
     assert row["best"]["cut"] == "t" and not row["tf32x3"][1]["accurate"]
     assert row["verdict_best"]["meets_targets"] and row["verdict_best"]["needed_vs_cublas_fp32"] == 1.5
@@ -339,7 +414,11 @@ def test_emulation_subset_passes():
     """benchmarks/tf32x3_emulate.py --quick: one case of each form (no split, splits, slices, row
     tables, pointer slots, misaligned y / r, a NaN in x, scaled rows, the accuracy against an FFMA
     loop) run on the CPU with warp-wide ldmatrix and mma, every output against float64."""
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tf32x3_emulate.py"), "--quick"],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "tf32x3_emulate.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0 and "PASSED: 0 failures" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("\nok ") >= 9

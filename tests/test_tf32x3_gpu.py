@@ -8,8 +8,8 @@ orders of magnitude); a PDL chain of two."""
 
 import numpy as np
 import pytest
-
 from helpers import random_input, rel_err
+
 from rawgraph import DeviceBuffer, LaunchPlan, ops
 from rawgraph.ops import Tf32x3Cut, tf32x3_shape
 from rawgraph.runtime.memory import POISON_BITS, DeviceArray
@@ -22,27 +22,29 @@ TOL = 5e-6
 
 # (M, K, N, cut): tails in M, K (not a multiple of BK) and N (not of BN)
 CUTS = [
-    (33, 1000, 996, Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32, flush=2)),                   # no split: epilogue from registers
-    (70, 1004, 260, Tf32x3Cut(128, 128, 32, 4, wm=64, wn=32, flush=2)),                 # the 128 x 128 tile
-    (256, 512, 512, Tf32x3Cut(128, 128, 32, 4, split=2, wm=64, wn=32, flush=4)),        # whole tiles, runs of 4
-    (37, 1000, 996, Tf32x3Cut(96, 128, 32, 4, split=3, wm=48, wn=32, flush=2)),         # cluster split of 3
-    (100, 1000, 132, Tf32x3Cut(32, 128, 16, 3, split=8, wm=32, wn=64, flush=1)),        # split of 8, 32 x 64 warps
-    (70, 1000, 196, Tf32x3Cut(64, 64, 16, 3, slices=2, wm=32, wn=32, flush=2)),         # in-CTA K slices
-    (65, 520, 260, Tf32x3Cut(32, 64, 8, 2, slices=4, wm=16, wn=32, flush=1)),           # 4 slices, BK 8
-    (33, 1000, 996, Tf32x3Cut(64, 128, 32, 3, split=2, slices=2, wm=32, wn=32)),        # split and slices
-    (5, 36, 68, Tf32x3Cut(16, 64, 8, 2, split=8, wm=16, wn=32, flush=1)),               # empty K parts
-    (1, 4, 4, Tf32x3Cut(16, 32, 8, 2, wm=16, wn=32, flush=1)),                          # the smallest product
-    (64, 1000, 996, Tf32x3Cut(64, 128, 32, 4, split=4, wm=32, wn=32, flush=0)),         # two accumulators
-    (20, 1000, 260, Tf32x3Cut(32, 128, 16, 3, wm=16, wn=64, flush=2)),                  # 16 x 64 warps
-    (130, 1000, 260, Tf32x3Cut(64, 64, 16, 3, minb=2, wm=32, wn=32, flush=1)),          # MINB 2
+    (33, 1000, 996, Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32, flush=2)),  # no split: epilogue from registers
+    (70, 1004, 260, Tf32x3Cut(128, 128, 32, 4, wm=64, wn=32, flush=2)),  # the 128 x 128 tile
+    (256, 512, 512, Tf32x3Cut(128, 128, 32, 4, split=2, wm=64, wn=32, flush=4)),  # whole tiles, runs of 4
+    (37, 1000, 996, Tf32x3Cut(96, 128, 32, 4, split=3, wm=48, wn=32, flush=2)),  # cluster split of 3
+    (100, 1000, 132, Tf32x3Cut(32, 128, 16, 3, split=8, wm=32, wn=64, flush=1)),  # split of 8, 32 x 64 warps
+    (70, 1000, 196, Tf32x3Cut(64, 64, 16, 3, slices=2, wm=32, wn=32, flush=2)),  # in-CTA K slices
+    (65, 520, 260, Tf32x3Cut(32, 64, 8, 2, slices=4, wm=16, wn=32, flush=1)),  # 4 slices, BK 8
+    (33, 1000, 996, Tf32x3Cut(64, 128, 32, 3, split=2, slices=2, wm=32, wn=32)),  # split and slices
+    (5, 36, 68, Tf32x3Cut(16, 64, 8, 2, split=8, wm=16, wn=32, flush=1)),  # empty K parts
+    (1, 4, 4, Tf32x3Cut(16, 32, 8, 2, wm=16, wn=32, flush=1)),  # the smallest product
+    (64, 1000, 996, Tf32x3Cut(64, 128, 32, 4, split=4, wm=32, wn=32, flush=0)),  # two accumulators
+    (20, 1000, 260, Tf32x3Cut(32, 128, 16, 3, wm=16, wn=64, flush=2)),  # 16 x 64 warps
+    (130, 1000, 260, Tf32x3Cut(64, 64, 16, 3, minb=2, wm=32, wn=32, flush=1)),  # MINB 2
 ]
 _IDS = [f"m{m}-k{k}-n{n}-" + "-".join(map(str, vars(c).values())) for m, k, n, c in CUTS]
 
 # every cut the dispatcher launches at the serving grid (table entries and the default rule), run
 # on a product with tails in M, K and N
 GRID = [(m, w) for w in (1024, 2048, 4096) for m in range(8, 257, 8)]
-SERVED = sorted({ops.tf32x3_cut(ops.matmul_shape(m, w, w, 132, precision="tf32x3")) for m, w in GRID},
-                key=lambda c: tuple(vars(c).values()))
+SERVED = sorted(
+    {ops.tf32x3_cut(ops.matmul_shape(m, w, w, 132, precision="tf32x3")) for m, w in GRID},
+    key=lambda c: tuple(vars(c).values()),
+)
 
 
 def _reference(xh, wh, rh, epilogue):
@@ -62,10 +64,15 @@ def _case(device, stream, xh, wh, rh, epilogue, shape, offset=0, indirect=False,
     x, w = DeviceBuffer.from_numpy(xh), DeviceBuffer.from_numpy(wh)
     rbuf = DeviceBuffer.from_numpy(np.concatenate([np.zeros(offset, F32), rh.ravel()]))
     ybuf = DeviceBuffer(m * n + offset)
-    views = {"x": x.view(), "W": w.view(), "r": DeviceArray(rbuf.ptr + 4 * offset, (m, n), F32, rbuf),
-             "y": DeviceArray(ybuf.ptr + 4 * offset, (m, n), F32, ybuf)}
-    launch = ops.matmul(device, views, "x", "W", "y", epilogue, r="r" if epilogue == "add" else None, shape=shape,
-                        precision="tf32x3")
+    views = {
+        "x": x.view(),
+        "W": w.view(),
+        "r": DeviceArray(rbuf.ptr + 4 * offset, (m, n), F32, rbuf),
+        "y": DeviceArray(ybuf.ptr + 4 * offset, (m, n), F32, ybuf),
+    }
+    launch = ops.matmul(
+        device, views, "x", "W", "y", epilogue, r="r" if epilogue == "add" else None, shape=shape, precision="tf32x3"
+    )
     assert launch.kernel.name == ops.matmul_expr(epilogue, shape)
     assert launch.grid == shape.grid and launch.block == (shape.threads, 1, 1)
     assert launch.shared_mem == ops.gemm_smem_bytes(shape)
@@ -102,8 +109,11 @@ def compiled_cuts():
     from rawgraph import get_device
     from rawgraph.runtime.module import get_kernels
 
-    get_kernels("tf32x3", sorted({ops.matmul_expr(e, tf32x3_shape(m, k, n, c)) for m, k, n, c in CUTS
-                                  for e in ops.EPILOGUES}), get_device())
+    get_kernels(
+        "tf32x3",
+        sorted({ops.matmul_expr(e, tf32x3_shape(m, k, n, c)) for m, k, n, c in CUTS for e in ops.EPILOGUES}),
+        get_device(),
+    )
 
 
 @pytest.mark.parametrize("epilogue", ["none", "relu", "add"])
@@ -135,28 +145,39 @@ def test_tf32x3_misaligned_y_r_and_pointer_slots(device, stream, rng, compiled_c
     """y and r one float past 16-byte alignment (the epilogue's scalar stores), optionally read
     through pointer slots; the float before y keeps its poison."""
     xh, wh, rh = random_input(rng, (m, k)), random_input(rng, (k, n)), random_input(rng, (m, n))
-    for offset in ((1, 0) if indirect else (1,)):
+    for offset in (1, 0) if indirect else (1,):
         outs, before = _case(device, stream, xh, wh, rh, "add", tf32x3_shape(m, k, n, cut), offset, indirect)
         _check(outs, _reference(xh, wh, rh, "add"), rng)
         assert np.all(before.view(np.uint32) == POISON_BITS), "wrote before y"
 
 
-@pytest.mark.parametrize("m,k,cut", [(37, 264, Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32, flush=2)),
-                                     (70, 264, Tf32x3Cut(32, 128, 8, 3, split=3, slices=2, wm=32, wn=32, flush=1)),
-                                     (5, 1000, Tf32x3Cut(16, 64, 16, 3, split=2, slices=2, wm=16, wn=32, flush=2)),
-                                     (100, 264, Tf32x3Cut(128, 128, 32, 4, split=2, wm=64, wn=32, flush=2))])
+@pytest.mark.parametrize(
+    "m,k,cut",
+    [
+        (37, 264, Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32, flush=2)),
+        (70, 264, Tf32x3Cut(32, 128, 8, 3, split=3, slices=2, wm=32, wn=32, flush=1)),
+        (5, 1000, Tf32x3Cut(16, 64, 16, 3, split=2, slices=2, wm=16, wn=32, flush=2)),
+        (100, 264, Tf32x3Cut(128, 128, 32, 4, split=2, wm=64, wn=32, flush=2)),
+    ],
+)
 def test_tf32x3_row_tables(device, stream, rng, m, k, cut):
     """Row m of x, r and y is row table[m] of a larger state (the slot pool's fused gather and
     scatter); every other row of y keeps its poison; two runs agree bit for bit."""
     states = 3 * m + 1
     table = rng.permutation(states)[:m].astype(np.int32)
     xh, wh, rh = random_input(rng, (states, k)), random_input(rng, (k, k)), random_input(rng, (states, k))
-    bufs = {"x": DeviceBuffer.from_numpy(xh), "W": DeviceBuffer.from_numpy(wh), "r": DeviceBuffer.from_numpy(rh),
-            "y": DeviceBuffer((states, k)), "t": DeviceBuffer.from_numpy(table)}
+    bufs = {
+        "x": DeviceBuffer.from_numpy(xh),
+        "W": DeviceBuffer.from_numpy(wh),
+        "r": DeviceBuffer.from_numpy(rh),
+        "y": DeviceBuffer((states, k)),
+        "t": DeviceBuffer.from_numpy(table),
+    }
     views = {"W": bufs["W"].view()}
     views.update({key: DeviceArray(bufs[key].ptr, (m, k), F32, bufs[key]) for key in ("x", "r", "y")})
-    launch = ops.matmul(device, views, "x", "W", "y", "add", r="r", shape=tf32x3_shape(m, k, k, cut),
-                        precision="tf32x3")
+    launch = ops.matmul(
+        device, views, "x", "W", "y", "add", r="r", shape=tf32x3_shape(m, k, k, cut), precision="tf32x3"
+    )
     assert ops.routes_rows(launch)
     for arg in ("x", "r", "y"):
         launch.args["flags"] = int(launch.args["flags"]) | ops.ROW_FLAGS[arg]
@@ -205,8 +226,7 @@ def test_error_no_worse_than_the_fp32_kernels(device, stream, rng, data, m, widt
     err_tx, name_tx = _product_err(device, stream, xh, wh, "tf32x3")
     err_fp32, name_fp32 = _product_err(device, stream, xh, wh, "fp32")
     assert name_tx.startswith("tf32x3_") and not name_fp32.startswith("tf32x3_")
-    assert err_tx <= err_fp32, (f"{name_tx}: {err_tx:.3e} against {name_fp32}: {err_fp32:.3e}, "
-                                f"seed {rng.seed_used}")
+    assert err_tx <= err_fp32, f"{name_tx}: {err_tx:.3e} against {name_fp32}: {err_fp32:.3e}, seed {rng.seed_used}"
 
 
 def test_pdl_chain_of_two(device, stream, rng):
@@ -215,15 +235,23 @@ def test_pdl_chain_of_two(device, stream, rng):
     it is done (poisoned x or h would show as NaN)."""
     m, k = 72, 1024
     xh, w1h, w2h = random_input(rng, (m, k)), random_input(rng, (k, k)), random_input(rng, (k, k))
-    bufs = {"xsrc": DeviceBuffer.from_numpy(xh), "zero": DeviceBuffer.from_numpy(np.zeros_like(xh)),
-            "x": DeviceBuffer((m, k)), "W1": DeviceBuffer.from_numpy(w1h), "W2": DeviceBuffer.from_numpy(w2h),
-            "h": DeviceBuffer((m, k)), "y": DeviceBuffer((m, k))}
+    bufs = {
+        "xsrc": DeviceBuffer.from_numpy(xh),
+        "zero": DeviceBuffer.from_numpy(np.zeros_like(xh)),
+        "x": DeviceBuffer((m, k)),
+        "W1": DeviceBuffer.from_numpy(w1h),
+        "W2": DeviceBuffer.from_numpy(w2h),
+        "h": DeviceBuffer((m, k)),
+        "y": DeviceBuffer((m, k)),
+    }
     views = {key: b.view() for key, b in bufs.items()}
     for key in ("x", "h", "y"):
         bufs[key].poison(stream)
-    launches = [ops.add(device, views, "xsrc", "zero", "x"),
-                ops.matmul(device, views, "x", "W1", "h", precision="tf32x3"),
-                ops.matmul(device, views, "h", "W2", "y", precision="tf32x3")]
+    launches = [
+        ops.add(device, views, "xsrc", "zero", "x"),
+        ops.matmul(device, views, "x", "W1", "h", precision="tf32x3"),
+        ops.matmul(device, views, "h", "W2", "y", precision="tf32x3"),
+    ]
     assert all(l.kernel.name.startswith("tf32x3_") for l in launches[1:])
     assert launches[1].args["flags"] == ops.FLAG_EARLY  # 4 MB of W: successor launched at the start
     plan = LaunchPlan(launches, views, pdl=True)

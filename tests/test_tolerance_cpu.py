@@ -2,7 +2,6 @@
 where the block's residual adds cancel."""
 
 import numpy as np
-
 from helpers import perturbed_tolerance, random_input
 
 

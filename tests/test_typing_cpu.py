@@ -35,7 +35,9 @@ def _toml(path):
 
 def test_mypy_finds_no_error():
     _needs_mypy()
-    r = subprocess.run([sys.executable, "-m", "mypy", "rawgraph"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "mypy", "rawgraph"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-2000:]
     assert "Success: no issues found" in r.stdout
 
@@ -50,10 +52,18 @@ def test_the_strict_layers_are_strict_in_the_config():
     assert modules == {f"rawgraph.{p}" for p in STRICT} | {f"rawgraph.{p}.*" for p in STRICT}
     flags = {k: v for k, v in strict[0].items() if k != "module"}
     assert flags == {
-        "disallow_any_generics": True, "disallow_subclassing_any": True, "disallow_untyped_calls": True,
-        "disallow_untyped_defs": True, "disallow_incomplete_defs": True, "check_untyped_defs": True,
-        "disallow_untyped_decorators": True, "warn_unused_ignores": True, "warn_return_any": True,
-        "implicit_reexport": False, "strict_equality": True, "extra_checks": True,
+        "disallow_any_generics": True,
+        "disallow_subclassing_any": True,
+        "disallow_untyped_calls": True,
+        "disallow_untyped_defs": True,
+        "disallow_incomplete_defs": True,
+        "check_untyped_defs": True,
+        "disallow_untyped_decorators": True,
+        "warn_unused_ignores": True,
+        "warn_return_any": True,
+        "implicit_reexport": False,
+        "strict_equality": True,
+        "extra_checks": True,
     }
     # `strict = true` in an override would switch strict mode on for the whole package.
     assert "strict" not in config and all("strict" not in o for o in config.get("overrides", []))
@@ -64,9 +74,16 @@ def test_mypy_strict_finds_no_error_in_the_strict_layers():
     four layers that they import are checked too and may have errors: only the layers' count."""
     _needs_mypy()
     paths = [f"rawgraph/{p}" for p in STRICT]
-    r = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--cache-dir", ".mypy_cache/strict", *paths],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert r.returncode in (0, 1) and ("Found" in r.stdout or "Success" in r.stdout), r.stdout[-3000:] + r.stderr[-2000:]
+    r = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", ".mypy_cache/strict", *paths],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode in (0, 1) and ("Found" in r.stdout or "Success" in r.stdout), (
+        r.stdout[-3000:] + r.stderr[-2000:]
+    )
     ours = [line for line in r.stdout.splitlines() if line.startswith(tuple(f"{p}/" for p in paths))]
     assert not ours, "\n".join(ours[:50])
 
@@ -74,13 +91,16 @@ def test_mypy_strict_finds_no_error_in_the_strict_layers():
 def _static_all():
     """The names of the ``__all__ = [...]`` assignment in rawgraph/__init__.py (a literal list)."""
     tree = ast.parse((ROOT / "rawgraph" / "__init__.py").read_text())
-    found = [n for n in tree.body if isinstance(n, ast.Assign) and any(
-        isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)]
+    found = [
+        n
+        for n in tree.body
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)
+    ]
     assert len(found) == 1, "rawgraph/__init__.py assigns __all__ once"
     value = found[0].value
     assert isinstance(value, ast.List) and all(
-        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts), \
-        "__all__ is a literal list of strings, so type checkers read it"
+        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts
+    ), "__all__ is a literal list of strings, so type checkers read it"
     return [e.value for e in value.elts]
 
 
@@ -114,11 +134,16 @@ def test_mypy_sees_the_installed_rawgraph_from_outside_the_checkout(tmp_path):
     direct = json.loads(dist.read_text("direct_url.json") or "{}")
     if not direct.get("dir_info", {}).get("editable") or Path(direct["url"].removeprefix("file://")).resolve() != ROOT:
         pytest.skip("rawgraph is not installed editable from this checkout")
-    (tmp_path / "user.py").write_text("from rawgraph.runtime.module import kernel_dir\n"
-                                      "reveal_type(kernel_dir)\n")
+    (tmp_path / "user.py").write_text("from rawgraph.runtime.module import kernel_dir\nreveal_type(kernel_dir)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MYPYPATH")}
-    r = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "user.py"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "user.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert 'Revealed type is "def () -> pathlib.Path"' in r.stdout, r.stdout
 
@@ -132,8 +157,14 @@ def verifytypes():
     # The checkout goes first on the path, so the report is of this tree whatever is installed.
     # --outputjson and IGNORE_WARNINGS: the wrapper then asks no server for a newer version.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYRIGHT_PYTHON_IGNORE_WARNINGS": "1"}
-    r = subprocess.run([exe, "--pythonpath", sys.executable, "--verifytypes", "rawgraph", "--ignoreexternal",
-                        "--outputjson"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [exe, "--pythonpath", sys.executable, "--verifytypes", "rawgraph", "--ignoreexternal", "--outputjson"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     try:
         report = json.loads(r.stdout)
     except ValueError:
@@ -144,8 +175,11 @@ def verifytypes():
 
 
 def _incomplete(completeness, prefixes):
-    return [s["name"] for s in completeness["symbols"]
-            if s["isExported"] and not s["isTypeKnown"] and s["name"].startswith(prefixes)]
+    return [
+        s["name"]
+        for s in completeness["symbols"]
+        if s["isExported"] and not s["isTypeKnown"] and s["name"].startswith(prefixes)
+    ]
 
 
 def test_verifytypes_finds_the_strict_layers_complete(verifytypes):
@@ -154,13 +188,16 @@ def test_verifytypes_finds_the_strict_layers_complete(verifytypes):
     assert not bad, bad
 
 
-@pytest.mark.xfail(strict=True, reason="the public classes of rawgraph.serving, models, control, multi, bench, ops, "
-                   "testing and cli have instance attributes without annotations (the four strict layers are complete)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the public classes of rawgraph.serving, models, control, multi, bench, ops, "
+    "testing and cli have instance attributes without annotations (the four strict layers are complete)",
+)
 def test_verifytypes_completeness_reaches_the_target(verifytypes):
     score = verifytypes["completenessScore"]
     assert score >= COMPLETENESS_TARGET, (
-        f"pyright --verifytypes: {score:.1%} complete; not yet known: "
-        f"{_incomplete(verifytypes, ('rawgraph',))[:40]}")
+        f"pyright --verifytypes: {score:.1%} complete; not yet known: {_incomplete(verifytypes, ('rawgraph',))[:40]}"
+    )
 
 
 def test_py_typed_marker_is_packaged():

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from helpers import random_input, rel_err
+
 from rawgraph import DeviceBuffer, ExecUpdateManager, GraphUpdateError, TinyBlock, capture_plan, get_device
 
 pytestmark = pytest.mark.gpu
@@ -59,8 +59,10 @@ def test_kernels_may_change_at_the_same_topology(stream, rng):
     bufs = {"x": DeviceBuffer.from_numpy(xh), "h": DeviceBuffer(1000), "out": DeviceBuffer(1000)}
     views = {k: v.view() for k, v in bufs.items()}
     graphs = []
-    for steps in ([ops.relu(dev, views, "x", "h"), ops.add(dev, views, "h", "x", "out")],
-                  [ops.add(dev, views, "x", "x", "h"), ops.relu(dev, views, "h", "out")]):
+    for steps in (
+        [ops.relu(dev, views, "x", "h"), ops.add(dev, views, "h", "x", "out")],
+        [ops.add(dev, views, "x", "x", "h"), ops.relu(dev, views, "h", "out")],
+    ):
         with Capture(stream) as cap:
             for launch in steps:
                 cap.launch(launch)

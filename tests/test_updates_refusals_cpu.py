@@ -12,11 +12,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-from rawgraph import (ArgumentError, Capture, DeviceArray, DeviceBuffer, ExecUpdateManager, RawKernel,
-                      ShapeError, Stream)
-from rawgraph.runtime.errors import ArrayError
 from test_rawkernel_cpu import fake  # noqa: F401 - the fixture: the fake driver, RawKernel's modules closed with it
+
+from rawgraph import ArgumentError, Capture, DeviceArray, DeviceBuffer, ExecUpdateManager, RawKernel, ShapeError, Stream
+from rawgraph.runtime.errors import ArrayError
 
 SRC = r"""
 extern "C" __global__ void gate(float a, const float* __restrict__ x, float* y, int n, unsigned m, bool on) {
@@ -36,7 +35,7 @@ class Rig(SimpleNamespace):
         k = self.fake.exec_kernel(self.exe.handle, self.graph.nodes[node].handle)
         out = {"grid": k["grid"]}
         for (name, kind), (off, size) in zip(self.k.spec, self.fake.layout(k["func"])):
-            (out[name],) = struct.unpack(FORMAT[kind], k["blob"][off:off + size])
+            (out[name],) = struct.unpack(FORMAT[kind], k["blob"][off : off + size])
         return out
 
     def shadow(self, node: int = 0) -> dict:
@@ -68,7 +67,7 @@ def rig(fake, rng):
 
 
 # -- a refused grid ------------------------------------------------------------------------------
-BAD_GRIDS = [(2 ** 32,), (5, 2 ** 32), (5, 1, 1 << 16), (1 << 31,), (0,), (2.5,), (True,), (1, 1, 1, 1)]
+BAD_GRIDS = [(2**32,), (5, 2**32), (5, 1, 1 << 16), (1 << 31,), (0,), (2.5,), (True,), (1, 1, 1, 1)]
 
 
 @pytest.mark.parametrize("grid", BAD_GRIDS, ids=[str(g) for g in BAD_GRIDS])
@@ -88,10 +87,19 @@ def test_a_refused_grid_changes_neither_the_shadow_nor_the_exec(rig, count_setpa
 
 
 # -- a refused scalar ----------------------------------------------------------------------------
-BAD_SCALARS = [("n", 2.9, "takes an int"), ("n", True, "takes an int"), ("n", 1 << 31, "cannot hold"),
-               ("m", np.int64(-1), "cannot hold"), ("m", -1, "cannot hold"), ("m", 1 << 32, "cannot hold"),
-               ("a", 1e39, "infinite"), ("a", "1", "takes a number"), ("a", True, "takes a number"),
-               ("on", 1, "True or False"), ("on", np.int8(0), "True or False")]
+BAD_SCALARS = [
+    ("n", 2.9, "takes an int"),
+    ("n", True, "takes an int"),
+    ("n", 1 << 31, "cannot hold"),
+    ("m", np.int64(-1), "cannot hold"),
+    ("m", -1, "cannot hold"),
+    ("m", 1 << 32, "cannot hold"),
+    ("a", 1e39, "infinite"),
+    ("a", "1", "takes a number"),
+    ("a", True, "takes a number"),
+    ("on", 1, "True or False"),
+    ("on", np.int8(0), "True or False"),
+]
 
 
 @pytest.mark.parametrize("arg,value,match", BAD_SCALARS, ids=[f"{a}={v!r}" for a, v, _m in BAD_SCALARS])
@@ -128,7 +136,7 @@ def test_rebind_matches_the_captured_view_or_its_address_never_the_owner_of_a_pa
     lo, hi = DeviceArray(whole.ptr, (n,), F32, whole), DeviceArray(whole.ptr + 4 * n, (n,), F32, whole)
     outs = [DeviceBuffer(n) for _ in range(3)]
     with Capture(s) as cap:
-        k(1, 128, (1.0, lo, outs[0], n, n, True), stream=s)    # the two halves of one buffer, as two arguments
+        k(1, 128, (1.0, lo, outs[0], n, n, True), stream=s)  # the two halves of one buffer, as two arguments
         k(1, 128, (1.0, hi, outs[1], n, n, True), stream=s)
         k(1, 128, (1.0, buf, outs[2], n, n, True), stream=s)  # a whole buffer
     graph = cap.graph
@@ -136,6 +144,7 @@ def test_rebind_matches_the_captured_view_or_its_address_never_the_owner_of_a_pa
     exe = graph.instantiate()
     mgr = ExecUpdateManager(graph, exe)
     try:
+
         def xs():
             return [struct.unpack("<Q", fake.exec_kernel(exe.handle, n_.handle)["blob"][8:16])[0] for n_ in graph.nodes]
 
@@ -146,7 +155,11 @@ def test_rebind_matches_the_captured_view_or_its_address_never_the_owner_of_a_pa
         # The captured view matches its own name only.
         assert mgr.rebind(lo, half_x) == 1 and xs() == [half_x.ptr, hi.ptr, buf.ptr]
         # Another object at the same address and size matches.
-        assert mgr.rebind(DeviceArray(hi.ptr, (n,), F32, None), half_y) == 1 and xs() == [half_x.ptr, half_y.ptr, buf.ptr]
+        assert mgr.rebind(DeviceArray(hi.ptr, (n,), F32, None), half_y) == 1 and xs() == [
+            half_x.ptr,
+            half_y.ptr,
+            buf.ptr,
+        ]
         # A whole buffer captured: the buffer, and a view of all of it, match; a part of it does not.
         with pytest.raises(KeyError, match="bound to none"):
             mgr.rebind(DeviceArray(buf.ptr, (n // 2,), F32, buf), outs[2])
@@ -172,8 +185,11 @@ class Movable:
         return self.buf.__cuda_array_interface__
 
 
-BIND_PATHS = {"bind": lambda mgr, arr: mgr.bind("x", arr), "bind_many": lambda mgr, arr: mgr.bind_many({"x": arr}),
-              "rebind": lambda mgr, arr: mgr.rebind(arr, arr)}
+BIND_PATHS = {
+    "bind": lambda mgr, arr: mgr.bind("x", arr),
+    "bind_many": lambda mgr, arr: mgr.bind_many({"x": arr}),
+    "rebind": lambda mgr, arr: mgr.rebind(arr, arr),
+}
 
 
 @pytest.mark.parametrize("path", sorted(BIND_PATHS))

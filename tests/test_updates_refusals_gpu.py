@@ -6,8 +6,8 @@ unrelated bind; ``rebind`` of the buffer two captured halves lie in moves neithe
 
 import numpy as np
 import pytest
-
 from helpers import random_input
+
 from rawgraph import ArgumentError, Capture, DeviceArray, DeviceBuffer, ExecUpdateManager, RawKernel, ShapeError
 
 pytestmark = pytest.mark.gpu
@@ -30,8 +30,9 @@ def _coefficients(rng):
 
 
 def _expect(got, a, x, b, rng, what):
-    np.testing.assert_allclose(got, a * x.astype(np.float64) + b, rtol=1e-6, atol=1e-6,
-                               err_msg=f"{what} (seed {rng.seed_used})")
+    np.testing.assert_allclose(
+        got, a * x.astype(np.float64) + b, rtol=1e-6, atol=1e-6, err_msg=f"{what} (seed {rng.seed_used})"
+    )
 
 
 @pytest.mark.parametrize("move", ["set_", "data"])
@@ -84,7 +85,7 @@ def test_a_refused_grid_or_scalar_leaves_what_the_exec_computes(stream, rng):
     mgr = ExecUpdateManager(cap.graph, exe)
     try:
         with pytest.raises(ShapeError):
-            mgr.set_params(0, grid=(1, 2 ** 32), n=n // 2)
+            mgr.set_params(0, grid=(1, 2**32), n=n // 2)
         with pytest.raises(ArgumentError):
             mgr.scalar_setter(0, "n")(n / 2 + 0.4)
         with pytest.raises(ArgumentError):

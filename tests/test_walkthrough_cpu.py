@@ -80,8 +80,9 @@ def test_pack_and_unpack_are_inverse(walk):
 def test_without_a_gpu_it_exits_69_with_one_line():
     if gpu_available():
         pytest.skip("a GPU is present: tests/test_walkthrough_gpu.py runs the example")
-    r = subprocess.run([sys.executable, str(EXAMPLE)], cwd=str(ROOT), env=dict(os.environ), capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(EXAMPLE)], cwd=str(ROOT), env=dict(os.environ), capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 69, f"exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
     assert r.stdout == ""
     lines = r.stderr.splitlines()
@@ -155,8 +156,9 @@ def test_the_walkthrough_runs_on_the_fake_driver_and_releases_everything(walk, m
     assert (eager, graphs) == (2 + 2 * steps, 2 * steps)  # + the warm-up before capture
 
 
-@pytest.mark.parametrize("silence, path", [("cuGraphExecKernelNodeSetParams", "rebind + replay"),
-                                           ("cuMemcpyDtoDAsync", "copy + replay")])
+@pytest.mark.parametrize(
+    "silence, path", [("cuGraphExecKernelNodeSetParams", "rebind + replay"), ("cuMemcpyDtoDAsync", "copy + replay")]
+)
 def test_a_path_that_reads_stale_input_fails_with_status_1(walk, monkeypatch, capsys, silence, path):
     status, fake = _run_on_fake(walk, monkeypatch, silence)
     out, err = capsys.readouterr()

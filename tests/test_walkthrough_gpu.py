@@ -25,8 +25,9 @@ def test_the_walkthrough_reports_equal_bits_for_the_three_paths(malloc):
     env = dict(os.environ)
     if malloc:
         env["PYTHONMALLOC"] = malloc
-    r = subprocess.run([sys.executable, str(EXAMPLE)], cwd=str(ROOT), env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(EXAMPLE)], cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, f"exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
     assert "Traceback" not in r.stderr, r.stderr
     lines = r.stdout.strip().splitlines()
@@ -38,6 +39,9 @@ def test_the_walkthrough_reports_equal_bits_for_the_three_paths(malloc):
         assert m, row
         assert float(m[1]) > 0 and float(m[2]) > 0, row
     assert lines[5] == "rebinding moved x in 2 of 2 kernel nodes", lines[5]
-    assert re.fullmatch(r"three paths, equal bits: eager == copy \+ replay == rebind \+ replay "
-                        r"\(vs float64: \d\.\de[-+]\d+\)", lines[6]), lines[6]
+    assert re.fullmatch(
+        r"three paths, equal bits: eager == copy \+ replay == rebind \+ replay "
+        r"\(vs float64: \d\.\de[-+]\d+\)",
+        lines[6],
+    ), lines[6]
     assert float(lines[6].rsplit(" ", 1)[1].rstrip(")")) < 1e-5

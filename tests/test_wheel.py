@@ -41,22 +41,41 @@ def test_wheel_installs_and_finds_kernels(tmp_path):
     r = subprocess.run(build + ["--no-build-isolation"], capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         r = subprocess.run(build, capture_output=True, text=True, timeout=600)
-    if r.returncode != 0 and ("No matching distribution" in r.stdout + r.stderr or "NewConnectionError" in r.stdout + r.stderr):
+    if r.returncode != 0 and (
+        "No matching distribution" in r.stdout + r.stderr or "NewConnectionError" in r.stdout + r.stderr
+    ):
         pytest.skip("cannot build a wheel here: no usable hatchling installed and no package index reachable")
     assert r.returncode == 0, r.stdout + r.stderr
     (whl,) = wheels.glob("rawgraph-*.whl")
     # Install the wheel alone into its own folder (its dependencies come from this environment),
     # then import it from a directory that is not the checkout.
     target = tmp_path / "site-packages"
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(whl)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(whl)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "RAWGRAPH_KERNEL_DIR"}
     env["PYTHONPATH"] = str(target)
-    r = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "cache"), str(target),
-                        ",".join(sorted(p.stem for p in (ROOT / "kernels").glob("*.cu")))], cwd=elsewhere, capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            PROBE,
+            str(tmp_path / "cache"),
+            str(target),
+            ",".join(sorted(p.stem for p in (ROOT / "kernels").glob("*.cu"))),
+        ],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "wheel-ok" in r.stdout
     _check_metadata(whl)
@@ -79,8 +98,10 @@ def _check_metadata(whl):
     assert not [r for r in core if r.startswith(("cupy", "torch", "mypy", "pytest"))], core
 
     def in_extra(name, extra):  # a requirement of the extra, named or through a self-reference
-        return any((r.startswith(name) or r.startswith("rawgraph[") and name.split("-")[0] in r)
-                   and f'extra == "{extra}"' in r for r in requires)
+        return any(
+            (r.startswith(name) or r.startswith("rawgraph[") and name.split("-")[0] in r) and f'extra == "{extra}"' in r
+            for r in requires
+        )
 
     for extra in ("test", "bench"):  # CuPy and PyTorch come with the extras that use them
         assert in_extra("cupy-cuda13x", extra) and in_extra("torch", extra), requires

@@ -21,7 +21,8 @@ import platform
 import struct
 import sys
 import traceback
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from cuda.bindings import driver, nvrtc
 
@@ -30,7 +31,6 @@ from rawgraph.runtime.errors import NvrtcError, error_name
 
 # The sgemm cut as text (BM,BN,BK,STAGES,S,KS,MINB[,TM]): benchmarks/gemm_sweep.py owns the format.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from gemm_sweep import parse_cut  # noqa: E402
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 NO_GPU_EXIT = 2
@@ -360,8 +360,13 @@ def nvjitlink_module():
 def nvjitlink_link(nj, name: str, inputs: Sequence[tuple[str, Any]], options: Sequence[str]) -> bytes | None:
     """Link with nvJitLink. ``inputs``: ``("cubin"|"ptx"|"ltoir", bytes)`` or ``("library", path)``.
     Prints the step with the error log on failure; returns the linked CUBIN or None."""
-    kinds = {"cubin": nj.InputType.CUBIN, "ptx": nj.InputType.PTX, "ltoir": nj.InputType.LTOIR,
-             "library": nj.InputType.LIBRARY, "object": nj.InputType.OBJECT}
+    kinds = {
+        "cubin": nj.InputType.CUBIN,
+        "ptx": nj.InputType.PTX,
+        "ltoir": nj.InputType.LTOIR,
+        "library": nj.InputType.LIBRARY,
+        "object": nj.InputType.OBJECT,
+    }
     try:
         handle = nj.create(len(options), list(options))
     except Exception as exc:
@@ -414,15 +419,24 @@ def kernel_node_params(kernel, args, grid=(1, 1, 1), block=(1, 1, 1), shared=0):
 
 def add_kernel_node(name: str, graph, deps: list, kernel, args, quiet: bool = True):
     """``cuGraphAddKernelNode``; returns the node or None (the step line says why)."""
-    return step(f"{name} cuGraphAddKernelNode", driver.cuGraphAddKernelNode, graph, deps, len(deps),
-                kernel_node_params(kernel, args), quiet=quiet)
+    return step(
+        f"{name} cuGraphAddKernelNode",
+        driver.cuGraphAddKernelNode,
+        graph,
+        deps,
+        len(deps),
+        kernel_node_params(kernel, args),
+        quiet=quiet,
+    )
 
 
 def median_line(name: str, samples: Sequence[float]) -> dict:
     from rawgraph.runtime.timing import stats
 
     s = stats(samples)
-    print(f"TIME {name}: median={s['median']:.3f} p10={s['p10']:.3f} p90={s['p90']:.3f} us (n={len(samples)})", flush=True)
+    print(
+        f"TIME {name}: median={s['median']:.3f} p10={s['p10']:.3f} p90={s['p90']:.3f} us (n={len(samples)})", flush=True
+    )
     return s
 
 

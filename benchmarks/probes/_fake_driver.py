@@ -10,6 +10,7 @@ kernel runs (every CHECK that reads a device value says MISMATCH) and every figu
 device_launch.py's parent starts its cases in fresh interpreters, which do not load this fake:
 run a case directly with ``--case`` (instantiate, run, time, plainstream) instead.
 """
+
 import ctypes
 import itertools
 import os
@@ -22,8 +23,8 @@ S = d.CUresult.CUDA_SUCCESS
 _ids = itertools.count(0x10000, 0x100)
 _keep = []
 CTX = d.CUcontext(next(_ids))
-graphs = {}      # int(graph) -> list of (node_int, type)
-capture = {}     # int(stream) -> {"graph": CUgraph, "last": [nodes]}
+graphs = {}  # int(graph) -> list of (node_int, type)
+capture = {}  # int(stream) -> {"graph": CUgraph, "last": [nodes]}
 
 T = d.CUgraphNodeType
 
@@ -107,7 +108,11 @@ def cuCtxSynchronize():
 @fake
 def cuDeviceGetAttribute(a, dev):
     A = d.CUdevice_attribute
-    return ok({A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 9, A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0}.get(a, 132))
+    return ok(
+        {A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 9, A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0}.get(
+            a, 132
+        )
+    )
 
 
 @fake
@@ -373,8 +378,6 @@ def cuGraphGetNodes(g, n=0):
     if n == 0:
         return ok(None, len(nodes))
     return ok(nodes[:n], len(nodes))
-
-
 
 
 @fake

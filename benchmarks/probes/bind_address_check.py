@@ -27,7 +27,8 @@ import re
 import sys
 import textwrap
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -80,17 +81,19 @@ def measure(mgr: Any, kind: str, pair: tuple, rounds: int, repeats: int) -> None
             if mode == "same":
                 fns[name] = lambda bind=bind: bind(mgr, "x", pair[0])
             else:
+
                 def flip(bind: Callable[..., int] = bind, state: dict = state) -> None:
                     state["i"] ^= 1
                     bind(mgr, "x", pair[state["i"]])
+
                 fns[name] = flip
         mgr.bind("x", pair[1])
         mgr.bind("x", pair[0])  # both checked and cached; pair[0] bound
         samples: dict[str, list[float]] = {name: [] for name in fns}
-        for name, fn in fns.items():  # warm
+        for fn in fns.values():  # warm
             _sample(fn, rounds)
         for r in range(repeats):
-            for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            for name in list(fns) if r % 2 == 0 else list(fns)[::-1]:
                 samples[name].append(_sample(fns[name], rounds))
         for name, got in samples.items():
             median_line(f"bind {kind} {mode} {name}", got)
@@ -104,7 +107,10 @@ def run(rounds: int, repeats: int, on_gpu: bool) -> None:
     graph = rg.capture_plan(model.plan(bufs[0], bufs[2]), s)
     exe = graph.instantiate()
     mgr = rg.ExecUpdateManager(graph, exe)
-    kinds: dict[str, tuple] = {"DeviceBuffer": (bufs[0], bufs[1]), "interface": (Interface(bufs[0]), Interface(bufs[1]))}
+    kinds: dict[str, tuple] = {
+        "DeviceBuffer": (bufs[0], bufs[1]),
+        "interface": (Interface(bufs[0]), Interface(bufs[1])),
+    }
     if on_gpu:
         try:
             import torch

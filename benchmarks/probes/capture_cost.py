@@ -8,6 +8,7 @@ captured launch, and the functions that took the most time of their own.
 
     PYTHONPATH=. python3 benchmarks/probes/capture_cost.py [--width 1024] [--layers 8] [--top 25]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,11 +41,16 @@ def main() -> int:
     wall = time.perf_counter() - t0
     launches = sum(len(g.nodes) for g in bg.graphs.values())
     print(f"FACT sizes = {len(bg.sizes)}; captured kernel nodes = {launches}")
-    print("FACT setup ms = " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in bg.setup.items()) +
-          f"; wall under cProfile {wall * 1e3:.1f}")
+    print(
+        "FACT setup ms = "
+        + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in bg.setup.items())
+        + f"; wall under cProfile {wall * 1e3:.1f}"
+    )
     print(f"FACT warm-up runs = {bg.warm_up.runs}, skipped = {bg.warm_up.skipped}")
-    print(f"FACT capture us per kernel node = {bg.setup['capture'] * 1e6 / max(launches, 1):.1f} "
-          "(cProfile's own overhead included)")
+    print(
+        f"FACT capture us per kernel node = {bg.setup['capture'] * 1e6 / max(launches, 1):.1f} "
+        "(cProfile's own overhead included)"
+    )
     for key in ("tottime", "cumulative"):
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats(key).print_stats(a.top)

@@ -28,13 +28,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _common as C  # noqa: E402
 from cuda.bindings import driver  # noqa: E402
 
-import _common as C  # noqa: E402
 from rawgraph.runtime.compiler import CompiledImage  # noqa: E402
-from rawgraph.runtime.module import Kernel, Module  # noqa: E402
 from rawgraph.runtime.launch import KernelArgs  # noqa: E402
 from rawgraph.runtime.memory import DeviceBuffer  # noqa: E402
+from rawgraph.runtime.module import Kernel, Module  # noqa: E402
 from rawgraph.runtime.stream import Stream  # noqa: E402
 from rawgraph.runtime.timing import device_us  # noqa: E402
 
@@ -93,10 +93,15 @@ def cpu_part(arch: str) -> CompiledImage | None:
     img = C.compile_cubin(SOURCE, "probe_conditional.cu", arch)
     if img is not None:
         info = C.report_elf("conditional_cubin", img.image)
-        C.check("conditional_cubin defines every probe kernel",
-                all(k in info["defined_funcs"] for k in KERNELS), str(sorted(info["defined_funcs"])))
-        C.check("conditional_cubin leaves cudaGraphSetConditional undefined (driver resolves it)",
-                any(n == "cudaGraphSetConditional" for n, _, _ in info["undefined"]))
+        C.check(
+            "conditional_cubin defines every probe kernel",
+            all(k in info["defined_funcs"] for k in KERNELS),
+            str(sorted(info["defined_funcs"])),
+        )
+        C.check(
+            "conditional_cubin leaves cudaGraphSetConditional undefined (driver resolves it)",
+            any(n == "cudaGraphSetConditional" for n, _, _ in info["undefined"]),
+        )
     # With -rdc NVRTC declares the device runtime itself: the undeclared form compiles too.
     C.compile_cubin(UNDECLARED, "cond_undeclared_rdc.cu", arch, ("-std=c++17", "-rdc=true"))
     # The struct the driver fills in: field names of this cuda.bindings.
@@ -155,8 +160,14 @@ class Probe:
         return C.add_kernel_node(f"{name}/{kernel}", graph, list(deps), self.k[kernel], self.args(spec, **values))
 
     def handle(self, name, graph, default=0, flags=ASSIGN_DEFAULT):
-        return C.step(f"{name} cuGraphConditionalHandleCreate(default={default}, flags={flags})",
-                      driver.cuGraphConditionalHandleCreate, graph, self.ctx, default, flags)
+        return C.step(
+            f"{name} cuGraphConditionalHandleCreate(default={default}, flags={flags})",
+            driver.cuGraphConditionalHandleCreate,
+            graph,
+            self.ctx,
+            default,
+            flags,
+        )
 
     def cond_params(self, handle, ctype, size):
         p = driver.CUgraphNodeParams()
@@ -171,8 +182,15 @@ class Probe:
     def add_cond(self, name, graph, deps, handle, ctype, size):
         """``cuGraphAddNode`` of a conditional node; returns (node, [body graphs]) or (None, [])."""
         p = self.cond_params(handle, ctype, size)
-        node = C.step(f"{name} cuGraphAddNode(CONDITIONAL {ctype.name} size={size})",
-                      driver.cuGraphAddNode, graph, list(deps), None, len(deps), p)
+        node = C.step(
+            f"{name} cuGraphAddNode(CONDITIONAL {ctype.name} size={size})",
+            driver.cuGraphAddNode,
+            graph,
+            list(deps),
+            None,
+            len(deps),
+            p,
+        )
         if node is None:
             return None, []
         bodies = list(p.conditional.phGraph_out)  # driver-owned array, `size` entries
@@ -186,8 +204,10 @@ class Probe:
             ip = driver.CUDA_GRAPH_INSTANTIATE_PARAMS()
             ip.flags = flags
             st, res = C.raw_step("", driver.cuGraphInstantiateWithParams, graph, ip)
-            C.fact(f"{name}.instantiate_result", f"{st} result_out={getattr(ip.result_out, 'name', ip.result_out)} "
-                   f"errNode=0x{int(ip.hErrNode_out):x}")
+            C.fact(
+                f"{name}.instantiate_result",
+                f"{st} result_out={getattr(ip.result_out, 'name', ip.result_out)} errNode=0x{int(ip.hErrNode_out):x}",
+            )
             if st == "OK":
                 driver.cuGraphExecDestroy(res[1])
             return None
@@ -198,7 +218,10 @@ class Probe:
         ok = C.step(f"{name} cuGraphLaunch", driver.cuGraphLaunch, exe, self.stream.handle, quiet=True)
         if ok is None:
             return False
-        return C.step(f"{name} cuStreamSynchronize", driver.cuStreamSynchronize, self.stream.handle, quiet=True) is not None
+        return (
+            C.step(f"{name} cuStreamSynchronize", driver.cuStreamSynchronize, self.stream.handle, quiet=True)
+            is not None
+        )
 
     def node_types(self, graph) -> list[str]:
         r = C.step("cuGraphGetNodes(count)", driver.cuGraphGetNodes, graph, 0, quiet=True)
@@ -278,8 +301,15 @@ def explicit_part(P: Probe):
         if pre is not None:
             node, bodies = P.add_cond("WHILE", g, [pre], h, COND_T.CU_GRAPH_COND_TYPE_WHILE, 1)
             if node is not None:
-                P.node("WHILE.body0", bodies[0], [], "while_body", h=int(h), remaining=P.remaining.ptr,
-                       iterations=P.iterations.ptr)
+                P.node(
+                    "WHILE.body0",
+                    bodies[0],
+                    [],
+                    "while_body",
+                    h=int(h),
+                    remaining=P.remaining.ptr,
+                    iterations=P.iterations.ptr,
+                )
                 exe = P.instantiate("WHILE", g)
                 wh = exe
                 for n in (0, 1, 5, 40):
@@ -288,7 +318,9 @@ def explicit_part(P: Probe):
                     if exe is None or not P.launch(f"WHILE remaining={n}", exe):
                         break
                     it = P.read(P.iterations)[0]
-                    C.check(f"WHILE remaining={n}", it == n, f"iterations={it} remaining_after={P.read(P.remaining)[0]}")
+                    C.check(
+                        f"WHILE remaining={n}", it == n, f"iterations={it} remaining_after={P.read(P.remaining)[0]}"
+                    )
 
     # Sizes the documentation disallows (WHILE 2, IF 3, SWITCH 0): what the driver answers.
     g = P.new_graph("bad_sizes")
@@ -325,19 +357,32 @@ def clone_update_part(P: Probe, built):
     body_node = built["body_nodes"][0] if built["body_nodes"] else None
     if body_node is not None:
         a = P.args([("counters", "ptr"), ("slot", "i32")], counters=P.counters.ptr, slot=3)
-        ok = C.step("cuGraphExecKernelNodeSetParams(exec, IF body node, slot=3)", driver.cuGraphExecKernelNodeSetParams,
-                    built["exec"], body_node, C.kernel_node_params(P.k["bump"], a))
+        ok = C.step(
+            "cuGraphExecKernelNodeSetParams(exec, IF body node, slot=3)",
+            driver.cuGraphExecKernelNodeSetParams,
+            built["exec"],
+            body_node,
+            C.kernel_node_params(P.k["bump"], a),
+        )
         if ok is not None:
             P.set_u32(P.counters, 0)
             P.set_u32(P.value, 1)
             if P.launch("IF after body SetParams", built["exec"]):
                 got = P.read(P.counters)
-                C.check("exec body node re-pointed (counters[3] bumped, [0] not)", got[3] == 1 and got[0] == 0,
-                        f"counters={got[:4]}")
+                C.check(
+                    "exec body node re-pointed (counters[3] bumped, [0] not)",
+                    got[3] == 1 and got[0] == 0,
+                    f"counters={got[:4]}",
+                )
         # And the conditional node itself: cuGraphExecNodeSetParams (documented unsupported).
         p = P.cond_params(built["handle"], COND_T.CU_GRAPH_COND_TYPE_IF, 1)
-        C.step("cuGraphExecNodeSetParams(exec, conditional node)", driver.cuGraphExecNodeSetParams,
-               built["exec"], built["node"], p)
+        C.step(
+            "cuGraphExecNodeSetParams(exec, conditional node)",
+            driver.cuGraphExecNodeSetParams,
+            built["exec"],
+            built["node"],
+            p,
+        )
 
 
 # --------------------------------------------------------------------------- stream capture
@@ -349,9 +394,12 @@ def _capture_info(label, sh):
     status, cid, cgraph, deps, edges, n = info
     deps = list(deps or [])[:n]  # the arrays may be longer than the count: trim (as cuda.core does)
     edges = list(edges)[:n] if edges else None
-    C.fact(f"capture_info {label}", f"status={status.name} id={int(cid)} graph=0x{int(cgraph):x} ndeps={n} "
-           f"deps={[hex(int(d)) for d in deps]} edges="
-           f"{None if edges is None else [(int(e.type), int(e.from_port), int(e.to_port)) for e in edges]}")
+    C.fact(
+        f"capture_info {label}",
+        f"status={status.name} id={int(cid)} graph=0x{int(cgraph):x} ndeps={n} "
+        f"deps={[hex(int(d)) for d in deps]} edges="
+        f"{None if edges is None else [(int(e.type), int(e.from_port), int(e.to_port)) for e in edges]}",
+    )
     return status, cgraph, deps, edges
 
 
@@ -364,36 +412,106 @@ def _capture_body(P: Probe, s2, sh) -> bool:
     if h is None:
         return False
     a = P.args([("h", "u64"), ("value", "ptr")], h=int(h), value=P.value.ptr)
-    if C.step("cuLaunchKernel(set_cond) into capture", driver.cuLaunchKernel, P.k["set_cond"].handle,
-              1, 1, 1, 1, 1, 1, 0, sh, a.address, 0) is None:
+    if (
+        C.step(
+            "cuLaunchKernel(set_cond) into capture",
+            driver.cuLaunchKernel,
+            P.k["set_cond"].handle,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            sh,
+            a.address,
+            0,
+        )
+        is None
+    ):
         return False
     info = _capture_info("#2 (after set_cond)", sh)
     if info is None:
         return False
     _status, cgraph, deps, edges = info
     p = P.cond_params(h, COND_T.CU_GRAPH_COND_TYPE_IF, 1)
-    node = C.step("cuGraphAddNode(capturing graph, deps, edges, CONDITIONAL IF)", driver.cuGraphAddNode,
-                  cgraph, deps, edges, len(deps), p)
+    node = C.step(
+        "cuGraphAddNode(capturing graph, deps, edges, CONDITIONAL IF)",
+        driver.cuGraphAddNode,
+        cgraph,
+        deps,
+        edges,
+        len(deps),
+        p,
+    )
     if node is None:
         return False
-    if C.step("cuStreamUpdateCaptureDependencies(s, [cond node], None, 1, SET)",
-              driver.cuStreamUpdateCaptureDependencies, sh, [node], None, 1, SET_DEPS) is None:
+    if (
+        C.step(
+            "cuStreamUpdateCaptureDependencies(s, [cond node], None, 1, SET)",
+            driver.cuStreamUpdateCaptureDependencies,
+            sh,
+            [node],
+            None,
+            1,
+            SET_DEPS,
+        )
+        is None
+    ):
         return False
     body = p.conditional.phGraph_out[0]
     # The body is captured on a second stream: `s` itself is capturing.
-    if C.step("cuStreamBeginCaptureToGraph(s2, body, no deps, GLOBAL)", driver.cuStreamBeginCaptureToGraph,
-              s2.handle, body, None, None, 0, MODE_GLOBAL) is None:
+    if (
+        C.step(
+            "cuStreamBeginCaptureToGraph(s2, body, no deps, GLOBAL)",
+            driver.cuStreamBeginCaptureToGraph,
+            s2.handle,
+            body,
+            None,
+            None,
+            0,
+            MODE_GLOBAL,
+        )
+        is None
+    ):
         return False
     b = P.args([("counters", "ptr"), ("slot", "i32")], counters=P.counters.ptr, slot=0)
-    C.step("cuLaunchKernel(bump slot 0) into the body capture", driver.cuLaunchKernel, P.k["bump"].handle,
-           1, 1, 1, 1, 1, 1, 0, s2.handle, b.address, 0)
+    C.step(
+        "cuLaunchKernel(bump slot 0) into the body capture",
+        driver.cuLaunchKernel,
+        P.k["bump"].handle,
+        1,
+        1,
+        1,
+        1,
+        1,
+        1,
+        0,
+        s2.handle,
+        b.address,
+        0,
+    )
     bg = C.step("cuStreamEndCapture(s2)", driver.cuStreamEndCapture, s2.handle)
     if bg is not None:
         C.fact("body capture returned the body graph itself", int(bg) == int(body))
         C.fact("body.node_types", P.node_types(body))
     after = P.args([("counters", "ptr"), ("slot", "i32")], counters=P.counters.ptr, slot=2)
-    C.step("cuLaunchKernel(bump slot 2) after the conditional", driver.cuLaunchKernel, P.k["bump"].handle,
-           1, 1, 1, 1, 1, 1, 0, sh, after.address, 0)
+    C.step(
+        "cuLaunchKernel(bump slot 2) after the conditional",
+        driver.cuLaunchKernel,
+        P.k["bump"].handle,
+        1,
+        1,
+        1,
+        1,
+        1,
+        1,
+        0,
+        sh,
+        after.address,
+        0,
+    )
     _capture_info("#3 (after the node that follows)", sh)
     return True
 
@@ -435,11 +553,20 @@ def capture_part(P: Probe):
         h = P.handle("negative", info[1])
         if h is not None:
             p = P.cond_params(h, COND_T.CU_GRAPH_COND_TYPE_IF, 1)
-            node = C.step("cuGraphAddNode(CONDITIONAL IF, no deps) [negative]", driver.cuGraphAddNode,
-                          info[1], [], None, 0, p)
+            node = C.step(
+                "cuGraphAddNode(CONDITIONAL IF, no deps) [negative]", driver.cuGraphAddNode, info[1], [], None, 0, p
+            )
             if node is not None:
-                C.step("cuStreamBeginCaptureToGraph(s itself, body)", driver.cuStreamBeginCaptureToGraph,
-                       sh, p.conditional.phGraph_out[0], None, None, 0, MODE_GLOBAL)
+                C.step(
+                    "cuStreamBeginCaptureToGraph(s itself, body)",
+                    driver.cuStreamBeginCaptureToGraph,
+                    sh,
+                    p.conditional.phGraph_out[0],
+                    None,
+                    None,
+                    0,
+                    MODE_GLOBAL,
+                )
     st, res = C.raw_step("", driver.cuStreamIsCapturing, sh)
     C.fact("s capture status after the refusal", res[1].name if st == "OK" else st)
     r = C.raw_step("", driver.cuStreamEndCapture, sh)
@@ -478,8 +605,12 @@ def timing_part(P: Probe, rounds: int):
             if kind == "kernel":
                 return P.node(f"B_{kind}.body", bodies[0], [], "noop") is not None
             if kind == "emptynode":
-                return C.step("cuGraphAddEmptyNode(body)", driver.cuGraphAddEmptyNode, bodies[0], [], 0, quiet=True) is not None
+                return (
+                    C.step("cuGraphAddEmptyNode(body)", driver.cuGraphAddEmptyNode, bodies[0], [], 0, quiet=True)
+                    is not None
+                )
             return True  # "none": leave the body graph with no nodes at all
+
         return fill
 
     def timed(label, exe, value=None):
@@ -495,6 +626,7 @@ def timing_part(P: Probe, rounds: int):
             (err,) = launch(h, sh)
             if err != driver.CUresult.CUDA_SUCCESS:
                 raise RuntimeError(C.error_name(err))
+
         samples = C.guarded(f"time {label}", lambda: device_us(fn, s, rounds=rounds, warmup=20))
         return C.median_line(label, samples) if samples else None
 
@@ -508,8 +640,12 @@ def timing_part(P: Probe, rounds: int):
     bn = build("B_none", if_body("none"))
     timed("set_cond + IF{no nodes}, cond=1", bn, 1)
     if a and c and b0 and b1:
-        C.fact("cost: IF node, body skipped ~= (set_cond+IF,cond=0) - (1 kernel)", f"{b0['median'] - a['median']:.3f} us")
-        C.fact("cost: IF node + noop body ~= (set_cond+IF,cond=1) - (2 kernels)", f"{b1['median'] - c['median']:.3f} us")
+        C.fact(
+            "cost: IF node, body skipped ~= (set_cond+IF,cond=0) - (1 kernel)", f"{b0['median'] - a['median']:.3f} us"
+        )
+        C.fact(
+            "cost: IF node + noop body ~= (set_cond+IF,cond=1) - (2 kernels)", f"{b1['median'] - c['median']:.3f} us"
+        )
 
     # WHILE per-iteration cost: body = while_body, iterations 1, 16, 64.
     g = P.new_graph("W")
@@ -518,8 +654,13 @@ def timing_part(P: Probe, rounds: int):
     h = P.handle("W", g)
     pre = P.node("W", g, [], "while_prologue", h=int(h), remaining=P.remaining.ptr) if h is not None else None
     node, bodies = P.add_cond("W", g, [pre], h, COND_T.CU_GRAPH_COND_TYPE_WHILE, 1) if pre is not None else (None, [])
-    if node is None or P.node("W.body", bodies[0], [], "while_body", h=int(h), remaining=P.remaining.ptr,
-                              iterations=P.iterations.ptr) is None:
+    if (
+        node is None
+        or P.node(
+            "W.body", bodies[0], [], "while_body", h=int(h), remaining=P.remaining.ptr, iterations=P.iterations.ptr
+        )
+        is None
+    ):
         return
     exe = P.instantiate("W", g)
     res = {}
@@ -539,6 +680,7 @@ def timing_part(P: Probe, rounds: int):
             (err,) = driver.cuGraphLaunch(exe, s.handle)
             if err != driver.CUresult.CUDA_SUCCESS:
                 raise RuntimeError(C.error_name(err))
+
         samples = C.guarded(f"time WHILE n={n}", lambda: device_us(fn, s, rounds=rounds, warmup=20))
         if samples:
             res[n] = C.median_line(f"prologue + WHILE x{n} (memcpy 4 B inside the events)", samples)
@@ -565,11 +707,15 @@ def main(argv=None) -> int:
     try:
         P = Probe(dev, img)  # cuModuleLoadData: where the driver binds cudaGraphSetConditional
     except Exception as exc:
-        print(f"STEP cuModuleLoadData(conditional cubin) + setup: FAIL {getattr(exc, 'name', type(exc).__name__)}: {exc}",
-              flush=True)
+        print(
+            f"STEP cuModuleLoadData(conditional cubin) + setup: FAIL {getattr(exc, 'name', type(exc).__name__)}: {exc}",
+            flush=True,
+        )
         return 0
-    print("STEP cuModuleLoadData(conditional cubin, undefined cudaGraphSetConditional) + cuModuleGetFunction x5: OK",
-          flush=True)
+    print(
+        "STEP cuModuleLoadData(conditional cubin, undefined cudaGraphSetConditional) + cuModuleGetFunction x5: OK",
+        flush=True,
+    )
     try:
         built, _ = C.guarded("explicit", lambda: explicit_part(P)) or (None, None)
         C.guarded("capture", lambda: capture_part(P))

@@ -39,13 +39,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _common as C  # noqa: E402
 from cuda.bindings import driver  # noqa: E402
 
-import _common as C  # noqa: E402
 from rawgraph.runtime.compiler import CompiledImage  # noqa: E402
-from rawgraph.runtime.module import Kernel, Module  # noqa: E402
 from rawgraph.runtime.launch import KernelArgs  # noqa: E402
 from rawgraph.runtime.memory import DeviceBuffer  # noqa: E402
+from rawgraph.runtime.module import Kernel, Module  # noqa: E402
 from rawgraph.runtime.stream import Stream  # noqa: E402
 from rawgraph.runtime.timing import device_us  # noqa: E402
 
@@ -92,13 +92,13 @@ extern "C" __global__ void launch_graph(cudaGraphExec_t graph, int* rc) {
 STD = "-std=c++17"
 # Build variants of the launcher, in the order `time` and `plainstream` prefer them.
 VARIANTS = (
-    "nonrdc_cubin",               # rawgraph's normal path: NVRTC -> CUBIN, no -rdc, no link
+    "nonrdc_cubin",  # rawgraph's normal path: NVRTC -> CUBIN, no -rdc, no link
     "rdc_cubin_nvjitlink_devrt",  # -rdc CUBIN + libcudadevrt.a, nvJitLink
-    "rdc_ptx_nvjitlink_devrt",    # -rdc PTX + libcudadevrt.a, nvJitLink (cuda.core's test path)
+    "rdc_ptx_nvjitlink_devrt",  # -rdc PTX + libcudadevrt.a, nvJitLink (cuda.core's test path)
     "rdc_ltoir_nvjitlink_devrt",  # -rdc -dlto LTO-IR + libcudadevrt.a, nvJitLink -lto
-    "rdc_cubin_nvjitlink",        # -rdc CUBIN linked alone (no libcudadevrt)
-    "rdc_cubin_culink_devrt",     # -rdc CUBIN + libcudadevrt.a, driver cuLink* (needs a context)
-    "rdc_cubin_unlinked",         # the relocatable CUBIN handed to cuModuleLoadData as is
+    "rdc_cubin_nvjitlink",  # -rdc CUBIN linked alone (no libcudadevrt)
+    "rdc_cubin_culink_devrt",  # -rdc CUBIN + libcudadevrt.a, driver cuLink* (needs a context)
+    "rdc_cubin_unlinked",  # the relocatable CUBIN handed to cuModuleLoadData as is
 )
 
 FLAG = driver.CUgraphInstantiate_flags
@@ -129,7 +129,9 @@ class Builder:
                 if linker < compiler:
                     # Seen on the CPU machine with nvJitLink 13.0 and NVRTC 13.5: "bad input" for the
                     # CUBIN, "Unsupported .version 9.5" for the PTX, ERROR_OUTDATED_LIBRARY for LTO-IR.
-                    C.note(f"nvJitLink {linker} is older than NVRTC {compiler}: linking NVRTC's output is expected to fail")
+                    C.note(
+                        f"nvJitLink {linker} is older than NVRTC {compiler}: linking NVRTC's output is expected to fail"
+                    )
         return self._nj
 
     def devrt(self):
@@ -150,8 +152,11 @@ class Builder:
                 opts = [STD, "-rdc=true", f"--gpu-architecture={target}"] + (["-dlto"] if output == "LTOIR" else [])
                 data, log = C.nvrtc_compile(LAUNCH_SOURCE, f"launch_rdc_{output.lower()}.cu", opts, output)
                 status = "OK" if data is not None else "FAIL " + log.splitlines()[0]
-                print(f"STEP nvrtc launch_rdc.cu {' '.join(opts)} -> {output}: {status}"
-                      f"{f' ({len(data)} bytes)' if data else ''}", flush=True)
+                print(
+                    f"STEP nvrtc launch_rdc.cu {' '.join(opts)} -> {output}: {status}"
+                    f"{f' ({len(data)} bytes)' if data else ''}",
+                    flush=True,
+                )
                 self._cache[key] = data
         return self._cache[key]
 
@@ -195,18 +200,43 @@ def culink(cubin: bytes | None, lib: str | None) -> bytes | None:
         return None
     J = driver.CUjit_option
     info, err = bytearray(8192), bytearray(8192)  # the binding passes bytearrays as char* buffers
-    opts = [J.CU_JIT_INFO_LOG_BUFFER, J.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, J.CU_JIT_ERROR_LOG_BUFFER,
-            J.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, J.CU_JIT_LOG_VERBOSE]
-    state = C.step("cuLinkCreate(log buffers)", driver.cuLinkCreate, len(opts), opts, [info, len(info), err, len(err), 1])
+    opts = [
+        J.CU_JIT_INFO_LOG_BUFFER,
+        J.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+        J.CU_JIT_ERROR_LOG_BUFFER,
+        J.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        J.CU_JIT_LOG_VERBOSE,
+    ]
+    state = C.step(
+        "cuLinkCreate(log buffers)", driver.cuLinkCreate, len(opts), opts, [info, len(info), err, len(err), 1]
+    )
     if state is None:
         return None
     try:
         data = np.frombuffer(cubin, dtype=np.uint8)
-        ok = C.step("cuLinkAddData(CU_JIT_INPUT_CUBIN, rdc cubin)", driver.cuLinkAddData, state,
-                    driver.CUjitInputType.CU_JIT_INPUT_CUBIN, data.ctypes.data, len(cubin), b"launch_rdc.cubin", 0, None, None)
+        ok = C.step(
+            "cuLinkAddData(CU_JIT_INPUT_CUBIN, rdc cubin)",
+            driver.cuLinkAddData,
+            state,
+            driver.CUjitInputType.CU_JIT_INPUT_CUBIN,
+            data.ctypes.data,
+            len(cubin),
+            b"launch_rdc.cubin",
+            0,
+            None,
+            None,
+        )
         if ok is not None:
-            ok = C.step(f"cuLinkAddFile(CU_JIT_INPUT_LIBRARY, {lib})", driver.cuLinkAddFile, state,
-                        driver.CUjitInputType.CU_JIT_INPUT_LIBRARY, lib.encode(), 0, None, None)
+            ok = C.step(
+                f"cuLinkAddFile(CU_JIT_INPUT_LIBRARY, {lib})",
+                driver.cuLinkAddFile,
+                state,
+                driver.CUjitInputType.CU_JIT_INPUT_LIBRARY,
+                lib.encode(),
+                0,
+                None,
+                None,
+            )
         res = C.step("cuLinkComplete", driver.cuLinkComplete, state) if ok is not None else None
         for label, buf in (("info", info), ("error", err)):
             text = bytes(buf).split(b"\0", 1)[0].decode(errors="replace").strip()
@@ -250,7 +280,12 @@ def cpu_part(arch: str, gpu: bool) -> Builder:
     C.section("libcudadevrt.a and nvJitLink on this machine")
     b.devrt()
     b.nj()
-    for v in ("rdc_cubin_nvjitlink", "rdc_cubin_nvjitlink_devrt", "rdc_ptx_nvjitlink_devrt", "rdc_ltoir_nvjitlink_devrt"):
+    for v in (
+        "rdc_cubin_nvjitlink",
+        "rdc_cubin_nvjitlink_devrt",
+        "rdc_ptx_nvjitlink_devrt",
+        "rdc_ltoir_nvjitlink_devrt",
+    ):
         b.image(v)
     return b
 
@@ -297,7 +332,9 @@ class Gpu:
         g = self.graph(name)
         prev = []
         for i in range(n):
-            node = C.add_kernel_node(f"{name}[{i}]", g, prev, self.k["bump"], self.args([("c", "ptr")], c=self.counter.ptr))
+            node = C.add_kernel_node(
+                f"{name}[{i}]", g, prev, self.k["bump"], self.args([("c", "ptr")], c=self.counter.ptr)
+            )
             if node is None:
                 return None
             prev = [node]
@@ -312,8 +349,12 @@ class Gpu:
             ip.flags = flags
             if upload_stream is not None:
                 ip.hUploadStream = upload_stream.handle
-            exe = C.step(f"{name} cuGraphInstantiateWithParams(flags=0x{flags:x}{', upload stream' if upload_stream else ''})",
-                         driver.cuGraphInstantiateWithParams, graph, ip)
+            exe = C.step(
+                f"{name} cuGraphInstantiateWithParams(flags=0x{flags:x}{', upload stream' if upload_stream else ''})",
+                driver.cuGraphInstantiateWithParams,
+                graph,
+                ip,
+            )
             C.fact(f"{name}.result_out", getattr(ip.result_out, "name", ip.result_out))
         if exe is not None:
             self.execs.append(exe)
@@ -322,11 +363,16 @@ class Gpu:
         return exe
 
     def sync(self, name="") -> bool:
-        return C.step(f"cuStreamSynchronize {name}", driver.cuStreamSynchronize, self.stream.handle, quiet=True) is not None
+        return (
+            C.step(f"cuStreamSynchronize {name}", driver.cuStreamSynchronize, self.stream.handle, quiet=True)
+            is not None
+        )
 
     def host_launch_check(self, name, exe, per_launch):
         self.set(self.counter, 0)
-        if C.step(f"{name} host cuGraphLaunch", driver.cuGraphLaunch, exe, self.stream.handle) is None or not self.sync(name):
+        if C.step(f"{name} host cuGraphLaunch", driver.cuGraphLaunch, exe, self.stream.handle) is None or not self.sync(
+            name
+        ):
             return
         got = self.get(self.counter)
         C.check(f"{name} ran from the host", got == per_launch, f"counter={got} expected={per_launch}")
@@ -340,8 +386,10 @@ class Gpu:
             mod = Module(CompiledImage(image, "cubin", self.dev.arch), self.dev)
             k = Kernel(mod, "launch_graph", "launch_graph")
         except Exception as exc:
-            print(f"STEP cuModuleLoadData/cuModuleGetFunction({variant}): FAIL {getattr(exc, 'name', type(exc).__name__)}: {exc}",
-                  flush=True)
+            print(
+                f"STEP cuModuleLoadData/cuModuleGetFunction({variant}): FAIL {getattr(exc, 'name', type(exc).__name__)}: {exc}",
+                flush=True,
+            )
             print(f"RESULT load {variant}: failed", flush=True)
             return None
         print(f"STEP cuModuleLoadData({variant}) + cuModuleGetFunction(launch_graph): OK ({k!r})", flush=True)
@@ -351,8 +399,12 @@ class Gpu:
     def outer(self, name, launcher, inner_exec, mode):
         """Outer graph: launch_graph(inner, mode, rc) -> snapshot(counter -> snap_graph)."""
         g = self.graph(name)
-        a = self.args([("g", "u64"), ("mode", "u64"), ("rc", "ptr")], g=int(inner_exec) if inner_exec else 0, mode=mode,
-                      rc=self.rc.ptr)
+        a = self.args(
+            [("g", "u64"), ("mode", "u64"), ("rc", "ptr")],
+            g=int(inner_exec) if inner_exec else 0,
+            mode=mode,
+            rc=self.rc.ptr,
+        )
         n1 = C.add_kernel_node(f"{name} launcher", g, [], launcher, a)
         if n1 is None:
             return None
@@ -363,8 +415,22 @@ class Gpu:
 
     def stream_snapshot(self):
         a = self.args([("c", "ptr"), ("s", "ptr")], c=self.counter.ptr, s=self.snap_stream.ptr)
-        return C.step("cuLaunchKernel(snapshot) after the outer graph", driver.cuLaunchKernel, self.k["snapshot"].handle,
-                      1, 1, 1, 1, 1, 1, 0, self.stream.handle, a.address, 0, quiet=True)
+        return C.step(
+            "cuLaunchKernel(snapshot) after the outer graph",
+            driver.cuLaunchKernel,
+            self.k["snapshot"].handle,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            self.stream.handle,
+            a.address,
+            0,
+            quiet=True,
+        )
 
     def close(self):
         for e in self.execs:
@@ -420,14 +486,18 @@ def case_instantiate(G: Gpu):
                 G.host_launch_check(name, exe, per_launch)
 
     try_graph("empty graph", lambda gg: True, None)
-    try_graph("empty node only",
-              lambda gg: C.step("cuGraphAddEmptyNode", driver.cuGraphAddEmptyNode, gg, [], 0) is not None, None)
+    try_graph(
+        "empty node only",
+        lambda gg: C.step("cuGraphAddEmptyNode", driver.cuGraphAddEmptyNode, gg, [], 0) is not None,
+        None,
+    )
 
     def memset(gg):
         p = driver.CUDA_MEMSET_NODE_PARAMS()
         p.dst, p.value, p.elementSize, p.width, p.height, p.pitch = G.counter.ptr, 5, 4, 1, 1, 0
         G.keep.append(p)
         return C.step("cuGraphAddMemsetNode", driver.cuGraphAddMemsetNode, gg, [], 0, p, ctx) is not None
+
     try_graph("memset node (value 5)", memset, 5)
 
     def memcpy(gg):
@@ -440,17 +510,27 @@ def case_instantiate(G: Gpu):
         p.WidthInBytes, p.Height, p.Depth = 4, 1, 1
         G.keep.append(p)
         return C.step("cuGraphAddMemcpyNode(DtoD 4 B)", driver.cuGraphAddMemcpyNode, gg, [], 0, p, ctx) is not None
+
     try_graph("memcpy node DtoD (value 7)", memcpy, 7)
 
     def child(gg):
         inner = G.bump_chain("child body", 3)
-        return inner is not None and C.step("cuGraphAddChildGraphNode", driver.cuGraphAddChildGraphNode,
-                                            gg, [], 0, inner) is not None
+        return (
+            inner is not None
+            and C.step("cuGraphAddChildGraphNode", driver.cuGraphAddChildGraphNode, gg, [], 0, inner) is not None
+        )
+
     try_graph("child graph node (3 bumps)", child, 3)
 
     def conditional(gg):
-        h = C.step("cuGraphConditionalHandleCreate(default 1, ASSIGN_DEFAULT)", driver.cuGraphConditionalHandleCreate,
-                   gg, ctx, 1, int(driver.CU_GRAPH_COND_ASSIGN_DEFAULT))
+        h = C.step(
+            "cuGraphConditionalHandleCreate(default 1, ASSIGN_DEFAULT)",
+            driver.cuGraphConditionalHandleCreate,
+            gg,
+            ctx,
+            1,
+            int(driver.CU_GRAPH_COND_ASSIGN_DEFAULT),
+        )
         if h is None:
             return False
         p = driver.CUgraphNodeParams()
@@ -463,6 +543,7 @@ def case_instantiate(G: Gpu):
             return False
         body = p.conditional.phGraph_out[0]
         return C.add_kernel_node("IF body", body, [], G.k["bump"], G.args([("c", "ptr")], c=G.counter.ptr)) is not None
+
     try_graph("conditional IF node (default 1) with a bump body", conditional, 1)
 
 
@@ -477,8 +558,10 @@ def device_launch_once(G: Gpu, label, outer_exec, expect):
     if not G.sync(label):
         return False
     rc, cnt, sg, ss = G.get(G.rc), G.get(G.counter), G.get(G.snap_graph), G.get(G.snap_stream)
-    C.fact(f"{label}", f"rc={rc} ({cuda_error_name(rc)}) counter={cnt} snapshot_in_outer_graph={sg} "
-           f"snapshot_on_stream_after={ss}")
+    C.fact(
+        f"{label}",
+        f"rc={rc} ({cuda_error_name(rc)}) counter={cnt} snapshot_in_outer_graph={sg} snapshot_on_stream_after={ss}",
+    )
     return C.check(f"{label} device-launched graph ran", cnt == expect and rc == 0, f"counter={cnt} expected={expect}")
 
 
@@ -537,7 +620,8 @@ def case_time(G: Gpu, variant: str, sizes, rounds: int):
         outers = {m: G.outer(f"outer{n}[{m}]", launcher, dexec, v) for m, v in (("launcher_only", 0), *MODES.items())}
         row = {"n": n}
         runs = [("host_plain", plain, n), ("host_devexec", dexec, n)] + [
-            (m, outers[m], 0 if m == "launcher_only" else n) for m in outers]
+            (m, outers[m], 0 if m == "launcher_only" else n) for m in outers
+        ]
         for name, exe, per in runs:
             if exe is None:
                 continue
@@ -548,6 +632,7 @@ def case_time(G: Gpu, variant: str, sizes, rounds: int):
                 (err,) = driver.cuGraphLaunch(exe, sh)
                 if err != driver.CUresult.CUDA_SUCCESS:
                     raise RuntimeError(C.error_name(err))
+
             samples = C.guarded(f"time {name} n={n}", lambda: device_us(fn, G.stream, rounds=rounds, warmup=warmup))
             if not samples:
                 continue
@@ -575,8 +660,21 @@ def case_plainstream(G: Gpu, variant: str):
         G.set(G.counter, 0)
         G.set(G.rc, -2)
         a = G.args([("g", "u64"), ("mode", "u64"), ("rc", "ptr")], g=int(inner), mode=mode, rc=G.rc.ptr)
-        C.step(f"cuLaunchKernel(launch_graph, {mode_name})", driver.cuLaunchKernel, launcher.handle, 1, 1, 1, 1, 1, 1, 0,
-               G.stream.handle, a.address, 0)
+        C.step(
+            f"cuLaunchKernel(launch_graph, {mode_name})",
+            driver.cuLaunchKernel,
+            launcher.handle,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            G.stream.handle,
+            a.address,
+            0,
+        )
         st = C.raw_step("", driver.cuStreamSynchronize, G.stream.handle)[0]
         C.fact(f"plain stream {mode_name} cuStreamSynchronize", st)
         if st != "OK":

@@ -15,6 +15,7 @@ Also the device memory each exec adds (``cuMemGetInfo`` around instantiate + upl
 
     PYTHONPATH=. python3 benchmarks/probes/device_shaped_cost.py [--width 1024 --layers 8 --form fused]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,6 @@ import sys
 from dataclasses import astuple
 
 import numpy as np
-
 from _common import model_args, parse_cut
 
 
@@ -48,15 +48,24 @@ class _NoRowGrid:
 def main() -> int:
     p = argparse.ArgumentParser()
     model_args(p, rounds=100)
-    p.add_argument("--cut", action="append", default=[], type=parse_cut,
-                   help="BM,BN,BK,STAGES,S,KS,MINB: also measure with this sgemm cut at max_batch rows "
-                        "(ops.SGEMM_CUTS; S=1 launches no cluster); repeatable")
+    p.add_argument(
+        "--cut",
+        action="append",
+        default=[],
+        type=parse_cut,
+        help="BM,BN,BK,STAGES,S,KS,MINB: also measure with this sgemm cut at max_batch rows "
+        "(ops.SGEMM_CUTS; S=1 launches no cluster); repeatable",
+    )
     p.add_argument("--passes", type=int, default=2)
-    p.add_argument("--no-pdl", action="store_true",
-                   help="also measure the same model built without PDL (plain and device-shaped)")
-    p.add_argument("--no-grid", action="store_true",
-                   help="also measure a device-shaped exec whose head sets only row counts and enables "
-                        "(the model seen with no row grid): the grids stay as captured")
+    p.add_argument(
+        "--no-pdl", action="store_true", help="also measure the same model built without PDL (plain and device-shaped)"
+    )
+    p.add_argument(
+        "--no-grid",
+        action="store_true",
+        help="also measure a device-shaped exec whose head sets only row counts and enables "
+        "(the model seen with no row grid): the grids stay as captured",
+    )
     a = p.parse_args()
     from rawgraph.graphs.capture import Capture
     from rawgraph.models.tinyblock import TinyBlock
@@ -77,7 +86,9 @@ def main() -> int:
     top = a.max_batch
     free0 = dev.memory_info()[0]
     get_kernel("device_update", "rg_du_shape", dev)
-    print(f"FACT memory of loading the head's module (device_update.cu): +{(free0 - dev.memory_info()[0]) / 2**20:.2f} MiB")
+    print(
+        f"FACT memory of loading the head's module (device_update.cu): +{(free0 - dev.memory_info()[0]) / 2**20:.2f} MiB"
+    )
     ns = sorted({1, 16, 64, 65, 128, 129, 192, 256} & set(range(1, top + 1)) | {top})
     print(f"FACT config width={a.width} layers={a.layers} form={a.form} max_batch={top}; {dev.info.name}")
     s = Stream()
@@ -87,14 +98,18 @@ def main() -> int:
     free0 = dev.memory_info()[0]
     dsg = DeviceShapedGraph(model, top, s)
     s.synchronize()
-    print(f"FACT memory of building a DeviceShapedGraph: +{(free0 - dev.memory_info()[0]) / 2**20:.2f} MiB "
-          f"(its own buffers {dsg.nbytes / 2**20:.2f} MiB)")
+    print(
+        f"FACT memory of building a DeviceShapedGraph: +{(free0 - dev.memory_info()[0]) / 2**20:.2f} MiB "
+        f"(its own buffers {dsg.nbytes / 2**20:.2f} MiB)"
+    )
     s.synchronize()
     free0 = dev.memory_info()[0]
     dsb = DeviceShapedGraph(model, top, s, bands="plans")
     s.synchronize()
-    print(f"FACT banded: bands {dsb.bands}, {len(dsb.entries)} nodes, memory +{(free0 - dev.memory_info()[0]) / 2**20:.2f} MiB, "
-          f"setup { {k: round(v * 1e3, 2) for k, v in dsb.setup.items()} } ms")
+    print(
+        f"FACT banded: bands {dsb.bands}, {len(dsb.entries)} nodes, memory +{(free0 - dev.memory_info()[0]) / 2**20:.2f} MiB, "
+        f"setup { {k: round(v * 1e3, 2) for k, v in dsb.setup.items()} } ms"
+    )
     x = np.random.default_rng(5).standard_normal((top, a.width), dtype=np.float32)
     dsg.input.copy_from_host(x, s)
     dsb.input.copy_from_host(x, s)
@@ -134,22 +149,26 @@ def main() -> int:
         t_plain = stats(device_us(lambda: plain.launch(s), s, r))
         t_marked = stats(device_us(lambda: marked.launch(s), s, r))
         print(f"TIME plain {top}: median={t_plain['median']:.1f} p10={t_plain['p10']:.1f} p90={t_plain['p90']:.1f} us")
-        print(f"TIME marked {top} (opted in, never updated): median={t_marked['median']:.1f} "
-              f"p10={t_marked['p10']:.1f} p90={t_marked['p90']:.1f} us")
+        print(
+            f"TIME marked {top} (opted in, never updated): median={t_marked['median']:.1f} "
+            f"p10={t_marked['p10']:.1f} p90={t_marked['p90']:.1f} us"
+        )
         for n in ns:
             ex = exact.execs[n]
-            te = stats(device_us(lambda: ex.launch(s), s, r))
+            te = stats(device_us(lambda ex=ex: ex.launch(s), s, r))
             dsg.set_rows(n, s)
             ts = stats(device_us(lambda: dsg.replay(s), s, r))
             dsb.set_rows(n, s)
             tb = stats(device_us(lambda: dsb.replay(s), s, r))
             want = exact.run(dsb.input, n, s).to_numpy(s)
             same = np.array_equal(want.view(np.uint32), dsb.output.to_numpy(s)[:n].view(np.uint32))
-            print(f"TIME n={n}: exact median={te['median']:.1f} (p10 {te['p10']:.1f} p90 {te['p90']:.1f}) "
-                  f"shaped median={ts['median']:.1f} (p10 {ts['p10']:.1f} p90 {ts['p90']:.1f}) "
-                  f"banded median={tb['median']:.1f} (p10 {tb['p10']:.1f} p90 {tb['p90']:.1f}) "
-                  f"ratio shaped/exact={ts['median'] / te['median']:.3f} banded/exact={tb['median'] / te['median']:.3f} "
-                  f"banded==exact bits: {same}; n used {dsg.check_status()} / {dsb.check_status()}")
+            print(
+                f"TIME n={n}: exact median={te['median']:.1f} (p10 {te['p10']:.1f} p90 {te['p90']:.1f}) "
+                f"shaped median={ts['median']:.1f} (p10 {ts['p10']:.1f} p90 {ts['p90']:.1f}) "
+                f"banded median={tb['median']:.1f} (p10 {tb['p10']:.1f} p90 {tb['p90']:.1f}) "
+                f"ratio shaped/exact={ts['median'] / te['median']:.3f} banded/exact={tb['median'] / te['median']:.3f} "
+                f"banded==exact bits: {same}; n used {dsg.check_status()} / {dsb.check_status()}"
+            )
     # Variants that tell why a device-shaped replay with 3-4 row-blocks takes twice the plain exec:
     # an sgemm cut with or without clusters (--cut), the same model without PDL (--no-pdl).
     variants = [(f"cut {','.join(map(str, astuple(cut)))}", cut, False) for cut in a.cut]
@@ -172,13 +191,15 @@ def main() -> int:
             owned.insert(0, c_dsg)
             kernels = sorted({e.kernel for e in c_dsg.entries})
             print(f"FACT {label}: kernels {kernels}")
-            tp = stats(device_us(lambda: c_plain.launch(s), s, r))
+            tp = stats(device_us(lambda c_plain=c_plain: c_plain.launch(s), s, r))
             print(f"TIME {label} plain {top}: median={tp['median']:.1f} p10={tp['p10']:.1f} p90={tp['p90']:.1f} us")
             for n in (1, 64, 65, 129, top):
                 c_dsg.set_rows(n, s)
-                tc = stats(device_us(lambda: c_dsg.replay(s), s, r))
-                print(f"TIME {label} n={n}: shaped median={tc['median']:.1f} (p10 {tc['p10']:.1f} p90 {tc['p90']:.1f}) "
-                      f"shaped/plain-{top}={tc['median'] / tp['median']:.3f}; n used {c_dsg.check_status()}")
+                tc = stats(device_us(lambda c_dsg=c_dsg: c_dsg.replay(s), s, r))
+                print(
+                    f"TIME {label} n={n}: shaped median={tc['median']:.1f} (p10 {tc['p10']:.1f} p90 {tc['p90']:.1f}) "
+                    f"shaped/plain-{top}={tc['median'] / tp['median']:.3f}; n used {c_dsg.check_status()}"
+                )
         except Exception as exc:  # a cut this device cannot run: say so, go on
             print(f"STEP {label}: EXC {type(exc).__name__}: {exc}")
         finally:

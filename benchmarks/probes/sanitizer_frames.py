@@ -46,8 +46,12 @@ def graph_launch():
     return weakref.ref(tok)
 
 
-for name, fn in (("cuLaunchKernel", kernel_launch), ("cuLaunchKernel again", kernel_launch),
-                 ("cuGraphLaunch", graph_launch), ("cuGraphLaunch again", graph_launch)):
+for name, fn in (
+    ("cuLaunchKernel", kernel_launch),
+    ("cuLaunchKernel again", kernel_launch),
+    ("cuGraphLaunch", graph_launch),
+    ("cuGraphLaunch again", graph_launch),
+):
     r = fn()
     gc.collect()
     alive = r() is not None

@@ -47,8 +47,13 @@ from pathlib import Path
 from _common import parse_cut
 
 # The table's w4096 M = 256 cut and a spread of the table's other kinds (split, slices, BK 8 / 16).
-DEFAULT_CUTS = [(64, 128, 32, 3, 2, 1, 1), (64, 128, 32, 3, 2, 2, 1), (32, 128, 16, 3, 8, 2, 1),
-                (64, 64, 16, 3, 2, 4, 1), (32, 128, 8, 3, 8, 2, 1)]
+DEFAULT_CUTS = [
+    (64, 128, 32, 3, 2, 1, 1),
+    (64, 128, 32, 3, 2, 2, 1),
+    (32, 128, 16, 3, 8, 2, 1),
+    (64, 64, 16, 3, 2, 4, 1),
+    (32, 128, 8, 3, 8, 2, 1),
+]
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 _PREDICATE = re.compile(r"^@!?U?P\w+\s+")
 _REG = re.compile(r"-?\|?R(\d+)\|?(\.reuse)?")
@@ -111,10 +116,19 @@ def ffma_conflicts(sass: str) -> tuple[int, int, int]:
 def main() -> int:
     """Compile, disassemble and count each kernel; print one FACT line each."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cut", action="append", default=[], type=parse_cut,
-                   help="BM,BN,BK,STAGES,S,KS,MINB (repeatable; default: five of the table's kinds)")
-    p.add_argument("--expr", action="append", default=[],
-                   help="a name expression of the kernel file, e.g. a variant's kernel (repeatable)")
+    p.add_argument(
+        "--cut",
+        action="append",
+        default=[],
+        type=parse_cut,
+        help="BM,BN,BK,STAGES,S,KS,MINB (repeatable; default: five of the table's kinds)",
+    )
+    p.add_argument(
+        "--expr",
+        action="append",
+        default=[],
+        help="a name expression of the kernel file, e.g. a variant's kernel (repeatable)",
+    )
     p.add_argument("--kernel-dir", help="compile kernels from this directory (RAWGRAPH_KERNEL_DIR)")
     p.add_argument("--nvdisasm", help="path of nvdisasm")
     a = p.parse_args()
@@ -135,8 +149,9 @@ def main() -> int:
         cubin = Path(tmp) / "k.cubin"
         for name in names or [matmul_expr("none", sgemm_shape(c[0], 4096, 4096, SgemmCut(*c))) for c in DEFAULT_CUTS]:
             try:
-                img = compile_source(src, "sgemm.cu", "sm_90", [name],
-                                     options=list(DEFAULT_OPTIONS) + ["-Xptxas=-v"], cache=False)
+                img = compile_source(
+                    src, "sgemm.cu", "sm_90", [name], options=list(DEFAULT_OPTIONS) + ["-Xptxas=-v"], cache=False
+                )
             except NvrtcError as exc:
                 print(f"FAIL {name}: NVRTC: {exc}")
                 return 1
@@ -148,8 +163,10 @@ def main() -> int:
             log = img.log if isinstance(img.log, str) else bytes(img.log).decode(errors="replace")
             regs = re.findall(r"Used (\d+) registers", log)
             n, f, c = ffma_conflicts(run.stdout)
-            print(f"FACT {name}: regs={regs[0] if regs else '?'} sass={n} ffma={f} "
-                  f"conflicts={100 * c / max(f, 1):.1f}%", flush=True)
+            print(
+                f"FACT {name}: regs={regs[0] if regs else '?'} sass={n} ffma={f} conflicts={100 * c / max(f, 1):.1f}%",
+                flush=True,
+            )
     return 0
 
 

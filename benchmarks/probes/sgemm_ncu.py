@@ -18,6 +18,7 @@ output is checked against float64 and the line ``CHECK`` says so.
 each as a warm-up and a profiled launch, before the cuBLAS pair: ``--launch-count`` is then
 2 x cuts + 4 (cuBLAS's two kernels, twice).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,11 @@ def main() -> int:
     m, k = a.m, a.k
     rng = np.random.default_rng(20261206)
     xh, wh = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, k), dtype=np.float32)
-    bufs = {"x": DeviceBuffer.from_numpy(xh, stream=s), "W": DeviceBuffer.from_numpy(wh, stream=s),
-            "y": DeviceBuffer((m, k))}
+    bufs = {
+        "x": DeviceBuffer.from_numpy(xh, stream=s),
+        "W": DeviceBuffer.from_numpy(wh, stream=s),
+        "y": DeviceBuffer((m, k)),
+    }
     views = {key: b.view() for key, b in bufs.items()}
     shapes = [ops.sgemm_shape(m, k, k, c) for c in a.cut] or [None]
     ref = xh.astype(np.float64) @ wh

@@ -5,6 +5,7 @@
 Runs both pools on the benchmark's trace (w1024 L8 fused, 256 slots) for 60 steps, with host-row
 and with device-row joins, and after every step compares every live slot's row between the pools.
 """
+
 import numpy as np
 
 from rawgraph import DeviceBuffer, SlotPool, Stream, TinyBlock
@@ -27,7 +28,11 @@ for kind in ("host", "device"):
         for step, (admit, leaving) in enumerate(join_leave_trace(60, slots, 2.0, 48.0, 0)):
             for t, p in pools.items():
                 for r in range(nid, nid + admit):
-                    row = rows_h[r % 64] if kind == "host" else DeviceArray(rows.ptr + (r % 64) * width * 4, (width,), np.dtype(np.float32), rows)
+                    row = (
+                        rows_h[r % 64]
+                        if kind == "host"
+                        else DeviceArray(rows.ptr + (r % 64) * width * 4, (width,), np.dtype(np.float32), rows)
+                    )
                     slot_of[t][r] = p.join(row)
                 p.step()
                 s.synchronize()
@@ -37,11 +42,13 @@ for kind in ("host", "device"):
             if bad and first is None:
                 first = step
                 r = bad[0]
-                print(f"{kind} w{width} L{layers} slots{slots}: first divergence after step {step} (admit {admit}), "
-                      f"requests {bad[:8]}, slots graph {[slot_of['graph'][x] for x in bad[:8]]} copy "
-                      f"{[slot_of['copy'][x] for x in bad[:8]]}, graph row nan={bool(np.isnan(a[slot_of['graph'][r]]).any())} "
-                      f"copy row nan={bool(np.isnan(b[slot_of['copy'][r]]).any())}, live {len(pools['graph'])}, "
-                      f"tables graph {pools['graph'].table[:8].tolist()} copy {pools['copy'].table[:8].tolist()}")
+                print(
+                    f"{kind} w{width} L{layers} slots{slots}: first divergence after step {step} (admit {admit}), "
+                    f"requests {bad[:8]}, slots graph {[slot_of['graph'][x] for x in bad[:8]]} copy "
+                    f"{[slot_of['copy'][x] for x in bad[:8]]}, graph row nan={bool(np.isnan(a[slot_of['graph'][r]]).any())} "
+                    f"copy row nan={bool(np.isnan(b[slot_of['copy'][r]]).any())}, live {len(pools['graph'])}, "
+                    f"tables graph {pools['graph'].table[:8].tolist()} copy {pools['copy'].table[:8].tolist()}"
+                )
             for t, p in pools.items():
                 for r in leaving:
                     p.leave(slot_of[t].pop(r))

@@ -21,12 +21,12 @@ speed would allow), and what our launch and sync add beyond our device span.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-import json
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,9 +35,8 @@ try:
 except ImportError:  # pragma: no cover - the probe needs torch
     torch = None
 
-import numpy as np  # noqa: E402
-
 import _common as C  # noqa: E402,F401  (puts the repository on sys.path)
+import numpy as np  # noqa: E402
 
 GEMM_WORDS = ("sgemm", "matmul", "gemm", "splitKreduce", "cutlass")
 
@@ -69,7 +68,7 @@ def busy(events: list[dict]) -> float:
 
 def split_steps(events: list[dict], per_step: int) -> list[list[dict]]:
     """Consecutive groups of ``per_step`` kernels (one graph replay each)."""
-    return [events[i:i + per_step] for i in range(0, len(events) - per_step + 1, per_step)]
+    return [events[i : i + per_step] for i in range(0, len(events) - per_step + 1, per_step)]
 
 
 def main() -> int:
@@ -104,8 +103,10 @@ def main() -> int:
             ours.join(row)
             theirs.join(torch.from_numpy(row))
         for _ in range(5):
-            ours.step(); s.synchronize()
-            theirs.step(); theirs.sync()
+            ours.step()
+            s.synchronize()
+            theirs.step()
+            theirs.sync()
         # kernels per step: count one replay's kernels
         spans: dict[str, list[float]] = {}
         gemm: dict[str, list[float]] = {}
@@ -114,13 +115,15 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             for label, step, sync in (("rawgraph", ours.step, s.synchronize), ("torch", theirs.step, theirs.sync)):
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    step(); sync()
+                    step()
+                    sync()
                 path = os.path.join(tmp, f"{label}1.json")
                 prof.export_chrome_trace(path)
                 per_step = len(kernel_events(path))
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
                     for _ in range(a.steps):
-                        step(); sync()
+                        step()
+                        sync()
                 path = os.path.join(tmp, f"{label}.json")
                 prof.export_chrome_trace(path)
                 events = kernel_events(path)
@@ -138,24 +141,40 @@ def main() -> int:
                 names[label] = by
                 print(f"FACT b={b} {label}: {per_step} kernels a step, {len(steps)} steps profiled")
         for label in ("rawgraph", "torch"):
-            print(f"TIME b={b} {label}: device span median={statistics.median(spans[label]):.1f} us, GEMM kernels "
-                  f"busy {statistics.median(gemm[label]):.1f} us, other kernels busy {statistics.median(other[label]):.1f} us")
+            print(
+                f"TIME b={b} {label}: device span median={statistics.median(spans[label]):.1f} us, GEMM kernels "
+                f"busy {statistics.median(gemm[label]):.1f} us, other kernels busy {statistics.median(other[label]):.1f} us"
+            )
             for name, durs in sorted(names[label].items(), key=lambda kv: -sum(kv[1])):
-                print(f"FACT b={b} {label} kernel x{len(durs) // max(1, len(spans[label]))}: "
-                      f"median {statistics.median(durs):.2f} us  {name}")
+                print(
+                    f"FACT b={b} {label} kernel x{len(durs) // max(1, len(spans[label]))}: "
+                    f"median {statistics.median(durs):.2f} us  {name}"
+                )
         # the bench's own measure: synced host clock around one step, rounds interleaved
         host: dict[str, list[float]] = {"rawgraph": [], "torch": []}
         clock = time.perf_counter
         for _ in range(a.rounds):
-            s.synchronize(); t0 = clock(); ours.step(); s.synchronize(); host["rawgraph"].append((clock() - t0) * 1e6)
-            theirs.sync(); t0 = clock(); theirs.step(); theirs.sync(); host["torch"].append((clock() - t0) * 1e6)
+            s.synchronize()
+            t0 = clock()
+            ours.step()
+            s.synchronize()
+            host["rawgraph"].append((clock() - t0) * 1e6)
+            theirs.sync()
+            t0 = clock()
+            theirs.step()
+            theirs.sync()
+            host["torch"].append((clock() - t0) * 1e6)
         h_ours, h_torch = statistics.median(host["rawgraph"]), statistics.median(host["torch"])
-        print(f"TIME b={b} synced step: rawgraph median={h_ours:.1f} us, torch median={h_torch:.1f} us, "
-              f"ratio {h_ours / h_torch:.3f}")
+        print(
+            f"TIME b={b} synced step: rawgraph median={h_ours:.1f} us, torch median={h_torch:.1f} us, "
+            f"ratio {h_ours / h_torch:.3f}"
+        )
         g_ours, g_torch = statistics.median(gemm["rawgraph"]), statistics.median(gemm["torch"])
-        print(f"FLOOR b={b}: ours GEMMs busy / torch synced step = {g_ours / h_torch:.3f}; cuBLAS's GEMMs busy / "
-              f"torch synced step = {g_torch / h_torch:.3f}; ours synced - ours device span = "
-              f"{h_ours - statistics.median(spans['rawgraph']):.1f} us (launch and sync)")
+        print(
+            f"FLOOR b={b}: ours GEMMs busy / torch synced step = {g_ours / h_torch:.3f}; cuBLAS's GEMMs busy / "
+            f"torch synced step = {g_torch / h_torch:.3f}; ours synced - ours device span = "
+            f"{h_ours - statistics.median(spans['rawgraph']):.1f} us (launch and sync)"
+        )
         ours.close()
         s.close()
     return 0

@@ -13,6 +13,7 @@ strings still have length 1 and their own code point, and prints ``FACT first co
 <function>`` at the first call after which one does not. Then it imports torch (unless
 ``--no-torch``) and says whether that works.
 """
+
 from __future__ import annotations
 
 import sys
@@ -53,10 +54,10 @@ def main() -> int:
         import numpy as np
 
         from rawgraph.graphs.capture import capture_plan
-        from rawgraph.updates.manager import ExecUpdateManager
-        from rawgraph.runtime.memory import DeviceBuffer
         from rawgraph.models.tinyblock import TinyBlock
+        from rawgraph.runtime.memory import DeviceBuffer
         from rawgraph.runtime.stream import Stream
+        from rawgraph.updates.manager import ExecUpdateManager
 
         rng = np.random.default_rng(5)
         s = Stream()

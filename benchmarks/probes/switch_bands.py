@@ -23,6 +23,7 @@ the time, the bits and whether rows ``>= n`` stay untouched).
 
     PYTHONPATH=. python3 benchmarks/probes/switch_bands.py [--width 1024 --layers 8 --rounds 40]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,6 @@ import bisect
 import time
 
 import numpy as np
-
 from _common import model_args
 
 
@@ -38,8 +38,8 @@ def main() -> int:
     p = argparse.ArgumentParser()
     model_args(p, rounds=40)
     a = p.parse_args()
-    from rawgraph.graphs.conditional import capture_conditional, capture_handle, set_condition
     from rawgraph.graphs.capture import Capture
+    from rawgraph.graphs.conditional import capture_conditional, capture_handle, set_condition
     from rawgraph.models.tinyblock import TinyBlock
     from rawgraph.runtime.device import get_device, gpu_available
     from rawgraph.runtime.memory import POISON_BITS, DeviceArray, DeviceBuffer
@@ -118,7 +118,7 @@ def main() -> int:
             sel.copy_from_host(np.array([i], np.uint32), s)
             if n_live is not None:
                 n_live.copy_from_host(np.array([n], np.int32), s)
-            te = stats(device_us(lambda: exact.execs[n].launch(s), s, a.rounds))
+            te = stats(device_us(lambda n=n: exact.execs[n].launch(s), s, a.rounds))
             tsw = stats(device_us(lambda: ex.launch(s), s, a.rounds))
             out.poison(s)
             ex.launch(s)
@@ -130,10 +130,12 @@ def main() -> int:
             if rc is not None:
                 codes = rc.to_numpy(s)
                 head = f"; head n={int(codes[-1])}, failed updates {int((codes[:-1] != 0).sum())}"
-            print(f"TIME {label} n={n} band top {bands[i]}: exact median={te['median']:.1f} (p10 {te['p10']:.1f} "
-                  f"p90 {te['p90']:.1f}) switch median={tsw['median']:.1f} (p10 {tsw['p10']:.1f} p90 {tsw['p90']:.1f}) "
-                  f"ratio switch/exact={tsw['median'] / te['median']:.3f} bits equal: {same}; "
-                  f"rows >= n untouched: {untouched}{head}")
+            print(
+                f"TIME {label} n={n} band top {bands[i]}: exact median={te['median']:.1f} (p10 {te['p10']:.1f} "
+                f"p90 {te['p90']:.1f}) switch median={tsw['median']:.1f} (p10 {tsw['p10']:.1f} p90 {tsw['p90']:.1f}) "
+                f"ratio switch/exact={tsw['median'] / te['median']:.3f} bits equal: {same}; "
+                f"rows >= n untouched: {untouched}{head}"
+            )
 
     def measure(label: str, bands: list[int], pdl: bool | None) -> None:
         try:
@@ -142,8 +144,10 @@ def main() -> int:
             print(f"FACT {label}: build failed: {type(exc).__name__}: {exc}")
             return
         nodes = sum(len(node.body_kernel_nodes(i)) for i in range(len(bands)))
-        print(f"FACT {label}: {len(bands)} bodies, {nodes} kernel nodes, set-up {setup * 1e3:.2f} ms "
-              f"(capture + instantiate + upload), exec memory +{grown / 2**20:.2f} MiB")
+        print(
+            f"FACT {label}: {len(bands)} bodies, {nodes} kernel nodes, set-up {setup * 1e3:.2f} ms "
+            f"(capture + instantiate + upload), exec memory +{grown / 2**20:.2f} MiB"
+        )
         compare(label, bands, ex)
         ex.close()
         graph.close()
@@ -154,8 +158,14 @@ def main() -> int:
         ``n``: can a body hold such nodes, and does a band then cost what the exact exec costs?"""
         from rawgraph.runtime.launch import KernelArgs, Launch
         from rawgraph.runtime.module import get_kernel
-        from rawgraph.serving.device_shaped import (_HEAD_THREADS, ENTRY_DTYPE, _check_offsets, _set_updatable,
-                                                    pack_table, shape_entries)
+        from rawgraph.serving.device_shaped import (
+            _HEAD_THREADS,
+            ENTRY_DTYPE,
+            _check_offsets,
+            _set_updatable,
+            pack_table,
+            shape_entries,
+        )
 
         plans = band_plans(bands)
         entries, lo = [], 1
@@ -170,8 +180,15 @@ def main() -> int:
         args = KernelArgs([("table", "ptr"), ("count", "i32"), ("n_live", "ptr"), ("max_rows", "i32"), ("rc", "ptr")])
         args.update({"table": table.ptr, "count": count, "n_live": n_live.ptr, "max_rows": top, "rc": rc.ptr})
         threads = min(_HEAD_THREADS, max(32, -(-count // 32) * 32))
-        head = Launch(get_kernel("device_update", "rg_du_shape", dev), (-(-count // threads), 1, 1), (threads, 1, 1),
-                      args, {}, 0, "device_shape")
+        head = Launch(
+            get_kernel("device_update", "rg_du_shape", dev),
+            (-(-count // threads), 1, 1),
+            (threads, 1, 1),
+            args,
+            {},
+            0,
+            "device_shape",
+        )
         n_live.copy_from_host(np.array([top], np.int32), s)
         t0 = time.perf_counter()
         graph, node = capture_switch(plans, None, head)
@@ -194,16 +211,21 @@ def main() -> int:
         except Exception as exc:
             print(f"FACT {label}: instantiate/upload failed: {type(exc).__name__}: {exc}")
             return
-        print(f"FACT {label}: {len(bands)} bodies, {count} updatable nodes, set-up {(time.perf_counter() - t0) * 1e3:.2f} ms, "
-              f"exec memory +{(free0 - dev.memory_info()[0]) / 2**20:.2f} MiB")
+        print(
+            f"FACT {label}: {len(bands)} bodies, {count} updatable nodes, set-up {(time.perf_counter() - t0) * 1e3:.2f} ms, "
+            f"exec memory +{(free0 - dev.memory_info()[0]) / 2**20:.2f} MiB"
+        )
         compare(label, bands, ex, n_live, rc)
         ex.close()
         graph.close()
 
     every = list(range(1, top + 1))  # one body per row count: exact at every n, nothing padded
-    for label, bands, pdl in (("plan bands, PDL kept", plan_bands, None), ("plan bands, plain edges", plan_bands, False),
-                              ("vLLM sizes, plain edges", vllm_sizes(top), False),
-                              ("every row count, PDL kept", every, None)):
+    for label, bands, pdl in (
+        ("plan bands, PDL kept", plan_bands, None),
+        ("plan bands, plain edges", plan_bands, False),
+        ("vLLM sizes, plain edges", vllm_sizes(top), False),
+        ("every row count, PDL kept", every, None),
+    ):
         try:
             measure(label, bands, pdl)
         except Exception as exc:  # one variant failing leaves the others to run

@@ -4,10 +4,11 @@ Each operation runs in a fresh child interpreter: set-up on the main thread, the
 a new thread with no current context (what a user's worker thread has). Prints one line per
 operation: ok / CudaError text / the child's signal.  (Driver 580, H200: see docs/semantics.md.)
 """
+
 import subprocess
 import sys
 
-CHILD = r'''
+CHILD = r"""
 import sys, threading
 import numpy as np
 from cuda.bindings import driver
@@ -39,13 +40,23 @@ def run():
         err.append(exc)
 t = threading.Thread(target=run); t.start(); t.join()
 print("RESULT", repr(err[0]) if err else "ok")
-'''
+"""
 
-NAMES = ["raw cuGraphExecKernelNodeSetParams", "raw cuGraphLaunch", "raw cuMemcpyHtoDAsync", "raw cuEventRecord",
-         "raw cuStreamSynchronize", "raw cuMemAlloc", "manager.bind", "exec.launch"]
+NAMES = [
+    "raw cuGraphExecKernelNodeSetParams",
+    "raw cuGraphLaunch",
+    "raw cuMemcpyHtoDAsync",
+    "raw cuEventRecord",
+    "raw cuStreamSynchronize",
+    "raw cuMemAlloc",
+    "manager.bind",
+    "exec.launch",
+]
 
 for name in NAMES:
     p = subprocess.run([sys.executable, "-c", CHILD, name], capture_output=True, text=True, timeout=120)
     lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
     res = next((ln for ln in lines if ln.startswith("RESULT")), None)
-    print(f"{name:40s} rc={p.returncode:4d} {lines[-2] if len(lines) > 1 else ''} {res or p.stderr.strip().splitlines()[-1:]}")
+    print(
+        f"{name:40s} rc={p.returncode:4d} {lines[-2] if len(lines) > 1 else ''} {res or p.stderr.strip().splitlines()[-1:]}"
+    )

@@ -33,9 +33,8 @@ import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from cuda.bindings import driver  # noqa: E402
-
 import _common as C  # noqa: E402
+from cuda.bindings import driver  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -75,7 +74,7 @@ IMPORT_CASES = {
 # The pytest cases: a conftest like the project's (numpy + rawgraph.runtime.device) and two tests in one
 # module, run in file order.
 CONFTEST = "import numpy as np\nfrom rawgraph.runtime.device import driver_status\n"
-TEST_CUPY = '''
+TEST_CUPY = """
 def test_{order}_cupy():
     import pytest
     cp = pytest.importorskip("cupy")
@@ -83,15 +82,15 @@ def test_{order}_cupy():
         print("cupy sum", int(cp.arange(4).sum()))
     except Exception as exc:  # no GPU: the import itself is what matters
         print("cupy use failed:", type(exc).__name__, exc)
-'''
-TEST_TORCH = '''
+"""
+TEST_TORCH = """
 def test_{order}_torch():
     import pytest
     torch = pytest.importorskip("torch")
     print("torch", torch.__version__, "cuda", torch.cuda.is_available())
     if torch.cuda.is_available():
         print("torch sum", float(torch.ones(4, device="cuda").sum()))
-'''
+"""
 
 
 def child_code(body: str) -> str:
@@ -153,8 +152,24 @@ def import_order_part() -> None:
                 f.write(CONFTEST)
             with open(os.path.join(d, "test_order.py"), "w") as f:
                 f.write(first.format(order=order + "1") + second.format(order=order + "2"))
-            rc, out = run([sys.executable, "-m", "pytest", "-q", "-s", "-rA", "--tb=long", "-p", "no:cacheprovider",
-                           "--rootdir", d, d], cwd=d, env=env)
+            rc, out = run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-s",
+                    "-rA",
+                    "--tb=long",
+                    "-p",
+                    "no:cacheprovider",
+                    "--rootdir",
+                    d,
+                    d,
+                ],
+                cwd=d,
+                env=env,
+            )
         print(f"STEP import {label}: {'OK' if rc == 0 else f'FAILED (pytest exit {rc})'}", flush=True)
         print_block(label, out)
 
@@ -166,11 +181,33 @@ def import_order_part() -> None:
             with open(torch_test, "w") as f:  # named so that -k cupy keeps it
                 f.write(TEST_TORCH.format(order="zz_after_cupy"))
             # -k cupy: the project's CuPy tests (their names change; the keyword does not), then ours.
-            rc, out = run([sys.executable, "-m", "pytest", "-q", "-s", "-rA", "--tb=long", "-p", "no:cacheprovider",
-                           "-c", os.path.join(REPO, "pyproject.toml"), "--rootdir", REPO, "-k", "cupy",
-                           project_test, torch_test], cwd=REPO, env=env)
-        print(f"STEP import pytest_project_cupy_test_then_torch: {'OK' if rc == 0 else f'FAILED (pytest exit {rc})'}",
-              flush=True)
+            rc, out = run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-s",
+                    "-rA",
+                    "--tb=long",
+                    "-p",
+                    "no:cacheprovider",
+                    "-c",
+                    os.path.join(REPO, "pyproject.toml"),
+                    "--rootdir",
+                    REPO,
+                    "-k",
+                    "cupy",
+                    project_test,
+                    torch_test,
+                ],
+                cwd=REPO,
+                env=env,
+            )
+        print(
+            f"STEP import pytest_project_cupy_test_then_torch: {'OK' if rc == 0 else f'FAILED (pytest exit {rc})'}",
+            flush=True,
+        )
         print_block("pytest_project", out)
 
 
@@ -198,8 +235,10 @@ def extra_buffer(extra: int) -> tuple[int, int]:
 def param_layout(func_int: int) -> tuple[list[tuple[int, int]], str]:
     """(offset, size) per parameter via cuFuncGetParamInfo, then the CUkernel API as a fallback."""
     attempts = []
-    for api, wrap, fn in (("cuFuncGetParamInfo", driver.CUfunction, driver.cuFuncGetParamInfo),
-                          ("cuKernelGetParamInfo(func as CUkernel)", driver.CUkernel, driver.cuKernelGetParamInfo)):
+    for api, wrap, fn in (
+        ("cuFuncGetParamInfo", driver.CUfunction, driver.cuFuncGetParamInfo),
+        ("cuKernelGetParamInfo(func as CUkernel)", driver.CUkernel, driver.cuKernelGetParamInfo),
+    ):
         layout, stop = [], None
         for i in range(512):
             st, res = C.raw_step("", fn, wrap(func_int), i)
@@ -246,9 +285,12 @@ def inspect_graph(graph, tensors: dict, depth: int = 0, summary=None) -> dict:
         name = res[1].decode(errors="replace") if st == "OK" and isinstance(res[1], bytes) else f"<cuFuncGetName: {st}>"
         kname = C.raw_step("", driver.cuKernelGetName, driver.CUkernel(handle))
         module = C.raw_step("", driver.cuFuncGetModule, driver.CUfunction(handle))
-        print(f"{pre} name={name} func=0x{func:x} kern=0x{kern:x} ctx=0x{int(p.ctx):x} "
-              f"grid=({p.gridDimX},{p.gridDimY},{p.gridDimZ}) block=({p.blockDimX},{p.blockDimY},{p.blockDimZ}) "
-              f"smem={p.sharedMemBytes} kernelParams=0x{int(p.kernelParams):x} extra=0x{int(p.extra):x}", flush=True)
+        print(
+            f"{pre} name={name} func=0x{func:x} kern=0x{kern:x} ctx=0x{int(p.ctx):x} "
+            f"grid=({p.gridDimX},{p.gridDimY},{p.gridDimZ}) block=({p.blockDimX},{p.blockDimY},{p.blockDimZ}) "
+            f"smem={p.sharedMemBytes} kernelParams=0x{int(p.kernelParams):x} extra=0x{int(p.extra):x}",
+            flush=True,
+        )
         C.fact(f"  node {idx} cuKernelGetName(handle as CUkernel)", kname[0] if kname[0] != "OK" else kname[1][1])
         C.fact(f"  node {idx} cuFuncGetModule", module[0] if module[0] != "OK" else f"OK 0x{int(module[1][1]):x}")
         count = C.raw_step("", driver.cuFuncGetParamCount, driver.CUfunction(handle))  # not in the 13.0 driver
@@ -272,14 +314,18 @@ def inspect_graph(graph, tensors: dict, depth: int = 0, summary=None) -> dict:
             continue
         for i, (off, size) in enumerate(layout):
             raw = bytes(blob[off : off + size])
-            print(f"  PARAM {i} offset={off} size={size} bytes={raw[:256].hex()}{'...' if size > 256 else ''}", flush=True)
+            print(
+                f"  PARAM {i} offset={off} size={size} bytes={raw[:256].hex()}{'...' if size > 256 else ''}", flush=True
+            )
         for word_off in range(0, len(blob) - 7, 8):  # device-side layout offsets, 8-aligned
             value = int.from_bytes(blob[word_off : word_off + 8], "little")
             for tname_, (ptr, nbytes) in tensors.items():
                 if ptr <= value < ptr + nbytes:
                     param = next((i for i, (o, s) in enumerate(layout) if o <= word_off < o + s), None)
-                    print(f"  MATCH param={param} layout_offset={word_off} value=0x{value:x} -> {tname_}+{value - ptr}",
-                          flush=True)
+                    print(
+                        f"  MATCH param={param} layout_offset={word_off} value=0x{value:x} -> {tname_}+{value - ptr}",
+                        flush=True,
+                    )
                     summary["matches"].add(tname_)
     return summary
 
@@ -300,8 +346,8 @@ def graph_part() -> int:
     torch.set_float32_matmul_precision("highest")
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, 128, generator=gen).cuda()
-    w1 = (torch.randn(128, 128, generator=gen) / 128 ** 0.5).cuda()
-    w2 = (torch.randn(128, 128, generator=gen) / 128 ** 0.5).cuda()
+    w1 = (torch.randn(128, 128, generator=gen) / 128**0.5).cuda()
+    w2 = (torch.randn(128, 128, generator=gen) / 128**0.5).cuda()
 
     def f():
         h1 = x @ w1
@@ -338,8 +384,10 @@ def graph_part() -> int:
         return C.NO_GPU_EXIT
     cur = C.step("cuCtxGetCurrent", driver.cuCtxGetCurrent, quiet=True)
     C.fact("current context is rawgraph's primary context", cur is not None and int(cur) == int(dev.context))
-    tensors = {name: (t.data_ptr(), t.numel() * t.element_size()) for name, t in
-               (("x", x), ("w1", w1), ("w2", w2), ("h1=x@w1", h1), ("h2=relu", h2), ("h3=h2@w2", h3), ("y", y))}
+    tensors = {
+        name: (t.data_ptr(), t.numel() * t.element_size())
+        for name, t in (("x", x), ("w1", w1), ("w2", w2), ("h1=x@w1", h1), ("h2=relu", h2), ("h3=h2@w2", h3), ("y", y))
+    }
     for name, (ptr, nb) in tensors.items():
         C.fact(f"tensor {name}", f"0x{ptr:x} {nb} bytes")
     graph = driver.CUgraph(int(raw))
@@ -347,7 +395,9 @@ def graph_part() -> int:
     if summary:
         C.fact("SUMMARY node types", summary["types"])
         C.fact("SUMMARY kernels", summary["kernels"])
-        C.fact("SUMMARY cuFuncGetParamInfo worked", f"{sum(summary['paraminfo'])}/{len(summary['paraminfo'])} kernel nodes")
+        C.fact(
+            "SUMMARY cuFuncGetParamInfo worked", f"{sum(summary['paraminfo'])}/{len(summary['paraminfo'])} kernel nodes"
+        )
         C.fact("SUMMARY tensors found in parameters", sorted(summary["matches"]))
 
     # The graph through torch, then through the driver directly on a rawgraph stream.
@@ -356,8 +406,12 @@ def graph_part() -> int:
         y.zero_()
         g.replay()
         torch.cuda.synchronize()
-        C.check("torch replay matches eager", torch.allclose(y, ref, rtol=1e-5, atol=1e-5),
-                f"max |diff|={float((y - ref).abs().max()):.3g}")
+        C.check(
+            "torch replay matches eager",
+            torch.allclose(y, ref, rtol=1e-5, atol=1e-5),
+            f"max |diff|={float((y - ref).abs().max()):.3g}",
+        )
+
     C.guarded("torch replay", replay)
 
     def own_launch():
@@ -371,10 +425,14 @@ def graph_part() -> int:
         torch.cuda.synchronize()
         if C.step("cuGraphLaunch on a rawgraph stream", driver.cuGraphLaunch, exe, s.handle) is not None:
             s.synchronize()
-            C.check("driver-launched torch graph matches eager", torch.allclose(y, ref, rtol=1e-5, atol=1e-5),
-                    f"max |diff|={float((y - ref).abs().max()):.3g}")
+            C.check(
+                "driver-launched torch graph matches eager",
+                torch.allclose(y, ref, rtol=1e-5, atol=1e-5),
+                f"max |diff|={float((y - ref).abs().max()):.3g}",
+            )
         driver.cuGraphExecDestroy(exe)
         s.close()
+
     C.guarded("driver launch", own_launch)
     return 0
 

@@ -15,9 +15,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402  (before any rawgraph GPU work)
-
 import _common as C  # noqa: E402
+import torch  # noqa: E402  (before any rawgraph GPU work)
 
 
 def time_mm(a: torch.Tensor, b: torch.Tensor, reps: int = 200) -> float:
@@ -34,8 +33,8 @@ def time_mm(a: torch.Tensor, b: torch.Tensor, reps: int = 200) -> float:
 
 
 def kernels_of(a: torch.Tensor, b: torch.Tensor) -> list[str]:
-    from rawgraph.updates.adopt import from_torch
     from rawgraph.graphs.nodes import KernelInfo, read_graph, walk
+    from rawgraph.updates.adopt import from_torch
 
     g = torch.cuda.CUDAGraph(keep_graph=True)
     s = torch.cuda.Stream()
@@ -44,8 +43,11 @@ def kernels_of(a: torch.Tensor, b: torch.Tensor) -> list[str]:
     with torch.cuda.graph(g, stream=s):
         torch.mm(a, b)
     adopted = from_torch(g)
-    out = [f"{i.name[:90]} grid={i.grid} block={i.block} smem={i.shared_mem}"
-           for i in walk(read_graph(adopted)) if isinstance(i, KernelInfo)]
+    out = [
+        f"{i.name[:90]} grid={i.grid} block={i.block} smem={i.shared_mem}"
+        for i in walk(read_graph(adopted))
+        if isinstance(i, KernelInfo)
+    ]
     adopted.close()
     return out
 
@@ -73,7 +75,9 @@ def main() -> int:
             C.note(f"cublaslt at {m}x{w}: {type(exc).__name__}: {exc}")
         finally:
             torch.backends.cuda.preferred_blas_library("cublas")
-        C.fact(f"mm {m}x{w}x{w} us", f"tf32 off {off:.2f}  tf32 on {on:.2f}  cublaslt {lt if lt is None else round(lt, 2)}")
+        C.fact(
+            f"mm {m}x{w}x{w} us", f"tf32 off {off:.2f}  tf32 on {on:.2f}  cublaslt {lt if lt is None else round(lt, 2)}"
+        )
         if m in (1, 7, 8, 9, 16, 64):
             for line in kernels_of(a, b):
                 C.fact(f"kernel {m}x{w}", line)

@@ -32,7 +32,11 @@ def _time(fn, rounds: int, repeats: int) -> dict:
             fn()
         samples.append((time.perf_counter() - t0) * 1e6 / rounds)
     samples.sort()
-    return {"median": statistics.median(samples), "p10": samples[len(samples) // 10], "p90": samples[-1 - len(samples) // 10]}
+    return {
+        "median": statistics.median(samples),
+        "p10": samples[len(samples) // 10],
+        "p90": samples[-1 - len(samples) // 10],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,22 +27,44 @@ from typing import Any
 
 # (file, message) -> the docstring error behind it.
 KNOWN: dict[tuple[str, str], str] = {
-    ("rawgraph/models/tp_block.py",
-     "Could not parse line '``close()`` frees the shards and scratch (``cuMemFree`` / ``ncclMemFree``); safe twice.'"):
-        "TPBlock: a closing paragraph inside the Parameters section (the line is dropped from the page); "
-        "it belongs before Parameters or in a Notes section",
-    ("rawgraph/multi/comm.py", "No types or annotations for parameters ['Use']"):
-        "NcclComm: the closing paragraph 'Use :meth:`from_env` ...' inside Parameters is read as a parameter 'Use'",
-    ("rawgraph/multi/comm.py", "Parameter 'Use' does not appear in the function signature"):
-        "NcclComm: the same paragraph",
-    ("rawgraph/serving/choose.py", "No types or annotations for parameters ['A']"):
-        "choose_strategy: the paragraph 'A candidate that raises ...' inside Parameters is read as parameters "
-        "'A', 'with' and 'happens'; it belongs in a Notes section",
-    ("rawgraph/serving/choose.py", "Parameter 'A' does not appear in the function signature"): "choose_strategy: the same paragraph",
-    ("rawgraph/serving/choose.py", "No types or annotations for parameters ['with']"): "choose_strategy: the same paragraph",
-    ("rawgraph/serving/choose.py", "Parameter 'with' does not appear in the function signature"): "choose_strategy: the same paragraph",
-    ("rawgraph/serving/choose.py", "No types or annotations for parameters ['happens']"): "choose_strategy: the same paragraph",
-    ("rawgraph/serving/choose.py", "Parameter 'happens' does not appear in the function signature"): "choose_strategy: the same paragraph",
+    (
+        "rawgraph/models/tp_block.py",
+        "Could not parse line '``close()`` frees the shards and scratch (``cuMemFree`` / ``ncclMemFree``); safe twice.'",
+    ): "TPBlock: a closing paragraph inside the Parameters section (the line is dropped from the page); "
+    "it belongs before Parameters or in a Notes section",
+    (
+        "rawgraph/multi/comm.py",
+        "No types or annotations for parameters ['Use']",
+    ): "NcclComm: the closing paragraph 'Use :meth:`from_env` ...' inside Parameters is read as a parameter 'Use'",
+    (
+        "rawgraph/multi/comm.py",
+        "Parameter 'Use' does not appear in the function signature",
+    ): "NcclComm: the same paragraph",
+    (
+        "rawgraph/serving/choose.py",
+        "No types or annotations for parameters ['A']",
+    ): "choose_strategy: the paragraph 'A candidate that raises ...' inside Parameters is read as parameters "
+    "'A', 'with' and 'happens'; it belongs in a Notes section",
+    (
+        "rawgraph/serving/choose.py",
+        "Parameter 'A' does not appear in the function signature",
+    ): "choose_strategy: the same paragraph",
+    (
+        "rawgraph/serving/choose.py",
+        "No types or annotations for parameters ['with']",
+    ): "choose_strategy: the same paragraph",
+    (
+        "rawgraph/serving/choose.py",
+        "Parameter 'with' does not appear in the function signature",
+    ): "choose_strategy: the same paragraph",
+    (
+        "rawgraph/serving/choose.py",
+        "No types or annotations for parameters ['happens']",
+    ): "choose_strategy: the same paragraph",
+    (
+        "rawgraph/serving/choose.py",
+        "Parameter 'happens' does not appear in the function signature",
+    ): "choose_strategy: the same paragraph",
 }
 
 # "griffe: rawgraph/serving/choose.py:248: message" (the path may be absolute)

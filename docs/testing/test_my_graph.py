@@ -54,9 +54,11 @@ def test_rebind_points_the_exec_at_the_new_input(fake_driver, stream):
 def test_replay_after_rebind_reads_the_new_input(stream):
     """On a GPU: the same graph replayed, its output checked."""
     rng = np.random.default_rng(0)
-    with rg.DeviceBuffer.from_numpy(rng.random(N, dtype=np.float32), stream=stream) as x0, \
-            rg.DeviceBuffer.from_numpy(rng.random(N, dtype=np.float32), stream=stream) as x1, \
-            rg.DeviceBuffer((N,)) as y:
+    with (
+        rg.DeviceBuffer.from_numpy(rng.random(N, dtype=np.float32), stream=stream) as x0,
+        rg.DeviceBuffer.from_numpy(rng.random(N, dtype=np.float32), stream=stream) as x1,
+        rg.DeviceBuffer((N,)) as y,
+    ):
         upd = capture_axpb(stream, x0, y)
         upd.rebind(x0, x1)
         upd.launch(stream)

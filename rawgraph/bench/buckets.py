@@ -21,20 +21,21 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from ..models.tinyblock import TinyBlock
 from ..runtime.device import get_device
 from ..runtime.memory import DeviceBuffer
-from ..models.tinyblock import TinyBlock
+from ..runtime.stream import Stream
+from ..runtime.timing import stats
 from ..serving import BucketGraphs, ReshapedGraph, RowCountBuckets, graph_memory, trim_graph_memory
 from ..serving.device_shaped import DeviceShapedGraph
 from ..serving.graphmem import reset_high_water
 from ..serving.sizes import padding_waste, pick_bucket, powers_of_two, vllm_sizes
-from ..runtime.stream import Stream
-from ..runtime.timing import stats
 from . import command
 from .progress import INSTALL_HINT
 from .provenance import environment
@@ -75,9 +76,13 @@ class _Eager:
         from ..runtime.memory import DeviceArray
 
         f32 = np.dtype(np.float32)
-        self.plans = {n: m.plan(DeviceArray(self.input.ptr, (n, model.width), f32, self.input),
-                                DeviceArray(self.output.ptr, (n, model.width), f32, self.output))
-                      for n, m in self.models.items()}
+        self.plans = {
+            n: m.plan(
+                DeviceArray(self.input.ptr, (n, model.width), f32, self.input),
+                DeviceArray(self.output.ptr, (n, model.width), f32, self.output),
+            )
+            for n, m in self.models.items()
+        }
         self.setup = {"plans": time.perf_counter() - t0}
         self.stream = stream
         self.width = model.width
@@ -131,8 +136,10 @@ class _TorchBuckets:
                 self.setup["capture"] += clock() - t0  # torch instantiates inside capture_end
                 self.graphs[b] = g
         self.setup["instantiate"] = 0.0
-        self.memory = {"reserved": torch.cuda.memory_reserved() - reserved0,
-                       "device": dev_free0 - get_device().memory_info()[0]}
+        self.memory = {
+            "reserved": torch.cuda.memory_reserved() - reserved0,
+            "device": dev_free0 - get_device().memory_info()[0],
+        }
 
     def _block(self, x: Any) -> Any:
         torch = self.torch
@@ -171,8 +178,15 @@ class _DeviceShaped:
         self.dsg.close()
 
 
-def update_costs(model: TinyBlock, dsg: DeviceShapedGraph, exact: Any, top: int, s: Stream,
-                 rounds: int = 200, banded: DeviceShapedGraph | None = None) -> dict:
+def update_costs(
+    model: TinyBlock,
+    dsg: DeviceShapedGraph,
+    exact: Any,
+    top: int,
+    s: Stream,
+    rounds: int = 200,
+    banded: DeviceShapedGraph | None = None,
+) -> dict:
     """The device-side update against the host's: device time of one replay of the device-shaped
     exec (head + updated nodes) and of the exact-size exec at ``top`` rows (event-timed), their
     difference per updated node; and the host's ``cuGraphExecKernelNodeSetParams`` per call (the
@@ -204,9 +218,13 @@ def update_costs(model: TinyBlock, dsg: DeviceShapedGraph, exact: Any, top: int,
             driver.cuGraphExecKernelNodeSetParams(exe.handle, h, p)
         per_call.append((time.perf_counter() - t0) * 1e6 / max(1, len(params)))
     s.synchronize()
-    out = {"nodes": nodes, "device_shaped_replay_us": dev_shaped, "exact_replay_us": dev_exact,
-           "device_update_us_per_node": (dev_shaped["median"] - dev_exact["median"]) / max(1, nodes),
-           "host_setparams_us_per_call": stats(per_call)}
+    out = {
+        "nodes": nodes,
+        "device_shaped_replay_us": dev_shaped,
+        "exact_replay_us": dev_exact,
+        "device_update_us_per_node": (dev_shaped["median"] - dev_exact["median"]) / max(1, nodes),
+        "host_setparams_us_per_call": stats(per_call),
+    }
     if banded is not None:
         per_n = {}
         for n in sorted({1, max(1, top // 2), top}):
@@ -214,9 +232,12 @@ def update_costs(model: TinyBlock, dsg: DeviceShapedGraph, exact: Any, top: int,
                 continue
             banded.set_rows(n, s)
             b = stats(device_us(lambda: banded.replay(s), s, rounds))
-            e = stats(device_us(lambda: exact.execs[n].launch(s), s, rounds))
-            per_n[str(n)] = {"banded_us": b, "exact_us": e,
-                             "added_us_per_node": (b["median"] - e["median"]) / max(1, len(banded.entries))}
+            e = stats(device_us(lambda n=n: exact.execs[n].launch(s), s, rounds))
+            per_n[str(n)] = {
+                "banded_us": b,
+                "exact_us": e,
+                "added_us_per_node": (b["median"] - e["median"]) / max(1, len(banded.entries)),
+            }
         out["banded"] = {"nodes": len(banded.entries), "bands": list(banded.bands), "by_n": per_n}
     return out
 
@@ -308,8 +329,16 @@ def collect(args: argparse.Namespace) -> dict:
         mem = {"device_growth": free0 - dev.memory_info()[0], **getattr(st, "memory", {})}
         if name == "vllm_graphmem":
             mem["graph_pool"] = graph_memory()
-        info[name] = {"buckets": nbuckets, "setup_s": dict(getattr(st, "setup", {})), "build_wall_s": wall, "memory": mem}
-        print(f"  built {name}: {nbuckets} graphs, {wall:.2f} s, device +{mem['device_growth'] / 2**20:.1f} MiB", flush=True)
+        info[name] = {
+            "buckets": nbuckets,
+            "setup_s": dict(getattr(st, "setup", {})),
+            "build_wall_s": wall,
+            "memory": mem,
+        }
+        print(
+            f"  built {name}: {nbuckets} graphs, {wall:.2f} s, device +{mem['device_growth'] / 2**20:.1f} MiB",
+            flush=True,
+        )
     tsrc = None
     if torch is not None:
         ts = torch.cuda.Stream()
@@ -319,8 +348,12 @@ def collect(args: argparse.Namespace) -> dict:
             strategies["torch"] = _TorchBuckets(torch, model, vllm, ts)
             tsrc = torch.as_tensor(src, device="cuda")
             st = strategies["torch"]
-            info["torch"] = {"buckets": len(vllm), "setup_s": st.setup, "build_wall_s": time.perf_counter() - t0,
-                             "memory": {"device_growth": free0 - dev.memory_info()[0], **st.memory}}
+            info["torch"] = {
+                "buckets": len(vllm),
+                "setup_s": st.setup,
+                "build_wall_s": time.perf_counter() - t0,
+                "memory": {"device_growth": free0 - dev.memory_info()[0], **st.memory},
+            }
             print(f"  built torch: {len(vllm)} graphs, {info['torch']['build_wall_s']:.2f} s", flush=True)
         except Exception as exc:
             findings.append(f"torch buckets could not be built: {type(exc).__name__}: {exc}")
@@ -370,11 +403,22 @@ def collect(args: argparse.Namespace) -> dict:
     decode_summary = {}
     for name in names:
         total_s = sum(dec[name]) / 1e6
-        decode_summary[name] = {**stats(dec[name]), "p99": float(np.percentile(dec[name], 99)),
-                                "requests_per_s": requests / total_s, "rows_per_s": sum(decode) / total_s}
+        decode_summary[name] = {
+            **stats(dec[name]),
+            "p99": float(np.percentile(dec[name], 99)),
+            "requests_per_s": requests / total_s,
+            "rows_per_s": sum(decode) / total_s,
+        }
     waste = {}
-    for name, sizes in (("vllm", vllm), ("pow2", pow2), ("max", [top]), ("exact", visited), ("torch", vllm),
-                        ("vllm_graphmem", vllm), ("switch_vllm", vllm)):
+    for name, sizes in (
+        ("vllm", vllm),
+        ("pow2", pow2),
+        ("max", [top]),
+        ("exact", visited),
+        ("torch", vllm),
+        ("vllm_graphmem", vllm),
+        ("switch_vllm", vllm),
+    ):
         waste[name] = {"uniform": padding_waste(sizes, uniform), "decode": padding_waste(sizes, decode)}
     for name in ("eager", "reshaped", "rowcount", "device", "device_bands", "switch_rows"):
         waste[name] = {"uniform": 0.0, "decode": 0.0}
@@ -390,12 +434,27 @@ def collect(args: argparse.Namespace) -> dict:
             findings.append(f"device update costs not measured: {type(exc).__name__}: {exc}")
     result = {
         "env": environment(torch=getattr(torch, "__version__", None)),
-        "config": {"width": args.width, "layers": args.layers, "form": args.form, "max_batch": top,
-                   "rounds": args.rounds, "decode_steps": args.steps, "rate": args.rate, "mean_len": args.mean_len,
-                   "seed": args.seed},
-        "strategies": info, "uniform": {name: {str(n): v for n, v in per_n[name].items()} for name in names},
-        "decode": decode_summary, "decode_trace": decode, "decode_requests_finished": requests, "padding_waste": waste, "device_update": device_update, "findings": findings,
-        "weights_bytes": model.block_weights.nbytes, "wall_s": time.perf_counter() - t_start,
+        "config": {
+            "width": args.width,
+            "layers": args.layers,
+            "form": args.form,
+            "max_batch": top,
+            "rounds": args.rounds,
+            "decode_steps": args.steps,
+            "rate": args.rate,
+            "mean_len": args.mean_len,
+            "seed": args.seed,
+        },
+        "strategies": info,
+        "uniform": {name: {str(n): v for n, v in per_n[name].items()} for name in names},
+        "decode": decode_summary,
+        "decode_trace": decode,
+        "decode_requests_finished": requests,
+        "padding_waste": waste,
+        "device_update": device_update,
+        "findings": findings,
+        "weights_bytes": model.block_weights.nbytes,
+        "wall_s": time.perf_counter() - t_start,
     }
     result["targets"] = targets(result)
     path = out_dir / f"{args.name}.json"
@@ -433,69 +492,134 @@ def targets(result: dict) -> list[dict]:
         one = info["max"]["memory"]
         floor = w + one["workspace"] + one["io"] + one["graphs"]
         got = w + info["vllm"]["memory"]["device_growth"]
-        out.append({"target": "memory: all vLLM buckets <= 1.1x (weights + largest workspace + one exec)",
-                    "value": got / floor, "limit": 1.1, "met": got / floor <= 1.1})
+        out.append(
+            {
+                "target": "memory: all vLLM buckets <= 1.1x (weights + largest workspace + one exec)",
+                "value": got / floor,
+                "limit": 1.1,
+                "met": got / floor <= 1.1,
+            }
+        )
         if "torch" in info:
             ratio = info["vllm"]["memory"]["device_growth"] / max(1, info["torch"]["memory"]["device_growth"])
-            out.append({"target": "memory: vLLM buckets' growth <= 0.5x PyTorch's", "value": ratio, "limit": 0.5,
-                        "met": ratio <= 0.5})
+            out.append(
+                {
+                    "target": "memory: vLLM buckets' growth <= 0.5x PyTorch's",
+                    "value": ratio,
+                    "limit": 0.5,
+                    "met": ratio <= 0.5,
+                }
+            )
     if "vllm" in info and "torch" in info:
         ours = sum(info["vllm"]["setup_s"].get(k, 0.0) for k in ("capture", "instantiate", "warmup", "upload"))
         theirs = sum(info["torch"]["setup_s"].values())
-        out.append({"target": "setup: vLLM list capture+instantiate+warm-up <= 0.1x PyTorch's", "value": ours / theirs,
-                    "limit": 0.1, "met": ours / theirs <= 0.1})
+        out.append(
+            {
+                "target": "setup: vLLM list capture+instantiate+warm-up <= 0.1x PyTorch's",
+                "value": ours / theirs,
+                "limit": 0.1,
+                "met": ours / theirs <= 0.1,
+            }
+        )
     n_all = [int(n) for n in uni.get("vllm", {})]
     if "vllm" in uni and "exact" in uni:
         worst = max(n_all, key=lambda n: med("vllm", n) / med("exact", n))
         r = med("vllm", worst) / med("exact", worst)
-        out.append({"target": "latency: vLLM bucket step <= 1.15x exact-size graph at every n", "value": r,
-                    "limit": 1.15, "met": r <= 1.15, "worst_n": worst})
+        out.append(
+            {
+                "target": "latency: vLLM bucket step <= 1.15x exact-size graph at every n",
+                "value": r,
+                "limit": 1.15,
+                "met": r <= 1.15,
+                "worst_n": worst,
+            }
+        )
     if "vllm" in uni and "torch" in uni:
         small = [n for n in n_all if n <= 64]
         worst = max(small, key=lambda n: med("vllm", n) / med("torch", n))
         r = med("vllm", worst) / med("torch", worst)
-        out.append({"target": "latency: vLLM bucket step <= 0.75x PyTorch buckets at every n <= 64", "value": r,
-                    "limit": 0.75, "met": r <= 0.75, "worst_n": worst})
-    for dev, what in (("device", "device-shaped"), ("device_bands", "banded device-shaped"),
-                      ("switch_bands", "SWITCH over plan bands"), ("switch_rows", "SWITCH over every row count"),
-                      ("switch_vllm", "SWITCH over the vLLM sizes")):
+        out.append(
+            {
+                "target": "latency: vLLM bucket step <= 0.75x PyTorch buckets at every n <= 64",
+                "value": r,
+                "limit": 0.75,
+                "met": r <= 0.75,
+                "worst_n": worst,
+            }
+        )
+    for dev, what in (
+        ("device", "device-shaped"),
+        ("device_bands", "banded device-shaped"),
+        ("switch_bands", "SWITCH over plan bands"),
+        ("switch_rows", "SWITCH over every row count"),
+        ("switch_vllm", "SWITCH over the vLLM sizes"),
+    ):
         if dev in info and "vllm" in info:
             mem, vmem = info[dev]["memory"], info["vllm"]["memory"]
             ratio = mem["device_growth"] / max(1, vmem["device_growth"])
-            out.append({"target": f"memory: {what} (1 exec) <= 0.1x the vLLM buckets ({info['vllm']['buckets']})",
-                        "value": ratio, "limit": 0.1, "met": ratio <= 0.1})
+            out.append(
+                {
+                    "target": f"memory: {what} (1 exec) <= 0.1x the vLLM buckets ({info['vllm']['buckets']})",
+                    "value": ratio,
+                    "limit": 0.1,
+                    "met": ratio <= 0.1,
+                }
+            )
             # the same without the buffers both keep (input, output, arena): what the graphs cost
             ours_g = max(0, mem["device_growth"] - mem.get("buffers", 0))
             ratio = ours_g / max(1, vmem.get("graphs", 0))
-            out.append({"target": f"memory: {what}, beyond its buffers <= 0.1x vLLM graphs",
-                        "value": ratio, "limit": 0.1, "met": ratio <= 0.1})
+            out.append(
+                {
+                    "target": f"memory: {what}, beyond its buffers <= 0.1x vLLM graphs",
+                    "value": ratio,
+                    "limit": 0.1,
+                    "met": ratio <= 0.1,
+                }
+            )
             keys = ("capture", "instantiate", "warmup", "upload", "attributes")
             # bands="plans" reads every row count's plan first: counted as set-up too
             ours = sum(info[dev]["setup_s"].get(k, 0.0) for k in keys + ("bands",))
             theirs = sum(info["vllm"]["setup_s"].get(k, 0.0) for k in keys)
-            out.append({"target": f"setup: {what} <= 0.1x the vLLM buckets", "value": ours / max(theirs, 1e-12),
-                        "limit": 0.1, "met": ours <= 0.1 * theirs})
+            out.append(
+                {
+                    "target": f"setup: {what} <= 0.1x the vLLM buckets",
+                    "value": ours / max(theirs, 1e-12),
+                    "limit": 0.1,
+                    "met": ours <= 0.1 * theirs,
+                }
+            )
         if dev in uni and "exact" in uni:
             ns = [int(n) for n in uni[dev] if n in uni["exact"]]
             worst = max(ns, key=lambda n: med(dev, n) / med("exact", n))
             r = med(dev, worst) / med("exact", worst)
-            out.append({"target": f"latency: {what} <= 1.05x exact-size graph at every n", "value": r,
-                        "limit": 1.05, "met": r <= 1.05, "worst_n": worst})
+            out.append(
+                {
+                    "target": f"latency: {what} <= 1.05x exact-size graph at every n",
+                    "value": r,
+                    "limit": 1.05,
+                    "met": r <= 1.05,
+                    "worst_n": worst,
+                }
+            )
     return out
 
 
 def report(result: dict) -> str:
     """Tables within 100 columns: per strategy setup, memory, decode latency; targets."""
-    lines = [f"{'strategy':14s} {'graphs':>6s} {'setup s':>8s} {'mem MiB':>8s} {'waste%':>7s} "
-             f"{'p50 us':>8s} {'p99 us':>8s} {'req/s':>9s}"]
+    lines = [
+        f"{'strategy':14s} {'graphs':>6s} {'setup s':>8s} {'mem MiB':>8s} {'waste%':>7s} "
+        f"{'p50 us':>8s} {'p99 us':>8s} {'req/s':>9s}"
+    ]
     for name, inf in result["strategies"].items():
         d = result["decode"].get(name)
         setup = sum(v for k, v in inf["setup_s"].items())
         mem = inf["memory"]["device_growth"] / 2**20
         waste = result["padding_waste"].get(name, {}).get("decode", 0.0) * 100
         if d:
-            lines.append(f"{name:14s} {inf['buckets']:6d} {setup:8.3f} {mem:8.1f} {waste:7.1f} {d['median']:8.1f} "
-                         f"{d['p99']:8.1f} {d['requests_per_s']:9.0f}")
+            lines.append(
+                f"{name:14s} {inf['buckets']:6d} {setup:8.3f} {mem:8.1f} {waste:7.1f} {d['median']:8.1f} "
+                f"{d['p99']:8.1f} {d['requests_per_s']:9.0f}"
+            )
         else:
             lines.append(f"{name:14s} {inf['buckets']:6d} {setup:8.3f} {mem:8.1f} {waste:7.1f} {'(dropped)':>8s}")
     uni = result["uniform"]
@@ -507,16 +631,22 @@ def report(result: dict) -> str:
     du = result.get("device_update") or {}
     if du:
         lines.append("")
-        lines.append(f"device-side update: {du['nodes']} nodes, replay {du['device_shaped_replay_us']['median']:.1f} us "
-                     f"vs exact {du['exact_replay_us']['median']:.1f} us (device time)")
-        lines.append(f"  = {du['device_update_us_per_node']:.2f} us/node; host cuGraphExecKernelNodeSetParams "
-                     f"{du['host_setparams_us_per_call']['median']:.2f} us/call")
+        lines.append(
+            f"device-side update: {du['nodes']} nodes, replay {du['device_shaped_replay_us']['median']:.1f} us "
+            f"vs exact {du['exact_replay_us']['median']:.1f} us (device time)"
+        )
+        lines.append(
+            f"  = {du['device_update_us_per_node']:.2f} us/node; host cuGraphExecKernelNodeSetParams "
+            f"{du['host_setparams_us_per_call']['median']:.2f} us/call"
+        )
         bd = du.get("banded")
         if bd:
             lines.append(f"banded ({len(bd['bands'])} bands, {bd['nodes']} nodes) against the exact-size exec:")
             for n, v in bd["by_n"].items():
-                lines.append(f"  n={n:>4s}: {v['banded_us']['median']:8.1f} vs {v['exact_us']['median']:8.1f} us "
-                             f"({v['added_us_per_node']:+.3f} us per node)")
+                lines.append(
+                    f"  n={n:>4s}: {v['banded_us']['median']:8.1f} vs {v['exact_us']['median']:8.1f} us "
+                    f"({v['added_us_per_node']:+.3f} us per node)"
+                )
     lines.append("")
     for t in result["targets"]:
         extra = f" (worst n={t['worst_n']})" if "worst_n" in t else ""
@@ -540,8 +670,11 @@ def plots(result: dict, out_dir: Path, stem: str) -> list[Path]:
         ns = sorted(int(n) for n in per)
         ax.plot(ns, [per[str(n)]["median"] for n in ns], label=name, lw=1.2)
     c = result["config"]
-    ax.set(xlabel="batch size n", ylabel="step latency, median us (synced)",
-           title=f"w{c['width']} L{c['layers']} {c['form']}: step latency per strategy")
+    ax.set(
+        xlabel="batch size n",
+        ylabel="step latency, median us (synced)",
+        title=f"w{c['width']} L{c['layers']} {c['form']}: step latency per strategy",
+    )
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     p = out_dir / f"{stem}_latency.png"
@@ -564,10 +697,12 @@ def plots(result: dict, out_dir: Path, stem: str) -> list[Path]:
     return paths
 
 
-DESCRIPTION = ("Dynamic-batch benchmark: bucket strategies (powers of two, vLLM's list, one max bucket, row "
-               "counts, re-shaped and device-shaped graphs) against exact-size graphs, eager launches and "
-               "PyTorch's bucket graphs, on one model and the same traces. Writes OUT/NAME.json and plots; "
-               "prints the report.")
+DESCRIPTION = (
+    "Dynamic-batch benchmark: bucket strategies (powers of two, vLLM's list, one max bucket, row "
+    "counts, re-shaped and device-shaped graphs) against exact-size graphs, eager launches and "
+    "PyTorch's bucket graphs, on one model and the same traces. Writes OUT/NAME.json and plots; "
+    "prints the report."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -575,8 +710,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command.parser("rawgraph bench buckets", DESCRIPTION)
     command.add_model_options(p, width=1024, layers=8, form="fused")
     p.add_argument("--max-batch", type=command.positive_int, default=256, help="the largest batch (top bucket)")
-    p.add_argument("--rounds", type=command.positive_int, default=7,
-                   help="samples per strategy per batch size (uniform trace)")
+    p.add_argument(
+        "--rounds", type=command.positive_int, default=7, help="samples per strategy per batch size (uniform trace)"
+    )
     p.add_argument("--steps", type=command.positive_int, default=3000, help="steps of the decode trace")
     command.add_trace_options(p, rate=6.0, mean_len=32.0, seed=7)
     p.add_argument("--no-torch", action="store_true", help="leave out PyTorch's bucket graphs")

@@ -28,10 +28,12 @@ from .provenance import environment
 TARGET_REGRET = 0.03
 
 
-DESCRIPTION = ("The regret of the measured-cost strategy choice: choose_strategy picks a strategy from the first "
-               "--sample steps of a decode-like batch-size trace; then every strategy replays the whole trace in "
-               "interleaved rounds, and the choice's median time is compared with the best fixed strategy's "
-               f"(target: at most {100 * TARGET_REGRET:.0f} % slower). Writes OUT/NAME.json; prints the figures.")
+DESCRIPTION = (
+    "The regret of the measured-cost strategy choice: choose_strategy picks a strategy from the first "
+    "--sample steps of a decode-like batch-size trace; then every strategy replays the whole trace in "
+    "interleaved rounds, and the choice's median time is compared with the best fixed strategy's "
+    f"(target: at most {100 * TARGET_REGRET:.0f} % slower). Writes OUT/NAME.json; prints the figures."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,13 +125,22 @@ def collect(args: argparse.Namespace) -> dict:
     result: dict[str, Any] = {
         "env": environment(),
         "config": vars(args),
-        "trace_mean_batch": float(np.mean(trace)), "sample_mean_batch": float(np.mean(sample)),
-        "choice": {"name": choice.name, "sample_seconds": choice.seconds, "skipped": choice.skipped,
-                   "memory": choice.memory, "wall_s": choose_s},
+        "trace_mean_batch": float(np.mean(trace)),
+        "sample_mean_batch": float(np.mean(sample)),
+        "choice": {
+            "name": choice.name,
+            "sample_seconds": choice.seconds,
+            "skipped": choice.skipped,
+            "memory": choice.memory,
+            "wall_s": choose_s,
+        },
         "trace_seconds": {name: stats(v) for name, v in samples.items()},
         "us_per_step": {name: 1e6 * m / len(trace) for name, m in medians.items()},
-        "memory": memory, "skipped": skipped,
-        "best_fixed": best, "regret": r, "target_regret": TARGET_REGRET,
+        "memory": memory,
+        "skipped": skipped,
+        "best_fixed": best,
+        "regret": r,
+        "target_regret": TARGET_REGRET,
         "met": r is not None and r <= TARGET_REGRET,
     }
     path = out_dir / f"{args.name}.json"
@@ -141,20 +152,26 @@ def collect(args: argparse.Namespace) -> dict:
 def render(result: dict) -> str:
     """A choose result as text: the trace, each strategy's time per step, the regret of the choice."""
     cfg, choice = result["config"], result["choice"]
-    lines = [f"trace: {cfg['steps']} steps, mean batch {result['trace_mean_batch']:.1f}; sample: first "
-             f"{min(cfg['sample'], cfg['steps'])} (mean {result['sample_mean_batch']:.1f}); choice made in "
-             f"{choice['wall_s']:.2f} s"]
+    lines = [
+        f"trace: {cfg['steps']} steps, mean batch {result['trace_mean_batch']:.1f}; sample: first "
+        f"{min(cfg['sample'], cfg['steps'])} (mean {result['sample_mean_batch']:.1f}); choice made in "
+        f"{choice['wall_s']:.2f} s"
+    ]
     for name, us in result["us_per_step"].items():
         st = result["trace_seconds"][name]
         mark = " <- choice" if name == choice["name"] else ""
-        lines.append(f"  {name:14s} {us:8.2f} us/step  (pass p10 {1e3 * st['p10']:.2f} / "
-                     f"median {1e3 * st['median']:.2f} / p90 {1e3 * st['p90']:.2f} ms){mark}")
+        lines.append(
+            f"  {name:14s} {us:8.2f} us/step  (pass p10 {1e3 * st['p10']:.2f} / "
+            f"median {1e3 * st['median']:.2f} / p90 {1e3 * st['p90']:.2f} ms){mark}"
+        )
     for name, why in result["skipped"].items():
         lines.append(f"  {name:14s} skipped: {why}")
     r = result["regret"]
     rtxt = "n/a" if r is None else f"{100 * r:.2f} %"
-    lines.append(f"best fixed: {result['best_fixed']}; regret of the choice: {rtxt} (target <= "
-                 f"{100 * result['target_regret']:.0f} %: {'met' if result['met'] else 'MISSED'})")
+    lines.append(
+        f"best fixed: {result['best_fixed']}; regret of the choice: {rtxt} (target <= "
+        f"{100 * result['target_regret']:.0f} %: {'met' if result['met'] else 'MISSED'})"
+    )
     return "\n".join(lines)
 
 

@@ -13,7 +13,8 @@ import contextlib
 import importlib
 import json
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # Exit statuses. 2 is argparse's own (a bad option or value); 69 is sysexits.h's EX_UNAVAILABLE, so
 # a script can tell "no GPU here" from a mistake in its command line.
@@ -21,9 +22,11 @@ EX_OK = 0
 EX_FAILED = 1
 EX_USAGE = 2
 EX_UNAVAILABLE = 69
-EXIT_STATUSES = (f"Exit status: {EX_OK} done; {EX_FAILED} a check failed; {EX_USAGE} a bad option or value "
-                 f"(refused before any GPU is looked for); {EX_UNAVAILABLE} no CUDA driver or GPU for a "
-                 "command that needs one.")
+EXIT_STATUSES = (
+    f"Exit status: {EX_OK} done; {EX_FAILED} a check failed; {EX_USAGE} a bad option or value "
+    f"(refused before any GPU is looked for); {EX_UNAVAILABLE} no CUDA driver or GPU for a "
+    "command that needs one."
+)
 INSTALL_EXTRA = "pip install 'rawgraph[{extra}]'"
 
 
@@ -62,8 +65,13 @@ class HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if (default is None or default is False or default is argparse.SUPPRESS or "%(default)" in text
-                or not action.option_strings):
+        if (
+            default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or "%(default)" in text
+            or not action.option_strings
+        ):
             return text
         shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else "%(default)s"
         return f"{text} (default: {shown})"
@@ -74,17 +82,22 @@ def parser(prog: str, description: str, *, json_help: str | None = None) -> argp
     ``json_help`` is empty) printing the results document to stdout instead of the text."""
     p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
     if json_help != "":
-        p.add_argument("--json", action="store_true",
-                       help=json_help or "print the results document as JSON on stdout instead of the text "
-                                         "(progress and status still go to stderr)")
+        p.add_argument(
+            "--json",
+            action="store_true",
+            help=json_help
+            or "print the results document as JSON on stdout instead of the text "
+            "(progress and status still go to stderr)",
+        )
     return p
 
 
 FORMS = ("unfused", "fused", "block")
 
 
-def add_model_options(p: argparse.ArgumentParser, *, width: int, layers: int, form: str | None = None,
-                      batch: int | None = None) -> None:
+def add_model_options(
+    p: argparse.ArgumentParser, *, width: int, layers: int, form: str | None = None, batch: int | None = None
+) -> None:
     """The TinyBlock's options with these defaults: ``--width``, ``--batch`` (where ``batch`` is
     given), ``--layers``, ``--form`` (where ``form`` is given)."""
     p.add_argument("--width", type=positive_int, default=width, help="the TinyBlock's width")
@@ -92,8 +105,12 @@ def add_model_options(p: argparse.ArgumentParser, *, width: int, layers: int, fo
         p.add_argument("--batch", type=positive_int, default=batch, help="rows of the input")
     p.add_argument("--layers", type=positive_int, default=layers, help="the TinyBlock's depth")
     if form is not None:
-        p.add_argument("--form", choices=FORMS, default=form,
-                       help="kernels per layer: unfused (matmul, relu, matmul, add), fused (two), block (one)")
+        p.add_argument(
+            "--form",
+            choices=FORMS,
+            default=form,
+            help="kernels per layer: unfused (matmul, relu, matmul, add), fused (two), block (one)",
+        )
 
 
 def add_trace_options(p: argparse.ArgumentParser, *, rate: float, mean_len: float, seed: int) -> None:
@@ -115,8 +132,9 @@ def emit(result: Any, text: Callable[[], str], as_json: bool, out: Any = None) -
     out.flush()
 
 
-def run_suite(args: argparse.Namespace, collect: Callable[[argparse.Namespace], dict],
-              render: Callable[[dict], str]) -> int:
+def run_suite(
+    args: argparse.Namespace, collect: Callable[[argparse.Namespace], dict], render: Callable[[dict], str]
+) -> int:
     """Run a suite: ``collect(args)`` measures and writes its files, with whatever it prints
     (progress, status, the paths written) sent to stderr; then the results go to stdout, as
     ``render(result)`` or, with ``--json``, the document itself."""

@@ -29,20 +29,21 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
 
-from ..graphs import conditional as cn
 from ..control.loops import DepthLoop
+from ..graphs import conditional as cn
 from ..graphs.builder import GraphBuilder
 from ..graphs.capture import capture_plan
+from ..models.tinyblock import BlockWeights, TinyBlock
 from ..runtime.device import get_device
 from ..runtime.errors import GraphUpdateError
 from ..runtime.memory import DeviceBuffer
-from ..models.tinyblock import BlockWeights, TinyBlock
 from ..runtime.stream import Stream
 from ..runtime.timing import device_us, stats
 from .provenance import environment
@@ -77,7 +78,7 @@ def depth_part(width: int, max_depth: int, rounds: int, form: str, s: Stream) ->
         plain = TinyBlock(width, batch, d, seed=1234, form=form)
         graph = capture_plan(plain.plan(x, out), s)
         exe = graph.instantiate()
-        t_plain = device_us(lambda: exe.launch(s), s, rounds=rounds, warmup=20)
+        t_plain = device_us(lambda exe=exe: exe.launch(s), s, rounds=rounds, warmup=20)
         plain_bits = out.to_numpy(s)
         loop.set_depth(d, s)
         t_while = device_us(lambda: loop.launch(s), s, rounds=rounds, warmup=20)
@@ -87,7 +88,7 @@ def depth_part(width: int, max_depth: int, rounds: int, form: str, s: Stream) ->
             loop.set_depth(d, s)
             loop.launch(s)
 
-        def reinstantiate() -> None:
+        def reinstantiate(graph: Any = graph) -> None:
             e = graph.instantiate()
             e.launch(s)
             s.synchronize()
@@ -100,10 +101,19 @@ def depth_part(width: int, max_depth: int, rounds: int, form: str, s: Stream) ->
             update = "accepted"
         except GraphUpdateError as exc:
             update = exc.result
-        rows.append({"width": width, "batch": batch, "depth": d, "form": form, "bit_equal": same,
-                     "plain_us": stats(t_plain), "while_us": stats(t_while),
-                     "switch_host_us": {"while_set_depth": stats(h_while), "reinstantiate": stats(h_inst)},
-                     "exec_update_from_depth_graph": update})
+        rows.append(
+            {
+                "width": width,
+                "batch": batch,
+                "depth": d,
+                "form": form,
+                "bit_equal": same,
+                "plain_us": stats(t_plain),
+                "while_us": stats(t_while),
+                "switch_host_us": {"while_set_depth": stats(h_while), "reinstantiate": stats(h_inst)},
+                "exec_update_from_depth_graph": update,
+            }
+        )
         exe.close()
         graph.close()
     loop.close()
@@ -159,20 +169,26 @@ def node_cost_part(rounds: int, s: Stream) -> dict:
 
 
 def report(result: dict) -> str:
-    lines = ["depth  width   plain us (p10-p90)      while us (p10-p90)      set_depth us  reinstantiate us  bits  update"]
+    lines = [
+        "depth  width   plain us (p10-p90)      while us (p10-p90)      set_depth us  reinstantiate us  bits  update"
+    ]
     for r in result["depth"]:
         p, w, sw = r["plain_us"], r["while_us"], r["switch_host_us"]
-        lines.append(f"{r['depth']:5d} {r['width']:6d}  {p['median']:8.2f} ({p['p10']:.2f}-{p['p90']:.2f})"
-                     f"  {w['median']:8.2f} ({w['p10']:.2f}-{w['p90']:.2f})"
-                     f"  {sw['while_set_depth']['median']:12.1f}  {sw['reinstantiate']['median']:16.1f}"
-                     f"  {'same' if r['bit_equal'] else 'DIFF'}  {r['exec_update_from_depth_graph']}")
+        lines.append(
+            f"{r['depth']:5d} {r['width']:6d}  {p['median']:8.2f} ({p['p10']:.2f}-{p['p90']:.2f})"
+            f"  {w['median']:8.2f} ({w['p10']:.2f}-{w['p90']:.2f})"
+            f"  {sw['while_set_depth']['median']:12.1f}  {sw['reinstantiate']['median']:16.1f}"
+            f"  {'same' if r['bit_equal'] else 'DIFF'}  {r['exec_update_from_depth_graph']}"
+        )
     c = result["node_cost"]
     lines.append("")
     for k in ("one_kernel", "two_kernels", "if_cond0", "if_cond1", "while_x1", "while_x16", "while_x64"):
         s = c[k]
         lines.append(f"{k:12s} {s['median']:8.3f} us (p10 {s['p10']:.3f}, p90 {s['p90']:.3f})")
-    lines.append(f"IF not taken: {c['cost_if_not_taken_us']:.3f} us; IF taken + noop body: "
-                 f"{c['cost_if_taken_with_noop_body_us']:.3f} us; WHILE iteration: {c['cost_while_iteration_us']:.3f} us")
+    lines.append(
+        f"IF not taken: {c['cost_if_not_taken_us']:.3f} us; IF taken + noop body: "
+        f"{c['cost_if_taken_with_noop_body_us']:.3f} us; WHILE iteration: {c['cost_while_iteration_us']:.3f} us"
+    )
     return "\n".join(lines)
 
 
@@ -198,10 +214,19 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for w in args.widths:
         rows += depth_part(w, args.max_depth, args.rounds, args.form, s)
-    result = {"env": environment(driver_version_int=version),
-              "config": {"widths": args.widths, "max_depth": args.max_depth, "form": args.form, "rounds": args.rounds,
-                         "batch": 1},
-              "depth": rows, "node_cost": node_cost_part(args.rounds, s), "wall_s": time.perf_counter() - t0}
+    result = {
+        "env": environment(driver_version_int=version),
+        "config": {
+            "widths": args.widths,
+            "max_depth": args.max_depth,
+            "form": args.form,
+            "rounds": args.rounds,
+            "batch": 1,
+        },
+        "depth": rows,
+        "node_cost": node_cost_part(args.rounds, s),
+        "wall_s": time.perf_counter() - t0,
+    }
     path = out_dir / f"{args.name}.json"
     path.write_text(json.dumps(result, indent=1))
     print(report(result))

@@ -29,19 +29,20 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from ..graphs.capture import capture_plan
 from ..control.device_launch import DeviceGraph, launcher_graph
 from ..control.rng import PhiloxGenerator, noisy_plan
+from ..graphs.capture import capture_plan
+from ..models.tinyblock import TinyBlock
 from ..runtime.device import get_device
-from ..runtime.module import get_kernel
 from ..runtime.launch import ArgUse, KernelArgs, Launch, LaunchPlan
 from ..runtime.memory import DeviceBuffer
-from ..models.tinyblock import TinyBlock
+from ..runtime.module import get_kernel
 from ..runtime.stream import Stream
 from ..runtime.timing import device_us, stats, synced_us
 from .provenance import environment
@@ -57,7 +58,9 @@ def bump_chain(counter: DeviceBuffer, n: int) -> LaunchPlan:
     for i in range(n):
         args = KernelArgs([("counter", "ptr")])
         args["counter"] = counter.ptr
-        launches.append(Launch(kernel, (1, 1, 1), (1, 1, 1), args, {"counter": ArgUse("counter", "write")}, 0, f"bump{i}"))
+        launches.append(
+            Launch(kernel, (1, 1, 1), (1, 1, 1), args, {"counter": ArgUse("counter", "write")}, 0, f"bump{i}")
+        )
     return LaunchPlan(launches, {"counter": counter.view()}, (), ("counter",), [counter._finalizer], pdl=False)
 
 
@@ -78,8 +81,12 @@ def measure(n: int, rounds: int, warmup: int, stream: Stream, counter: DeviceBuf
             "host_plain": (lambda: plain.launch(stream), n),
             "host_devexec": (lambda: target.launch(stream), n),
         }
-        for row, mode in (("launcher_only", None), ("tail", "tail"), ("fire_and_forget", "fire_and_forget"),
-                          ("sibling", "sibling")):
+        for row, mode in (
+            ("launcher_only", None),
+            ("tail", "tail"),
+            ("fire_and_forget", "fire_and_forget"),
+            ("sibling", "sibling"),
+        ):
             outer = launcher_graph(target, stream, mode)
             exe = outer.instantiate()
             owned += [outer, exe]
@@ -92,16 +99,22 @@ def measure(n: int, rounds: int, warmup: int, stream: Stream, counter: DeviceBuf
             host = synced_us(fn, stream, rounds=rounds, warmup=warmup)
             got = int(counter.to_numpy(stream)[0])
             want = 2 * (rounds + warmup) * per_launch
-            out[row] = {"device_us": stats(dev), "host_synced_us": stats(host), "ran_every_time": got == want,
-                        "counter": got, "expected": want}
+            out[row] = {
+                "device_us": stats(dev),
+                "host_synced_us": stats(host),
+                "ran_every_time": got == want,
+                "counter": got,
+                "expected": want,
+            }
         return out
     finally:
         for obj in reversed(owned):
             obj.close()
 
 
-def rng_costs(stream: Stream, rounds: int, warmup: int, width: int = 1024, batch: int = 8,
-              layers: int = 4) -> dict[str, Any]:
+def rng_costs(
+    stream: Stream, rounds: int, warmup: int, width: int = 1024, batch: int = 8, layers: int = 4
+) -> dict[str, Any]:
     """What graph-safe dropout costs a replay: the unfused TinyBlock's graph against the same
     graph with a ``philox_dropout`` node per layer and the ``philox_advance`` node (device events
     and host launch+sync), and one replay drawing 2^20 uniforms."""
@@ -112,17 +125,30 @@ def rng_costs(stream: Stream, rounds: int, warmup: int, width: int = 1024, batch
     owned: list[Any] = [model, x, out, draws, gen]
     try:
         x.copy_from_host(np.linspace(-1.0, 1.0, batch * width, dtype=np.float32).reshape(batch, width), stream)
-        rows: dict[str, Any] = {"config": {"width": width, "batch": batch, "layers": layers, "p": 0.1,
-                                           "pdl": model.pdl, "uniforms": draws.size}}
-        for name, plan in (("plain", model.plan(x, out)), ("dropout", noisy_plan(model, x, out, gen, p=0.1)),
-                           ("draw_2^20_uniforms", gen.draw_plan(draws, kind="uniform"))):
+        rows: dict[str, Any] = {
+            "config": {
+                "width": width,
+                "batch": batch,
+                "layers": layers,
+                "p": 0.1,
+                "pdl": model.pdl,
+                "uniforms": draws.size,
+            }
+        }
+        for name, plan in (
+            ("plain", model.plan(x, out)),
+            ("dropout", noisy_plan(model, x, out, gen, p=0.1)),
+            ("draw_2^20_uniforms", gen.draw_plan(draws, kind="uniform")),
+        ):
             graph = capture_plan(plan, stream)
             exe = graph.instantiate()
             owned += [graph, exe]
             fn = _launcher_of(exe, stream)
-            rows[name] = {"device_us": stats(device_us(fn, stream, rounds=rounds, warmup=warmup)),
-                          "host_synced_us": stats(synced_us(fn, stream, rounds=rounds, warmup=warmup)),
-                          "nodes": graph.node_count()}
+            rows[name] = {
+                "device_us": stats(device_us(fn, stream, rounds=rounds, warmup=warmup)),
+                "host_synced_us": stats(synced_us(fn, stream, rounds=rounds, warmup=warmup)),
+                "nodes": graph.node_count(),
+            }
         return rows
     finally:
         for obj in reversed(owned):
@@ -130,8 +156,10 @@ def rng_costs(stream: Stream, rounds: int, warmup: int, width: int = 1024, batch
 
 
 def table(records: list[dict[str, Any]]) -> str:
-    lines = ["device graph launch, median us (device events | host launch+sync); n = target nodes",
-             "n     " + "".join(f"{r:>24}" for r in ROWS)]
+    lines = [
+        "device graph launch, median us (device events | host launch+sync); n = target nodes",
+        "n     " + "".join(f"{r:>24}" for r in ROWS),
+    ]
     for rec in records:
         cells = []
         for r in ROWS:
@@ -170,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "env": environment(),
         "config": {"sizes": sizes, "rounds": args.rounds, "warmup": args.warmup, "target": "chain of rg_bump kernels"},
-        "records": records, "all_ran_every_time": ok, "rng": rng, "wall_s": time.perf_counter() - t0,
+        "records": records,
+        "all_ran_every_time": ok,
+        "rng": rng,
+        "wall_s": time.perf_counter() - t0,
     }
     path = out_dir / f"{args.name}.json"
     path.write_text(json.dumps(result, indent=1))
@@ -178,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     if rng is not None:
         for name in ("plain", "dropout", "draw_2^20_uniforms"):
             r = rng[name]
-            print(f"rng {name:>20} ({r['nodes']:2d} nodes): device {r['device_us']['median']:8.2f} us, "
-                  f"host launch+sync {r['host_synced_us']['median']:8.2f} us")
+            print(
+                f"rng {name:>20} ({r['nodes']:2d} nodes): device {r['device_us']['median']:8.2f} us, "
+                f"host launch+sync {r['host_synced_us']['median']:8.2f} us"
+            )
     print(f"json: {path}")
     return 0 if ok else 1
 

@@ -13,8 +13,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .provenance import environment
 
@@ -30,6 +31,7 @@ def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
 
 def _replay_cost(launch: Callable[[], Any], sync: Callable[[], Any], n: int, rounds: int) -> float:
     """Median seconds per replay: ``n`` launches then one sync, ``rounds`` times."""
+
     def block() -> None:
         for _ in range(n):
             launch()
@@ -46,8 +48,12 @@ def run_tinyblock(width: int, batch: int, layers: int, repeats: int) -> dict[str
     from ..runtime.memory import DeviceBuffer
     from ..runtime.stream import Stream
 
-    with Stream() as s, TinyBlock(width, batch, layers) as model, DeviceBuffer((batch, width)) as x, \
-            DeviceBuffer((batch, width)) as out:
+    with (
+        Stream() as s,
+        TinyBlock(width, batch, layers) as model,
+        DeviceBuffer((batch, width)) as x,
+        DeviceBuffer((batch, width)) as out,
+    ):
         x.poison(s)
         g = capture_plan(model.plan(x, out), s)
         exe = g.instantiate()
@@ -60,9 +66,19 @@ def run_tinyblock(width: int, batch: int, layers: int, repeats: int) -> dict[str
         watched = _replay_cost(lambda: off.launch(s), s.synchronize, 50, repeats)
         exe.close()
         g.close()
-    return {"graph": "tinyblock", "width": width, "batch": batch, "layers": layers, "nodes": nodes,
-            "findings": len(report.findings), "check_s": t_check, "check_per_node_us": t_check / nodes * 1e6,
-            "verify_s": t_verify, "replay_s": plain, "replay_verify_off_s": watched}
+    return {
+        "graph": "tinyblock",
+        "width": width,
+        "batch": batch,
+        "layers": layers,
+        "nodes": nodes,
+        "findings": len(report.findings),
+        "check_s": t_check,
+        "check_per_node_us": t_check / nodes * 1e6,
+        "verify_s": t_verify,
+        "replay_s": plain,
+        "replay_verify_off_s": watched,
+    }
 
 
 def run_torch(repeats: int) -> dict[str, Any] | None:
@@ -75,8 +91,13 @@ def run_torch(repeats: int) -> dict[str, Any] | None:
     from ..doctor import check
     from ..updates.adopt import from_torch
 
-    mlp = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.LayerNorm(1024),
-                              torch.nn.Linear(1024, 256)).cuda().eval()
+    mlp = (
+        torch.nn.Sequential(
+            torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.LayerNorm(1024), torch.nn.Linear(1024, 256)
+        )
+        .cuda()
+        .eval()
+    )
     x = torch.randn(16, 256, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -93,8 +114,13 @@ def run_torch(repeats: int) -> dict[str, Any] | None:
     t_check = _median_seconds(lambda: check(a, inputs=[x]), repeats)
     a.close()
     del out
-    return {"graph": "torch-mlp", "nodes": nodes, "findings": len(report.findings), "check_s": t_check,
-            "check_per_node_us": t_check / nodes * 1e6}
+    return {
+        "graph": "torch-mlp",
+        "nodes": nodes,
+        "findings": len(report.findings),
+        "check_s": t_check,
+        "check_per_node_us": t_check / nodes * 1e6,
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,20 +147,27 @@ def main(argv: list[str] | None = None) -> int:
     for layers in args.layers:
         rec = run_tinyblock(args.width, args.batch, layers, args.repeats)
         records.append(rec)
-        print(f"tinyblock layers={layers}: {rec['nodes']} nodes, check {rec['check_s'] * 1e3:.2f} ms "
-              f"({rec['check_per_node_us']:.1f} us/node), verify {rec['verify_s'] * 1e3:.2f} ms, replay "
-              f"{rec['replay_s'] * 1e6:.1f} us, with verify off {rec['replay_verify_off_s'] * 1e6:.1f} us", flush=True)
+        print(
+            f"tinyblock layers={layers}: {rec['nodes']} nodes, check {rec['check_s'] * 1e3:.2f} ms "
+            f"({rec['check_per_node_us']:.1f} us/node), verify {rec['verify_s'] * 1e3:.2f} ms, replay "
+            f"{rec['replay_s'] * 1e6:.1f} us, with verify off {rec['replay_verify_off_s'] * 1e6:.1f} us",
+            flush=True,
+        )
     if not args.no_torch:
         rec_t = run_torch(args.repeats)
         if rec_t is not None:
             records.append(rec_t)
-            print(f"torch mlp: {rec_t['nodes']} nodes, check {rec_t['check_s'] * 1e3:.2f} ms "
-                  f"({rec_t['check_per_node_us']:.1f} us/node), {rec_t['findings']} findings", flush=True)
+            print(
+                f"torch mlp: {rec_t['nodes']} nodes, check {rec_t['check_s'] * 1e3:.2f} ms "
+                f"({rec_t['check_per_node_us']:.1f} us/node), {rec_t['findings']} findings",
+                flush=True,
+            )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.name}.json"
-    path.write_text(json.dumps({"benchmark": "doctor", "env": environment(), "args": vars(args),
-                                "records": records}, indent=1))
+    path.write_text(
+        json.dumps({"benchmark": "doctor", "env": environment(), "args": vars(args), "records": records}, indent=1)
+    )
     print(f"wrote {path}")
     return 0
 

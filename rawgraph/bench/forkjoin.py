@@ -18,8 +18,9 @@ import importlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -53,8 +54,12 @@ def _torch_paths(torch: Any, model: Any, xh: np.ndarray) -> tuple[dict[str, Call
     stream inside the capture). Returns the replays, torch's stream, and per-path outputs."""
     from ..models.branches import split
 
-    wa = [(torch.as_tensor(w1, device="cuda"), torch.as_tensor(w2, device="cuda")) for w1, w2 in model.a.weights_numpy()]
-    wb = [(torch.as_tensor(w1, device="cuda"), torch.as_tensor(w2, device="cuda")) for w1, w2 in model.b.weights_numpy()]
+    wa = [
+        (torch.as_tensor(w1, device="cuda"), torch.as_tensor(w2, device="cuda")) for w1, w2 in model.a.weights_numpy()
+    ]
+    wb = [
+        (torch.as_tensor(w1, device="cuda"), torch.as_tensor(w2, device="cuda")) for w1, w2 in model.b.weights_numpy()
+    ]
     ha, hb = split(xh)
     xa, xb = torch.as_tensor(ha, device="cuda"), torch.as_tensor(hb, device="cuda")
 
@@ -86,11 +91,12 @@ def _torch_paths(torch: Any, model: Any, xh: np.ndarray) -> tuple[dict[str, Call
     return replays, (ts, keep), outs
 
 
-def run_config(torch: Any, width: int, batch: int, layers: int, form: str, rounds: int, per_round: int,
-               rng: np.random.Generator) -> list[dict]:
+def run_config(
+    torch: Any, width: int, batch: int, layers: int, form: str, rounds: int, per_round: int, rng: np.random.Generator
+) -> list[dict]:
     """Check and time every path at one size; one record per path."""
-    from ..models.branches import TwoBranchBlock, concat, split
     from ..graphs.graph import GraphExec
+    from ..models.branches import TwoBranchBlock, concat, split
     from ..runtime.memory import DeviceBuffer
     from ..runtime.stream import Stream
     from ..runtime.timing import device_us, stats, synced_us
@@ -157,9 +163,20 @@ def run_config(torch: Any, width: int, batch: int, layers: int, form: str, round
         for name in order:
             dev[name] += device_us(fns[name], streams[name], rounds=per_round, warmup=3)
             sync[name] += synced_us(fns[name], streams[name], rounds=per_round, warmup=3)
-    records = [{"width": width, "batch": batch, "layers": layers, "form": form, "path": n,
-                "device_us": stats(dev[n]), "sync_us": stats(sync[n]), "samples": len(dev[n]), **meta.get(n, {})}
-               for n in fns]
+    records = [
+        {
+            "width": width,
+            "batch": batch,
+            "layers": layers,
+            "form": form,
+            "path": n,
+            "device_us": stats(dev[n]),
+            "sync_us": stats(sync[n]),
+            "samples": len(dev[n]),
+            **meta.get(n, {}),
+        }
+        for n in fns
+    ]
     if torch is not None:
         torch.cuda.set_stream(prev_stream)
     del keep
@@ -181,12 +198,16 @@ def report(records: list[dict]) -> str:
         for name in PATHS:
             if name in paths:
                 d, q = paths[name]["device_us"], paths[name]["sync_us"]
-                cells.append(f"{name} dev {d['median']:.2f} ({d['p10']:.2f}-{d['p90']:.2f}) "
-                             f"sync {q['median']:.2f} ({q['p10']:.2f}-{q['p90']:.2f})")
+                cells.append(
+                    f"{name} dev {d['median']:.2f} ({d['p10']:.2f}-{d['p90']:.2f}) "
+                    f"sync {q['median']:.2f} ({q['p10']:.2f}-{q['p90']:.2f})"
+                )
         ratio = ""
         if "linear" in paths and "forkjoin" in paths:
-            ratio = (f" | forkjoin/linear dev {paths['forkjoin']['device_us']['median'] / paths['linear']['device_us']['median']:.3f}"
-                     f" sync {paths['forkjoin']['sync_us']['median'] / paths['linear']['sync_us']['median']:.3f}")
+            ratio = (
+                f" | forkjoin/linear dev {paths['forkjoin']['device_us']['median'] / paths['linear']['device_us']['median']:.3f}"
+                f" sync {paths['forkjoin']['sync_us']['median'] / paths['linear']['sync_us']['median']:.3f}"
+            )
         lines.append(f"{form} L{layers} w{width} b{batch}: " + "; ".join(cells) + ratio)
     return "\n".join(lines)
 
@@ -210,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the sweep; write ``<out>/<name>.json`` (with the commit measured) and print the table."""
     args = build_parser().parse_args(argv)
     torch = _torch(not args.no_torch)  # before rawgraph touches the GPU
-    from ..runtime.device import get_device
     from .. import ops
+    from ..runtime.device import get_device
 
     dev = get_device()
     rng = np.random.default_rng(args.seed)
@@ -229,8 +250,14 @@ def main(argv: list[str] | None = None) -> int:
                 recs = run_config(torch, width, batch, layers, args.form, args.rounds, args.per_round, rng)
                 records += recs
                 print(report(recs), flush=True)
-    result = {"benchmark": "forkjoin", "env": environment(torch=getattr(torch, "__version__", None)),
-              "args": vars(args), "records": records, "skipped": skipped, "seconds": time.perf_counter() - t0}
+    result = {
+        "benchmark": "forkjoin",
+        "env": environment(torch=getattr(torch, "__version__", None)),
+        "args": vars(args),
+        "records": records,
+        "skipped": skipped,
+        "seconds": time.perf_counter() - t0,
+    }
     path = out_dir / f"{args.name}.json"
     path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path} ({len(records)} records, {result['seconds']:.0f} s)")

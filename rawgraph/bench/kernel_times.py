@@ -28,18 +28,18 @@ import numpy as np
 from cuda.bindings import driver
 
 from .. import ops
-from . import command
-from .provenance import environment
-from ..ops import FLAG_EARLY
 from ..graphs.capture import Capture
+from ..ops import FLAG_EARLY
 from ..runtime.device import get_device
 from ..runtime.errors import call
-from ..runtime.module import get_kernels
 from ..runtime.launch import LaunchPlan
 from ..runtime.memory import DeviceBuffer
+from ..runtime.module import get_kernels
 from ..runtime.stream import Event, Stream
 from ..runtime.timing import stats
+from . import command
 from .progress import SweepProgress
+from .provenance import environment
 
 REPS = 64
 WIDTHS = (128, 1024, 4096)
@@ -158,8 +158,9 @@ def sgemm_candidates(batch: int, k: int, n: int, clusters: bool, smem_limit: int
     return out
 
 
-def candidate_shapes(batch: int, width: int, multiprocessors: int, clusters: bool,
-                     smem_limit: int = 0) -> list[ops.MatmulShape]:
+def candidate_shapes(
+    batch: int, width: int, multiprocessors: int, clusters: bool, smem_limit: int = 0
+) -> list[ops.MatmulShape]:
     """Every cut of a (batch, width, width) product the kernels can run, the default first
     (sgemm cuts: :func:`sgemm_candidates`)."""
     default = ops.matmul_shape(batch, width, width, multiprocessors, clusters=clusters, smem_limit=smem_limit)
@@ -177,7 +178,11 @@ def candidate_shapes(batch: int, width: int, multiprocessors: int, clusters: boo
             for split in splits:
                 for slices, per_sm in ((2, 0), (1, 0), (1, 2)):
                     if width // split >= ops.GEMM_KC and (per_sm == 0 or split > 1):
-                        out.append(ops.gemm_shape(batch, width, width, multiprocessors, clusters, split, tile_n, per_sm, slices))
+                        out.append(
+                            ops.gemm_shape(
+                                batch, width, width, multiprocessors, clusters, split, tile_n, per_sm, slices
+                            )
+                        )
     out.extend(sgemm_candidates(batch, width, width, clusters, smem_limit))
     seen, unique = set(), []
     for s in out:
@@ -189,10 +194,16 @@ def candidate_shapes(batch: int, width: int, multiprocessors: int, clusters: boo
 
 def _label(s: ops.MatmulShape) -> str:
     if s.kernel == "sgemm":
-        return (f"sgemm/{s.bt}x{s.tc}/k{s.bk}/st{s.stages}/s{s.split}/ks{s.slices}"
-                + (f"/mb{s.minb}" if s.minb > 1 else "") + (f"/tm{s.tm}" if s.tm != 8 else ""))
-    return (f"{s.kernel}/t{s.tc}/s{s.split}" + (f"/sl{s.slices}" if s.slices > 1 else "")
-            + (f"/cap{s.per_sm}" if s.per_sm else ""))
+        return (
+            f"sgemm/{s.bt}x{s.tc}/k{s.bk}/st{s.stages}/s{s.split}/ks{s.slices}"
+            + (f"/mb{s.minb}" if s.minb > 1 else "")
+            + (f"/tm{s.tm}" if s.tm != 8 else "")
+        )
+    return (
+        f"{s.kernel}/t{s.tc}/s{s.split}"
+        + (f"/sl{s.slices}" if s.slices > 1 else "")
+        + (f"/cap{s.per_sm}" if s.per_sm else "")
+    )
 
 
 def cublas_graph_samples(torch, tx, tws, ty, reps: int = REPS, repeats: int = 15) -> list[float]:
@@ -252,8 +263,8 @@ def measure(widths=WIDTHS, batches=BATCHES, sweep: bool = False) -> dict:
     for w in widths:
         for b in batches:
             default = ops.matmul_shape(b, w, w, sms, clusters=clusters, smem_limit=optin)
-            for s in (candidate_shapes(b, w, sms, clusters, optin) if sweep else [default]):
-                for e in (("none", "relu", "add") if s == default or s.kernel != "sgemm" else ("none",)):
+            for s in candidate_shapes(b, w, sms, clusters, optin) if sweep else [default]:
+                for e in ("none", "relu", "add") if s == default or s.kernel != "sgemm" else ("none",):
                     names.setdefault(ops.matmul_file(s), set()).add(ops.matmul_expr(e, s))
     for file, exprs in sorted(names.items()):
         get_kernels(file, sorted(exprs), dev)
@@ -272,9 +283,13 @@ def measure(widths=WIDTHS, batches=BATCHES, sweep: bool = False) -> dict:
             bufs = {"x": x.view(), "y": y.view(), "r": r.view()}
             bufs.update({f"W{i}": w.view() for i, w in enumerate(ws)})
 
-            def chain(epi, shape=None, n=REPS):
-                return [ops.matmul(dev, bufs, "x", f"W{i % len(ws)}", "y", epi, r="r" if epi == "add" else None, shape=shape)
-                        for i in range(n)]
+            def chain(epi, shape=None, n=REPS, bufs=bufs, ws=ws):
+                return [
+                    ops.matmul(
+                        dev, bufs, "x", f"W{i % len(ws)}", "y", epi, r="r" if epi == "add" else None, shape=shape
+                    )
+                    for i in range(n)
+                ]
 
             # Correct before timed: the default cut against float64.
             y.poison(stream)
@@ -285,8 +300,14 @@ def measure(widths=WIDTHS, batches=BATCHES, sweep: bool = False) -> dict:
             if not err < 1e-5:
                 raise AssertionError(f"matmul w{width} b{batch}: relative error {err:.2e}")
             shape = ops.matmul_shape(batch, width, width, sms, clusters=clusters, smem_limit=optin)
-            row = {"width": width, "batch": batch, "weights_rotated": len(ws), "rel_err": err,
-                   "shape": _label(shape), "ctas": shape.ctas}
+            row = {
+                "width": width,
+                "batch": batch,
+                "weights_rotated": len(ws),
+                "rel_err": err,
+                "shape": _label(shape),
+                "ctas": shape.ctas,
+            }
             for name, epi in (("matmul", "none"), ("matmul_relu", "relu"), ("matmul_add", "add")):
                 launches = chain(epi)
                 row[name] = _graph_time_us(launches, bufs, stream, pdl=clusters)
@@ -298,19 +319,28 @@ def measure(widths=WIDTHS, batches=BATCHES, sweep: bool = False) -> dict:
                 for l in flipped:  # the successor launched at the other point: start vs after the K loop
                     l.args["flags"] = int(l.args["flags"]) ^ FLAG_EARLY
                 row["matmul_other_trigger"] = _graph_time_us(flipped, bufs, stream, pdl=True)
-            row["relu"] = _graph_time_us([ops.relu(dev, bufs, "x", "y") for _ in range(REPS)], bufs, stream, pdl=clusters)
-            row["add"] = _graph_time_us([ops.add(dev, bufs, "x", "r", "y") for _ in range(REPS)], bufs, stream, pdl=clusters)
+            row["relu"] = _graph_time_us(
+                [ops.relu(dev, bufs, "x", "y") for _ in range(REPS)], bufs, stream, pdl=clusters
+            )
+            row["add"] = _graph_time_us(
+                [ops.add(dev, bufs, "x", "r", "y") for _ in range(REPS)], bufs, stream, pdl=clusters
+            )
             if ops.block_fits(width, dev):
                 pairs = [(f"W{(2 * i) % len(ws)}", f"W{(2 * i + 1) % len(ws)}") for i in range(REPS)]
-                row["block"] = _graph_time_us([ops.block(dev, bufs, "x", a, b, "y") for a, b in pairs], bufs, stream, pdl=True)
-                row["block_cluster4"] = _graph_time_us([ops.block(dev, bufs, "x", a, b, "y", cluster=4) for a, b in pairs],
-                                                       bufs, stream, pdl=True)
+                row["block"] = _graph_time_us(
+                    [ops.block(dev, bufs, "x", a, b, "y") for a, b in pairs], bufs, stream, pdl=True
+                )
+                row["block_cluster4"] = _graph_time_us(
+                    [ops.block(dev, bufs, "x", a, b, "y", cluster=4) for a, b in pairs], bufs, stream, pdl=True
+                )
             if sweep:
                 row["sweep"] = {}
                 cands = candidate_shapes(batch, width, sms, clusters, optin)
                 for j, cand in enumerate(cands, 1):
                     bar.detail(f"cut {j}/{len(cands)} {_label(cand)}")
-                    row["sweep"][_label(cand)] = _graph_time_us(chain("none", cand), bufs, stream, pdl=clusters)["median"]
+                    row["sweep"][_label(cand)] = _graph_time_us(chain("none", cand), bufs, stream, pdl=clusters)[
+                        "median"
+                    ]
                 row["sweep_best"] = min(row["sweep"], key=row["sweep"].get)
             nbytes = width * width * 4 + 2 * batch * width * 4
             t = row["matmul"]["median"]
@@ -330,11 +360,15 @@ def measure(widths=WIDTHS, batches=BATCHES, sweep: bool = False) -> dict:
 
 def _line(row: dict) -> str:
     t = row["matmul"]["median"]
-    line = (f"w{row['width']:<5d} b{row['batch']:<3d} {row['shape']:15s} matmul {t:7.2f} us "
-            f"({row['matmul_GBps']:6.0f} GB/s, {row['matmul_frac_of_copy_bw']:5.1%} of copy)")
+    line = (
+        f"w{row['width']:<5d} b{row['batch']:<3d} {row['shape']:15s} matmul {t:7.2f} us "
+        f"({row['matmul_GBps']:6.0f} GB/s, {row['matmul_frac_of_copy_bw']:5.1%} of copy)"
+    )
     if "matmul_nopdl" in row:
-        line += (f" ({'early' if row['early'] else 'late'}; other {row['matmul_other_trigger']['median']:.2f},"
-                 f" nopdl {row['matmul_nopdl']['median']:.2f})")
+        line += (
+            f" ({'early' if row['early'] else 'late'}; other {row['matmul_other_trigger']['median']:.2f},"
+            f" nopdl {row['matmul_nopdl']['median']:.2f})"
+        )
     if "torch_mm" in row:
         line += f"  torch.mm {row['torch_mm']['median']:7.2f} ratio {row['matmul_vs_cublas']:5.2f}"
     line += f"  relu {row['relu']['median']:.2f} add {row['add']['median']:.2f}"
@@ -354,19 +388,25 @@ def targets(result: dict) -> str:
         limit = CUBLAS_RATIO_TARGET.get(row["batch"])
         if limit is not None and "matmul_vs_cublas" in row:
             ok = row["matmul_vs_cublas"] <= limit
-            lines.append(f"matmul w{row['width']} b{row['batch']}: {row['matmul']['median']:.2f} / "
-                         f"{row['torch_mm']['median']:.2f} us = {row['matmul_vs_cublas']:.2f}x cuBLAS "
-                         f"(target <= {limit}x) {'met' if ok else 'MISSED'}")
+            lines.append(
+                f"matmul w{row['width']} b{row['batch']}: {row['matmul']['median']:.2f} / "
+                f"{row['torch_mm']['median']:.2f} us = {row['matmul_vs_cublas']:.2f}x cuBLAS "
+                f"(target <= {limit}x) {'met' if ok else 'MISSED'}"
+            )
         if row["width"] == 4096 and row["batch"] == 1:
             ok = row["matmul_frac_of_copy_bw"] >= BANDWIDTH_TARGET
-            lines.append(f"matmul w4096 b1: {row['matmul_frac_of_copy_bw']:.1%} of copy bandwidth "
-                         f"(target >= {BANDWIDTH_TARGET:.0%}) {'met' if ok else 'MISSED'}")
+            lines.append(
+                f"matmul w4096 b1: {row['matmul_frac_of_copy_bw']:.1%} of copy bandwidth "
+                f"(target >= {BANDWIDTH_TARGET:.0%}) {'met' if ok else 'MISSED'}"
+            )
     return "\n".join(lines)
 
 
-DESCRIPTION = ("Kernel benchmark: device time per kernel (64 launches in one graph, weights rotated past L2), "
-               "side by side with cuBLAS (torch.mm, TF32 off). Writes OUT/kernel_times.json; prints one "
-               "row per shape and the targets.")
+DESCRIPTION = (
+    "Kernel benchmark: device time per kernel (64 launches in one graph, weights rotated past L2), "
+    "side by side with cuBLAS (torch.mm, TF32 off). Writes OUT/kernel_times.json; prints one "
+    "row per shape and the targets."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -374,10 +414,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = command.parser("rawgraph bench kernels", DESCRIPTION)
     p.add_argument("--out", default="benchmarks/results", help="folder for kernel_times.json")
     p.add_argument("--sweep", action="store_true", help="also time every other cut of each shape")
-    p.add_argument("--width", type=command.positive_int, nargs="+",
-                   help=f"widths to time (default: {' '.join(map(str, WIDTHS))})")
-    p.add_argument("--batch", type=command.positive_int, nargs="+",
-                   help=f"batch sizes to time (default: {' '.join(map(str, BATCHES))})")
+    p.add_argument(
+        "--width", type=command.positive_int, nargs="+", help=f"widths to time (default: {' '.join(map(str, WIDTHS))})"
+    )
+    p.add_argument(
+        "--batch",
+        type=command.positive_int,
+        nargs="+",
+        help=f"batch sizes to time (default: {' '.join(map(str, BATCHES))})",
+    )
     return p
 
 
@@ -392,8 +437,10 @@ def render(result: dict) -> str:
 def collect(args: argparse.Namespace) -> dict:
     """Time every kernel (with ``--sweep`` every cut); write ``kernel_times.json``; return the result."""
     command.optional("torch", "torch", "the cuBLAS (torch.mm) columns")
-    result = {"env": environment(),
-              **measure(tuple(args.width or WIDTHS), tuple(args.batch or BATCHES), sweep=args.sweep)}
+    result = {
+        "env": environment(),
+        **measure(tuple(args.width or WIDTHS), tuple(args.batch or BATCHES), sweep=args.sweep),
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernel_times.json").write_text(json.dumps(result, indent=1))

@@ -21,18 +21,18 @@ import numpy as np
 
 from .. import ops
 from ..graphs.capture import Capture, capture_plan
+from ..models.tinyblock import TinyBlock
 from ..runtime.device import get_device
-from ..updates.indirect import IndirectGraph
-from ..updates.manager import ExecUpdateManager
 from ..runtime.launch import ARG_DTYPES
 from ..runtime.memory import DeviceArray, DeviceBuffer
-from ..models.tinyblock import TinyBlock
-from ..updates.static import StaticGraph
 from ..runtime.stream import Stream
 from ..runtime.timing import device_us, pipelined_us, stats, synced_us
-from .provenance import environment
+from ..updates.indirect import IndirectGraph
+from ..updates.manager import ExecUpdateManager
+from ..updates.static import StaticGraph
 from . import command
 from .progress import SweepProgress
+from .provenance import environment
 
 FULL = {"layers": (1, 8, 64), "width": (128, 1024, 4096), "batch": (1, 8, 64)}
 QUICK = {"layers": (1, 64), "width": (128, 1024), "batch": (1, 8)}
@@ -82,8 +82,16 @@ class Runner:
             return None
 
     def record(self, path, form, layers, width, batch, clocks=None, **extra) -> None:
-        rec = {"path": path, "form": form, "layers": layers, "width": width, "batch": batch,
-               "sync_us": None, "host_us": None, "device_us": None}
+        rec = {
+            "path": path,
+            "form": form,
+            "layers": layers,
+            "width": width,
+            "batch": batch,
+            "sync_us": None,
+            "host_us": None,
+            "device_us": None,
+        }
         if clocks:
             rec.update(clocks)
         rec.update(extra)
@@ -146,14 +154,22 @@ class Runner:
         exe_b = graph_b.instantiate()
         exe_b.launch(s)
         static(xs[1], s)
-        mgr.bind("x", xs[1]); mgr.launch(s)
-        mgr2.apply(mgr2.prepare({"x": xs[1], "out": outs[6]})); mgr2.launch(s)
-        exe_w.update(g_w1); exe_w.launch(s)
+        mgr.bind("x", xs[1])
+        mgr.launch(s)
+        mgr2.apply(mgr2.prepare({"x": xs[1], "out": outs[6]}))
+        mgr2.launch(s)
+        exe_w.update(g_w1)
+        exe_w.launch(s)
         if exe_plain is not None:
             exe_plain.launch(s)
         s.synchronize()
-        checks = [("graph", outs[0]), ("graph_copy", static.static_output), ("graph_update", outs[2]), ("graph_update2", outs[6]),
-                  ("graph_exec_update", outs[3])]
+        checks = [
+            ("graph", outs[0]),
+            ("graph_copy", static.static_output),
+            ("graph_update", outs[2]),
+            ("graph_update2", outs[6]),
+            ("graph_exec_update", outs[3]),
+        ]
         if exe_plain is not None:
             checks.append(("graph_nopdl", outs[4]))
         for name, buf in checks:
@@ -165,8 +181,14 @@ class Runner:
         est = _estimate_us(lambda: plan.run(s), s)
         key = (form, layers, width, batch)
         self.record("stream", *key, _clocks(lambda: plan.run(s), s, est, self.budget_s))
-        self.record("graph", *key, _clocks(lambda: exe.launch(s), s, est, self.budget_s),
-                    capture_ms=capture_ms, instantiate_ms=instantiate_ms, pdl=model.pdl)
+        self.record(
+            "graph",
+            *key,
+            _clocks(lambda: exe.launch(s), s, est, self.budget_s),
+            capture_ms=capture_ms,
+            instantiate_ms=instantiate_ms,
+            pdl=model.pdl,
+        )
         if exe_plain is not None:
             self.record("graph_nopdl", *key, _clocks(lambda: exe_plain.launch(s), s, est, self.budget_s), pdl=False)
         self.record("graph_copy", *key, _clocks(lambda: static(xs[0], s), s, est, self.budget_s))
@@ -214,8 +236,22 @@ class Runner:
         s.synchronize()
         mgr.close()
         mgr2.close()
-        for obj in (exe, exe_w, mgr.exec, mgr2.exec, static, graph, graph_b, g_upd, g_upd2, g_w0, g_w1, exe_plain, g_plain,
-                    plain):
+        for obj in (
+            exe,
+            exe_w,
+            mgr.exec,
+            mgr2.exec,
+            static,
+            graph,
+            graph_b,
+            g_upd,
+            g_upd2,
+            g_w0,
+            g_w1,
+            exe_plain,
+            g_plain,
+            plain,
+        ):
             if obj is not None:
                 obj.close()
         weights = [(w1, w2) for w1, w2 in model.weights]
@@ -223,7 +259,9 @@ class Runner:
         return ref
 
     # -- torch --------------------------------------------------------------------------------
-    def torch_paths(self, layers: int, width: int, batch: int, model: TinyBlock, x_buf: DeviceBuffer, ref: np.ndarray) -> None:
+    def torch_paths(
+        self, layers: int, width: int, batch: int, model: TinyBlock, x_buf: DeviceBuffer, ref: np.ndarray
+    ) -> None:
         torch = self.torch
         if torch is None:
             return
@@ -244,7 +282,9 @@ class Runner:
                 raise AssertionError(f"torch differs from rawgraph by {err:.2e}")
             rs = Stream.from_external(tstream)  # rawgraph's clocks on torch's stream
             est = _estimate_us(lambda: block(x_in), rs)
-            self.record("torch_eager", *key, _clocks(lambda: block(x_in), rs, est, self.budget_s), rel_err_vs_rawgraph=err)
+            self.record(
+                "torch_eager", *key, _clocks(lambda: block(x_in), rs, est, self.budget_s), rel_err_vs_rawgraph=err
+            )
             static_in = x_in.clone()
             for _ in range(3):
                 block(static_in)
@@ -261,16 +301,17 @@ class Runner:
             self.record("torch_graph", *key, _clocks(g.replay, rs, est, self.budget_s), capture_ms=cap_ms)
             src = x_in.clone()
 
-            def copy_replay():
+            def copy_replay():  # timed before the `del g` below (pyflakes reads it as undefining g)
                 static_in.copy_(src)
-                g.replay()
+                g.replay()  # noqa: F821
 
             self.record("torch_graph_copy", *key, _clocks(copy_replay, rs, est, self.budget_s))
             try:
                 self._torch_graph_rebind(torch, block, static_in, static_out, tstream, rs, key, est)
             except Exception as exc:  # torch < 2.8 (no keep_graph), or a refusal: reported, not fatal
-                self.findings.append(f"torch_graph_rebind skipped at L{layers} w{width} b{batch}: "
-                                     f"{type(exc).__name__}: {exc}")
+                self.findings.append(
+                    f"torch_graph_rebind skipped at L{layers} w{width} b{batch}: {type(exc).__name__}: {exc}"
+                )
             del g
 
     def _torch_graph_rebind(self, torch, block, static_in, ref_out, tstream, rs, key, est) -> None:
@@ -312,15 +353,26 @@ class Runner:
             for i in (0, 1, 0, 1, 0, 1, 0, 1, 0, 1):
                 reb.apply(pairs[i])
             applies.append((time.perf_counter() - t0) * 1e5)
-        self.record("torch_graph_rebind", form, layers, width, batch, clocks, apply_us=stats(applies),
-                    nodes=len(reb.nodes), nodes_rebound=len(pairs[0].kernels) + len(pairs[0].memory))
+        self.record(
+            "torch_graph_rebind",
+            form,
+            layers,
+            width,
+            batch,
+            clocks,
+            apply_us=stats(applies),
+            nodes=len(reb.nodes),
+            nodes_rebound=len(pairs[0].kernels) + len(pairs[0].memory),
+        )
         tstream.synchronize()
         reb.exec.close()
         adopted.close()
         del g
 
     # -- cupy ---------------------------------------------------------------------------------
-    def cupy_paths(self, layers: int, width: int, batch: int, model: TinyBlock, x_buf: DeviceBuffer, ref: np.ndarray) -> None:
+    def cupy_paths(
+        self, layers: int, width: int, batch: int, model: TinyBlock, x_buf: DeviceBuffer, ref: np.ndarray
+    ) -> None:
         cp = self.cupy
         if cp is None:
             return
@@ -358,8 +410,8 @@ class Runner:
 
     def _cupy_rawkernel_graph(self, cp, cstream, rs, key, model, x, ref_cupy, est) -> None:
         """The same block from rawgraph's own .cu sources as CuPy RawKernels, captured by CuPy."""
-        from ..runtime.module import kernel_source
         from ..ops import matmul_expr, matmul_file, matmul_shape
+        from ..runtime.module import kernel_source
 
         shape = matmul_shape(model.batch, model.width, model.width, self.dev.info.multiprocessors)
         exprs = [matmul_expr("relu", shape), matmul_expr("add", shape)]
@@ -374,11 +426,14 @@ class Runner:
         # The argument list comes from rawgraph's own launch of the same cut, so it follows the
         # kernels' parameters: CuPy passes exactly the tuple it is given, and the driver reads as
         # many parameters as the kernel declares (a short tuple made it read past the end).
-        views = {n: DeviceArray(int(arr.data.ptr), arr.shape, np.dtype(np.float32), arr)
-                 for n, arr in (("x", x), ("W", ws[0][0]), ("y", a))}
+        views = {
+            n: DeviceArray(int(arr.data.ptr), arr.shape, np.dtype(np.float32), arr)
+            for n, arr in (("x", x), ("W", ws[0][0]), ("y", a))
+        }
         spec_launch = ops.matmul(self.dev, views, "x", "W", "y", "relu", shape=shape)
-        spec = [(n, k, None if k == "ptr" else ARG_DTYPES[k].type(spec_launch.args[n]))
-                for n, k in spec_launch.args.spec]
+        spec = [
+            (n, k, None if k == "ptr" else ARG_DTYPES[k].type(spec_launch.args[n])) for n, k in spec_launch.args.spec
+        ]
 
         def args(**arrays):
             return tuple(arrays[n] if n in arrays else (np.uint64(0) if v is None else v) for n, k, v in spec)
@@ -409,17 +464,27 @@ class Runner:
         err = float(np.linalg.norm(got - ref_cupy) / np.linalg.norm(ref_cupy))
         if not err < 1e-4:
             raise AssertionError(f"cupy RawKernel graph differs from the cuBLAS block by {err:.2e}")
-        self.record("cupy_graph", key[0], key[1], key[2], key[3], _clocks(lambda: graph.launch(cstream), rs, est, self.budget_s),
-                    note="CuPy RawKernels from kernels/matmul.cu (the fused form's kernels, no PDL)", rel_err_vs_cupy_eager=err)
+        self.record(
+            "cupy_graph",
+            key[0],
+            key[1],
+            key[2],
+            key[3],
+            _clocks(lambda: graph.launch(cstream), rs, est, self.budget_s),
+            note="CuPy RawKernels from kernels/matmul.cu (the fused form's kernels, no PDL)",
+            rel_err_vs_cupy_eager=err,
+        )
 
 
 def env_info(runner: Runner) -> dict:
     return environment(torch=getattr(runner.torch, "__version__", None), cupy=getattr(runner.cupy, "__version__", None))
 
 
-DESCRIPTION = ("Launch-path benchmark: the same TinyBlock work through every way of launching it (stream, "
-               "graph, copy + replay, exec-update + replay, PyTorch, CuPy), in one process. Writes "
-               "OUT/NAME.json and plots; prints the table and the targets.")
+DESCRIPTION = (
+    "Launch-path benchmark: the same TinyBlock work through every way of launching it (stream, "
+    "graph, copy + replay, exec-update + replay, PyTorch, CuPy), in one process. Writes "
+    "OUT/NAME.json and plots; prints the table and the targets."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -428,17 +493,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="the quick grid: layers 1/64, width 128/1024, batch 1/8")
     p.add_argument("--out", default="benchmarks/results", help="folder for the JSON and the plots")
     p.add_argument("--name", default=None, help="file stem (default: launch_paths, or launch_paths_quick with --quick)")
-    p.add_argument("--budget", type=command.positive_float, default=0.15,
-                   help="seconds per clock per path (the rounds scale to it)")
+    p.add_argument(
+        "--budget",
+        type=command.positive_float,
+        default=0.15,
+        help="seconds per clock per path (the rounds scale to it)",
+    )
     p.add_argument("--no-torch", action="store_true", help="leave out the PyTorch paths")
     p.add_argument("--no-cupy", action="store_true", help="leave out the CuPy paths")
     p.add_argument("--no-micro", action="store_true", help="skip the microcost fits")
-    p.add_argument("--layers", type=command.positive_int, nargs="+",
-                   help="depths to sweep (default: the full or quick grid's)")
-    p.add_argument("--width", type=command.positive_int, nargs="+",
-                   help="widths to sweep (default: the full or quick grid's)")
-    p.add_argument("--batch", type=command.positive_int, nargs="+",
-                   help="batch sizes to sweep (default: the full or quick grid's)")
+    p.add_argument(
+        "--layers", type=command.positive_int, nargs="+", help="depths to sweep (default: the full or quick grid's)"
+    )
+    p.add_argument(
+        "--width", type=command.positive_int, nargs="+", help="widths to sweep (default: the full or quick grid's)"
+    )
+    p.add_argument(
+        "--batch", type=command.positive_int, nargs="+", help="batch sizes to sweep (default: the full or quick grid's)"
+    )
     return p
 
 
@@ -488,8 +560,14 @@ def collect(args: argparse.Namespace) -> dict:
         model.close()
         for x in xs:
             x.close()
-    result = {"env": env_info(runner), "grid": grid, "findings": runner.findings, "microcosts": micro,
-              "records": runner.records, "wall_s": time.perf_counter() - t_start}
+    result = {
+        "env": env_info(runner),
+        "grid": grid,
+        "findings": runner.findings,
+        "microcosts": micro,
+        "records": runner.records,
+        "wall_s": time.perf_counter() - t_start,
+    }
     path = out_dir / f"{name}.json"
     path.write_text(json.dumps(result, indent=1))
     from .report import plots

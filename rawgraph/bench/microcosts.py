@@ -49,8 +49,8 @@ def _empty_graph(nodes: int, stream: Stream):
 def _bind_costs(stream: Stream) -> dict:
     """``ExecUpdateManager.bind`` per call on a 1-node graph: alternating between two checked
     inputs (one SetParams each) and re-binding the bound one (no driver call)."""
-    from ..updates.manager import ExecUpdateManager
     from ..runtime.memory import DeviceBuffer
+    from ..updates.manager import ExecUpdateManager
 
     dev = get_device()
     bufs = {n: DeviceBuffer(256) for n in ("x", "x2", "y")}
@@ -66,8 +66,10 @@ def _bind_costs(stream: Stream) -> dict:
         state[0] ^= 1
         mgr.bind("x", pair[state[0]])
 
-    out = {"manager_bind_1_node": _per_call(alternate, stream, n=2000),
-           "manager_bind_same": _per_call(lambda: mgr.bind("x", pair[state[0]]), stream, n=2000)}
+    out = {
+        "manager_bind_1_node": _per_call(alternate, stream, n=2000),
+        "manager_bind_same": _per_call(lambda: mgr.bind("x", pair[state[0]]), stream, n=2000),
+    }
     mgr.close()
     mgr.exec.close()
     cap.captured.close()
@@ -99,7 +101,9 @@ def measure(sizes=SIZES, torch_ok: bool = True) -> dict:
 
             def ex_plain():
                 plain_cfg.hStream = stream.handle
-                check(driver.cuLaunchKernelEx(plain_cfg, plain.kernel.handle, plain.args.address, 0), "cuLaunchKernelEx")
+                check(
+                    driver.cuLaunchKernelEx(plain_cfg, plain.kernel.handle, plain.args.address, 0), "cuLaunchKernelEx"
+                )
 
             out["cuLaunchKernelEx_plain"] = _per_call(ex_plain, stream)
         out.update(_bind_costs(stream))
@@ -108,18 +112,20 @@ def measure(sizes=SIZES, torch_ok: bool = True) -> dict:
             g = _empty_graph(n, stream)
             g2 = _empty_graph(n, stream)
             exe = g.instantiate()
-            rows["cuGraphLaunch"].append((n, _per_call(lambda: exe.launch(stream), stream, n=200)))
+            rows["cuGraphLaunch"].append((n, _per_call(lambda exe=exe: exe.launch(stream), stream, n=200)))
             node = g.nodes[0]
             p = driver.CUDA_KERNEL_NODE_PARAMS()
             p.func, p.gridDimX, p.gridDimY, p.gridDimZ = node.launch.kernel.handle, 1, 1, 1
             p.blockDimX, p.blockDimY, p.blockDimZ, p.kernelParams = 1, 1, 1, node.launch.args.address
             p.sharedMemBytes, p.extra, p.kern, p.ctx = 0, 0, 0, 0  # every field set (see Launch.node_params)
 
-            def setp():
-                check(driver.cuGraphExecKernelNodeSetParams(exe.handle, node.handle, p), "cuGraphExecKernelNodeSetParams")
+            def setp(exe=exe, node=node, p=p):
+                check(
+                    driver.cuGraphExecKernelNodeSetParams(exe.handle, node.handle, p), "cuGraphExecKernelNodeSetParams"
+                )
 
             rows["cuGraphExecKernelNodeSetParams"].append((n, _per_call(setp, stream, n=500)))
-            rows["cuGraphExecUpdate"].append((n, _per_call(lambda: exe.update(g2), stream, n=50)))
+            rows["cuGraphExecUpdate"].append((n, _per_call(lambda exe=exe, g2=g2: exe.update(g2), stream, n=50)))
             exe.close()
             g.close()
             g2.close()
@@ -131,12 +137,17 @@ def measure(sizes=SIZES, torch_ok: bool = True) -> dict:
                 "points": [{"nodes": n, **s} for n, s in pts],
                 "fit": {"fixed_us": float(fixed), "per_node_us": float(per_node)},
             }
-    out["bind_breakdown"] = {form: bind_breakdown(form=form, torch_ok=torch_ok) for form in ("fused", "block") if form != "block" or ops.has_clusters(dev)}
+    out["bind_breakdown"] = {
+        form: bind_breakdown(form=form, torch_ok=torch_ok)
+        for form in ("fused", "block")
+        if form != "block" or ops.has_clusters(dev)
+    }
     return out
 
 
-def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: str = "fused",
-                   torch_ok: bool = True) -> dict:
+def bind_breakdown(
+    rounds: int = 1500, width: int = 128, batch: int = 1, form: str = "fused", torch_ok: bool = True
+) -> dict:
     """Where the time of re-binding input and output + replay goes (one process, interleaved rounds).
 
     Per round, in turn, each a synchronized step on the same exec alternating between the same two
@@ -156,10 +167,10 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
     cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     from ..graphs.capture import capture_plan
-    from ..updates.manager import ExecUpdateManager
-    from ..runtime.memory import DeviceBuffer
     from ..models.tinyblock import TinyBlock
+    from ..runtime.memory import DeviceBuffer
     from ..runtime.stream import Event
+    from ..updates.manager import ExecUpdateManager
 
     rng = np.random.default_rng(5)
     s = Stream()
@@ -177,9 +188,22 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
     nodes = sorted({n for name in ("x", "out") for n, _a, _r in mgr.bindings[name]})
     setp = driver.cuGraphExecKernelNodeSetParams
     clock = time.perf_counter
-    names = ["replay", "apply2_replay", "bind2_replay", "raw_setparams_replay", "bind2_noop_replay", "apply2_call",
-             "bind2_call", "raw_setparams_call", "raw_changed_setparams_replay", "raw_changed_setparams_call", "launch_call_after_push", "launch_call_no_push", "device_after_push",
-             "device_no_push"]
+    names = [
+        "replay",
+        "apply2_replay",
+        "bind2_replay",
+        "raw_setparams_replay",
+        "bind2_noop_replay",
+        "apply2_call",
+        "bind2_call",
+        "raw_setparams_call",
+        "raw_changed_setparams_replay",
+        "raw_changed_setparams_call",
+        "launch_call_after_push",
+        "launch_call_no_push",
+        "device_after_push",
+        "device_no_push",
+    ]
     torch_step = _torch_block(model, xs[0], torch_ok)
     if torch_step is not None:
         names += ["torch_graph_replay", "torch_graph_copy_replay"]
@@ -215,15 +239,29 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
     for r in range(rounds + 50):
         keep = r >= 50  # warm-up rounds are not kept
         # replay alone (no push since the last launch)
-        ev[0].record(s); t1 = clock(); exe.launch(s); t2 = clock(); ev[1].record(s); s.synchronize(); t3 = clock()
+        ev[0].record(s)
+        t1 = clock()
+        exe.launch(s)
+        t2 = clock()
+        ev[1].record(s)
+        s.synchronize()
+        t3 = clock()
         if keep:
             samples["replay"].append((t3 - t1) * 1e6)  # launch, end event, synchronize
             samples["launch_call_no_push"].append((t2 - t1) * 1e6)
             samples["device_no_push"].append(ev[0].elapsed_ms(ev[1]) * 1e3)
         # a prepared binding applied, then replay
         state[0] ^= 1
-        t0 = clock(); mgr.apply(prepared[state[0]]); t1 = clock(); ev[0].record(s); t2 = clock(); exe.launch(s); t3 = clock()
-        ev[1].record(s); s.synchronize(); t4 = clock()
+        t0 = clock()
+        mgr.apply(prepared[state[0]])
+        t1 = clock()
+        ev[0].record(s)
+        t2 = clock()
+        exe.launch(s)
+        t3 = clock()
+        ev[1].record(s)
+        s.synchronize()
+        t4 = clock()
         if keep:
             samples["apply2_replay"].append(((t1 - t0) + (t4 - t2)) * 1e6)  # apply, then as "replay"
             samples["apply2_call"].append((t1 - t0) * 1e6)
@@ -231,24 +269,46 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
             samples["device_after_push"].append(ev[0].elapsed_ms(ev[1]) * 1e3)
         # bind_many of the two names, then replay
         state[0] ^= 1
-        t0 = clock(); mgr.bind_many(pairs[state[0]]); t1 = clock(); exe.launch(s); ev[1].record(s); s.synchronize()
+        t0 = clock()
+        mgr.bind_many(pairs[state[0]])
+        t1 = clock()
+        exe.launch(s)
+        ev[1].record(s)
+        s.synchronize()
         t2 = clock()
         if keep:
             samples["bind2_replay"].append((t2 - t0) * 1e6)
             samples["bind2_call"].append((t1 - t0) * 1e6)
         # the same pushes straight to the driver, then replay
-        t0 = clock(); push_raw(); t1 = clock(); exe.launch(s); ev[1].record(s); s.synchronize(); t2 = clock()
+        t0 = clock()
+        push_raw()
+        t1 = clock()
+        exe.launch(s)
+        ev[1].record(s)
+        s.synchronize()
+        t2 = clock()
         if keep:
             samples["raw_setparams_replay"].append((t2 - t0) * 1e6)
             samples["raw_setparams_call"].append((t1 - t0) * 1e6)
         # changed pointers pushed straight from ready argument blocks, then the manager's back
-        t0 = clock(); push_changed(state[0] ^ 1); t1 = clock(); exe.launch(s); ev[1].record(s); s.synchronize(); t2 = clock()
+        t0 = clock()
+        push_changed(state[0] ^ 1)
+        t1 = clock()
+        exe.launch(s)
+        ev[1].record(s)
+        s.synchronize()
+        t2 = clock()
         push_raw()
         if keep:
             samples["raw_changed_setparams_replay"].append((t2 - t0) * 1e6)
             samples["raw_changed_setparams_call"].append((t1 - t0) * 1e6)
         # binding what is bound: the manager's fixed cost, no push
-        t0 = clock(); mgr.bind_many(pairs[state[0]]); exe.launch(s); ev[1].record(s); s.synchronize(); t1 = clock()
+        t0 = clock()
+        mgr.bind_many(pairs[state[0]])
+        exe.launch(s)
+        ev[1].record(s)
+        s.synchronize()
+        t1 = clock()
         if keep:
             samples["bind2_noop_replay"].append((t1 - t0) * 1e6)
         if torch_step is not None:
@@ -261,8 +321,10 @@ def bind_breakdown(rounds: int = 1500, width: int = 128, batch: int = 1, form: s
     out["config"] = {"width": width, "batch": batch, "form": form, "rounds": rounds}
     if torch_step is not None:
         ref = out["torch_graph_copy_replay"]["median"]
-        out["ratios_vs_torch_graph_copy"] = {k: out[k]["median"] / ref for k in (
-            "apply2_replay", "bind2_replay", "raw_setparams_replay", "raw_changed_setparams_replay", "replay")}
+        out["ratios_vs_torch_graph_copy"] = {
+            k: out[k]["median"] / ref
+            for k in ("apply2_replay", "bind2_replay", "raw_setparams_replay", "raw_changed_setparams_replay", "replay")
+        }
     mgr.close()
     for obj in (exe, graph, model, *xs, *outs, *ev, s):
         obj.close()
@@ -302,7 +364,7 @@ def _torch_block(model: Any, x: Any, torch_ok: bool) -> Any:
     if not torch.cuda.is_available():
         return None
     torch.backends.cuda.matmul.allow_tf32 = False
-    (w1, w2), = [(torch.as_tensor(a, device="cuda"), torch.as_tensor(b, device="cuda")) for a, b in model.weights]
+    ((w1, w2),) = [(torch.as_tensor(a, device="cuda"), torch.as_tensor(b, device="cuda")) for a, b in model.weights]
     src = torch.as_tensor(x, device="cuda").clone()
     static_in = src.clone()
     tstream = torch.cuda.Stream()
@@ -317,8 +379,14 @@ def _torch_block(model: Any, x: Any, torch_ok: bool) -> Any:
 
     def step() -> dict:
         with torch.cuda.stream(tstream):
-            t0 = clock(); g.replay(); tstream.synchronize(); t1 = clock()
-            static_in.copy_(src); g.replay(); tstream.synchronize(); t2 = clock()
+            t0 = clock()
+            g.replay()
+            tstream.synchronize()
+            t1 = clock()
+            static_in.copy_(src)
+            g.replay()
+            tstream.synchronize()
+            t2 = clock()
         return {"torch_graph_replay": (t1 - t0) * 1e6, "torch_graph_copy_replay": (t2 - t1) * 1e6}
 
     step.keep = (g, w1, w2, src, static_in, tstream)  # type: ignore[attr-defined]

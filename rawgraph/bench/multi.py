@@ -34,7 +34,7 @@ from .provenance import environment
 
 WIDTHS = (1024, 4096)
 BATCHES = (1, 8, 64, 256)
-MESSAGE_FLOATS = tuple(2 ** k for k in range(8, 23, 2))  # 1 KiB .. 16 MiB
+MESSAGE_FLOATS = tuple(2**k for k in range(8, 23, 2))  # 1 KiB .. 16 MiB
 
 
 def _time(step, stream: Stream, iters: int, warmup: int, repeats: int, sync=None) -> float:
@@ -91,7 +91,9 @@ def main(argv=None) -> int:
     t0 = time.time()
     for width in widths:
         for batch in batches:
-            x = DeviceBuffer.from_numpy(np.random.default_rng(0).standard_normal((batch, width), dtype=np.float32), device)
+            x = DeviceBuffer.from_numpy(
+                np.random.default_rng(0).standard_normal((batch, width), dtype=np.float32), device
+            )
             out = DeviceBuffer((batch, width), np.float32, device)
             row: dict[str, float] = {"width": width, "batch": batch, "world": env.world}
             for kind, kw in (("nccl", {"comm": comm}), ("custom", {"peer": peer})):
@@ -104,7 +106,14 @@ def main(argv=None) -> int:
                 row[f"block_{kind}_ms"] = (time.perf_counter() - c0) * 1e3
                 row[f"block_{kind}_bytes"] = free0 - device.memory_info()[0]
                 if kind == "nccl":
-                    row["eager_us"] = _time(lambda s: block.forward(x, out, s), stream, ns.iters, ns.warmup, ns.repeats, align)
+                    row["eager_us"] = _time(
+                        lambda s, block=block, x=x, out=out: block.forward(x, out, s),
+                        stream,
+                        ns.iters,
+                        ns.warmup,
+                        ns.repeats,
+                        align,
+                    )
                 stream.synchronize()
                 free0, c0 = device.memory_info()[0], time.perf_counter()
                 graph = block.capture(x, out, stream)
@@ -141,9 +150,14 @@ def main(argv=None) -> int:
     for n in MESSAGE_FLOATS:
         src, dst = NcclBuffer(comm, n), NcclBuffer(comm, n)
         red = DeviceBuffer((n,), np.float32, device)
-        m = {"floats": n, "bytes": 4 * n,
-             "nccl_us": _time(lambda s: comm.all_reduce(src, dst, s), stream, ns.iters, ns.warmup, ns.repeats, align),
-             "custom_us": _time(lambda s: peer(n, red, s), stream, ns.iters, ns.warmup, ns.repeats, align)}
+        m = {
+            "floats": n,
+            "bytes": 4 * n,
+            "nccl_us": _time(
+                lambda s, src=src, dst=dst: comm.all_reduce(src, dst, s), stream, ns.iters, ns.warmup, ns.repeats, align
+            ),
+            "custom_us": _time(lambda s, n=n, red=red: peer(n, red, s), stream, ns.iters, ns.warmup, ns.repeats, align),
+        }
         m["custom_over_nccl"] = m["custom_us"] / m["nccl_us"]
         messages.append(m)
         for b in (src, dst, red):
@@ -151,8 +165,11 @@ def main(argv=None) -> int:
         heartbeat(env)
         if env.rank == 0:
             print(json.dumps(m), flush=True)
-    result = {"environment": environment(world=env.world, seconds=round(time.time() - t0, 1)),
-              "steps": rows, "all_reduce": messages}
+    result = {
+        "environment": environment(world=env.world, seconds=round(time.time() - t0, 1)),
+        "steps": rows,
+        "all_reduce": messages,
+    }
     if env.rank == 0 and ns.out:
         with open(ns.out, "w") as f:
             json.dump(result, f, indent=1)

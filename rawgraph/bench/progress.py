@@ -16,8 +16,9 @@ from __future__ import annotations
 import importlib
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from types import TracebackType
-from typing import Any, Iterable, Iterator, TextIO, TypeVar
+from typing import Any, TextIO, TypeVar
 
 T = TypeVar("T")
 
@@ -94,8 +95,9 @@ class SweepProgress:
         whenever rich imports (drawn as if on a terminal). False: plain lines.
     """
 
-    def __init__(self, total: int, title: str, *, plots: bool = False, file: TextIO | None = None,
-                 use_rich: bool | None = None) -> None:
+    def __init__(
+        self, total: int, title: str, *, plots: bool = False, file: TextIO | None = None, use_rich: bool | None = None
+    ) -> None:
         self.total = total
         self.title = title
         self.plots = plots
@@ -120,15 +122,27 @@ class SweepProgress:
         want = out.isatty() if self.use_rich is None else self.use_rich
         if want and importable("rich"):
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             # speed_estimate_period: rich's ETA otherwise averages over the last 30 s only, and
             # forgets its speed (shows -:--:--) once one configuration takes longer than that.
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                                 console=Console(file=out, force_terminal=True if self.use_rich else None),
-                                 speed_estimate_period=24 * 3600.0)
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=Console(file=out, force_terminal=True if self.use_rich else None),
+                speed_estimate_period=24 * 3600.0,
+            )
             self._task = self._bar.add_task(self.title, total=self.total)
             self._bar.start()
         self._t0 = time.perf_counter()
@@ -159,15 +173,18 @@ class SweepProgress:
             return
         elapsed = time.perf_counter() - self._t0
         eta = duration(elapsed / done * (self.total - done)) if done else "?"
-        print(f"[{self.steps}/{self.total}] {label} (elapsed {duration(elapsed)}, eta {eta})", file=self.file, flush=True)
+        print(
+            f"[{self.steps}/{self.total}] {label} (elapsed {duration(elapsed)}, eta {eta})", file=self.file, flush=True
+        )
 
     def detail(self, text: str) -> None:
         """Show where inside the current configuration the run is (bar only: a log gets no line)."""
         if self._bar is not None:
             self._bar.update(self._task, description=f"{self.title}: {self._label} {text}", refresh=True)
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         elapsed = duration(time.perf_counter() - self._t0)
         if self._bar is not None:
             if exc_type is None:

@@ -26,10 +26,16 @@ def commit() -> str:
         return env
     root = Path(__file__).resolve().parents[2]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (head + ("+dirty" if dirty else "")) if head else "unknown"
@@ -52,7 +58,7 @@ def environment(**extra: Any) -> dict[str, Any]:
         "gpu": get_device().info.name if gpu_available() else None,
         "driver": driver_version(),
         "cuda_bindings": _version("cuda-bindings"),
-        "nvrtc": "%d.%d" % nvrtc_version(),
+        "nvrtc": "{}.{}".format(*nvrtc_version()),
         "torch": _version("torch"),
         "cupy": _version("cupy-cuda13x") or _version("cupy"),
         "python": platform.python_version(),

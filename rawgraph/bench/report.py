@@ -12,14 +12,33 @@ import json
 import sys
 import tempfile
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import command
 from .progress import INSTALL_HINT, importable
 
-PATH_ORDER = ["stream", "graph", "graph_nopdl", "graph_copy", "graph_update", "graph_update2", "graph_indirect", "graph_indirect_mapped", "graph_exec_update", "torch_eager", "torch_graph",
-              "torch_graph_copy", "torch_graph_rebind", "cupy_eager", "cupy_graph", "floor_sync", "floor_empty_kernel", "floor_empty_graph"]
+PATH_ORDER = [
+    "stream",
+    "graph",
+    "graph_nopdl",
+    "graph_copy",
+    "graph_update",
+    "graph_update2",
+    "graph_indirect",
+    "graph_indirect_mapped",
+    "graph_exec_update",
+    "torch_eager",
+    "torch_graph",
+    "torch_graph_copy",
+    "torch_graph_rebind",
+    "cupy_eager",
+    "cupy_graph",
+    "floor_sync",
+    "floor_empty_kernel",
+    "floor_empty_graph",
+]
 
 
 def _m(rec, clock):
@@ -64,13 +83,18 @@ def table(result: dict) -> str:
         p10-p90, then for each captured graph its capture and instantiate time and the replays
         after which they are paid back; then the host cost per driver call.
     """
-    recs = sorted(result["records"], key=lambda r: (r["layers"], r["width"], r["batch"], PATH_ORDER.index(r["path"]), str(r["form"])))
+    recs = sorted(
+        result["records"],
+        key=lambda r: (r["layers"], r["width"], r["batch"], PATH_ORDER.index(r["path"]), str(r["form"])),
+    )
     head = f"{_KEY_HEAD} {'sync us':>9s} {'p10-p90':>17s} {'host us':>9s} {'device us':>9s}"
     lines = [head, "-" * len(head)]
     for r in recs:
         s = r["sync_us"]
         spread = f"{s['p10']:.1f}-{s['p90']:.1f}" if s else ""
-        lines.append(f"{_key(r)} {_m(r, 'sync_us'):9.2f} {spread:>17s} {_m(r, 'host_us'):9.2f} {_m(r, 'device_us'):9.2f}")
+        lines.append(
+            f"{_key(r)} {_m(r, 'sync_us'):9.2f} {spread:>17s} {_m(r, 'host_us'):9.2f} {_m(r, 'device_us'):9.2f}"
+        )
     built = [r for r in recs if "capture_ms" in r]
     if built:
         head = f"{_KEY_HEAD} {'capture ms':>10s} {'inst ms':>8s}  pays back after"
@@ -102,23 +126,48 @@ def _bind_lines(form: str, b: dict) -> list[str]:
     def row(title: str, items: list[tuple[str, str]]) -> str:
         return f"  {title}: " + " | ".join(f"{label} {m[k]:.2f}" for label, k in items if k in m)
 
-    lines = [f"re-binding x and out, {form} w{b['config']['width']} b{b['config']['batch']}, "
-             f"{b['nodes_pushed']} nodes pushed, interleaved rounds (median us):",
-             row("per step", [("replay", "replay"), ("apply2+replay", "apply2_replay"),
-                              ("bind_many2+replay", "bind2_replay")]),
-             row("per step", [("raw pushes+replay", "raw_setparams_replay"),
-                              ("raw changed pushes+replay", "raw_changed_setparams_replay")]),
-             row("calls", [("apply2", "apply2_call"), ("bind_many2", "bind2_call"), ("raw pushes", "raw_setparams_call"),
-                           ("raw changed pushes", "raw_changed_setparams_call")]),
-             row("calls", [("apply2 Python", "apply2_python_us"), ("no-op bind_many2+replay", "bind2_noop_replay")]),
-             row("after push / none", [("cuGraphLaunch", "launch_call_after_push"), ("/", "launch_call_no_push"),
-                                       ("device", "device_after_push"), ("/", "device_no_push")])]
+    lines = [
+        f"re-binding x and out, {form} w{b['config']['width']} b{b['config']['batch']}, "
+        f"{b['nodes_pushed']} nodes pushed, interleaved rounds (median us):",
+        row(
+            "per step",
+            [("replay", "replay"), ("apply2+replay", "apply2_replay"), ("bind_many2+replay", "bind2_replay")],
+        ),
+        row(
+            "per step",
+            [
+                ("raw pushes+replay", "raw_setparams_replay"),
+                ("raw changed pushes+replay", "raw_changed_setparams_replay"),
+            ],
+        ),
+        row(
+            "calls",
+            [
+                ("apply2", "apply2_call"),
+                ("bind_many2", "bind2_call"),
+                ("raw pushes", "raw_setparams_call"),
+                ("raw changed pushes", "raw_changed_setparams_call"),
+            ],
+        ),
+        row("calls", [("apply2 Python", "apply2_python_us"), ("no-op bind_many2+replay", "bind2_noop_replay")]),
+        row(
+            "after push / none",
+            [
+                ("cuGraphLaunch", "launch_call_after_push"),
+                ("/", "launch_call_no_push"),
+                ("device", "device_after_push"),
+                ("/", "device_no_push"),
+            ],
+        ),
+    ]
     if "torch_graph_copy_replay" in m:
         r = b["ratios_vs_torch_graph_copy"]
         lines.append(row("torch", [("replay", "torch_graph_replay"), ("copy_+replay", "torch_graph_copy_replay")]))
         short = {"raw_setparams_replay": "raw", "raw_changed_setparams_replay": "raw changed"}
-        lines.append("  vs torch copy_+replay: " + ", ".join(
-            f"{short.get(k, k.replace('_replay', ''))} {v:.2f}x" for k, v in r.items()))
+        lines.append(
+            "  vs torch copy_+replay: "
+            + ", ".join(f"{short.get(k, k.replace('_replay', ''))} {v:.2f}x" for k, v in r.items())
+        )
     return lines
 
 
@@ -151,7 +200,11 @@ def targets(result: dict) -> str:
     """Each launch-path target per rawgraph form (synced clock medians): ratio and met/missed."""
     lines = []
     for label, cfg, path, ref_path, limit in TARGETS:
-        forms = ["unfused"] if "unfused" in label else (["fused", "block"] if "fused" in label else ["unfused", "fused", "block"])
+        forms = (
+            ["unfused"]
+            if "unfused" in label
+            else (["fused", "block"] if "fused" in label else ["unfused", "fused", "block"])
+        )
         for form in forms:
             rec = _find(result, path, form, cfg)
             ref = _find(result, ref_path, form if ref_path.startswith("graph") else None, cfg)
@@ -169,7 +222,9 @@ def targets(result: dict) -> str:
                 continue
             a, b = _m(rec, "sync_us"), _m(ref, "sync_us")
             label = f"1 block: {path} <= graph + 1.5 us"
-            lines.append(f"{label:48s} {form:8s} {a:8.2f} - {b:8.2f} = {a - b:5.2f}  {'met' if a - b <= 1.5 else 'MISSED'}")
+            lines.append(
+                f"{label:48s} {form:8s} {a:8.2f} - {b:8.2f} = {a - b:5.2f}  {'met' if a - b <= 1.5 else 'MISSED'}"
+            )
     return "\n".join(lines)
 
 
@@ -207,20 +262,33 @@ def plots(result: dict, out_dir: Path, stem: str) -> list[Path]:
     layers = sorted({r["layers"] for r in recs})
     batch = min(r["batch"] for r in recs)
     written = []
-    for axis, fixed_name, fixed_vals, var in (("layers", "width", widths, "layers"), ("width", "layers", layers, "width")):
+    for axis, fixed_name, fixed_vals, var in (
+        ("layers", "width", widths, "layers"),
+        ("width", "layers", layers, "width"),
+    ):
         fig, axes = plt.subplots(1, len(fixed_vals), figsize=(5.5 * len(fixed_vals), 4.5), squeeze=False)
         cmap = plt.get_cmap("tab20")
         colors = [cmap(i) for i in range(20)]
         for ax, fv in zip(axes[0], fixed_vals):
             for ci, path in enumerate(PATH_ORDER):
                 for form in ("unfused", "fused", "block", None):
-                    pts = sorted((r[var], _m(r, "sync_us")) for r in recs
-                                 if r["path"] == path and r["form"] == form and r[fixed_name] == fv and r["batch"] == batch)
+                    pts = sorted(
+                        (r[var], _m(r, "sync_us"))
+                        for r in recs
+                        if r["path"] == path and r["form"] == form and r[fixed_name] == fv and r["batch"] == batch
+                    )
                     if pts:
                         label = path + (f" ({form})" if form else "")
-                        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker={"fused": "s", "block": "^"}.get(form or "", "o"),
-                                label=label, color=colors[(2 * ci) % 20 if ci < 10 else (2 * ci + 1) % 20],
-                                linestyle={"fused": "--", "block": ":"}.get(form or "", "-"), lw=1.2, ms=4)
+                        ax.plot(
+                            [p[0] for p in pts],
+                            [p[1] for p in pts],
+                            marker={"fused": "s", "block": "^"}.get(form or "", "o"),
+                            label=label,
+                            color=colors[(2 * ci) % 20 if ci < 10 else (2 * ci + 1) % 20],
+                            linestyle={"fused": "--", "block": ":"}.get(form or "", "-"),
+                            lw=1.2,
+                            ms=4,
+                        )
             if "floor_empty_graph" in floors:
                 ax.axhline(floors["floor_empty_graph"], color="gray", lw=0.8, ls=":", label="empty graph + sync")
             ax.set_xscale("log", base=2)
@@ -251,10 +319,20 @@ def render(result: dict) -> str:
 KINDS: list[tuple[str, Callable[[dict], bool], str, str, str | None]] = [
     ("paths", lambda r: "records" in r and "grid" in r, "rawgraph.bench.report", "render", "plots"),
     # benchmarks/gemm_sweep.py writes rows and copy_GBps too, but with best_cuts and rows of M, N, K
-    ("kernels", lambda r: "rows" in r and "copy_GBps" in r and "best_cuts" not in r, "rawgraph.bench.kernel_times",
-     "render", None),
-    ("buckets", lambda r: "uniform" in r and "decode" in r and "strategies" in r, "rawgraph.bench.buckets", "render",
-     "plots"),
+    (
+        "kernels",
+        lambda r: "rows" in r and "copy_GBps" in r and "best_cuts" not in r,
+        "rawgraph.bench.kernel_times",
+        "render",
+        None,
+    ),
+    (
+        "buckets",
+        lambda r: "uniform" in r and "decode" in r and "strategies" in r,
+        "rawgraph.bench.buckets",
+        "render",
+        "plots",
+    ),
     ("slots", lambda r: "bare_launch_us" in r and "strategies" in r, "rawgraph.bench.slots", "report", None),
     ("choose", lambda r: "best_fixed" in r and "us_per_step" in r, "rawgraph.bench.choose", "render", None),
 ]
@@ -279,11 +357,14 @@ def html_page(title: str, text: str, pngs: list[Path], note: str | None, env: di
     or ``note`` where there are none."""
     env = env or {}
     facts = ", ".join(f"{k} {env[k]}" for k in ("commit", "gpu", "driver", "date") if env.get(k))
-    parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>{html.escape(title)}</title>",
-             "<style>body{font-family:sans-serif;margin:2em} pre{font-size:12px;line-height:1.25} "
-             "img{max-width:100%;display:block;margin:1em 0}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1>"]
+    parts = [
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>",
+        "<style>body{font-family:sans-serif;margin:2em} pre{font-size:12px;line-height:1.25} "
+        "img{max-width:100%;display:block;margin:1em 0}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+    ]
     if facts:
         parts.append(f"<p>{html.escape(facts)}</p>")
     parts.append(f"<pre>{html.escape(text)}</pre>")
@@ -300,13 +381,20 @@ def html_page(title: str, text: str, pngs: list[Path], note: str | None, env: di
 
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``rawgraph bench report`` (no GPU needed, ever)."""
-    p = command.parser("rawgraph bench report",
-                       "Render a results file again, with no GPU: the table on stdout, and an HTML page with the "
-                       "table and the plots (plots need matplotlib). Reads the JSON any suite wrote "
-                       "(paths, kernels, buckets, slots, choose).", json_help="")
+    p = command.parser(
+        "rawgraph bench report",
+        "Render a results file again, with no GPU: the table on stdout, and an HTML page with the "
+        "table and the plots (plots need matplotlib). Reads the JSON any suite wrote "
+        "(paths, kernels, buckets, slots, choose).",
+        json_help="",
+    )
     p.add_argument("file", metavar="FILE", help="a results JSON written by a rawgraph bench suite")
-    p.add_argument("--html", metavar="PATH", default=None,
-                   help="where to write the HTML page (default: FILE's name with .html, in the current folder)")
+    p.add_argument(
+        "--html",
+        metavar="PATH",
+        default=None,
+        help="where to write the HTML page (default: FILE's name with .html, in the current folder)",
+    )
     p.add_argument("--no-html", action="store_true", help="print the table only; write no page")
     p.add_argument("--no-plots", action="store_true", help="leave the plots out of the page")
     return p
@@ -330,14 +418,19 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"cannot read {path}: {exc}")
     kind = kind_of(result)
     if kind is None:
-        p.error(f"{path} is no rawgraph bench results file (expected one written by a suite: "
-                f"{', '.join(name for name, *_ in KINDS)})")
+        p.error(
+            f"{path} is no rawgraph bench results file (expected one written by a suite: "
+            f"{', '.join(name for name, *_ in KINDS)})"
+        )
     text_of, draw = renderers(kind)
     try:
         text = text_of(result)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        print(f"rawgraph bench report: cannot render {path} as {kind} results ({type(exc).__name__}: {exc}); "
-              "it may predate this version of the renderer", file=sys.stderr)
+        print(
+            f"rawgraph bench report: cannot render {path} as {kind} results ({type(exc).__name__}: {exc}); "
+            "it may predate this version of the renderer",
+            file=sys.stderr,
+        )
         return command.EX_FAILED
     print(text, flush=True)
     if args.no_html:

@@ -13,18 +13,20 @@ import numpy as np
 
 from .. import __version__
 from ..graphs.capture import capture_plan
+from ..graphs.graph import read_node_args
+from ..models.tinyblock import TinyBlock
 from ..runtime.device import get_device
 from ..runtime.errors import ArrayError
-from ..graphs.graph import read_node_args
-from ..updates.manager import ExecUpdateManager
 from ..runtime.memory import DeviceBuffer
-from ..models.tinyblock import TinyBlock
-from ..updates.static import StaticGraph
 from ..runtime.stream import Stream
 from ..runtime.timing import stats, synced_us
+from ..updates.manager import ExecUpdateManager
+from ..updates.static import StaticGraph
 
 
-def run(width: int = 128, batch: int = 1, layers: int = 1, form: str = "unfused", rounds: int = 200, seed: int = 83) -> dict:
+def run(
+    width: int = 128, batch: int = 1, layers: int = 1, form: str = "unfused", rounds: int = 200, seed: int = 83
+) -> dict:
     dev = get_device()
     rng = np.random.default_rng(seed)
     stream = Stream()

@@ -49,32 +49,36 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.memory import DeviceArray, DeviceBuffer
 from ..models.tinyblock import TinyBlock
-from ..serving import SlotPool
-from ..serving.sizes import pick_bucket, vllm_sizes
+from ..runtime.memory import DeviceArray, DeviceBuffer
 from ..runtime.stream import Stream
 from ..runtime.timing import stats
+from ..serving import SlotPool
+from ..serving.sizes import pick_bucket, vllm_sizes
 from . import command
 from .provenance import environment
 
 STRATEGIES = ("graph_table", "graph_table_kernels", "copy_table", "setparams", "torch_vllm")
-POOL_OPTIONS = {"graph_table": {"table": "graph", "gather": "fused"},
-                "graph_table_kernels": {"table": "graph", "gather": "kernels"},
-                "copy_table": {"table": "copy", "gather": "fused"},
-                "setparams": {"table": "params", "gather": "kernels"},
-                # one exec shaped to the live rows on the device: no buckets, no padding
-                "device_shaped": {"shape": "device"},
-                # the same with one plan per band of live counts (each runs the exact-size kernels)
-                "device_bands": {"shape": "device", "bands": "plans"},
-                # a SWITCH node runs the band's plan as captured (padding rows to the band top)
-                "switch_bands": {"shape": "device", "bands": "plans", "select": "switch"},
-                # the same SWITCH over the bucket sizes ("sizes": the pools' list)
-                "switch_sizes": {"shape": "device", "bands": "sizes", "select": "switch"}}
+POOL_OPTIONS = {
+    "graph_table": {"table": "graph", "gather": "fused"},
+    "graph_table_kernels": {"table": "graph", "gather": "kernels"},
+    "copy_table": {"table": "copy", "gather": "fused"},
+    "setparams": {"table": "params", "gather": "kernels"},
+    # one exec shaped to the live rows on the device: no buckets, no padding
+    "device_shaped": {"shape": "device"},
+    # the same with one plan per band of live counts (each runs the exact-size kernels)
+    "device_bands": {"shape": "device", "bands": "plans"},
+    # a SWITCH node runs the band's plan as captured (padding rows to the band top)
+    "switch_bands": {"shape": "device", "bands": "plans", "select": "switch"},
+    # the same SWITCH over the bucket sizes ("sizes": the pools' list)
+    "switch_sizes": {"shape": "device", "bands": "sizes", "select": "switch"},
+}
 RAWGRAPH = tuple(POOL_OPTIONS)
 
 
-def join_leave_trace(steps: int, max_slots: int, rate: float, mean_len: float, seed: int) -> list[tuple[int, list[int]]]:
+def join_leave_trace(
+    steps: int, max_slots: int, rate: float, mean_len: float, seed: int
+) -> list[tuple[int, list[int]]]:
     """Per step: (how many requests join before it, which request ids leave after it).
 
     Requests are numbered in joining order; each lives a geometric number of steps (mean
@@ -184,8 +188,18 @@ class TorchSlots:
         self.ts.synchronize()
 
 
-def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_len: float, seed: int,
-        torch_ok: bool = True, bare: bool = True, rows_from: str = "host") -> dict:
+def run(
+    steps: int,
+    width: int,
+    layers: int,
+    max_slots: int,
+    rate: float,
+    mean_len: float,
+    seed: int,
+    torch_ok: bool = True,
+    bare: bool = True,
+    rows_from: str = "host",
+) -> dict:
     """``rows_from``: where a joining request's row comes from, ``"host"`` (a NumPy row: rawgraph's
     pools copy it with no wait, torch's ``copy_`` from a CPU tensor) or ``"device"``."""
     if rows_from not in ("host", "device"):
@@ -209,9 +223,12 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
     rows_host = rng.standard_normal((row_pool_n, width), dtype=np.float32)
     s = Stream()
     rows = DeviceBuffer.from_numpy(rows_host, stream=s)
-    pools: dict[str, Any] = {k: SlotPool(model, max_slots, sizes, stream=s,
-                                         **({**opts, "bands": sizes} if opts.get("bands") == "sizes" else opts))
-                             for k, opts in POOL_OPTIONS.items()}
+    pools: dict[str, Any] = {
+        k: SlotPool(
+            model, max_slots, sizes, stream=s, **({**opts, "bands": sizes} if opts.get("bands") == "sizes" else opts)
+        )
+        for k, opts in POOL_OPTIONS.items()
+    }
     setup_s = {k: dict(p.setup) for k, p in pools.items()}
     # the bare cuGraphLaunch reference: the same bucket graphs in a pool with no live request (its
     # replays touch only its scratch slot)
@@ -246,16 +263,28 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
                 if rows_from == "host":
                     row = torch_host_rows[i] if k == "torch_vllm" else rows_host[i]
                 else:
-                    row = torch_rows[i] if k == "torch_vllm" else DeviceArray(rows.ptr + i * width * 4, (width,), f32, rows)
+                    row = (
+                        torch_rows[i]
+                        if k == "torch_vllm"
+                        else DeviceArray(rows.ptr + i * width * 4, (width,), f32, rows)
+                    )
                 slot_of[k][r] = pool.join(row)
             if ids:
                 join_us[k].append((clock() - t0) * 1e6)
             if k == "torch_vllm":
                 pool.sync()
-                t0 = clock(); b = pool.step(); t1 = clock(); pool.sync(); t2 = clock()
+                t0 = clock()
+                b = pool.step()
+                t1 = clock()
+                pool.sync()
+                t2 = clock()
             else:
                 s.synchronize()
-                t0 = clock(); b = pool.step(); t1 = clock(); s.synchronize(); t2 = clock()
+                t0 = clock()
+                b = pool.step()
+                t1 = clock()
+                s.synchronize()
+                t2 = clock()
             lat[k].append((b, (t2 - t0) * 1e6))
             host[k].append((t1 - t0) * 1e6)
             t0 = clock()
@@ -269,21 +298,33 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
             assert b is not None
             exe = idle.execs[b]
             s.synchronize()
-            t0 = clock(); exe.launch(s); t1 = clock()
+            t0 = clock()
+            exe.launch(s)
+            t1 = clock()
             s.synchronize()
             bare_us.append((t1 - t0) * 1e6)
     for k in names:  # what is still live at the end finishes here (not counted as finished)
         pool = pools[k]
-        for r, slot in list(slot_of[k].items()):
+        for slot in list(slot_of[k].values()):
             pool.leave(slot)
     finals = {k: {r: v if isinstance(v, np.ndarray) else v.result() for r, v in f.items()} for k, f in finals.items()}
     check = _cross_check(finals)
     out: dict[str, Any] = {
         "env": environment(torch=getattr(torch, "__version__", None)),
-        "config": {"steps": steps, "width": width, "layers": layers, "max_slots": max_slots, "rate": rate,
-                   "mean_len": mean_len, "seed": seed, "sizes": sizes, "requests": total_requests,
-                   "rows_from": rows_from},
-        "setup_s": setup_s, "check": check,
+        "config": {
+            "steps": steps,
+            "width": width,
+            "layers": layers,
+            "max_slots": max_slots,
+            "rate": rate,
+            "mean_len": mean_len,
+            "seed": seed,
+            "sizes": sizes,
+            "requests": total_requests,
+            "rows_from": rows_from,
+        },
+        "setup_s": setup_s,
+        "check": check,
         "bare_launch_us": stats(bare_us) if bare_us else {"median": float("nan")},
     }
     per: dict[str, Any] = {}
@@ -292,13 +333,19 @@ def run(steps: int, width: int, layers: int, max_slots: int, rate: float, mean_l
         for b, v in lat[k]:
             by_bucket.setdefault(b, []).append(v)
         wall = sum(v for _, v in lat[k]) / 1e6
-        per[k] = {"step_us": stats([v for _, v in lat[k]]), "host_us": stats(host[k]),
-                  "join_host_us": stats(join_us[k]) if join_us[k] else None,
-                  "leave_host_us": stats(leave_us[k]) if leave_us[k] else None,
-                  "by_bucket": {str(b): {**stats(v), "p99": float(np.percentile(v, 99)), "steps": len(v)}
-                                for b, v in sorted(by_bucket.items())},
-                  "p99_us": float(np.percentile([v for _, v in lat[k]], 99)),
-                  "requests_per_s": len(finals[k]) / wall if wall else 0.0, "finished": len(finals[k])}
+        per[k] = {
+            "step_us": stats([v for _, v in lat[k]]),
+            "host_us": stats(host[k]),
+            "join_host_us": stats(join_us[k]) if join_us[k] else None,
+            "leave_host_us": stats(leave_us[k]) if leave_us[k] else None,
+            "by_bucket": {
+                str(b): {**stats(v), "p99": float(np.percentile(v, 99)), "steps": len(v)}
+                for b, v in sorted(by_bucket.items())
+            },
+            "p99_us": float(np.percentile([v for _, v in lat[k]], 99)),
+            "requests_per_s": len(finals[k]) / wall if wall else 0.0,
+            "finished": len(finals[k]),
+        }
     out["strategies"] = per
     out["targets"] = targets(out)
     for p in (*pools.values(), *([idle] if idle is not None else [])):
@@ -319,14 +366,20 @@ def _cross_check(finals: dict[str, dict[int, np.ndarray]]) -> dict:
     others = [k for k in RAWGRAPH if k != "graph_table" and k in finals]
     common = sorted(set(ref).intersection(*(finals[k] for k in others)))
     out["rawgraph_requests_compared"] = len(common)
-    out["rawgraph_bit_equal"] = {k: int(sum(np.array_equal(ref[r], finals[k][r], equal_nan=True) for r in common))
-                                 for k in others}
+    out["rawgraph_bit_equal"] = {
+        k: int(sum(np.array_equal(ref[r], finals[k][r], equal_nan=True) for r in common)) for k in others
+    }
     out["rows_finite"] = int(sum(bool(np.isfinite(ref[r]).all()) for r in common))
     if "torch_vllm" in finals:
-        tc = [r for r in sorted(set(ref) & set(finals["torch_vllm"]))
-              if np.isfinite(ref[r]).all() and np.isfinite(finals["torch_vllm"][r]).all()]
-        errs = [float(np.max(np.abs(finals["torch_vllm"][r] - ref[r])) / max(1e-30, float(np.max(np.abs(ref[r])))))
-                for r in tc]
+        tc = [
+            r
+            for r in sorted(set(ref) & set(finals["torch_vllm"]))
+            if np.isfinite(ref[r]).all() and np.isfinite(finals["torch_vllm"][r]).all()
+        ]
+        errs = [
+            float(np.max(np.abs(finals["torch_vllm"][r] - ref[r])) / max(1e-30, float(np.max(np.abs(ref[r])))))
+            for r in tc
+        ]
         out["torch_finite_requests_compared"] = len(tc)
         out["torch_max_rel_err"] = max(errs) if errs else None
     return out
@@ -346,52 +399,76 @@ def targets(result: dict) -> list[dict]:
                     continue
                 worst50 = max(worst50, mine["median"] / t["median"])
                 worst99 = max(worst99, mine["p99"] / t["p99"])
-            rows.append({"target": f"{k}: step p50 <= 0.7x torch_vllm at every bucket", "worst": worst50,
-                         "met": worst50 <= 0.7})
-            rows.append({"target": f"{k}: step p99 <= 0.7x torch_vllm at every bucket", "worst": worst99,
-                         "met": worst99 <= 0.7})
+            rows.append(
+                {"target": f"{k}: step p50 <= 0.7x torch_vllm at every bucket", "worst": worst50, "met": worst50 <= 0.7}
+            )
+            rows.append(
+                {"target": f"{k}: step p99 <= 0.7x torch_vllm at every bucket", "worst": worst99, "met": worst99 <= 0.7}
+            )
     bare = result["bare_launch_us"]["median"]
     for k in RAWGRAPH:
         if k not in per:
             continue
         ratio = per[k]["host_us"]["median"] / bare
-        rows.append({"target": f"{k}: host time per step <= 1.3x bare cuGraphLaunch", "worst": ratio, "met": ratio <= 1.3})
+        rows.append(
+            {"target": f"{k}: host time per step <= 1.3x bare cuGraphLaunch", "worst": ratio, "met": ratio <= 1.3}
+        )
     return rows
 
 
 def report(result: dict) -> str:
-    lines = [f"continuous batching, w{result['config']['width']} L{result['config']['layers']} fused, "
-             f"{result['config']['steps']} steps, {result['config']['requests']} requests, up to "
-             f"{result['config']['max_slots']} slots (us)"]
-    lines.append(f"{'strategy':20s} {'p50':>8s} {'p99':>8s} {'host p50':>9s} {'join p50':>9s} {'leave p50':>9s} "
-                 f"{'req/s':>9s}   (join/leave: host us per step that had any, rows from "
-                 f"{result['config'].get('rows_from', 'device')})")
+    lines = [
+        f"continuous batching, w{result['config']['width']} L{result['config']['layers']} fused, "
+        f"{result['config']['steps']} steps, {result['config']['requests']} requests, up to "
+        f"{result['config']['max_slots']} slots (us)"
+    ]
+    lines.append(
+        f"{'strategy':20s} {'p50':>8s} {'p99':>8s} {'host p50':>9s} {'join p50':>9s} {'leave p50':>9s} "
+        f"{'req/s':>9s}   (join/leave: host us per step that had any, rows from "
+        f"{result['config'].get('rows_from', 'device')})"
+    )
     for k, v in result["strategies"].items():
         j, lv = v.get("join_host_us"), v.get("leave_host_us")
-        lines.append(f"{k:20s} {v['step_us']['median']:8.1f} {v['p99_us']:8.1f} {v['host_us']['median']:9.2f} "
-                     f"{(j or {}).get('median', float('nan')):9.2f} {(lv or {}).get('median', float('nan')):9.2f} "
-                     f"{v['requests_per_s']:9.0f}")
+        lines.append(
+            f"{k:20s} {v['step_us']['median']:8.1f} {v['p99_us']:8.1f} {v['host_us']['median']:9.2f} "
+            f"{(j or {}).get('median', float('nan')):9.2f} {(lv or {}).get('median', float('nan')):9.2f} "
+            f"{v['requests_per_s']:9.0f}"
+        )
     lines.append(f"bare cuGraphLaunch host {result['bare_launch_us']['median']:.2f} us")
     c = result["check"]
-    lines.append(f"check: {c['rawgraph_requests_compared']} requests, bit-equal to graph_table: "
-                 + ", ".join(f"{k} {v}" for k, v in c["rawgraph_bit_equal"].items())
-                 + f"; finite rows {c['rows_finite']}")
+    lines.append(
+        f"check: {c['rawgraph_requests_compared']} requests, bit-equal to graph_table: "
+        + ", ".join(f"{k} {v}" for k, v in c["rawgraph_bit_equal"].items())
+        + f"; finite rows {c['rows_finite']}"
+    )
     if "torch_max_rel_err" in c:
-        lines.append(f"check: torch max rel err {c['torch_max_rel_err']} over {c['torch_finite_requests_compared']} "
-                     "finite requests")
+        lines.append(
+            f"check: torch max rel err {c['torch_max_rel_err']} over {c['torch_finite_requests_compared']} "
+            "finite requests"
+        )
     buckets = sorted({int(b) for v in result["strategies"].values() for b in v["by_bucket"]})
-    lines.append("p50 by bucket: " + "  ".join(
-        f"{b}:" + "/".join(f"{result['strategies'][k]['by_bucket'][str(b)]['median']:.0f}"
-                           for k in result["strategies"] if str(b) in result["strategies"][k]["by_bucket"])
-        for b in buckets))
+    lines.append(
+        "p50 by bucket: "
+        + "  ".join(
+            f"{b}:"
+            + "/".join(
+                f"{result['strategies'][k]['by_bucket'][str(b)]['median']:.0f}"
+                for k in result["strategies"]
+                if str(b) in result["strategies"][k]["by_bucket"]
+            )
+            for b in buckets
+        )
+    )
     for t in result["targets"]:
         lines.append(f"{t['target']:62s} {t['worst']:6.2f}  {'met' if t['met'] else 'MISSED'}")
     return "\n".join(lines)
 
 
-DESCRIPTION = ("Continuous-batching benchmark: requests join and leave between steps, and every step advances "
-               "all live requests through slots and an index table; rawgraph's slot pools against PyTorch the "
-               "vLLM way, on one trace. Writes OUT/slots.json and OUT/slots_table.txt; prints the table.")
+DESCRIPTION = (
+    "Continuous-batching benchmark: requests join and leave between steps, and every step advances "
+    "all live requests through slots and an index table; rawgraph's slot pools against PyTorch the "
+    "vLLM way, on one trace. Writes OUT/slots.json and OUT/slots_table.txt; prints the table."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -403,10 +480,15 @@ def build_parser() -> argparse.ArgumentParser:
     command.add_trace_options(p, rate=2.0, mean_len=48.0, seed=0)
     p.add_argument("--no-torch", action="store_true", help="leave out PyTorch the vLLM way")
     p.add_argument("--no-bare", action="store_true", help="skip the bare cuGraphLaunch reference (and its idle pool)")
-    p.add_argument("--rows", choices=("host", "device"), default="host",
-                   help="a joining request's row: a host NumPy row or a device row")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"),
-                   help="folder for slots.json and slots_table.txt")
+    p.add_argument(
+        "--rows",
+        choices=("host", "device"),
+        default="host",
+        help="a joining request's row: a host NumPy row or a device row",
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("benchmarks/results"), help="folder for slots.json and slots_table.txt"
+    )
     return p
 
 
@@ -414,8 +496,18 @@ def collect(args: argparse.Namespace) -> dict:
     """Run the trace through every strategy; write ``slots.json`` and ``slots_table.txt``; return the result."""
     if not args.no_torch:
         command.optional("torch", "torch", "PyTorch the vLLM way")
-    result = run(args.steps, args.width, args.layers, args.max_slots, args.rate, args.mean_len, args.seed,
-                 not args.no_torch, not args.no_bare, args.rows)
+    result = run(
+        args.steps,
+        args.width,
+        args.layers,
+        args.max_slots,
+        args.rate,
+        args.mean_len,
+        args.seed,
+        not args.no_torch,
+        not args.no_bare,
+        args.rows,
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "slots.json").write_text(json.dumps(result, indent=1))
     (args.out / "slots_table.txt").write_text(report(result) + "\n")

@@ -17,6 +17,7 @@ Sits beside ``serving`` in the import order (runtime -> ops -> graphs -> updates
 control -> models -> bench); nothing below imports it, and it imports no model.
 """
 
+from ..graphs.conditional import add_conditional, capture_conditional, make_handle
 from .device_launch import (
     FIRE_AND_FORGET,
     MODES,
@@ -29,7 +30,6 @@ from .device_launch import (
     device_launch_problems,
     launcher_graph,
 )
-from ..graphs.conditional import add_conditional, capture_conditional, make_handle
 from .loops import DepthLoop, NormGate
 from .rng import (
     PhiloxGenerator,

@@ -44,12 +44,12 @@ from cuda.bindings import driver
 
 from ..graphs.builder import hold_for_replays
 from ..graphs.capture import Capture
+from ..graphs.graph import Graph, GraphExec
 from ..runtime.device import Device
 from ..runtime.errors import ClosedError, RawgraphError, call
-from ..graphs.graph import Graph, GraphExec
-from ..runtime.module import get_kernel
 from ..runtime.launch import ArgUse, KernelArgs, Launch, LaunchPlan
 from ..runtime.memory import DeviceArray, as_device_array, check_array
+from ..runtime.module import get_kernel
 from ..runtime.resource import Resource, release
 from ..runtime.stream import as_stream
 
@@ -102,8 +102,10 @@ def _memcpy_problem(node: Any) -> str | None:
         if mtype == _HOST:
             host = int(getattr(p, f"{side}Host"))
             if not _host_pointer_registered(host):
-                return (f"its {side} is pageable host memory 0x{host:x} (device graphs copy device memory or "
-                        "pinned, device-mapped host memory only)")
+                return (
+                    f"its {side} is pageable host memory 0x{host:x} (device graphs copy device memory or "
+                    "pinned, device-mapped host memory only)"
+                )
     return None
 
 
@@ -203,10 +205,14 @@ class DeviceGraph(Resource):
     def __init__(self, graph: Graph, stream: Any, priority: bool = False, flags: int = 0):
         flags = int(flags)
         if flags & AUTO_FREE:
-            raise DeviceLaunchError("CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH cannot be combined with "
-                                    "DEVICE_LAUNCH (cuGraphInstantiate documents it; the driver returns CUDA_ERROR_INVALID_VALUE)")
+            raise DeviceLaunchError(
+                "CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH cannot be combined with "
+                "DEVICE_LAUNCH (cuGraphInstantiate documents it; the driver returns CUDA_ERROR_INVALID_VALUE)"
+            )
         if flags & UPLOAD:
-            raise DeviceLaunchError("leave out CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: DeviceGraph uploads on the stream it is given")
+            raise DeviceLaunchError(
+                "leave out CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: DeviceGraph uploads on the stream it is given"
+            )
         known = DEVICE_LAUNCH | USE_NODE_PRIORITY
         if flags & ~known:
             raise DeviceLaunchError(f"unknown instantiate flags 0x{flags & ~known:x} for a device graph")
@@ -298,7 +304,7 @@ class LauncherGraph(Graph):
         """What a replay calls into that the driver does not own: the targets' execs."""
         return list(self.target_execs)
 
-    def instantiate(self, flags: int = 0) -> "LauncherExec":
+    def instantiate(self, flags: int = 0) -> LauncherExec:
         """``cuGraphInstantiate`` into a :class:`LauncherExec`.
 
         Raises
@@ -347,20 +353,37 @@ class LauncherExec(GraphExec):
 def _check_targets(targets: tuple[DeviceGraph, ...]) -> None:
     for t in targets:
         if not t._finalizer.alive:
-            raise ClosedError("the DeviceGraph this launcher graph device-launches is closed; the launcher is refused "
-                              "before the driver is called")
+            raise ClosedError(
+                "the DeviceGraph this launcher graph device-launches is closed; the launcher is refused "
+                "before the driver is called"
+            )
 
 
 def _launcher(target: DeviceGraph, mode: str | None, rc: DeviceArray | None, device: Device) -> Launch:
     args = KernelArgs([("graph", "u64"), ("mode", "u64"), ("rc", "ptr")])
-    args.update({"graph": target.handle, "mode": 0 if mode is None else MODES[mode], "rc": rc.ptr if rc is not None else 0})
+    args.update(
+        {"graph": target.handle, "mode": 0 if mode is None else MODES[mode], "rc": rc.ptr if rc is not None else 0}
+    )
     uses = {"rc": ArgUse("rc", "write")} if rc is not None else {}
-    return Launch(get_kernel("device_launch", "rg_graph_launch", device), (1, 1, 1), (1, 1, 1), args, uses, 0,
-                  f"graph_launch[{mode or 'none'}]")
+    return Launch(
+        get_kernel("device_launch", "rg_graph_launch", device),
+        (1, 1, 1),
+        (1, 1, 1),
+        args,
+        uses,
+        0,
+        f"graph_launch[{mode or 'none'}]",
+    )
 
 
-def launcher_graph(target: DeviceGraph, stream: Any, mode: str | None = "tail", before: LaunchPlan | None = None,
-                   after: LaunchPlan | None = None, rc: Any = None) -> LauncherGraph:
+def launcher_graph(
+    target: DeviceGraph,
+    stream: Any,
+    mode: str | None = "tail",
+    before: LaunchPlan | None = None,
+    after: LaunchPlan | None = None,
+    rc: Any = None,
+) -> LauncherGraph:
     """Capture a host graph: ``before``'s launches, one kernel that device-launches ``target``, ``after``'s.
 
     The launcher kernel calls the device runtime's ``cudaGraphLaunch(target, mode)``; it is
@@ -394,7 +417,8 @@ def launcher_graph(target: DeviceGraph, stream: Any, mode: str | None = "tail", 
     if not isinstance(target, DeviceGraph):
         raise DeviceLaunchError(
             f"the target must be a DeviceGraph (instantiated with DEVICE_LAUNCH and uploaded), got {type(target).__name__}: "
-            "device-launching any other exec faults the context (CUDA_ERROR_ILLEGAL_ADDRESS)")
+            "device-launching any other exec faults the context (CUDA_ERROR_ILLEGAL_ADDRESS)"
+        )
     if target.closed:
         raise DeviceLaunchError("the target DeviceGraph is closed")
     if mode is not None and mode not in MODES:
@@ -422,7 +446,7 @@ def launcher_graph(target: DeviceGraph, stream: Any, mode: str | None = "tail", 
     target._launchers[0] += 1
     # The node map (graph.nodes) holds every Launch and so its arguments; the node also names
     # target's exec and the plans' buffers, so keep those alive as long as the graph.
-    setattr(graph, "device_launch_keep", (target, before, after, rc_arr))
+    graph.device_launch_keep = target, before, after, rc_arr
     return graph
 
 

@@ -26,13 +26,22 @@ from cuda.bindings import driver
 
 from ..graphs.builder import BuiltGraph, GraphBuilder
 from ..graphs.capture import Capture
+from ..graphs.conditional import (
+    THREADS,
+    ConditionalHandle,
+    _capture_info,
+    _grid,
+    _launch,
+    add_conditional,
+    capture_conditional,
+    capture_handle,
+    make_handle,
+)
 from ..runtime.errors import RawgraphError, ShapeError, call
 from ..runtime.launch import Launch
 from ..runtime.memory import DeviceBuffer, as_device_array, check_array
 from ..runtime.resource import Resource
 from ..runtime.stream import Stream
-from ..graphs.conditional import (THREADS, ConditionalHandle, _capture_info, _grid, _launch, add_conditional, capture_conditional,
-                                  capture_handle, make_handle)
 
 
 def _close_all(owned: list) -> None:
@@ -43,8 +52,10 @@ def _close_all(owned: list) -> None:
 def _check_model(model: Any, what: str) -> None:
     missing = [n for n in ("plan", "batch", "width", "device") if not hasattr(model, n)]
     if missing:
-        raise TypeError(f"{what} needs a model with plan(x, out), batch, width and device "
-                        f"(rawgraph.serving.protocol); {type(model).__name__} has no {', '.join(missing)}")
+        raise TypeError(
+            f"{what} needs a model with plan(x, out), batch, width and device "
+            f"(rawgraph.serving.protocol); {type(model).__name__} has no {', '.join(missing)}"
+        )
     check = getattr(model, "_check_open", None)
     if check is not None:
         check()
@@ -91,17 +102,30 @@ class DepthLoop(Resource):
     cuGraphExecDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
 
-    def __init__(self, model: Any, x: Any, out: Any, max_depth: int | None = None, capture: bool = False,
-                 stream: Stream | None = None):
+    def __init__(
+        self,
+        model: Any,
+        x: Any,
+        out: Any,
+        max_depth: int | None = None,
+        capture: bool = False,
+        stream: Stream | None = None,
+    ):
         _check_model(model, "DepthLoop")
         layered = hasattr(model, "layer_plan")
         top = int(model.layers) if layered else None
         if max_depth is None:
             if top is None:
-                raise TypeError(f"{type(model).__name__} has no layer_plan: give max_depth (the times its plan repeats)")
+                raise TypeError(
+                    f"{type(model).__name__} has no layer_plan: give max_depth (the times its plan repeats)"
+                )
             max_depth = top
-        if isinstance(max_depth, bool) or not isinstance(max_depth, (int, np.integer)) or max_depth < 1 \
-                or (top is not None and max_depth > top):
+        if (
+            isinstance(max_depth, bool)
+            or not isinstance(max_depth, (int, np.integer))
+            or max_depth < 1
+            or (top is not None and max_depth > top)
+        ):
             raise ShapeError(f"max_depth must be an int in 1..{top if top is not None else 'any'}, got {max_depth!r}")
         self.model = model
         self.device = model.device.activate()
@@ -111,7 +135,10 @@ class DepthLoop(Resource):
         w, b = self.width, self.batch
         self.x = check_array(as_device_array(x, "x"), (b, w), np.float32, "x", self.device)
         self.out = check_array(as_device_array(out, "out"), (b, w), np.float32, "out", self.device)
-        self.cur, self.nxt = DeviceBuffer((b, w), np.float32, self.device), DeviceBuffer((b, w), np.float32, self.device)
+        self.cur, self.nxt = (
+            DeviceBuffer((b, w), np.float32, self.device),
+            DeviceBuffer((b, w), np.float32, self.device),
+        )
         owned.extend([self.cur, self.nxt])
         self.counter = DeviceBuffer(1, np.uint32, self.device)
         self.depth = DeviceBuffer(1, np.uint32, self.device)
@@ -120,7 +147,9 @@ class DepthLoop(Resource):
         s = stream if stream is not None else Stream(device=self.device)
         try:
             self.set_depth(self.max_depth, s)
-            self.body_plan = model.layer_plan(self.cur, self.nxt, self.counter) if layered else model.plan(self.cur, self.nxt)
+            self.body_plan = (
+                model.layer_plan(self.cur, self.nxt, self.counter) if layered else model.plan(self.cur, self.nxt)
+            )
             self.graph = self._capture(s) if capture else self._build()
             owned.append(self.graph)
             self.exec = self.graph.instantiate()
@@ -131,13 +160,37 @@ class DepthLoop(Resource):
 
     def _launches(self, cond: ConditionalHandle) -> tuple[Launch, Launch]:
         dev = self.device
-        init = _launch(dev, "rg_depth_init", [("h", "u64"), ("counter", "ptr"), ("depth", "ptr"), ("max_depth", "i32")],
-                       {"h": int(cond), "counter": self.counter.ptr, "depth": self.depth.ptr, "max_depth": self.max_depth})
+        init = _launch(
+            dev,
+            "rg_depth_init",
+            [("h", "u64"), ("counter", "ptr"), ("depth", "ptr"), ("max_depth", "i32")],
+            {"h": int(cond), "counter": self.counter.ptr, "depth": self.depth.ptr, "max_depth": self.max_depth},
+        )
         m = self.batch * self.width
-        advance = _launch(dev, "rg_layer_advance", [("h", "u64"), ("cur", "ptr"), ("nxt", "ptr"), ("n", "i32"),
-                                                    ("counter", "ptr"), ("depth", "ptr"), ("max_depth", "i32")],
-                          {"h": int(cond), "cur": self.cur.ptr, "nxt": self.nxt.ptr, "n": m, "counter": self.counter.ptr,
-                           "depth": self.depth.ptr, "max_depth": self.max_depth}, _grid(m, dev), THREADS)
+        advance = _launch(
+            dev,
+            "rg_layer_advance",
+            [
+                ("h", "u64"),
+                ("cur", "ptr"),
+                ("nxt", "ptr"),
+                ("n", "i32"),
+                ("counter", "ptr"),
+                ("depth", "ptr"),
+                ("max_depth", "i32"),
+            ],
+            {
+                "h": int(cond),
+                "cur": self.cur.ptr,
+                "nxt": self.nxt.ptr,
+                "n": m,
+                "counter": self.counter.ptr,
+                "depth": self.depth.ptr,
+                "max_depth": self.max_depth,
+            },
+            _grid(m, dev),
+            THREADS,
+        )
         return init, advance
 
     def _build(self) -> BuiltGraph:
@@ -240,10 +293,14 @@ class NormGate(Resource):
         owned.append(self.norm)
         with GraphBuilder(self.device) as g:
             cond = make_handle(g)
-            gate = _launch(self.device, "rg_norm_gate",
-                           [("h", "u64"), ("x", "ptr"), ("n", "i32"), ("threshold", "f32"), ("norm", "ptr")],
-                           {"h": int(cond), "x": xa.ptr, "n": xa.size, "threshold": self.threshold, "norm": self.norm.ptr},
-                           (1, 1, 1), THREADS)
+            gate = _launch(
+                self.device,
+                "rg_norm_gate",
+                [("h", "u64"), ("x", "ptr"), ("n", "i32"), ("threshold", "f32"), ("norm", "ptr")],
+                {"h": int(cond), "x": xa.ptr, "n": xa.size, "threshold": self.threshold, "norm": self.norm.ptr},
+                (1, 1, 1),
+                THREADS,
+            )
             c = g.memcpy(oa, xa, xa.nbytes)
             k = g.kernel(gate, deps=c)
             self.node = add_conditional(g, "if", cond, deps=k)

@@ -31,9 +31,9 @@ import numpy as np
 
 from ..runtime.device import Device, get_device
 from ..runtime.errors import RawgraphError, ShapeError
-from ..runtime.module import get_kernel
 from ..runtime.launch import ArgUse, KernelArgs, Launch, LaunchPlan
 from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
+from ..runtime.module import get_kernel
 from ..runtime.resource import Resource
 
 M0, M1 = 0xD2511F53, 0xCD9E8D57  # Philox4x32 multipliers
@@ -83,7 +83,7 @@ def reference_numbers(seed: int, offset: int, n: int) -> np.ndarray:
     into ``offset``), as ``kernels/philox.cu`` makes them."""
     seed, offset = _check_u64("seed", seed), _check_u64("offset", offset)
     nb = blocks_for(n)
-    c = (np.uint64(offset) + np.arange(nb, dtype=np.uint64))  # wraps mod 2^64 like the device
+    c = np.uint64(offset) + np.arange(nb, dtype=np.uint64)  # wraps mod 2^64 like the device
     counters = np.zeros((nb, 4), dtype=np.uint64)
     counters[:, 0] = c & _MASK32
     counters[:, 1] = c >> np.uint64(32)
@@ -92,8 +92,9 @@ def reference_numbers(seed: int, offset: int, n: int) -> np.ndarray:
 
 def uniform24(numbers: np.ndarray) -> np.ndarray:
     """float32 uniforms in [0, 1) from uint32 numbers: ``(v >> 8) / 2^24``, as the device does."""
-    return ((np.asarray(numbers, dtype=np.uint32) >> np.uint32(8)).astype(np.float32)
-            * np.float32(1.0 / (1 << UNIFORM_BITS)))
+    return (np.asarray(numbers, dtype=np.uint32) >> np.uint32(8)).astype(np.float32) * np.float32(
+        1.0 / (1 << UNIFORM_BITS)
+    )
 
 
 def dropout_constants(p: float) -> tuple[int, float]:
@@ -117,8 +118,9 @@ def reference_keep(seed: int, offset: int, n: int, p: float) -> np.ndarray:
     return (reference_numbers(seed, offset, n) >> np.uint32(8)) >= threshold
 
 
-def reference_noisy_forward(x: np.ndarray, weights: list[tuple[np.ndarray, np.ndarray]], seed: int, offset: int,
-                            p: float) -> np.ndarray:
+def reference_noisy_forward(
+    x: np.ndarray, weights: list[tuple[np.ndarray, np.ndarray]], seed: int, offset: int, p: float
+) -> np.ndarray:
     """float64 reference of :func:`noisy_plan`: per layer ``i``, ``a = relu(y @ W1)``, then
     ``a *= keep_i * scale`` with ``keep_i`` drawn at ``offset + i * blocks_for(a.size)``, then
     ``y = a @ W2 + y``."""
@@ -210,22 +212,44 @@ class PhiloxGenerator(Resource):
         if arr.size == 0:
             raise ShapeError(f"{buffer} is empty: nothing to draw")
         args = KernelArgs([("state", "ptr"), ("skip", "u64"), ("out", "ptr"), ("n", "i64"), ("kind", "i32")])
-        args.update({"state": self.state.ptr, "skip": _check_u64("skip", skip), "out": arr.ptr, "n": arr.size,
-                     "kind": 0 if kind == "uint32" else 1})
+        args.update(
+            {
+                "state": self.state.ptr,
+                "skip": _check_u64("skip", skip),
+                "out": arr.ptr,
+                "n": arr.size,
+                "kind": 0 if kind == "uint32" else 1,
+            }
+        )
         uses = {"state": ArgUse("rng_state", "read"), "out": ArgUse(buffer, "write")}
-        return Launch(get_kernel("philox", "philox_draw", self.device), _grid(blocks_for(arr.size), self.device),
-                      (THREADS, 1, 1), args, uses, 0, f"philox_draw[{kind}]")
+        return Launch(
+            get_kernel("philox", "philox_draw", self.device),
+            _grid(blocks_for(arr.size), self.device),
+            (THREADS, 1, 1),
+            args,
+            uses,
+            0,
+            f"philox_draw[{kind}]",
+        )
 
     def advance(self, blocks: int) -> Launch:
         """``philox_advance``: one thread adds ``blocks`` to the device offset when it runs."""
         self._check_open()
         args = KernelArgs([("state", "ptr"), ("blocks", "u64")])
         args.update({"state": self.state.ptr, "blocks": _check_u64("blocks", blocks)})
-        return Launch(get_kernel("philox", "philox_advance", self.device), (1, 1, 1), (1, 1, 1), args,
-                      {"state": ArgUse("rng_state", "write")}, 0, "philox_advance")
+        return Launch(
+            get_kernel("philox", "philox_advance", self.device),
+            (1, 1, 1),
+            (1, 1, 1),
+            args,
+            {"state": ArgUse("rng_state", "write")},
+            0,
+            "philox_advance",
+        )
 
-    def dropout(self, buffers: dict[str, DeviceArray], x: str, y: str, p: float, skip: int = 0,
-                label: str = "") -> Launch:
+    def dropout(
+        self, buffers: dict[str, DeviceArray], x: str, y: str, p: float, skip: int = 0, label: str = ""
+    ) -> Launch:
         """``philox_dropout``: ``y = x * scale`` where kept, else 0 (``y`` may be ``x``); see
         :func:`dropout_constants`. Does not advance the offset."""
         self._check_open()
@@ -233,13 +257,38 @@ class PhiloxGenerator(Resource):
         xa, ya = buffers[x], buffers[y]
         check_array(xa, xa.shape, np.float32, x, self.device)
         check_array(ya, xa.shape, np.float32, y, self.device)
-        args = KernelArgs([("state", "ptr"), ("skip", "u64"), ("x", "ptr"), ("y", "ptr"), ("n", "i64"),
-                           ("threshold", "i32"), ("scale", "f32")])
-        args.update({"state": self.state.ptr, "skip": _check_u64("skip", skip), "x": xa.ptr, "y": ya.ptr,
-                     "n": xa.size, "threshold": threshold, "scale": scale})
+        args = KernelArgs(
+            [
+                ("state", "ptr"),
+                ("skip", "u64"),
+                ("x", "ptr"),
+                ("y", "ptr"),
+                ("n", "i64"),
+                ("threshold", "i32"),
+                ("scale", "f32"),
+            ]
+        )
+        args.update(
+            {
+                "state": self.state.ptr,
+                "skip": _check_u64("skip", skip),
+                "x": xa.ptr,
+                "y": ya.ptr,
+                "n": xa.size,
+                "threshold": threshold,
+                "scale": scale,
+            }
+        )
         uses = {"state": ArgUse("rng_state", "read"), "x": ArgUse(x, "read"), "y": ArgUse(y, "write")}
-        return Launch(get_kernel("philox", "philox_dropout", self.device), _grid(blocks_for(xa.size), self.device),
-                      (THREADS, 1, 1), args, uses, 0, label or "philox_dropout")
+        return Launch(
+            get_kernel("philox", "philox_dropout", self.device),
+            _grid(blocks_for(xa.size), self.device),
+            (THREADS, 1, 1),
+            args,
+            uses,
+            0,
+            label or "philox_dropout",
+        )
 
     def draw_plan(self, out: Any, kind: str = "uint32", pdl: bool = False) -> LaunchPlan:
         """``[draw(out), advance(blocks_for(out.size))]``: eager runs and graph replays of it each
@@ -247,8 +296,14 @@ class PhiloxGenerator(Resource):
         arr = as_device_array(out, "out")
         draw = self.draw(arr, kind)
         guards = [self._finalizer] + ([arr.owner._finalizer] if isinstance(arr.owner, Resource) else [])
-        return LaunchPlan([draw, self.advance(blocks_for(arr.size))], {"out": arr, "rng_state": self.state_view()},
-                          (), ("out",), guards, pdl=pdl)
+        return LaunchPlan(
+            [draw, self.advance(blocks_for(arr.size))],
+            {"out": arr, "rng_state": self.state_view()},
+            (),
+            ("out",),
+            guards,
+            pdl=pdl,
+        )
 
     def __repr__(self) -> str:
         return f"<PhiloxGenerator{' closed' if self.closed else ''}>"
@@ -271,7 +326,9 @@ def noisy_plan(model: Any, x: Any, out: Any, gen: PhiloxGenerator, *, p: float) 
         ``p`` outside [0, 1), or a form without a separate relu kernel.
     """
     if getattr(model, "form", None) != "unfused":
-        raise ValueError(f"noisy_plan needs the 'unfused' form (a separate relu kernel to follow), got {getattr(model, 'form', None)!r}")
+        raise ValueError(
+            f"noisy_plan needs the 'unfused' form (a separate relu kernel to follow), got {getattr(model, 'form', None)!r}"
+        )
     gen._check_open()
     if gen.device.ordinal != model.device.ordinal:
         raise ValueError(f"the generator lives on device {gen.device.ordinal}, the model on {model.device.ordinal}")

@@ -15,9 +15,36 @@ Layer: imports runtime, graphs and updates; PyTorch and CuPy only inside the fun
 
 from .check import CLASS_NAMES, DoctorError, Finding, Report, check, classify_pointer
 from .facts import PointerFacts, TorchBlock, TorchView, pointer_facts
-from .verify import (Mismatch, ReplayMismatchWarning, VerifiedExec, VerifyError, Verifier, VerifyResult, verified,
-                     verify, watch)
+from .verify import (
+    Mismatch,
+    ReplayMismatchWarning,
+    VerifiedExec,
+    Verifier,
+    VerifyError,
+    VerifyResult,
+    verified,
+    verify,
+    watch,
+)
 
-__all__ = ["CLASS_NAMES", "DoctorError", "Finding", "Mismatch", "PointerFacts", "ReplayMismatchWarning", "Report",
-           "TorchBlock", "TorchView", "VerifiedExec", "VerifyError", "VerifyResult", "Verifier", "check",
-           "classify_pointer", "pointer_facts", "verified", "verify", "watch"]
+__all__ = [
+    "CLASS_NAMES",
+    "DoctorError",
+    "Finding",
+    "Mismatch",
+    "PointerFacts",
+    "ReplayMismatchWarning",
+    "Report",
+    "TorchBlock",
+    "TorchView",
+    "VerifiedExec",
+    "VerifyError",
+    "VerifyResult",
+    "Verifier",
+    "check",
+    "classify_pointer",
+    "pointer_facts",
+    "verified",
+    "verify",
+    "watch",
+]

@@ -42,21 +42,39 @@ from __future__ import annotations
 import numbers
 import time
 import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from cuda.bindings import driver
 
 from ..graphs.graph import Graph, GraphExec, KernelNode
-from ..graphs.nodes import (ChildGraphInfo, ConditionalInfo, HostInfo, KernelInfo, MemAllocInfo, MemcpyInfo,
-                            MemsetInfo, NodeInfo, read_graph)
+from ..graphs.nodes import (
+    ChildGraphInfo,
+    ConditionalInfo,
+    HostInfo,
+    KernelInfo,
+    MemAllocInfo,
+    MemcpyInfo,
+    MemsetInfo,
+    NodeInfo,
+    read_graph,
+)
 from ..runtime.launch import KernelArgs
 from ..runtime.memory import DeviceArray
 from ._scan import as_range, scan_words
 from .classify import classify_pointer, host_mappings
 from .facts import PLAUSIBLE_HI, PLAUSIBLE_LO, PointerFacts, TorchView, pointer_facts
-from .report import (_RANK, CLASS_NAMES, NAMES_7, SEVERITIES, DoctorError, Finding, InputRecord,  # noqa: F401
-                     Report)
+from .report import (
+    _RANK,
+    CLASS_NAMES,
+    NAMES_7,
+    SEVERITIES,
+    DoctorError,
+    Finding,
+    InputRecord,  # noqa: F401
+    Report,
+)
 
 UNKNOWN = object()  # a conditional handle's default the driver cannot say
 
@@ -180,8 +198,9 @@ def _resolve(graph: Any) -> tuple[Any, Any, str]:
     elif isinstance(graph, (driver.CUgraph, numbers.Integral)) and not isinstance(graph, bool):
         obj, handle = None, graph
     else:
-        raise DoctorError(f"check() takes a Graph, a GraphExec, an adopted graph or a CUgraph, got "
-                          f"{type(graph).__name__}")
+        raise DoctorError(
+            f"check() takes a Graph, a GraphExec, an adopted graph or a CUgraph, got {type(graph).__name__}"
+        )
     value = int(handle)
     if not 0 <= value < 1 << 64:
         raise DoctorError(f"check() was given handle {value}, which is no 64-bit CUgraph")
@@ -198,9 +217,16 @@ def _resolve(graph: Any) -> tuple[Any, Any, str]:
     return obj, driver.CUgraph(value), f"{type(obj).__name__}{' from ' + kind if kind else ''} 0x{value:x}"
 
 
-def check(graph: Any, *, inputs: Iterable[Any] = (), baseline: Report | None = None,
-          conditions: Any = None, include_info: bool = False,
-          facts: Callable[[int], PointerFacts] | None = None, torch: Any = None) -> Report:
+def check(
+    graph: Any,
+    *,
+    inputs: Iterable[Any] = (),
+    baseline: Report | None = None,
+    conditions: Any = None,
+    include_info: bool = False,
+    facts: Callable[[int], PointerFacts] | None = None,
+    torch: Any = None,
+) -> Report:
     """Examine every node of ``graph`` for addresses and orderings a replay silently depends on.
 
     Parameters
@@ -257,10 +283,10 @@ def check(graph: Any, *, inputs: Iterable[Any] = (), baseline: Report | None = N
     report = Report(graph=desc)
     ranges = {(r.lo, r.hi) for r in named}
     # The baseline's inputs not named again carry on: a chain of reports keeps their identity.
-    report.inputs = named + [r for r in (baseline.inputs if baseline is not None else ())
-                             if (r.lo, r.hi) not in ranges]
-    kmap: dict[int, KernelNode] = {int(k.handle): k for k in getattr(obj, "nodes", ()) or ()
-                                   if isinstance(k, KernelNode)}
+    report.inputs = named + [r for r in (baseline.inputs if baseline is not None else ()) if (r.lo, r.hi) not in ranges]
+    kmap: dict[int, KernelNode] = {
+        int(k.handle): k for k in getattr(obj, "nodes", ()) or () if isinstance(k, KernelNode)
+    }
     conds = _conditional_records(obj)
     said = _said_defaults(conditions)
     order = _Order()
@@ -310,8 +336,10 @@ def check(graph: Any, *, inputs: Iterable[Any] = (), baseline: Report | None = N
         found += _freed_inputs(baseline.inputs, refs, order, cache, view, seen)
 
     # A foreign word gives a start, never a length: it overlaps a known range when it lies in it.
-    found += _overlaps([r for r in refs if r.known or _inside(r.address, owned)
-                        or (r.address in cache and cache[r.address].live)], order)
+    found += _overlaps(
+        [r for r in refs if r.known or _inside(r.address, owned) or (r.address in cache and cache[r.address].live)],
+        order,
+    )
     found += _inputs(obj, refs, order, named, plan, view)
     found += _conditionals(nodes, order, conds, said)
     found += _host_nodes(nodes, obj)
@@ -329,11 +357,33 @@ def _inside(addr: int, ranges: list[tuple[int, int]]) -> bool:
     return any(lo <= addr < hi for lo, hi in ranges)
 
 
-def _finding(node: _Node, cls: int, name: str, severity: str, address: int, owner: str, advice: str,
-             where: str = "", related: tuple[str, ...] = ()) -> Finding:
+def _finding(
+    node: _Node,
+    cls: int,
+    name: str,
+    severity: str,
+    address: int,
+    owner: str,
+    advice: str,
+    where: str = "",
+    related: tuple[str, ...] = (),
+) -> Finding:
     info = node.info
-    return Finding(cls, name, severity, info.index, info.kind, node.label, int(address), owner, advice,
-                   node.path, info.id, where, related)
+    return Finding(
+        cls,
+        name,
+        severity,
+        info.index,
+        info.kind,
+        node.label,
+        int(address),
+        owner,
+        advice,
+        node.path,
+        info.id,
+        where,
+        related,
+    )
 
 
 # =========================================================================== pure classification
@@ -347,19 +397,24 @@ def _conditional_records(obj: Any) -> dict[int, _Conditional]:
     for h, kind, detail in getattr(obj, "other_nodes", ()) or ():
         cond = getattr(detail, "cond", None)
         if kind == "conditional" and cond is not None:
-            out[int(h)] = _Conditional(int(cond.value), cond.default,
-                                       [int(b.handle) for b in getattr(detail, "bodies", ())])
+            out[int(h)] = _Conditional(
+                int(cond.value), cond.default, [int(b.handle) for b in getattr(detail, "bodies", ())]
+            )
     # A built graph keeps the CUgraphNodeParams it gave cuGraphAddNode, in the order its
     # conditional nodes were added (the driver wrote each node's body graphs into them).
     built = [n for n in getattr(obj, "built_nodes", ()) or () if getattr(n, "kind", "") == "conditional"]
-    params = [p for p in getattr(obj, "keep", ()) or () if isinstance(p, driver.CUgraphNodeParams)
-              and p.type == driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL]
+    params = [
+        p
+        for p in getattr(obj, "keep", ()) or ()
+        if isinstance(p, driver.CUgraphNodeParams) and p.type == driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+    ]
     if len(built) == len(params):
         for n, p in zip(built, params):
             c = p.conditional
             size = int(c.size)
-            out.setdefault(int(n.handle), _Conditional(int(c.handle), UNKNOWN,
-                                                       [int(b) for b in list(c.phGraph_out)[:size]]))
+            out.setdefault(
+                int(n.handle), _Conditional(int(c.handle), UNKNOWN, [int(b) for b in list(c.phGraph_out)[:size]])
+            )
     return out
 
 
@@ -375,8 +430,16 @@ def _said_defaults(conditions: Any) -> dict[int, Any]:
     return out
 
 
-def _flatten(infos: list[NodeInfo], graph: int, chain: tuple[tuple[int, int], ...], prefix: str, order: _Order,
-             kmap: dict[int, KernelNode], conds: dict[int, _Conditional], notes: list[str]) -> list[_Node]:
+def _flatten(
+    infos: list[NodeInfo],
+    graph: int,
+    chain: tuple[tuple[int, int], ...],
+    prefix: str,
+    order: _Order,
+    kmap: dict[int, KernelNode],
+    conds: dict[int, _Conditional],
+    notes: list[str],
+) -> list[_Node]:
     order.add_graph(graph, infos)
     out: list[_Node] = []
     for info in infos:
@@ -436,8 +499,9 @@ def _refs(nodes: list[_Node], plan: Any, skip: set[int], notes: list[str]) -> li
                 for arg, use in launch.uses.items():
                     value = int(args[arg])
                     if value:
-                        refs.append(_Ref(n, value, f"arg {arg}", True, True, nbytes=extents.get(value, 0),
-                                         role=use.role))
+                        refs.append(
+                            _Ref(n, value, f"arg {arg}", True, True, nbytes=extents.get(value, 0), role=use.role)
+                        )
                 continue
             if info.params is None:
                 notes.append(f"kernel node {n.path} ({info.name or '?'}): parameters unreadable ({info.layout_error})")
@@ -450,17 +514,38 @@ def _refs(nodes: list[_Node], plan: Any, skip: set[int], notes: list[str]) -> li
                 where = f"param {hit.param} +{hit.offset}" if hit.param is not None else f"bytes +{hit.layout_offset}"
                 refs.append(_Ref(n, hit.value, where, False, whole))
         elif isinstance(info, MemcpyInfo):
-            for side, addr, kind, pitch, rows in (("src", info.src, info.src_type, info.src_pitch, info.src_height),
-                                                  ("dst", info.dst, info.dst_type, info.dst_pitch, info.dst_height)):
+            for side, addr, kind, pitch, rows in (
+                ("src", info.src, info.src_type, info.src_pitch, info.src_height),
+                ("dst", info.dst, info.dst_type, info.dst_pitch, info.dst_height),
+            ):
                 if not addr or kind == "array":
                     continue
                 span = _span(info.width, info.height, info.planes, pitch, rows)
-                refs.append(_Ref(n, addr, f"memcpy.{side}", True, True, host=(kind == "host"), nbytes=span,
-                                 role="read" if side == "src" else "write"))
+                refs.append(
+                    _Ref(
+                        n,
+                        addr,
+                        f"memcpy.{side}",
+                        True,
+                        True,
+                        host=(kind == "host"),
+                        nbytes=span,
+                        role="read" if side == "src" else "write",
+                    )
+                )
         elif isinstance(info, MemsetInfo) and info.dst:
             width = info.width * max(info.element_size, 1)
-            refs.append(_Ref(n, info.dst, "memset.dst", True, True, nbytes=_span(width, info.height, 1, info.pitch, 0),
-                             role="write"))
+            refs.append(
+                _Ref(
+                    n,
+                    info.dst,
+                    "memset.dst",
+                    True,
+                    True,
+                    nbytes=_span(width, info.height, 1, info.pitch, 0),
+                    role="write",
+                )
+            )
     return refs
 
 
@@ -503,22 +588,37 @@ def _overlaps(refs: list[_Ref], order: _Order) -> list[Finding]:
             if known:
                 sev, why = "error", f"{a.node.path} {a.role}s and {r.node.path} {r.role}s these bytes"
             elif "write" in roles:
-                sev, why = "warning", ("one side writes (its role is known); the other is a kernel whose role the "
-                                       "driver cannot say: possible")
+                sev, why = (
+                    "warning",
+                    (
+                        "one side writes (its role is known); the other is a kernel whose role the "
+                        "driver cannot say: possible"
+                    ),
+                )
             else:
                 sev, why = "info", "both are kernels whose roles the driver cannot say: possible, if one writes"
             first, second = sorted((a, r), key=lambda x: order.key(x.node))
-            out.append(_finding(second.node, 5, CLASS_NAMES[5], sev, second.address,
-                                f"overlaps node {first.node.path} ({first.where}) with no dependency path between "
-                                f"them: {why}",
-                                "add the missing edge (cuGraphAddDependencies, or capture both on one stream / join "
-                                "the streams) so the reader runs after the writer", second.where, (first.node.path,)))
+            out.append(
+                _finding(
+                    second.node,
+                    5,
+                    CLASS_NAMES[5],
+                    sev,
+                    second.address,
+                    f"overlaps node {first.node.path} ({first.where}) with no dependency path between them: {why}",
+                    "add the missing edge (cuGraphAddDependencies, or capture both on one stream / join "
+                    "the streams) so the reader runs after the writer",
+                    second.where,
+                    (first.node.path,),
+                )
+            )
         active.append(r)
     return out
 
 
-def _inputs(obj: Any, refs: list[_Ref], order: _Order, named: list[InputRecord], plan: Any,
-            view: TorchView | None) -> list[Finding]:
+def _inputs(
+    obj: Any, refs: list[_Ref], order: _Order, named: list[InputRecord], plan: Any, view: TorchView | None
+) -> list[Finding]:
     """Class 6: an input written inside the graph, or sitting where an intermediate was."""
     # (label, lo, hi, the plan's own launches or None): for a plan input, only a write by one of
     # the plan's launches makes it an intermediate; a node outside the plan that writes it (a
@@ -535,34 +635,60 @@ def _inputs(obj: Any, refs: list[_Ref], order: _Order, named: list[InputRecord],
         touching = _touching(refs, lo, hi, order)
         if not touching:
             continue
-        writers = [r for r in touching if r.role == "write" and
-                   (own is None or (r.node.kernel_node is not None and id(r.node.kernel_node.launch) in own))]
+        writers = [
+            r
+            for r in touching
+            if r.role == "write"
+            and (own is None or (r.node.kernel_node is not None and id(r.node.kernel_node.launch) in own))
+        ]
         primary = (writers or touching)[0].node
         related = tuple(dict.fromkeys(r.node.path for r in touching if r.node is not primary))
         if writers:
             w = writers[0]
-            out.append(_finding(w.node, 6, CLASS_NAMES[6], "error", w.address,
-                                f"{label} [0x{lo:x}, +{hi - lo}) is written by this node inside the graph",
-                                "the input is also an intermediate: a copy into it before a replay is overwritten, "
-                                "and rebinding it by address moves the intermediate too; give the input its own "
-                                "buffer (allocate it before capture, outside the graph's pool)", w.where, related))
+            out.append(
+                _finding(
+                    w.node,
+                    6,
+                    CLASS_NAMES[6],
+                    "error",
+                    w.address,
+                    f"{label} [0x{lo:x}, +{hi - lo}) is written by this node inside the graph",
+                    "the input is also an intermediate: a copy into it before a replay is overwritten, "
+                    "and rebinding it by address moves the intermediate too; give the input its own "
+                    "buffer (allocate it before capture, outside the graph's pool)",
+                    w.where,
+                    related,
+                )
+            )
             continue
         block = view.block_of(lo) if view is not None else None
         if block is not None and block.private:
             first = touching[0]
-            out.append(_finding(first.node, 6, CLASS_NAMES[6], "warning", first.address,
-                                f"{label} [0x{lo:x}, +{hi - lo}) lies in a PyTorch graph private pool (segment "
-                                f"0x{block.segment:x}, pool {block.pool}): an intermediate freed earlier in the capture "
-                                f"can have had this address; this is the first node holding it",
-                                "allocate static inputs before capture (outside torch.cuda.graph), so the private pool "
-                                "cannot alias them with intermediates", first.where, related))
+            out.append(
+                _finding(
+                    first.node,
+                    6,
+                    CLASS_NAMES[6],
+                    "warning",
+                    first.address,
+                    f"{label} [0x{lo:x}, +{hi - lo}) lies in a PyTorch graph private pool (segment "
+                    f"0x{block.segment:x}, pool {block.pool}): an intermediate freed earlier in the capture "
+                    f"can have had this address; this is the first node holding it",
+                    "allocate static inputs before capture (outside torch.cuda.graph), so the private pool "
+                    "cannot alias them with intermediates",
+                    first.where,
+                    related,
+                )
+            )
     return out
 
 
 def _touching(refs: list[_Ref], lo: int, hi: int, order: _Order) -> list[_Ref]:
     """The device references into ``[lo, hi)``, in execution order."""
-    return sorted((r for r in refs if not r.host and r.address < hi and lo < r.address + max(r.nbytes, 1)),
-                  key=lambda r: order.key(r.node))
+    return sorted(
+        (r for r in refs if not r.host and r.address < hi and lo < r.address + max(r.nbytes, 1)),
+        key=lambda r: order.key(r.node),
+    )
 
 
 def _memory_owner(x: Any) -> Any:
@@ -607,8 +733,14 @@ def _input_records(inputs: list[Any]) -> list[InputRecord]:
     return out
 
 
-def _freed_inputs(named: Iterable[InputRecord], refs: list[_Ref], order: _Order, facts: dict[int, PointerFacts],
-                  view: TorchView | None, seen: set[tuple[int, int, int]] | None = None) -> list[Finding]:
+def _freed_inputs(
+    named: Iterable[InputRecord],
+    refs: list[_Ref],
+    order: _Order,
+    facts: dict[int, PointerFacts],
+    view: TorchView | None,
+    seen: set[tuple[int, int, int]] | None = None,
+) -> list[Finding]:
     """Class 4 against a baseline: a node holding memory of an input named to the baseline whose
     owner has been collected since, while the driver still has the memory (``facts``: the facts
     of the addresses examined; an address the driver no longer knows is class 1's). One finding
@@ -633,19 +765,33 @@ def _freed_inputs(named: Iterable[InputRecord], refs: list[_Ref], order: _Order,
                 continue
             seen.add(key)
             block = view.block_of(r.address) if view is not None else None
-            now = (f"; PyTorch block [0x{block.address:x}, +{block.size}) is {block.state} now (segment "
-                   f"0x{block.segment:x})" if block is not None else "")
-            out.append(_finding(r.node, 4, CLASS_NAMES[4], "error", r.address,
-                                f"{rec.label} [0x{rec.lo:x}, +{rec.nbytes}) named at the baseline has been freed since "
-                                f"(its owner was collected) while the driver still has the memory{now}: it belongs to "
-                                f"whoever the allocator gave it to",
-                                "keep the input alive as long as the graph is replayed (the graph holds only its "
-                                "address), or rebind the node to a live buffer", r.where))
+            now = (
+                f"; PyTorch block [0x{block.address:x}, +{block.size}) is {block.state} now (segment "
+                f"0x{block.segment:x})"
+                if block is not None
+                else ""
+            )
+            out.append(
+                _finding(
+                    r.node,
+                    4,
+                    CLASS_NAMES[4],
+                    "error",
+                    r.address,
+                    f"{rec.label} [0x{rec.lo:x}, +{rec.nbytes}) named at the baseline has been freed since "
+                    f"(its owner was collected) while the driver still has the memory{now}: it belongs to "
+                    f"whoever the allocator gave it to",
+                    "keep the input alive as long as the graph is replayed (the graph holds only its "
+                    "address), or rebind the node to a live buffer",
+                    r.where,
+                )
+            )
     return out
 
 
-def _conditionals(nodes: list[_Node], order: _Order, conds: dict[int, _Conditional],
-                  said: dict[int, Any]) -> list[Finding]:
+def _conditionals(
+    nodes: list[_Node], order: _Order, conds: dict[int, _Conditional], said: dict[int, Any]
+) -> list[Finding]:
     """Class 7: a conditional handle nobody sets before its node and that has no default."""
     out: list[Finding] = []
     kernels = [n for n in nodes if isinstance(n.info, KernelInfo)]
@@ -656,7 +802,9 @@ def _conditionals(nodes: list[_Node], order: _Order, conds: dict[int, _Condition
         rec = conds.get(info.id)
         # A handle may be any 64-bit value, 0 included: unknown only when neither the driver nor a
         # record of rawgraph gives it.
-        handle = rec.handle if rec is not None and rec.handle is not None else (None if info.error else info.cond_handle)
+        handle = (
+            rec.handle if rec is not None and rec.handle is not None else (None if info.error else info.cond_handle)
+        )
         if handle is None:
             continue
         setters = [k for k in kernels if _holds(k, handle)]
@@ -668,15 +816,28 @@ def _conditionals(nodes: list[_Node], order: _Order, conds: dict[int, _Condition
         if default is not UNKNOWN and default is not None:
             continue
         sev = "error" if default is None else "warning"
-        how = ("made without CU_GRAPH_COND_ASSIGN_DEFAULT" if default is None else
-                "the driver cannot say whether it was made with CU_GRAPH_COND_ASSIGN_DEFAULT (pass conditions=)")
+        how = (
+            "made without CU_GRAPH_COND_ASSIGN_DEFAULT"
+            if default is None
+            else "the driver cannot say whether it was made with CU_GRAPH_COND_ASSIGN_DEFAULT (pass conditions=)"
+        )
         late = "; set only by node(s) not ordered before it" if setters else ""
-        out.append(_finding(n, 7, "conditional-default", sev, 0,
-                            f"{info.cond_type or '?'} handle 0x{handle:x}: no kernel ordered before the node sets it, "
-                            f"and it is {how}{late}",
-                            "give the handle a default (cuGraphConditionalHandleCreate with "
-                            "CU_GRAPH_COND_ASSIGN_DEFAULT) or set it (cudaGraphSetConditional) in a kernel the node "
-                            "depends on", "handle", tuple(s.path for s in setters)))
+        out.append(
+            _finding(
+                n,
+                7,
+                "conditional-default",
+                sev,
+                0,
+                f"{info.cond_type or '?'} handle 0x{handle:x}: no kernel ordered before the node sets it, "
+                f"and it is {how}{late}",
+                "give the handle a default (cuGraphConditionalHandleCreate with "
+                "CU_GRAPH_COND_ASSIGN_DEFAULT) or set it (cudaGraphSetConditional) in a kernel the node "
+                "depends on",
+                "handle",
+                tuple(s.path for s in setters),
+            )
+        )
     return out
 
 
@@ -685,7 +846,11 @@ def _holds(k: _Node, value: int) -> bool:
     if k.kernel_node is not None:
         blob = k.kernel_node.captured_args
         return bool(scan_words(blob, None, value, value + 1))
-    return isinstance(info, KernelInfo) and info.params is not None and bool(scan_words(info.params, None, value, value + 1))
+    return (
+        isinstance(info, KernelInfo)
+        and info.params is not None
+        and bool(scan_words(info.params, None, value, value + 1))
+    )
 
 
 def _host_nodes(nodes: list[_Node], obj: Any) -> list[Finding]:
@@ -694,13 +859,24 @@ def _host_nodes(nodes: list[_Node], obj: Any) -> list[Finding]:
     kept = [o for o in getattr(obj, "keep", ()) or () if type(o).__name__ == "HostCallback"]
     for n in nodes:
         if isinstance(n.info, HostInfo):
-            owner = (f"host function 0x{n.info.fn:x}, user data 0x{n.info.user_data:x}; "
-                     + (f"the graph keeps {len(kept)} HostCallback(s) alive (and an exec holds them past its "
-                        f"destruction until queued replays ran)" if kept else
-                        "nothing rawgraph knows keeps the function or its user data alive"))
-            out.append(_finding(n, 7, "host-callback", "info", n.info.user_data, owner,
-                                "the callback and everything its user data points at must outlive every replay, "
-                                "queued ones too; it must make no CUDA call"))
+            owner = f"host function 0x{n.info.fn:x}, user data 0x{n.info.user_data:x}; " + (
+                f"the graph keeps {len(kept)} HostCallback(s) alive (and an exec holds them past its "
+                f"destruction until queued replays ran)"
+                if kept
+                else "nothing rawgraph knows keeps the function or its user data alive"
+            )
+            out.append(
+                _finding(
+                    n,
+                    7,
+                    "host-callback",
+                    "info",
+                    n.info.user_data,
+                    owner,
+                    "the callback and everything its user data points at must outlive every replay, "
+                    "queued ones too; it must make no CUDA call",
+                )
+            )
     return out
 
 
@@ -713,10 +889,19 @@ def _closed_execs(nodes: list[_Node], execs: dict[int, GraphExec]) -> list[Findi
     for n in nodes:
         for h in closed:
             if isinstance(n.info, KernelInfo) and _holds(n, h):
-                out.append(_finding(n, 7, "closed-device-graph", "error", h,
-                                    f"device-launched exec 0x{h:x} has been closed (cuGraphExecDestroy)",
-                                    "a replay launches a destroyed exec from the device: keep the DeviceGraph open "
-                                    "as long as any graph that launches it", "exec handle"))
+                out.append(
+                    _finding(
+                        n,
+                        7,
+                        "closed-device-graph",
+                        "error",
+                        h,
+                        f"device-launched exec 0x{h:x} has been closed (cuGraphExecDestroy)",
+                        "a replay launches a destroyed exec from the device: keep the DeviceGraph open "
+                        "as long as any graph that launches it",
+                        "exec handle",
+                    )
+                )
     return out
 
 

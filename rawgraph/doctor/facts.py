@@ -38,8 +38,12 @@ ATTRIBUTES: tuple[Any, ...] = (
     _A.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
 )
 _FIELDS = ("memory_type", "buffer_id", "is_managed", "device_ordinal", "range_start", "range_size", "mapped", "mempool")
-_MEMTYPES = {int(_MT.CU_MEMORYTYPE_HOST): "host", int(_MT.CU_MEMORYTYPE_DEVICE): "device",
-             int(_MT.CU_MEMORYTYPE_ARRAY): "array", int(_MT.CU_MEMORYTYPE_UNIFIED): "unified"}
+_MEMTYPES = {
+    int(_MT.CU_MEMORYTYPE_HOST): "host",
+    int(_MT.CU_MEMORYTYPE_DEVICE): "device",
+    int(_MT.CU_MEMORYTYPE_ARRAY): "array",
+    int(_MT.CU_MEMORYTYPE_UNIFIED): "unified",
+}
 # Lowest and one past the highest value a word can hold to be taken for an address of a foreign
 # kernel: below 4 GiB are sizes, counts and pairs of small ints; at or above 2^47 are doubles,
 # random seeds and non-canonical x86-64 / AArch64 user addresses.
@@ -132,7 +136,11 @@ def _attributes(address: int) -> tuple[dict[str, int], str]:
     # Per attribute: an address the driver does not know answers CUDA_ERROR_INVALID_VALUE here,
     # which is the same "no allocation" as the combined call's null defaults.
     out: dict[str, int] = {}
-    notes = [] if err == driver.CUresult.CUDA_ERROR_INVALID_VALUE else [f"cuPointerGetAttributes: {getattr(err, 'name', err)}"]
+    notes = (
+        []
+        if err == driver.CUresult.CUDA_ERROR_INVALID_VALUE
+        else [f"cuPointerGetAttributes: {getattr(err, 'name', err)}"]
+    )
     for f, attr in zip(_FIELDS, ATTRIBUTES):
         try:
             e, v = driver.cuPointerGetAttribute(attr, ptr)
@@ -203,7 +211,7 @@ class TorchView:
     _starts: list[int] = field(default_factory=list)
 
     @classmethod
-    def from_snapshot(cls, segments: list[dict[str, Any]]) -> "TorchView":
+    def from_snapshot(cls, segments: list[dict[str, Any]]) -> TorchView:
         """From the list ``torch.cuda.memory_snapshot()`` returns (or a made-up one in tests)."""
         blocks: list[TorchBlock] = []
         for seg in segments:
@@ -220,7 +228,7 @@ class TorchView:
         return cls(blocks, [b.address for b in blocks])
 
     @classmethod
-    def current(cls) -> "TorchView | None":
+    def current(cls) -> TorchView | None:
         """The view now, when PyTorch is already imported and has CUDA (never imports it)."""
         torch = sys.modules.get("torch")
         if torch is None:

@@ -11,8 +11,9 @@ only by the builders that need them.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
@@ -107,8 +108,16 @@ def dangling() -> Fault:
     # may take x's address, which is then live again; the baseline tells the new owner apart.
     base = check(graph)
     x.close()  # the graph still holds x's address
-    return Fault("dangling", 1, graph, "0", "a buffer freed while a graph still points at it",
-                 {"baseline": base}, keep=[y], closers=[graph.close, y.close])
+    return Fault(
+        "dangling",
+        1,
+        graph,
+        "0",
+        "a buffer freed while a graph still points at it",
+        {"baseline": base},
+        keep=[y],
+        closers=[graph.close, y.close],
+    )
 
 
 def stream_ordered_pool(stream: Stream) -> Fault:
@@ -140,8 +149,16 @@ def stream_ordered_pool(stream: Stream) -> Fault:
         call(driver.cuMemPoolSetAttribute, pool, attr, old)
         call(driver.cuMemPoolTrimTo, pool, 0)
 
-    return Fault("stream-ordered-pool", 2, graph, "0", "a cudaMallocAsync buffer freed after capture",
-                 {"baseline": base}, keep=[y], closers=[restore, graph.close, y.close])
+    return Fault(
+        "stream-ordered-pool",
+        2,
+        graph,
+        "0",
+        "a cudaMallocAsync buffer freed after capture",
+        {"baseline": base},
+        keep=[y],
+        closers=[restore, graph.close, y.close],
+    )
 
 
 def host_memory() -> Fault:
@@ -155,8 +172,16 @@ def host_memory() -> Fault:
     base = check(graph)
     h.close()
     again = HostBuffer(N, np.float32)  # often the same address: the baseline tells them apart
-    return Fault("host-memory", 3, graph, "0", "a pinned staging buffer freed and allocated again",
-                 {"baseline": base}, keep=[y, again], closers=[graph.close, y.close, again.close])
+    return Fault(
+        "host-memory",
+        3,
+        graph,
+        "0",
+        "a pinned staging buffer freed and allocated again",
+        {"baseline": base},
+        keep=[y, again],
+        closers=[graph.close, y.close, again.close],
+    )
 
 
 def host_memory_cupy() -> Fault:
@@ -185,8 +210,16 @@ def host_memory_cupy() -> Fault:
     del host, mem
     cupy.get_default_pinned_memory_pool().free_all_blocks()
     again = cupy.cuda.alloc_pinned_memory(N * 4)
-    return Fault("host-memory", 3, adopted, "0", "a CuPy pinned staging buffer freed and allocated again",
-                 {"baseline": base}, keep=[dev, again, s], closers=[adopted.close])
+    return Fault(
+        "host-memory",
+        3,
+        adopted,
+        "0",
+        "a CuPy pinned staging buffer freed and allocated again",
+        {"baseline": base},
+        keep=[dev, again, s],
+        closers=[adopted.close],
+    )
 
 
 def unordered_overlap() -> Fault:
@@ -197,8 +230,15 @@ def unordered_overlap() -> Fault:
     b.kernel(k["fill"].launch(_grid(), BLOCK, (buf, 1.0, N)))
     b.kernel(k["scale"].launch(_grid(), BLOCK, (buf, out, 2.0, N)))  # deps=() : the edge is missing
     graph = b.build()
-    return Fault("unordered-overlap", 5, graph, "1", "a graph built with a missing edge",
-                 keep=[buf, out], closers=[graph.close, buf.close, out.close])
+    return Fault(
+        "unordered-overlap",
+        5,
+        graph,
+        "1",
+        "a graph built with a missing edge",
+        keep=[buf, out],
+        closers=[graph.close, buf.close, out.close],
+    )
 
 
 def conditional_default() -> Fault:
@@ -221,8 +261,16 @@ def conditional_default() -> Fault:
     call(driver.cuGraphAddKernelNode, body, None, 0, launch.node_params())
     b.keep.append(launch)
     graph = b.build()
-    return Fault("conditional-default", 7, graph, "1", "a conditional node nobody sets, made without a default",
-                 {"conditions": {int(handle): None}}, keep=[y], closers=[graph.close, y.close])
+    return Fault(
+        "conditional-default",
+        7,
+        graph,
+        "1",
+        "a conditional node nobody sets, made without a default",
+        {"conditions": {int(handle): None}},
+        keep=[y],
+        closers=[graph.close, y.close],
+    )
 
 
 def allocator_freed() -> Fault:
@@ -233,14 +281,22 @@ def allocator_freed() -> Fault:
     from ..updates.adopt import from_torch
 
     x = torch.randn(N, device="cuda")
-    g = _torch_capture(torch, lambda: x * 2 + 1)
+    g = _torch_capture(torch, lambda: x * 2 + 1)  # noqa: F821 (run here, before the `del x` below)
     adopted = from_torch(g)
     base = check(adopted)
     ptr = x.data_ptr()
     del x
     z = torch.empty(N // 2, device="cuda")  # the caching allocator hands out x's block again
-    return Fault("allocator-freed", 4, adopted, _first_holder(adopted, ptr), "a torch tensor captured, then deleted "
-                 "and its block reused", {"baseline": base}, keep=[z, g], closers=[adopted.close])
+    return Fault(
+        "allocator-freed",
+        4,
+        adopted,
+        _first_holder(adopted, ptr),
+        "a torch tensor captured, then deleted and its block reused",
+        {"baseline": base},
+        keep=[z, g],
+        closers=[adopted.close],
+    )
 
 
 def input_is_intermediate() -> Fault:
@@ -265,9 +321,16 @@ def input_is_intermediate() -> Fault:
     g = _torch_capture(torch, body)
     inp = box["inp"]
     adopted = from_torch(g)
-    return Fault("input-is-intermediate", 6, adopted, _first_holder(adopted, inp.data_ptr()),
-                 "a torch graph whose input is also an intermediate", {"inputs": [inp]}, keep=[x, inp, g, box],
-                 closers=[adopted.close])
+    return Fault(
+        "input-is-intermediate",
+        6,
+        adopted,
+        _first_holder(adopted, inp.data_ptr()),
+        "a torch graph whose input is also an intermediate",
+        {"inputs": [inp]},
+        keep=[x, inp, g, box],
+        closers=[adopted.close],
+    )
 
 
 def _torch_capture(torch: Any, fn: Callable[[], Any]) -> Any:
@@ -343,6 +406,18 @@ def all_faults(stream: Stream, torch: bool = True, cupy: bool = True) -> list[Fa
     return faults
 
 
-__all__ = ["Fault", "WrongArgument", "all_faults", "allocator_freed", "conditional_default", "dangling", "host_memory",
-           "host_memory_cupy", "input_is_intermediate", "kernels", "stream_ordered_pool", "unordered_overlap",
-           "wrong_argument"]
+__all__ = [
+    "Fault",
+    "WrongArgument",
+    "all_faults",
+    "allocator_freed",
+    "conditional_default",
+    "dangling",
+    "host_memory",
+    "host_memory_cupy",
+    "input_is_intermediate",
+    "kernels",
+    "stream_ordered_pool",
+    "unordered_overlap",
+    "wrong_argument",
+]

@@ -27,6 +27,7 @@ NAMES_7 = ("conditional-default", "host-callback", "closed-device-graph")
 SEVERITIES = ("error", "warning", "info")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
+
 class DoctorError(RawgraphError, ValueError):
     """``check`` or ``verify`` was given something it cannot examine."""
 
@@ -91,7 +92,9 @@ class Finding:
     def __str__(self) -> str:
         who = f"{self.node_type} {self.kernel}".strip()
         at = f" at 0x{self.address:x}" if self.address else ""
-        return f"[{self.severity}] {self.cls}/{self.name}: node {self.path or self.node_index} ({who}){at}: {self.owner}"
+        return (
+            f"[{self.severity}] {self.cls}/{self.name}: node {self.path or self.node_index} ({who}){at}: {self.owner}"
+        )
 
 
 @dataclass(frozen=True)
@@ -188,16 +191,32 @@ class Report:
         for f in self.findings:
             by_class[f.name] = by_class.get(f.name, 0) + 1
             by_sev[f.severity] = by_sev.get(f.severity, 0) + 1
-        return {"graph": self.graph, "nodes": self.nodes, "seconds": self.seconds, "ok": self.ok,
-                "by_class": by_class, "by_severity": by_sev,
-                "findings": [f.to_dict() for f in self.findings], "notes": list(self.notes),
-                "inputs": [r.to_dict() for r in self.inputs]}
+        return {
+            "graph": self.graph,
+            "nodes": self.nodes,
+            "seconds": self.seconds,
+            "ok": self.ok,
+            "by_class": by_class,
+            "by_severity": by_sev,
+            "findings": [f.to_dict() for f in self.findings],
+            "notes": list(self.notes),
+            "inputs": [r.to_dict() for r in self.inputs],
+        }
 
     def rows(self) -> list[tuple[str, ...]]:
         """One row of text per finding: severity, class, node, type/kernel, address, owner, advice."""
-        return [(f.severity, f"{f.cls} {f.name}", f.path or str(f.node_index),
-                 f"{f.node_type} {_short(f.kernel)}".strip(), f"0x{f.address:x}" if f.address else "-",
-                 f.owner, f.advice) for f in self.findings]
+        return [
+            (
+                f.severity,
+                f"{f.cls} {f.name}",
+                f.path or str(f.node_index),
+                f"{f.node_type} {_short(f.kernel)}".strip(),
+                f"0x{f.address:x}" if f.address else "-",
+                f.owner,
+                f.advice,
+            )
+            for f in self.findings
+        ]
 
     HEADERS = ("severity", "class", "node", "node type / kernel", "address", "owner", "advice")
 
@@ -252,8 +271,11 @@ class Report:
                     cells[2] += f"<br>with {escape(', '.join(f.related))}"
                 colour = SEVERITY_COLOURS.get(f.severity)
                 style = f' style="background-color: {escape(colour)}; color: black"' if colour else ""
-                out.append(f'<tr class="{escape(f.severity)}"{style}>' + "".join(
-                    f'<td style="text-align: left">{c}</td>' for c in cells) + "</tr>")
+                out.append(
+                    f'<tr class="{escape(f.severity)}"{style}>'
+                    + "".join(f'<td style="text-align: left">{c}</td>' for c in cells)
+                    + "</tr>"
+                )
             out.append("</tbody></table>")
         if self.notes:
             out.append("<ul>" + "".join(f"<li>note: {escape(n)}</li>" for n in self.notes) + "</ul>")

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
@@ -51,8 +52,10 @@ class Mismatch:
     max_abs: float
 
     def __str__(self) -> str:
-        return (f"output {self.output!r} differs at {self.index}: replay {self.got!r}, eager {self.want!r} "
-                f"({self.count} element(s), max |diff| {self.max_abs:.3g})")
+        return (
+            f"output {self.output!r} differs at {self.index}: replay {self.got!r}, eager {self.want!r} "
+            f"({self.count} element(s), max |diff| {self.max_abs:.3g})"
+        )
 
 
 @dataclass
@@ -86,8 +89,11 @@ class VerifyResult:
     def __str__(self) -> str:
         if self.ok:
             return f"replay equals eager ({self.replays} replay(s), {self.seconds * 1e3:.2f} ms)"
-        where = (f"; first diverging node {self.node} ({self.node_label}): {self.node_mismatch}"
-                 if self.node is not None else "")
+        where = (
+            f"; first diverging node {self.node} ({self.node_label}): {self.node_mismatch}"
+            if self.node is not None
+            else ""
+        )
         return f"replay differs from eager: {self.mismatch}{where}"
 
 
@@ -116,8 +122,14 @@ def compare(name: str, got: np.ndarray, want: np.ndarray, rtol: float, atol: flo
     idx = tuple(int(i) for i in np.argwhere(bad)[0])
     diff = np.abs(got.astype(np.float64) - want.astype(np.float64)) if got.dtype.kind in "fciub" else np.zeros(1)
     finite = diff[np.isfinite(diff)]
-    return Mismatch(name, idx, got[idx].item(), want[idx].item(), int(bad.sum()),
-                    float(finite.max()) if finite.size else float("inf"))
+    return Mismatch(
+        name,
+        idx,
+        got[idx].item(),
+        want[idx].item(),
+        int(bad.sum()),
+        float(finite.max()) if finite.size else float("inf"),
+    )
 
 
 def _read(view: Any) -> np.ndarray:
@@ -146,8 +158,17 @@ def _sync() -> None:
 
 
 # --------------------------------------------------------------------------- rawgraph execs
-def verify(exe: GraphExec, stream: Any, *, fresh_inputs: bool = True, rtol: float = 1e-5, atol: float = 1e-6,
-           locate: bool = True, seed: int | None = None, action: str = "return") -> VerifyResult:
+def verify(
+    exe: GraphExec,
+    stream: Any,
+    *,
+    fresh_inputs: bool = True,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    locate: bool = True,
+    seed: int | None = None,
+    action: str = "return",
+) -> VerifyResult:
     """Replay ``exe`` and run its plan eagerly from the same state; compare the outputs, and on a
     mismatch name the first diverging node.
 
@@ -188,8 +209,10 @@ def verify(exe: GraphExec, stream: Any, *, fresh_inputs: bool = True, rtol: floa
     graph = exe.graph
     plan = getattr(graph, "plan", None)
     if plan is None:
-        raise DoctorError("verify() needs a rawgraph graph with a launch plan (its eager twin); for any other "
-                          "graph give the replay and its eager twin to Verifier")
+        raise DoctorError(
+            "verify() needs a rawgraph graph with a launch plan (its eager twin); for any other "
+            "graph give the replay and its eager twin to Verifier"
+        )
     exe._check_open()
     plan.check_open()
     s = as_stream(stream)
@@ -247,8 +270,16 @@ def _set_enabled(exe: GraphExec, nodes: Sequence[KernelNode], upto: int) -> None
         call(driver.cuGraphNodeSetEnabled, exe.handle, kn.handle, 1 if kn.index <= upto else 0)
 
 
-def _locate(exe: GraphExec, nodes: Sequence[KernelNode], buffers: dict[str, Any], restore: Callable[[], None],
-            s: Any, rtol: float, atol: float, result: VerifyResult) -> None:
+def _locate(
+    exe: GraphExec,
+    nodes: Sequence[KernelNode],
+    buffers: dict[str, Any],
+    restore: Callable[[], None],
+    s: Any,
+    rtol: float,
+    atol: float,
+    result: VerifyResult,
+) -> None:
     """The first node whose outputs differ between a prefix replay and the eager twin."""
     knodes = sorted(nodes, key=lambda k: k.index)
     # The eager twin, launch by launch: each launch's written buffers right after it.
@@ -302,7 +333,7 @@ class VerifiedExec:
         return getattr(self.exec, name)
 
 
-def watch(exe: GraphExec, every: int = 0, **options: Any) -> "GraphExec | VerifiedExec":
+def watch(exe: GraphExec, every: int = 0, **options: Any) -> GraphExec | VerifiedExec:
     """``exe`` itself when ``every`` is 0 (verification off costs nothing), else a
     :class:`VerifiedExec` verifying every ``every``-th launch (``options`` go to :func:`verify`;
     ``action`` defaults to ``"raise"``)."""
@@ -342,9 +373,18 @@ class Verifier:
     sync: Callable[[], Any]
     count: int
 
-    def __init__(self, replay: Callable[[], Any], eager: Callable[[], Any], outputs: Sequence[Any], every: int = 1,
-                 fill: Callable[[], Any] | None = None, rtol: float = 1e-5, atol: float = 1e-6, action: str = "raise",
-                 sync: Callable[[], Any] | None = None):
+    def __init__(
+        self,
+        replay: Callable[[], Any],
+        eager: Callable[[], Any],
+        outputs: Sequence[Any],
+        every: int = 1,
+        fill: Callable[[], Any] | None = None,
+        rtol: float = 1e-5,
+        atol: float = 1e-6,
+        action: str = "raise",
+        sync: Callable[[], Any] | None = None,
+    ):
         if action not in ("raise", "warn"):
             raise DoctorError(f"action is 'raise' or 'warn', got {action!r}")
         self.replay, self.eager, self.outputs = replay, eager, list(outputs)
@@ -384,13 +424,24 @@ class Verifier:
         return self.replay()
 
 
-def verified(replay: Callable[[], Any], eager: Callable[[], Any], outputs: Sequence[Any], every: int = 0,
-             **options: Any) -> Callable[[], Any]:
+def verified(
+    replay: Callable[[], Any], eager: Callable[[], Any], outputs: Sequence[Any], every: int = 0, **options: Any
+) -> Callable[[], Any]:
     """``replay`` itself when ``every`` is 0, else a :class:`Verifier` around it."""
     if every < 0:
         raise DoctorError(f"every must be >= 0, got {every}")
     return replay if every == 0 else Verifier(replay, eager, outputs, every, **options)
 
 
-__all__ = ["Mismatch", "ReplayMismatchWarning", "VerifiedExec", "VerifyError", "VerifyResult", "Verifier", "compare",
-           "verified", "verify", "watch"]
+__all__ = [
+    "Mismatch",
+    "ReplayMismatchWarning",
+    "VerifiedExec",
+    "VerifyError",
+    "VerifyResult",
+    "Verifier",
+    "compare",
+    "verified",
+    "verify",
+    "watch",
+]

@@ -46,33 +46,47 @@ from __future__ import annotations
 
 import ctypes
 import traceback
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from cuda.bindings import driver
 
 from ..runtime.device import Device, get_device
 from ..runtime.errors import RawgraphError, call
-from .graph import Graph, GraphExec, KernelNode
 from ..runtime.launch import Launch, LaunchPlan
 from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer
-# Re-exported: the keep-alive of what queued replays call into is part of the builder's interface.
-from .keepalive import collect_held as collect_held, held_objects as held_objects, hold_for_replays as hold_for_replays
 from ..runtime.stream import Event
+from .graph import Graph, GraphExec, KernelNode
+
+# Re-exported: the keep-alive of what queued replays call into is part of the builder's interface.
+from .keepalive import collect_held as collect_held
+from .keepalive import held_objects as held_objects
+from .keepalive import hold_for_replays as hold_for_replays
+
 # Re-exported: the node-parameter helpers and edge constants (the builder's own vocabulary).
-from .params import (DEP_DEFAULT as DEP_DEFAULT, DEP_PROGRAMMATIC as DEP_PROGRAMMATIC, EDGE_KINDS as EDGE_KINDS,
-                     PORT_DEFAULT as PORT_DEFAULT, PORT_LAUNCH_ORDER as PORT_LAUNCH_ORDER,
-                     PORT_PROGRAMMATIC as PORT_PROGRAMMATIC, allocation_address as allocation_address,
-                     edge_data as edge_data, host_params as host_params, kernel_params as kernel_params,
-                     mem_alloc_params as mem_alloc_params, memcpy_params as memcpy_params,
-                     memset_params as memset_params)
+from .params import DEP_DEFAULT as DEP_DEFAULT
+from .params import DEP_PROGRAMMATIC as DEP_PROGRAMMATIC
+from .params import EDGE_KINDS as EDGE_KINDS
+from .params import PORT_DEFAULT as PORT_DEFAULT
+from .params import PORT_LAUNCH_ORDER as PORT_LAUNCH_ORDER
+from .params import PORT_PROGRAMMATIC as PORT_PROGRAMMATIC
+from .params import allocation_address as allocation_address
+from .params import edge_data as edge_data
+from .params import host_params as host_params
+from .params import kernel_params as kernel_params
+from .params import mem_alloc_params as mem_alloc_params
+from .params import memcpy_params as memcpy_params
+from .params import memset_params as memset_params
 
 NODE_T: Any = driver.CUgraphNodeType
 
 # Node types a graph may not hold to be cloned or embedded as a child graph.
-_NO_CLONE = {NODE_T.CU_GRAPH_NODE_TYPE_MEM_ALLOC: "a memory allocation node",
-             NODE_T.CU_GRAPH_NODE_TYPE_MEM_FREE: "a memory free node",
-             NODE_T.CU_GRAPH_NODE_TYPE_CONDITIONAL: "a conditional node"}
+_NO_CLONE = {
+    NODE_T.CU_GRAPH_NODE_TYPE_MEM_ALLOC: "a memory allocation node",
+    NODE_T.CU_GRAPH_NODE_TYPE_MEM_FREE: "a memory free node",
+    NODE_T.CU_GRAPH_NODE_TYPE_CONDITIONAL: "a conditional node",
+}
 # Node types a conditional body may not hold (CUDA programming guide, "Conditional graph nodes":
 # bodies may hold kernel, empty, memcpy, memset, child graph and conditional nodes only).
 _NOT_IN_BODY = ("host", "event record", "event wait", "memory allocation", "memory free")
@@ -191,9 +205,11 @@ def clone_refusal(graph_handle: Any) -> str | None:
     for n in list(nodes)[:count]:
         t = call(driver.cuGraphNodeGetType, n)
         if t in _NO_CLONE:
-            return (f"the graph holds {_NO_CLONE[t]}; the driver refuses to clone such graphs or embed them as "
-                    f"child graphs (CUDA_ERROR_NOT_SUPPORTED / documented for cuGraphAddMemAllocNode): "
-                    f"build or capture it again instead")
+            return (
+                f"the graph holds {_NO_CLONE[t]}; the driver refuses to clone such graphs or embed them as "
+                f"child graphs (CUDA_ERROR_NOT_SUPPORTED / documented for cuGraphAddMemAllocNode): "
+                f"build or capture it again instead"
+            )
         if t == NODE_T.CU_GRAPH_NODE_TYPE_GRAPH:
             inner = clone_refusal(call(driver.cuGraphChildGraphNodeGetGraph, n))
             if inner:
@@ -231,7 +247,7 @@ class BuiltGraph(Graph):
             hold_for_replays(exe, held)
         return exe
 
-    def clone(self) -> "BuiltGraph":
+    def clone(self) -> BuiltGraph:
         """A copy of this graph (``cuGraphClone``) with the node map re-pointed at the copy's nodes.
 
         Raises
@@ -248,8 +264,10 @@ class BuiltGraph(Graph):
         try:
             # Every node's counterpart, so the kernel nodes' dependencies move to the copy too.
             twin = {int(n): call(driver.cuGraphNodeFindInClone, n, handle) for n in self.all_nodes()}
-            kernels = [KernelNode(twin[int(n.handle)], n.index, n.launch, n.captured_args,
-                                  tuple(int(twin[d]) for d in n.deps)) for n in self.nodes]
+            kernels = [
+                KernelNode(twin[int(n.handle)], n.index, n.launch, n.captured_args, tuple(int(twin[d]) for d in n.deps))
+                for n in self.nodes
+            ]
             built = [Node(twin[int(n.handle)], n.kind, n.index) for n in self.built_nodes]
         except BaseException:
             call(driver.cuGraphDestroy, handle)
@@ -317,8 +335,10 @@ class GraphBuilder:
 
     def _no_body(self, what: str) -> None:
         if self.is_body:
-            raise RawgraphError(f"a conditional node's body may not hold {what} nodes (kernel, empty, memcpy, memset, "
-                                "child graph and conditional nodes only); the driver would refuse the graph")
+            raise RawgraphError(
+                f"a conditional node's body may not hold {what} nodes (kernel, empty, memcpy, memset, "
+                "child graph and conditional nodes only); the driver would refuse the graph"
+            )
 
     def _deps(self, deps: DepSpec) -> tuple[list[Any], list[tuple[Any, str]]]:
         """``deps`` as (plain handles, [(handle, kind)] of every edge), duplicates refused."""
@@ -349,8 +369,9 @@ class GraphBuilder:
         self.nodes.append(node)
         return node
 
-    def _add_with_edges(self, kind: str, edges: list[tuple[Any, str]], add: Callable[[list[Any]], Any],
-                        programmatic_ok: bool = False) -> Node:
+    def _add_with_edges(
+        self, kind: str, edges: list[tuple[Any, str]], add: Callable[[list[Any]], Any], programmatic_ok: bool = False
+    ) -> Node:
         """Add a node with its default edges in the add call, then its programmatic ones
         (``cuGraphAddDependencies`` with edge data)."""
         plain = [h for h, k in edges if k == "default"]
@@ -399,8 +420,11 @@ class GraphBuilder:
         # Every edge into the node, default and programmatic (``verify_edges`` compares them).
         kn = KernelNode(None, len(self.kernel_nodes), launch, snapshot, tuple(int(h) for h, _k in edges))
         node = self._add_with_edges(
-            "kernel", edges, lambda plain: call(driver.cuGraphAddKernelNode, self.handle, plain, len(plain), p),
-            programmatic_ok=True)
+            "kernel",
+            edges,
+            lambda plain: call(driver.cuGraphAddKernelNode, self.handle, plain, len(plain), p),
+            programmatic_ok=True,
+        )
         kn.handle = node.handle
         self.kernel_nodes.append(kn)
         self.keep.append(launch)
@@ -446,12 +470,14 @@ class GraphBuilder:
             if have is not None and nbytes > int(have):
                 raise ValueError(f"memcpy of {nbytes} bytes overruns {what} ({have} bytes)")
         _h, edges = self._deps(deps)
-        p = memcpy_params(_ptr(dst, "dst"), isinstance(dst, HostBuffer), _ptr(src, "src"), isinstance(src, HostBuffer),
-                          nbytes)
+        p = memcpy_params(
+            _ptr(dst, "dst"), isinstance(dst, HostBuffer), _ptr(src, "src"), isinstance(src, HostBuffer), nbytes
+        )
         ctx = self.device.context
         self.keep.extend(o for o in (dst, src) if not isinstance(o, int))
         return self._add_with_edges(
-            "memcpy", edges, lambda plain: call(driver.cuGraphAddMemcpyNode, self.handle, plain, len(plain), p, ctx))
+            "memcpy", edges, lambda plain: call(driver.cuGraphAddMemcpyNode, self.handle, plain, len(plain), p, ctx)
+        )
 
     def memset(self, dst: Any, value: int, count: int, element_size: int = 4, deps: DepSpec = ()) -> Node:
         """Fill ``count`` elements of ``element_size`` (1, 2 or 4) bytes with ``value``
@@ -475,7 +501,8 @@ class GraphBuilder:
         if not isinstance(dst, int):
             self.keep.append(dst)
         return self._add_with_edges(
-            "memset", edges, lambda plain: call(driver.cuGraphAddMemsetNode, self.handle, plain, len(plain), p, ctx))
+            "memset", edges, lambda plain: call(driver.cuGraphAddMemsetNode, self.handle, plain, len(plain), p, ctx)
+        )
 
     def host(self, fn: Callable[[], Any] | HostCallback, deps: DepSpec = ()) -> Node:
         """A host node calling ``fn()`` when a replay reaches it (``cuGraphAddHostNode``).
@@ -494,7 +521,8 @@ class GraphBuilder:
         p = host_params(cb.address)
         self.keep.append(cb)
         return self._add_with_edges(
-            "host", edges, lambda plain: call(driver.cuGraphAddHostNode, self.handle, plain, len(plain), p))
+            "host", edges, lambda plain: call(driver.cuGraphAddHostNode, self.handle, plain, len(plain), p)
+        )
 
     def event_record(self, event: Event, deps: DepSpec = ()) -> Node:
         """Record ``event`` when a replay reaches this node (``cuGraphAddEventRecordNode``)."""
@@ -504,8 +532,10 @@ class GraphBuilder:
         _h, edges = self._deps(deps)
         self.keep.append(event)
         return self._add_with_edges(
-            "event_record", edges,
-            lambda plain: call(driver.cuGraphAddEventRecordNode, self.handle, plain, len(plain), event.handle))
+            "event_record",
+            edges,
+            lambda plain: call(driver.cuGraphAddEventRecordNode, self.handle, plain, len(plain), event.handle),
+        )
 
     def event_wait(self, event: Event, deps: DepSpec = ()) -> Node:
         """Wait for ``event``'s latest record before later nodes run (``cuGraphAddEventWaitNode``)."""
@@ -515,15 +545,18 @@ class GraphBuilder:
         _h, edges = self._deps(deps)
         self.keep.append(event)
         return self._add_with_edges(
-            "event_wait", edges,
-            lambda plain: call(driver.cuGraphAddEventWaitNode, self.handle, plain, len(plain), event.handle))
+            "event_wait",
+            edges,
+            lambda plain: call(driver.cuGraphAddEventWaitNode, self.handle, plain, len(plain), event.handle),
+        )
 
     def empty(self, deps: DepSpec = ()) -> Node:
         """A node that does nothing: a join point for many edges (``cuGraphAddEmptyNode``)."""
         self._check("empty")
         _h, edges = self._deps(deps)
         return self._add_with_edges(
-            "empty", edges, lambda plain: call(driver.cuGraphAddEmptyNode, self.handle, plain, len(plain)))
+            "empty", edges, lambda plain: call(driver.cuGraphAddEmptyNode, self.handle, plain, len(plain))
+        )
 
     def child(self, graph: Graph | Any, deps: DepSpec = ()) -> Node:
         """Embed a copy of ``graph`` (``cuGraphAddChildGraphNode`` clones it now).
@@ -542,7 +575,8 @@ class GraphBuilder:
         _h, edges = self._deps(deps)
         self.keep.append(graph)
         return self._add_with_edges(
-            "child", edges, lambda plain: call(driver.cuGraphAddChildGraphNode, self.handle, plain, len(plain), handle))
+            "child", edges, lambda plain: call(driver.cuGraphAddChildGraphNode, self.handle, plain, len(plain), handle)
+        )
 
     def mem_alloc(self, nbytes: int, deps: DepSpec = ()) -> tuple[Node, int]:
         """Allocate ``nbytes`` of device memory inside the graph (``cuGraphAddMemAllocNode``).
@@ -558,7 +592,8 @@ class GraphBuilder:
         _h, edges = self._deps(deps)
         p = mem_alloc_params(nbytes, self.device.ordinal)
         node = self._add_with_edges(
-            "mem_alloc", edges, lambda plain: call(driver.cuGraphAddMemAllocNode, self.handle, plain, len(plain), p))
+            "mem_alloc", edges, lambda plain: call(driver.cuGraphAddMemAllocNode, self.handle, plain, len(plain), p)
+        )
         return node, allocation_address(node.handle)
 
     def mem_free(self, ptr: int, deps: DepSpec = ()) -> Node:
@@ -567,7 +602,10 @@ class GraphBuilder:
         self._no_body("memory free")
         _h, edges = self._deps(deps)
         return self._add_with_edges(
-            "mem_free", edges, lambda plain: call(driver.cuGraphAddMemFreeNode, self.handle, plain, len(plain), int(ptr)))
+            "mem_free",
+            edges,
+            lambda plain: call(driver.cuGraphAddMemFreeNode, self.handle, plain, len(plain), int(ptr)),
+        )
 
     def node(self, params: Any, kind: str, deps: DepSpec = ()) -> tuple[Node, Any]:
         """Any node from a filled ``CUgraphNodeParams`` (``cuGraphAddNode``); returns the node and
@@ -624,7 +662,7 @@ class GraphBuilder:
         if not self._built and self._graph is not None:
             self._graph.close()
 
-    def __enter__(self) -> "GraphBuilder":
+    def __enter__(self) -> GraphBuilder:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -37,18 +37,27 @@ from __future__ import annotations
 import enum
 import warnings
 import weakref
-from typing import Any, Literal, Sequence, cast
+from collections.abc import Sequence
+from typing import Any, Literal, cast
 
 from cuda.bindings import driver
 
 from ..runtime import _capturing
-from ..runtime.errors import (CaptureError, CaptureRefusedError, ClosedError, EmptyCaptureWarning, RawgraphError,
-                              call, check, error_name)
-from .graph import ForeignNode, Graph, KernelNode
+from ..runtime.errors import (
+    CaptureError,
+    CaptureRefusedError,
+    ClosedError,
+    EmptyCaptureWarning,
+    RawgraphError,
+    call,
+    check,
+    error_name,
+)
 from ..runtime.launch import Launch, LaunchPlan
 from ..runtime.memory import DeviceArray
 from ..runtime.resource import flush_deferred, release, shutting_down
 from ..runtime.stream import SPECIAL_HANDLES, Event, Stream, _handle_of, as_stream, capture_info, discard_capture
+from .graph import ForeignNode, Graph, KernelNode
 
 
 class CaptureMode(enum.Enum):
@@ -106,8 +115,9 @@ class Capture:
         ``CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`` after a forbidden call).
     """
 
-    def __init__(self, stream: Any, mode: CaptureMode = DEFAULT_CAPTURE_MODE, side_streams: int = 0,
-                 foreign: str = "map"):
+    def __init__(
+        self, stream: Any, mode: CaptureMode = DEFAULT_CAPTURE_MODE, side_streams: int = 0, foreign: str = "map"
+    ):
         if not isinstance(mode, CaptureMode):
             raise TypeError(f"mode must be a CaptureMode, got {mode!r}")
         if foreign not in FOREIGN_POLICIES:
@@ -150,7 +160,7 @@ class Capture:
     def streams(self) -> list[Stream]:
         return list(self._side.values())
 
-    def __enter__(self) -> "Capture":
+    def __enter__(self) -> Capture:
         if self._used:
             raise CaptureRefusedError("a Capture is single-use: make a new Capture for another capture")
         self.stream._check_open()
@@ -198,8 +208,11 @@ class Capture:
             return self.stream
         status, cid, _g, _d = capture_info(s.handle)
         if status != _ACTIVE or cid != self._id:
-            state = "is not capturing" if status == _NONE else (
-                "captures into another capture" if status == _ACTIVE else f"is {status.name}")
+            state = (
+                "is not capturing"
+                if status == _NONE
+                else ("captures into another capture" if status == _ACTIVE else f"is {status.name}")
+            )
             raise CaptureRefusedError(f"{what}: {s!r} {state}; fork it into this capture first (Capture.fork)")
         self._side.setdefault(s.ptr, s)  # a stream the caller joined by its own event wait
         return s
@@ -209,7 +222,7 @@ class Capture:
         self._events.append(event)
         return event
 
-    def fork(self, streams: "int | Sequence[Any] | Any", after: Any = None) -> list[Stream]:
+    def fork(self, streams: int | Sequence[Any] | Any, after: Any = None) -> list[Stream]:
         """Join side streams into the capture after everything captured so far on ``after``.
 
         ``cuEventRecord`` on ``after`` (default: the origin stream), then ``cuStreamWaitEvent``
@@ -242,8 +255,9 @@ class Capture:
             if streams < 1 or self._handed + streams > len(self._pool):
                 raise CaptureRefusedError(
                     f"fork({streams}): {len(self._pool) - self._handed} of the capture's own side streams are left; "
-                    "make them before the capture (Capture(stream, side_streams=n)) or pass your own streams")
-            targets = self._pool[self._handed:self._handed + streams]
+                    "make them before the capture (Capture(stream, side_streams=n)) or pass your own streams"
+                )
+            targets = self._pool[self._handed : self._handed + streams]
             self._handed += streams
         else:
             seq = list(streams) if isinstance(streams, (list, tuple)) else [streams]
@@ -258,8 +272,9 @@ class Capture:
                 raise CaptureRefusedError(f"fork: {t!r} belongs to another context than the capturing stream")
             status, cid, _g, _d = capture_info(t.handle)
             if status != _NONE and not (status == _ACTIVE and cid == self._id):
-                raise CaptureRefusedError(f"fork: {t!r} is part of another capture ({status.name}); "
-                                          "the driver would merge or reject the two")
+                raise CaptureRefusedError(
+                    f"fork: {t!r} is part of another capture ({status.name}); the driver would merge or reject the two"
+                )
             seen.add(t.ptr)
         event = self._event()
         call(driver.cuEventRecord, event.handle, source.handle)
@@ -268,7 +283,7 @@ class Capture:
             self._side.setdefault(t.ptr, t)
         return targets
 
-    def join(self, streams: "Sequence[Any] | Any | None" = None, into: Any = None) -> None:
+    def join(self, streams: Sequence[Any] | Any | None = None, into: Any = None) -> None:
         """Join side streams back: ``cuEventRecord`` on each, ``cuStreamWaitEvent`` on ``into``
         (default the origin), so the next work there (and the end of the capture) depends on
         everything they captured. No node is added. ``streams`` defaults to every side stream
@@ -380,8 +395,12 @@ class Capture:
         if not self._open:
             raise RawgraphError("Capture.event_record outside the with-block")
         event._check_open()
-        call(driver.cuEventRecordWithFlags, event.handle, self.stream.handle,
-             int(driver.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL))
+        call(
+            driver.cuEventRecordWithFlags,
+            event.handle,
+            self.stream.handle,
+            int(driver.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL),
+        )
         self.other_nodes.append((self._last_node("cuEventRecordWithFlags"), "event", event))
 
     def run(self, plan: LaunchPlan, stream: Any = None) -> list[KernelNode]:
@@ -426,8 +445,11 @@ class Capture:
         if not self._names_ok or not self.nodes:
             return None
         launches = [n.launch for n in self.nodes]
-        if len(self._plans) == 1 and len(self._plans[0].launches) == len(launches) \
-                and all(a is b for a, b in zip(self._plans[0].launches, launches)):
+        if (
+            len(self._plans) == 1
+            and len(self._plans[0].launches) == len(launches)
+            and all(a is b for a, b in zip(self._plans[0].launches, launches))
+        ):
             return self._plans[0]
         used: dict[str, set[str]] = {}
         for node in self.nodes:
@@ -436,7 +458,7 @@ class Capture:
                 view = self.buffers.get(use.buffer)
                 if view is None:
                     return None
-                captured = int.from_bytes(node.captured_args[offsets[arg]:offsets[arg] + 8], "little")
+                captured = int.from_bytes(node.captured_args[offsets[arg] : offsets[arg] + 8], "little")
                 if captured != view.ptr:
                     return None
                 used.setdefault(use.buffer, set()).add(use.role)
@@ -445,8 +467,12 @@ class Capture:
         # name for the same bytes is written (two plans recorded in one capture each name a
         # buffer their own way: a gather writes "slot_x", the model reads it as "x").
         written = [(bufs[n].ptr, bufs[n].ptr + bufs[n].nbytes) for n, roles in used.items() if roles != {"read"}]
-        inputs = tuple(n for n, roles in used.items() if roles == {"read"}
-                       and not any(lo < bufs[n].ptr + bufs[n].nbytes and bufs[n].ptr < hi for lo, hi in written))
+        inputs = tuple(
+            n
+            for n, roles in used.items()
+            if roles == {"read"}
+            and not any(lo < bufs[n].ptr + bufs[n].nbytes and bufs[n].ptr < hi for lo, hi in written)
+        )
         outputs = tuple(n for n in used if n not in inputs)
         return LaunchPlan(launches, bufs, inputs, outputs, pdl=None)
 
@@ -488,8 +514,11 @@ class Capture:
             if handle is not None and int(handle):
                 release("cuGraphDestroy", driver.cuGraphDestroy, handle)
         if exc_type is not None:
-            _add_note(exc, f"rawgraph: the capture on {self.stream!r} was ended ({self.end_result}) "
-                           "and its graph discarded; the stream is usable again")
+            _add_note(
+                exc,
+                f"rawgraph: the capture on {self.stream!r} was ended ({self.end_result}) "
+                "and its graph discarded; the stream is usable again",
+            )
             return False
         if failed is not None:
             _add_note(failed, f"rawgraph: the capture on {self.stream!r} was ended and its graph discarded")
@@ -518,8 +547,11 @@ class Capture:
             graph.close()
             raise
         if not graph.nodes and not graph.other_nodes and not graph.foreign_nodes:
-            warnings.warn(f"the capture on {self.stream!r} recorded no work: the graph is empty",
-                          EmptyCaptureWarning, stacklevel=3)
+            warnings.warn(
+                f"the capture on {self.stream!r} recorded no work: the graph is empty",
+                EmptyCaptureWarning,
+                stacklevel=3,
+            )
         self.graph = graph
         return False
 
@@ -558,13 +590,17 @@ class Capture:
     def _unjoined_error(self, code: int, unjoined: list[Stream]) -> CaptureError:
         if unjoined:
             names = ", ".join(repr(s) for s in unjoined)
-            what = (f"{names} {'was' if len(unjoined) == 1 else 'were'} not joined back into the origin "
-                    f"stream {self.stream!r}: call Capture.join({'those streams' if len(unjoined) > 1 else 'it'}) "
-                    "after its last work, before the capture ends")
+            what = (
+                f"{names} {'was' if len(unjoined) == 1 else 'were'} not joined back into the origin "
+                f"stream {self.stream!r}: call Capture.join({'those streams' if len(unjoined) > 1 else 'it'}) "
+                "after its last work, before the capture ends"
+            )
         else:
             known = ", ".join(repr(s) for s in self._side.values()) or "none"
-            what = (f"a stream rawgraph did not see was left unjoined (side streams it knows of, all joined: "
-                    f"{known}); join every stream that waited on an event of this capture")
+            what = (
+                f"a stream rawgraph did not see was left unjoined (side streams it knows of, all joined: "
+                f"{known}); join every stream that waited on an event of this capture"
+            )
         still = [s for s in [self.stream, *self._side.values()] if not s.closed and s.is_capturing()]
         if still:
             what += f"; still capturing after the end: {', '.join(map(repr, still))}"
@@ -580,8 +616,10 @@ class Capture:
         recorded = {int(n.handle) for n in self.nodes} | {int(h) for h, _k, _d in self.other_nodes}
         ids = {int(h) for h in held}
         if not recorded <= ids:
-            raise RawgraphError(f"{len(recorded - ids)} recorded node(s) are not in the captured graph: "
-                                "the node map does not describe this graph")
+            raise RawgraphError(
+                f"{len(recorded - ids)} recorded node(s) are not in the captured graph: "
+                "the node map does not describe this graph"
+            )
         rest = [h for h in held if int(h) not in recorded]
         if not rest:
             return []
@@ -590,7 +628,8 @@ class Capture:
             raise RawgraphError(
                 f"the captured graph has {len(held)} nodes but {len(recorded)} operations were recorded: "
                 f"work was submitted to the stream outside Capture.launch ({', '.join(types)}); "
-                "foreign='map' keeps such nodes as graph.foreign_nodes")
+                "foreign='map' keeps such nodes as graph.foreign_nodes"
+            )
         into: dict[int, list[int]] = {}
         for a, b in graph.edges():
             into.setdefault(b, []).append(a)
@@ -613,8 +652,12 @@ def _not_active(status: Any, where: str) -> CaptureError:
     it, named like the driver's own error for the next call) or ended."""
     if status == _INVALIDATED:
         err = driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-        return CaptureError(int(err), err.name, f"the capture was invalidated {where} (an earlier unsafe call, "
-                            "possibly on another thread, broke it)", "cuStreamGetCaptureInfo")
+        return CaptureError(
+            int(err),
+            err.name,
+            f"the capture was invalidated {where} (an earlier unsafe call, possibly on another thread, broke it)",
+            "cuStreamGetCaptureInfo",
+        )
     return CaptureError(0, "CAPTURE_NOT_ACTIVE", f"capture status is {status.name} {where}", "cuStreamGetCaptureInfo")
 
 
@@ -632,13 +675,14 @@ def _end_live_capture(stream: Stream) -> None:
     record closes, so the deferred releases run after the capture rather than into it."""
     # ILLEGAL_STATE too: the stream is no longer capturing (its capture was ended elsewhere, e.g.
     # by the lender of a borrowed stream), so there is nothing left to end or report.
-    discard_capture(stream.handle, "ending the capture of a closed stream",
-                    accept=(driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
-                            driver.CUresult.CUDA_ERROR_ILLEGAL_STATE))
+    discard_capture(
+        stream.handle,
+        "ending the capture of a closed stream",
+        accept=(driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, driver.CUresult.CUDA_ERROR_ILLEGAL_STATE),
+    )
 
 
-def _abandon_capture(stream: Stream, record: _capturing.CaptureRecord, pool: list[Stream],
-                     events: list[Event]) -> None:
+def _abandon_capture(stream: Stream, record: _capturing.CaptureRecord, pool: list[Stream], events: list[Event]) -> None:
     """A Capture collected mid-capture: end its capture and discard the graph (a warning says so)."""
     if shutting_down():
         _capturing.end(record)
@@ -653,16 +697,13 @@ def _abandon_capture(stream: Stream, record: _capturing.CaptureRecord, pool: lis
     if ended_here:
         warnings.warn(
             f"a Capture was garbage-collected while capturing on {stream!r}; the capture was ended "
-            f"({error_name(err)}) and its graph discarded", ResourceWarning, stacklevel=2,
+            f"({error_name(err)}) and its graph discarded",
+            ResourceWarning,
+            stacklevel=2,
         )
 
 
-def capture_plan(
-    plan: LaunchPlan,
-    stream: Any,
-    mode: CaptureMode = DEFAULT_CAPTURE_MODE,
-    warmup: bool = True,
-) -> Graph:
+def capture_plan(plan: LaunchPlan, stream: Any, mode: CaptureMode = DEFAULT_CAPTURE_MODE, warmup: bool = True) -> Graph:
     """Capture ``plan`` on ``stream`` and return the graph with its node map.
 
     With ``warmup`` (the default) the plan first runs once eagerly and the stream is synchronised,

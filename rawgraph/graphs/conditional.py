@@ -45,16 +45,16 @@ import numpy as np
 from cuda.bindings import driver
 
 from ..runtime import _capturing
-from .builder import BuiltGraph, DepSpec, GraphBuilder, Node
-from .capture import DEFAULT_CAPTURE_MODE, Capture, CaptureMode, _not_active
 from ..runtime.device import Device, get_device
 from ..runtime.errors import CaptureError, CaptureRefusedError, RawgraphError, ShapeError, call, check, error_name
-from .graph import KernelNode
-from ..runtime.module import Kernel, get_kernel
 from ..runtime.launch import KernelArgs, Launch, LaunchPlan
-from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
-from ..runtime.resource import Resource, flush_deferred, shutting_down
+from ..runtime.memory import DeviceArray, as_device_array
+from ..runtime.module import Kernel, get_kernel
+from ..runtime.resource import flush_deferred, shutting_down
 from ..runtime.stream import Stream, capture_info, stream_handle
+from .builder import DepSpec, GraphBuilder, Node
+from .capture import DEFAULT_CAPTURE_MODE, Capture, CaptureMode, _not_active
+from .graph import KernelNode
 
 KINDS = ("if", "while", "switch")
 _COND_T = {
@@ -194,7 +194,7 @@ class ConditionalNode:
         """The kernel nodes of body ``i`` (added by a body builder or captured into it)."""
         return self.bodies[i].kernel_nodes
 
-    def capture_body(self, i: int, stream: Any, mode: CaptureMode = DEFAULT_CAPTURE_MODE) -> "BodyCapture":
+    def capture_body(self, i: int, stream: Any, mode: CaptureMode = DEFAULT_CAPTURE_MODE) -> BodyCapture:
         """Capture body ``i`` on ``stream`` (``cuStreamBeginCaptureToGraph``): a context manager
         with ``launch(Launch)`` and ``run(LaunchPlan)``. ``stream`` must be a stream that is not
         capturing (not the one whose capture holds this node)."""
@@ -227,12 +227,15 @@ def _take_handle(cond: ConditionalHandle, graphs: list[int]) -> None:
     if cond.used_by is not None:
         raise RawgraphError("this condition handle already drives a conditional node; make one handle per node")
     if cond.graph not in graphs:
-        raise RawgraphError("this condition handle was made for another graph (make it on the graph, or a parent "
-                            "graph, that holds the node)")
+        raise RawgraphError(
+            "this condition handle was made for another graph (make it on the graph, or a parent "
+            "graph, that holds the node)"
+        )
 
 
-def add_conditional(builder: GraphBuilder, kind: str, cond: ConditionalHandle, size: int | None = None,
-                    deps: DepSpec = ()) -> ConditionalNode:
+def add_conditional(
+    builder: GraphBuilder, kind: str, cond: ConditionalHandle, size: int | None = None, deps: DepSpec = ()
+) -> ConditionalNode:
     """Add a conditional node to ``builder``'s graph (``cuGraphAddNode`` with
     ``CU_GRAPH_NODE_TYPE_CONDITIONAL``); returns it with one body builder per body.
 
@@ -259,8 +262,9 @@ def _ancestry(builder: GraphBuilder) -> list[int]:
     return out
 
 
-def _wrap(node: Node, kind: str, cond: ConditionalHandle, size: int, device: Device, params: Any,
-          parent: GraphBuilder | None) -> ConditionalNode:
+def _wrap(
+    node: Node, kind: str, cond: ConditionalHandle, size: int, device: Device, params: Any, parent: GraphBuilder | None
+) -> ConditionalNode:
     graphs = list(params.conditional.phGraph_out)[:size]  # driver-owned array of `size` entries
     if len(graphs) != size or not all(int(g) for g in graphs):
         raise RawgraphError(f"cuGraphAddNode returned {len(graphs)} body graphs for a node of size {size}")
@@ -271,8 +275,9 @@ def _wrap(node: Node, kind: str, cond: ConditionalHandle, size: int, device: Dev
 # ------------------------------------------------------------------------------- capture side
 def _capture_info(cap: Capture) -> tuple[Any, list[Any], list[Any] | None]:
     """(capturing graph, current dependencies, their edge data) of an open capture."""
-    status, _id, graph, deps, edges, n = check(driver.cuStreamGetCaptureInfo(cap.stream.handle),
-                                               "cuStreamGetCaptureInfo")
+    status, _id, graph, deps, edges, n = check(
+        driver.cuStreamGetCaptureInfo(cap.stream.handle), "cuStreamGetCaptureInfo"
+    )
     if status != _ACTIVE:
         raise CaptureError(0, "CAPTURE_NOT_ACTIVE", f"capture status is {status.name}", "cuStreamGetCaptureInfo")
     n = int(n)
@@ -359,19 +364,21 @@ class BodyCapture:
         self._abandon: weakref.finalize[..., Any] | None = None
         self.buffers: dict[str, DeviceArray] = {}  # no names kept in a body (see buffer_name)
 
-    def __enter__(self) -> "BodyCapture":
+    def __enter__(self) -> BodyCapture:
         self.stream._check_open()
         if self.stream.is_capturing():
             raise CaptureRefusedError(
                 "this stream is already capturing; a body is captured on another stream than the capture that "
-                "holds its node (the driver answers CUDA_ERROR_ILLEGAL_STATE)")
+                "holds its node (the driver answers CUDA_ERROR_ILLEGAL_STATE)"
+            )
         # Open the record before the driver's capture and close it after (see Capture.__enter__):
         # a finalizer run by garbage collection in between would free into the capture.
         self._record = _capturing.CaptureRecord(self.stream.ptr, self.mode.name)
         _capturing.begin(self._record)
         try:
-            call(driver.cuStreamBeginCaptureToGraph, self.stream.handle, self.body.handle, None, None, 0,
-                 self.mode.value)
+            call(
+                driver.cuStreamBeginCaptureToGraph, self.stream.handle, self.body.handle, None, None, 0, self.mode.value
+            )
         except BaseException:
             _capturing.end(self._record)
             flush_deferred()
@@ -392,8 +399,9 @@ class BodyCapture:
         to bind by; the array is held as long as the body's graph)."""
         return wanted
 
-    def launch(self, launch: Launch, stream: Any = None, buffers: dict[str, DeviceArray] | None = None,
-               pdl: bool | None = None) -> KernelNode:
+    def launch(
+        self, launch: Launch, stream: Any = None, buffers: dict[str, DeviceArray] | None = None, pdl: bool | None = None
+    ) -> KernelNode:
         """Launch into the body and record the node it became (``cuStreamGetCaptureInfo``).
         ``buffers`` (what a RawKernel call was given) are held by the body's builder. ``pdl=False``
         launches a PDL launch plainly (``cuLaunchKernel``: a default edge, not a programmatic one)."""
@@ -408,11 +416,15 @@ class BodyCapture:
             raise _not_active(status, f"before launching {launch.kernel.name} into a body")
         if pdl is False and launch.pdl:
             f, gx, gy, gz, bx, by, bz, sm, a = launch.packed()
-            check(driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, self.stream.handle, a, 0),
-                  f"cuLaunchKernel({launch.kernel.name})")
+            check(
+                driver.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, self.stream.handle, a, 0),
+                f"cuLaunchKernel({launch.kernel.name})",
+            )
         else:
             launch(self.stream)
-        status, _id, _g, deps, _e, n = check(driver.cuStreamGetCaptureInfo(self.stream.handle), "cuStreamGetCaptureInfo")
+        status, _id, _g, deps, _e, n = check(
+            driver.cuStreamGetCaptureInfo(self.stream.handle), "cuStreamGetCaptureInfo"
+        )
         if status != _ACTIVE or int(n) != 1:
             raise RawgraphError(f"expected one dependency after launching {launch.kernel.name} into a body, found {n}")
         kn = KernelNode(deps[0], len(self.body.kernel_nodes), launch, launch.args.snapshot(), before)
@@ -443,14 +455,20 @@ class BodyCapture:
         if exc_type is not None:
             return False
         if self._record.errors:
-            raise CaptureError(0, "CAPTURE_BODY_ERROR", f"the body capture caught {len(self._record.errors)} "
-                               f"driver error(s) and went on; the first: {self._record.errors[0]}",
-                               "cuStreamEndCapture") from self._record.errors[0]
+            raise CaptureError(
+                0,
+                "CAPTURE_BODY_ERROR",
+                f"the body capture caught {len(self._record.errors)} "
+                f"driver error(s) and went on; the first: {self._record.errors[0]}",
+                "cuStreamEndCapture",
+            ) from self._record.errors[0]
         if err != _SUCCESS:
             check((err,), "cuStreamEndCapture")
         if graph is not None and int(graph) != int(self.body.handle):
-            raise RawgraphError(f"cuStreamEndCapture returned graph 0x{int(graph):x}, not the body "
-                                f"0x{int(self.body.handle):x} ({error_name(err)})")
+            raise RawgraphError(
+                f"cuStreamEndCapture returned graph 0x{int(graph):x}, not the body "
+                f"0x{int(self.body.handle):x} ({error_name(err)})"
+            )
         return False
 
 
@@ -464,8 +482,14 @@ def _grid(n: int, device: Device) -> tuple[int, int, int]:
     return (max(1, min(-(-n // THREADS), 2 * device.info.multiprocessors)), 1, 1)
 
 
-def _launch(device: Device, name: str, spec: list[tuple[str, str]], values: dict[str, Any], grid: tuple[int, int, int] = (1, 1, 1),
-            block: int = 1) -> Launch:
+def _launch(
+    device: Device,
+    name: str,
+    spec: list[tuple[str, str]],
+    values: dict[str, Any],
+    grid: tuple[int, int, int] = (1, 1, 1),
+    block: int = 1,
+) -> Launch:
     args = KernelArgs(spec)
     args.update(values)
     return Launch(control_kernel(name, device), grid, (block, 1, 1), args, {}, 0, name)
@@ -473,8 +497,9 @@ def _launch(device: Device, name: str, spec: list[tuple[str, str]], values: dict
 
 def set_condition(device: Device, cond: ConditionalHandle, value: Any) -> Launch:
     """``rg_set_cond``: condition = the ``uint32`` at ``value`` (device memory), read each replay."""
-    return _launch(device, "rg_set_cond", [("h", "u64"), ("value", "ptr")],
-                   {"h": int(cond), "value": _u32_ptr(value, "value")})
+    return _launch(
+        device, "rg_set_cond", [("h", "u64"), ("value", "ptr")], {"h": int(cond), "value": _u32_ptr(value, "value")}
+    )
 
 
 def select_band(device: Device, cond: ConditionalHandle, value: Any, tops: Any, used: Any, n: int = 0) -> Launch:
@@ -487,18 +512,31 @@ def select_band(device: Device, cond: ConditionalHandle, value: Any, tops: Any, 
     ``tops`` must be ascending (the head searches it by bisection)."""
     t = _words(tops, "tops", np.int32)
     ptr = 0 if value is None else _words(value, "value", np.int32).ptr
-    return _launch(device, "rg_set_band", [("h", "u64"), ("value", "ptr"), ("n_arg", "i32"), ("tops", "ptr"),
-                                           ("count", "i32"), ("used", "ptr")],
-                   {"h": int(cond), "value": ptr, "n_arg": int(n), "tops": t.ptr, "count": t.size,
-                    "used": _words(used, "used", np.int32).ptr})
+    return _launch(
+        device,
+        "rg_set_band",
+        [("h", "u64"), ("value", "ptr"), ("n_arg", "i32"), ("tops", "ptr"), ("count", "i32"), ("used", "ptr")],
+        {
+            "h": int(cond),
+            "value": ptr,
+            "n_arg": int(n),
+            "tops": t.ptr,
+            "count": t.size,
+            "used": _words(used, "used", np.int32).ptr,
+        },
+    )
 
 
 def countdown(device: Device, cond: ConditionalHandle, remaining: Any) -> Launch:
     """``rg_countdown``: ``remaining -= 1`` (saturating), condition = ``remaining > 0``: the last
     kernel of a WHILE body that runs ``remaining`` times (set the first check with
     :func:`set_condition` on the same buffer)."""
-    return _launch(device, "rg_countdown", [("h", "u64"), ("remaining", "ptr")],
-                   {"h": int(cond), "remaining": _u32_ptr(remaining, "remaining")})
+    return _launch(
+        device,
+        "rg_countdown",
+        [("h", "u64"), ("remaining", "ptr")],
+        {"h": int(cond), "remaining": _u32_ptr(remaining, "remaining")},
+    )
 
 
 def axpb(device: Device, x: Any, y: Any, a: float, b: float) -> Launch:
@@ -506,8 +544,14 @@ def axpb(device: Device, x: Any, y: Any, a: float, b: float) -> Launch:
     xa, ya = as_device_array(x, "x"), as_device_array(y, "y")
     if xa.size != ya.size or xa.dtype != np.float32 or ya.dtype != np.float32:
         raise ShapeError(f"axpb needs two float32 arrays of one size, got {xa.size} and {ya.size}")
-    return _launch(device, "rg_axpb", [("x", "ptr"), ("y", "ptr"), ("n", "i32"), ("a", "f32"), ("b", "f32")],
-                   {"x": xa.ptr, "y": ya.ptr, "n": xa.size, "a": a, "b": b}, _grid(xa.size, device), THREADS)
+    return _launch(
+        device,
+        "rg_axpb",
+        [("x", "ptr"), ("y", "ptr"), ("n", "i32"), ("a", "f32"), ("b", "f32")],
+        {"x": xa.ptr, "y": ya.ptr, "n": xa.size, "a": a, "b": b},
+        _grid(xa.size, device),
+        THREADS,
+    )
 
 
 def noop(device: Device) -> Launch:
@@ -527,5 +571,21 @@ def _u32_ptr(obj: Any, what: str) -> int:
     return _words(obj, what, np.uint32).ptr
 
 
-__all__ = ["ConditionalHandle", "ConditionalNode", "ConditionalUnsupportedError", "BodyCapture", "add_conditional", "axpb", "capture_conditional", "capture_handle", "check_kind",
-           "control_kernel", "countdown", "driver_cuda_version", "make_handle", "noop", "select_band", "set_condition"]
+__all__ = [
+    "ConditionalHandle",
+    "ConditionalNode",
+    "ConditionalUnsupportedError",
+    "BodyCapture",
+    "add_conditional",
+    "axpb",
+    "capture_conditional",
+    "capture_handle",
+    "check_kind",
+    "control_kernel",
+    "countdown",
+    "driver_cuda_version",
+    "make_handle",
+    "noop",
+    "select_band",
+    "set_condition",
+]

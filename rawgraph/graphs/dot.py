@@ -17,8 +17,19 @@ from typing import Any
 
 from cuda.bindings import driver
 
-from .nodes import (ChildGraphInfo, ConditionalInfo, EventInfo, KernelInfo, MemAllocInfo, MemcpyInfo, MemFreeInfo,
-                    MemsetInfo, NodeInfo, graph_edges, read_graph)
+from .nodes import (
+    ChildGraphInfo,
+    ConditionalInfo,
+    EventInfo,
+    KernelInfo,
+    MemAllocInfo,
+    MemcpyInfo,
+    MemFreeInfo,
+    MemsetInfo,
+    NodeInfo,
+    graph_edges,
+    read_graph,
+)
 
 
 def _quote(text: str) -> str:
@@ -33,13 +44,17 @@ def node_label(info: NodeInfo) -> str:
     """A node's label text (lines joined by ``\\n``), for nodes without a rawgraph launch."""
     if isinstance(info, KernelInfo):
         layout = "?" if info.layout is None else str(len(info.layout))
-        return (f"kernel {_short(info.name or '?')}\\ngrid {info.grid} block {info.block}"
-                f"\\nsmem {info.shared_mem} params {layout}")
+        return (
+            f"kernel {_short(info.name or '?')}\\ngrid {info.grid} block {info.block}"
+            f"\\nsmem {info.shared_mem} params {layout}"
+        )
     if isinstance(info, MemcpyInfo):
         return f"memcpy {info.direction} {info.nbytes} B\\n0x{info.src:x} -> 0x{info.dst:x}"
     if isinstance(info, MemsetInfo):
-        return (f"memset {info.nbytes} B at 0x{info.dst:x}\\nvalue 0x{info.value:x} "
-                f"({info.element_size} B x {info.width} x {info.height})")
+        return (
+            f"memset {info.nbytes} B at 0x{info.dst:x}\\nvalue 0x{info.value:x} "
+            f"({info.element_size} B x {info.width} x {info.height})"
+        )
     if isinstance(info, EventInfo):
         return f"{info.kind}\\nevent 0x{info.event:x}"
     if isinstance(info, MemAllocInfo):
@@ -89,8 +104,14 @@ def _style(h: int, marks: dict[int, tuple[str, list[str]]]) -> tuple[list[str], 
     return extra, f', style=filled, fillcolor="{colour}"'
 
 
-def _emit(infos: list[NodeInfo], known: dict[int, Any], lines: list[str], indent: str, graph: Any,
-          marks: dict[int, tuple[str, list[str]]] | None = None) -> None:
+def _emit(
+    infos: list[NodeInfo],
+    known: dict[int, Any],
+    lines: list[str],
+    indent: str,
+    graph: Any,
+    marks: dict[int, tuple[str, list[str]]] | None = None,
+) -> None:
     marks = marks or {}
     for info in infos:
         h = info.id
@@ -113,8 +134,10 @@ def _emit(infos: list[NodeInfo], known: dict[int, Any], lines: list[str], indent
         if isinstance(info, ChildGraphInfo):
             bodies.append((f"child graph of n{h:x}", info.nodes, info.child))
         elif isinstance(info, ConditionalInfo):
-            bodies += [(f"{info.cond_type} body {i} of n{h:x}", b, g)
-                       for i, (b, g) in enumerate(zip(info.body_nodes, info.bodies))]
+            bodies += [
+                (f"{info.cond_type} body {i} of n{h:x}", b, g)
+                for i, (b, g) in enumerate(zip(info.body_nodes, info.bodies))
+            ]
         for i, (title, body, handle) in enumerate(bodies):
             lines.append(f"{indent}subgraph cluster_{h:x}_{i} {{")
             lines.append(f"{indent}  label={_quote(title)}; style=dashed;")

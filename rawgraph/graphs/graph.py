@@ -148,8 +148,10 @@ class Graph(Resource):
         if not n:
             return []
         frm, to, data, _n = call(driver.cuGraphGetEdges, self.handle, n)
-        kinds = {int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT): "default",
-                 int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC): "programmatic"}
+        kinds = {
+            int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT): "default",
+            int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC): "programmatic",
+        }
         return [(int(a), int(b), kinds.get(int(d.type), str(int(d.type)))) for a, b, d in zip(frm, to, data)]
 
     def all_nodes(self) -> list[Any]:
@@ -185,14 +187,20 @@ class Graph(Resource):
             launch = node.launch
             if int(p.func) and int(p.func) != int(launch.kernel.handle):
                 raise RawgraphError(f"node {node.index} runs another function than {launch.kernel.name}")
-            if (p.gridDimX, p.gridDimY, p.gridDimZ) != launch.grid or (p.blockDimX, p.blockDimY, p.blockDimZ) != launch.block:
+            if (p.gridDimX, p.gridDimY, p.gridDimZ) != launch.grid or (
+                p.blockDimX,
+                p.blockDimY,
+                p.blockDimZ,
+            ) != launch.block:
                 raise RawgraphError(f"node {node.index} launch shape differs from {launch.describe()}")
             held = read_node_args(node.handle, launch)
             # Against the bytes captured, not launch.args: those may have been edited since.
             captured = KernelArgs.from_bytes(launch.args.spec, node.captured_args)
             expected = {n: captured[n] for n in captured.names()}
             if held != expected:
-                raise RawgraphError(f"node {node.index} ({launch.kernel.name}) holds arguments {held}, captured {expected}")
+                raise RawgraphError(
+                    f"node {node.index} ({launch.kernel.name}) holds arguments {held}, captured {expected}"
+                )
 
     def verify_edges(self) -> None:
         """Check the recorded dependencies against the driver's edges (``cuGraphGetEdges``).
@@ -215,9 +223,10 @@ class Graph(Resource):
             if held != set(node.deps) or len(set(node.deps)) != len(node.deps):
                 raise RawgraphError(
                     f"node {node.index} ({node.launch.kernel.name}) depends on {sorted(map(hex, held))} in the "
-                    f"driver's graph, recorded {sorted(map(hex, node.deps))}")
+                    f"driver's graph, recorded {sorted(map(hex, node.deps))}"
+                )
 
-    def instantiate(self, flags: int = 0) -> "GraphExec":
+    def instantiate(self, flags: int = 0) -> GraphExec:
         """``cuGraphInstantiate`` with ``flags`` (``CUgraphInstantiate_flags``, e.g. ``CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD``)."""
         self._check_open()
         return GraphExec(self, flags)
@@ -288,7 +297,8 @@ class GraphExec(Resource):
         if graph.device_updatable and graph._exec_alive():
             raise DeviceUpdatableError(
                 "a graph with device-updatable kernel nodes can be instantiated only once at a time "
-                "(the driver answers CUDA_ERROR_NOT_SUPPORTED while its exec lives); close that exec first")
+                "(the driver answers CUDA_ERROR_NOT_SUPPORTED while its exec lives); close that exec first"
+            )
         graph.device.activate()
         self.handle: Any = call(driver.cuGraphInstantiate, graph.handle, self.flags)  # driver.CUgraphExec
         graph._live_exec = weakref.ref(self)
@@ -342,8 +352,9 @@ class GraphExec(Resource):
         self._check_open()
         graph._check_open()
         if self.graph.device_updatable or graph.device_updatable:
-            raise DeviceUpdatableError("an exec with device-updatable kernel nodes cannot go through "
-                                       "cuGraphExecUpdate (the driver refuses it)")
+            raise DeviceUpdatableError(
+                "an exec with device-updatable kernel nodes cannot go through cuGraphExecUpdate (the driver refuses it)"
+            )
         self.graph.device.ensure_current()
         err, info = driver.cuGraphExecUpdate(self.handle, graph.handle)
         if err == _SUCCESS:
@@ -357,4 +368,3 @@ class GraphExec(Resource):
                 result, node, from_node = _update_result_info(self.handle, graph.handle)
             raise GraphUpdateError(driver.CUgraphExecUpdateResult(result).name, node, from_node)
         raise cuda_error(err, "cuGraphExecUpdate")
-

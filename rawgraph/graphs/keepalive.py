@@ -19,7 +19,8 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..runtime import _capturing
 from ..runtime.device import Device
@@ -116,8 +117,12 @@ class KeepAlive:
                 self._events.extend(fence.owned)
             self._retired.clear()
         except Exception as exc:
-            warnings.warn(f"rawgraph: waiting for the replays that read {len(self.retained)} retired array(s) failed "
-                          f"({exc}); they stay referenced", ReleaseWarning, stacklevel=3)
+            warnings.warn(
+                f"rawgraph: waiting for the replays that read {len(self.retained)} retired array(s) failed "
+                f"({exc}); they stay referenced",
+                ReleaseWarning,
+                stacklevel=3,
+            )
 
     def close(self) -> None:
         """:meth:`drain`, then release the pooled events; safe twice."""
@@ -168,8 +173,9 @@ def hold_for_replays(exe: GraphExec, objs: Iterable[Any]) -> None:
     else:  # not a resource.release finalizer: run it as the inner release
         name, fn, fnargs = "GraphExec release", _call_kwargs, (func, args, kwargs)
     exe._finalizer.detach()
-    exe._finalizer = weakref.finalize(exe, release, name, _destroy_then_hold, fn, fnargs, exe.streams,
-                                      exe.graph.device, objs)
+    exe._finalizer = weakref.finalize(
+        exe, release, name, _destroy_then_hold, fn, fnargs, exe.streams, exe.graph.device, objs
+    )
     collect_held()
 
 
@@ -177,8 +183,9 @@ def _call_kwargs(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[s
     return func(*args, **kwargs)
 
 
-def _destroy_then_hold(fn: Callable[..., Any], fnargs: tuple[Any, ...], streams: StreamSet, device: Device,
-                       objs: tuple[Any, ...]) -> Any:
+def _destroy_then_hold(
+    fn: Callable[..., Any], fnargs: tuple[Any, ...], streams: StreamSet, device: Device, objs: tuple[Any, ...]
+) -> Any:
     """The release :func:`hold_for_replays` installs: fence, destroy, hold (never raises half-way)."""
     _hold(streams, device, objs)  # first: the fence must follow every launch that was queued
     return fn(*fnargs)
@@ -201,9 +208,12 @@ def _hold(streams: StreamSet, device: Device, objs: tuple[Any, ...]) -> None:
             streams.synchronize()
             return
         except Exception as exc2:
-            warnings.warn(f"rawgraph: destroying an exec: recording a fence after its replays failed ({exc}) and so "
-                          f"did waiting for them ({exc2}); {len(objs)} object(s) its replays may call stay referenced",
-                          ReleaseWarning, stacklevel=3)
+            warnings.warn(
+                f"rawgraph: destroying an exec: recording a fence after its replays failed ({exc}) and so "
+                f"did waiting for them ({exc2}); {len(objs)} object(s) its replays may call stay referenced",
+                ReleaseWarning,
+                stacklevel=3,
+            )
             with _held_lock:
                 _held.append((None, objs))  # never released
             return

@@ -33,8 +33,14 @@ _INVALID_VALUE = driver.CUresult.CUDA_ERROR_INVALID_VALUE
 _T = driver.CUgraphNodeType
 _MAX_PARAMS = 4096  # a kernel takes at most 32 KB of parameters; this bounds the layout loop
 # cuFuncGetParamInfo's answers meaning "no layout for this function" (read_layout degrades to None)
-_NO_LAYOUT = frozenset({driver.CUresult.CUDA_ERROR_NOT_SUPPORTED, driver.CUresult.CUDA_ERROR_INVALID_HANDLE,
-                        driver.CUresult.CUDA_ERROR_NOT_FOUND, driver.CUresult.CUDA_ERROR_NOT_PERMITTED})
+_NO_LAYOUT = frozenset(
+    {
+        driver.CUresult.CUDA_ERROR_NOT_SUPPORTED,
+        driver.CUresult.CUDA_ERROR_INVALID_HANDLE,
+        driver.CUresult.CUDA_ERROR_NOT_FOUND,
+        driver.CUresult.CUDA_ERROR_NOT_PERMITTED,
+    }
+)
 
 # CU_LAUNCH_PARAM_END / _BUFFER_POINTER / _BUFFER_SIZE: the keys of a kernel node's ``extra`` array.
 _EXTRA_END, _EXTRA_BUFFER, _EXTRA_SIZE = 0, 1, 2
@@ -379,10 +385,16 @@ def _kernel(base: dict[str, Any], node: Any) -> KernelInfo:
         # current context carries the name and the parameter layout.
         err, vals = _raw(driver.cuKernelGetFunction, driver.CUkernel(kern))
         function = _int(vals[0]) if err == _SUCCESS and vals else 0
-    info = KernelInfo(**base, function=function, kern=kern, func_field=func,
-                      grid=(int(p.gridDimX), int(p.gridDimY), int(p.gridDimZ)),
-                      block=(int(p.blockDimX), int(p.blockDimY), int(p.blockDimZ)),
-                      shared_mem=int(p.sharedMemBytes), ctx=_int(p.ctx))
+    info = KernelInfo(
+        **base,
+        function=function,
+        kern=kern,
+        func_field=func,
+        grid=(int(p.gridDimX), int(p.gridDimY), int(p.gridDimZ)),
+        block=(int(p.blockDimX), int(p.blockDimY), int(p.blockDimZ)),
+        shared_mem=int(p.sharedMemBytes),
+        ctx=_int(p.ctx),
+    )
     if not function:
         info.layout_error = "no CUfunction (cuKernelGetFunction failed in this context)"
         return info
@@ -414,17 +426,35 @@ def _memcpy(base: dict[str, Any], node: Any) -> MemcpyInfo:
         x, y, z = int(getattr(p, f"{side}XInBytes")), int(getattr(p, f"{side}Y")), int(getattr(p, f"{side}Z"))
         return addr + x + y * pitch + z * pitch * height if addr else 0
 
-    return MemcpyInfo(**base, src=start("src", st), dst=start("dst", dt), src_type=st, dst_type=dt,
-                      width=int(p.WidthInBytes), height=int(p.Height), planes=int(p.Depth),
-                      src_pitch=int(p.srcPitch), dst_pitch=int(p.dstPitch),
-                      src_height=int(p.srcHeight), dst_height=int(p.dstHeight),
-                      src_array=_int(p.srcArray), dst_array=_int(p.dstArray))
+    return MemcpyInfo(
+        **base,
+        src=start("src", st),
+        dst=start("dst", dt),
+        src_type=st,
+        dst_type=dt,
+        width=int(p.WidthInBytes),
+        height=int(p.Height),
+        planes=int(p.Depth),
+        src_pitch=int(p.srcPitch),
+        dst_pitch=int(p.dstPitch),
+        src_height=int(p.srcHeight),
+        dst_height=int(p.dstHeight),
+        src_array=_int(p.srcArray),
+        dst_array=_int(p.dstArray),
+    )
 
 
 def _memset(base: dict[str, Any], node: Any) -> MemsetInfo:
     p = call(driver.cuGraphMemsetNodeGetParams, node)
-    return MemsetInfo(**base, dst=_int(p.dst), value=int(p.value), element_size=int(p.elementSize),
-                      width=int(p.width), height=int(p.height), pitch=int(p.pitch))
+    return MemsetInfo(
+        **base,
+        dst=_int(p.dst),
+        value=int(p.value),
+        element_size=int(p.elementSize),
+        width=int(p.width),
+        height=int(p.height),
+        pitch=int(p.pitch),
+    )
 
 
 _COND_TYPES = {0: "IF", 1: "WHILE", 2: "SWITCH"}
@@ -483,7 +513,9 @@ def _conditional(base: dict[str, Any], node: Any, depth: int, seen: set[int]) ->
 
 def _node(node: Any, index: int, graph: int, depth: int, seen: set[int]) -> NodeInfo:
     ntype = call(driver.cuGraphNodeGetType, node)
-    kind = KIND_NAMES.get(int(ntype), str(getattr(ntype, "name", int(ntype))).replace("CU_GRAPH_NODE_TYPE_", "").lower())
+    kind = KIND_NAMES.get(
+        int(ntype), str(getattr(ntype, "name", int(ntype))).replace("CU_GRAPH_NODE_TYPE_", "").lower()
+    )
     base = {"handle": node, "kind": kind, "index": index, "graph": graph, "depth": depth}
     if kind == "kernel":
         return _kernel(base, node)
@@ -519,8 +551,10 @@ def graph_edges(graph: Any) -> list[tuple[int, int, str]]:
     if not n:
         return []
     frm, to, data, _n = call(driver.cuGraphGetEdges, graph, n)
-    kinds = {int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT): "default",
-             int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC): "programmatic"}
+    kinds = {
+        int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT): "default",
+        int(driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC): "programmatic",
+    }
     out = []
     for a, b, d in zip(frm, to, data):
         t = int(d.type) if d is not None else 0
@@ -603,7 +637,24 @@ def describe(info: NodeInfo) -> str:
 
 
 __all__ = [
-    "ChildGraphInfo", "ConditionalInfo", "EmptyInfo", "EventInfo", "HostInfo", "KernelInfo", "MemAllocInfo",
-    "MemFreeInfo", "MemcpyInfo", "MemsetInfo", "NodeInfo", "OtherNode", "ParamInfo", "describe", "function_name",
-    "graph_edges", "pack_params", "read_graph", "read_layout", "walk",
+    "ChildGraphInfo",
+    "ConditionalInfo",
+    "EmptyInfo",
+    "EventInfo",
+    "HostInfo",
+    "KernelInfo",
+    "MemAllocInfo",
+    "MemFreeInfo",
+    "MemcpyInfo",
+    "MemsetInfo",
+    "NodeInfo",
+    "OtherNode",
+    "ParamInfo",
+    "describe",
+    "function_name",
+    "graph_edges",
+    "pack_params",
+    "read_graph",
+    "read_layout",
+    "walk",
 ]

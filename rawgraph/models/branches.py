@@ -19,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from ..graphs.capture import CaptureMode, DEFAULT_CAPTURE_MODE, capture_branches
+from ..graphs.capture import DEFAULT_CAPTURE_MODE, CaptureMode, capture_branches
+from ..graphs.graph import Graph
 from ..runtime.device import Device, get_device
 from ..runtime.errors import ShapeError
-from ..graphs.graph import Graph
 from ..runtime.launch import LaunchPlan
-from .tinyblock import TinyBlock, reference_forward
 from ..runtime.resource import Resource
 from ..runtime.stream import Stream
+from .tinyblock import TinyBlock, reference_forward
 
 
 def split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -71,8 +71,16 @@ class TwoBranchBlock(Resource):
         The branches (owned: closed with this object).
     """
 
-    def __init__(self, width: int, batch: int, layers: int = 1, seed: int = 0, form: str = "fused",
-                 device: Device | None = None, pdl: bool | None = None):
+    def __init__(
+        self,
+        width: int,
+        batch: int,
+        layers: int = 1,
+        seed: int = 0,
+        form: str = "fused",
+        device: Device | None = None,
+        pdl: bool | None = None,
+    ):
         if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 2 or width % 2:
             raise ShapeError(f"width must be an even int >= 2 (two halves), got {width!r}")
         self.width = int(width)
@@ -98,8 +106,14 @@ class TwoBranchBlock(Resource):
         self.a.forward(xa, ya, stream)
         self.b.forward(xb, yb, stream)
 
-    def capture(self, plans: tuple[LaunchPlan, LaunchPlan], stream: Any, fork: bool = True,
-                mode: CaptureMode = DEFAULT_CAPTURE_MODE, warmup: bool = True) -> Graph:
+    def capture(
+        self,
+        plans: tuple[LaunchPlan, LaunchPlan],
+        stream: Any,
+        fork: bool = True,
+        mode: CaptureMode = DEFAULT_CAPTURE_MODE,
+        warmup: bool = True,
+    ) -> Graph:
         """Capture both branches into one graph (:func:`~rawgraph.graphs.capture.capture_branches`):
         fork/join (two independent chains) or, with ``fork=False``, linearly (one chain, a then
         b). Keep ``plans`` alive while the graph is used."""
@@ -109,12 +123,15 @@ class TwoBranchBlock(Resource):
     def reference(self, x: np.ndarray, stream: Any = None) -> np.ndarray:
         """float64 NumPy result for a full-width host input ``x``: ``[block_a(x_a) | block_b(x_b)]``."""
         xa, xb = split(x)
-        return concat(reference_forward(xa, self.a.weights_numpy(stream)),
-                      reference_forward(xb, self.b.weights_numpy(stream)))
+        return concat(
+            reference_forward(xa, self.a.weights_numpy(stream)), reference_forward(xb, self.b.weights_numpy(stream))
+        )
 
     def close(self) -> None:
         """Free both branches' weights and scratch; their plans then refuse to run."""
         self._finalizer()
 
     def __repr__(self) -> str:
-        return f"<TwoBranchBlock width={self.width} (2 x {self.half}) batch={self.batch} layers={self.layers} {self.form}>"
+        return (
+            f"<TwoBranchBlock width={self.width} (2 x {self.half}) batch={self.batch} layers={self.layers} {self.form}>"
+        )

@@ -27,11 +27,11 @@ from .. import ops
 from ..runtime.device import Device, get_device
 from ..runtime.errors import LayoutError, ShapeError
 from ..runtime.launch import ArgUse, KernelArgs, Launch, LaunchPlan
+from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from ..runtime.module import get_kernel
 from ..runtime.resource import Resource
-from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
-from ..serving.protocol import RowScratch
 from ..runtime.stream import Stream
+from ..serving.protocol import RowScratch
 
 FORMS = ("unfused", "fused", "block")
 
@@ -169,9 +169,18 @@ class TinyBlock(Resource):
     workspace : Workspace
     """
 
-    def __init__(self, width: int, batch: int, layers: int = 1, seed: int = 0, form: str = "unfused",
-                 device: Device | None = None, pdl: bool | None = None, weights: "BlockWeights | None" = None,
-                 workspace: "Workspace | None | bool" = None):
+    def __init__(
+        self,
+        width: int,
+        batch: int,
+        layers: int = 1,
+        seed: int = 0,
+        form: str = "unfused",
+        device: Device | None = None,
+        pdl: bool | None = None,
+        weights: BlockWeights | None = None,
+        workspace: Workspace | None | bool = None,
+    ):
         if weights is not None:
             weights._check_open()
             if weights.width != width:
@@ -197,8 +206,9 @@ class TinyBlock(Resource):
         if isinstance(workspace, Workspace):
             workspace._check_open()
             if workspace.width != self.width or workspace.rows < self.batch:
-                raise ShapeError(f"workspace of {workspace.rows} x {workspace.width} cannot hold a "
-                                 f"{self.batch} x {self.width} batch")
+                raise ShapeError(
+                    f"workspace of {workspace.rows} x {workspace.width} cannot hold a {self.batch} x {self.width} batch"
+                )
         owned: list[Resource] = []
         self._own(_close_all, owned, name="cuMemFree (model)")
         self._owned = owned
@@ -213,11 +223,18 @@ class TinyBlock(Resource):
         self.weights = weights.pairs
         self._plans: dict[tuple[int, int], LaunchPlan] = {}
 
-    def with_batch(self, batch: int, workspace: "Workspace | None | bool" = None) -> "TinyBlock":
+    def with_batch(self, batch: int, workspace: Workspace | None | bool = None) -> TinyBlock:
         """The same block (same weights, form and PDL choice) for another batch size; its scratch
         is ``workspace`` if given, else its own."""
-        return TinyBlock(self.width, batch, form=self.form, device=self.device, pdl=self.pdl,
-                         weights=self.block_weights, workspace=workspace)
+        return TinyBlock(
+            self.width,
+            batch,
+            form=self.form,
+            device=self.device,
+            pdl=self.pdl,
+            weights=self.block_weights,
+            workspace=workspace,
+        )
 
     # -- the row-wise model protocol (rawgraph.serving.protocol) ---------------------------
     def make_workspace(self, rows: int) -> Workspace:
@@ -315,10 +332,11 @@ class TinyBlock(Resource):
                     ops.matmul(dev, bufs, src, f"W1[{i}]", "a", "relu", label=f"L{i}.matmul_relu"),
                     ops.matmul(dev, bufs, "a", f"W2[{i}]", dst, "add", r=src, label=f"L{i}.matmul_add"),
                 ]
-        guards = [self._finalizer, self.block_weights._finalizer] + \
-            ([self.workspace._finalizer] if self.workspace is not None else []) + [
-            a.owner._finalizer for a in (xa, oa) if isinstance(a.owner, DeviceBuffer)
-        ]
+        guards = (
+            [self._finalizer, self.block_weights._finalizer]
+            + ([self.workspace._finalizer] if self.workspace is not None else [])
+            + [a.owner._finalizer for a in (xa, oa) if isinstance(a.owner, DeviceBuffer)]
+        )
         return LaunchPlan(launches, bufs, ("x",), ("out",), guards, pdl=self.pdl)
 
     def layer_plan(self, x: Any, out: Any, layer: Any) -> LaunchPlan:
@@ -338,23 +356,41 @@ class TinyBlock(Resource):
         self._owned.append(fixed)
         one = TinyBlock(self.width, self.batch, form=self.form, device=self.device, pdl=False, weights=fixed)
         self._owned.insert(0, one)
-        tables = [DeviceBuffer.from_numpy(np.array([pair[i].ptr for pair in self.weights], np.uint64), self.device)
-                  for i in (0, 1)]
+        tables = [
+            DeviceBuffer.from_numpy(np.array([pair[i].ptr for pair in self.weights], np.uint64), self.device)
+            for i in (0, 1)
+        ]
         self._owned.extend(tables)
         n = self.width * self.width
-        args = KernelArgs([("w1_table", "ptr"), ("w2_table", "ptr"), ("counter", "ptr"), ("w1", "ptr"), ("w2", "ptr"),
-                           ("n", "i32")])
+        args = KernelArgs(
+            [("w1_table", "ptr"), ("w2_table", "ptr"), ("counter", "ptr"), ("w1", "ptr"), ("w2", "ptr"), ("n", "i32")]
+        )
         w1, w2 = fixed.pairs[0]
-        args.update({"w1_table": tables[0].ptr, "w2_table": tables[1].ptr, "counter": la.ptr, "w1": w1.ptr,
-                     "w2": w2.ptr, "n": n})
+        args.update(
+            {
+                "w1_table": tables[0].ptr,
+                "w2_table": tables[1].ptr,
+                "counter": la.ptr,
+                "w1": w1.ptr,
+                "w2": w2.ptr,
+                "n": n,
+            }
+        )
         uses = {"counter": ArgUse("layer", "read"), "w1": ArgUse("W1[0]", "write"), "w2": ArgUse("W2[0]", "write")}
         cols = n // 4 if n % 4 == 0 else n
         grid = (max(1, min(-(-cols // 256), 2 * self.device.info.multiprocessors)), 1, 1)
-        select = Launch(get_kernel("control", "rg_select_layer", self.device), grid, (256, 1, 1), args, uses, 0,
-                        "select_layer")
+        select = Launch(
+            get_kernel("control", "rg_select_layer", self.device), grid, (256, 1, 1), args, uses, 0, "select_layer"
+        )
         body = one.plan(x, out)
-        return LaunchPlan([select, *body.launches], {**body.buffers, "layer": la}, ("x",), ("out",),
-                          [*body._guards, self._finalizer], pdl=False)
+        return LaunchPlan(
+            [select, *body.launches],
+            {**body.buffers, "layer": la},
+            ("x",),
+            ("out",),
+            [*body._guards, self._finalizer],
+            pdl=False,
+        )
 
     def forward(self, x: Any, out: Any, stream: Stream) -> None:
         """Run eagerly on ``stream`` (plans are cached per (x, out) address pair)."""

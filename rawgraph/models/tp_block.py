@@ -33,7 +33,7 @@ from ..multi.split import Shard, block_forward, shard_weights, shards
 from ..runtime.device import Device, get_device
 from ..runtime.errors import ShapeError
 from ..runtime.launch import LaunchPlan
-from ..runtime.memory import DeviceArray, DeviceBuffer, check_array, as_device_array
+from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from ..runtime.resource import Resource
 from ..runtime.stream import Stream
 from .tinyblock import BlockWeights
@@ -72,8 +72,19 @@ class TPBlock(Resource):
     cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
-    def __init__(self, width: int, batch: int, rank: int, world: int, allreduce: str = "nccl", comm: Any = None,
-                 peer: Any = None, seed: int = 0, device: Device | None = None, policy: str = "even"):
+    def __init__(
+        self,
+        width: int,
+        batch: int,
+        rank: int,
+        world: int,
+        allreduce: str = "nccl",
+        comm: Any = None,
+        peer: Any = None,
+        seed: int = 0,
+        device: Device | None = None,
+        policy: str = "even",
+    ):
         if allreduce not in ALLREDUCE_KINDS:
             raise ValueError(f"allreduce must be one of {ALLREDUCE_KINDS}, got {allreduce!r}")
         if allreduce == "nccl" and comm is None:
@@ -119,14 +130,33 @@ class TPBlock(Resource):
         shape = (self.batch, self.width)
         xa = check_array(as_device_array(x, "x"), shape, np.float32, "x", self.device)
         oa = check_array(as_device_array(out, "out"), shape, np.float32, "out", self.device)
-        bufs: dict[str, DeviceArray] = {"x": xa, "out": oa, "W1r": self.w1.view(), "W2r": self.w2.view(),
-                                        "a": self.a.view(), "z": self.z, "zsum": self.zsum}
+        bufs: dict[str, DeviceArray] = {
+            "x": xa,
+            "out": oa,
+            "W1r": self.w1.view(),
+            "W2r": self.w2.view(),
+            "a": self.a.view(),
+            "z": self.z,
+            "zsum": self.zsum,
+        }
         dev = self.device
-        first = LaunchPlan([ops.matmul(dev, bufs, "x", "W1r", "a", "relu", label="tp.matmul_relu"),
-                            ops.matmul(dev, bufs, "a", "W2r", "z", label="tp.matmul2")],
-                           {k: bufs[k] for k in ("x", "W1r", "a", "W2r", "z")}, ("x",), ("z",), [self._finalizer])
-        second = LaunchPlan([ops.add(dev, bufs, "zsum", "x", "out", label="tp.add")],
-                            {k: bufs[k] for k in ("zsum", "x", "out")}, ("x", "zsum"), ("out",), [self._finalizer])
+        first = LaunchPlan(
+            [
+                ops.matmul(dev, bufs, "x", "W1r", "a", "relu", label="tp.matmul_relu"),
+                ops.matmul(dev, bufs, "a", "W2r", "z", label="tp.matmul2"),
+            ],
+            {k: bufs[k] for k in ("x", "W1r", "a", "W2r", "z")},
+            ("x",),
+            ("z",),
+            [self._finalizer],
+        )
+        second = LaunchPlan(
+            [ops.add(dev, bufs, "zsum", "x", "out", label="tp.add")],
+            {k: bufs[k] for k in ("zsum", "x", "out")},
+            ("x", "zsum"),
+            ("out",),
+            [self._finalizer],
+        )
         return first, second
 
     def _reduce(self, stream: Any) -> None:
@@ -168,5 +198,7 @@ class TPBlock(Resource):
         self._finalizer()
 
     def __repr__(self) -> str:
-        return (f"<TPBlock width={self.width} batch={self.batch} rank {self.rank}/{self.world} "
-                f"hidden[{self.shard.start}:{self.shard.stop}] {self.allreduce}>")
+        return (
+            f"<TPBlock width={self.width} batch={self.batch} rank {self.rank}/{self.world} "
+            f"hidden[{self.shard.start}:{self.shard.stop}] {self.allreduce}>"
+        )

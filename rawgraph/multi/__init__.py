@@ -6,9 +6,30 @@ and :mod:`.allreduce` (CUDA IPC) are imported on demand: the launcher and the sp
 need no GPU and no NCCL.
 """
 
-from .launch import (LaunchError, LaunchInterrupted, RankEnv, RankFailedError, Rendezvous, RendezvousError,
-                     heartbeat, launch)
+from .launch import (
+    LaunchError,
+    LaunchInterrupted,
+    RankEnv,
+    RankFailedError,
+    Rendezvous,
+    RendezvousError,
+    heartbeat,
+    launch,
+)
 from .split import Shard, block_forward, check_split, shards, split_forward
 
-__all__ = ["LaunchError", "LaunchInterrupted", "RankEnv", "RankFailedError", "Rendezvous", "RendezvousError", "Shard", "block_forward",
-           "check_split", "heartbeat", "launch", "shards", "split_forward"]
+__all__ = [
+    "LaunchError",
+    "LaunchInterrupted",
+    "RankEnv",
+    "RankFailedError",
+    "Rendezvous",
+    "RendezvousError",
+    "Shard",
+    "block_forward",
+    "check_split",
+    "heartbeat",
+    "launch",
+    "shards",
+    "split_forward",
+]

@@ -106,9 +106,16 @@ class PeerAllReduce(Resource):
     safe twice.
     """
 
-    def __init__(self, rank: int, world: int, capacity: int, rendezvous: Rendezvous | None = None,
-                 device: Device | None = None, max_blocks: int | None = None,
-                 timeout_ns: int = DEFAULT_TIMEOUT_NS):
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        capacity: int,
+        rendezvous: Rendezvous | None = None,
+        device: Device | None = None,
+        max_blocks: int | None = None,
+        timeout_ns: int = DEFAULT_TIMEOUT_NS,
+    ):
         if not 1 <= world <= MAX_WORLD:
             raise PeerAllReduceError(f"the one-shot all-reduce handles 1 to {MAX_WORLD} ranks, got {world}")
         if world > 1 and rendezvous is None:
@@ -185,11 +192,30 @@ class PeerAllReduce(Resource):
         key = (int(n), oa.ptr)
         launch = self._launches.get(key)
         if launch is None:
-            args = KernelArgs([("peer_data", "ptr"), ("peer_signal", "ptr"), ("out", "ptr"), ("n", "i64"),
-                               ("rank", "i32"), ("world", "i32"), ("max_blocks", "i32"), ("timeout_us", "u32")])
-            args.update({"peer_data": self._tables[0].ptr, "peer_signal": self._tables[1].ptr, "out": oa.ptr,
-                         "n": int(n), "rank": self.rank, "world": self.world, "max_blocks": self.max_blocks,
-                         "timeout_us": min(max(1, -(-self.timeout_ns // 1000)), 2**32 - 1)})
+            args = KernelArgs(
+                [
+                    ("peer_data", "ptr"),
+                    ("peer_signal", "ptr"),
+                    ("out", "ptr"),
+                    ("n", "i64"),
+                    ("rank", "i32"),
+                    ("world", "i32"),
+                    ("max_blocks", "i32"),
+                    ("timeout_us", "u32"),
+                ]
+            )
+            args.update(
+                {
+                    "peer_data": self._tables[0].ptr,
+                    "peer_signal": self._tables[1].ptr,
+                    "out": oa.ptr,
+                    "n": int(n),
+                    "rank": self.rank,
+                    "world": self.world,
+                    "max_blocks": self.max_blocks,
+                    "timeout_us": min(max(1, -(-self.timeout_ns // 1000)), 2**32 - 1),
+                }
+            )
             launch = Launch(self._kernel, (self.max_blocks, 1, 1), (THREADS, 1, 1), args, {}, 0, "allreduce_oneshot")
             self._launches[key] = launch
         return launch

@@ -156,8 +156,9 @@ class NcclComm(Resource):
         return unique_id_to_bytes(nccl_module().get_unique_id())
 
     @classmethod
-    def from_env(cls, env: RankEnv | None = None, device: Device | None = None,
-                 rendezvous: Rendezvous | None = None) -> "NcclComm":
+    def from_env(
+        cls, env: RankEnv | None = None, device: Device | None = None, rendezvous: Rendezvous | None = None
+    ) -> NcclComm:
         """The communicator of a rank started by ``python -m rawgraph.multi`` (or torchrun): rank 0
         makes the unique id and publishes it; the others read it from the rendezvous folder."""
         env = env or RankEnv.from_environ()
@@ -169,7 +170,7 @@ class NcclComm(Resource):
         return cls(env.rank, env.world, uid, device)
 
     @classmethod
-    def single(cls, device: Device | None = None) -> "NcclComm":
+    def single(cls, device: Device | None = None) -> NcclComm:
         """A one-rank communicator (the single-GPU tests)."""
         return cls(0, 1, cls.new_unique_id(), device)
 
@@ -193,8 +194,9 @@ class NcclComm(Resource):
         if s.size != r.size:
             raise NcclError(f"send has {s.size} elements, recv {r.size}")
         try:
-            self._comm.allReduce(s.ptr, r.ptr, s.size, self.nccl.NCCL_FLOAT32, self.nccl.NCCL_SUM,
-                                 int(stream_handle(stream)))
+            self._comm.allReduce(
+                s.ptr, r.ptr, s.size, self.nccl.NCCL_FLOAT32, self.nccl.NCCL_SUM, int(stream_handle(stream))
+            )
         except Exception as exc:
             raise NcclError(f"ncclAllReduce ({s.size} floats, rank {self.rank}) failed: {exc}") from exc
 
@@ -247,8 +249,9 @@ class NcclBuffer(Resource):
             raise NcclError(f"ncclMemAlloc({self.nbytes}) failed: ncclResult {rc}")
         reg = ctypes.c_void_p()
         if register:
-            rc = lib.ncclCommRegister(ctypes.c_void_p(comm.handle), ptr, ctypes.c_size_t(self.nbytes),
-                                      ctypes.byref(reg))
+            rc = lib.ncclCommRegister(
+                ctypes.c_void_p(comm.handle), ptr, ctypes.c_size_t(self.nbytes), ctypes.byref(reg)
+            )
             if rc != 0:
                 lib.ncclMemFree(ptr)
                 raise NcclError(f"ncclCommRegister({self.nbytes} bytes) failed: ncclResult {rc}")
@@ -272,5 +275,14 @@ class NcclBuffer(Resource):
         return f"<NcclBuffer {self.shape} float32{' registered' if self.registered else ''}>"
 
 
-__all__ = ["NCCL_PIP", "NcclBuffer", "NcclComm", "NcclError", "NcclUnavailableError", "nccl_available",
-           "nccl_module", "unique_id_from_bytes", "unique_id_to_bytes"]
+__all__ = [
+    "NCCL_PIP",
+    "NcclBuffer",
+    "NcclComm",
+    "NcclError",
+    "NcclUnavailableError",
+    "nccl_available",
+    "nccl_module",
+    "unique_id_from_bytes",
+    "unique_id_to_bytes",
+]

@@ -53,9 +53,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 from ..runtime.errors import RawgraphError
 
@@ -146,8 +146,9 @@ def _name_env(env: Mapping[str, str], name: str) -> str | None:
     if raw is None or raw == "":
         return None
     if not _NAME.fullmatch(raw):
-        raise LaunchError(f"${name} must be 1-128 letters, digits, '_', '.' or '-', starting with a letter or "
-                          f"a digit, got {raw!r}")
+        raise LaunchError(
+            f"${name} must be 1-128 letters, digits, '_', '.' or '-', starting with a letter or a digit, got {raw!r}"
+        )
     return raw
 
 
@@ -171,8 +172,7 @@ def _unsafe(st: os.stat_result) -> str | None:
 
 
 def _refused(what: str, path: Path, why: str) -> LaunchError:
-    return LaunchError(f"{what} {str(path)!r} {why}; refused: the ranks take the NCCL id and CUDA IPC "
-                       f"handles from it")
+    return LaunchError(f"{what} {str(path)!r} {why}; refused: the ranks take the NCCL id and CUDA IPC handles from it")
 
 
 def _check_private(path: Path, what: str) -> None:
@@ -260,7 +260,7 @@ class RankEnv:
     ranks_remove_rendezvous: bool = False
 
     @classmethod
-    def from_environ(cls, env: Mapping[str, str] | None = None) -> "RankEnv":
+    def from_environ(cls, env: Mapping[str, str] | None = None) -> RankEnv:
         """Validate ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (torchrun's names) and rawgraph's own.
 
         None of them set: one rank (rank 0 of 1 on device 0). ``$RAWGRAPH_RENDEZVOUS`` needs
@@ -301,20 +301,24 @@ class RankEnv:
             rdzv = Path(rdzv_raw)
             _check_private(rdzv, f"${RENDEZVOUS_ENV}")
             if run_id is None:
-                raise LaunchError(f"${RENDEZVOUS_ENV} is set but ${RUN_ID_ENV} is not: the ranks of a launch "
-                                  f"need one run id (python -m rawgraph.multi sets both)")
+                raise LaunchError(
+                    f"${RENDEZVOUS_ENV} is set but ${RUN_ID_ENV} is not: the ranks of a launch "
+                    f"need one run id (python -m rawgraph.multi sets both)"
+                )
         elif world > 1 and env.get("MASTER_PORT"):
             run = _name_env(env, "TORCHELASTIC_RUN_ID") or "none"
             run_id = run_id or _torchrun_run_id(env)
             rdzv = _torchrun_folder(env, run)
             derived = True
         elif world > 1:
-            raise LaunchError(f"WORLD_SIZE {world} but no ${RENDEZVOUS_ENV} (or torchrun's $MASTER_PORT): "
-                              f"start the ranks with python -m rawgraph.multi --nproc {world} ...")
+            raise LaunchError(
+                f"WORLD_SIZE {world} but no ${RENDEZVOUS_ENV} (or torchrun's $MASTER_PORT): "
+                f"start the ranks with python -m rawgraph.multi --nproc {world} ..."
+            )
         hb = env.get(HEARTBEAT_ENV)
         return cls(rank, world, local, device, rdzv, Path(hb) if hb else None, run_id, derived)
 
-    def rendezvous_for(self, timeout: float = 120.0) -> "Rendezvous":
+    def rendezvous_for(self, timeout: float = 120.0) -> Rendezvous:
         """This rank's :class:`Rendezvous`; on a folder the ranks remove themselves, this rank
         leaves it at exit (:meth:`Rendezvous.leave`, through ``atexit``)."""
         if self.rendezvous is None:
@@ -385,8 +389,7 @@ class Rendezvous:
         and never writes through it)."""
         tmp = f".{name}.{secrets.token_hex(8)}.tmp"
         with self._folder() as folder:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                         dir_fd=folder)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
             try:
                 with open(fd, "wb") as f:
                     f.write(self._head + data)
@@ -410,7 +413,7 @@ class Rendezvous:
                 raise
             with open(fd, "rb") as f:
                 raw = f.read()
-        return raw[len(self._head):] if raw.startswith(self._head) else None
+        return raw[len(self._head) :] if raw.startswith(self._head) else None
 
     def publish(self, key: str, data: bytes) -> None:
         self._write(self._name(key, self.rank), bytes(data))
@@ -425,8 +428,10 @@ class Rendezvous:
             if data is not None:
                 return data
             if time.monotonic() > deadline:
-                raise RendezvousError(f"rank {self.rank} waited {wait:g} s for {key!r} from rank {rank} of run "
-                                      f"{self.run_id}: it never came (that rank died or stalled)")
+                raise RendezvousError(
+                    f"rank {self.rank} waited {wait:g} s for {key!r} from rank {rank} of run "
+                    f"{self.run_id}: it never came (that rank died or stalled)"
+                )
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
 
@@ -489,7 +494,11 @@ def _leave_quietly(rdzv: Rendezvous) -> None:
 def heartbeat(env: RankEnv | None = None) -> None:
     """Tell the launcher's watchdog this rank still makes progress (touch ``$RAWGRAPH_HEARTBEAT``).
     Cheap (one ``utime``); nothing when not launched by rawgraph.multi."""
-    path = env.heartbeat if env is not None else (Path(os.environ[HEARTBEAT_ENV]) if os.environ.get(HEARTBEAT_ENV) else None)
+    path = (
+        env.heartbeat
+        if env is not None
+        else (Path(os.environ[HEARTBEAT_ENV]) if os.environ.get(HEARTBEAT_ENV) else None)
+    )
     if path is None:
         return
     try:
@@ -509,14 +518,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m rawgraph.multi",
         description="Start one process per GPU (RANK, WORLD_SIZE, LOCAL_RANK, RAWGRAPH_DEVICE, RAWGRAPH_RENDEZVOUS set) "
-                    "and watch them: the first rank that fails, stalls or times out stops the rest.")
+        "and watch them: the first rank that fails, stalls or times out stops the rest.",
+    )
     p.add_argument("--nproc", "--nproc-per-node", dest="nproc", type=int, required=True, help="processes (one per GPU)")
     p.add_argument("--devices", default=None, help="comma-separated device ordinals, one per rank (default 0..nproc-1)")
-    p.add_argument("--isolate", action="store_true",
-                   help="set CUDA_VISIBLE_DEVICES to the rank's one GPU (then RAWGRAPH_DEVICE=0); breaks CUDA IPC between ranks")
+    p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="set CUDA_VISIBLE_DEVICES to the rank's one GPU (then RAWGRAPH_DEVICE=0); breaks CUDA IPC between ranks",
+    )
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds the whole run may take (default 1800)")
-    p.add_argument("--stall-timeout", type=float, default=None,
-                   help="seconds a rank may go without a heartbeat after its first one (default: no stall check)")
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=None,
+        help="seconds a rank may go without a heartbeat after its first one (default: no stall check)",
+    )
     p.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL when stopping ranks")
     p.add_argument("-m", dest="module", action="store_true", help="the first argument is a module, run with python -m")
     p.add_argument("target", help="script.py (or a module with -m)")
@@ -573,9 +590,19 @@ def _noted_signals() -> Iterator[list[int]]:
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
 
 
-def launch(target: str, args: Sequence[str] = (), nproc: int = 1, devices: Sequence[int] | None = None,
-           module: bool = False, isolate: bool = False, timeout: float = 1800.0, stall_timeout: float | None = None,
-           grace: float = 5.0, env: Mapping[str, str] | None = None, poll: float = 0.05) -> int:
+def launch(
+    target: str,
+    args: Sequence[str] = (),
+    nproc: int = 1,
+    devices: Sequence[int] | None = None,
+    module: bool = False,
+    isolate: bool = False,
+    timeout: float = 1800.0,
+    stall_timeout: float | None = None,
+    grace: float = 5.0,
+    env: Mapping[str, str] | None = None,
+    poll: float = 0.05,
+) -> int:
     """Run ``nproc`` ranks of ``target`` and watch them (see the module docstring).
 
     Returns 0 when every rank exited 0.
@@ -614,9 +641,18 @@ def launch(target: str, args: Sequence[str] = (), nproc: int = 1, devices: Seque
                     break  # _watch sends it on to the ranks already started
                 child = dict(base)
                 hb = rdzv / f".heartbeat.{r}"
-                child.update({"RANK": str(r), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(r),
-                              "LOCAL_WORLD_SIZE": str(nproc), RENDEZVOUS_ENV: str(rdzv), RUN_ID_ENV: run_id,
-                              HEARTBEAT_ENV: str(hb), DEVICE_ENV: "0" if isolate else str(dev)})
+                child.update(
+                    {
+                        "RANK": str(r),
+                        "WORLD_SIZE": str(nproc),
+                        "LOCAL_RANK": str(r),
+                        "LOCAL_WORLD_SIZE": str(nproc),
+                        RENDEZVOUS_ENV: str(rdzv),
+                        RUN_ID_ENV: run_id,
+                        HEARTBEAT_ENV: str(hb),
+                        DEVICE_ENV: "0" if isolate else str(dev),
+                    }
+                )
                 if isolate:
                     child["CUDA_VISIBLE_DEVICES"] = str(dev)
                 cmd = [sys.executable, *(["-m", target] if module else [target]), *args]
@@ -629,8 +665,9 @@ def launch(target: str, args: Sequence[str] = (), nproc: int = 1, devices: Seque
             shutil.rmtree(rdzv, ignore_errors=True)
 
 
-def _watch(ranks: list[_Rank], timeout: float, stall_timeout: float | None, grace: float, poll: float,
-           got: list[int]) -> int:
+def _watch(
+    ranks: list[_Rank], timeout: float, stall_timeout: float | None, grace: float, poll: float, got: list[int]
+) -> int:
     """0 once every rank exited 0; before that, the first rank that fails, stalls or runs late, or
     a signal noted in ``got``, stops them all and raises."""
     start = time.monotonic()
@@ -651,9 +688,12 @@ def _watch(ranks: list[_Rank], timeout: float, stall_timeout: float | None, grac
         now = time.monotonic()
         if now - start > timeout:
             late = [r.rank for r in ranks if r.proc.poll() is None]
-            raise RankFailedError(late[0], TIMEOUT_EXIT,
-                                  f"still running after --timeout {timeout:g} s (ranks {late} unfinished); "
-                                  f"stopped ranks {_stop(ranks, grace)}")
+            raise RankFailedError(
+                late[0],
+                TIMEOUT_EXIT,
+                f"still running after --timeout {timeout:g} s (ranks {late} unfinished); "
+                f"stopped ranks {_stop(ranks, grace)}",
+            )
         if stall_timeout is not None:
             for r in ranks:
                 try:
@@ -661,9 +701,12 @@ def _watch(ranks: list[_Rank], timeout: float, stall_timeout: float | None, grac
                 except FileNotFoundError:
                     continue  # not started beating yet: only --timeout applies
                 if r.proc.poll() is None and time.time() - beat > stall_timeout:
-                    raise RankFailedError(r.rank, TIMEOUT_EXIT,
-                                          f"stalled: no heartbeat for {stall_timeout:g} s (pid {r.proc.pid}); "
-                                          f"stopped ranks {_stop(ranks, grace)}")
+                    raise RankFailedError(
+                        r.rank,
+                        TIMEOUT_EXIT,
+                        f"stalled: no heartbeat for {stall_timeout:g} s (pid {r.proc.pid}); "
+                        f"stopped ranks {_stop(ranks, grace)}",
+                    )
         time.sleep(poll)
 
 

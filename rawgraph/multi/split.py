@@ -74,11 +74,14 @@ def shards(hidden: int, world: int, policy: str = "even", multiple: int = 1) -> 
         raise ShapeError(f"hidden {hidden} is not a multiple of {multiple}")
     units = hidden // multiple
     if units < world:
-        raise ShapeError(f"hidden {hidden} has {units} unit(s) of {multiple}: fewer than {world} ranks, "
-                         f"so a rank would hold nothing")
+        raise ShapeError(
+            f"hidden {hidden} has {units} unit(s) of {multiple}: fewer than {world} ranks, so a rank would hold nothing"
+        )
     if policy == "even" and units % world:
-        raise ShapeError(f"hidden {hidden} does not split evenly over {world} ranks (in units of {multiple}); "
-                         f"pass policy='uneven' to give the first ranks one unit more")
+        raise ShapeError(
+            f"hidden {hidden} does not split evenly over {world} ranks (in units of {multiple}); "
+            f"pass policy='uneven' to give the first ranks one unit more"
+        )
     base, extra = divmod(units, world)
     out, start = [], 0
     for r in range(world):

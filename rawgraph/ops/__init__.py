@@ -7,7 +7,6 @@ scatters of the slot pool.
 """
 
 from .gemm import *  # noqa: F401,F403
-from .gemm import MatmulShape, _pick_split, _cdiv  # noqa: F401
+from .gemm import MatmulShape, _cdiv, _pick_split  # noqa: F401
 from .pointwise import add, count_mismatch, empty, fill_uniform, relu, spin  # noqa: F401
-from .rows import (ROW_PARAM_CAPS, gather_rows, gather_rows_param, row_param_cap, scatter_rows,  # noqa: F401
-                   scatter_rows_param)
+from .rows import ROW_PARAM_CAPS, gather_rows, gather_rows_param, row_param_cap, scatter_rows, scatter_rows_param  # noqa: F401

@@ -10,9 +10,9 @@ import numpy as np
 
 from ..runtime.device import Device
 from ..runtime.errors import LayoutError, ShapeError
-from ..runtime.module import get_kernel
 from ..runtime.launch import ArgUse, KernelArgs, Launch
 from ..runtime.memory import DeviceArray, check_array
+from ..runtime.module import get_kernel
 
 __all__ = [
     "THREADS",
@@ -89,8 +89,8 @@ GEMM_MIN_ELEMENTS = 1 << 22  # K * N (16 MB of W)
 GEMM_MID_ELEMENTS = 1 << 20  # K * N (4 MB of W): the GEMM also wins above MATVEC_MAX_BATCH_L2 rows
 MATVEC_MAX_BATCH_L2 = 64
 GEMM_TILE_M, GEMM_TILE_N = 64, 64  # matmul.cu's RG_GM_BM; the default column tile (BN is a template argument)
-GEMM_KC = 16         # matmul.cu's RG_GM_KC
-GEMM_STAGES = 3      # matmul.cu's RG_GM_STAGES
+GEMM_KC = 16  # matmul.cu's RG_GM_KC
+GEMM_STAGES = 3  # matmul.cu's RG_GM_STAGES
 # The matmul and block kernels' `flags` bits (kernels/rawgraph.cuh): successor launched at the
 # start; x / y / r read through a pointer slot (the indirect launch path).
 FLAG_EARLY, FLAG_IND_X, FLAG_IND_Y, FLAG_IND_R = 1, 2, 4, 8
@@ -100,9 +100,9 @@ INDIRECT_FLAGS = {"x": FLAG_IND_X, "y": FLAG_IND_Y, "r": FLAG_IND_R}
 FLAG_ROWS_X, FLAG_ROWS_R, FLAG_ROWS_Y = 16, 32, 64
 ROW_FLAGS = {"x": FLAG_ROWS_X, "r": FLAG_ROWS_R, "y": FLAG_ROWS_Y}
 EARLY_MAX_W_BYTES = 8 << 20  # successor launched at the start for W up to 8 MB, after the K loop above
-MAX_SPLIT = 8        # portable cluster size
-XS_FLOATS = 4096     # matmul.cu's RG_XS_FLOATS
-UNROLL = 8           # matmul.cu's RG_UNROLL
+MAX_SPLIT = 8  # portable cluster size
+XS_FLOATS = 4096  # matmul.cu's RG_XS_FLOATS
+UNROLL = 8  # matmul.cu's RG_UNROLL
 MATVEC_TILES = {4: (128, 64, 32, 16), 1: (32, 16, 8)}  # column tiles per load width
 # The fp32 GEMM (kernels/sgemm.cu) is chosen per exact (M, K, N) from a measured table: one row per
 # product, its cut in named columns (those of SgemmCut). matmul_shape consults it first; a shape
@@ -178,8 +178,8 @@ SGEMM_MAX_THREADS_PER_SM = 2048  # sm_80 .. sm_90: __launch_bounds__' MINB * thr
 # kernels where its layout rules exclude it.
 PRECISIONS = ("fp32", "tf32x3")
 TF32X3_WARP_ROWS = (16, 32, 48, 64)  # a warp's rows: 1..4 m16 tiles (tf32x3.cu's WM)
-TF32X3_WARP_COLS = (32, 64)          # a warp's columns: one or two groups of four n8 tiles (WN)
-TF32X3_MAX_WARP_TILES = 4            # (WM / 16) * (WN / 32) at most: 32 accumulators a thread each, 128 in all
+TF32X3_WARP_COLS = (32, 64)  # a warp's columns: one or two groups of four n8 tiles (WN)
+TF32X3_MAX_WARP_TILES = 4  # (WM / 16) * (WN / 32) at most: 32 accumulators a thread each, 128 in all
 
 
 def has_clusters(device: Device) -> bool:
@@ -230,8 +230,10 @@ class MatmulShape:
         if self.kernel == "sgemm" and self.tm not in (4, 8):
             raise ShapeError(f"an sgemm shape needs tm (output rows per thread) 8 or 4, got {self.tm}")
         if self.kernel == "tf32x3" and (self.wm not in TF32X3_WARP_ROWS or self.wn not in TF32X3_WARP_COLS):
-            raise ShapeError(f"a tf32x3 shape needs a warp tile of {TF32X3_WARP_ROWS} x {TF32X3_WARP_COLS}, "
-                             f"got {self.wm} x {self.wn}")
+            raise ShapeError(
+                f"a tf32x3 shape needs a warp tile of {TF32X3_WARP_ROWS} x {TF32X3_WARP_COLS}, "
+                f"got {self.wm} x {self.wn}"
+            )
 
     @property
     def bm(self) -> int:
@@ -270,8 +272,16 @@ def _pick_split(ctas: int, k: int, min_rows: int, target: float, clusters: bool)
     return split
 
 
-def matvec_shape(batch: int, k: int, n: int, multiprocessors: int, vec: int, clusters: bool,
-                 tc: int | None = None, split: int | None = None) -> MatmulShape:
+def matvec_shape(
+    batch: int,
+    k: int,
+    n: int,
+    multiprocessors: int,
+    vec: int,
+    clusters: bool,
+    tc: int | None = None,
+    split: int | None = None,
+) -> MatmulShape:
     """The matvec cut: 16-byte loads when allowed, batch tile up to 8.
 
     Aim for D CTAs: enough that each thread has about one group (8) of loads in flight, at most
@@ -323,8 +333,17 @@ def matvec_shape(batch: int, k: int, n: int, multiprocessors: int, vec: int, clu
     return MatmulShape("matvec", vec, tc, bt, split, (_cdiv(n, tc), split, batch_tiles))
 
 
-def gemm_shape(batch: int, k: int, n: int, multiprocessors: int, clusters: bool, split: int | None = None,
-               tile_n: int = GEMM_TILE_N, per_sm: int = 0, slices: int = 2) -> MatmulShape:
+def gemm_shape(
+    batch: int,
+    k: int,
+    n: int,
+    multiprocessors: int,
+    clusters: bool,
+    split: int | None = None,
+    tile_n: int = GEMM_TILE_N,
+    per_sm: int = 0,
+    slices: int = 2,
+) -> MatmulShape:
     """The GEMM cut: 64 x ``tile_n`` (64 or 128) output tiles, K split over a cluster of ``split``
     CTAs and again over ``slices`` groups of 256 threads inside each CTA.
 
@@ -398,8 +417,10 @@ def parse_sgemm_table(text: str) -> dict[tuple[int, int, int], SgemmCut]:
     """
     lines = [ln.split() for ln in text.splitlines() if ln.strip()]
     if not lines or tuple(lines[0]) != SGEMM_TABLE_COLUMNS:
-        raise ValueError(f"an sgemm table starts with the header {' '.join(SGEMM_TABLE_COLUMNS)!r}, "
-                         f"got {' '.join(lines[0]) if lines else ''!r}")
+        raise ValueError(
+            f"an sgemm table starts with the header {' '.join(SGEMM_TABLE_COLUMNS)!r}, "
+            f"got {' '.join(lines[0]) if lines else ''!r}"
+        )
     out: dict[tuple[int, int, int], SgemmCut] = {}
     for row in lines[1:]:
         try:
@@ -407,8 +428,10 @@ def parse_sgemm_table(text: str) -> dict[tuple[int, int, int], SgemmCut]:
         except ValueError:
             values = []
         if len(values) != len(SGEMM_TABLE_COLUMNS):
-            raise ValueError(f"sgemm table row {' '.join(row)!r}: expected {len(SGEMM_TABLE_COLUMNS)} integers "
-                             f"({' '.join(SGEMM_TABLE_COLUMNS)})")
+            raise ValueError(
+                f"sgemm table row {' '.join(row)!r}: expected {len(SGEMM_TABLE_COLUMNS)} integers "
+                f"({' '.join(SGEMM_TABLE_COLUMNS)})"
+            )
         key = (values[0], values[1], values[2])
         if key in out:
             raise ValueError(f"sgemm table: a second row for (M, K, N) = {key}")
@@ -419,8 +442,10 @@ def parse_sgemm_table(text: str) -> dict[tuple[int, int, int], SgemmCut]:
 def format_sgemm_table(cuts: dict[tuple[int, int, int], SgemmCut]) -> str:
     """``cuts`` as :data:`SGEMM_TABLE` holds them (what :func:`parse_sgemm_table` reads back): the
     header, then one row per ``(M, K, N)`` sorted by (K, N, M), right-aligned columns."""
-    rows = [SGEMM_TABLE_COLUMNS] + [tuple(str(v) for v in (*key, *astuple(cuts[key])))
-                                    for key in sorted(cuts, key=lambda key: (key[1], key[2], key[0]))]
+    rows = [SGEMM_TABLE_COLUMNS] + [
+        tuple(str(v) for v in (*key, *astuple(cuts[key])))
+        for key in sorted(cuts, key=lambda key: (key[1], key[2], key[0]))
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(SGEMM_TABLE_COLUMNS))]
     return "\n".join("    " + "  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows)
 
@@ -444,8 +469,10 @@ def sgemm_shape(batch: int, k: int, n: int, cut: SgemmCut, *, clusters: bool = T
     if tm not in (4, 8):
         raise ShapeError(f"sgemm rows per thread TM must be 8 or 4, got {tm}")
     if bm < 4 * tm or bm % (4 * tm) or bn < 64 or bn % 64:
-        raise ShapeError(f"sgemm tiles need BM % {4 * tm} == 0 and BN % 64 == 0 (a warp covers {4 * tm} x 64 "
-                         f"at TM = {tm}), got {bm} x {bn}")
+        raise ShapeError(
+            f"sgemm tiles need BM % {4 * tm} == 0 and BN % 64 == 0 (a warp covers {4 * tm} x 64 "
+            f"at TM = {tm}), got {bm} x {bn}"
+        )
     if bk < 4 or bk % 4:
         raise ShapeError(f"sgemm K step BK must be a positive multiple of 4, got {bk}")
     if stages < 2:
@@ -585,15 +612,18 @@ def tf32x3_shape(batch: int, k: int, n: int, cut: Tf32x3Cut, *, clusters: bool =
     if c.wm not in TF32X3_WARP_ROWS or c.wn not in TF32X3_WARP_COLS:
         raise ShapeError(f"tf32x3 warp tiles are {TF32X3_WARP_ROWS} x {TF32X3_WARP_COLS}, got {c.wm} x {c.wn}")
     if (c.wm // 16) * (c.wn // 32) > TF32X3_MAX_WARP_TILES:
-        raise ShapeError(f"tf32x3 warp tile {c.wm} x {c.wn} needs more than {32 * TF32X3_MAX_WARP_TILES} "
-                         f"accumulators a thread")
+        raise ShapeError(
+            f"tf32x3 warp tile {c.wm} x {c.wn} needs more than {32 * TF32X3_MAX_WARP_TILES} accumulators a thread"
+        )
     if c.bm < c.wm or c.bm % c.wm or c.bn < c.wn or c.bn % c.wn:
         raise ShapeError(f"tf32x3 tile {c.bm} x {c.bn} is not whole warp tiles of {c.wm} x {c.wn}")
     if c.bk < 8 or c.bk % 8:
         raise ShapeError(f"tf32x3 K step BK must be a positive multiple of 8, got {c.bk}")
     if c.flush < 0 or (c.flush and (c.bk // 8) % c.flush):
-        raise ShapeError(f"tf32x3 accumulation runs of {c.flush} k8 steps must end with a stage of BK {c.bk} "
-                         f"(BK / 8 a multiple of flush), or flush 0")
+        raise ShapeError(
+            f"tf32x3 accumulation runs of {c.flush} k8 steps must end with a stage of BK {c.bk} "
+            f"(BK / 8 a multiple of flush), or flush 0"
+        )
     if c.stages < 2:
         raise ShapeError(f"tf32x3 needs at least 2 pipeline stages, got {c.stages}")
     if not 1 <= c.split <= MAX_SPLIT or (c.split > 1 and not clusters):
@@ -603,20 +633,33 @@ def tf32x3_shape(batch: int, k: int, n: int, cut: Tf32x3Cut, *, clusters: bool =
     if c.threads > 1024:
         raise ShapeError(f"tf32x3 cut {c} needs {c.threads} threads per CTA (at most 1024)")
     if c.minb < 1 or c.minb * c.threads > SGEMM_MAX_THREADS_PER_SM:
-        raise ShapeError(f"tf32x3 MINB {c.minb} x {c.threads} threads exceeds {SGEMM_MAX_THREADS_PER_SM} threads per SM")
+        raise ShapeError(
+            f"tf32x3 MINB {c.minb} x {c.threads} threads exceeds {SGEMM_MAX_THREADS_PER_SM} threads per SM"
+        )
     grid = (_cdiv(n, c.bn), c.split, _cdiv(batch, c.bm))
     if grid[2] > 65535:
         raise ShapeError(f"tf32x3 grid z {grid[2]} (batch {batch} / BM {c.bm}) exceeds 65535")
-    return MatmulShape("tf32x3", 4, c.bn, c.bm, c.split, grid, 0, c.slices, c.bk, c.stages, c.minb, 0, c.wm, c.wn,
-                       c.flush)
+    return MatmulShape(
+        "tf32x3", 4, c.bn, c.bm, c.split, grid, 0, c.slices, c.bk, c.stages, c.minb, 0, c.wm, c.wn, c.flush
+    )
 
 
 def tf32x3_cut(shape: MatmulShape) -> Tf32x3Cut:
     """The template arguments of a ``"tf32x3"`` shape."""
     if shape.kernel != "tf32x3":
         raise ShapeError(f"not a tf32x3 shape: {shape}")
-    return Tf32x3Cut(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices, shape.minb, shape.wm,
-                     shape.wn, shape.flush)
+    return Tf32x3Cut(
+        shape.bt,
+        shape.tc,
+        shape.bk,
+        shape.stages,
+        shape.split,
+        shape.slices,
+        shape.minb,
+        shape.wm,
+        shape.wn,
+        shape.flush,
+    )
 
 
 def tf32x3_smem_bytes(bm: int, bn: int, bk: int, stages: int, split: int, slices: int) -> int:
@@ -629,8 +672,9 @@ def tf32x3_smem_bytes(bm: int, bn: int, bk: int, stages: int, split: int, slices
     return 4 * max(pipe, part)
 
 
-def tf32x3_default_cut(batch: int, k: int, n: int, multiprocessors: int, clusters: bool = True,
-                       smem_limit: int = 0) -> Tf32x3Cut:
+def tf32x3_default_cut(
+    batch: int, k: int, n: int, multiprocessors: int, clusters: bool = True, smem_limit: int = 0
+) -> Tf32x3Cut:
     """The tf32x3 cut for a product :data:`TF32X3_CUTS` has no entry for.
 
     Row tiles of at most 128 rows, as few as cover M, each a multiple of 32 (16 for M <= 16), so
@@ -658,8 +702,16 @@ def tf32x3_default_cut(batch: int, k: int, n: int, multiprocessors: int, cluster
     return Tf32x3Cut(bm, bn, bk, stages, split, 1, 1, wm, 32, 2)
 
 
-def tf32x3_matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: bool = True,
-                        x_aligned16: bool = True, clusters: bool = True, smem_limit: int = 0) -> MatmulShape | None:
+def tf32x3_matmul_shape(
+    batch: int,
+    k: int,
+    n: int,
+    multiprocessors: int,
+    w_aligned16: bool = True,
+    x_aligned16: bool = True,
+    clusters: bool = True,
+    smem_limit: int = 0,
+) -> MatmulShape | None:
     """The tf32x3 cut :func:`matmul_shape` launches at ``precision="tf32x3"``: the exact
     :data:`TF32X3_CUTS` entry, else that of the next multiple of :data:`TF32X3_ROW_STEP` rows,
     where this device can run it (clusters if it splits, at most ``smem_limit`` bytes of dynamic
@@ -684,13 +736,22 @@ def tf32x3_matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_alig
         shape = tf32x3_shape(batch, k, n, cut, clusters=True)
         if sgemm_fits(shape, clusters, smem_limit):
             return shape
-    return tf32x3_shape(batch, k, n, tf32x3_default_cut(batch, k, n, multiprocessors, clusters, smem_limit),
-                        clusters=clusters)
+    return tf32x3_shape(
+        batch, k, n, tf32x3_default_cut(batch, k, n, multiprocessors, clusters, smem_limit), clusters=clusters
+    )
 
 
-def matmul_shape(batch: int, k: int, n: int, multiprocessors: int, w_aligned16: bool = True,
-                 x_aligned16: bool = True, clusters: bool = True, smem_limit: int = 0,
-                 precision: str = "fp32") -> MatmulShape:
+def matmul_shape(
+    batch: int,
+    k: int,
+    n: int,
+    multiprocessors: int,
+    w_aligned16: bool = True,
+    x_aligned16: bool = True,
+    clusters: bool = True,
+    smem_limit: int = 0,
+    precision: str = "fp32",
+) -> MatmulShape:
     """Choose the kernel and its cut for a (batch, K, N) product on ``multiprocessors`` SMs.
 
     The choice depends only on the shape, W's and x's alignment and the device, never on the
@@ -743,14 +804,20 @@ def matmul_expr(epilogue: str, shape: MatmulShape) -> str:
     if shape.kernel == "sgemm":
         tm = "" if shape.tm == 8 else f", {shape.tm}"  # TM = 8 is the template's default
         if shape.split > 1:
-            return (f"sgemm_split_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.split}, "
-                    f"{shape.slices}, {shape.minb}{tm}>")
-        return f"sgemm_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.slices}, {shape.minb}{tm}>"
+            return (
+                f"sgemm_split_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.split}, "
+                f"{shape.slices}, {shape.minb}{tm}>"
+            )
+        return (
+            f"sgemm_kernel<{e}, {shape.bt}, {shape.tc}, {shape.bk}, {shape.stages}, {shape.slices}, {shape.minb}{tm}>"
+        )
     if shape.kernel == "tf32x3":
         c = tf32x3_cut(shape)
         split = f"{c.split}, " if c.split > 1 else ""
-        return (f"tf32x3_{'split_' if c.split > 1 else ''}kernel<{e}, {c.bm}, {c.bn}, {c.bk}, {c.stages}, {split}"
-                f"{c.slices}, {c.minb}, {c.wm}, {c.wn}, {c.flush}>")
+        return (
+            f"tf32x3_{'split_' if c.split > 1 else ''}kernel<{e}, {c.bm}, {c.bn}, {c.bk}, {c.stages}, {split}"
+            f"{c.slices}, {c.minb}, {c.wm}, {c.wn}, {c.flush}>"
+        )
     if shape.kernel == "gemm":
         if shape.split > 1:
             return f"gemm_split_kernel<{e}, {shape.tc}, {shape.split}, {shape.slices}>"
@@ -801,25 +868,49 @@ def matmul(
     clusters = has_clusters(device)
     optin = device.info.smem_per_block_optin
     if shape is None:
-        shape = matmul_shape(batch, k, n, device.info.multiprocessors, wa.ptr % 16 == 0, xa.ptr % 16 == 0, clusters,
-                             optin, precision)
+        shape = matmul_shape(
+            batch, k, n, device.info.multiprocessors, wa.ptr % 16 == 0, xa.ptr % 16 == 0, clusters, optin, precision
+        )
     else:
         _check_shape(shape, batch, k, n, xa, wa, clusters, optin)
     kernel = get_kernel(matmul_file(shape), matmul_expr(epilogue, shape), device)
     smem = gemm_smem_bytes(shape)
     if shape.kernel in ("sgemm", "tf32x3") and optin and kernel.static_smem + smem > optin:
-        raise ShapeError(f"{kernel.name} needs {kernel.static_smem + smem} B of shared memory per CTA; this device "
-                         f"allows {optin}")
+        raise ShapeError(
+            f"{kernel.name} needs {kernel.static_smem + smem} B of shared memory per CTA; this device allows {optin}"
+        )
     smem += residency_pad(device, kernel.static_smem + smem, shape.per_sm)
     if smem:
         kernel.allow_dynamic_smem(smem)
-    args = KernelArgs([("x", "ptr"), ("W", "ptr"), ("y", "ptr"), ("r", "ptr"), ("B", "i32"), ("K", "i32"), ("N", "i32"),
-                       ("flags", "i32"), ("rows", "ptr")])
+    args = KernelArgs(
+        [
+            ("x", "ptr"),
+            ("W", "ptr"),
+            ("y", "ptr"),
+            ("r", "ptr"),
+            ("B", "i32"),
+            ("K", "i32"),
+            ("N", "i32"),
+            ("flags", "i32"),
+            ("rows", "ptr"),
+        ]
+    )
     # FLAG_EARLY: matvec, sgemm (as benchmarks/gemm_sweep.py times it) and tf32x3 launch their
     # successor at the start for W up to 8 MB; matmul.cu's gemm after its K loop.
     early = int(shape.kernel in ("matvec", "sgemm", "tf32x3") and k * n * 4 <= EARLY_MAX_W_BYTES)
-    args.update({"x": xa.ptr, "W": wa.ptr, "y": ya.ptr, "r": buffers[r].ptr if r else 0, "B": batch, "K": k, "N": n,
-                 "flags": early, "rows": 0})
+    args.update(
+        {
+            "x": xa.ptr,
+            "W": wa.ptr,
+            "y": ya.ptr,
+            "r": buffers[r].ptr if r else 0,
+            "B": batch,
+            "K": k,
+            "N": n,
+            "flags": early,
+            "rows": 0,
+        }
+    )
     uses = {"x": ArgUse(x, "read"), "W": ArgUse(w, "read"), "y": ArgUse(y, "write")}
     if r:
         uses["r"] = ArgUse(r, "read")
@@ -844,8 +935,16 @@ def routes_rows(launch: Launch) -> bool:
     return get_kernel(file, name, launch.kernel.module.device) is launch.kernel
 
 
-def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray, wa: DeviceArray, clusters: bool,
-                 smem_limit: int = 0) -> None:
+def _check_shape(
+    shape: MatmulShape,
+    batch: int,
+    k: int,
+    n: int,
+    xa: DeviceArray,
+    wa: DeviceArray,
+    clusters: bool,
+    smem_limit: int = 0,
+) -> None:
     """Refuse a hand-picked cut the kernel cannot run correctly on these operands (and, for sgemm
     and tf32x3, a cut needing more than ``smem_limit`` bytes of shared memory per CTA, when that is
     given)."""
@@ -856,15 +955,19 @@ def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray
             raise LayoutError("the sgemm kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
         want = sgemm_shape(batch, k, n, sgemm_cut(shape), clusters=clusters)
         if smem_limit and gemm_smem_bytes(shape) > smem_limit:
-            raise ShapeError(f"sgemm cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
-                             f"shared memory per CTA; this device allows {smem_limit}")
+            raise ShapeError(
+                f"sgemm cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
+                f"shared memory per CTA; this device allows {smem_limit}"
+            )
     elif shape.kernel == "tf32x3":
         if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
             raise LayoutError("the tf32x3 kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
         want = tf32x3_shape(batch, k, n, tf32x3_cut(shape), clusters=clusters)
         if smem_limit and gemm_smem_bytes(shape) > smem_limit:
-            raise ShapeError(f"tf32x3 cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
-                             f"shared memory per CTA; this device allows {smem_limit}")
+            raise ShapeError(
+                f"tf32x3 cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
+                f"shared memory per CTA; this device allows {smem_limit}"
+            )
     elif shape.kernel == "gemm":
         if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
             raise LayoutError("the gemm kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
@@ -880,7 +983,7 @@ def _check_shape(shape: MatmulShape, batch: int, k: int, n: int, xa: DeviceArray
 
 
 BLOCK_MAX_WIDTH = 256  # kernels/block.cu's RG_BLOCK_MAXW
-BLOCK_CLUSTER = 8      # CTAs per cluster of the single-kernel block
+BLOCK_CLUSTER = 8  # CTAs per cluster of the single-kernel block
 
 
 def block_fits(width: int, device: Device | None = None) -> bool:
@@ -889,8 +992,16 @@ def block_fits(width: int, device: Device | None = None) -> bool:
     return ok and (device is None or has_clusters(device))
 
 
-def block(device: Device, buffers: dict[str, DeviceArray], x: str, w1: str, w2: str, y: str, label: str = "",
-          cluster: int = BLOCK_CLUSTER) -> Launch:
+def block(
+    device: Device,
+    buffers: dict[str, DeviceArray],
+    x: str,
+    w1: str,
+    w2: str,
+    y: str,
+    label: str = "",
+    cluster: int = BLOCK_CLUSTER,
+) -> Launch:
     """``y = relu(x @ w1) @ w2 + x`` in one kernel (width <= 256, width % 4 == 0; sm_90 clusters of
     ``cluster`` CTAs, 4 or 8)."""
     if cluster not in (4, 8):
@@ -911,8 +1022,9 @@ def block(device: Device, buffers: dict[str, DeviceArray], x: str, w1: str, w2: 
     while bt < min(batch, 4):
         bt *= 2
     kernel = get_kernel("block", f"block_kernel<{bt}, {cluster}>", device)
-    args = KernelArgs([("x", "ptr"), ("W1", "ptr"), ("W2", "ptr"), ("y", "ptr"), ("B", "i32"), ("W", "i32"),
-                       ("flags", "i32")])
+    args = KernelArgs(
+        [("x", "ptr"), ("W1", "ptr"), ("W2", "ptr"), ("y", "ptr"), ("B", "i32"), ("W", "i32"), ("flags", "i32")]
+    )
     args.update({"x": xa.ptr, "W1": w1a.ptr, "W2": w2a.ptr, "y": ya.ptr, "B": batch, "W": width, "flags": 0})
     uses = {"x": ArgUse(x, "read"), "W1": ArgUse(w1, "read"), "W2": ArgUse(w2, "read"), "y": ArgUse(y, "write")}
     return Launch(kernel, (cluster, -(-batch // bt), 1), (THREADS, 1, 1), args, uses, 0, label or "block")

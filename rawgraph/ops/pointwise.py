@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.device import Device
-from ..runtime.module import get_kernel
 from ..runtime.launch import ArgUse, KernelArgs, Launch
 from ..runtime.memory import DeviceArray, check_array
+from ..runtime.module import get_kernel
 
 THREADS = 256  # the elementwise kernels' block size
 _F32 = np.dtype(np.float32)
@@ -26,7 +26,15 @@ def relu(device: Device, buffers: dict[str, DeviceArray], x: str, y: str, label:
     args = KernelArgs([("x", "ptr"), ("y", "ptr"), ("n", "i64")])
     args.update({"x": xa.ptr, "y": ya.ptr, "n": xa.size})
     uses = {"x": ArgUse(x, "read"), "y": ArgUse(y, "write")}
-    return Launch(get_kernel("elementwise", "relu", device), _elementwise_grid(xa.size, device), (THREADS, 1, 1), args, uses, 0, label or "relu")
+    return Launch(
+        get_kernel("elementwise", "relu", device),
+        _elementwise_grid(xa.size, device),
+        (THREADS, 1, 1),
+        args,
+        uses,
+        0,
+        label or "relu",
+    )
 
 
 def add(device: Device, buffers: dict[str, DeviceArray], a: str, b: str, y: str, label: str = "") -> Launch:
@@ -38,7 +46,15 @@ def add(device: Device, buffers: dict[str, DeviceArray], a: str, b: str, y: str,
     args = KernelArgs([("a", "ptr"), ("b", "ptr"), ("y", "ptr"), ("n", "i64")])
     args.update({"a": aa.ptr, "b": ba.ptr, "y": ya.ptr, "n": aa.size})
     uses = {"a": ArgUse(a, "read"), "b": ArgUse(b, "read"), "y": ArgUse(y, "write")}
-    return Launch(get_kernel("elementwise", "add", device), _elementwise_grid(aa.size, device), (THREADS, 1, 1), args, uses, 0, label or "add")
+    return Launch(
+        get_kernel("elementwise", "add", device),
+        _elementwise_grid(aa.size, device),
+        (THREADS, 1, 1),
+        args,
+        uses,
+        0,
+        label or "add",
+    )
 
 
 def empty(device: Device) -> Launch:
@@ -55,7 +71,9 @@ def spin(device: Device, ns: int) -> Launch:
     return Launch(get_kernel("elementwise", "spin", device), (1, 1, 1), (1, 1, 1), args, {}, 0, "spin")
 
 
-def count_mismatch(device: Device, buffers: dict[str, DeviceArray], a: str, b: str, count: str, label: str = "") -> Launch:
+def count_mismatch(
+    device: Device, buffers: dict[str, DeviceArray], a: str, b: str, count: str, label: str = ""
+) -> Launch:
     """``*count += number of 32-bit elements whose bits differ between a and b``."""
     aa, ba, ca = buffers[a], buffers[b], buffers[count]
     if aa.dtype.itemsize != 4 or ba.dtype != aa.dtype:
@@ -65,12 +83,27 @@ def count_mismatch(device: Device, buffers: dict[str, DeviceArray], a: str, b: s
     args = KernelArgs([("a", "ptr"), ("b", "ptr"), ("n", "i64"), ("count", "ptr")])
     args.update({"a": aa.ptr, "b": ba.ptr, "n": aa.size, "count": ca.ptr})
     uses = {"a": ArgUse(a, "read"), "b": ArgUse(b, "read"), "count": ArgUse(count, "write")}
-    return Launch(get_kernel("elementwise", "count_mismatch", device), _elementwise_grid(aa.size, device), (THREADS, 1, 1),
-                  args, uses, 0, label or "count_mismatch")
+    return Launch(
+        get_kernel("elementwise", "count_mismatch", device),
+        _elementwise_grid(aa.size, device),
+        (THREADS, 1, 1),
+        args,
+        uses,
+        0,
+        label or "count_mismatch",
+    )
 
 
 def fill_uniform(device: Device, buf: DeviceArray, seed: int, scale: float) -> Launch:
     """Deterministic uniform values in ``[-scale, scale)`` from ``seed`` (``kernels/init.cu``)."""
     args = KernelArgs([("y", "ptr"), ("n", "i64"), ("seed", "u64"), ("scale", "f32")])
     args.update({"y": buf.ptr, "n": buf.size, "seed": seed & (2**64 - 1), "scale": scale})
-    return Launch(get_kernel("init", "fill_uniform", device), _elementwise_grid(buf.size, device), (THREADS, 1, 1), args, {}, 0, "fill_uniform")
+    return Launch(
+        get_kernel("init", "fill_uniform", device),
+        _elementwise_grid(buf.size, device),
+        (THREADS, 1, 1),
+        args,
+        {},
+        0,
+        "fill_uniform",
+    )

@@ -7,16 +7,17 @@ import numpy as np
 
 from ..runtime.device import Device
 from ..runtime.errors import ShapeError
-from ..runtime.module import get_kernel
 from ..runtime.launch import ArgUse, KernelArgs, Launch
 from ..runtime.memory import DeviceArray, check_array
+from ..runtime.module import get_kernel
 from .pointwise import THREADS, _elementwise_grid
 
 _F32 = np.dtype(np.float32)
 
 
-def _rows_launch(device: Device, buffers: dict[str, DeviceArray], src: str, idx: str, dst: str, rows: int,
-                 gather: bool, label: str) -> Launch:
+def _rows_launch(
+    device: Device, buffers: dict[str, DeviceArray], src: str, idx: str, dst: str, rows: int, gather: bool, label: str
+) -> Launch:
     sa, ia, da = buffers[src], buffers[idx], buffers[dst]
     width = (da if gather else sa).shape[-1]
     if ia.dtype != np.int32 or ia.size < rows:
@@ -29,18 +30,27 @@ def _rows_launch(device: Device, buffers: dict[str, DeviceArray], src: str, idx:
     args.update({"src": sa.ptr, "idx": ia.ptr, "dst": da.ptr, "rows": rows, "width": width})
     uses = {"src": ArgUse(src, "read"), "idx": ArgUse(idx, "read"), "dst": ArgUse(dst, "write")}
     name = "gather_rows" if gather else "scatter_rows"
-    return Launch(get_kernel("elementwise", name, device), _elementwise_grid(rows * width, device), (THREADS, 1, 1),
-                  args, uses, 0, label or name)
+    return Launch(
+        get_kernel("elementwise", name, device),
+        _elementwise_grid(rows * width, device),
+        (THREADS, 1, 1),
+        args,
+        uses,
+        0,
+        label or name,
+    )
 
 
-def gather_rows(device: Device, buffers: dict[str, DeviceArray], src: str, idx: str, dst: str, rows: int,
-                label: str = "") -> Launch:
+def gather_rows(
+    device: Device, buffers: dict[str, DeviceArray], src: str, idx: str, dst: str, rows: int, label: str = ""
+) -> Launch:
     """``dst[i] = src[idx[i]]`` for ``i < rows`` (rows of ``src`` picked by an int32 table)."""
     return _rows_launch(device, buffers, src, idx, dst, rows, True, label)
 
 
-def scatter_rows(device: Device, buffers: dict[str, DeviceArray], src: str, idx: str, dst: str, rows: int,
-                 label: str = "") -> Launch:
+def scatter_rows(
+    device: Device, buffers: dict[str, DeviceArray], src: str, idx: str, dst: str, rows: int, label: str = ""
+) -> Launch:
     """``dst[idx[i]] = src[i]`` for ``i < rows`` (rows written back through an int32 table)."""
     return _rows_launch(device, buffers, src, idx, dst, rows, False, label)
 
@@ -53,12 +63,14 @@ def row_param_cap(rows: int) -> int:
     for cap in ROW_PARAM_CAPS:
         if rows <= cap:
             return cap
-    raise ShapeError(f"a by-value row table holds at most {ROW_PARAM_CAPS[-1]} rows (4 KB of kernel "
-                     f"parameters), got {rows}")
+    raise ShapeError(
+        f"a by-value row table holds at most {ROW_PARAM_CAPS[-1]} rows (4 KB of kernel parameters), got {rows}"
+    )
 
 
-def _rows_param_launch(device: Device, buffers: dict[str, DeviceArray], src: str, dst: str, rows: int, gather: bool,
-                       label: str) -> Launch:
+def _rows_param_launch(
+    device: Device, buffers: dict[str, DeviceArray], src: str, dst: str, rows: int, gather: bool, label: str
+) -> Launch:
     sa, da = buffers[src], buffers[dst]
     check_array(sa, sa.shape, _F32, src)
     check_array(da, da.shape, _F32, dst)
@@ -71,12 +83,20 @@ def _rows_param_launch(device: Device, buffers: dict[str, DeviceArray], src: str
     args = KernelArgs([("src", "ptr"), ("dst", "ptr"), ("rows", "i32"), ("width", "i32"), ("table", f"i32[{cap}]")])
     args.update({"src": sa.ptr, "dst": da.ptr, "rows": rows, "width": width})
     uses = {"src": ArgUse(src, "read"), "dst": ArgUse(dst, "write")}
-    return Launch(get_kernel("rows", f"{name}<{cap}>", device), _elementwise_grid(rows * width, device), (THREADS, 1, 1),
-                  args, uses, 0, label or name)
+    return Launch(
+        get_kernel("rows", f"{name}<{cap}>", device),
+        _elementwise_grid(rows * width, device),
+        (THREADS, 1, 1),
+        args,
+        uses,
+        0,
+        label or name,
+    )
 
 
-def gather_rows_param(device: Device, buffers: dict[str, DeviceArray], src: str, dst: str, rows: int,
-                      label: str = "") -> Launch:
+def gather_rows_param(
+    device: Device, buffers: dict[str, DeviceArray], src: str, dst: str, rows: int, label: str = ""
+) -> Launch:
     """``dst[i] = src[table[i]]`` for ``i < rows``, the table passed by value: its ``table``
     argument (``args.array("table")``), changed per step with ``cuGraphExecKernelNodeSetParams``.
 
@@ -87,8 +107,9 @@ def gather_rows_param(device: Device, buffers: dict[str, DeviceArray], src: str,
     return _rows_param_launch(device, buffers, src, dst, rows, True, label)
 
 
-def scatter_rows_param(device: Device, buffers: dict[str, DeviceArray], src: str, dst: str, rows: int,
-                       label: str = "") -> Launch:
+def scatter_rows_param(
+    device: Device, buffers: dict[str, DeviceArray], src: str, dst: str, rows: int, label: str = ""
+) -> Launch:
     """``dst[table[i]] = src[i]`` for ``i < rows``, the table passed by value (see
     :func:`gather_rows_param`)."""
     return _rows_param_launch(device, buffers, src, dst, rows, False, label)

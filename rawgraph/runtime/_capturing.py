@@ -24,7 +24,7 @@ from typing import Any
 # Reentrant: garbage collection can start inside ``with _lock`` (at any allocation) and run a
 # finalizer whose release asks forbids_unsafe_calls() on the same thread.
 _lock = threading.RLock()
-_active: dict[int, "CaptureRecord"] = {}
+_active: dict[int, CaptureRecord] = {}
 _local = threading.local()
 
 
@@ -88,7 +88,7 @@ def active() -> list[CaptureRecord]:
         return list(_active.values())
 
 
-def record_of(capture_id: int) -> "CaptureRecord | None":
+def record_of(capture_id: int) -> CaptureRecord | None:
     """The open rawgraph capture with the driver's capture id ``capture_id`` that records launches
     (its ``owner``, a weak reference to the capture object, is set), or None (another library's
     capture, or none). Lets a launch made on a capturing stream outside ``Capture.launch`` (a

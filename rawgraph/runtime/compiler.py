@@ -30,10 +30,10 @@ import stat
 import struct
 import sys
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Sequence
 
 from cuda.bindings import nvrtc
 
@@ -105,8 +105,15 @@ class KernelCache:
         self.directory = Path(directory) if directory is not None else default_cache_dir()
         self._warned: set[str] = set()
 
-    def key(self, source: str, arch: str, fmt: str, names: Sequence[str], options: Sequence[str],
-            headers: Sequence[Sequence[str]] = ()) -> str:
+    def key(
+        self,
+        source: str,
+        arch: str,
+        fmt: str,
+        names: Sequence[str],
+        options: Sequence[str],
+        headers: Sequence[Sequence[str]] = (),
+    ) -> str:
         """SHA-256 of everything the image depends on; ``headers`` are :func:`_headers`' records."""
         blob = json.dumps(
             {
@@ -213,8 +220,13 @@ class KernelCache:
             self._refuse(f"cannot be opened as a directory ({exc})")
             return None
         st = os.fstat(fd)
-        why = (f"is owned by uid {st.st_uid}, not this user (uid {os.getuid()})" if st.st_uid != os.getuid() else
-               f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})" if st.st_mode & 0o022 else "")
+        why = (
+            f"is owned by uid {st.st_uid}, not this user (uid {os.getuid()})"
+            if st.st_uid != os.getuid()
+            else f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+            if st.st_mode & 0o022
+            else ""
+        )
         if why:
             os.close(fd)
             self._refuse(why)
@@ -235,8 +247,10 @@ class KernelCache:
         try:
             st = os.fstat(f)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-                self._warn(f"rawgraph kernel cache entry {self.directory / name} ignored: not a regular file of "
-                           f"this user's writable by no one else (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})")
+                self._warn(
+                    f"rawgraph kernel cache entry {self.directory / name} ignored: not a regular file of "
+                    f"this user's writable by no one else (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o})"
+                )
                 return None
             with os.fdopen(f, "rb", closefd=False) as stream:
                 return stream.read()
@@ -246,8 +260,10 @@ class KernelCache:
             os.close(f)
 
     def _refuse(self, why: str) -> None:
-        self._warn(f"rawgraph kernel cache {self.directory} {why}: compiling without the cache (make it a directory "
-                   f"of your own that group and others cannot write: chmod 700)")
+        self._warn(
+            f"rawgraph kernel cache {self.directory} {why}: compiling without the cache (make it a directory "
+            f"of your own that group and others cannot write: chmod 700)"
+        )
 
     def _warn(self, message: str) -> None:
         """Each message once per cache object (a compile both looks up and stores), attributed to
@@ -352,7 +368,7 @@ def _header_names(text: str) -> tuple[set[str], set[str]] | None:
     quoted: set[str] = set()
     angled: set[str] = set()
     for m in _INCLUDE.finditer(text):
-        if text[text.rfind("\n", 0, m.start()) + 1:m.start()].strip(" \t"):
+        if text[text.rfind("\n", 0, m.start()) + 1 : m.start()].strip(" \t"):
             continue  # not a directive: something precedes the '#' on its line
         got = _HEADER_NAME.match(m.group(1))
         if got is None:
@@ -503,9 +519,16 @@ TOOLKIT_HEADER_LIBS = ("cudart", "cccl")
 _TOOLKIT_NAMES: tuple[tuple[re.Pattern[str], str, str, str], ...] = (
     (re.compile(r"(?:cuda|nv|cub|thrust)/.+"), "cccl", "nvidia-cuda-cccl", ""),
     (re.compile(r"crt/.+"), "cudart", "nvidia-cuda-crt", "crt"),
-    (re.compile(r"(?:cuda\w*|cooperative_groups|mma|sm_\d+_\w+|device_\w+|vector_\w+|math_\w+|host_\w+|driver_\w+"
-                r"|(?:surface|texture)_\w+|builtin_types|channel_descriptor|library_types|cuComplex|common_functions"
-                r")\.h(?:pp)?|cooperative_groups/.+"), "cudart", "nvidia-cuda-runtime", ""),
+    (
+        re.compile(
+            r"(?:cuda\w*|cooperative_groups|mma|sm_\d+_\w+|device_\w+|vector_\w+|math_\w+|host_\w+|driver_\w+"
+            r"|(?:surface|texture)_\w+|builtin_types|channel_descriptor|library_types|cuComplex|common_functions"
+            r")\.h(?:pp)?|cooperative_groups/.+"
+        ),
+        "cudart",
+        "nvidia-cuda-runtime",
+        "",
+    ),
 )
 # NVRTC's words for an #include it could not open (with and without any include directory).
 _NOT_OPENED = re.compile(r'(?:could not|cannot) open source file "([^"\n]+)"')
@@ -567,7 +590,9 @@ def _missing_headers(exc: NvrtcError) -> NvrtcError:
         f"installed package provides ({' and '.join(packages)}); install the headers of this NVRTC ({major}.{minor}) "
         f'with: pip install "cuda-toolkit[cudart,crt,cccl]=={major}.{minor}.*" (rawgraph\'s own dependencies '
         f"include them), or point $CUDA_PATH at a CUDA toolkit",
-        exc.log, exc.source_name)
+        exc.log,
+        exc.source_name,
+    )
     err.headers = list(missing)
     err.packages = packages
     return err
@@ -633,9 +658,11 @@ def compile_source(
     _check_arch(arch, fmt)
     if cache is True:
         cache = KernelCache()
-    all_options = list(options) + _toolkit_options(source, options) + [
-        f"--gpu-architecture={arch if fmt == 'cubin' else arch.replace('sm_', 'compute_')}"
-    ]
+    all_options = (
+        list(options)
+        + _toolkit_options(source, options)
+        + [f"--gpu-architecture={arch if fmt == 'cubin' else arch.replace('sm_', 'compute_')}"]
+    )
     key = None
     headers = _headers(source, source_name, all_options) if cache else None
     if cache and headers is not None:
@@ -655,11 +682,11 @@ def compile_source(
     return entry
 
 
-def _compile(source: str, source_name: str, arch: str, names: Sequence[str], options: list[str], fmt: str) -> CompiledImage:
+def _compile(
+    source: str, source_name: str, arch: str, names: Sequence[str], options: list[str], fmt: str
+) -> CompiledImage:
     prog = nvrtc_check(
-        nvrtc.nvrtcCreateProgram(source.encode(), source_name.encode(), 0, [], []),
-        "nvrtcCreateProgram",
-        source_name,
+        nvrtc.nvrtcCreateProgram(source.encode(), source_name.encode(), 0, [], []), "nvrtcCreateProgram", source_name
     )
     try:
         for expr in names:

@@ -77,15 +77,15 @@ def cubin_kernels(image: bytes) -> dict[str, CubinKernel]:
         end = data.find(b"\0", strtab + off, strtab + strsize)
         if off >= strsize or end < 0:
             raise ValueError("damaged CUBIN: a section name runs past its string table")
-        return data[strtab + off:end].decode("utf-8", "replace")
+        return data[strtab + off : end].decode("utf-8", "replace")
 
     kernels: dict[str, CubinKernel] = {}
     for name_off, _typ, offset, size in sections:
         name = section_name(name_off)
         if name.startswith(".text."):
-            kernels.setdefault(name[len(".text."):], CubinKernel([]))
+            kernels.setdefault(name[len(".text.") :], CubinKernel([]))
         elif name.startswith(".nv.info."):
-            kernels[name[len(".nv.info."):]] = _info(data[offset:offset + size], name)
+            kernels[name[len(".nv.info.") :]] = _info(data[offset : offset + size], name)
     return kernels
 
 
@@ -100,10 +100,10 @@ def _info(records: bytes, section: str) -> CubinKernel:
             (n,) = struct.unpack_from("<H", records, p + 2)
             if p + 4 + n > len(records):
                 raise ValueError(f"damaged CUBIN: a record of {section} runs past the section")
-            payload = records[p + 4:p + 4 + n]
+            payload = records[p + 4 : p + 4 + n]
             p += 4 + n
         else:
-            payload, p = records[p + 2:p + 4], p + 4
+            payload, p = records[p + 2 : p + 4], p + 4
         if attr == _EIATTR_KPARAM_INFO and fmt == _EIFMT_SVAL and len(payload) >= 12:
             _index, ordinal, offset, flags = struct.unpack_from("<IHHI", payload)
             params[ordinal] = (offset, (flags >> 18) & 0x3FFF)

@@ -13,16 +13,15 @@ from typing import Any
 
 from cuda.bindings import driver
 
-from .errors import NoDeviceError, call, cuda_error
 from . import _capturing
-from .errors import CaptureRefusedError
+from .errors import CaptureRefusedError, NoDeviceError, call, cuda_error
 from .resource import release
 
 _here = threading.local()  # per thread: the context rawgraph last made current there
 
 _lock = threading.RLock()  # re-entrant: get_device() holds it while Device() runs driver_status()
 _init_state: tuple[bool, str] | None = None
-_devices: dict[int, "Device"] = {}
+_devices: dict[int, Device] = {}
 
 
 def driver_status() -> tuple[bool, str]:
@@ -70,7 +69,7 @@ class DeviceInfo:
     multiprocessors: int
     total_memory: int
     l2_bytes: int
-    smem_per_sm: int = 0           # shared memory of one SM, bytes
+    smem_per_sm: int = 0  # shared memory of one SM, bytes
     smem_per_block_optin: int = 0  # most one CTA may ask for (cuFuncSetAttribute opt-in)
     smem_reserved_per_block: int = 0  # what the driver keeps per resident CTA
 
@@ -104,7 +103,9 @@ class Device:
         # cuDevicePrimaryCtxRetain: the same context CuPy and PyTorch use on this device.
         self.context = call(driver.cuDevicePrimaryCtxRetain, self.handle)
         # Released at interpreter exit (or never: there is one Device per ordinal per process).
-        self._finalizer = weakref.finalize(self, release, "cuDevicePrimaryCtxRelease", driver.cuDevicePrimaryCtxRelease, self.handle)
+        self._finalizer = weakref.finalize(
+            self, release, "cuDevicePrimaryCtxRelease", driver.cuDevicePrimaryCtxRelease, self.handle
+        )
         self.activate()
         attr = driver.CUdevice_attribute
 
@@ -132,7 +133,7 @@ class Device:
     def arch(self) -> str:
         return self.info.arch
 
-    def activate(self) -> "Device":
+    def activate(self) -> Device:
         """Make the primary context current on the calling thread (``cuCtxSetCurrent``)."""
         # Always set it: another library on this thread may have made a different context current.
         call(driver.cuCtxSetCurrent, self.context)
@@ -245,7 +246,4 @@ def pointer_is_device_memory(ptr: int) -> bool:
     kind = _pointer_attribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr)
     if kind is None:
         return False
-    return int(kind) in (
-        int(driver.CUmemorytype.CU_MEMORYTYPE_DEVICE),
-        int(driver.CUmemorytype.CU_MEMORYTYPE_UNIFIED),
-    )
+    return int(kind) in (int(driver.CUmemorytype.CU_MEMORYTYPE_DEVICE), int(driver.CUmemorytype.CU_MEMORYTYPE_UNIFIED))

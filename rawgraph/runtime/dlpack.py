@@ -31,22 +31,16 @@ import ctypes
 import datetime
 import math
 import types
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from .errors import ArrayError, DTypeError, NotOnDeviceError
 
-__all__ = [
-    "DLDeviceType",
-    "DLPackView",
-    "contiguous_c",
-    "dlpack_device",
-    "is_cuda_device",
-    "view_dlpack",
-]
+__all__ = ["DLDeviceType", "DLPackView", "contiguous_c", "dlpack_device", "is_cuda_device", "view_dlpack"]
 
 
 class DLDeviceType(IntEnum):
@@ -318,9 +312,7 @@ def _export(obj: Any, what: str, stream: int | None) -> Any:
     """Call the producer's ``__dlpack__`` and return its capsule."""
     exporter = getattr(obj, "__dlpack__", None)
     if exporter is None or not callable(exporter):
-        raise NotOnDeviceError(
-            f"{what} of type {type(obj).__name__} exposes no __dlpack__ and is not a DLPack capsule"
-        )
+        raise NotOnDeviceError(f"{what} of type {type(obj).__name__} exposes no __dlpack__ and is not a DLPack capsule")
     if stream == 0:
         # DLPack forbids 0: it could mean "no stream", the legacy stream or the per-thread one.
         raise ArrayError(f"{what}: stream=0 is ambiguous in DLPack; pass 1 for the legacy default stream")

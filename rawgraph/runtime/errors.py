@@ -7,7 +7,8 @@ function, raises :class:`CudaError` (or :class:`CaptureError` for capture-relate
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from cuda.bindings import driver, nvrtc
 
@@ -105,9 +106,7 @@ _HINTS: dict[str, str] = {
         "the legacy (NULL) stream was touched while another stream captures in global or "
         "thread-local mode; use explicit non-blocking streams"
     ),
-    "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD": (
-        "capture must end on the thread that began it (or use relaxed mode)"
-    ),
+    "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD": ("capture must end on the thread that began it (or use relaxed mode)"),
     "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED": "end capture on the stream that began it",
     "CUDA_ERROR_STREAM_CAPTURE_UNJOINED": (
         "a forked stream was not joined back into the capturing stream before capture ended"
@@ -118,8 +117,7 @@ _HINTS: dict[str, str] = {
     "CUDA_ERROR_STREAM_CAPTURE_MERGE": "two independent captures were merged",
     "CUDA_ERROR_CAPTURED_EVENT": "this event operation is not allowed on an event recorded in a capture",
     "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE": (
-        "the new graph does not match the exec (topology, node type or function changed); "
-        "re-instantiate instead"
+        "the new graph does not match the exec (topology, node type or function changed); re-instantiate instead"
     ),
     "CUDA_ERROR_MISALIGNED_ADDRESS": (
         "a kernel argument was read from freed host memory, or a device pointer is misaligned; "
@@ -134,9 +132,7 @@ _HINTS: dict[str, str] = {
     "CUDA_ERROR_ILLEGAL_ADDRESS": "a kernel read or wrote outside its buffers; the context is now unusable",
 }
 
-CAPTURE_CODES = frozenset(
-    name for name in _HINTS if "CAPTURE" in name or name == "CUDA_ERROR_CAPTURED_EVENT"
-)
+CAPTURE_CODES = frozenset(name for name in _HINTS if "CAPTURE" in name or name == "CUDA_ERROR_CAPTURED_EVENT")
 
 
 class CudaError(RawgraphError):

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
 
 from .errors import ArgumentError, ClosedError, cuda_error
-from .module import Kernel
 from .memory import DeviceArray
+from .module import Kernel
 from .stream import stream_handle
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
@@ -49,10 +50,14 @@ FLOAT_KINDS = frozenset({"f16", "f32", "f64"})
 # A finite float rounds to infinity in its kind from halfway past the largest finite value up
 # (round to nearest even: an f16 takes |x| < 65520, which rounds to at most 65504).
 # (The step below the largest value equals the step above it: both lie in the top binade.)
-_FLOAT_LIMIT = {k: 1.5 * float(m) - 0.5 * float(np.nextafter(m, m.dtype.type(0))) if k != "f64" else math.inf
-                for k in FLOAT_KINDS for m in (np.finfo(ARG_DTYPES[k]).max,)}
-_INT_RANGE = {k: (int(np.iinfo(d).min), int(np.iinfo(d).max)) for k, d in ARG_DTYPES.items()
-              if k != "ptr" and d.kind in "iu"}
+_FLOAT_LIMIT = {
+    k: 1.5 * float(m) - 0.5 * float(np.nextafter(m, m.dtype.type(0))) if k != "f64" else math.inf
+    for k in FLOAT_KINDS
+    for m in (np.finfo(ARG_DTYPES[k]).max,)
+}
+_INT_RANGE = {
+    k: (int(np.iinfo(d).min), int(np.iinfo(d).max)) for k, d in ARG_DTYPES.items() if k != "ptr" and d.kind in "iu"
+}
 
 
 def arg_dtype(kind: str) -> np.dtype:
@@ -63,9 +68,13 @@ def arg_dtype(kind: str) -> np.dtype:
     if kind in ARG_DTYPES:
         return ARG_DTYPES[kind]
     for prefix, base in (("i32[", np.int32), ("u8[", np.uint8)):
-        if kind.startswith(prefix) and kind.endswith("]") and kind[len(prefix):-1].isdigit() \
-                and int(kind[len(prefix):-1]) > 0:
-            return np.dtype((base, (int(kind[len(prefix):-1]),)))
+        if (
+            kind.startswith(prefix)
+            and kind.endswith("]")
+            and kind[len(prefix) : -1].isdigit()
+            and int(kind[len(prefix) : -1]) > 0
+        ):
+            return np.dtype((base, (int(kind[len(prefix) : -1]),)))
     raise ValueError(f"unknown kind {kind!r} (use one of {sorted(ARG_DTYPES)}, 'i32[N]' or 'u8[N]')")
 
 
@@ -118,8 +127,10 @@ def check_scalar(kind: str, value: Any, what: str) -> None:
             raise ArgumentError(f"{what} ({kind}) cannot hold {value}: too large for a float") from None
         # The value is rounded to the type when packed: refused only if that rounding gives infinity.
         if abs(f) >= _FLOAT_LIMIT[kind] and math.isfinite(f):
-            raise ArgumentError(f"{what} ({kind}) cannot hold {value}: it would become infinite "
-                                f"(largest {float(np.finfo(ARG_DTYPES[kind]).max):g})")
+            raise ArgumentError(
+                f"{what} ({kind}) cannot hold {value}: it would become infinite "
+                f"(largest {float(np.finfo(ARG_DTYPES[kind]).max):g})"
+            )
         return
     if kind == "bool":
         if not isinstance(value, (bool, np.bool_)):
@@ -203,7 +214,7 @@ class _Views(dict[str, np.ndarray]):
 
     def __missing__(self, name: str) -> np.ndarray:
         offset, size, base = self._slots[name]  # KeyError for a name the spec lacks
-        view = self[name] = self._raw[offset:offset + size].view(base)
+        view = self[name] = self._raw[offset : offset + size].view(base)
         return view
 
 
@@ -275,19 +286,19 @@ class KernelArgs:
         return self._storage.tobytes()
 
     @classmethod
-    def from_bytes(cls, spec: Sequence[tuple[str, str]], data: bytes) -> "KernelArgs":
+    def from_bytes(cls, spec: Sequence[tuple[str, str]], data: bytes) -> KernelArgs:
         """A buffer with ``spec``'s layout holding the values of a :meth:`snapshot`."""
         args = cls(spec)
         args._storage[:] = np.frombuffer(data, dtype=np.uint64)
         return args
 
-    def copy(self) -> "KernelArgs":
+    def copy(self) -> KernelArgs:
         """A new buffer with the same layout and values (its own addresses)."""
         other = KernelArgs(self.spec)
         other._storage[:] = self._storage
         return other
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> "KernelArgs":
+    def __deepcopy__(self, memo: dict[int, Any]) -> KernelArgs:
         return self.copy()  # its own buffer and pointer table (a field-wise copy would point at ours)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -360,7 +371,7 @@ class Launch:
             self._config = cfg
         return self._config
 
-    def node_params(self, args: "KernelArgs | None" = None) -> Any:
+    def node_params(self, args: KernelArgs | None = None) -> Any:
         """This launch as ``CUDA_KERNEL_NODE_PARAMS`` (for ``cuGraphAddKernelNode`` and
         ``cuGraphExecKernelNodeSetParams``), its ``kernelParams`` pointing at ``args`` (default
         the launch's own persistent arguments), which must outlive every call that reads it."""
@@ -451,7 +462,9 @@ class LaunchPlan:
         for i, launch in enumerate(self.launches):
             for arg, use in launch.uses.items():
                 if use.buffer not in self.buffers:
-                    raise KeyError(f"launch {i} ({launch.kernel.name}) argument {arg} uses unknown buffer {use.buffer!r}")
+                    raise KeyError(
+                        f"launch {i} ({launch.kernel.name}) argument {arg} uses unknown buffer {use.buffer!r}"
+                    )
         # Per launch, what the hot loop needs: the PDL config (or None) and cuLaunchKernel's arguments.
         self._packed = [(l.config() if l.pdl else None, *l.packed()) for l in self.launches]
         self._guards = tuple(guards)

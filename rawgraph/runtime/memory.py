@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
@@ -79,8 +80,14 @@ class DeviceArray:
         if isinstance(self.owner, Resource):
             self.owner._check_open()
         device = getattr(self.owner, "device", None)
-        return _to_host(self.ptr, self.shape, self.dtype, device if isinstance(device, Device) else get_device(),
-                        stream, "DeviceArray.to_numpy")
+        return _to_host(
+            self.ptr,
+            self.shape,
+            self.dtype,
+            device if isinstance(device, Device) else get_device(),
+            stream,
+            "DeviceArray.to_numpy",
+        )
 
 
 def native_dtype(dtype: Any, what: str) -> np.dtype:
@@ -157,7 +164,7 @@ class DeviceBuffer(Resource):
 
     # -- construction helpers -------------------------------------------------------------
     @classmethod
-    def from_numpy(cls, array: np.ndarray, device: Device | None = None, stream: Any = None) -> "DeviceBuffer":
+    def from_numpy(cls, array: np.ndarray, device: Device | None = None, stream: Any = None) -> DeviceBuffer:
         """Allocate and copy a host array in (see :meth:`copy_from_host` for ``stream``)."""
         array = np.ascontiguousarray(array)
         buf = cls(array.shape, array.dtype, device)
@@ -274,8 +281,11 @@ class HostBuffer(Resource):
         self._own(driver.cuMemFreeHost, self._ptr)
         raw = (ctypes.c_char * max(self.nbytes, 1)).from_address(self._ptr)
         # (a ctypes array is a buffer; NumPy's stubs name only some buffer types)
-        self._array: np.ndarray = np.frombuffer(raw, dtype=self.dtype,  # type: ignore[call-overload]
-                                                count=math.prod(shape)).reshape(shape)
+        self._array: np.ndarray = np.frombuffer(
+            raw,
+            dtype=self.dtype,  # type: ignore[call-overload]
+            count=math.prod(shape),
+        ).reshape(shape)
 
     @property
     def ptr(self) -> int:
@@ -365,13 +375,16 @@ def _from_dlpack(obj: Any, what: str) -> DeviceArray:
     """
     dev = dlpack_device(obj)
     if dev is not None and not is_cuda_device(dev[0]):
-        raise NotOnDeviceError(f"{what} is a DLPack tensor on device type {dev[0]} (not CUDA device memory); "
-                               "pass device memory")
+        raise NotOnDeviceError(
+            f"{what} is a DLPack tensor on device type {dev[0]} (not CUDA device memory); pass device memory"
+        )
     view = view_dlpack(obj, what)
     if not is_cuda_device(view.device_type):
         raise NotOnDeviceError(f"{what} is a DLPack tensor on device type {view.device_type} (not CUDA device memory)")
     if not contiguous_c(view.shape, view.strides):
-        raise LayoutError(f"{what} is strided (DLPack strides {view.strides}, shape {view.shape}); pass a contiguous array")
+        raise LayoutError(
+            f"{what} is strided (DLPack strides {view.strides}, shape {view.shape}); pass a contiguous array"
+        )
     return DeviceArray(view.ptr, view.shape, view.dtype, (obj, view.keepalive), view.readonly)
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
@@ -121,18 +122,26 @@ class Kernel:
         attr = driver.CUfunction_attribute
         self.registers = int(call(driver.cuFuncGetAttribute, attr.CU_FUNC_ATTRIBUTE_NUM_REGS, self.handle))
         self.static_smem = int(call(driver.cuFuncGetAttribute, attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self.handle))
-        self.max_dynamic_smem = int(call(driver.cuFuncGetAttribute, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.handle))
+        self.max_dynamic_smem = int(
+            call(driver.cuFuncGetAttribute, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.handle)
+        )
         # Cluster dimensions compiled in with __cluster_dims__ (0 = none): a grid must be a
         # multiple of them, which exec updates check before the driver would refuse.
         # (Read raw: devices without clusters may refuse the attribute, CUDA_ERROR_INVALID_VALUE
         # or ..._NOT_SUPPORTED, which means none. Any other failure raises: this kernel is cached
         # for the process, and dims taken as 0 by mistake would group it with unclustered ones.)
         dims = []
-        for a in (attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH, attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT,
-                  attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH):
+        for a in (
+            attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH,
+            attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT,
+            attr.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH,
+        ):
             err, value = driver.cuFuncGetAttribute(a, self.handle)
-            if err not in (driver.CUresult.CUDA_SUCCESS, driver.CUresult.CUDA_ERROR_INVALID_VALUE,
-                           driver.CUresult.CUDA_ERROR_NOT_SUPPORTED):
+            if err not in (
+                driver.CUresult.CUDA_SUCCESS,
+                driver.CUresult.CUDA_ERROR_INVALID_VALUE,
+                driver.CUresult.CUDA_ERROR_NOT_SUPPORTED,
+            ):
                 raise cuda_error(err, "cuFuncGetAttribute")
             dims.append(int(value) if err == driver.CUresult.CUDA_SUCCESS else 0)
         self.cluster_dims = (dims[0], dims[1], dims[2])

@@ -25,8 +25,9 @@ against the declaration; such a kernel cannot be launched (:class:`CompileOnlyEr
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
@@ -36,10 +37,9 @@ from .compiler import DEFAULT_OPTIONS, CompiledImage, KernelCache, compile_sourc
 from .cubin import cubin_kernels
 from .device import Device, get_device
 from .errors import ArgumentError, CaptureRefusedError, RawgraphError, SignatureError, cuda_error
-from .module import Kernel, Module
-from .launch import (ARG_DTYPES, MAX_BLOCK, MAX_GRID, ArgUse, KernelArgs, Launch, arg_dtype, check_scalar,
-                     launch_dims)
+from .launch import ARG_DTYPES, MAX_BLOCK, MAX_GRID, ArgUse, KernelArgs, Launch, arg_dtype, check_scalar, launch_dims
 from .memory import DeviceArray, as_device_array
+from .module import Kernel, Module
 from .signature import KINDS, Param, parse_signature
 from .stream import capture_info, stream_handle
 
@@ -94,8 +94,9 @@ class CompileOnlyError(RawgraphError, ValueError):
     refused before any driver call."""
 
 
-def _compile_kernel(source: str, name: str, arch: str, opts: tuple[str, ...],
-                    cache: KernelCache | bool) -> CompiledImage:
+def _compile_kernel(
+    source: str, name: str, arch: str, opts: tuple[str, ...], cache: KernelCache | bool
+) -> CompiledImage:
     """The CUBIN of kernel ``name`` for ``arch``, through the cache. Always a name expression:
     only NVRTC knows the symbol of a C++ (mangled), namespaced or templated kernel; an
     ``extern "C"`` one lowers to its own name."""
@@ -166,8 +167,16 @@ class RawKernel:
     spec: list[tuple[str, str]]
     layout: list[tuple[int, int]]
 
-    def __init__(self, source: str, name: str, options: Sequence[str] = (), types: Sequence[str] | None = None,
-                 device: Device | None = None, cache: KernelCache | bool = True, arch: str | None = None):
+    def __init__(
+        self,
+        source: str,
+        name: str,
+        options: Sequence[str] = (),
+        types: Sequence[str] | None = None,
+        device: Device | None = None,
+        cache: KernelCache | bool = True,
+        arch: str | None = None,
+    ):
         if not isinstance(source, str) or not isinstance(name, str) or not name:
             raise TypeError("RawKernel(source, name): both are strings")
         if arch is not None and (not isinstance(arch, str) or device is not None):
@@ -211,11 +220,14 @@ class RawKernel:
         for p, (_off, size) in zip(self.params, layout):
             kind = p.kind if p.kind != "struct" else f"u8[{size}]"
             if kind is None:
-                raise SignatureError(f"{name}: parameter {p.name!r} has type {p.ctype!r} (a template parameter): "
-                                     "give types=")
+                raise SignatureError(
+                    f"{name}: parameter {p.name!r} has type {p.ctype!r} (a template parameter): give types="
+                )
             if arg_dtype(kind).itemsize != size:
-                raise SignatureError(f"{name}: parameter {p.name!r} ({p.ctype}) is {arg_dtype(kind).itemsize} bytes "
-                                     f"as read, but the kernel takes {size}")
+                raise SignatureError(
+                    f"{name}: parameter {p.name!r} ({p.ctype}) is {arg_dtype(kind).itemsize} bytes "
+                    f"as read, but the kernel takes {size}"
+                )
             self.spec.append((p.name, kind))
         # What each pointer parameter points at, to refuse an array of another element type, and
         # whether the kernel only reads through it (``read``: const pointee), the one place a
@@ -233,8 +245,10 @@ class RawKernel:
 
     def _check_loaded(self) -> Kernel:
         if self._kernel is None:
-            raise CompileOnlyError(f"{self.name} was compiled for {self.arch} only (RawKernel(..., arch=)): nothing "
-                                   "is loaded to launch; construct it without arch= on a machine with the GPU")
+            raise CompileOnlyError(
+                f"{self.name} was compiled for {self.arch} only (RawKernel(..., arch=)): nothing "
+                "is loaded to launch; construct it without arch= on a machine with the GPU"
+            )
         return self._kernel
 
     @staticmethod
@@ -264,43 +278,56 @@ class RawKernel:
         if not isinstance(args, (tuple, list)):
             raise ArgumentError(f"{self.name}: args must be a tuple of the kernel's arguments")
         if len(args) != len(self.spec):
-            raise ArgumentError(f"{self.name} takes {len(self.spec)} arguments "
-                                f"({', '.join(n for n, _ in self.spec)}), got {len(args)}")
+            raise ArgumentError(
+                f"{self.name} takes {len(self.spec)} arguments ({', '.join(n for n, _ in self.spec)}), got {len(args)}"
+            )
         arrays: list[tuple[str, DeviceArray]] = []
         for (pname, kind), value in zip(self.spec, args):
             what = f"{self.name} argument {pname!r}"
             if kind == "ptr":
                 if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-                    raise ArgumentError(f"{what} is a pointer: pass a device array (a raw address can be "
-                                        "wrapped as rawgraph.DeviceArray(ptr, shape, dtype, owner))")
+                    raise ArgumentError(
+                        f"{what} is a pointer: pass a device array (a raw address can be "
+                        "wrapped as rawgraph.DeviceArray(ptr, shape, dtype, owner))"
+                    )
                 try:
                     view = as_device_array(value, what)
                 except (RawgraphError, ValueError, TypeError) as exc:  # host, strided, closed, bad DLPack
                     raise ArgumentError(str(exc)) from None
                 if view.readonly and self._roles[pname] != "read":
-                    raise ArgumentError(f"{what} is read-only memory, but the kernel may write through it "
-                                        f"({self._ctype(pname)} {pname}): pass writable memory, or make the "
-                                        "parameter a const pointer")
+                    raise ArgumentError(
+                        f"{what} is read-only memory, but the kernel may write through it "
+                        f"({self._ctype(pname)} {pname}): pass writable memory, or make the "
+                        "parameter a const pointer"
+                    )
                 want = self._pointees.get(pname)
                 # Bytes are raw memory on either side (a byte array for any pointer, any array
                 # for a char pointer); another element type is one the kernel would misread.
-                if want is not None and 1 not in (view.dtype.itemsize, want.itemsize) \
-                        and not (want.kind == view.dtype.kind and want.itemsize == view.dtype.itemsize):
-                    raise ArgumentError(f"{what} points at {want.name} ({self._ctype(pname)}), "
-                                        f"got an array of {view.dtype.name}")
+                if (
+                    want is not None
+                    and 1 not in (view.dtype.itemsize, want.itemsize)
+                    and not (want.kind == view.dtype.kind and want.itemsize == view.dtype.itemsize)
+                ):
+                    raise ArgumentError(
+                        f"{what} points at {want.name} ({self._ctype(pname)}), got an array of {view.dtype.name}"
+                    )
                 into[pname] = view.ptr
                 arrays.append((pname, view))
             elif kind.startswith("u8["):
                 n = arg_dtype(kind).itemsize
                 raw = value.tobytes() if isinstance(value, (np.void, np.ndarray)) else value
                 if not isinstance(raw, (bytes, bytearray, memoryview)) or len(memoryview(raw).cast("B")) != n:
-                    raise ArgumentError(f"{what} is a {n}-byte struct: pass bytes or a NumPy structured "
-                                        f"scalar of {n} bytes, got {type(value).__name__}")
+                    raise ArgumentError(
+                        f"{what} is a {n}-byte struct: pass bytes or a NumPy structured "
+                        f"scalar of {n} bytes, got {type(value).__name__}"
+                    )
                 into.array(pname)[:] = np.frombuffer(bytes(raw), dtype=np.uint8)
             elif kind.startswith("i32["):
                 n = arg_dtype(kind).shape[0]
-                if not (isinstance(value, (tuple, list)) or (isinstance(value, np.ndarray) and value.ndim == 1)) \
-                        or len(value) != n:
+                if (
+                    not (isinstance(value, (tuple, list)) or (isinstance(value, np.ndarray) and value.ndim == 1))
+                    or len(value) != n
+                ):
                     raise ArgumentError(f"{what} takes {n} int32 values (a list, tuple or 1-D array)")
                 for j, v in enumerate(value):  # each element as an int argument of its own
                     check_scalar("i32", v, f"{what}[{j}]")
@@ -314,8 +341,15 @@ class RawKernel:
         return next(p.ctype for p in self.params if p.name == pname)
 
     # -- launching --------------------------------------------------------------------------
-    def launch(self, grid: Any, block: Any, args: Sequence[Any], stream: Any = None, shared_mem: int = 0,
-               names: dict[str, str] | None = None) -> Launch:
+    def launch(
+        self,
+        grid: Any,
+        block: Any,
+        args: Sequence[Any],
+        stream: Any = None,
+        shared_mem: int = 0,
+        names: dict[str, str] | None = None,
+    ) -> Launch:
         """Build the :class:`~rawgraph.Launch` for these arguments without running it: its own
         argument buffer and, for each pointer argument, which array it uses (named by its C
         parameter, or by ``names``). What a call records inside a capture."""
@@ -323,8 +357,9 @@ class RawKernel:
         launch, _arrays = self._launch(grid, block, args, shared_mem, names, None)
         return launch
 
-    def _launch(self, grid: Any, block: Any, args: Sequence[Any], shared_mem: int, names: dict[str, str] | None,
-                capture: Any) -> tuple[Launch, dict[str, DeviceArray]]:
+    def _launch(
+        self, grid: Any, block: Any, args: Sequence[Any], shared_mem: int, names: dict[str, str] | None, capture: Any
+    ) -> tuple[Launch, dict[str, DeviceArray]]:
         g, b, names = self._config(grid, block, shared_mem, names)
         kargs = KernelArgs(self.spec)
         arrays = self._pack(args, kargs)
@@ -337,10 +372,15 @@ class RawKernel:
                 bname = capture.buffer_name(view, names.get(pname, pname))
                 if pname in names and bname != names[pname]:
                     # An explicit name is a promise to bind by it: never rename it quietly.
-                    raise ArgumentError(f"{self.name}: names= asks {pname!r} to be {names[pname]!r}, but in this "
-                                        f"capture " + (f"that array is already {bname!r}"
-                                                       if bname in capture.buffers else
-                                                       f"{names[pname]!r} is another array"))
+                    raise ArgumentError(
+                        f"{self.name}: names= asks {pname!r} to be {names[pname]!r}, but in this "
+                        f"capture "
+                        + (
+                            f"that array is already {bname!r}"
+                            if bname in capture.buffers
+                            else f"{names[pname]!r} is another array"
+                        )
+                    )
             if bname in buffers and (buffers[bname].ptr, buffers[bname].nbytes) != (view.ptr, view.nbytes):
                 raise ArgumentError(f"{self.name}: names= gives the name {bname!r} to two different arrays")
             buffers[bname] = view
@@ -348,8 +388,9 @@ class RawKernel:
         launch = Launch(self.kernel, g, b, kargs, uses, shared_mem=int(shared_mem), label=self.name)
         return launch, buffers
 
-    def _config(self, grid: Any, block: Any, shared_mem: Any, names: dict[str, str] | None
-                ) -> tuple[tuple[int, int, int], tuple[int, int, int], dict[str, str]]:
+    def _config(
+        self, grid: Any, block: Any, shared_mem: Any, names: dict[str, str] | None
+    ) -> tuple[tuple[int, int, int], tuple[int, int, int], dict[str, str]]:
         """Grid, block, shared memory and ``names=`` checked (before any driver call)."""
         g, b = launch_dims(grid, "grid", MAX_GRID), launch_dims(block, "block", MAX_BLOCK)
         if b[0] * b[1] * b[2] > 1024:
@@ -367,8 +408,15 @@ class RawKernel:
             self.kernel.allow_dynamic_smem(int(shared_mem))
         return g, b, names
 
-    def __call__(self, grid: Any, block: Any, args: Sequence[Any], stream: Any = None, shared_mem: int = 0,
-                 names: dict[str, str] | None = None) -> None:
+    def __call__(
+        self,
+        grid: Any,
+        block: Any,
+        args: Sequence[Any],
+        stream: Any = None,
+        shared_mem: int = 0,
+        names: dict[str, str] | None = None,
+    ) -> None:
         """Launch on ``stream`` (any stream-like object; default the legacy stream) with ``args``
         in the kernel's parameter order (``cuLaunchKernel``).
 
@@ -400,7 +448,8 @@ class RawKernel:
                     # recording at once would pair a node with the other's launch.
                     raise CaptureRefusedError(
                         f"{self.name}: the stream is being captured by thread {rec.thread!r}; launch into "
-                        "that capture from the thread that opened it")
+                        "that capture from the thread that opened it"
+                    )
                 launch, buffers = self._launch(grid, block, args, shared_mem, names, recorder)
                 recorder.launch(launch, stream, buffers=buffers)
                 return
@@ -441,8 +490,14 @@ class KernelParam:
     size: int
 
 
-def check_kernel(source: str, name: str, arch: str = "sm_90", types: Sequence[str] | None = None,
-                 options: Sequence[str] = (), cache: KernelCache | bool = True) -> list[KernelParam]:
+def check_kernel(
+    source: str,
+    name: str,
+    arch: str = "sm_90",
+    types: Sequence[str] | None = None,
+    options: Sequence[str] = (),
+    cache: KernelCache | bool = True,
+) -> list[KernelParam]:
     """Compile kernel ``name`` of ``source`` for ``arch`` and check it as :class:`RawKernel` would,
     with no driver and no GPU (``RawKernel(..., arch=arch)``): for a CPU CI that tests kernels.
 
@@ -464,5 +519,7 @@ def check_kernel(source: str, name: str, arch: str = "sm_90", types: Sequence[st
         The declaration cannot be read (give ``types``), or disagrees with the compiled kernel.
     """
     k = RawKernel(source, name, options, types, cache=cache, arch=arch)
-    return [KernelParam(p.name, p.ctype, kind, p.role, offset, size)
-            for p, (_n, kind), (offset, size) in zip(k.params, k.spec, k.layout)]
+    return [
+        KernelParam(p.name, p.ctype, kind, p.role, offset, size)
+        for p, (_n, kind), (offset, size) in zip(k.params, k.spec, k.layout)
+    ]

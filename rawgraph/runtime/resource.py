@@ -17,7 +17,8 @@ import sys
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from cuda.bindings import driver
 
@@ -100,8 +101,9 @@ def _run_release(name: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> No
             warnings.warn(f"rawgraph: {name} failed while releasing a resource: {exc}", ReleaseWarning, stacklevel=2)
         return
     if isinstance(result, tuple) and result and result[0] != _SUCCESS and not shutting_down():
-        warnings.warn(f"rawgraph: {name} failed while releasing a resource: {error_name(result[0])}",
-                      ReleaseWarning, stacklevel=2)
+        warnings.warn(
+            f"rawgraph: {name} failed while releasing a resource: {error_name(result[0])}", ReleaseWarning, stacklevel=2
+        )
 
 
 class Resource:

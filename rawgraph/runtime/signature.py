@@ -27,16 +27,39 @@ class Param:
 # Normalised scalar type -> kind. ``long`` is 64-bit: NVRTC follows the host ABI, LP64 on Linux.
 # ``__half`` is really a 2-byte struct, but it is passed like an f16 scalar.
 KINDS: dict[str, str] = {
-    "bool": "bool", "char": "i8", "signed char": "i8", "unsigned char": "u8",
-    "short": "i16", "unsigned short": "u16", "int": "i32", "unsigned int": "u32",
-    "long": "i64", "unsigned long": "u64", "long long": "i64", "unsigned long long": "u64",
-    "int8_t": "i8", "uint8_t": "u8", "int16_t": "i16", "uint16_t": "u16",
-    "int32_t": "i32", "uint32_t": "u32", "int64_t": "i64", "uint64_t": "u64",
-    "size_t": "u64", "ptrdiff_t": "i64", "intptr_t": "i64", "uintptr_t": "u64",
-    "float": "f32", "double": "f64", "__half": "f16", "half": "f16",
+    "bool": "bool",
+    "char": "i8",
+    "signed char": "i8",
+    "unsigned char": "u8",
+    "short": "i16",
+    "unsigned short": "u16",
+    "int": "i32",
+    "unsigned int": "u32",
+    "long": "i64",
+    "unsigned long": "u64",
+    "long long": "i64",
+    "unsigned long long": "u64",
+    "int8_t": "i8",
+    "uint8_t": "u8",
+    "int16_t": "i16",
+    "uint16_t": "u16",
+    "int32_t": "i32",
+    "uint32_t": "u32",
+    "int64_t": "i64",
+    "uint64_t": "u64",
+    "size_t": "u64",
+    "ptrdiff_t": "i64",
+    "intptr_t": "i64",
+    "uintptr_t": "u64",
+    "float": "f32",
+    "double": "f64",
+    "__half": "f16",
+    "half": "f16",
     # CUDA typedefs of unsigned long long: 8-byte integers, not structs the caller must build.
-    "cudaGraphConditionalHandle": "u64", "cudaTextureObject_t": "u64",
-    "cudaSurfaceObject_t": "u64", "CUdeviceptr": "u64",
+    "cudaGraphConditionalHandle": "u64",
+    "cudaTextureObject_t": "u64",
+    "cudaSurfaceObject_t": "u64",
+    "CUdeviceptr": "u64",
 }
 
 # Comments, literals and preprocessor lines are whole tokens, so nothing inside them can look
@@ -56,12 +79,30 @@ _IDENT = re.compile(r"[A-Za-z_]\w*")
 # Builtin type words; any mix of them is one scalar type (``long unsigned int``).
 _BUILTIN = {"signed", "unsigned", "short", "long", "int", "char", "bool", "float", "double", "void"}
 _QUALIFIERS = {"const", "volatile"}
-_DROPPED = {"__restrict__", "__restrict", "restrict", "__grid_constant__", "struct", "class",
-            "union", "enum", "typename", "register"}
+_DROPPED = {
+    "__restrict__",
+    "__restrict",
+    "restrict",
+    "__grid_constant__",
+    "struct",
+    "class",
+    "union",
+    "enum",
+    "typename",
+    "register",
+}
 # Attribute-like words that take a parenthesised argument list between ``__global__`` and the
 # name: skipped whole, so ``__launch_bounds__(256, 2)`` is never taken for the kernel.
-_ATTRIBUTES = {"__launch_bounds__", "__cluster_dims__", "__maxnreg__", "__attribute__",
-               "__declspec", "alignas", "__align__", "decltype"}
+_ATTRIBUTES = {
+    "__launch_bounds__",
+    "__cluster_dims__",
+    "__maxnreg__",
+    "__attribute__",
+    "__declspec",
+    "alignas",
+    "__align__",
+    "decltype",
+}
 _FWD = {"(": ")", "[": "]", "{": "}"}
 _BACK = {")": "(", "]": "[", ">": "<"}
 
@@ -167,7 +208,7 @@ def _template_types(toks: list[str], g: int) -> set[str]:
     if k < 1 or toks[k - 1] != "template":
         return set()
     names: set[str] = set()
-    for part in _split(toks[k + 1:j]):
+    for part in _split(toks[k + 1 : j]):
         part = part[: part.index("=")] if "=" in part else part
         if len(part) >= 2 and part[0] in ("typename", "class", "template") and _IDENT.fullmatch(part[-1]):
             names.add(part[-1])
@@ -192,8 +233,12 @@ def _builtin(words: list[str]) -> str:
         return words[0]
     if n["char"] == 1 and sign <= 1 and len(words) == 1 + sign:
         return ("signed " if n["signed"] else "unsigned " if sign else "") + "char"
-    if sign <= 1 and n["int"] <= 1 and (n["short"], n["long"]) in ((0, 0), (1, 0), (0, 1), (0, 2)) \
-            and len(words) == sign + n["int"] + n["short"] + n["long"]:
+    if (
+        sign <= 1
+        and n["int"] <= 1
+        and (n["short"], n["long"]) in ((0, 0), (1, 0), (0, 1), (0, 2))
+        and len(words) == sign + n["int"] + n["short"] + n["long"]
+    ):
         size = "short" if n["short"] else " ".join(["long"] * n["long"]) or "int"
         return ("unsigned " if n["unsigned"] else "") + size
     raise SignatureError(f"unknown builtin type {' '.join(words)!r}")
@@ -205,8 +250,13 @@ def _param(toks: list[str], tparams: set[str]) -> Param:
     toks = [t for t in toks if t not in _DROPPED]
     # Only the outer level counts: ``Foo<const int&>`` is one struct type, not a reference.
     top = [t for t, d in zip(toks, _depths(toks)) if d == 0]
-    for bad, why in (("&", "references"), ("&&", "references"), ("=", "default arguments"),
-                     ("...", "variadic parameters"), ("(", "function pointers (or attributes)")):
+    for bad, why in (
+        ("&", "references"),
+        ("&&", "references"),
+        ("=", "default arguments"),
+        ("...", "variadic parameters"),
+        ("(", "function pointers (or attributes)"),
+    ):
         if bad in top:
             raise SignatureError(f"{why} are not supported in kernel parameters ({text!r})")
     arrays = 0
@@ -283,10 +333,12 @@ def _declarations(toks: list[str], where: list[Branches], base: str) -> list[tup
                 # Also a declarator followed by something else (another declarator, a trailing
                 # attribute): its types must agree with the rest, never be skipped as a macro.
                 first = i if first is None else first
-                if _exclusive(where[first:end + 2]):
-                    raise SignatureError(f"the declaration of {base!r} is split between #if/#else branches "
-                                         "(the preprocessor is not run here): pass types=")
-                inner, tparams = toks[i + 2:end], _template_types(toks, g)
+                if _exclusive(where[first : end + 2]):
+                    raise SignatureError(
+                        f"the declaration of {base!r} is split between #if/#else branches "
+                        "(the preprocessor is not run here): pass types="
+                    )
+                inner, tparams = toks[i + 2 : end], _template_types(toks, g)
                 params = [] if inner in ([], ["void"]) else [_param(p, tparams) for p in _split(inner)]
                 found.append((params, after == "{"))
             if toks[i] in _ATTRIBUTES or after not in ("{", ";", "noexcept"):
@@ -337,6 +389,7 @@ def parse_signature(source: str, name: str) -> list[Param]:
     shapes = {tuple((p.ctype, p.kind, p.role) for p in params) for params, _ in found}
     if len(shapes) > 1:
         lists = "; ".join(sorted("(" + ", ".join(c for c, _, _ in s) + ")" for s in shapes))
-        raise SignatureError(f"kernel {name!r}: {len(shapes)} overloads of {base!r} ({lists}); "
-                             "pass the argument types by hand (types=)")
+        raise SignatureError(
+            f"kernel {name!r}: {len(shapes)} overloads of {base!r} ({lists}); pass the argument types by hand (types=)"
+        )
     return next((params for params, definition in found if definition), found[0][0])

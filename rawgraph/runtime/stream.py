@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Any, Collection
+from collections.abc import Collection
+from typing import Any
 
 from cuda.bindings import driver
 
@@ -65,8 +66,9 @@ def discard_capture(handle: Any, abandoning: str | None = None, accept: Collecti
     if abandoning is not None and err != _SUCCESS and err not in accept and not shutting_down():
         # stacklevel 4 names the caller's caller's caller, the frame each caller named with its
         # own stacklevel=3 when the warning was theirs.
-        warnings.warn(f"rawgraph: cuStreamEndCapture failed while {abandoning}: {error_name(err)}",
-                      ReleaseWarning, stacklevel=4)
+        warnings.warn(
+            f"rawgraph: cuStreamEndCapture failed while {abandoning}: {error_name(err)}", ReleaseWarning, stacklevel=4
+        )
     return err
 
 
@@ -107,7 +109,7 @@ def _handle_of(obj: Any) -> int:
 # Borrowed-stream wrappers by (handle, device ordinal), held weakly: while anything holds one (an
 # exec's StreamSet, a Capture), wrapping the same handle again returns it. Nothing here keeps a
 # lender's stream object alive.
-_wrappers: "weakref.WeakValueDictionary[tuple[int, int], Stream]" = weakref.WeakValueDictionary()
+_wrappers: weakref.WeakValueDictionary[tuple[int, int], Stream] = weakref.WeakValueDictionary()
 # Handles already checked against the device's context (cuStreamGetCtx) and their non-blocking
 # flag, so a fresh wrapper of a known handle makes no driver call. A handle the driver reused for
 # a stream of another context after the first was destroyed would pass unchecked (the launch then
@@ -148,7 +150,9 @@ class Stream(Resource):
 
     def __init__(self, non_blocking: bool = True, device: Device | None = None):
         self.device = (device or get_device()).activate()
-        flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING if non_blocking else driver.CUstream_flags.CU_STREAM_DEFAULT
+        flags = (
+            driver.CUstream_flags.CU_STREAM_NON_BLOCKING if non_blocking else driver.CUstream_flags.CU_STREAM_DEFAULT
+        )
         self.handle = call(driver.cuStreamCreate, int(flags))
         self.ptr = int(self.handle)
         self.non_blocking = non_blocking
@@ -157,7 +161,7 @@ class Stream(Resource):
         self._own(_destroy_stream, self.handle, name="cuStreamDestroy")
 
     @classmethod
-    def _borrowed(cls, handle: int, device: Device, non_blocking: bool, source: Any) -> "Stream":
+    def _borrowed(cls, handle: int, device: Device, non_blocking: bool, source: Any) -> Stream:
         self = cls.__new__(cls)
         self.device = device
         self.handle = driver.CUstream(handle)
@@ -169,12 +173,12 @@ class Stream(Resource):
         return self
 
     @classmethod
-    def legacy(cls, device: Device | None = None) -> "Stream":
+    def legacy(cls, device: Device | None = None) -> Stream:
         """The legacy NULL stream (handle 0). Not owned; never capturable."""
         return cls._borrowed(0, device or get_device(), False, None)
 
     @classmethod
-    def from_external(cls, obj: Any, device: Device | None = None) -> "Stream":
+    def from_external(cls, obj: Any, device: Device | None = None) -> Stream:
         """Borrow a stream made by someone else; rawgraph never destroys it.
 
         Parameters
@@ -258,7 +262,7 @@ class Stream(Resource):
             raise cuda_error(err, "cuStreamQuery")
         return True
 
-    def wait(self, event: "Event") -> None:
+    def wait(self, event: Event) -> None:
         """Make later work on this stream wait for ``event`` (``cuStreamWaitEvent``)."""
         self._check_open()
         event._check_open()
@@ -287,7 +291,7 @@ class Stream(Resource):
             self.tail = _tail_event(self)
         self._finalizer()
 
-    tail: "Event | None" = None
+    tail: Event | None = None
     """An event recorded by :meth:`close` after the work queued before it; None before the stream
     is closed, and when it was closed with nothing to wait for (the record failed and the stream was
     synchronized, or the stream was capturing)."""
@@ -306,7 +310,7 @@ class Stream(Resource):
         return f"<Stream {kind}{owner} 0x{self.ptr:x}{' closed' if self.closed else ''}>"
 
 
-def _tail_event(stream: Stream) -> "Event | None":
+def _tail_event(stream: Stream) -> Event | None:
     """The closing stream's tail event (see :meth:`Stream.close`), or None once its work is done."""
     try:
         err, status = driver.cuStreamIsCapturing(stream.handle)
@@ -322,9 +326,12 @@ def _tail_event(stream: Stream) -> "Event | None":
     except Exception as exc:  # no event: wait here instead, so holders have nothing to wait for
         (err,) = driver.cuStreamSynchronize(stream.handle)
         if err != _SUCCESS and not shutting_down():
-            warnings.warn(f"rawgraph: closing {stream!r}: recording its tail event failed ({exc}) and so did "
-                          f"cuStreamSynchronize ({error_name(err)}); work it queued may still be running",
-                          ReleaseWarning, stacklevel=3)
+            warnings.warn(
+                f"rawgraph: closing {stream!r}: recording its tail event failed ({exc}) and so did "
+                f"cuStreamSynchronize ({error_name(err)}); work it queued may still be running",
+                ReleaseWarning,
+                stacklevel=3,
+            )
         return None
 
 
@@ -358,7 +365,7 @@ class StreamSet:
     def __bool__(self) -> bool:
         return bool(self.streams) or bool(self._closed)
 
-    def fence(self, pool: list["Event"] | None = None, device: Device | None = None) -> "Fence":
+    def fence(self, pool: list[Event] | None = None, device: Device | None = None) -> Fence:
         """Events that fire once everything queued so far on these streams has run.
 
         Records an event (``cuEventRecord``) on each open stream, taken from ``pool`` when it holds
@@ -433,7 +440,7 @@ class Fence:
     owned: list[Event]
     borrowed: list[Event]
 
-    def __init__(self, owned: list["Event"], borrowed: list["Event"]):
+    def __init__(self, owned: list[Event], borrowed: list[Event]):
         self.owned, self.borrowed = owned, borrowed
 
     def done(self) -> bool:
@@ -478,7 +485,7 @@ class Event(Resource):
         self.handle = call(driver.cuEventCreate, flags)
         self._own(driver.cuEventDestroy, self.handle)
 
-    def record(self, stream: Any) -> "Event":
+    def record(self, stream: Any) -> Event:
         """``cuEventRecord`` on ``stream`` (any stream-like object)."""
         self._check_open()
         call(driver.cuEventRecord, self.handle, stream_handle(stream))
@@ -499,7 +506,7 @@ class Event(Resource):
             raise cuda_error(err, "cuEventQuery")
         return True
 
-    def elapsed_ms(self, end: "Event") -> float:
+    def elapsed_ms(self, end: Event) -> float:
         """Milliseconds from this event to ``end`` (``cuEventElapsedTime``; both recorded, ~0.5 us resolution)."""
         self._check_open()
         end._check_open()

@@ -10,7 +10,7 @@ Each returns samples in microseconds; :func:`stats` gives median, p10 and p90.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -38,7 +38,9 @@ def synced_us(fn: Callable[[], None], stream: Stream, rounds: int = 200, warmup:
     return out
 
 
-def pipelined_us(fn: Callable[[], None], stream: Stream, steps: int = 200, repeats: int = 7, warmup: int = 20) -> list[float]:
+def pipelined_us(
+    fn: Callable[[], None], stream: Stream, steps: int = 200, repeats: int = 7, warmup: int = 20
+) -> list[float]:
     """Per-step wall time of ``steps`` back-to-back calls and one synchronize, ``repeats`` times."""
     for _ in range(warmup):
         fn()

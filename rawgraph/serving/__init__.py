@@ -12,11 +12,11 @@ table) -> ``device_shaped`` (one exec whose grids and row counts a kernel sets o
 ``choose`` (the fastest of these for a sample of a batch-size trace, measured). Nothing here is
 imported by the modules below it in :mod:`rawgraph`."""
 
-from .function import FunctionModel, FunctionModelError  # noqa: F401
-from .sizes import pick_bucket, powers_of_two, vllm_sizes  # noqa: F401
-from .graphmem import graph_memory, trim_graph_memory  # noqa: F401
 from .buckets import BucketGraphs  # noqa: F401
-from .reshape import ReshapedGraph, RowCountBuckets  # noqa: F401
-from .slots import PendingRow, SlotError, SlotPool  # noqa: F401
-from .device_shaped import DeviceShapedError, DeviceShapedGraph  # noqa: F401
 from .choose import Choice, ChooseError, choose_strategy, regret  # noqa: F401
+from .device_shaped import DeviceShapedError, DeviceShapedGraph  # noqa: F401
+from .function import FunctionModel, FunctionModelError  # noqa: F401
+from .graphmem import graph_memory, trim_graph_memory  # noqa: F401
+from .reshape import ReshapedGraph, RowCountBuckets  # noqa: F401
+from .sizes import pick_bucket, powers_of_two, vllm_sizes  # noqa: F401
+from .slots import PendingRow, SlotError, SlotPool  # noqa: F401

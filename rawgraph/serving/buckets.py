@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
 
 from ..graphs.capture import Capture
-from ..runtime.errors import ClosedError, DTypeError, LayoutError, ShapeError, call
 from ..graphs.graph import Graph, GraphExec
+from ..runtime.errors import ClosedError, DTypeError, LayoutError, ShapeError, call
 from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array
 from ..runtime.stream import Event, Stream, as_stream
 from .lifecycle import WarmUp, close_all, instantiate_uploaded
@@ -59,8 +60,10 @@ def graph_scratch(cap: Capture, layout: dict[str, tuple[tuple[int, ...], Any]]) 
         offsets[name] = total
         total += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 256) * 256
     ptr = cap.mem_alloc(max(total, 256))
-    views = {name: DeviceArray(ptr + offsets[name], tuple(int(d) for d in shape), np.dtype(dtype), None)
-             for name, (shape, dtype) in layout.items()}
+    views = {
+        name: DeviceArray(ptr + offsets[name], tuple(int(d) for d in shape), np.dtype(dtype), None)
+        for name, (shape, dtype) in layout.items()
+    }
     return ptr, views
 
 
@@ -164,8 +167,15 @@ class BucketGraphs:
     cuMemGetInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
-    def __init__(self, model: RowwiseModel, sizes: Sequence[int] | None = None, max_batch: int = 256,
-                 stream: Any = None, scratch: str = "arena", zero_padding: bool = True):
+    def __init__(
+        self,
+        model: RowwiseModel,
+        sizes: Sequence[int] | None = None,
+        max_batch: int = 256,
+        stream: Any = None,
+        scratch: str = "arena",
+        zero_padding: bool = True,
+    ):
         if scratch not in SCRATCH_MODES:
             raise ValueError(f"scratch must be one of {SCRATCH_MODES}, got {scratch!r}")
         check_model(model)
@@ -185,8 +195,9 @@ class BucketGraphs:
         self._models: dict[int, Any] = {}
         for b in self.sizes:
             # scratch "graph": no workspace at all, the plans get memory allocated in the capture
-            self._models[b] = model.with_batch(b, workspace=self.arena if scratch == "arena" else
-                                               False if scratch == "graph" else None)
+            self._models[b] = model.with_batch(
+                b, workspace=self.arena if scratch == "arena" else False if scratch == "graph" else None
+            )
         free1 = self.device.memory_info()[0]
         self.graphs: dict[int, Graph] = {}
         self.execs: dict[int, GraphExec] = {}
@@ -224,8 +235,11 @@ class BucketGraphs:
         self.memory = {
             "weights": int(getattr(model, "weights_nbytes", 0)),
             "io": self.input.nbytes + self.output.nbytes,
-            "workspace": (_nbytes(self.arena) if self.arena is not None else
-                          sum(_nbytes(getattr(m, "workspace", None)) for m in self._models.values())),
+            "workspace": (
+                _nbytes(self.arena)
+                if self.arena is not None
+                else sum(_nbytes(getattr(m, "workspace", None)) for m in self._models.values())
+            ),
             "allocated": free0 - free1,
             "graphs": free1 - free2,
         }
@@ -322,13 +336,17 @@ class BucketGraphs:
         if self._closed:
             return
         self._closed = True
-        close_all(self.execs.values(), self.graphs.values(), self._models.values(),
-                  (self.arena, self.input, self.output, self._overflow))
+        close_all(
+            self.execs.values(),
+            self.graphs.values(),
+            self._models.values(),
+            (self.arena, self.input, self.output, self._overflow),
+        )
         self._order.close()
         if self._own_stream:
             self.stream.close()
 
-    def __enter__(self) -> "BucketGraphs":
+    def __enter__(self) -> BucketGraphs:
         return self
 
     def __exit__(self, *exc: object) -> None:

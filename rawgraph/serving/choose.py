@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,32 +39,38 @@ class ChooseError(RawgraphError, ValueError):
 
 def _buckets(model: Any, max_batch: int, stream: Any) -> Any:
     from .buckets import BucketGraphs
+
     return BucketGraphs(model, max_batch=max_batch, stream=stream)
 
 
 def _rowcount(model: Any, max_batch: int, stream: Any) -> Any:
     from .reshape import RowCountBuckets
+
     return RowCountBuckets(model, max_batch=max_batch, stream=stream)
 
 
 def _reshaped(model: Any, max_batch: int, stream: Any) -> Any:
     from .reshape import ReshapedGraph
+
     return ReshapedGraph(model, max_batch, stream)
 
 
 def _device_shaped(model: Any, max_batch: int, stream: Any) -> Any:
     from .device_shaped import DeviceShapedGraph
+
     return DeviceShapedGraph(model, max_batch, stream)
 
 
 def _device_bands(model: Any, max_batch: int, stream: Any) -> Any:
     from .device_shaped import DeviceShapedGraph
+
     return DeviceShapedGraph(model, max_batch, stream, bands="plans")
 
 
 def _switch_sizes(model: Any, max_batch: int, stream: Any) -> Any:
     from .device_shaped import DeviceShapedGraph
     from .sizes import vllm_sizes
+
     return DeviceShapedGraph(model, max_batch, stream, bands=vllm_sizes(max_batch), select="switch")
 
 
@@ -218,9 +225,16 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def choose_strategy(model: Any, trace_sample: Sequence[int], max_batch: int, memory_budget: int | None = None,
-                    candidates: Sequence[str] | Mapping[str, Factory] | None = None, stream: Any = None,
-                    seconds: float = 0.2, timer: Timer | None = None) -> Choice:
+def choose_strategy(
+    model: Any,
+    trace_sample: Sequence[int],
+    max_batch: int,
+    memory_budget: int | None = None,
+    candidates: Sequence[str] | Mapping[str, Factory] | None = None,
+    stream: Any = None,
+    seconds: float = 0.2,
+    timer: Timer | None = None,
+) -> Choice:
     """Measure the candidate strategies on a sample of the batch-size trace and return the
     fastest that fits ``memory_budget`` (device bytes, weights not counted; None: no limit).
 
@@ -269,6 +283,7 @@ def choose_strategy(model: Any, trace_sample: Sequence[int], max_batch: int, mem
     factories = _resolve(candidates)
     if stream is not None and not hasattr(stream, "synchronize"):
         from ..runtime.stream import as_stream
+
         stream = as_stream(stream)
     time_it: Timer = SampleTimer(seconds) if timer is None else timer
 
@@ -304,8 +319,14 @@ def choose_strategy(model: Any, trace_sample: Sequence[int], max_batch: int, mem
     if not figures:
         raise ChooseError(f"no candidate fits: {skipped}")
     best = min(figures, key=lambda k: figures[k])
-    return Choice(name=best, seconds=figures, per_step={k: v / len(sample) for k, v in figures.items()},
-                  memory=memory, skipped=skipped, sample_len=len(sample))
+    return Choice(
+        name=best,
+        seconds=figures,
+        per_step={k: v / len(sample) for k, v in figures.items()},
+        memory=memory,
+        skipped=skipped,
+        sample_len=len(sample),
+    )
 
 
 def regret(choice_name: str, per_strategy_trace_times: Mapping[str, float]) -> float:

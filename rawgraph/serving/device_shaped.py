@@ -54,8 +54,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
@@ -70,13 +71,30 @@ from .buckets import StreamOrder, check_rows
 from .lifecycle import WarmUp
 from .protocol import RowwiseModel, check_model, row_count_arg, row_grid
 
-__all__ = ["DeviceShapedError", "DeviceShapedGraph", "ENTRY_DTYPE", "ShapeEntry", "shape_entries", "pack_table",
-           "grid_for"]
+__all__ = [
+    "DeviceShapedError",
+    "DeviceShapedGraph",
+    "ENTRY_DTYPE",
+    "ShapeEntry",
+    "shape_entries",
+    "pack_table",
+    "grid_for",
+]
 
 # One entry of the head kernel's table: kernels/device_update.cu's rg_du_shape_entry (48 bytes).
-ENTRY_DTYPE = np.dtype([("node", "<u8"), ("grid", "<u4", (3,)), ("axis", "<i4"), ("rows_per_block", "<i4"),
-                        ("param_offset", "<i4"), ("param_size", "<i4"), ("factor", "<i4"), ("lo", "<i4"),
-                        ("hi", "<i4")])
+ENTRY_DTYPE = np.dtype(
+    [
+        ("node", "<u8"),
+        ("grid", "<u4", (3,)),
+        ("axis", "<i4"),
+        ("rows_per_block", "<i4"),
+        ("param_offset", "<i4"),
+        ("param_size", "<i4"),
+        ("factor", "<i4"),
+        ("lo", "<i4"),
+        ("hi", "<i4"),
+    ]
+)
 assert ENTRY_DTYPE.itemsize == 48
 
 _INT_KINDS = {"i32": 4, "u32": 4, "i64": 8, "u64": 8}
@@ -84,8 +102,11 @@ _HEAD_THREADS = 256
 _ATTR = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE
 # cuGraphKernelNode{Set,Get}Attribute take a CUkernelNodeAttrID (the launch attribute values under
 # another enum in cuda-bindings 13.x); the launch attribute itself where a binding lacks it.
-_NATTR = getattr(getattr(driver, "CUkernelNodeAttrID", driver.CUlaunchAttributeID),
-                 "CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE", _ATTR)
+_NATTR = getattr(
+    getattr(driver, "CUkernelNodeAttrID", driver.CUlaunchAttributeID),
+    "CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE",
+    _ATTR,
+)
 
 
 class DeviceShapedError(DeviceUpdatableError):
@@ -116,7 +137,7 @@ class ShapeEntry:
     param_size: int
     factor: int
     lo: int = 1
-    hi: int = 2 ** 31 - 1
+    hi: int = 2**31 - 1
 
     def runs(self, n: int, max_rows: int | None = None) -> bool:
         """Whether the head enables this node for ``n`` live rows: what ``rg_du_shape`` decides,
@@ -135,8 +156,9 @@ def grid_for(entry: ShapeEntry, n: int) -> tuple[int, int, int]:
     return (g[0], g[1], g[2])
 
 
-def shape_entries(model: Any, launches: Sequence[Launch], max_batch: int, lo: int = 1,
-                  start: int = 0) -> list[ShapeEntry]:
+def shape_entries(
+    model: Any, launches: Sequence[Launch], max_batch: int, lo: int = 1, start: int = 0
+) -> list[ShapeEntry]:
     """One :class:`ShapeEntry` per launch of ``model``'s ``max_batch``-row plan (a band's top), checked against
     the launches: a row-grid axis must hold ``ceil(max_batch / rows_per_block)`` blocks and carry
     no compiled-in cluster dimension above 1, every launch must name an integer row-count
@@ -160,24 +182,43 @@ def shape_entries(model: Any, launches: Sequence[Launch], max_batch: int, lo: in
             raise ShapeError(f"{launch.kernel.name}: row-count factor {factor} must be >= 1")
         held = launch.args[name]
         if held != max_batch * factor:
-            raise ShapeError(f"{launch.kernel.name}: row-count argument {name} holds {held}, expected "
-                             f"max_batch * factor = {max_batch} * {factor}")
-        if kind in ("i32", "u32") and max_batch * factor >= 2 ** 31:
+            raise ShapeError(
+                f"{launch.kernel.name}: row-count argument {name} holds {held}, expected "
+                f"max_batch * factor = {max_batch} * {factor}"
+            )
+        if kind in ("i32", "u32") and max_batch * factor >= 2**31:
             raise ShapeError(f"{launch.kernel.name}: {max_batch} * {factor} does not fit its int32 {name}")
         rg = row_grid(model, launch)
         axis, rpb = (-1, 0) if rg is None else rg
         if rg is not None:
             want = -(-max_batch // rpb)
             if launch.grid[axis] != want:
-                raise ShapeError(f"{launch.kernel.name}: row_grid says axis {axis} with {rpb} rows per block, so "
-                                 f"{want} blocks for {max_batch} rows, but the launch has grid {launch.grid}")
+                raise ShapeError(
+                    f"{launch.kernel.name}: row_grid says axis {axis} with {rpb} rows per block, so "
+                    f"{want} blocks for {max_batch} rows, but the launch has grid {launch.grid}"
+                )
             cluster = getattr(launch.kernel, "cluster_dims", (0, 0, 0))
             if cluster[axis] > 1:
-                raise ShapeError(f"{launch.kernel.name}: its grid axis {axis} carries cluster dimension "
-                                 f"{cluster[axis]}; a row count would not stay a multiple of it")
-        entries.append(ShapeEntry(start + i, launch.label, launch.kernel.name, tuple(launch.grid), axis, rpb,  # type: ignore[arg-type]
-                                  name, int(launch.args.offsets[name]), _INT_KINDS[kind], int(factor),
-                                  int(lo), int(max_batch)))
+                raise ShapeError(
+                    f"{launch.kernel.name}: its grid axis {axis} carries cluster dimension "
+                    f"{cluster[axis]}; a row count would not stay a multiple of it"
+                )
+        entries.append(
+            ShapeEntry(
+                start + i,
+                launch.label,
+                launch.kernel.name,
+                tuple(launch.grid),
+                axis,
+                rpb,  # type: ignore[arg-type]
+                name,
+                int(launch.args.offsets[name]),
+                _INT_KINDS[kind],
+                int(factor),
+                int(lo),
+                int(max_batch),
+            )
+        )
     return entries
 
 
@@ -281,9 +322,11 @@ def _check_offsets(entries: Sequence[ShapeEntry], launches: Sequence[Launch]) ->
             continue
         i = launch.args.names().index(e.param)
         if i >= len(layout) or (layout[i].offset, layout[i].size) != (e.param_offset, e.param_size):
-            raise ShapeError(f"{launch.kernel.name}: argument {e.param} packed at offset {e.param_offset} "
-                             f"({e.param_size} B), the function's layout says "
-                             f"{(layout[i].offset, layout[i].size) if i < len(layout) else 'no such parameter'}")
+            raise ShapeError(
+                f"{launch.kernel.name}: argument {e.param} packed at offset {e.param_offset} "
+                f"({e.param_size} B), the function's layout says "
+                f"{(layout[i].offset, layout[i].size) if i < len(layout) else 'no such parameter'}"
+            )
 
 
 # ---------------------------------------------------------------------------- the graph
@@ -350,9 +393,16 @@ class DeviceShapedGraph(Resource):
         function no earlier band ran (``warm_up.runs``, ``warm_up.skipped``).
     """
 
-    def __init__(self, model: RowwiseModel, max_batch: int = 256, stream: Any = None, n_live: Any = None,
-                 prologue: "LaunchPlan | Callable[[Any], None] | None" = None,
-                 bands: "str | Sequence[int] | None" = None, select: str = "updates"):
+    def __init__(
+        self,
+        model: RowwiseModel,
+        max_batch: int = 256,
+        stream: Any = None,
+        n_live: Any = None,
+        prologue: LaunchPlan | Callable[[Any], None] | None = None,
+        bands: str | Sequence[int] | None = None,
+        select: str = "updates",
+    ):
         from ..runtime.stream import Stream, as_stream
 
         check_model(model)
@@ -364,6 +414,7 @@ class DeviceShapedGraph(Resource):
         self.select = select
         if select == "switch":  # a SWITCH needs a CUDA 12.8 driver: refused before anything is built
             from ..graphs.conditional import check_kind
+
             check_kind("switch", 1)
         # checked once, before anything is allocated (an iterator is read once)
         self._from_plans = isinstance(bands, str) and bands == "plans"
@@ -381,11 +432,13 @@ class DeviceShapedGraph(Resource):
             self.close()
             raise
 
-    def _build(self, model: Any, stream: Any, n_live: Any, prologue: Any, bands: Any, owned: list, Stream: Any,
-               as_stream: Any) -> None:
+    def _build(
+        self, model: Any, stream: Any, n_live: Any, prologue: Any, bands: Any, owned: list, Stream: Any, as_stream: Any
+    ) -> None:
         clock = time.perf_counter
-        self.setup: dict[str, float] = {k: 0.0 for k in ("bands", "plans", "warmup", "capture", "attributes",
-                                                          "instantiate", "upload")}
+        self.setup: dict[str, float] = {
+            k: 0.0 for k in ("bands", "plans", "warmup", "capture", "attributes", "instantiate", "upload")
+        }
         if stream is None:
             self.stream = Stream(device=self.device)
             owned.append(self.stream)
@@ -423,8 +476,10 @@ class DeviceShapedGraph(Resource):
             owned.append(self.arena)
 
         def views(rows: int) -> tuple[DeviceArray, DeviceArray]:
-            return (DeviceArray(self.input.ptr, (rows, self.width), f32, self.input),
-                    DeviceArray(self.output.ptr, (rows, self.width), f32, self.output))
+            return (
+                DeviceArray(self.input.ptr, (rows, self.width), f32, self.input),
+                DeviceArray(self.output.ptr, (rows, self.width), f32, self.output),
+            )
 
         if self._from_plans:
             t1 = clock()
@@ -453,8 +508,10 @@ class DeviceShapedGraph(Resource):
             if self.select == "switch":  # each band is a body of its own: nothing to check or cut
                 continue
             if len(self.bands) > 1 and plan.launches and plan.launches[0].pdl:
-                raise DeviceShapedError(f"the {top}-row plan starts with a PDL launch ({plan.launches[0].kernel.name}): "
-                                        "with bands, each plan must start on a full edge")
+                raise DeviceShapedError(
+                    f"the {top}-row plan starts with a PDL launch ({plan.launches[0].kernel.name}): "
+                    "with bands, each plan must start on a full edge"
+                )
             self.entries += shape_entries(model, plan.launches, top, lo=lo, start=len(self.entries))
             lo = top + 1
         self.model, self.plan = self.models[-1], self.plans[-1]
@@ -514,14 +571,29 @@ class DeviceShapedGraph(Resource):
         owned.append(self._table)
         self._rc = DeviceBuffer((count + 1,), np.int32, self.device)
         owned.append(self._rc)
-        head_args = KernelArgs([("table", "ptr"), ("count", "i32"), ("n_live", "ptr"), ("max_rows", "i32"),
-                                ("rc", "ptr")])
+        head_args = KernelArgs(
+            [("table", "ptr"), ("count", "i32"), ("n_live", "ptr"), ("max_rows", "i32"), ("rc", "ptr")]
+        )
         assert self.n_live is not None  # the updates head always reads device memory
-        head_args.update({"table": self._table.ptr, "count": count, "n_live": self.n_live.ptr,
-                          "max_rows": self.max_batch, "rc": self._rc.ptr})
+        head_args.update(
+            {
+                "table": self._table.ptr,
+                "count": count,
+                "n_live": self.n_live.ptr,
+                "max_rows": self.max_batch,
+                "rc": self._rc.ptr,
+            }
+        )
         threads = min(_HEAD_THREADS, max(32, -(-count // 32) * 32))
-        self.head = Launch(get_kernel("device_update", "rg_du_shape", self.device), (-(-count // threads), 1, 1),
-                           (threads, 1, 1), head_args, {}, 0, "device_shape")
+        self.head = Launch(
+            get_kernel("device_update", "rg_du_shape", self.device),
+            (-(-count // threads), 1, 1),
+            (threads, 1, 1),
+            head_args,
+            {},
+            0,
+            "device_shape",
+        )
 
     def _capture_switch(self, prologue: Any, owned: list) -> None:
         """[prologue] -> ``rg_set_band`` -> SWITCH, body ``i`` captured from band ``i``'s plan on a
@@ -696,8 +768,10 @@ class DeviceShapedGraph(Resource):
         """
         self._check()
         if self.select == "switch":
-            raise DeviceShapedError("a SWITCH-selected DeviceShapedGraph keeps its captured plans: build a new one "
-                                    "instead of cuGraphExecUpdate")
+            raise DeviceShapedError(
+                "a SWITCH-selected DeviceShapedGraph keeps its captured plans: build a new one "
+                "instead of cuGraphExecUpdate"
+            )
         self.exec.update(graph)
 
     # -- accounting and lifetime ------------------------------------------------------------
@@ -726,5 +800,7 @@ class DeviceShapedGraph(Resource):
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""
-        return (f"<DeviceShapedGraph width={self.width} max_batch={self.max_batch} select={self.select} "
-                f"bands={len(getattr(self, 'bands', []))} nodes={len(getattr(self, '_launches', []))}{state}>")
+        return (
+            f"<DeviceShapedGraph width={self.width} max_batch={self.max_batch} select={self.select} "
+            f"bands={len(getattr(self, 'bands', []))} nodes={len(getattr(self, '_launches', []))}{state}>"
+        )

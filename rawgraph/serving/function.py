@@ -52,7 +52,8 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -105,8 +106,9 @@ def row_grid_of(grid_a: Sequence[int], grid_b: Sequence[int], rows_a: int, rows_
     if len(moved) != 1:
         return None
     ax = moved[0]
-    fits = [k for k in range(1, max(rows_a, rows_b) + 1)
-            if -(-rows_a // k) == grid_a[ax] and -(-rows_b // k) == grid_b[ax]]
+    fits = [
+        k for k in range(1, max(rows_a, rows_b) + 1) if -(-rows_a // k) == grid_a[ax] and -(-rows_b // k) == grid_b[ax]
+    ]
     return (ax, fits[0]) if len(fits) == 1 else None
 
 
@@ -153,8 +155,9 @@ class _Shared(Resource):
         """Close ``owns`` with the model (in reverse order, then the recording stream)."""
         self._owned.extend(owns)
 
-    def record(self, rows: int, x: DeviceArray, out: DeviceArray, scratch: dict[str, DeviceArray]
-               ) -> tuple[list[Launch], dict[str, DeviceArray]]:
+    def record(
+        self, rows: int, x: DeviceArray, out: DeviceArray, scratch: dict[str, DeviceArray]
+    ) -> tuple[list[Launch], dict[str, DeviceArray]]:
         """The launches ``fn`` makes for ``rows`` rows over these arrays, and the arrays they use
         by name (``x`` and ``out`` always among them)."""
         named = {"x": x, "out": out, **scratch}
@@ -171,11 +174,15 @@ class _Shared(Resource):
         finally:
             graph.close()
         if other:
-            raise FunctionModelError(f"{self.name} did work on the stream other than RawKernel launches "
-                                     f"({', '.join(other)}): a plan holds kernel launches only")
+            raise FunctionModelError(
+                f"{self.name} did work on the stream other than RawKernel launches "
+                f"({', '.join(other)}): a plan holds kernel launches only"
+            )
         if not launches:
-            raise FunctionModelError(f"{self.name} launched no kernel on the stream it was given (at {rows} rows): "
-                                     "call each RawKernel with stream=stream")
+            raise FunctionModelError(
+                f"{self.name} launched no kernel on the stream it was given (at {rows} rows): "
+                "call each RawKernel with stream=stream"
+            )
         if not any(u.buffer == "out" and u.role == "write" for l in launches for u in l.uses.values()):
             raise FunctionModelError(f"{self.name}: no kernel it launched writes out through a non-const pointer")
         used = {u.buffer for l in launches for u in l.uses.values()} | set(_RESERVED)
@@ -195,20 +202,30 @@ class _Shared(Resource):
             bufs.close()  # nothing ran: the launches only hold its addresses, never used again
         (a, _), (b, buffers) = runs
         if [l.kernel for l in a] != [l.kernel for l in b]:
-            raise FunctionModelError(f"{self.name} launches {_names(a)} at {lo} rows but {_names(b)} at {hi}: "
-                                     "a function model launches the same kernels at every row count")
+            raise FunctionModelError(
+                f"{self.name} launches {_names(a)} at {lo} rows but {_names(b)} at {hi}: "
+                "a function model launches the same kernels at every row count"
+            )
         self.kernels = [l.kernel for l in b]
         self.rules: dict[int, tuple[Any, _Rule]] = {}
         for la, lb in zip(a, b):
             found = row_count_candidates(la, lb, lo, hi)
-            rule = _Rule(found[0] if len(found) == 1 else None, row_grid_of(la.grid, lb.grid, lo, hi),
-                         None if len(found) < 2 else
-                         f"{lb.kernel.name} takes the row count in {len(found)} arguments "
-                         f"({', '.join(n for n, _ in found)}); the protocol rebinds one")
+            rule = _Rule(
+                found[0] if len(found) == 1 else None,
+                row_grid_of(la.grid, lb.grid, lo, hi),
+                None
+                if len(found) < 2
+                else f"{lb.kernel.name} takes the row count in {len(found)} arguments "
+                f"({', '.join(n for n, _ in found)}); the protocol rebinds one",
+            )
             have = self.rules.get(id(lb.kernel))
             if have is not None and have[1].key() != rule.key():
-                rule = _Rule(None, None, f"{self.name} launches {lb.kernel.name} twice with different row counts "
-                                         "or row grids; the protocol answers per kernel")
+                rule = _Rule(
+                    None,
+                    None,
+                    f"{self.name} launches {lb.kernel.name} twice with different row counts "
+                    "or row grids; the protocol answers per kernel",
+                )
             self.rules[id(lb.kernel)] = (lb.kernel, rule)  # the kernel held: its id stays its own
         rest = {(v.ptr, v.nbytes) for n, v in buffers.items() if n not in _RESERVED and n not in self.layout}
         self.weights_nbytes = sum(nbytes for _ptr, nbytes in rest)
@@ -219,8 +236,9 @@ class _Shared(Resource):
         if got is None or got[0] is not launch.kernel:
             return None
         if got[1].conflict is not None:
-            raise FunctionModelError(f"{got[1].conflict}: write this model as a class "
-                                     "(examples/buckets_own_model_class.py)")
+            raise FunctionModelError(
+                f"{got[1].conflict}: write this model as a class (examples/buckets_own_model_class.py)"
+            )
         return got[1]
 
 
@@ -275,9 +293,18 @@ class FunctionModel:
         The function breaks one of its rules (when made: at the probes; later: at a plan).
     """
 
-    def __init__(self, fn: Callable, width: int, *, scratch: dict[str, int] | None = None,
-                 reference: Callable | None = None, batch: int = 1, device: Device | None = None,
-                 workspace: Any = None, owns: Sequence[Any] = ()):
+    def __init__(
+        self,
+        fn: Callable,
+        width: int,
+        *,
+        scratch: dict[str, int] | None = None,
+        reference: Callable | None = None,
+        batch: int = 1,
+        device: Device | None = None,
+        workspace: Any = None,
+        owns: Sequence[Any] = (),
+    ):
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         if reference is not None and not callable(reference):
@@ -300,7 +327,7 @@ class FunctionModel:
         self._root = True
 
     @classmethod
-    def _view(cls, shared: _Shared, batch: int, workspace: Any) -> "FunctionModel":
+    def _view(cls, shared: _Shared, batch: int, workspace: Any) -> FunctionModel:
         m = cls.__new__(cls)
         m._init(shared, batch, workspace)
         m._root = False
@@ -316,8 +343,10 @@ class FunctionModel:
         if isinstance(workspace, RowScratch):
             workspace._check_open()
             if workspace.rows < self.batch or workspace.layout != self.layout:
-                raise ShapeError(f"workspace of {workspace.rows} rows {workspace.layout} cannot hold a "
-                                 f"{self.batch}-row batch of {self.layout}")
+                raise ShapeError(
+                    f"workspace of {workspace.rows} rows {workspace.layout} cannot hold a "
+                    f"{self.batch}-row batch of {self.layout}"
+                )
         elif workspace is None:
             workspace = RowScratch(self.batch, self.layout, self.device) if self.layout else None
             if workspace is not None:
@@ -329,7 +358,7 @@ class FunctionModel:
         if not self._finalizer.alive or self._shared.closed:
             raise ClosedError(f"FunctionModel({self._shared.name}) is closed")
 
-    def with_batch(self, batch: int, workspace: Any = None) -> "FunctionModel":
+    def with_batch(self, batch: int, workspace: Any = None) -> FunctionModel:
         """The same function and weights for ``batch`` rows (protocol ``with_batch``)."""
         self._check_open()
         return FunctionModel._view(self._shared, batch, workspace)
@@ -384,19 +413,26 @@ class FunctionModel:
         shared = self._shared
         launches, buffers = shared.record(self.batch, xa, oa, views)
         if [l.kernel for l in launches] != shared.kernels:
-            raise FunctionModelError(f"{shared.name} launches {_names(launches)} at {self.batch} rows but "
-                                     f"{[k.name for k in shared.kernels]} at {PROBE_ROWS[1]}: a function model "
-                                     "launches the same kernels at every row count")
+            raise FunctionModelError(
+                f"{shared.name} launches {_names(launches)} at {self.batch} rows but "
+                f"{[k.name for k in shared.kernels]} at {PROBE_ROWS[1]}: a function model "
+                "launches the same kernels at every row count"
+            )
         for l in launches:
             rule = shared.rules[id(l.kernel)][1]  # a kernel of the probes: checked just above
             if rule.count is not None:
                 name, factor = rule.count
                 if l.args[name] != self.batch * factor:
-                    raise FunctionModelError(f"{l.kernel.name}: {name} holds {l.args[name]} at {self.batch} rows, not "
-                                             f"rows * {factor} as at {PROBE_ROWS}: a row count must be linear in rows")
+                    raise FunctionModelError(
+                        f"{l.kernel.name}: {name} holds {l.args[name]} at {self.batch} rows, not "
+                        f"rows * {factor} as at {PROBE_ROWS}: a row count must be linear in rows"
+                    )
         # Closing any owner of an array the plan uses (weights included) makes the plan refuse.
-        guards = {id(g): g for g in [shared._finalizer, self._finalizer] +
-                  [v.owner._finalizer for v in buffers.values() if isinstance(v.owner, Resource)]}
+        guards = {
+            id(g): g
+            for g in [shared._finalizer, self._finalizer]
+            + [v.owner._finalizer for v in buffers.values() if isinstance(v.owner, Resource)]
+        }
         return LaunchPlan(launches, buffers, ("x",), ("out",), list(guards.values()))
 
     def reference(self, x: np.ndarray) -> np.ndarray:
@@ -418,4 +454,3 @@ class FunctionModel:
 
     def __repr__(self) -> str:
         return f"<FunctionModel {self._shared.name} width={self.width} batch={self.batch}>"
-

@@ -46,8 +46,12 @@ def reset_high_water(device: Device | None = None) -> None:
     """
     dev = (device or get_device()).activate()
     for name in ("CU_GRAPH_MEM_ATTR_USED_MEM_HIGH", "CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH"):
-        call(driver.cuDeviceSetGraphMemAttribute, dev.handle, getattr(driver.CUgraphMem_attribute, name),
-             driver.cuuint64_t(0))
+        call(
+            driver.cuDeviceSetGraphMemAttribute,
+            dev.handle,
+            getattr(driver.CUgraphMem_attribute, name),
+            driver.cuuint64_t(0),
+        )
 
 
 def trim_graph_memory(device: Device | None = None) -> dict[str, int]:

@@ -10,7 +10,8 @@ their nodes name).
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..graphs.graph import Graph, GraphExec
 from ..runtime.launch import Launch

@@ -69,8 +69,7 @@ from ..runtime.launch import Launch, LaunchPlan
 from ..runtime.memory import DeviceArray, DeviceBuffer
 from ..runtime.resource import Resource
 
-REQUIRED = ("width", "batch", "device", "plan", "with_batch", "make_workspace", "scratch_layout", "reference",
-            "close")
+REQUIRED = ("width", "batch", "device", "plan", "with_batch", "make_workspace", "scratch_layout", "reference", "close")
 
 
 @runtime_checkable
@@ -83,7 +82,7 @@ class RowwiseModel(Protocol):
 
     def plan(self, x: Any, out: Any, scratch: dict[str, DeviceArray] | None = None) -> LaunchPlan: ...
 
-    def with_batch(self, batch: int, workspace: Any = None) -> "RowwiseModel": ...
+    def with_batch(self, batch: int, workspace: Any = None) -> RowwiseModel: ...
 
     def make_workspace(self, rows: int) -> Any: ...
 
@@ -99,8 +98,10 @@ def check_model(model: Any, what: str = "model") -> Any:
     (or the model's own ``ClosedError``), before anything is allocated."""
     missing = [name for name in REQUIRED if not hasattr(model, name)]
     if missing:
-        raise TypeError(f"{what} ({type(model).__name__}) does not keep the row-wise model protocol "
-                        f"(rawgraph.serving.protocol): it has no {', '.join(missing)}")
+        raise TypeError(
+            f"{what} ({type(model).__name__}) does not keep the row-wise model protocol "
+            f"(rawgraph.serving.protocol): it has no {', '.join(missing)}"
+        )
     width = model.width
     if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
         raise TypeError(f"{what}.width must be a positive int, got {width!r}")
@@ -116,8 +117,10 @@ def row_count_arg(model: Any, launch: Launch) -> tuple[str, int]:
     ask = getattr(model, "row_count_arg", None)
     found = ask(launch) if ask is not None else None
     if found is None:
-        raise TypeError(f"{type(model).__name__} names no row-count argument of {launch.kernel.name} "
-                        "(row_count_arg): its plans cannot be re-bounded to the live rows")
+        raise TypeError(
+            f"{type(model).__name__} names no row-count argument of {launch.kernel.name} "
+            "(row_count_arg): its plans cannot be re-bounded to the live rows"
+        )
     name, factor = found
     if name not in launch.args.names():
         raise TypeError(f"{type(model).__name__}.row_count_arg names {name!r}, not an argument of {launch.kernel.name}")
@@ -135,14 +138,17 @@ def row_grid(model: Any, launch: Launch) -> tuple[int, int] | None:
     try:
         axis, rows_per_block = found
     except (TypeError, ValueError):
-        raise TypeError(f"{type(model).__name__}.row_grid must give (axis, rows_per_block) or None, "
-                        f"got {found!r}") from None
+        raise TypeError(
+            f"{type(model).__name__}.row_grid must give (axis, rows_per_block) or None, got {found!r}"
+        ) from None
     for name, v in (("axis", axis), ("rows_per_block", rows_per_block)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise TypeError(f"{type(model).__name__}.row_grid gave a non-int {name} {v!r} for {launch.kernel.name}")
     if not 0 <= axis <= 2 or rows_per_block < 1:
-        raise TypeError(f"{type(model).__name__}.row_grid gave axis {axis}, rows_per_block {rows_per_block} for "
-                        f"{launch.kernel.name}: the axis must be 0, 1 or 2 and a block must cover >= 1 row")
+        raise TypeError(
+            f"{type(model).__name__}.row_grid gave axis {axis}, rows_per_block {rows_per_block} for "
+            f"{launch.kernel.name}: the axis must be 0, 1 or 2 and a block must cover >= 1 row"
+        )
     return int(axis), int(rows_per_block)
 
 
@@ -157,8 +163,9 @@ class RowScratch(Resource):
     def __init__(self, rows: int, layout: dict[str, int], device: Device | None = None):
         if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
             raise ShapeError(f"rows must be a positive int, got {rows!r}")
-        if not layout or any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1
-                             for c in layout.values()):
+        if not layout or any(
+            isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1 for c in layout.values()
+        ):
             raise ShapeError(f"layout must map names to positive column counts, got {layout!r}")
         self.rows = int(rows)
         self.layout = {str(k): int(v) for k, v in layout.items()}
@@ -180,8 +187,9 @@ class RowScratch(Resource):
         self._check_open()
         if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or not 1 <= batch <= self.rows:
             raise ShapeError(f"this scratch holds {self.rows} rows, asked for {batch!r}")
-        return {name: DeviceArray(b.ptr, (int(batch), self.layout[name]), b.dtype, b)
-                for name, b in self.buffers.items()}
+        return {
+            name: DeviceArray(b.ptr, (int(batch), self.layout[name]), b.dtype, b) for name, b in self.buffers.items()
+        }
 
 
 def _close_all(owned: list) -> None:

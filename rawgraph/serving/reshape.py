@@ -20,20 +20,22 @@ and output, runs ordered across streams.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
 
 from ..graphs.capture import capture_plan
 from ..runtime.errors import ClosedError, LayoutError, RawgraphError, ShapeError, call
+from ..runtime.memory import DeviceArray, DeviceBuffer
 from ..updates.manager import ExecUpdateManager
 from ..updates.shadow import ExecShadow
-from ..runtime.memory import DeviceArray, DeviceBuffer
 from .buckets import BucketGraphs, StreamOrder, check_rows
 from .lifecycle import WarmUp, close_all, instantiate_uploaded
 from .protocol import RowwiseModel, check_model, row_count_arg
 from .sizes import pick_bucket
+
 
 class RowCountBuckets(BucketGraphs):
     """Bucket graphs that also rebind each kernel's row count to the live ``n`` (see the module
@@ -45,8 +47,15 @@ class RowCountBuckets(BucketGraphs):
         Bucket size -> the :class:`ExecUpdateManager` that rebinds its row counts.
     """
 
-    def __init__(self, model: RowwiseModel, sizes: Sequence[int] | None = None, max_batch: int = 256,
-                 stream: Any = None, scratch: str = "arena", zero_padding: bool = True):
+    def __init__(
+        self,
+        model: RowwiseModel,
+        sizes: Sequence[int] | None = None,
+        max_batch: int = 256,
+        stream: Any = None,
+        scratch: str = "arena",
+        zero_padding: bool = True,
+    ):
         super().__init__(model, sizes, max_batch, stream, scratch, zero_padding)
         self.managers: dict[int, ExecUpdateManager] = {}
         try:
@@ -54,8 +63,12 @@ class RowCountBuckets(BucketGraphs):
             self._setters: dict[int, list[tuple[Any, int]]] = {}
             for b in self.sizes:
                 self.managers[b] = mgr = ExecUpdateManager(self.graphs[b], self.execs[b], names=())
-                self._setters[b] = [(mgr.scalar_setter(i, arg), factor) for i, (arg, factor) in
-                                    enumerate(row_count_arg(model, node.launch) for node in self.graphs[b].nodes)]
+                self._setters[b] = [
+                    (mgr.scalar_setter(i, arg), factor)
+                    for i, (arg, factor) in enumerate(
+                        row_count_arg(model, node.launch) for node in self.graphs[b].nodes
+                    )
+                ]
         except BaseException:
             self.close()  # a model that names no row count: nothing of the captures may stay
             raise
@@ -156,15 +169,21 @@ class ReshapedGraph:
         # function and grid for that size, exactly as a graph captured at that size would have.
         f32 = np.dtype(np.float32)
         self._models = {b: model.with_batch(b, workspace=self.arena) for b in range(1, self.max_batch + 1)}
-        self._plans = {b: m.plan(DeviceArray(self.input.ptr, (b, self.width), f32, self.input),
-                                 DeviceArray(self.output.ptr, (b, self.width), f32, self.output))
-                       for b, m in self._models.items()}
+        self._plans = {
+            b: m.plan(
+                DeviceArray(self.input.ptr, (b, self.width), f32, self.input),
+                DeviceArray(self.output.ptr, (b, self.width), f32, self.output),
+            )
+            for b, m in self._models.items()
+        }
         counts = {len(p) for p in self._plans.values()}
         if len(counts) != 1:
             raise RawgraphError(f"plans of different lengths {sorted(counts)}: one graph cannot serve them all")
         self._params = {b: [l.node_params() for l in p.launches] for b, p in self._plans.items()}
-        self._keys = {b: [(l.kernel.handle, l.grid, l.block, l.shared_mem, l.args.snapshot()) for l in p.launches]
-                      for b, p in self._plans.items()}
+        self._keys = {
+            b: [(l.kernel.handle, l.grid, l.block, l.shared_mem, l.args.snapshot()) for l in p.launches]
+            for b, p in self._plans.items()
+        }
         self.groups: dict[tuple, list[int]] = {}
         for b, p in self._plans.items():
             self.groups.setdefault(tuple(l.kernel.cluster_dims for l in p.launches), []).append(b)
@@ -268,8 +287,9 @@ class ReshapedGraph:
         if self._closed:
             return
         self._closed = True
-        close_all(self.execs.values(), self.graphs.values(), self._models.values(),
-                  (self.arena, self.input, self.output))
+        close_all(
+            self.execs.values(), self.graphs.values(), self._models.values(), (self.arena, self.input, self.output)
+        )
         self._order.close()
         if self._own_stream:
             self.stream.close()

@@ -38,15 +38,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
 
 from .. import ops
 from ..graphs.capture import Capture
-from ..runtime.errors import ClosedError, DTypeError, LayoutError, RawgraphError, ShapeError, call
 from ..graphs.graph import Graph, GraphExec
+from ..runtime.errors import ClosedError, DTypeError, LayoutError, RawgraphError, ShapeError, call
 from ..runtime.launch import Launch, LaunchPlan
 from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array
 from ..runtime.stream import Event, Stream, as_stream
@@ -63,8 +64,12 @@ GATHER_MODES = ("fused", "kernels")
 def _routable(plan: LaunchPlan) -> bool:
     """Whether every kernel of ``plan`` touching its input or output takes the row table."""
     names = set(plan.inputs) | set(plan.outputs)
-    return all(ops.routes_rows(launch) and arg in ops.ROW_FLAGS
-               for launch in plan.launches for arg, use in launch.uses.items() if use.buffer in names)
+    return all(
+        ops.routes_rows(launch) and arg in ops.ROW_FLAGS
+        for launch in plan.launches
+        for arg, use in launch.uses.items()
+        if use.buffer in names
+    )
 
 
 def _route_rows(plan: LaunchPlan, table: int, state: int) -> int:
@@ -81,7 +86,9 @@ def _route_rows(plan: LaunchPlan, table: int, state: int) -> int:
             if use.buffer not in names:
                 continue
             if not ops.routes_rows(launch) or arg not in ops.ROW_FLAGS:
-                raise LayoutError(f"kernel {launch.label!r} cannot pick the rows of its argument {arg!r} through a table")
+                raise LayoutError(
+                    f"kernel {launch.label!r} cannot pick the rows of its argument {arg!r} through a table"
+                )
             todo.append((launch, arg))
     for launch, arg in todo:
         launch.args[arg] = state
@@ -118,15 +125,19 @@ class _SlotRows:
         inner = self._model.plan(x, out, scratch)
         b = self.batch
         # names of their own: the model's plan may call its buffers anything
-        views = {"slot_state": self._state, "slot_table": self._table, "slot_x": as_device_array(x, "x"),
-                 "slot_y": as_device_array(out, "out")}
+        views = {
+            "slot_state": self._state,
+            "slot_table": self._table,
+            "slot_x": as_device_array(x, "x"),
+            "slot_y": as_device_array(out, "out"),
+        }
         gather = ops.gather_rows(self.device, views, "slot_state", "slot_table", "slot_x", b, label=f"gather{b}")
         scatter = ops.scatter_rows(self.device, views, "slot_y", "slot_table", "slot_state", b, label=f"scatter{b}")
         buffers = {**inner.buffers, **views}
         # pdl=None: the model's launches keep their own PDL flags; the gather and scatter wait fully
         return LaunchPlan([gather, *inner.launches, scatter], buffers, inner.inputs, inner.outputs, pdl=None)
 
-    def with_batch(self, batch: int, workspace: Any = None) -> "_SlotRows":
+    def with_batch(self, batch: int, workspace: Any = None) -> _SlotRows:
         return _SlotRows(self._model.with_batch(batch, workspace=workspace), self._state, self._table)
 
     def make_workspace(self, rows: int) -> Any:
@@ -160,7 +171,7 @@ class PendingRow:
 
     __slots__ = ("_pool", "_slot", "_row")
 
-    def __init__(self, pool: "SlotPool", slot: int):
+    def __init__(self, pool: SlotPool, slot: int):
         self._pool, self._slot = pool, slot
         self._row: np.ndarray | None = None
 
@@ -250,9 +261,18 @@ class SlotPool:
     steps : int
     """
 
-    def __init__(self, model: RowwiseModel, max_slots: int = 256, sizes: Sequence[int] | None = None,
-                 table: str | None = None, stream: Any = None, gather: str | None = None, shape: str = "buckets",
-                 bands: Any = None, select: str | None = None):
+    def __init__(
+        self,
+        model: RowwiseModel,
+        max_slots: int = 256,
+        sizes: Sequence[int] | None = None,
+        table: str | None = None,
+        stream: Any = None,
+        gather: str | None = None,
+        shape: str = "buckets",
+        bands: Any = None,
+        select: str | None = None,
+    ):
         # One thread at a time: two joins must not pick one slot, and the table, the positions and
         # the pinned/device tables change together (a lock, not an owning thread: a server may
         # admit requests on one thread and step on another).
@@ -267,8 +287,10 @@ class SlotPool:
         self._copy_whole_table = select == "switch"
         if shape == "device":
             if table not in (None, "copy") or gather not in (None, "kernels"):
-                raise LayoutError("shape='device' runs one exec whose gather and scatter kernels read a device "
-                                  "table copied before each step: use table='copy', gather='kernels'")
+                raise LayoutError(
+                    "shape='device' runs one exec whose gather and scatter kernels read a device "
+                    "table copied before each step: use table='copy', gather='kernels'"
+                )
             table, gather = "copy", "kernels"
             sizes = [max_slots] if sizes is None else sizes  # one exec of max_slots rows (checked below)
         table = "graph" if table is None else table
@@ -280,8 +302,9 @@ class SlotPool:
         if gather is not None and gather not in GATHER_MODES:
             raise ValueError(f"gather must be one of {GATHER_MODES}, got {gather!r}")
         if gather == "fused" and table == "params":
-            raise LayoutError("table='params' passes the table by value to the gather and scatter kernels: "
-                              "use gather='kernels'")
+            raise LayoutError(
+                "table='params' passes the table by value to the gather and scatter kernels: use gather='kernels'"
+            )
         if isinstance(max_slots, bool) or not isinstance(max_slots, int) or max_slots < 1:
             raise ShapeError(f"max_slots must be a positive int, got {max_slots!r}")
         self.max_slots = max_slots
@@ -343,11 +366,16 @@ class SlotPool:
         try:
             if shape == "device":
                 t0 = clock()
-                self._shaped = DeviceShapedGraph(_SlotRows(model, views["state"], views["table"]), max_slots, s,
-                                                 bands=bands, select=select or "updates")
+                self._shaped = DeviceShapedGraph(
+                    _SlotRows(model, views["state"], views["table"]),
+                    max_slots,
+                    s,
+                    bands=bands,
+                    select=select or "updates",
+                )
                 self.setup["capture"] += clock() - t0
                 self._sent[max_slots] = 0
-            for b in (reversed(self.sizes) if bucketed else ()):
+            for b in reversed(self.sizes) if bucketed else ():
                 x, y = self.x, self.y
                 assert x is not None and y is not None  # bucketed
                 m = self._models[b] = model.with_batch(b, workspace=self.arena)
@@ -358,18 +386,24 @@ class SlotPool:
                     gather = "fused" if table != "params" and width % 4 == 0 and _routable(plan) else "kernels"
                 edges: list[Any] = []  # the gather and scatter launches, when not fused
                 if gather == "fused" and not _routable(plan):
-                    raise LayoutError(f"gather='fused' needs every kernel that reads x or writes out to take the row "
-                                      f"table (TinyBlock's fused form); {model!r} has others: use gather='kernels'")
+                    raise LayoutError(
+                        f"gather='fused' needs every kernel that reads x or writes out to take the row "
+                        f"table (TinyBlock's fused form); {model!r} has others: use gather='kernels'"
+                    )
                 if gather == "fused":
                     _route_rows(plan, self.table_dev.ptr, self.state.ptr)
                 elif table == "params":
-                    edges = [ops.gather_rows_param(self.device, views, "state", "x", b, label=f"gather{b}"),
-                             ops.scatter_rows_param(self.device, views, "y", "state", b, label=f"scatter{b}")]
+                    edges = [
+                        ops.gather_rows_param(self.device, views, "state", "x", b, label=f"gather{b}"),
+                        ops.scatter_rows_param(self.device, views, "y", "state", b, label=f"scatter{b}"),
+                    ]
                     for launch in edges:
                         launch.args.array("table")[:] = self.scratch_slot
                 else:
-                    edges = [ops.gather_rows(self.device, views, "state", "table", "x", b, label=f"gather{b}"),
-                             ops.scatter_rows(self.device, views, "y", "table", "state", b, label=f"scatter{b}")]
+                    edges = [
+                        ops.gather_rows(self.device, views, "state", "table", "x", b, label=f"gather{b}"),
+                        ops.scatter_rows(self.device, views, "y", "table", "state", b, label=f"scatter{b}"),
+                    ]
                 self._edges[b] = edges  # the pool owns their argument buffers (the by-value tables)
                 self.warm_up((*edges[:1], *plan.launches, *edges[1:]), s)
                 t0 = clock()
@@ -464,7 +498,7 @@ class SlotPool:
             self._version += 1
             return chosen
 
-    def leave(self, slot: int, wait: bool = True) -> "np.ndarray | PendingRow":
+    def leave(self, slot: int, wait: bool = True) -> np.ndarray | PendingRow:
         """Retire the request in ``slot``; returns its final state row (a host copy, after every
         step queued so far).
 
@@ -520,7 +554,13 @@ class SlotPool:
             if self._shaped is not None:  # one exec shaped to n on the device: no bucket, no padding
                 if self._sent[self.max_slots] != self._version:
                     rows = self.max_slots if self._copy_whole_table else n
-                    call(driver.cuMemcpyHtoDAsync, self.table_dev.ptr, self.table.ctypes.data, 4 * rows, self.stream.handle)
+                    call(
+                        driver.cuMemcpyHtoDAsync,
+                        self.table_dev.ptr,
+                        self.table.ctypes.data,
+                        4 * rows,
+                        self.stream.handle,
+                    )
                     self._sent[self.max_slots] = self._version
                 self._shaped.run(n, self.stream)
                 self.steps += 1
@@ -537,7 +577,9 @@ class SlotPool:
                     shadow.push(range(len(tables)), _unsend, (tables, olds))
                     self._sent[b] = self._version
                 else:  # one device table serves every bucket
-                    call(driver.cuMemcpyHtoDAsync, self.table_dev.ptr, self.table.ctypes.data, 4 * b, self.stream.handle)
+                    call(
+                        driver.cuMemcpyHtoDAsync, self.table_dev.ptr, self.table.ctypes.data, 4 * b, self.stream.handle
+                    )
                     for k in self._sent:
                         self._sent[k] = self._version if k <= b else -1
             self.execs[b].launch(self.stream)
@@ -551,8 +593,13 @@ class SlotPool:
             if slot not in self._pos:
                 raise SlotError(f"slot {slot!r} holds no request")
             out = np.empty(self.width, np.float32)
-            call(driver.cuMemcpyDtoHAsync, out.ctypes.data, self.state.ptr + int(slot) * self.width * 4, out.nbytes,
-                 self.stream.handle)
+            call(
+                driver.cuMemcpyDtoHAsync,
+                out.ctypes.data,
+                self.state.ptr + int(slot) * self.width * 4,
+                out.nbytes,
+                self.stream.handle,
+            )
             self.stream.synchronize()
             return out
 
@@ -560,7 +607,7 @@ class SlotPool:
         if self._closed:
             raise ClosedError("SlotPool is closed")
 
-    def _leave_pending(self, slot: int, src: int) -> "PendingRow":
+    def _leave_pending(self, slot: int, src: int) -> PendingRow:
         if self._ring is None:
             self._ring = HostBuffer((self.max_slots, self.width), np.float32, self.device)
             self._ring_events = [None] * self.max_slots
@@ -586,15 +633,20 @@ class SlotPool:
                 if row is not None:
                     row._take()
             self._closed = True
-            close_all((self._shaped,), self.execs.values(), self.graphs.values(), self._models.values(),
-                      (self.state, self.x, self.y, self.arena, self.table_dev, self._pinned, self._read),
-                      [e for e in self._ring_events if e is not None], (self._ring,) if self._ring is not None else ())
+            close_all(
+                (self._shaped,),
+                self.execs.values(),
+                self.graphs.values(),
+                self._models.values(),
+                (self.state, self.x, self.y, self.arena, self.table_dev, self._pinned, self._read),
+                [e for e in self._ring_events if e is not None],
+                (self._ring,) if self._ring is not None else (),
+            )
             if self._own_stream:
                 self.stream.close()
 
-    def __enter__(self) -> "SlotPool":
+    def __enter__(self) -> SlotPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

@@ -20,7 +20,8 @@ Installed with rawgraph, it does nothing until a project enables it, in one of t
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -157,11 +158,20 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if not doctor_enabled(config):
         return
     findings = doctor_findings(config)
-    terminalreporter.write_line(f"rawgraph doctor over every instantiated graph: {len(findings)} finding(s)",
-                                red=bool(findings), bold=True)
+    terminalreporter.write_line(
+        f"rawgraph doctor over every instantiated graph: {len(findings)} finding(s)", red=bool(findings), bold=True
+    )
     for line in findings[:50]:
         terminalreporter.write_line("  " + line)
 
 
-__all__ = ["FakeDriver", "device", "doctor_enabled", "doctor_findings", "fake_driver", "fake_driver_session",
-           "no_gpu_reason", "stream"]
+__all__ = [
+    "FakeDriver",
+    "device",
+    "doctor_enabled",
+    "doctor_findings",
+    "fake_driver",
+    "fake_driver_session",
+    "no_gpu_reason",
+    "stream",
+]

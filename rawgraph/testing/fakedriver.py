@@ -38,8 +38,9 @@ import ctypes
 import gc
 import itertools
 import struct
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 from cuda.bindings import driver as d
 
@@ -89,16 +90,16 @@ def cubin_info(image: bytes) -> dict[str, tuple[list[tuple[int, int]], tuple[int
 
     def section_name(off: int) -> str:
         start = strtab + off
-        return image[start:image.index(b"\0", start)].decode()
+        return image[start : image.index(b"\0", start)].decode()
 
     kernels: dict[str, tuple[list[tuple[int, int]], tuple[int, int, int]]] = {}
     infos: dict[str, bytes] = {}
     for name_off, offset, size in sections:
         name = section_name(name_off)
         if name.startswith(".text."):
-            kernels.setdefault(name[len(".text."):], ([], (0, 0, 0)))
+            kernels.setdefault(name[len(".text.") :], ([], (0, 0, 0)))
         elif name.startswith(".nv.info."):
-            infos[name[len(".nv.info."):]] = image[offset:offset + size]
+            infos[name[len(".nv.info.") :]] = image[offset : offset + size]
     for sym, data in infos.items():
         params: dict[int, tuple[int, int]] = {}
         cluster = (0, 0, 0)
@@ -107,10 +108,10 @@ def cubin_info(image: bytes) -> dict[str, tuple[list[tuple[int, int]], tuple[int
             fmt, attr = data[p], data[p + 1]
             if fmt == 4:
                 (n,) = struct.unpack_from("<H", data, p + 2)
-                payload = data[p + 4:p + 4 + n]
+                payload = data[p + 4 : p + 4 + n]
                 p += 4 + n
             else:
-                payload, p = data[p + 2:p + 4], p + 4
+                payload, p = data[p + 2 : p + 4], p + 4
             if attr == _EIATTR_KPARAM_INFO and len(payload) >= 12:
                 _idx, ordinal, off, flags = struct.unpack_from("<IHHI", payload)
                 params[ordinal] = (off, (flags >> 18) & 0x3FFF)
@@ -167,7 +168,9 @@ class Graph:
     handle: int
     owner: Any = None  # None: the caller's; ("node", h): a child graph / body; ("capture", id)
     nodes: list[int] = field(default_factory=list)
-    edges: list[tuple[int, int, tuple[int, int, int]]] = field(default_factory=list)  # (from, to, (type, from_port, to_port))
+    edges: list[tuple[int, int, tuple[int, int, int]]] = field(
+        default_factory=list
+    )  # (from, to, (type, from_port, to_port))
     cond_handles: set = field(default_factory=set)
     clone_map: dict[int, int] = field(default_factory=dict)  # original node -> node of this clone
 
@@ -238,8 +241,11 @@ def _edge_data(t: tuple[int, int, int]) -> Any:
     return e
 
 
-MEMCPY_FIELDS = [f"{side}{name}" for side in ("src", "dst")
-                 for name in ("XInBytes", "Y", "Z", "LOD", "MemoryType", "Host", "Device", "Array", "Pitch", "Height")]
+MEMCPY_FIELDS = [
+    f"{side}{name}"
+    for side in ("src", "dst")
+    for name in ("XInBytes", "Y", "Z", "LOD", "MemoryType", "Host", "Device", "Array", "Pitch", "Height")
+]
 MEMCPY_FIELDS += ["WidthInBytes", "Height", "Depth"]
 MEMSET_FIELDS = ["dst", "pitch", "value", "elementSize", "width", "height"]
 
@@ -446,7 +452,7 @@ class FakeDriver:
                     slot = ctypes.c_void_p.from_address(table + 8 * i).value
                     if not slot:
                         _fail(R.CUDA_ERROR_INVALID_VALUE)
-                    blob[o:o + n] = ctypes.string_at(slot, n)
+                    blob[o : o + n] = ctypes.string_at(slot, n)
             elif extra:
                 buf = ctypes.c_void_p.from_address(extra + 8).value or 0
                 size_p = ctypes.c_void_p.from_address(extra + 24).value or 0
@@ -456,12 +462,23 @@ class FakeDriver:
                 blob[:] = ctypes.string_at(buf, size)
             else:
                 _fail(R.CUDA_ERROR_INVALID_VALUE)
-        return {"func": f.handle, "grid": tuple(int(v) for v in grid), "block": tuple(int(v) for v in block),
-                "smem": int(smem), "blob": bytes(blob)}
+        return {
+            "func": f.handle,
+            "grid": tuple(int(v) for v in grid),
+            "block": tuple(int(v) for v in block),
+            "smem": int(smem),
+            "blob": bytes(blob),
+        }
 
     def _kparams_from_struct(self, p: Any) -> dict:
-        return self._kernel_params(p.func, (p.gridDimX, p.gridDimY, p.gridDimZ), (p.blockDimX, p.blockDimY, p.blockDimZ),
-                                   p.sharedMemBytes, _i(p.kernelParams), _i(p.extra))
+        return self._kernel_params(
+            p.func,
+            (p.gridDimX, p.gridDimY, p.gridDimZ),
+            (p.blockDimX, p.blockDimY, p.blockDimZ),
+            p.sharedMemBytes,
+            _i(p.kernelParams),
+            _i(p.extra),
+        )
 
     def _copy(self, dst: int, src: int, n: int, dst_kind: str, src_kind: str) -> None:
         self._check_range(int(dst), int(n), dst_kind)
@@ -470,9 +487,17 @@ class FakeDriver:
 
     def _memcpy_node(self, s: Stream, dst: int, src: int, n: int, dst_host: bool, src_host: bool) -> int:
         m = {f: 0 for f in MEMCPY_FIELDS}
-        m.update(srcMemoryType=int(_MT.CU_MEMORYTYPE_HOST if src_host else _MT.CU_MEMORYTYPE_DEVICE),
-                 dstMemoryType=int(_MT.CU_MEMORYTYPE_HOST if dst_host else _MT.CU_MEMORYTYPE_DEVICE),
-                 WidthInBytes=int(n), Height=1, Depth=1, srcPitch=int(n), dstPitch=int(n), srcHeight=1, dstHeight=1)
+        m.update(
+            srcMemoryType=int(_MT.CU_MEMORYTYPE_HOST if src_host else _MT.CU_MEMORYTYPE_DEVICE),
+            dstMemoryType=int(_MT.CU_MEMORYTYPE_HOST if dst_host else _MT.CU_MEMORYTYPE_DEVICE),
+            WidthInBytes=int(n),
+            Height=1,
+            Depth=1,
+            srcPitch=int(n),
+            dstPitch=int(n),
+            srcHeight=1,
+            dstHeight=1,
+        )
         m["srcHost" if src_host else "srcDevice"] = int(src)
         m["dstHost" if dst_host else "dstDevice"] = int(dst)
         return self._captured_node(s, T.CU_GRAPH_NODE_TYPE_MEMCPY, {"memcpy": m})
@@ -486,7 +511,7 @@ class FakeDriver:
         """The argument values exec ``exe`` holds for kernel node ``node``, one ``bytes`` per
         parameter in declaration order, cut from the parameter buffer by the kernel's layout."""
         held = self.exec_kernel(exe, node)
-        return [held["blob"][off:off + size] for off, size in self.functions[held["func"]].layout]
+        return [held["blob"][off : off + size] for off, size in self.functions[held["func"]].layout]
 
     def exec_memory(self, exe: Any, node: Any) -> dict:
         """What exec ``exe`` holds for a memcpy (``{"memcpy": fields}``) or memset node."""
@@ -668,7 +693,14 @@ class FakeDriver:
         s = self._capturing(stream)
         if s is not None:
             self._check_range(_i(ptr), 4 * int(n), "device")
-            m = {"dst": _i(ptr), "pitch": 4 * int(n), "value": int(value), "elementSize": 4, "width": int(n), "height": 1}
+            m = {
+                "dst": _i(ptr),
+                "pitch": 4 * int(n),
+                "value": int(value),
+                "elementSize": 4,
+                "width": int(n),
+                "height": 1,
+            }
             self._captured_node(s, T.CU_GRAPH_NODE_TYPE_MEMSET, {"memset": m})
             return (S,)
         self._fill32(_i(ptr), int(value), int(n))
@@ -727,8 +759,16 @@ class FakeDriver:
         h = self._new()
         layout, cluster = kernels[sym]
         A = d.CUfunction_attribute
-        attrs = dict(zip((int(A.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH), int(A.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT),
-                          int(A.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH)), cluster))
+        attrs = dict(
+            zip(
+                (
+                    int(A.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH),
+                    int(A.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT),
+                    int(A.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH),
+                ),
+                cluster,
+            )
+        )
         self.functions[h] = Func(h, _i(mod), sym, layout, attrs)
         self.modules[_i(mod)].append(h)
         return (S, d.CUfunction(h))
@@ -763,8 +803,20 @@ class FakeDriver:
         return ()
 
     # -- launches -----------------------------------------------------------------------------------
-    def _cuLaunchKernel(self, f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, smem: int, stream: Any,
-                        params: Any, extra: Any) -> tuple:
+    def _cuLaunchKernel(
+        self,
+        f: Any,
+        gx: int,
+        gy: int,
+        gz: int,
+        bx: int,
+        by: int,
+        bz: int,
+        smem: int,
+        stream: Any,
+        params: Any,
+        extra: Any,
+    ) -> tuple:
         p = self._kernel_params(f, (gx, gy, gz), (bx, by, bz), smem, _i(params), _i(extra))
         s = self._capturing(stream)
         if s is not None:
@@ -775,10 +827,18 @@ class FakeDriver:
         return (S,)
 
     def _cuLaunchKernelEx(self, cfg: Any, f: Any, params: Any, extra: Any) -> tuple:
-        p = self._kernel_params(f, (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ), (cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ),
-                                cfg.sharedMemBytes, _i(params), _i(extra))
-        pdl = any(a.id == _PSS and a.value.programmaticStreamSerializationAllowed
-                  for a in list(cfg.attrs)[: int(cfg.numAttrs)])
+        p = self._kernel_params(
+            f,
+            (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ),
+            (cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ),
+            cfg.sharedMemBytes,
+            _i(params),
+            _i(extra),
+        )
+        pdl = any(
+            a.id == _PSS and a.value.programmaticStreamSerializationAllowed
+            for a in list(cfg.attrs)[: int(cfg.numAttrs)]
+        )
         s = self._capturing(cfg.hStream)
         if s is not None:
             self._captured_node(s, T.CU_GRAPH_NODE_TYPE_KERNEL, {"kernel": p}, programmatic=pdl)
@@ -1045,14 +1105,18 @@ class FakeDriver:
         return [(_i(x), _edge(e)) for x, e in zip(items, data)]
 
     def _cuGraphAddKernelNode(self, g: Any, deps: Any, n: int, p: Any) -> tuple:
-        h = self._add_node(_i(g), T.CU_GRAPH_NODE_TYPE_KERNEL, {"kernel": self._kparams_from_struct(p)}, self._deps(deps, n))
+        h = self._add_node(
+            _i(g), T.CU_GRAPH_NODE_TYPE_KERNEL, {"kernel": self._kparams_from_struct(p)}, self._deps(deps, n)
+        )
         return (S, d.CUgraphNode(h))
 
     def _cuGraphAddMemcpyNode(self, g: Any, deps: Any, n: int, p: Any, ctx: Any) -> tuple:
         m = memcpy_dict(p)
         for side in ("src", "dst"):
             host = m[f"{side}MemoryType"] == int(_MT.CU_MEMORYTYPE_HOST)
-            self._check_range(m[f"{side}Host"] if host else m[f"{side}Device"], m["WidthInBytes"], "host" if host else "device")
+            self._check_range(
+                m[f"{side}Host"] if host else m[f"{side}Device"], m["WidthInBytes"], "host" if host else "device"
+            )
         h = self._add_node(_i(g), T.CU_GRAPH_NODE_TYPE_MEMCPY, {"memcpy": m}, self._deps(deps, n))
         return (S, d.CUgraphNode(h))
 
@@ -1063,8 +1127,9 @@ class FakeDriver:
         return (S, d.CUgraphNode(h))
 
     def _cuGraphAddHostNode(self, g: Any, deps: Any, n: int, p: Any) -> tuple:
-        h = self._add_node(_i(g), T.CU_GRAPH_NODE_TYPE_HOST, {"fn": _i(p.fn), "userData": _i(p.userData)},
-                           self._deps(deps, n))
+        h = self._add_node(
+            _i(g), T.CU_GRAPH_NODE_TYPE_HOST, {"fn": _i(p.fn), "userData": _i(p.userData)}, self._deps(deps, n)
+        )
         return (S, d.CUgraphNode(h))
 
     def _cuGraphAddEventRecordNode(self, g: Any, deps: Any, n: int, e: Any) -> tuple:
@@ -1107,7 +1172,11 @@ class FakeDriver:
     def _no_clone(self, g: Graph) -> bool:
         for n in g.nodes:
             node = self.nodes[n]
-            if node.kind in (T.CU_GRAPH_NODE_TYPE_MEM_ALLOC, T.CU_GRAPH_NODE_TYPE_MEM_FREE, T.CU_GRAPH_NODE_TYPE_CONDITIONAL):
+            if node.kind in (
+                T.CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+                T.CU_GRAPH_NODE_TYPE_MEM_FREE,
+                T.CU_GRAPH_NODE_TYPE_CONDITIONAL,
+            ):
                 return True
             if node.kind == T.CU_GRAPH_NODE_TYPE_GRAPH and self._no_clone(self.graphs[node.params["child"]]):
                 return True
@@ -1171,8 +1240,9 @@ class FakeDriver:
             b = self._new()
             self.graphs[b] = Graph(b, owner=("node", None))
             bodies.append(b)
-        h = self._add_node(gr.handle, T.CU_GRAPH_NODE_TYPE_CONDITIONAL,
-                           {"cond": (_i(c.handle), kind, size), "owned": bodies}, deps_)
+        h = self._add_node(
+            gr.handle, T.CU_GRAPH_NODE_TYPE_CONDITIONAL, {"cond": (_i(c.handle), kind, size), "owned": bodies}, deps_
+        )
         for b in bodies:
             self.graphs[b].owner = ("node", h)
         node = self.nodes[h]
@@ -1250,8 +1320,13 @@ class FakeDriver:
         if not int(n):
             return (S, [], [], [], len(gr.edges))
         es = gr.edges[: int(n)]
-        return (S, [d.CUgraphNode(a) for a, _b, _e in es], [d.CUgraphNode(b) for _a, b, _e in es],
-                [_edge_data(e) for _a, _b, e in es], len(es))
+        return (
+            S,
+            [d.CUgraphNode(a) for a, _b, _e in es],
+            [d.CUgraphNode(b) for _a, b, _e in es],
+            [_edge_data(e) for _a, _b, e in es],
+            len(es),
+        )
 
     def _cuGraphNodeGetType(self, n: Any) -> tuple:
         return (S, self._node(n).kind)
@@ -1441,8 +1516,9 @@ class FakeDriver:
             return refuse(U.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED)
         pos_new = {h: i for i, h in enumerate(new.nodes)}
         pos_old = {h: i for i, h in enumerate(ex.order)}
-        if sorted((pos_new[a], pos_new[b], t) for a, b, t in new.edges) != \
-                sorted((pos_old[a], pos_old[b], t) for a, b, t in old.edges if a in pos_old and b in pos_old):
+        if sorted((pos_new[a], pos_new[b], t) for a, b, t in new.edges) != sorted(
+            (pos_old[a], pos_old[b], t) for a, b, t in old.edges if a in pos_old and b in pos_old
+        ):
             return refuse(U.CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED)
         for h_new, h_old in zip(new.nodes, ex.order):
             if self.nodes[h_new].kind != self.nodes[h_old].kind:
@@ -1470,7 +1546,7 @@ def output_count(name: str) -> int:
     for i in range(len(lines) - 1):
         if lines[i].strip() == "Returns" and set(lines[i + 1].strip()) == {"-"}:
             base = len(lines[i]) - len(lines[i].lstrip())
-            for line in lines[i + 2:]:
+            for line in lines[i + 2 :]:
                 if not line.strip():
                     continue
                 lead = len(line) - len(line.lstrip())
@@ -1512,8 +1588,13 @@ def fake_driver_session() -> Iterator[FakeDriver]:
     import rawgraph.runtime.stream as stream
 
     gc.collect()  # nothing of an earlier real-driver test may be released into the fake
-    saved = (device._init_state, dict(device._devices), dict(module._kernels), dict(rawkernel._loaded),
-             list(keepalive._held))
+    saved = (
+        device._init_state,
+        dict(device._devices),
+        dict(module._kernels),
+        dict(rawkernel._loaded),
+        list(keepalive._held),
+    )
     stream._checked.clear()
     stream._wrappers.clear()
     device._init_state = None

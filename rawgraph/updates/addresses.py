@@ -10,14 +10,15 @@ into a span (:func:`foreign_holders`), and what a match is (:class:`Match`, :cla
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
 
-from ..runtime.errors import RawgraphError, RawgraphWarning, cuda_error
 from ..graphs.nodes import ConditionalInfo, KernelInfo, MemcpyInfo, MemsetInfo, ParamInfo, read_graph, walk
+from ..runtime.errors import RawgraphError, RawgraphWarning, cuda_error
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 WORD = 8
@@ -72,8 +73,15 @@ def scan_words(blob: bytes, layout: Sequence[ParamInfo] | None, lo: int, hi: int
         off = i * WORD
         param = next((p for p in layout or () if p.offset <= off < p.offset + p.size), None)
         confirmed = param is not None and param.size >= WORD and off + WORD <= param.offset + param.size
-        hits.append(WordHit(off, int(words[i]), None if param is None else param.index,
-                            off - (param.offset if param is not None else 0), confirmed))
+        hits.append(
+            WordHit(
+                off,
+                int(words[i]),
+                None if param is None else param.index,
+                off - (param.offset if param is not None else 0),
+                confirmed,
+            )
+        )
     return hits
 
 
@@ -89,7 +97,7 @@ def as_range(obj: Any) -> tuple[int, int]:
         base, size = int(obj.data_ptr()), int(obj.numel()) * int(obj.element_size())
     elif hasattr(obj, "ptr") and hasattr(obj, "nbytes"):  # DeviceBuffer, DeviceArray
         base, size = int(obj.ptr), int(obj.nbytes)
-    elif hasattr(obj, "data") and hasattr(getattr(obj, "data"), "ptr") and hasattr(obj, "nbytes"):  # CuPy
+    elif hasattr(obj, "data") and hasattr(obj.data, "ptr") and hasattr(obj, "nbytes"):  # CuPy
         base, size = int(obj.data.ptr), int(obj.nbytes)
     elif hasattr(obj, "__cuda_array_interface__"):
         cai = obj.__cuda_array_interface__
@@ -123,14 +131,19 @@ def check_allocation(base: int, size: int, what: str) -> tuple[int, int] | None:
     """Refuse a range that runs past the end of the allocation holding its first byte."""
     alloc = allocation_of(base)
     if alloc is None:
-        warnings.warn(f"{what} 0x{base:x}: the driver knows no allocation there (cuMemGetAddressRange); "
-                      f"allocation bounds not checked", UnconfirmedMatchWarning, stacklevel=3)
+        warnings.warn(
+            f"{what} 0x{base:x}: the driver knows no allocation there (cuMemGetAddressRange); "
+            f"allocation bounds not checked",
+            UnconfirmedMatchWarning,
+            stacklevel=3,
+        )
         return None
     a, n = alloc
     if base + size > a + n:
         raise RebindError(
             f"{what} [0x{base:x}, +{size}) runs {base + size - (a + n)} bytes past the end of its allocation "
-            f"[0x{a:x}, +{n}): it overlaps another allocation, whose pointers would move too")
+            f"[0x{a:x}, +{n}): it overlaps another allocation, whose pointers would move too"
+        )
     return alloc
 
 
@@ -185,10 +198,14 @@ def foreign_holders(graph: Any, spans: dict[str, tuple[int, int]]) -> tuple[dict
                 if isinstance(info, KernelInfo):
                     hit = info.params is not None and bool(scan_words(info.params, None, lo, lo + size))
                 elif isinstance(info, MemcpyInfo):
-                    hit = any(kind in ("device", "unified")
-                              and overlaps(addr, _span(addr, info.width, info.height, info.planes, pitch, rows), lo, size)
-                              for addr, kind, pitch, rows in ((info.src, info.src_type, info.src_pitch, info.src_height),
-                                                              (info.dst, info.dst_type, info.dst_pitch, info.dst_height)))
+                    hit = any(
+                        kind in ("device", "unified")
+                        and overlaps(addr, _span(addr, info.width, info.height, info.planes, pitch, rows), lo, size)
+                        for addr, kind, pitch, rows in (
+                            (info.src, info.src_type, info.src_pitch, info.src_height),
+                            (info.dst, info.dst_type, info.dst_pitch, info.dst_height),
+                        )
+                    )
                 elif isinstance(info, MemsetInfo):
                     width = info.width * max(info.element_size, 1)
                     hit = overlaps(info.dst, _span(info.dst, width, info.height, 1, info.pitch, 0), lo, size)
@@ -196,7 +213,9 @@ def foreign_holders(graph: Any, spans: dict[str, tuple[int, int]]) -> tuple[dict
                     hit = False
                 if hit:
                     holders.setdefault(name, []).append(where)
-            if (isinstance(info, KernelInfo) and info.params is None) or (isinstance(info, ConditionalInfo) and info.error):
+            if (isinstance(info, KernelInfo) and info.params is None) or (
+                isinstance(info, ConditionalInfo) and info.error
+            ):
                 unreadable.append(where)
     return holders, unreadable
 
@@ -244,4 +263,6 @@ class Match:
     def __str__(self) -> str:
         where = f"param {self.param} +{self.offset}" if self.param is not None else f"bytes +{self.layout_offset}"
         flag = "" if self.confirmed else " (unconfirmed)"
-        return f"node {self.node_index} {self.kind} {self.name or ''} {where}: 0x{self.value:x}{flag}".replace("  ", " ")
+        return f"node {self.node_index} {self.kind} {self.name or ''} {where}: 0x{self.value:x}{flag}".replace(
+            "  ", " "
+        )

@@ -17,9 +17,9 @@ from typing import Any
 
 from cuda.bindings import driver
 
+from ..graphs.graph import Graph, GraphExec
 from ..runtime.device import Device, get_device
 from ..runtime.errors import RawgraphError
-from ..graphs.graph import Graph, GraphExec
 from .rebind import AddressRebinder
 
 TORCH_MIN = (2, 8)
@@ -108,17 +108,22 @@ def from_torch(cuda_graph: Any, device: Device | None = None) -> AdoptedGraph:
         torch = None
     version = str(getattr(torch, "__version__", "0.0")) if torch is not None else "not installed"
     if torch is None or _version(version) < TORCH_MIN:
-        raise RawgraphError(f"adopting a torch graph needs PyTorch >= {TORCH_MIN[0]}.{TORCH_MIN[1]} "
-                            f"(CUDAGraph(keep_graph=True) and raw_cuda_graph()); found {version}")
+        raise RawgraphError(
+            f"adopting a torch graph needs PyTorch >= {TORCH_MIN[0]}.{TORCH_MIN[1]} "
+            f"(CUDAGraph(keep_graph=True) and raw_cuda_graph()); found {version}"
+        )
     if not hasattr(cuda_graph, "raw_cuda_graph"):
         raise RawgraphError(f"expected a torch.cuda.CUDAGraph, got {type(cuda_graph).__name__}")
     try:
         raw = cuda_graph.raw_cuda_graph()
     except Exception as exc:  # torch refuses when the graph was not kept, or not captured yet
-        raise RawgraphError(f"raw_cuda_graph() failed ({exc}); capture with "
-                            f"torch.cuda.CUDAGraph(keep_graph=True)") from exc
+        raise RawgraphError(
+            f"raw_cuda_graph() failed ({exc}); capture with torch.cuda.CUDAGraph(keep_graph=True)"
+        ) from exc
     if not int(raw):
-        raise RawgraphError("raw_cuda_graph() returned a null graph; capture with torch.cuda.CUDAGraph(keep_graph=True)")
+        raise RawgraphError(
+            "raw_cuda_graph() returned a null graph; capture with torch.cuda.CUDAGraph(keep_graph=True)"
+        )
     return AdoptedGraph(raw, cuda_graph, device, "torch")
 
 

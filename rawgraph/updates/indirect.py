@@ -32,14 +32,14 @@ import numpy as np
 from cuda.bindings import driver
 
 from .. import ops
-from ..runtime import resource as _resource
 from ..graphs.capture import Capture
-from ..runtime.errors import ClosedError, LayoutError, ReleaseWarning, call
 from ..graphs.graph import Graph, GraphExec
+from ..runtime import resource as _resource
 from ..runtime.device import Device
+from ..runtime.errors import ClosedError, LayoutError, ReleaseWarning, call
 from ..runtime.launch import LaunchPlan
 from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array, check_array
-from ..runtime.stream import Event, Stream, as_stream
+from ..runtime.stream import Event, as_stream
 from .shadow import BaseBinding, ExecShadow
 
 TABLE_PLACES = ("device", "mapped")
@@ -61,8 +61,10 @@ def make_indirect(plan: LaunchPlan, slots: dict[str, int]) -> int:
             if use.buffer not in slots:
                 continue
             if "flags" not in names or arg not in ops.INDIRECT_FLAGS:
-                raise LayoutError(f"kernel {launch.label!r} cannot read its argument {arg!r} ({use.buffer}) through a "
-                                  "pointer slot: only the matmul and block kernels can (forms fused and block)")
+                raise LayoutError(
+                    f"kernel {launch.label!r} cannot read its argument {arg!r} ({use.buffer}) through a "
+                    "pointer slot: only the matmul and block kernels can (forms fused and block)"
+                )
             todo.append((launch, arg, use.buffer))
     for launch, arg, buffer in todo:
         launch.args[arg] = slots[buffer]
@@ -79,12 +81,12 @@ class IndirectBinding(BaseBinding):
 
     ptrs: tuple[int, int]  # the (x, out) addresses the table gets
 
-    def __init__(self, graph: "IndirectGraph", ptrs: tuple[int, int], arrays: tuple[Any, Any]):
+    def __init__(self, graph: IndirectGraph, ptrs: tuple[int, int], arrays: tuple[Any, Any]):
         super().__init__(graph, arrays)
         self.ptrs = ptrs
 
     @property
-    def graph(self) -> "IndirectGraph":
+    def graph(self) -> IndirectGraph:
         graph: IndirectGraph = self.owner
         return graph
 
@@ -177,8 +179,9 @@ class IndirectGraph:
     def _check(self, name: str, array: Any) -> DeviceArray:
         view = check_array(as_device_array(array, name), self._shape, np.float32, name, self.device)
         if view.ptr % 16:
-            raise LayoutError(f"{name} must be 16-byte aligned for the indirect kernels' vector loads "
-                              f"(address {view.ptr:#x})")
+            raise LayoutError(
+                f"{name} must be 16-byte aligned for the indirect kernels' vector loads (address {view.ptr:#x})"
+            )
         return view
 
     def _check_overlap(self, xp: int, op: int) -> None:
@@ -260,14 +263,17 @@ class IndirectGraph:
             try:
                 self.exec.streams.synchronize()
             except Exception as exc:
-                warnings.warn(f"rawgraph: IndirectGraph.close: waiting for queued replays failed ({exc})",
-                              ReleaseWarning, stacklevel=2)
+                warnings.warn(
+                    f"rawgraph: IndirectGraph.close: waiting for queued replays failed ({exc})",
+                    ReleaseWarning,
+                    stacklevel=2,
+                )
         self._keep.close()
         for obj in (self.exec, self.graph, self._read, self._dev, self._host):
             if obj is not None:
                 obj.close()
 
-    def __enter__(self) -> "IndirectGraph":
+    def __enter__(self) -> IndirectGraph:
         return self
 
     def __exit__(self, *exc: object) -> None:

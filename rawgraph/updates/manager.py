@@ -39,7 +39,8 @@ import functools
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Sequence, TypeVar, cast
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -51,8 +52,16 @@ from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array
 from .addresses import foreign_holders
 from .setters import check_grid, restore_scalars, stored_scalar
 from .shadow import ExecShadow, KernelShadow, finalizers, refuse_device_updatable
-from .validate import (Binding, Checked, Move, NodeWrite, address_reader, check_new_array, check_overlap,
-                       check_overlap_one)
+from .validate import (
+    Binding,
+    Checked,
+    Move,
+    NodeWrite,
+    address_reader,
+    check_new_array,
+    check_overlap,
+    check_overlap_one,
+)
 
 __all__ = ["Binding", "ExecUpdateManager"]
 
@@ -164,8 +173,10 @@ class ExecUpdateManager:
         refuse_device_updatable(exec)  # before the foreign-node scan below calls the driver
         plan = graph.plan
         if plan is None:
-            raise ValueError("graph has no launch plan: capture it with capture_plan, or launch into the "
-                             "Capture through RawKernel calls or Capture.run so its arrays are named")
+            raise ValueError(
+                "graph has no launch plan: capture it with capture_plan, or launch into the "
+                "Capture through RawKernel calls or Capture.run so its arrays are named"
+            )
         # capture_plan records launch i as node i; check it rather than assume it.
         if len(graph.nodes) != len(plan.launches) or not all(n.launch is l for n, l in zip(graph.nodes, plan.launches)):
             raise ValueError("the graph's node map does not follow its plan's launch order")
@@ -195,8 +206,9 @@ class ExecUpdateManager:
             for i, arg, _ in self.bindings[name]:
                 word = self._args[i]._storage.ctypes.data + self._args[i].offsets[arg]
                 grouped.setdefault(i, []).append(ctypes.c_uint64.from_address(word))
-            rec = self._names[name] = _Name(plan.buffers[name], any(r == "write" for _, _, r in self.bindings[name]),
-                                            list(grouped.items()))
+            rec = self._names[name] = _Name(
+                plan.buffers[name], any(r == "write" for _, _, r in self.bindings[name]), list(grouped.items())
+            )
             for i, views in rec.slots:
                 slots = canon.setdefault(i, [])
                 rec.positions.append((i, list(range(len(slots), len(slots) + len(views)))))
@@ -226,9 +238,13 @@ class ExecUpdateManager:
             where = holders.get(name)
             rec.pinned = None if where is None else (self._bound_ptr[name][0], where)
         if unreadable:
-            warnings.warn(f"rawgraph: {len(unreadable)} foreign node(s) of this graph cannot be read "
-                          f"({', '.join(unreadable[:4])}): if they use a bound buffer, binding it away leaves them "
-                          f"on the old one", RawgraphWarning, stacklevel=3)
+            warnings.warn(
+                f"rawgraph: {len(unreadable)} foreign node(s) of this graph cannot be read "
+                f"({', '.join(unreadable[:4])}): if they use a bound buffer, binding it away leaves them "
+                f"on the old one",
+                RawgraphWarning,
+                stacklevel=3,
+            )
 
     @property
     def _handles(self) -> list[Any]:
@@ -282,8 +298,12 @@ class ExecUpdateManager:
             hit = rec.checked.get(id(array)) if rec is not None else None
             # (the hit test of _resolve, inline: a dead or closed array, or one whose memory moved
             # while the object stayed, goes through the full check)
-            if hit is None or hit.ref() is not array or (hit.alive is not None and not hit.alive.alive) \
-                    or (hit.reread is not None and hit.reread(array) != hit.ptr):
+            if (
+                hit is None
+                or hit.ref() is not array
+                or (hit.alive is not None and not hit.alive.alive)
+                or (hit.reread is not None and hit.reread(array) != hit.ptr)
+            ):
                 return self.bind_many({name: array})
             ptr, nbytes = hit.ptr, hit.nbytes
             pushed = 0
@@ -409,14 +429,18 @@ class ExecUpdateManager:
         if binding.moves:
             moved = binding.moved(values)
             if moved is not None:  # its pointer would be the freed or reused memory the array left
-                raise ArrayError(f"the array bound to {moved!r} by this Binding moved since it was prepared "
-                                 "(the same object at another address): prepare the binding again")
+                raise ArrayError(
+                    f"the array bound to {moved!r} by this Binding moved since it was prepared "
+                    "(the same object at another address): prepare the binding again"
+                )
         if binding.pin_epoch != self._pin_epoch:  # prepared before adopt() read new foreign nodes
             for name, (ptr, _n) in binding.entries:
                 pinned = self._names[name].pinned
                 if pinned is not None and ptr != pinned[0]:
-                    raise ForeignNodeError(f"this Binding moves {name!r}, which {', '.join(pinned[1][:4])} of the "
-                                           f"adopted graph holds an address in; the manager cannot move that node")
+                    raise ForeignNodeError(
+                        f"this Binding moves {name!r}, which {', '.join(pinned[1][:4])} of the "
+                        f"adopted graph holds an address in; the manager cannot move that node"
+                    )
             binding.pin_epoch = self._pin_epoch
         if self._write_names and not binding.complete:
             check_overlap(self._write_names, {**self._bound_ptr, **dict(binding.entries)})
@@ -435,8 +459,12 @@ class ExecUpdateManager:
         if rec is None:
             raise KeyError(f"unknown binding {name!r}; bindable: {sorted(self.bindings)}")
         hit = rec.checked.get(id(array))
-        if hit is not None and hit.ref() is array and (hit.alive is None or hit.alive.alive) \
-                and (hit.reread is None or hit.reread(array) == hit.ptr):
+        if (
+            hit is not None
+            and hit.ref() is array
+            and (hit.alive is None or hit.alive.alive)
+            and (hit.reread is None or hit.reread(array) == hit.ptr)
+        ):
             return hit.ptr, hit.nbytes
         view = check_new_array(array, name, rec.shape, rec.dtype, self._shadow.device, rec.writes, rec.pinned)
         try:
@@ -446,9 +474,13 @@ class ExecUpdateManager:
         owner = view.owner
         if len(rec.checked) > 1024:
             rec.checked.clear()
-        rec.checked[id(array)] = Checked(ref, view.ptr, view.nbytes,
-                                         owner._finalizer if isinstance(owner, DeviceBuffer) else None,
-                                         address_reader(array))
+        rec.checked[id(array)] = Checked(
+            ref,
+            view.ptr,
+            view.nbytes,
+            owner._finalizer if isinstance(owner, DeviceBuffer) else None,
+            address_reader(array),
+        )
         return view.ptr, view.nbytes
 
     def _make_binding(self, arrays: dict[str, Any], values: tuple[Any, ...]) -> Binding:
@@ -470,8 +502,11 @@ class ExecUpdateManager:
             views = self._node_views[node]
             full = vals if len(set_at) == len(w) else None
             nodes.append(NodeWrite(node, full, set_at, vals, views))
-        moves = tuple(Move(i, read, ptr) for i, (a, (_name, (ptr, _nb))) in enumerate(zip(values, entries))
-                      if (read := address_reader(a)) is not None)
+        moves = tuple(
+            Move(i, read, ptr)
+            for i, (a, (_name, (ptr, _nb))) in enumerate(zip(values, entries))
+            if (read := address_reader(a)) is not None
+        )
         return Binding(self, entries, tuple(nodes), set(arrays) >= set(self.bindings), moves)
 
     def _remember(self, key: tuple[Any, ...], binding: Binding, values: tuple[Any, ...]) -> None:
@@ -609,13 +644,17 @@ class ExecUpdateManager:
         values = {}
         for arg, value in scalars.items():
             if arg not in kinds:
-                raise KeyError(f"node {node} ({self.graph.nodes[node].launch.kernel.name}) has no argument {arg!r}; "
-                               f"it has {args.names()}")
+                raise KeyError(
+                    f"node {node} ({self.graph.nodes[node].launch.kernel.name}) has no argument {arg!r}; "
+                    f"it has {args.names()}"
+                )
             if kinds[arg] == "ptr":
                 raise TypeError(f"{arg!r} is a pointer argument: rebind it with bind() so the array is checked")
             if kinds[arg] not in ARG_DTYPES:
-                raise TypeError(f"{arg!r} ({kinds[arg]}) is passed by value as an array: edit it with "
-                                "the launch's args.array() and set_params")
+                raise TypeError(
+                    f"{arg!r} ({kinds[arg]}) is passed by value as an array: edit it with "
+                    "the launch's args.array() and set_params"
+                )
             values[arg] = stored_scalar(kinds[arg], value, repr(arg))
         new_grid = None if grid is None else check_grid(grid, self.graph.nodes[node].launch.kernel.cluster_dims)
         old_values = {arg: args[arg] for arg in values}
@@ -704,7 +743,9 @@ class ExecUpdateManager:
         if plan is None:
             raise ValueError("graph has no launch plan; capture it with capture_plan")
         # Everything that can fail (reading the new graph's other nodes) before anything changes.
-        pins = foreign_holders(graph, {name: (plan.buffers[name].ptr, plan.buffers[name].nbytes) for name in self.bindings})
+        pins = foreign_holders(
+            graph, {name: (plan.buffers[name].ptr, plan.buffers[name].nbytes) for name in self.bindings}
+        )
         for i, node in enumerate(graph.nodes):
             self._args[i]._storage[:] = np.frombuffer(node.captured_args, dtype=np.uint64)
             # the exec now runs graph's launch configuration too: a grid set_params gave the old
@@ -750,7 +791,7 @@ class ExecUpdateManager:
                 rec.checked.clear()
             self._cache.clear()
 
-    def __enter__(self) -> "ExecUpdateManager":
+    def __enter__(self) -> ExecUpdateManager:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -40,19 +40,25 @@ from __future__ import annotations
 import ctypes
 import threading
 import warnings
-from typing import Any, Iterable, Sequence, TypeAlias
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
 from cuda.bindings import driver
 
+from ..graphs.nodes import KernelInfo, MemcpyInfo, MemsetInfo, NodeInfo, read_graph, walk
 from ..runtime.device import Device
 from ..runtime.errors import ClosedError, call
-from ..graphs.nodes import KernelInfo, MemcpyInfo, MemsetInfo, NodeInfo, read_graph, walk
 from .addresses import WORD, Match, as_range, check_allocation, scan_words
+
 # Re-exported: the rebinder's errors, warnings and scan results are part of its interface.
-from .addresses import (InteriorPointerWarning as InteriorPointerWarning, LayoutMismatchError as LayoutMismatchError,
-                        RebindError as RebindError, UnconfirmedMatchWarning as UnconfirmedMatchWarning,
-                        WordHit as WordHit, allocation_of as allocation_of, foreign_holders as foreign_holders)
+from .addresses import InteriorPointerWarning as InteriorPointerWarning
+from .addresses import LayoutMismatchError as LayoutMismatchError
+from .addresses import RebindError as RebindError
+from .addresses import UnconfirmedMatchWarning as UnconfirmedMatchWarning
+from .addresses import WordHit as WordHit
+from .addresses import allocation_of as allocation_of
+from .addresses import foreign_holders as foreign_holders
 from .shadow import BaseBinding, ExecShadow, KernelShadow
 
 _memmove = ctypes.memmove
@@ -75,12 +81,22 @@ class _KernelState(KernelShadow):
     original_blob: bytes
 
     @classmethod
-    def of_info(cls, info: KernelInfo) -> "_KernelState":
+    def of_info(cls, info: KernelInfo) -> _KernelState:
         assert info.params is not None
         offsets = None if info.layout is None else [q.offset for q in info.layout]
-        st = cls.of_bytes(bytes(info.params), offsets, {
-            "handle": info.handle, "func": info.func_field, "kern": info.kern, "ctx": info.ctx, "grid": info.grid,
-            "block": info.block, "shared_mem": info.shared_mem})
+        st = cls.of_bytes(
+            bytes(info.params),
+            offsets,
+            {
+                "handle": info.handle,
+                "func": info.func_field,
+                "kern": info.kern,
+                "ctx": info.ctx,
+                "grid": info.grid,
+                "block": info.block,
+                "shared_mem": info.shared_mem,
+            },
+        )
         assert isinstance(st, cls)
         st.info, st.node = info, info.id
         st.original = bytes(info.params)
@@ -96,8 +112,10 @@ class _KernelState(KernelShadow):
         if blob == before:
             return None
         if len(blob) != len(before):  # a binding not made by prepare(): never write past the buffer
-            raise RebindError(f"node {self.info.index} ({self.info.name}): {len(blob)} parameter bytes given, its "
-                              f"layout holds {len(before)}")
+            raise RebindError(
+                f"node {self.info.index} ({self.info.name}): {len(blob)} parameter bytes given, its "
+                f"layout holds {len(before)}"
+            )
         _memmove(self.address, blob, len(blob))
         self.held = blob
         return before
@@ -190,8 +208,14 @@ class AddressBinding(BaseBinding):
     blobs: dict[int, bytes]
     nodes: frozenset[int]
 
-    def __init__(self, kernels: dict[int, np.ndarray], memory: dict[int, dict[str, int]],
-                 moves: tuple[tuple[int, int, int], ...], owner: object = None, holds: tuple[Any, ...] = ()):
+    def __init__(
+        self,
+        kernels: dict[int, np.ndarray],
+        memory: dict[int, dict[str, int]],
+        moves: tuple[tuple[int, int, int], ...],
+        owner: object = None,
+        holds: tuple[Any, ...] = (),
+    ):
         super().__init__(owner, holds)
         self.kernels = kernels
         self.memory = memory
@@ -254,13 +278,20 @@ class AddressRebinder:
     exec: Any  # a GraphExec, or a raw CUgraphExec
     nodes: list[NodeInfo]
 
-    def __init__(self, graph: Any, exec: Any, expect_layouts: dict[str, Sequence[tuple[int, int]]] | None = None,
-                 device: Any = None, own_exec: bool = False):
+    def __init__(
+        self,
+        graph: Any,
+        exec: Any,
+        expect_layouts: dict[str, Sequence[tuple[int, int]]] | None = None,
+        device: Any = None,
+        own_exec: bool = False,
+    ):
         from ..runtime.device import get_device
 
         # Liveness of what the driver calls name (rawgraph owners only: raw handles carry none).
-        self._alive = tuple(f for f in (getattr(exec, "_finalizer", None), getattr(graph, "_finalizer", None))
-                            if f is not None)
+        self._alive = tuple(
+            f for f in (getattr(exec, "_finalizer", None), getattr(graph, "_finalizer", None)) if f is not None
+        )
         self._closed = False
         self._own_exec = own_exec
         self._lock = threading.RLock()
@@ -295,16 +326,25 @@ class AddressRebinder:
                 st.slot = shadow.add_kernel(st, info.name)
             elif isinstance(info, MemcpyInfo):
                 ms = self.memory[info.id] = _MemState(info, call(driver.cuGraphMemcpyNodeGetParams, info.handle))
-                ms.slot = shadow.add(info.handle, ms.params, setter=(self._set_memcpy, "cuGraphExecMemcpyNodeSetParams"))
+                ms.slot = shadow.add(
+                    info.handle, ms.params, setter=(self._set_memcpy, "cuGraphExecMemcpyNodeSetParams")
+                )
             elif isinstance(info, MemsetInfo):
                 ms = self.memory[info.id] = _MemState(info, call(driver.cuGraphMemsetNodeGetParams, info.handle))
-                ms.slot = shadow.add(info.handle, ms.params, setter=(self._set_memset, "cuGraphExecMemsetNodeSetParams"))
+                ms.slot = shadow.add(
+                    info.handle, ms.params, setter=(self._set_memset, "cuGraphExecMemsetNodeSetParams")
+                )
         self._nested = [n for n in walk(self.nodes) if n.depth > 0]
         if self.unreadable:
-            names = ", ".join(f"{i.index}:{i.name or '?'} ({i.layout_error or 'no parameter bytes'})" for i in self.unreadable[:4])
-            warnings.warn(f"rawgraph: the parameters of {len(self.unreadable)} kernel node(s) could not be read "
-                          f"({names}): addresses there can be neither found nor moved", UnconfirmedMatchWarning,
-                          stacklevel=2)
+            names = ", ".join(
+                f"{i.index}:{i.name or '?'} ({i.layout_error or 'no parameter bytes'})" for i in self.unreadable[:4]
+            )
+            warnings.warn(
+                f"rawgraph: the parameters of {len(self.unreadable)} kernel node(s) could not be read "
+                f"({names}): addresses there can be neither found nor moved",
+                UnconfirmedMatchWarning,
+                stacklevel=2,
+            )
         if expect_layouts:
             self.check_layouts(expect_layouts)
 
@@ -356,7 +396,7 @@ class AddressRebinder:
             if self._own_exec and hasattr(self.exec, "close"):
                 self.exec.close()
 
-    def __enter__(self) -> "AddressRebinder":
+    def __enter__(self) -> AddressRebinder:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -382,14 +422,29 @@ class AddressRebinder:
             if have != want:
                 raise LayoutMismatchError(
                     f"node {info.index} ({info.name}): the driver's parameter layout is {have}, expected {want}; "
-                    f"rebinding by address would edit the wrong bytes")
+                    f"rebinding by address would edit the wrong bytes"
+                )
 
     def _kernel_matches(self, info: KernelInfo, blob: bytes, lo: int, hi: int, reachable: bool) -> list[Match]:
-        return [Match(info.id, info.index, "kernel", info.name, h.param, h.offset, h.layout_offset, h.value,
-                      h.confirmed, reachable) for h in scan_words(blob, info.layout, lo, hi)]
+        return [
+            Match(
+                info.id,
+                info.index,
+                "kernel",
+                info.name,
+                h.param,
+                h.offset,
+                h.layout_offset,
+                h.value,
+                h.confirmed,
+                reachable,
+            )
+            for h in scan_words(blob, info.layout, lo, hi)
+        ]
 
-    def _memory_matches(self, info: NodeInfo, lo: int, hi: int, reachable: bool,
-                        addresses: dict[str, int] | None = None) -> list[Match]:
+    def _memory_matches(
+        self, info: NodeInfo, lo: int, hi: int, reachable: bool, addresses: dict[str, int] | None = None
+    ) -> list[Match]:
         """Matches of a memcpy / memset node; ``addresses`` overrides the ones read from the graph
         (what the exec holds now, or held at capture)."""
         out = []
@@ -397,7 +452,9 @@ class AddressRebinder:
             addr = addresses or {"src": info.src, "dst": info.dst}
             for side, kind in (("src", info.src_type), ("dst", info.dst_type)):
                 if kind in ("device", "unified") and lo <= addr[side] < hi:
-                    out.append(Match(info.id, info.index, f"memcpy.{side}", "", None, 0, 0, addr[side], True, reachable))
+                    out.append(
+                        Match(info.id, info.index, f"memcpy.{side}", "", None, 0, 0, addr[side], True, reachable)
+                    )
         elif isinstance(info, MemsetInfo):
             dst = (addresses or {"dst": info.dst})["dst"]
             if lo <= dst < hi:
@@ -432,8 +489,11 @@ class AddressRebinder:
         if warn:
             for m in out:
                 if not m.confirmed:
-                    warnings.warn(f"rawgraph: match not confirmed by the parameter layout: {m}",
-                                  UnconfirmedMatchWarning, stacklevel=2)
+                    warnings.warn(
+                        f"rawgraph: match not confirmed by the parameter layout: {m}",
+                        UnconfirmedMatchWarning,
+                        stacklevel=2,
+                    )
         return out
 
     @staticmethod
@@ -462,22 +522,28 @@ class AddressRebinder:
             warnings.warn(
                 f"rawgraph: [0x{lo:x}, +{size}) is part of a larger allocation [0x{alloc[0]:x}, +{alloc[1]}) and the "
                 f"exec holds pointers into its middle (offsets {inner[:8]}): if another tensor of the pool once "
-                f"started there, it moves too", InteriorPointerWarning, stacklevel=3)
+                f"started there, it moves too",
+                InteriorPointerWarning,
+                stacklevel=3,
+            )
 
     def _check_move(self, old: tuple[int, int], new: Any, device_buffers: Iterable[Any] = ()) -> tuple[int, int, int]:
         lo, size = old
         nb, nsize = as_range(new) if not isinstance(new, int) else (int(new), size)
         if nsize < size:
-            raise RebindError(f"the new buffer holds {nsize} bytes, the range moved {size}: pointers at its end would "
-                              f"land outside it")
+            raise RebindError(
+                f"the new buffer holds {nsize} bytes, the range moved {size}: pointers at its end would land outside it"
+            )
         self._last_alloc = check_allocation(lo, size, "old range")
         check_allocation(nb, size, "new range")
         hits = self.scan_device_buffers(device_buffers, old) if device_buffers else []
         if hits:
             i, off, val = hits[0]
-            raise RebindError(f"device buffer {i} holds a pointer into the range at byte {off} (0x{val:x}): kernels "
-                              f"read it from device memory, which rebinding parameters cannot reach "
-                              f"({len(hits)} such word(s))")
+            raise RebindError(
+                f"device buffer {i} holds a pointer into the range at byte {off} (0x{val:x}): kernels "
+                f"read it from device memory, which rebinding parameters cannot reach "
+                f"({len(hits)} such word(s))"
+            )
         return lo, size, nb
 
     def rebind(self, old: Any, new: Any, device_buffers: Iterable[Any] = ()) -> list[Match]:
@@ -515,13 +581,17 @@ class AddressRebinder:
         lo, size, nb = self._check_move((lo, size), new, device_buffers)
         matches = self.find((lo, size))
         if not matches:
-            raise RebindError(f"no kernel parameter, memcpy or memset of this exec holds an address in "
-                              f"[0x{lo:x}, +{size}): nothing to rebind (wrong buffer, or one the kernels "
-                              f"reach another way)")
+            raise RebindError(
+                f"no kernel parameter, memcpy or memset of this exec holds an address in "
+                f"[0x{lo:x}, +{size}): nothing to rebind (wrong buffer, or one the kernels "
+                f"reach another way)"
+            )
         unreachable = [m for m in matches if not m.reachable]
         if unreachable:
-            raise RebindError(f"{unreachable[0]} is inside a child graph or conditional body: exec updates "
-                              f"cannot reach it ({len(unreachable)} such match(es))")
+            raise RebindError(
+                f"{unreachable[0]} is inside a child graph or conditional body: exec updates "
+                f"cannot reach it ({len(unreachable)} such match(es))"
+            )
         self._warn_interior(lo, size, self._last_alloc, (m.value for m in matches))
         delta = nb - lo
         kernels: dict[int, np.ndarray] = {}
@@ -590,12 +660,15 @@ class AddressRebinder:
                     memory.setdefault(node, dict(ms.original))[_side(m.kind)] = m.value + delta
                     found += 1
             if not found:
-                raise RebindError(f"nothing in the captured graph holds an address in [0x{lo:x}, +{size}): "
-                                  f"nothing to rebind")
+                raise RebindError(
+                    f"nothing in the captured graph holds an address in [0x{lo:x}, +{size}): nothing to rebind"
+                )
             nested = self._nested_matches(lo, hi)
             if nested:
-                raise RebindError(f"{nested[0]} is inside a child graph or conditional body: exec updates "
-                                  f"cannot reach it ({len(nested)} such match(es))")
+                raise RebindError(
+                    f"{nested[0]} is inside a child graph or conditional body: exec updates "
+                    f"cannot reach it ({len(nested)} such match(es))"
+                )
             self._warn_interior(lo, size, alloc, values)
             done.append((lo, size, nb))
         holds = tuple(new for _, new in items if not isinstance(new, int))
@@ -618,8 +691,10 @@ class AddressRebinder:
         with self._lock:
             self._check_usable()
             if binding.owner is not self._token:
-                raise RebindError("this binding was prepared by another AddressRebinder: its node ids and captured "
-                                  "values belong to that rebinder's graph and exec")
+                raise RebindError(
+                    "this binding was prepared by another AddressRebinder: its node ids and captured "
+                    "values belong to that rebinder's graph and exec"
+                )
             if not binding.is_open():
                 raise ClosedError("a buffer of this binding was closed after it was prepared")
             self._push(binding.kernels, binding.memory, restore_others=True, blobs=binding.blobs, named=binding.nodes)
@@ -633,8 +708,14 @@ class AddressRebinder:
                 self._applied, self._rebound = now, []
                 self._keep.retire_all(gone)
 
-    def _push(self, kernels: dict[int, np.ndarray], memory: dict[int, dict[str, int]], restore_others: bool,
-              blobs: dict[int, bytes] | None = None, named: frozenset[int] | None = None) -> None:
+    def _push(
+        self,
+        kernels: dict[int, np.ndarray],
+        memory: dict[int, dict[str, int]],
+        restore_others: bool,
+        blobs: dict[int, bytes] | None = None,
+        named: frozenset[int] | None = None,
+    ) -> None:
         """Write the new values into the node states and push the changed ones through the shadow
         (a push refused half-way puts every node this call changed back: the exec runs all of
         its old bindings, never a mix)."""

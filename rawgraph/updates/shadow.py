@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from cuda.bindings import driver
 
+from ..graphs.keepalive import KeepAlive
 from ..runtime import resource as _resource
 from ..runtime.device import Device, _here
 from ..runtime.errors import DeviceUpdatableError, cuda_error
 from ..runtime.launch import KernelArgs
 from ..runtime.memory import DeviceBuffer
 from ..runtime.stream import StreamSet
-from ..graphs.keepalive import KeepAlive
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 WORD = 8
@@ -69,8 +70,15 @@ class KernelShadow:
     size: int
     args: KernelArgs | None
 
-    def __init__(self, handle: Any, params: Any, storage: np.ndarray, size: int, args: KernelArgs | None = None,
-                 refs: tuple[Any, ...] = ()):
+    def __init__(
+        self,
+        handle: Any,
+        params: Any,
+        storage: np.ndarray,
+        size: int,
+        args: KernelArgs | None = None,
+        refs: tuple[Any, ...] = (),
+    ):
         self.handle = handle
         self.params = params
         self.storage = storage
@@ -80,13 +88,13 @@ class KernelShadow:
         self._refs = refs  # what params point at besides storage (the kernelParams table)
 
     @classmethod
-    def of_launch(cls, handle: Any, launch: Any, captured: bytes) -> "KernelShadow":
+    def of_launch(cls, handle: Any, launch: Any, captured: bytes) -> KernelShadow:
         """A node rawgraph recorded: its launch's argument spec filled with the captured bytes."""
         args = KernelArgs.from_bytes(launch.args.spec, captured)
         return cls(handle, launch.node_params(args), args._storage, len(captured), args)
 
     @classmethod
-    def of_bytes(cls, blob: bytes, offsets: Sequence[int] | None, fields: dict[str, Any]) -> "KernelShadow":
+    def of_bytes(cls, blob: bytes, offsets: Sequence[int] | None, fields: dict[str, Any]) -> KernelShadow:
         """A node read from any graph: its parameter bytes, the offset of each parameter
         (``cuFuncGetParamInfo``; None: no layout, handed back through ``extra``) and the other
         fields of its ``CUDA_KERNEL_NODE_PARAMS`` (func, kern, ctx, grid, block, shared_mem)."""
@@ -135,7 +143,8 @@ def refuse_device_updatable(exec: Any) -> None:
         raise DeviceUpdatableError(
             "this exec holds device-updatable kernel nodes: host parameter pushes (ExecUpdateManager, "
             "AddressRebinder, slot pools, re-shaped graphs: cuGraphExecKernelNodeSetParams) would override "
-            "the device's updates; change its shape through the kernel that updates it (DeviceShapedGraph)")
+            "the device's updates; change its shape through the kernel that updates it (DeviceShapedGraph)"
+        )
 
 
 class ExecShadow:
@@ -188,7 +197,9 @@ class ExecShadow:
         self.streams = streams if isinstance(streams, StreamSet) else StreamSet()
         self.keep = KeepAlive(self.streams, device, batch)
 
-    def add(self, handle: Any, params: Any, label: str = "", setter: tuple[Callable[..., Any], str] | None = None) -> int:
+    def add(
+        self, handle: Any, params: Any, label: str = "", setter: tuple[Callable[..., Any], str] | None = None
+    ) -> int:
         """Register a node; returns its index. ``setter``: ``(call, name)`` pushing a node that is not
         a kernel node (``call(exec, handle, params)`` returns ``(err,)``)."""
         if setter is not None and self.setters is None:

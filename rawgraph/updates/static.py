@@ -14,8 +14,8 @@ import numpy as np
 from cuda.bindings import driver
 
 from ..graphs.capture import DEFAULT_CAPTURE_MODE, CaptureMode, capture_plan
-from ..runtime.errors import DTypeError, ShapeError, call
 from ..graphs.graph import Graph, GraphExec
+from ..runtime.errors import DTypeError, ShapeError, call
 from ..runtime.launch import LaunchPlan
 from ..runtime.memory import DeviceBuffer, as_device_array
 from ..runtime.stream import Stream, stream_handle
@@ -106,7 +106,7 @@ class StaticGraph:
         self.graph.close()
         self.static_input.close()
 
-    def __enter__(self) -> "StaticGraph":
+    def __enter__(self) -> StaticGraph:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import ctypes
 import sys
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..runtime.errors import ArrayError, ForeignNodeError, LayoutError
 from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
@@ -26,8 +27,16 @@ if TYPE_CHECKING:
     from ..runtime.device import Device
     from .manager import ExecUpdateManager
 
-__all__ = ["Binding", "Checked", "Move", "NodeWrite", "address_reader", "check_new_array", "check_overlap",
-           "check_overlap_one"]
+__all__ = [
+    "Binding",
+    "Checked",
+    "Move",
+    "NodeWrite",
+    "address_reader",
+    "check_new_array",
+    "check_overlap",
+    "check_overlap_one",
+]
 
 
 def address_reader(obj: Any) -> Callable[[Any], int] | None:
@@ -77,8 +86,14 @@ class Checked:
     alive: weakref.finalize[..., Any] | None
     reread: Callable[[Any], int] | None
 
-    def __init__(self, ref: weakref.ref[Any], ptr: int, nbytes: int, alive: weakref.finalize[..., Any] | None,
-                 reread: Callable[[Any], int] | None):
+    def __init__(
+        self,
+        ref: weakref.ref[Any],
+        ptr: int,
+        nbytes: int,
+        alive: weakref.finalize[..., Any] | None,
+        reread: Callable[[Any], int] | None,
+    ):
         self.ref = ref
         self.ptr = ptr
         self.nbytes = nbytes
@@ -86,21 +101,31 @@ class Checked:
         self.reread = reread
 
 
-def check_new_array(array: Any, name: str, shape: tuple[int, ...], dtype: np.dtype[Any], device: Device,
-                    writes: bool, pinned: tuple[int, list[str]] | None) -> DeviceArray:
+def check_new_array(
+    array: Any,
+    name: str,
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    device: Device,
+    writes: bool,
+    pinned: tuple[int, list[str]] | None,
+) -> DeviceArray:
     """``array`` as the view a bind of ``name`` may point nodes at, or the typed refusal: wrong
     shape, dtype, device or layout (:func:`~rawgraph.runtime.memory.check_array`), read-only memory
     a kernel writes through (``writes``), or another address for a name a foreign node holds an
     address in (``pinned``: the captured pointer and the nodes)."""
     view = check_array(as_device_array(array, name), shape, dtype, name, device)
     if view.readonly and writes:  # the rule RawKernel keeps at launch
-        raise ArrayError(f"{name!r} is read-only memory (its producer exported it so), but a kernel of this "
-                         "graph writes through that argument: bind writable memory")
+        raise ArrayError(
+            f"{name!r} is read-only memory (its producer exported it so), but a kernel of this "
+            "graph writes through that argument: bind writable memory"
+        )
     if pinned is not None and view.ptr != pinned[0]:
         raise ForeignNodeError(
             f"cannot bind {name!r} to another buffer: {', '.join(pinned[1][:4])} of this graph holds an address "
             f"in it, and the manager updates only the launches it recorded, so that node would keep using "
-            f"the old buffer; move every address at once with rawgraph.updates.rebind.AddressRebinder")
+            f"the old buffer; move every address at once with rawgraph.updates.rebind.AddressRebinder"
+        )
     return view
 
 
@@ -114,8 +139,9 @@ def check_overlap(write_names: list[str], spans: dict[str, tuple[int, int]]) -> 
                 raise LayoutError(f"{wname} (written) overlaps {rname}")
 
 
-def check_overlap_one(write_names: list[str], bound: dict[str, tuple[int, int]], name: str, ptr: int,
-                      nbytes: int) -> None:
+def check_overlap_one(
+    write_names: list[str], bound: dict[str, tuple[int, int]], name: str, ptr: int, nbytes: int
+) -> None:
     """:func:`check_overlap` of ``bound`` with ``name`` moved to ``(ptr, nbytes)``, without
     building the merged spans (the bind fast path)."""
     for wname in write_names:
@@ -148,8 +174,14 @@ class NodeWrite:
     views: tuple[ctypes.c_uint64, ...]
     writes: tuple[tuple[ctypes.c_uint64, int], ...]
 
-    def __init__(self, node: int, full: tuple[int, ...] | None, idx: tuple[int, ...], vals: tuple[int, ...],
-                 views: tuple[ctypes.c_uint64, ...]):
+    def __init__(
+        self,
+        node: int,
+        full: tuple[int, ...] | None,
+        idx: tuple[int, ...],
+        vals: tuple[int, ...],
+        views: tuple[ctypes.c_uint64, ...],
+    ):
         self.node = node
         self.full = full
         self.idx = idx
@@ -200,8 +232,14 @@ class Binding(BaseBinding):
     pin_epoch: int
     moves: tuple[Move, ...]
 
-    def __init__(self, manager: Any, entries: tuple[tuple[str, tuple[int, int]], ...], nodes: tuple[NodeWrite, ...],
-                 complete: bool, moves: tuple[Move, ...] = ()):
+    def __init__(
+        self,
+        manager: Any,
+        entries: tuple[tuple[str, tuple[int, int]], ...],
+        nodes: tuple[NodeWrite, ...],
+        complete: bool,
+        moves: tuple[Move, ...] = (),
+    ):
         super().__init__(manager)
         self.checked_at = -1  # nothing named was seen open yet (prepare and the cache set it)
         self.names = tuple(name for name, _ in entries)

@@ -27,7 +27,10 @@ def main() -> int:
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"FACT device = {torch.cuda.get_device_name()}")
-    shapes = ((4096, (64, 72, 96, 104, 128, 136, 144, 152, 192, 200, 256)), (1024, (16, 32, 40, 64, 104, 120, 128, 256)))
+    shapes = (
+        (4096, (64, 72, 96, 104, 128, 136, 144, 152, 192, 200, 256)),
+        (1024, (16, 32, 40, 64, 104, 120, 128, 256)),
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for k, rows in shapes:
             w = torch.randn(k, k, device="cuda")
@@ -45,8 +48,10 @@ def main() -> int:
                     events = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"]
                 for e in events:
                     a = e.get("args", {})
-                    print(f"FACT K=N={k} M={m} us={e['dur']:.1f} grid={a.get('grid')} block={a.get('block')} "
-                          f"regs={a.get('registers per thread')} smem={a.get('shared memory')} {e['name'][:110]}")
+                    print(
+                        f"FACT K=N={k} M={m} us={e['dur']:.1f} grid={a.get('grid')} block={a.get('block')} "
+                        f"regs={a.get('registers per thread')} smem={a.get('shared memory')} {e['name'][:110]}"
+                    )
     return 0
 
 
