@@ -33,7 +33,7 @@ def main() -> int:
     x_old, out_old = static_in, static_out
     for _ in range(3):
         x, out = torch.randn(8, 256, device="cuda"), torch.full((8, 256), float("nan"), device="cuda")
-        moved = len(reb.rebind(x_old, x)) + len(reb.rebind(out_old, out))  # read x, write out: no copy
+        moved = len(reb.move(x_old, x)) + len(reb.move(out_old, out))  # read x, write out: no copy
         reb.launch(s)
         torch.cuda.synchronize()
         assert torch.allclose(out, block(x), rtol=1e-5, atol=1e-5), float((out - block(x)).abs().max())

@@ -383,7 +383,7 @@ def reb_consistent(st: dict) -> None:
 
 
 def _rebind(st: dict) -> None:
-    st["reb"].rebind(st["x"], st["x2"])
+    st["reb"].move(st["x"], st["x2"])
 
 
 def _rebind_check(st: dict) -> None:
@@ -447,7 +447,7 @@ def _update_setup() -> dict:
 
 def _update(st: dict) -> None:
     st["exe"].update(st["graph2"])
-    st["mgr"].adopt(st["graph2"])
+    st["mgr"].follow_update(st["graph2"])
     st["want"] = {"x": st["x3"].ptr, "out": st["o3"].ptr}
 
 

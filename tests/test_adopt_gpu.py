@@ -70,10 +70,10 @@ def _random_rebinds(torch, rng, fn, shape_in, slack=1):
             xs[i].copy_(torch.randn(shape_in, device="cuda", generator=gen))
             outs[j].fill_(float("nan"))
             if xs[i] is not cur_x:
-                reb.rebind(cur_x, xs[i])
+                reb.move(cur_x, xs[i])
                 cur_x = xs[i]
             if outs[j] is not cur_o:
-                reb.rebind(cur_o, outs[j])
+                reb.move(cur_o, outs[j])
                 cur_o = outs[j]
             reb.launch(s)
             static_in.copy_(xs[i])

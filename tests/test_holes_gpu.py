@@ -122,7 +122,7 @@ def test_the_rebinder_refuses_a_closed_exec_or_graph_before_the_driver(stream, r
     before = len(count_setparams)
     for op in (
         lambda: reb.apply(binding),
-        lambda: reb.rebind(x, x2),
+        lambda: reb.move(x, x2),
         lambda: reb.prepare({x: x2}),
         lambda: reb.launch(stream),
         lambda: reb.find(x),
@@ -148,14 +148,14 @@ def test_the_rebinder_holds_a_moved_in_buffer_until_the_replays_that_read_it_hav
     reb = AddressRebinder(graph, exe)
     ref_a, ref_b = weakref.ref(a), weakref.ref(b)
     # rebind(): the exec points into a, so the rebinder holds it
-    reb.rebind(x, a)
+    reb.move(x, a)
     del a
     gc.collect()
     assert ref_a() is not None, "the rebinder let go of a buffer the exec points into"
     out.poison(stream)
     ops.spin(get_device(), SPIN_NS)(stream)
     reb.launch(stream)
-    reb.rebind(ref_a(), x)  # moved away while the replay that reads it is queued
+    reb.move(ref_a(), x)  # moved away while the replay that reads it is queued
     gc.collect()
     assert not stream.query() and ref_a() is not None, "a buffer a queued replay reads was let go"
     np.testing.assert_array_equal(out.to_numpy(stream), want_a)
@@ -217,7 +217,7 @@ def test_prepare_refuses_a_range_a_child_graph_reads(device, stream, rng):
     reb = AddressRebinder(graph, exe)
     assert any(not m.reachable for m in reb.find(x))
     with pytest.raises(RebindError, match="child graph or conditional body"):
-        reb.rebind(x, x2)
+        reb.move(x, x2)
     with pytest.raises(RebindError, match="child graph or conditional body"):
         reb.prepare({x: x2})
     with pytest.raises(RebindError, match="child graph or conditional body"):
@@ -382,7 +382,7 @@ mgr, reb = ExecUpdateManager(g, e1), AddressRebinder(g, e2)
 setter = mgr.scalar_setter(0, "B")
 rg = ReshapedGraph(m, max_batch=2, stream=s)
 ops = {"bind": lambda: mgr.bind("x", xs[1]), "prepare": lambda: reb.prepare({xs[0]: xs[1]}), "set_params": lambda: mgr.set_params(0, grid=(1, 1, 1)),
-       "scalar_setter": lambda: setter(1), "rebind": lambda: reb.rebind(xs[0], xs[1]),
+       "scalar_setter": lambda: setter(1), "rebind": lambda: reb.move(xs[0], xs[1]),
        "reshape": lambda: rg.reshape(1), "exec.update": lambda: e1.update(g)}
 done = {}
 for name, op in ops.items():

@@ -234,7 +234,7 @@ def test_rebinder_finds_and_moves_every_word_with_a_fake_driver(fake_graph):
     assert [m.value for m in found] == [x, x + 64, x]
     new_x = 0x7F0000900000
     fake_graph["add_alloc"](new_x, 4096)
-    reb.rebind((x, 4096), (new_x, 4096))
+    reb.move((x, 4096), (new_x, 4096))
     blob1 = dict(pushed)[0xA1]
     assert struct.unpack_from("<QiiQQ", blob1) == (new_x, 100, 0, new_x + 64, fake_graph["other"])
     assert struct.unpack_from("<QQ", dict(pushed)[0xA2]) == (out, new_x)
@@ -243,7 +243,8 @@ def test_rebinder_finds_and_moves_every_word_with_a_fake_driver(fake_graph):
     pushed.clear()
     new_out = 0x7F0000A00000
     fake_graph["add_alloc"](new_out, 4096)
-    reb.rebind((out, 4096), new_out)
+    with pytest.warns(DeprecationWarning, match="use AddressRebinder.move"):
+        reb.rebind((out, 4096), new_out)  # the old name of move: the same move, with a warning
     assert dict(pushed)[0xA3] == new_out + 128 and struct.unpack_from("<QQ", dict(pushed)[0xA2]) == (new_out, new_x)
     assert 0xA1 not in dict(pushed)  # unchanged nodes are not pushed
     # absolute bindings: back to the captured graph, then to (new_x, captured out)
@@ -263,13 +264,13 @@ def test_rebinder_refusals_with_a_fake_driver(fake_graph):
     x = fake_graph["x"]
     reb = AddressRebinder(0x1, 0x2, device=_FakeDevice())
     with pytest.raises(RebindError, match="nothing to rebind"):
-        reb.rebind((fake_graph["other"] + 4096, 64), (x, 64))
+        reb.move((fake_graph["other"] + 4096, 64), (x, 64))
     with pytest.raises(RebindError, match="holds 64 bytes"):
-        reb.rebind((x, 4096), (fake_graph["other"], 64))
+        reb.move((x, 4096), (fake_graph["other"], 64))
     with pytest.raises(RebindError, match="past the end of its allocation"):
-        reb.rebind((x, 8192), (fake_graph["other"], 8192))
+        reb.move((x, 8192), (fake_graph["other"], 8192))
     with pytest.raises(RebindError, match="past the end of its allocation"):
-        reb.rebind((x, 4096), (fake_graph["other"] + 6000, 4096))
+        reb.move((x, 4096), (fake_graph["other"] + 6000, 4096))
     with pytest.raises(LayoutMismatchError, match="k2"):
         AddressRebinder(0x1, 0x2, expect_layouts={"k2": [(0, 8), (8, 4)]}, device=_FakeDevice())
     assert fake_graph["pushed"] == []
@@ -369,8 +370,8 @@ def test_memcpy_rebind_moves_the_base_by_the_start_delta(monkeypatch):
     reb = AddressRebinder(1, 2, device=_FakeDevice())
     (match,) = reb.find((0x10000, 0x10000))
     assert (match.kind, match.value) == ("memcpy.src", 0x10010)  # the start includes srcXInBytes
-    reb.rebind((0x10000, 0x10000), (0x50000, 0x10000))
-    reb.rebind((0x20000, 64), (0x60000, 64))
+    reb.move((0x10000, 0x10000), (0x50000, 0x10000))
+    reb.move((0x20000, 64), (0x60000, 64))
     assert pushed == [(0x50000, 16, 0x20000), (0x50000, 16, 0x60000)]
     reb.apply(reb.prepare({}))  # back to the captured addresses
     assert pushed[-1] == (0x10000, 16, 0x20000)
@@ -496,7 +497,8 @@ def test_holders_follow_the_pitch_and_include_recorded_non_kernel_nodes(fake_gra
 def test_a_binding_with_the_wrong_byte_count_is_refused_before_any_write(fake_graph):
     import numpy as np
 
-    from rawgraph.updates.rebind import AddressRebinder, Binding
+    from rawgraph.updates.rebind import AddressBinding as Binding
+    from rawgraph.updates.rebind import AddressRebinder
 
     reb = AddressRebinder(0x1, 0x2, device=_FakeDevice())
     before = reb.held(0xA1)

@@ -38,10 +38,10 @@ def test_random_rebinds_of_our_graph_match_eager(stream, rng, form):
         outs[j].poison(stream)
         ref.poison(stream)
         if i != cur_x:
-            reb.rebind(xs[cur_x], xs[i])
+            reb.move(xs[cur_x], xs[i])
             cur_x = i
         if j != cur_o:
-            reb.rebind(outs[cur_o], outs[j])
+            reb.move(outs[cur_o], outs[j])
             cur_o = j
         reb.launch(stream)
         model.forward(xs[i], ref, stream)
@@ -74,7 +74,7 @@ def test_prepared_bindings_are_absolute(stream, rng):
         assert np.array_equal(o.to_numpy(stream), ref.to_numpy(stream)), f"step {it}, seed {rng.seed_used}"
     # an incremental rebind then an absolute binding: the binding wins
     reb.apply(pairs[1])
-    reb.rebind(o1, o0)
+    reb.move(o1, o0)
     reb.apply(pairs[1])
     assert {m.value for m in reb.find(o1)} == {o1.ptr}
     assert not reb.find(o0, warn=False)
@@ -91,18 +91,18 @@ def test_refusals(stream, rng):
     exe = graph.instantiate()
     reb = AddressRebinder(graph, exe)
     with pytest.raises(RebindError, match="nothing to rebind"):
-        reb.rebind(stray, big)
+        reb.move(stray, big)
     with pytest.raises(RebindError, match="holds .* bytes"):
-        reb.rebind(x, small)
+        reb.move(x, small)
     with pytest.raises(RebindError, match="past the end of its allocation"):
-        reb.rebind((x.ptr, x.nbytes + (4 << 20)), (big.ptr, x.nbytes + (4 << 20)))
+        reb.move((x.ptr, x.nbytes + (4 << 20)), (big.ptr, x.nbytes + (4 << 20)))
     with pytest.raises(RebindError, match="past the end of its allocation"):
-        reb.rebind(x, (small.ptr + small.nbytes - 8, x.nbytes))
+        reb.move(x, (small.ptr + small.nbytes - 8, x.nbytes))
     # a pointer to x kept in device memory (a "workspace"): parameter edits cannot move it
     table = DeviceBuffer((4,), np.uint64)
     table.copy_from_host(np.array([0, x.ptr + 64, 0, 0], dtype=np.uint64), stream)
     with pytest.raises(RebindError, match="device buffer 0 holds a pointer"):
-        reb.rebind(x, big, device_buffers=[table])
+        reb.move(x, big, device_buffers=[table])
     assert reb.pushes == 0  # nothing was pushed by a refused rebind
     # a parameter layout that differs from what the caller expects
     sym = model.plan(x, out).launches[1].kernel.symbol  # relu(x, y, n)
@@ -134,8 +134,8 @@ def test_memcpy_and_memset_nodes_rebind(stream, rng, device):
         reb = AddressRebinder(g, exe, device=device)
         kinds = sorted(m.kind for m in reb.find(a))
         assert kinds == ["memcpy.src", "memset"]
-        reb.rebind(a, a2)
-        reb.rebind(b, b2)
+        reb.move(a, a2)
+        reb.move(b, b2)
         for buf in (a, b, a2, b2):
             buf.poison(stream)
         reb.launch(stream)
@@ -186,10 +186,10 @@ def test_cupy_graph_random_rebinds(stream, rng):
         xs[i][...] = cp.asarray(random_input(rng, n))
         outs[j].fill(cp.nan)
         if i != cur_x:
-            reb.rebind(xs[cur_x], xs[i])
+            reb.move(xs[cur_x], xs[i])
             cur_x = i
         if j != cur_o:
-            reb.rebind(outs[cur_o], outs[j])
+            reb.move(outs[cur_o], outs[j])
             cur_o = j
         cp.cuda.Device().synchronize()
         reb.launch(stream)
@@ -221,7 +221,7 @@ def test_parameters_are_copied_and_exec_updates_leave_the_graph_alone(stream, rn
     assert int.from_bytes(info.param_bytes(1), "little") == b.ptr
     exe = graph.instantiate()
     reb = AddressRebinder(graph, exe)
-    reb.rebind(b, b2)
+    reb.move(b, b2)
     for buf in (b, b2, c):
         buf.poison(stream)
     reb.launch(stream)

@@ -19,7 +19,7 @@ def test_same_topology_new_buffers(stream, rng):
     mgr = ExecUpdateManager(g1, exe)
     g2 = capture_plan(model.plan(x2, o2), stream)
     exe.update(g2)
-    mgr.adopt(g2)
+    mgr.follow_update(g2)
     o2.poison(stream)
     exe.launch(stream)
     assert rel_err(o2.to_numpy(), model.reference(xh2)) < 1e-5

@@ -263,9 +263,9 @@ def test_read_only_memory_binds_only_where_every_kernel_reads_it(rig, count_setp
     assert rig.held()["y"] == rig.y.ptr and len(count_setparams) == 1
 
 
-# -- adopt -----------------------------------------------------------------------------------------
-def test_adopt_takes_the_new_graphs_launch_configuration_so_no_later_push_restores_an_old_grid(rig):
-    """After ``exec.update(g2)`` the exec runs g2's grid; ``adopt(g2)`` must make the shadow say so,
+# -- follow_update ---------------------------------------------------------------------------------
+def test_follow_update_takes_the_new_graphs_launch_configuration_so_no_later_push_restores_an_old_grid(rig):
+    """After ``exec.update(g2)`` the exec runs g2's grid; ``follow_update(g2)`` must make the shadow say so,
     or the next bind that pushes the node puts back the grid ``set_params`` gave before."""
     mgr, s = rig.mgr, Stream()
     g2_grid = (rig.captured["grid"][0] + 1, 1, 1)
@@ -273,8 +273,11 @@ def test_adopt_takes_the_new_graphs_launch_configuration_so_no_later_push_restor
         rig.k(g2_grid, 128, (rig.captured["a"], rig.x2, rig.y, rig.n, rig.n, True), stream=s)
     mgr.set_params(0, grid=(rig.captured["grid"][0] + 2,))
     rig.exe.update(cap2.graph)
-    mgr.adopt(cap2.graph)
+    mgr.follow_update(cap2.graph)
     assert rig.held()["grid"] == g2_grid == mgr.node_params(0)["grid"]
     assert mgr.bind("x", rig.x3) == 1
     assert rig.held()["grid"] == g2_grid and rig.held()["x"] == rig.x3.ptr
+    with pytest.warns(DeprecationWarning, match="use ExecUpdateManager.follow_update"):
+        mgr.adopt(cap2.graph)  # the old name: the same update, with a warning
+    assert rig.held()["grid"] == g2_grid and mgr.bind("x", rig.x3) == 1 and rig.held()["x"] == rig.x3.ptr
     _close(s, cap2.graph)

@@ -151,7 +151,7 @@ class _Shared(Resource):
         self._own(_release, self.stream, self._owned, name="FunctionModel.close")
         self.lock = threading.Lock()
 
-    def adopt(self, owns: Sequence[Any]) -> None:
+    def take(self, owns: Sequence[Any]) -> None:
         """Close ``owns`` with the model (in reverse order, then the recording stream)."""
         self._owned.extend(owns)
 
@@ -323,7 +323,7 @@ class FunctionModel:
         except BaseException:
             shared.close()  # what it made: a refused function keeps nothing (owns stays the caller's)
             raise
-        shared.adopt(owns)
+        shared.take(owns)
         self._root = True
 
     @classmethod

@@ -730,8 +730,18 @@ class ExecUpdateManager:
         return self._shadow.keep.retained
 
     # -- whole-graph update ---------------------------------------------------------------
-    @_locked
     def adopt(self, graph: Graph) -> None:
+        """Deprecated name of :meth:`follow_update` (:func:`rawgraph.adopt` wraps a graph made
+        elsewhere; this follows an exec update)."""
+        warnings.warn(
+            "ExecUpdateManager.adopt is deprecated: use ExecUpdateManager.follow_update",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.follow_update(graph)
+
+    @_locked
+    def follow_update(self, graph: Graph) -> None:
         """Take over the parameters of ``graph`` after ``exec.update(graph)`` succeeded.
 
         The exec's nodes now hold ``graph``'s arguments; the shadows and bindings follow, and the

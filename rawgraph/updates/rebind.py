@@ -230,7 +230,15 @@ class AddressBinding(BaseBinding):
         return f"AddressBinding({len(self.kernels)} kernel nodes, {len(self.memory)} memory nodes, moves={self.moves})"
 
 
-Binding = AddressBinding  # the name this module always gave it
+def __getattr__(name: str) -> Any:
+    # ``rawgraph.updates.rebind.Binding``, this module's old name for AddressBinding, still resolves
+    # (with a warning) without a module attribute that would shadow ``rawgraph.Binding``.
+    if name == "Binding":
+        warnings.warn(
+            "rawgraph.updates.rebind.Binding is deprecated: it is AddressBinding", DeprecationWarning, stacklevel=2
+        )
+        return AddressBinding
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class AddressRebinder:
@@ -546,7 +554,7 @@ class AddressRebinder:
             )
         return lo, size, nb
 
-    def rebind(self, old: Any, new: Any, device_buffers: Iterable[Any] = ()) -> list[Match]:
+    def move(self, old: Any, new: Any, device_buffers: Iterable[Any] = ()) -> list[Match]:
         """Move every address in ``old``'s range to the same offset in ``new`` and push the changed
         nodes (``cuGraphExecKernelNodeSetParams`` / ``cuGraphExecMemcpyNodeSetParams`` /
         ``cuGraphExecMemsetNodeSetParams``).
@@ -572,9 +580,17 @@ class AddressRebinder:
             is inside a child graph / conditional body, or a device buffer holds a pointer into it.
         """
         with self._lock:
-            return self._rebind(old, new, device_buffers)
+            return self._move(old, new, device_buffers)
 
-    def _rebind(self, old: Any, new: Any, device_buffers: Iterable[Any]) -> list[Match]:
+    def rebind(self, old: Any, new: Any, device_buffers: Iterable[Any] = ()) -> list[Match]:
+        """Deprecated name of :meth:`move` (``ExecUpdateManager.rebind`` moves bindings by array and
+        returns a count; this moves an address range and returns the matches)."""
+        warnings.warn(
+            "AddressRebinder.rebind is deprecated: use AddressRebinder.move", DeprecationWarning, stacklevel=2
+        )
+        return self.move(old, new, device_buffers)
+
+    def _move(self, old: Any, new: Any, device_buffers: Iterable[Any]) -> list[Match]:
         self._check_usable()
         self.device.ensure_current()  # the allocation checks need a context on this thread
         lo, size = as_range(old)
@@ -617,7 +633,7 @@ class AddressRebinder:
         self._rebound = keep
         self._keep.retire_all(e[2] for e in gone)
 
-    def prepare(self, moves: dict[Any, Any] | Sequence[tuple[Any, Any]]) -> Binding:
+    def prepare(self, moves: dict[Any, Any] | Sequence[tuple[Any, Any]]) -> AddressBinding:
         """A complete assignment relative to the *captured* graph: each ``old`` range (as captured)
         goes to its ``new`` buffer (range-like or base address); every range not named holds its
         captured address once the binding is applied.
@@ -637,7 +653,7 @@ class AddressRebinder:
         with self._lock:
             return self._prepare(moves)
 
-    def _prepare(self, moves: dict[Any, Any] | Sequence[tuple[Any, Any]]) -> Binding:
+    def _prepare(self, moves: dict[Any, Any] | Sequence[tuple[Any, Any]]) -> AddressBinding:
         self._check_usable()
         self.device.ensure_current()  # the allocation checks need a context on this thread
         items = list(moves.items()) if isinstance(moves, dict) else list(moves)
@@ -672,7 +688,7 @@ class AddressRebinder:
             self._warn_interior(lo, size, alloc, values)
             done.append((lo, size, nb))
         holds = tuple(new for _, new in items if not isinstance(new, int))
-        return Binding(kernels, memory, tuple(done), self._token, holds)
+        return AddressBinding(kernels, memory, tuple(done), self._token, holds)
 
     def _nested_matches(self, lo: int, hi: int) -> list[Match]:
         """Matches in child graphs and conditional bodies (as captured: updates never reach them)."""
@@ -684,7 +700,7 @@ class AddressRebinder:
                 out += self._memory_matches(info, lo, hi, False)
         return out
 
-    def apply(self, binding: Binding) -> None:
+    def apply(self, binding: AddressBinding) -> None:
         """Write a prepared binding into the exec: its nodes get its values, nodes an earlier
         rebind changed and this binding does not name go back to their captured values; only
         nodes whose values change are pushed."""
