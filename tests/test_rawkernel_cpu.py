@@ -93,6 +93,33 @@ def test_the_layout_comes_from_the_driver_and_the_types_from_the_declaration(fak
     assert loads == []
 
 
+@pytest.mark.parametrize("version", [13000, 13020])
+def test_the_layout_asks_the_parameter_count_where_the_driver_has_the_call(fake, monkeypatch, version):
+    """A driver of CUDA 13.2 or later answers ``cuFuncGetParamCount``: the layout then asks exactly
+    that many ``cuFuncGetParamInfo`` indexes. An older one does not export the call (the binding
+    raises): it is never called there, and the layout is read until ``CUDA_ERROR_INVALID_VALUE``."""
+    from rawgraph.graphs.nodes import read_layout
+    from rawgraph.runtime.rawkernel import read_param_layout
+
+    fake.version = version
+    calls = []
+    for name in ("cuFuncGetParamCount", "cuFuncGetParamInfo"):
+        real = getattr(driver, name)
+        monkeypatch.setattr(driver, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    k = RawKernel(AXPB + f"// driver {version}\n", "axpb")  # a source of its own: loaded, not cached
+    assert k.spec == [("a", "f32"), ("x", "ptr"), ("b", "f32"), ("y", "ptr"), ("n", "i32")]
+    if version >= 13020:
+        assert calls == ["cuFuncGetParamCount"] + ["cuFuncGetParamInfo"] * 5
+    else:
+        assert calls == ["cuFuncGetParamInfo"] * 6  # the sixth answers CUDA_ERROR_INVALID_VALUE
+    layout, why = read_layout(k.kernel.handle)
+    assert [(p.offset, p.size) for p in layout] == [(0, 4), (8, 8), (16, 4), (24, 8), (32, 4)] and why == ""
+    if version >= 13020:  # a function the driver has no layout for: a reason naming the call, no raise
+        monkeypatch.setattr(driver, "cuFuncGetParamCount", lambda f: (driver.CUresult.CUDA_ERROR_NOT_SUPPORTED, 0))
+        assert read_layout(k.kernel.handle) == (None, "cuFuncGetParamCount(0): CUDA_ERROR_NOT_SUPPORTED")
+        assert read_param_layout(k.kernel.handle).call == "cuFuncGetParamCount"
+
+
 def test_a_call_passes_exactly_its_arguments(fake, launches):
     k, aff = RawKernel(AXPB, "axpb"), RawKernel(AXPB, "affine")
     with Stream() as s:

@@ -18,6 +18,7 @@ replay (or launches), a stream synchronize. Capture and instantiation are never 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -232,7 +233,7 @@ def update_costs(
                 continue
             banded.set_rows(n, s)
             b = stats(device_us(lambda: banded.replay(s), s, rounds))
-            e = stats(device_us(lambda n=n: exact.execs[n].launch(s), s, rounds))
+            e = stats(device_us(functools.partial(exact.execs[n].launch, s), s, rounds))
             per_n[str(n)] = {
                 "banded_us": b,
                 "exact_us": e,

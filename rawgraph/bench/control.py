@@ -26,6 +26,7 @@ the commit measured) and printed as a table:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -78,7 +79,7 @@ def depth_part(width: int, max_depth: int, rounds: int, form: str, s: Stream) ->
         plain = TinyBlock(width, batch, d, seed=1234, form=form)
         graph = capture_plan(plain.plan(x, out), s)
         exe = graph.instantiate()
-        t_plain = device_us(lambda exe=exe: exe.launch(s), s, rounds=rounds, warmup=20)
+        t_plain = device_us(functools.partial(exe.launch, s), s, rounds=rounds, warmup=20)
         plain_bits = out.to_numpy(s)
         loop.set_depth(d, s)
         t_while = device_us(lambda: loop.launch(s), s, rounds=rounds, warmup=20)

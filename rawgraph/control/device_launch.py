@@ -295,10 +295,14 @@ class LauncherGraph(Graph):
     targets : tuple of DeviceGraph
     target_execs : tuple of GraphExec
         The execs the kernel device-launches (held even after their DeviceGraph is closed).
+    device_launch_keep : tuple
+        What the launching kernel's node names besides its arguments (the target, the plans'
+        buffers), kept as long as the graph.
     """
 
     targets: tuple[DeviceGraph, ...] = ()
     target_execs: tuple[GraphExec, ...] = ()
+    device_launch_keep: tuple[Any, ...] = ()
 
     def held_by_replays(self) -> list[Any]:
         """What a replay calls into that the driver does not own: the targets' execs."""

@@ -45,7 +45,7 @@ import numpy as np
 from cuda.bindings import driver
 
 from ..runtime import _capturing
-from ..runtime.device import Device, get_device
+from ..runtime.device import Device, driver_cuda_version, get_device
 from ..runtime.errors import CaptureError, CaptureRefusedError, RawgraphError, ShapeError, call, check, error_name
 from ..runtime.launch import KernelArgs, Launch, LaunchPlan
 from ..runtime.memory import DeviceArray, as_device_array
@@ -75,11 +75,6 @@ THREADS = 256
 
 class ConditionalUnsupportedError(RawgraphError):
     """The driver is too old for this conditional node (checked before calling it)."""
-
-
-def driver_cuda_version() -> int:
-    """The driver's CUDA version as an integer, e.g. 13000 (``cuDriverGetVersion``)."""
-    return int(call(driver.cuDriverGetVersion))
 
 
 def check_kind(kind: str, size: int | None, version: int | None = None) -> int:

@@ -27,11 +27,11 @@ from typing import Any
 from cuda.bindings import driver
 
 from ..runtime.errors import call, cuda_error
+from ..runtime.rawkernel import read_param_layout
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _INVALID_VALUE = driver.CUresult.CUDA_ERROR_INVALID_VALUE
 _T = driver.CUgraphNodeType
-_MAX_PARAMS = 4096  # a kernel takes at most 32 KB of parameters; this bounds the layout loop
 # cuFuncGetParamInfo's answers meaning "no layout for this function" (read_layout degrades to None)
 _NO_LAYOUT = frozenset(
     {
@@ -303,7 +303,10 @@ def _memtype(params: Any, attr: str) -> str:
 
 
 def read_layout(function: Any) -> tuple[list[ParamInfo] | None, str]:
-    """``cuFuncGetParamInfo`` for index 0, 1, ... until ``CUDA_ERROR_INVALID_VALUE``.
+    """The parameter layout of a function found in a graph
+    (:func:`~rawgraph.runtime.rawkernel.read_param_layout`: ``cuFuncGetParamCount`` where the driver
+    has it, then ``cuFuncGetParamInfo``), the answers meaning "this function has no layout" given as
+    a reason.
 
     Returns
     -------
@@ -319,19 +322,15 @@ def read_layout(function: Any) -> tuple[list[ParamInfo] | None, str]:
         not "unavailable", and a rebinder built on it would be blind to the node's pointers.
     """
     fn = driver.CUfunction(_int(function)) if not isinstance(function, driver.CUfunction) else function
-    layout: list[ParamInfo] = []
-    for i in range(_MAX_PARAMS):
-        err, vals = _raw(driver.cuFuncGetParamInfo, fn, i)
-        if isinstance(err, str):
-            return None, f"cuFuncGetParamInfo {err}"
-        if err == _INVALID_VALUE:  # one past the last parameter (or no parameters at all)
-            return layout, ""
-        if err in _NO_LAYOUT:
-            return None, f"cuFuncGetParamInfo({i}): {driver.CUresult(err).name}"
-        if err != _SUCCESS:
-            raise cuda_error(err, "cuFuncGetParamInfo")
-        layout.append(ParamInfo(i, int(vals[0]), int(vals[1])))
-    return None, f"cuFuncGetParamInfo: more than {_MAX_PARAMS} parameters"
+    try:
+        read = read_param_layout(fn)
+    except RuntimeError as exc:  # "Function ... not found": the installed driver lacks the call
+        return None, f"cuFuncGetParamInfo missing: {exc}"
+    if read.err in _NO_LAYOUT:
+        return None, f"{read.call}({len(read.layout)}): {driver.CUresult(read.err).name}"
+    if read.err != _SUCCESS:
+        raise cuda_error(read.err, read.call)
+    return [ParamInfo(i, offset, size) for i, (offset, size) in enumerate(read.layout)], ""
 
 
 def function_name(function: Any) -> str:

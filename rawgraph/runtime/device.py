@@ -57,8 +57,19 @@ def driver_version() -> str | None:
     """The driver's CUDA version as ``"13.0"`` (``cuDriverGetVersion``), or None without one."""
     if not gpu_available():
         return None
-    v = call(driver.cuDriverGetVersion)
+    v = driver_cuda_version()
     return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def driver_cuda_version() -> int:
+    """The driver's CUDA version as an integer, e.g. 13000 (``cuDriverGetVersion``). A binding newer
+    than the driver names calls the driver does not export: code asks this before calling one.
+
+    See Also
+    --------
+    cuDriverGetVersion : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__VERSION.html
+    """
+    return int(call(driver.cuDriverGetVersion))
 
 
 @dataclass(frozen=True)

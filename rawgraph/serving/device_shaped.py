@@ -208,7 +208,7 @@ def shape_entries(
                 start + i,
                 launch.label,
                 launch.kernel.name,
-                tuple(launch.grid),
+                tuple(launch.grid),  # type: ignore[arg-type]
                 axis,
                 rpb,  # type: ignore[arg-type]
                 name,

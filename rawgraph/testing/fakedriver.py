@@ -280,6 +280,9 @@ class FakeDriver:
     # The fake whose functions are on cuda.bindings.driver now, if any: code that must ask the
     # real driver (the graph doctor's address checks) looks here first.
     installed: ClassVar[FakeDriver | None] = None
+    # The CUDA version cuDriverGetVersion reports. A call newer than it raises as the binding does
+    # on a driver that does not export it (cuFuncGetParamCount: 13.2); set it to be a newer driver.
+    version: int = 13000
 
     def __init__(self) -> None:
         self._ids = itertools.count(0x5A000000, 0x100)
@@ -541,7 +544,11 @@ class FakeDriver:
         return (S,)
 
     def _cuDriverGetVersion(self) -> tuple:
-        return (S, 13000)
+        return (S, self.version)
+
+    def _newer_than_driver(self, name: str, since: int) -> None:
+        if self.version < since:
+            raise RuntimeError(f'Function "{name}" not found')  # what the binding raises
 
     def _cuDeviceGetCount(self) -> tuple:
         return (S, 1)
@@ -791,6 +798,10 @@ class FakeDriver:
 
     def _cuFuncGetName(self, f: Any) -> tuple:
         return (S, self._func(f).name.encode())
+
+    def _cuFuncGetParamCount(self, f: Any) -> tuple:
+        self._newer_than_driver("cuFuncGetParamCount", 13020)
+        return (S, len(self._func(f).layout))
 
     def _cuFuncGetParamInfo(self, f: Any, i: int) -> tuple:
         lay = self._func(f).layout
