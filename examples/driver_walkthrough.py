@@ -56,10 +56,9 @@ def compile_cubin(arch):
 
 
 def pack(values):
-    """``kernelParams`` as C takes it: the address of a ``void*[]`` pointing at one host cell per
-    argument, typed as the kernel declares it (§17). cuda.bindings would also build it from
-    ``((values), (ctypes types))``; by hand it is the very table a kernel node hands back and
-    ``cuGraphExecKernelNodeSetParams`` takes (step 8)."""
+    """``kernelParams`` as C takes it: the address of a ``void*[]`` pointing at one host cell per argument,
+    typed as the kernel declares it (§17); cuda.bindings would build it from ``((values), (ctypes types))``,
+    by hand it is the very table a kernel node hands back and ``cuGraphExecKernelNodeSetParams`` takes."""
     cells = [np.array([v], dtype=t) for v, t in zip(values, ARG_TYPES)]
     table = np.array([c.ctypes.data for c in cells], dtype=np.uint64)
     KEEP.append((table, cells))
@@ -87,10 +86,7 @@ def measure(step, stream, ev0, ev1):
 
 
 def walkthrough(dev, owned):
-    def own(release, handle):  # released in reverse order at the end, whatever happened
-        owned.append((release, handle))
-        return handle
-
+    own = lambda release, handle: owned.append((release, handle)) or handle  # released in reverse order at the end
     # 1. The primary context (the one CuPy and PyTorch use), current on this thread: an exec update
     #    from a thread with no current context crashes the process (semantics.md §16).
     ctx = call(driver.cuDevicePrimaryCtxRetain, dev)
@@ -142,12 +138,8 @@ def walkthrough(dev, owned):
     # 8. Rebinding: read each kernel node back (cuGraphGetNodes + cuGraphKernelNodeGetParams; the
     #    graph keeps the captured values, an exec cannot be read back: §11), point every argument
     #    that held x_static at the request, push it into the exec only (§6, §11 "Rebinding by address").
-    count = call(driver.cuGraphGetNodes, graph, 0)[1]
-    nodes = [
-        n
-        for n in call(driver.cuGraphGetNodes, graph, count)[0]
-        if call(driver.cuGraphNodeGetType, n) == driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
-    ]
+    every = call(driver.cuGraphGetNodes, graph, call(driver.cuGraphGetNodes, graph, 0)[1])[0]  # count, then nodes
+    nodes = [n for n in every if call(driver.cuGraphNodeGetType, n) == driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL]
 
     def rebound(x):  # [(node, params)] moving every x_static argument to x
         out = []
@@ -162,9 +154,6 @@ def walkthrough(dev, owned):
     plans = [rebound(x) for x in req]
 
     # 9. The three paths; step i serves request i % 2, at its own address.
-    def eager(i):
-        launch_block(req[i % 2])
-
     def copy_replay(i):  # PyTorch's way: new data into the captured input, then replay
         call(driver.cuMemcpyDtoDAsync, x_static, req[i % 2], 4 * BATCH * WIDTH, stream)
         call(driver.cuGraphLaunch, gexec, stream)
@@ -174,6 +163,7 @@ def walkthrough(dev, owned):
             call(driver.cuGraphExecKernelNodeSetParams, gexec, node, p)
         call(driver.cuGraphLaunch, gexec, stream)
 
+    eager = lambda i: launch_block(req[i % 2])
     paths = [("eager (2 launches)", eager), ("copy + replay", copy_replay), ("rebind + replay", rebind_replay)]
 
     # 10. Each path on request 0 after poisoning x_static, h and y (so the rebind path must read the
@@ -191,11 +181,8 @@ def walkthrough(dev, owned):
         got = out.view(np.uint32)  # the bits themselves (a NaN never equals, -0.0 differs from 0.0)
         err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
         if not np.array_equal(got, bits.setdefault("eager", got)) or not err < 1e-5:
-            print(
-                f"{NAME}: FAILED: {name}: {np.count_nonzero(got != bits['eager'])} of {got.size} floats differ "
-                f"from eager's bits; relative error vs float64 {err:.1e}",
-                file=sys.stderr,
-            )
+            diff = f"{np.count_nonzero(got != bits['eager'])} of {got.size} floats differ from eager's bits"
+            print(f"{NAME}: FAILED: {name}: {diff}; relative error vs float64 {err:.1e}", file=sys.stderr)
             return 1
         rows.append((name, *measure(step, stream, ev0, ev1)))
     print(f"{gpu} ({arch}), block {BATCH}x{WIDTH} float32, median of {ROUNDS} steps")

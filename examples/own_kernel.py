@@ -4,8 +4,7 @@ import numpy as np
 
 import rawgraph as rg
 
-SRC = r"""
-extern "C" __global__ void axpb(float a, const float* x, float b, float* y, int n) {
+SRC = r"""extern "C" __global__ void axpb(float a, const float* x, float b, float* y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = a * x[i] + b;
 }"""

@@ -99,7 +99,7 @@ def test_the_layout_asks_the_parameter_count_where_the_driver_has_the_call(fake,
     that many ``cuFuncGetParamInfo`` indexes. An older one does not export the call (the binding
     raises): it is never called there, and the layout is read until ``CUDA_ERROR_INVALID_VALUE``."""
     from rawgraph.graphs.nodes import read_layout
-    from rawgraph.runtime.rawkernel import read_param_layout
+    from rawgraph.runtime.module import read_param_layout
 
     fake.version = version
     calls = []

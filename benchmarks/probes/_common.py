@@ -31,6 +31,7 @@ from rawgraph.runtime.errors import NvrtcError, error_name
 
 # The sgemm cut as text (BM,BN,BK,STAGES,S,KS,MINB[,TM]): benchmarks/gemm_sweep.py owns the format.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gemm_sweep import parse_cut as parse_cut  # noqa: E402  (re-exported: the probes import it from here)
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 NO_GPU_EXIT = 2

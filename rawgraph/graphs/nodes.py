@@ -27,7 +27,7 @@ from typing import Any
 from cuda.bindings import driver
 
 from ..runtime.errors import call, cuda_error
-from ..runtime.rawkernel import read_param_layout
+from ..runtime.module import read_param_layout
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _INVALID_VALUE = driver.CUresult.CUDA_ERROR_INVALID_VALUE

@@ -10,6 +10,7 @@ import os
 import re
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,12 @@ import numpy as np
 from cuda.bindings import driver
 
 from .compiler import DEFAULT_OPTIONS, CompiledImage, KernelCache, compile_source
-from .device import Device, get_device
+from .device import Device, driver_cuda_version, get_device
 from .errors import call, cuda_error
 from .resource import Resource
 
 KERNEL_DIR_ENV = "RAWGRAPH_KERNEL_DIR"
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
 
 
 def kernel_dir() -> Path:
@@ -202,3 +204,62 @@ def get_kernels(
 def get_kernel(file: str, name: str, device: Device | None = None, **kw: Any) -> Kernel:
     """One kernel; see :func:`get_kernels`."""
     return get_kernels(file, [name], device, **kw)[0]
+
+
+# -- a loaded function's parameter layout ---------------------------------------------------------
+# Drivers of CUDA 13.2 and later export cuFuncGetParamCount; older ones do not (a newer binding
+# still names it, and calling it there raises).
+PARAM_COUNT_DRIVER = 13020
+# A kernel takes at most 32 KB of parameters: this bounds the index-by-index read.
+MAX_PARAMS = 4096
+
+
+@dataclass(frozen=True)
+class LayoutRead:
+    """What reading a kernel's parameter layout gave: ``(offset, size)`` of each parameter read,
+    and ``err`` (``CUDA_SUCCESS`` when the layout is whole, else the answer of ``call``, the call
+    that stopped the read)."""
+
+    layout: list[tuple[int, int]]
+    err: Any
+    call: str
+
+
+def read_param_layout(function: Any) -> LayoutRead:
+    """Read the parameter layout of a loaded kernel without raising for a driver's answer.
+
+    Where the driver has ``cuFuncGetParamCount`` (CUDA 13.2 on) the count comes first and exactly
+    that many ``cuFuncGetParamInfo`` answers are asked for; on an older driver they are asked index
+    by index until it answers ``CUDA_ERROR_INVALID_VALUE``, one past the last.
+
+    See Also
+    --------
+    cuFuncGetParamCount : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
+    cuFuncGetParamInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
+    """
+    count = None
+    if driver_cuda_version() >= PARAM_COUNT_DRIVER:
+        err, n = driver.cuFuncGetParamCount(function)
+        if err != _SUCCESS:
+            return LayoutRead([], err, "cuFuncGetParamCount")
+        count = int(n)
+    layout: list[tuple[int, int]] = []
+    while len(layout) < (MAX_PARAMS if count is None else count):
+        err, offset, size = driver.cuFuncGetParamInfo(function, len(layout))
+        if count is None and err == driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+            return LayoutRead(layout, _SUCCESS, "cuFuncGetParamInfo")
+        if err != _SUCCESS:
+            return LayoutRead(layout, err, "cuFuncGetParamInfo")
+        layout.append((int(offset), int(size)))
+    if count is None:  # no end in sight: not a layout
+        return LayoutRead(layout, driver.CUresult.CUDA_ERROR_INVALID_VALUE, f"cuFuncGetParamInfo (> {MAX_PARAMS})")
+    return LayoutRead(layout, _SUCCESS, "cuFuncGetParamInfo")
+
+
+def param_layout(function: Any) -> list[tuple[int, int]]:
+    """``(offset, size)`` of each parameter of a loaded kernel, in order (:func:`read_param_layout`);
+    any failure raises :class:`~rawgraph.runtime.errors.CudaError` naming the call."""
+    read = read_param_layout(function)
+    if read.err != _SUCCESS:
+        raise cuda_error(read.err, read.call)
+    return read.layout
