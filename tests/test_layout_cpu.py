@@ -83,3 +83,28 @@ def test_every_subpackage_ships_in_the_wheel():
     assert 'only-include = ["rawgraph", "kernels", "_rawgraph_pytestplugin.py"]' in text
     for sub in LAYERS:
         assert (PKG / sub / "__init__.py").is_file(), sub
+
+
+def _code_lines(fn):
+    """Lines of a function after its docstring."""
+    body = fn.body
+    if isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        if len(body) == 1:
+            return 0
+        body = body[1:]
+    return fn.end_lineno - body[0].lineno + 1
+
+
+def test_no_long_function_in_the_core_without_a_comment_saying_why():
+    """runtime, graphs and updates read top to bottom: a function of more than about 60 lines of
+    code (65 here) says in a comment why it is kept whole."""
+    long = []
+    for layer in ("runtime", "graphs", "updates"):
+        for path in sorted((PKG / layer).glob("*.py")):
+            text = path.read_text()
+            for fn in ast.walk(ast.parse(text)):
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and _code_lines(fn) > 65:
+                    src = "\n".join(text.splitlines()[fn.lineno - 1 : fn.end_lineno])
+                    if "kept whole" not in src:
+                        long.append(f"{path.relative_to(PKG)}:{fn.name} ({_code_lines(fn)} lines)")
+    assert long == [], long

@@ -386,6 +386,35 @@ def _header_names(text: str) -> tuple[set[str], set[str]] | None:
 _names_by_digest: dict[str, tuple[frozenset[str], frozenset[str]] | None] = {}
 
 
+_GONE: tuple[str, tuple[frozenset[str], frozenset[str]]] = (
+    "",
+    (frozenset(), frozenset()),
+)  # _scan_header: no file there after all (skipped, not fatal)
+
+
+def _scan_header(real: str) -> tuple[str, tuple[frozenset[str], frozenset[str]]] | None:
+    """``(SHA-256, (quoted names, angled names))`` of the header at ``real``; :data:`_GONE` when
+    there is no file there after all, None when what NVRTC would read of it is unknown (it
+    cannot be read, or it includes a macro). The names are memoized by content."""
+    try:
+        with open(real, "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return _GONE
+    except OSError:
+        return None
+    digest = hashlib.sha256(data).hexdigest()
+    try:
+        inner = _names_by_digest[digest]
+    except KeyError:  # read once, kept in a local: another thread may clear the memo meanwhile
+        scanned = _header_names(data.decode("utf-8", "replace"))
+        inner = None if scanned is None else (frozenset(scanned[0]), frozenset(scanned[1]))
+        if len(_names_by_digest) >= 16384:
+            _names_by_digest.clear()
+        _names_by_digest[digest] = inner
+    return None if inner is None else (digest, inner)
+
+
 def _headers(source: str, source_name: str, options: Sequence[str]) -> list[tuple[str, str]] | None:
     """What the cache key needs of the files a compile of ``source`` can read: ``(real path,
     SHA-256 of the content)`` of every file that an include or pre-include names, in any place
@@ -403,6 +432,9 @@ def _headers(source: str, source_name: str, options: Sequence[str]) -> list[tupl
     ``#include`` of a macro, a header that cannot be read, precompiled headers): such a compile
     is not cached.
     """
+    # One worklist loop over (name, place) pairs, kept whole (about 70 lines): the queue, the
+    # places and the two name sets grow inside it and each step reads all of them, so a split
+    # would pass five mutable collections between the parts.
     parsed = _include_options(options)
     got = _header_names(source)
     if parsed is None or got is None:
@@ -461,24 +493,12 @@ def _headers(source: str, source_name: str, options: Sequence[str]) -> list[tupl
         if real in files:
             found.add(name)
             continue
-        try:
-            with open(real, "rb") as f:
-                data = f.read()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        scanned = _scan_header(real)
+        if scanned is _GONE:
             continue
-        except OSError:
+        if scanned is None:
             return None
-        digest = hashlib.sha256(data).hexdigest()
-        try:
-            inner = _names_by_digest[digest]
-        except KeyError:  # read once, kept in a local: another thread may clear the memo meanwhile
-            scanned = _header_names(data.decode("utf-8", "replace"))
-            inner = None if scanned is None else (frozenset(scanned[0]), frozenset(scanned[1]))
-            if len(_names_by_digest) >= 16384:
-                _names_by_digest.clear()
-            _names_by_digest[digest] = inner
-        if inner is None:
-            return None
+        digest, inner = scanned
         files[real] = digest
         found.add(name)
         for n in sorted(inner[0] - quoted):
