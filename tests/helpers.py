@@ -1,6 +1,9 @@
 """Shared test helpers (imported by GPU tests)."""
 
+import gc
 import os
+import threading
+import time
 
 import numpy as np
 
@@ -176,3 +179,75 @@ def refuses_what_the_driver_forbids(dsg, monkeypatch, names):
     with pytest.raises(DeviceUpdatableError, match="AddressRebinder"):
         AddressRebinder(dsg.graph, dsg.exec)
     assert calls == []
+
+
+def tiny_model(rng, batch=2, width=128, form="fused"):
+    """A one-layer TinyBlock with a seed drawn from ``rng``."""
+    from rawgraph import TinyBlock
+
+    return TinyBlock(width, batch, 1, seed=int(rng.integers(1 << 30)), form=form)
+
+
+def eager_output(model, x, stream):
+    """The model's eager output for ``x`` (into a poisoned buffer), on the host."""
+    from rawgraph import DeviceBuffer
+
+    out = DeviceBuffer((model.batch, model.width))
+    out.poison(stream)
+    model.forward(x, out, stream)
+    return out.to_numpy(stream)
+
+
+def device_inputs(rng, model, k, stream):
+    """``k`` random inputs for ``model``: the host arrays and their device copies."""
+    from rawgraph import DeviceBuffer
+
+    hosts = [random_input(rng, (model.batch, model.width)) for _ in range(k)]
+    return hosts, [DeviceBuffer.from_numpy(h, stream=stream) for h in hosts]
+
+
+class Overlap:
+    """Wraps a driver function: every call pauses inside it, so a second thread let into the same
+    critical section meanwhile is seen (``overlaps``). With the owner's lock there is none."""
+
+    def __init__(self, fn, pause=0.02):
+        self.fn, self.pause, self.inside, self.overlaps, self.calls = fn, pause, 0, 0, 0
+        self.__name__ = fn.__name__  # rawgraph.runtime.errors.call names the call by it
+        self._lock = threading.Lock()
+
+    def __call__(self, *args):
+        with self._lock:
+            self.inside += 1
+            self.calls += 1
+            self.overlaps += self.inside > 1
+        try:
+            time.sleep(self.pause)  # releases the GIL: the other thread runs now if nothing stops it
+            return self.fn(*args)
+        finally:
+            with self._lock:
+                self.inside -= 1
+
+
+def referrers(obj):
+    """What still refers to ``obj`` (for a failure message)."""
+    return [type(r).__name__ + (f" {sorted(r)[:6]}" if isinstance(r, dict) else "") for r in gc.get_referrers(obj)]
+
+
+def two_threads(work_a, work_b):
+    """Run both from one barrier; returns the exceptions they raised."""
+    start, errors = threading.Barrier(2, timeout=30), []
+
+    def run(work):
+        start.wait()
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in (work_a, work_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    return errors

@@ -2,12 +2,16 @@
 
 import numpy as np
 import pytest
-from helpers import GPU_TO_ITSELF, random_input, rel_err
+from cuda.bindings import driver
+from helpers import GPU_TO_ITSELF, eager_output, random_input, rel_err, tiny_model
 
 from rawgraph import (
     BucketGraphs,
+    ClosedError,
+    DeviceArray,
     DeviceBuffer,
     DTypeError,
+    LayoutError,
     NotOnDeviceError,
     ReshapedGraph,
     RowCountBuckets,
@@ -282,3 +286,32 @@ def test_one_reshaped_graph_serves_every_batch_size(model, stream, rng):
     rg.run(rg.input, 1)  # the same size again: nothing to push
     assert rg.pushes == pushes
     rg.close()
+
+
+def test_reshaped_graph_refuses_bad_sizes_and_a_partly_overlapping_x(stream, rng, monkeypatch):
+    model = tiny_model(rng, batch=4)
+    rg = ReshapedGraph(model, max_batch=4, stream=stream)
+    copies = []
+    real = driver.cuMemcpyDtoDAsync
+    monkeypatch.setattr(driver, "cuMemcpyDtoDAsync", lambda *a: copies.append(a) or real(*a))
+    for n in (0, 5, -1):
+        with pytest.raises(ShapeError, match="1..max_batch"):
+            rg.reshape(n)
+    with pytest.raises(TypeError):
+        rg.reshape(True)
+    f32 = np.dtype(np.float32)
+    shifted = DeviceArray(rg.input.ptr + model.width * 4, (3, model.width), f32, rg.input)
+    with pytest.raises(LayoutError, match="overlaps"):
+        rg.run(shifted, 3)
+    assert copies == [], "a refused run reached the driver"
+    # x that is the persistent input itself runs without a copy
+    xh = random_input(rng, (4, model.width))
+    rg.input.copy_from_host(xh, stream)
+    y = rg.run(DeviceArray(rg.input.ptr, (4, model.width), f32, rg.input), 4)
+    assert copies == [] and y.ptr == rg.output.ptr
+    np.testing.assert_array_equal(
+        rg.output.to_numpy(stream), eager_output(model, DeviceBuffer.from_numpy(xh, stream=stream), stream)
+    )
+    rg.close()
+    with pytest.raises(ClosedError):
+        rg.reshape(2)

@@ -9,24 +9,31 @@ import threading
 import numpy as np
 import pytest
 from cuda.bindings import driver
-from helpers import random_input, rel_err
+from helpers import device_inputs, eager_output, random_input, rel_err, spin_ns, tiny_model
 
 from rawgraph import (
+    BucketGraphs,
     Capture,
     CaptureError,
     CaptureMode,
     CaptureRefusedError,
     CudaError,
     DeviceBuffer,
+    ExecUpdateManager,
+    IndirectGraph,
+    ReshapedGraph,
+    RowCountBuckets,
     Stream,
     TinyBlock,
+    capture_plan,
     get_device,
     ops,
 )
 from rawgraph.runtime import _capturing
-from rawgraph.runtime.errors import ReleaseWarning, check
+from rawgraph.runtime.errors import ReleaseWarning, call, check
 
 pytestmark = pytest.mark.gpu
+SPIN_NS = spin_ns(200_000_000)  # 200 ms queued in front: long against the Python that follows a launch
 
 
 def test_a_capture_object_is_single_use(stream):
@@ -140,3 +147,58 @@ def test_context_fence_is_refused_while_any_thread_captures_and_stream_reads_wor
         graph.instantiate().launch(s)
         ref = ref0 if i == 0 else models[i].reference(inputs[i], s)
         assert rel_err(out.to_numpy(s), ref) < 1e-5, f"thread {i}, seed {rng.seed_used}"
+
+
+def test_a_stream_closed_after_a_launch_breaks_no_later_bind_or_close(stream, rng):
+    model = tiny_model(rng)
+    _, (x, a, b) = device_inputs(rng, model, 3, stream)
+    out, out2 = DeviceBuffer((model.batch, model.width)), DeviceBuffer((model.batch, model.width))
+    graph = capture_plan(model.plan(x, out), stream)
+    exe = graph.instantiate()
+    mgr = ExecUpdateManager(graph, exe)
+    with Stream() as t:
+        mgr.launch(t)
+    assert mgr.bind("x", a) > 0
+    mgr.collect()  # covers the retired x with a fence: the closed stream takes none, its tail stands in
+    stream.synchronize()
+    out.poison(stream)
+    mgr.launch(stream)
+    np.testing.assert_array_equal(out.to_numpy(stream), eager_output(model, a, stream))
+    mgr.close()
+    exe.close()
+    graph.close()
+    ind = IndirectGraph(model, x, out, stream)
+    with Stream() as t:
+        ind.launch(t)
+    ind.bind(b, out2)
+    out2.poison(stream)
+    ind.launch(stream)
+    np.testing.assert_array_equal(out2.to_numpy(stream), eager_output(model, b, stream))
+    ind.close()
+    assert ind.exec.closed and ind.graph.closed
+
+
+@pytest.mark.parametrize("kind", ["buckets", "row_count", "reshaped"])
+def test_a_run_on_a_new_stream_waits_for_one_queued_on_a_closed_stream(device, stream, rng, kind):
+    model = tiny_model(rng, batch=4)
+    _, (x1, x2) = device_inputs(rng, model, 2, stream)
+    want = eager_output(model, x2, stream)
+    served = {
+        "buckets": lambda: BucketGraphs(model, sizes=[4], stream=stream),
+        "row_count": lambda: RowCountBuckets(model, sizes=[4], stream=stream),
+        "reshaped": lambda: ReshapedGraph(model, max_batch=4, stream=stream),
+    }[kind]()
+    stream.synchronize()
+    t = Stream()
+    ops.spin(device, SPIN_NS)(t)
+    served.run(x1, 4, stream=t)
+    t.close()  # cuStreamDestroy returns with the spin and the run still queued
+    u = Stream()
+    served.run(x2, 4, stream=u)
+    got = served.output.to_numpy(u)[:4]
+    call(driver.cuCtxSynchronize)  # everything, the closed stream's run included
+    after = served.output.to_numpy(stream)[:4]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(after, got, err_msg="the run on the closed stream ran after the later one")
+    served.close()
+    u.close()

@@ -5,7 +5,7 @@ import weakref
 
 import numpy as np
 import pytest
-from helpers import random_input
+from helpers import device_inputs, eager_output, random_input, spin_ns, tiny_model
 
 from rawgraph import (
     DeviceBuffer,
@@ -16,9 +16,12 @@ from rawgraph import (
     ShapeError,
     TinyBlock,
     capture_plan,
+    get_device,
+    ops,
 )
 
 pytestmark = pytest.mark.gpu
+SPIN_NS = spin_ns(200_000_000)  # 200 ms queued in front: long against the Python that follows a launch
 
 
 def _setup(stream, width=128, batch=2, layers=2, form="unfused"):
@@ -231,3 +234,44 @@ def test_a_prepared_binding_keeps_its_arrays_alive(stream, rng):
     mgr.bind("x", DeviceBuffer.from_numpy(random_input(rng, (2, 128))))
     gc.collect()
     assert ref() is None  # never replayed while bound: nothing else keeps it
+
+
+def test_manager_close_waits_for_a_queued_replay_before_dropping_what_it_reads(stream, rng):
+    # A caching allocator's array (CuPy's pool): cuMemFree would wait for the device, a pool hands
+    # the block to the next allocation at once.
+    cp = pytest.importorskip("cupy")
+    model = tiny_model(rng)
+    hosts, (x, a_copy) = device_inputs(rng, model, 2, stream)
+    want = eager_output(model, a_copy, stream)
+    a = cp.asarray(hosts[1])
+    cp.empty(a.shape, cp.float32).fill(cp.nan)  # CuPy compiles its fill kernel now, not behind the spin
+    cp.cuda.Device().synchronize()
+    a_ptr = a.data.ptr
+    out = DeviceBuffer((model.batch, model.width))
+    graph = capture_plan(model.plan(x, out), stream)
+    exe = graph.instantiate()
+    mgr = ExecUpdateManager(graph, exe)
+    ref = weakref.ref(a)
+    mgr.bind("x", a)
+    out.poison(stream)
+    ops.spin(get_device(), SPIN_NS)(stream)
+    mgr.launch(stream)
+    mgr.bind("x", x)  # a is retired: the queued replay still reads it
+    del a
+    gc.collect()
+    assert ref() is not None and not stream.query()
+    mgr.close()
+    queued = not stream.query()
+    gc.collect()
+    assert ref() is None, "close kept a retired array"
+    # The pool's next arrays, filled on CuPy's stream (which does not wait for ours)
+    fresh = [cp.empty((model.batch, model.width), cp.float32) for _ in range(4)]
+    for f in fresh:
+        f.fill(cp.nan)
+    reused = any(f.data.ptr == a_ptr for f in fresh)
+    np.testing.assert_array_equal(
+        out.to_numpy(stream), want, err_msg=f"the replay read a reused block (reused={reused}, queued={queued})"
+    )
+    assert not queued, "close let a retired array go with the replay that reads it still queued"
+    exe.close()
+    graph.close()

@@ -1,16 +1,20 @@
 """Rebinding by address (rawgraph.updates.rebind) on rawgraph's own graphs, hand-built memory nodes and a
 CuPy-captured graph: every random rebind checked against a fresh eager run, and the refusals."""
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 from cuda.bindings import driver
-from helpers import random_input, rel_err
+from helpers import device_inputs, eager_output, random_input, referrers, rel_err, spin_ns, tiny_model
 
-from rawgraph import DeviceBuffer, TinyBlock, capture_plan
+from rawgraph import AddressRebinder, ClosedError, DeviceBuffer, RebindError, TinyBlock, capture_plan, get_device, ops
 from rawgraph.runtime.errors import call
 from rawgraph.updates.rebind import AddressRebinder, LayoutMismatchError, RebindError
 
 pytestmark = pytest.mark.gpu
+SPIN_NS = spin_ns(200_000_000)  # 200 ms queued in front: long against the Python that follows a launch
 REBINDS = 1000
 
 
@@ -234,3 +238,130 @@ def test_parameters_are_copied_and_exec_updates_leave_the_graph_alone(stream, rn
     assert int.from_bytes(reb.held(info.id)[8:16], "little") == b2.ptr
     exe.close()
     graph.close()
+
+
+@pytest.mark.parametrize("closed", ["exec", "graph", "rebinder"])
+def test_the_rebinder_refuses_a_closed_exec_or_graph_before_the_driver(stream, rng, count_setparams, closed):
+    model = tiny_model(rng)
+    _, (x, x2) = device_inputs(rng, model, 2, stream)
+    out = DeviceBuffer((model.batch, model.width))
+    graph = capture_plan(model.plan(x, out), stream)
+    exe = graph.instantiate()
+    reb = AddressRebinder(graph, exe)
+    binding = reb.prepare({x: x2})
+    {"exec": exe, "graph": graph, "rebinder": reb}[closed].close()
+    before = len(count_setparams)
+    for op in (
+        lambda: reb.apply(binding),
+        lambda: reb.move(x, x2),
+        lambda: reb.prepare({x: x2}),
+        lambda: reb.launch(stream),
+        lambda: reb.find(x),
+    ):
+        with pytest.raises(ClosedError, match="closed"):
+            op()
+    assert len(count_setparams) == before, "a driver update reached a closed exec"
+    reb.close()
+    reb.close()  # safe twice
+    exe.close()
+    graph.close()
+
+
+def test_the_rebinder_holds_a_moved_in_buffer_until_the_replays_that_read_it_have_run(stream, rng):
+    model = tiny_model(rng)
+    hosts, (x, a_copy, b_copy) = device_inputs(rng, model, 3, stream)
+    want_a, want_b = eager_output(model, a_copy, stream), eager_output(model, b_copy, stream)
+    # a and b are known to the rebinder only (the eager runs above used copies)
+    a, b = (DeviceBuffer.from_numpy(h, stream=stream) for h in hosts[1:])
+    out = DeviceBuffer((model.batch, model.width))
+    graph = capture_plan(model.plan(x, out), stream)
+    exe = graph.instantiate()
+    reb = AddressRebinder(graph, exe)
+    ref_a, ref_b = weakref.ref(a), weakref.ref(b)
+    # rebind(): the exec points into a, so the rebinder holds it
+    reb.move(x, a)
+    del a
+    gc.collect()
+    assert ref_a() is not None, "the rebinder let go of a buffer the exec points into"
+    out.poison(stream)
+    ops.spin(get_device(), SPIN_NS)(stream)
+    reb.launch(stream)
+    reb.move(ref_a(), x)  # moved away while the replay that reads it is queued
+    gc.collect()
+    assert not stream.query() and ref_a() is not None, "a buffer a queued replay reads was let go"
+    np.testing.assert_array_equal(out.to_numpy(stream), want_a)
+    assert rel_err(out.to_numpy(stream), model.reference(hosts[1])) < 1e-5, f"seed {rng.seed_used}"
+    reb.collect()  # covers the retired buffer with a fence behind the replay
+    stream.synchronize()
+    assert reb.collect() == 0
+    gc.collect()
+    assert ref_a() is None, f"the buffer stayed held after its replays ran: {referrers(ref_a())}"
+    # prepare()/apply(): the binding holds b, then the rebinder while it is applied
+    binding = reb.prepare({x: b})
+    del b
+    gc.collect()
+    assert ref_b() is not None
+    reb.apply(binding)
+    del binding
+    gc.collect()
+    assert ref_b() is not None, "the rebinder let go of an applied binding's buffer"
+    out.poison(stream)
+    ops.spin(get_device(), SPIN_NS)(stream)
+    reb.launch(stream)
+    reb.apply(reb.prepare({}))  # back to x while the replay reading b is queued
+    gc.collect()
+    assert not stream.query() and ref_b() is not None
+    np.testing.assert_array_equal(out.to_numpy(stream), want_b)
+    reb.close()
+    gc.collect()
+    assert reb.retained == []
+    assert ref_b() is None, f"held after close: {referrers(ref_b())}"
+    exe.close()
+    graph.close()
+
+
+def test_an_adopted_graphs_rebinder_owns_its_exec(stream, rng):
+    from rawgraph import adopt
+
+    model = tiny_model(rng)
+    _, (x,) = device_inputs(rng, model, 1, stream)
+    out = DeviceBuffer((model.batch, model.width))
+    graph = capture_plan(model.plan(x, out), stream)
+    with adopt(graph.handle, owner=graph) as adopted:
+        reb = adopted.rebinder()
+        exe = reb.exec
+        reb.close()
+        assert exe.closed
+    graph.close()
+
+
+def test_prepare_refuses_a_range_a_child_graph_reads(device, stream, rng):
+    model = tiny_model(rng)
+    hosts, (x, x2) = device_inputs(rng, model, 2, stream)
+    out, out_child, out2 = (DeviceBuffer((model.batch, model.width)) for _ in range(3))
+    graph = capture_plan(model.plan(x, out), stream)
+    child = capture_plan(model.plan(x, out_child), stream)  # the child reads x too
+    # after the parent's last kernel: both use the model's one workspace
+    call(driver.cuGraphAddChildGraphNode, graph.handle, [graph.nodes[-1].handle], 1, child.handle)
+    exe = graph.instantiate()
+    reb = AddressRebinder(graph, exe)
+    assert any(not m.reachable for m in reb.find(x))
+    with pytest.raises(RebindError, match="child graph or conditional body"):
+        reb.move(x, x2)
+    with pytest.raises(RebindError, match="child graph or conditional body"):
+        reb.prepare({x: x2})
+    with pytest.raises(RebindError, match="child graph or conditional body"):
+        reb.prepare([(out, out2), (x, x2)])
+    # what only the top level reads still moves
+    reb.apply(reb.prepare({out: out2}))
+    for o in (out, out2, out_child):
+        o.poison(stream)
+    reb.launch(stream)
+    want = eager_output(model, x, stream)
+    np.testing.assert_array_equal(out2.to_numpy(stream), want)
+    np.testing.assert_array_equal(out_child.to_numpy(stream), want)
+    assert rel_err(want, model.reference(hosts[0])) < 1e-5, f"seed {rng.seed_used}"
+    reb.close()
+    exe.close()
+    graph.close()
+    child.close()

@@ -3,14 +3,13 @@
 Run with ``PYTHONPATH=. python3 benchmarks/bite_check.py --only NAME``; these need the H200.
 """
 
-T = "tests/test_holes_gpu.py"
 NULL_LOCK = '__import__("contextlib").nullcontext()'
 
 CASES = [
     dict(
         name="rebinder_apply_without_liveness_check",
         why="item 1: AddressRebinder.apply reaches cuGraphExecKernelNodeSetParams after its exec was closed",
-        tests=[f"{T}::test_the_rebinder_refuses_a_closed_exec_or_graph_before_the_driver"],
+        tests=["tests/test_rebind_gpu.py::test_the_rebinder_refuses_a_closed_exec_or_graph_before_the_driver"],
         edits=[
             (
                 "rawgraph/updates/rebind.py",
@@ -22,7 +21,9 @@ CASES = [
     dict(
         name="rebinder_does_not_hold_a_rebound_buffer",
         why="item 1: rebind() keeps no reference to the buffer the exec now points into",
-        tests=[f"{T}::test_the_rebinder_holds_a_moved_in_buffer_until_the_replays_that_read_it_have_run"],
+        tests=[
+            "tests/test_rebind_gpu.py::test_the_rebinder_holds_a_moved_in_buffer_until_the_replays_that_read_it_have_run"
+        ],
         edits=[
             ("rawgraph/updates/rebind.py", "            self._rebound.append((nb, size, new))\n", "            pass\n")
         ],
@@ -30,7 +31,9 @@ CASES = [
     dict(
         name="rebinder_drops_an_applied_buffer_at_once",
         why="item 1: apply() lets the previous binding's buffers go with a replay that reads them queued",
-        tests=[f"{T}::test_the_rebinder_holds_a_moved_in_buffer_until_the_replays_that_read_it_have_run"],
+        tests=[
+            "tests/test_rebind_gpu.py::test_the_rebinder_holds_a_moved_in_buffer_until_the_replays_that_read_it_have_run"
+        ],
         edits=[
             ("rawgraph/updates/rebind.py", "                self._keep.retire_all(gone)\n", "                pass\n")
         ],
@@ -38,7 +41,7 @@ CASES = [
     dict(
         name="prepare_skips_child_graphs",
         why="item 2: prepare() moves a range a child graph reads (the child keeps the old buffer)",
-        tests=[f"{T}::test_prepare_refuses_a_range_a_child_graph_reads"],
+        tests=["tests/test_rebind_gpu.py::test_prepare_refuses_a_range_a_child_graph_reads"],
         edits=[
             (
                 "rawgraph/updates/rebind.py",
@@ -50,7 +53,7 @@ CASES = [
     dict(
         name="manager_close_drops_pending_arrays",
         why="item 3: ExecUpdateManager.close() drops retired arrays no event covers yet, replay still queued",
-        tests=[f"{T}::test_manager_close_waits_for_a_queued_replay_before_dropping_what_it_reads"],
+        tests=["tests/test_manager_gpu.py::test_manager_close_waits_for_a_queued_replay_before_dropping_what_it_reads"],
         edits=[
             (
                 "rawgraph/updates/manager.py",
@@ -62,7 +65,7 @@ CASES = [
     dict(
         name="fence_records_on_a_closed_stream",
         why="item 4: a stream launched on and closed later gets an event recorded on it (ClosedError on bind)",
-        tests=[f"{T}::test_a_stream_closed_after_a_launch_breaks_no_later_bind_or_close"],
+        tests=["tests/test_lifetimes_gpu.py::test_a_stream_closed_after_a_launch_breaks_no_later_bind_or_close"],
         edits=[
             (
                 "rawgraph/runtime/stream.py",
@@ -76,7 +79,7 @@ CASES = [
     dict(
         name="stream_order_skips_a_closed_stream",
         why="item 5: StreamOrder orders nothing after a closed stream (cuStreamDestroy returns with work queued)",
-        tests=[f"{T}::test_a_run_on_a_new_stream_waits_for_one_queued_on_a_closed_stream"],
+        tests=["tests/test_lifetimes_gpu.py::test_a_run_on_a_new_stream_waits_for_one_queued_on_a_closed_stream"],
         edits=[
             (
                 "rawgraph/serving/buckets.py",
@@ -88,7 +91,7 @@ CASES = [
     dict(
         name="reshape_unchecked_n",
         why="item 10: ReshapedGraph.reshape(0) raises a bare KeyError",
-        tests=[f"{T}::test_reshaped_graph_refuses_bad_sizes_and_a_partly_overlapping_x"],
+        tests=["tests/test_buckets_gpu.py::test_reshaped_graph_refuses_bad_sizes_and_a_partly_overlapping_x"],
         edits=[
             (
                 "rawgraph/serving/reshape.py",
@@ -100,7 +103,7 @@ CASES = [
     dict(
         name="reshape_run_without_overlap_check",
         why="item 10: ReshapedGraph.run copies a partly overlapping x (an undefined cuMemcpyDtoDAsync)",
-        tests=[f"{T}::test_reshaped_graph_refuses_bad_sizes_and_a_partly_overlapping_x"],
+        tests=["tests/test_buckets_gpu.py::test_reshaped_graph_refuses_bad_sizes_and_a_partly_overlapping_x"],
         edits=[
             (
                 "rawgraph/serving/reshape.py",
@@ -112,7 +115,7 @@ CASES = [
     dict(
         name="slot_pool_without_lock",
         why="item 12: two threads' joins run inside the SlotPool at once (one slot picked twice)",
-        tests=[f"{T}::test_two_threads_joining_a_slot_pool_never_pick_one_slot"],
+        tests=["tests/test_threads_gpu.py::test_two_threads_joining_a_slot_pool_never_pick_one_slot"],
         edits=[
             (
                 "rawgraph/serving/slots.py",
@@ -124,7 +127,7 @@ CASES = [
     dict(
         name="manager_without_lock",
         why="item 12: two threads' binds push into one manager's exec at once",
-        tests=[f"{T}::test_two_threads_binding_one_manager_leave_shadow_and_exec_agreeing"],
+        tests=["tests/test_threads_gpu.py::test_two_threads_binding_one_manager_leave_shadow_and_exec_agreeing"],
         edits=[
             (
                 "rawgraph/updates/manager.py",
@@ -136,7 +139,7 @@ CASES = [
     dict(
         name="rebinder_without_lock",
         why="item 12: two threads' applies push into one rebinder's exec at once",
-        tests=[f"{T}::test_two_threads_applying_one_rebinder_leave_held_and_exec_agreeing"],
+        tests=["tests/test_threads_gpu.py::test_two_threads_applying_one_rebinder_leave_held_and_exec_agreeing"],
         edits=[
             (
                 "rawgraph/updates/rebind.py",
@@ -148,7 +151,9 @@ CASES = [
     dict(
         name="indirect_graph_without_lock",
         why="item 12: two threads' applies run inside one IndirectGraph at once",
-        tests=[f"{T}::test_two_threads_applying_one_indirect_graph_leave_table_and_bound_agreeing"],
+        tests=[
+            "tests/test_threads_gpu.py::test_two_threads_applying_one_indirect_graph_leave_table_and_bound_agreeing"
+        ],
         edits=[
             (
                 "rawgraph/updates/indirect.py",
@@ -160,7 +165,7 @@ CASES = [
     dict(
         name="exec_update_without_a_current_context",
         why="a manager/rebinder/reshape update from a fresh thread reaches SetParams with no context (a crash)",
-        tests=[f"{T}::test_exec_updates_from_a_thread_with_no_current_context_do_not_crash"],
+        tests=["tests/test_threads_gpu.py::test_exec_updates_from_a_thread_with_no_current_context_do_not_crash"],
         edits=[
             (
                 "rawgraph/runtime/device.py",

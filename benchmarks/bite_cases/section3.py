@@ -117,7 +117,7 @@ CASES = [
         name="s3-layout-probe-hides-driver-errors",
         why="read_layout takes any cuFuncGetParamInfo failure for 'no layout': the rebinder is blind to that node",
         tests=[_t("adopt_a_raw_graph_rebinder")],
-        edits=[("rawgraph/graphs/nodes.py", "        if err in _NO_LAYOUT:\n", "        if err != _SUCCESS:\n")],
+        edits=[("rawgraph/graphs/nodes.py", "    if read.err in _NO_LAYOUT:\n", "    if read.err != _SUCCESS:\n")],
     ),
     dict(
         name="s3-closed-bucketgraphs-untyped",
