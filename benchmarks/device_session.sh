@@ -22,6 +22,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh near    # named cuts near the best where cuBLAS leads by a little
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh floors  # slots' worst buckets by kernel; w4096 b1 against copy bandwidth
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh memcheck # every GPU test file under memcheck
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh suite   # GPU tests, the plugin's, then memcheck (8 chunks at once)
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT CUTLASS_PROBE=<binary> bash benchmarks/device_session.sh cutlass  # cuBLAS's kernels, its design built publicly; GPU tests
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
@@ -267,10 +268,17 @@ case "${1:-tests}" in
     echo "kernel times rc=$? at $(el)s"; tail -8 "$OUT/kernel_times_w4096_b1.log" ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
+  suite)  # every GPU test; the pytest plugin's tests (its gpu marker runs here); then memcheck over
+    # every GPU test file, 8 chunks at once, with what is left of BUDGET
+    gpu_tests "${TESTS_LIMIT:-270}" -q --durations=20 tests
+    timeout 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_testing_plugin_cpu.py >"$OUT/plugin_tests.txt" 2>&1
+    echo "plugin rc=$? at $(el)s"; tail -1 "$OUT/plugin_tests.txt"
+    MEMCHECK_PARALLEL=1 MEMCHECK_LIMIT=$(( $(left) - 25 )) OUT="$OUT/mc" bash benchmarks/memcheck_gpu_tests.sh 8 >"$OUT/mc.log" 2>&1
+    echo "memcheck rc=$? at $(el)s"; grep "^chunk [0-9]*: rc" "$OUT/mc/sanitize_memcheck_files.txt" | cut -c1-220 ;;
   memcheck)  # every GPU test file under memcheck, each log naming the files and tests it covered
     MEMCHECK_LIMIT=${MEMCHECK_LIMIT:-$(( (BUDGET - 20) / ${CHUNKS:-4} ))} bash benchmarks/memcheck_gpu_tests.sh ${CHUNKS:-4} ${RUN_CHUNKS:-}
     echo "memcheck rc=$? at $(el)s" ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|memcheck" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|suite|memcheck" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"

@@ -194,6 +194,7 @@ def fake_graph(monkeypatch):
         "cuGraphNodeGetType": lambda node: (S, types[int(node)]),
         "cuGraphKernelNodeGetParams": kparams,
         "cuGraphMemsetNodeGetParams": mparams,
+        "cuDriverGetVersion": lambda: (S, 13000),  # a 13.0 driver: layouts index by index, no parameter count
         "cuFuncGetParamInfo": info,
         "cuFuncGetName": lambda f: (S, {0xF1: b"k1", 0xF2: b"k2"}[int(f)]),
         "cuGraphGetEdges": lambda g, n=0: (
