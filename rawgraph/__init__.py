@@ -26,25 +26,17 @@ The package, in the order to read it (each layer imports only the ones before it
 
 __version__ = "0.1.0"
 
-# The subpackages the imports above load, named here so they are bound for type checkers too.
-from . import (  # noqa: E402
-    control,  # noqa: E402
-    graphs,
-    models,
-    ops,
-    runtime,
-    serving,  # noqa: E402
-    updates,
-)
-from .graphs.builder import BuiltGraph, GraphBuilder, build_plan  # noqa: E402
-from .graphs.capture import Capture, CaptureMode, capture_branches, capture_plan  # noqa: E402
-from .graphs.graph import ForeignNode, Graph, GraphExec  # noqa: E402
-from .graphs.nodes import read_graph  # noqa: E402
-from .models.branches import TwoBranchBlock  # noqa: E402
-from .models.tinyblock import BlockWeights, TinyBlock, Workspace, reference_forward  # noqa: E402
-from .runtime.compiler import CacheWarning, KernelCache, MissingHeadersError, compile_source, nvrtc_version  # noqa: E402
-from .runtime.device import Device, driver_status, get_device, gpu_available  # noqa: E402
-from .runtime.errors import (  # noqa: E402
+# The subpackages (the imports below load them), named so they are bound for type checkers too.
+from . import control, graphs, models, ops, runtime, serving, updates
+from .graphs.builder import BuiltGraph, GraphBuilder, build_plan
+from .graphs.capture import Capture, CaptureMode, capture_branches, capture_plan
+from .graphs.graph import ForeignNode, Graph, GraphExec
+from .graphs.nodes import read_graph
+from .models.branches import TwoBranchBlock
+from .models.tinyblock import BlockWeights, TinyBlock, Workspace, reference_forward
+from .runtime.compiler import CacheWarning, KernelCache, MissingHeadersError, compile_source, nvrtc_version
+from .runtime.device import Device, driver_status, get_device, gpu_available
+from .runtime.errors import (
     ArgumentError,
     ArrayError,
     CaptureError,
@@ -63,24 +55,24 @@ from .runtime.errors import (  # noqa: E402
     ShapeError,
     SignatureError,
 )
-from .runtime.launch import KernelArgs, Launch, LaunchPlan  # noqa: E402
-from .runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array  # noqa: E402
-from .runtime.module import get_kernel, kernel_dir, kernel_files  # noqa: E402
-from .runtime.rawkernel import CompileOnlyError, KernelParam, RawKernel, check_kernel  # noqa: E402
-from .runtime.stream import Event, Stream  # noqa: E402
+from .runtime.launch import KernelArgs, Launch, LaunchPlan
+from .runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array
+from .runtime.module import get_kernel, kernel_dir, kernel_files
+from .runtime.rawkernel import CompileOnlyError, KernelParam, RawKernel, check_kernel
+from .runtime.stream import Event, Stream
 
 # From the defining modules: rawgraph.serving's own re-exports are implicit, which strict checkers don't follow.
-from .serving.buckets import BucketGraphs  # noqa: E402
-from .serving.choose import Choice, ChooseError, choose_strategy  # noqa: E402
-from .serving.device_shaped import DeviceShapedError, DeviceShapedGraph  # noqa: E402
-from .serving.function import FunctionModel, FunctionModelError  # noqa: E402
-from .serving.reshape import ReshapedGraph, RowCountBuckets  # noqa: E402
-from .serving.slots import PendingRow, SlotError, SlotPool  # noqa: E402
-from .updates.adopt import AdoptedGraph, adopt, from_cupy, from_torch  # noqa: E402
-from .updates.indirect import IndirectBinding, IndirectGraph  # noqa: E402
-from .updates.manager import Binding, ExecUpdateManager  # noqa: E402
-from .updates.rebind import AddressRebinder, LayoutMismatchError, RebindError  # noqa: E402
-from .updates.static import StaticGraph  # noqa: E402
+from .serving.buckets import BucketGraphs
+from .serving.choose import Choice, ChooseError, choose_strategy
+from .serving.device_shaped import DeviceShapedError, DeviceShapedGraph
+from .serving.function import FunctionModel, FunctionModelError
+from .serving.reshape import ReshapedGraph, RowCountBuckets
+from .serving.slots import PendingRow, SlotError, SlotPool
+from .updates.adopt import AdoptedGraph, adopt, from_cupy, from_torch
+from .updates.indirect import IndirectBinding, IndirectGraph
+from .updates.manager import Binding, ExecUpdateManager
+from .updates.rebind import AddressRebinder, LayoutMismatchError, RebindError
+from .updates.static import StaticGraph
 
 # The public API, spelled out so type checkers see it (tests/test_typing_cpu.py checks it against every
 # public name the imports above bind).

@@ -2,8 +2,9 @@
 pyupgrade, isort; the formatter at the code's line length): ``ruff check`` and ``ruff format --check``
 are clean over the checkout, as CI runs them."""
 
-import shutil
+import importlib.metadata
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,10 +13,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _ruff(*args):
-    exe = shutil.which("ruff")
-    if exe is None:
+    """This interpreter's ruff (the dev extra's pin: its formatter's style changes between minor
+    releases, so another ruff on the PATH could disagree with the tree)."""
+    try:
+        version = importlib.metadata.version("ruff")
+    except importlib.metadata.PackageNotFoundError:
         pytest.skip("ruff is not installed (pip install -e '.[dev]' brings it)")
-    return subprocess.run([exe, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if not version.startswith("0.17."):
+        pytest.skip(f"ruff {version} is not the dev extra's 0.17 (its formatting may differ)")
+    return subprocess.run([sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def test_ruff_check_finds_nothing():

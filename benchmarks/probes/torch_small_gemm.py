@@ -15,8 +15,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import _common as C  # noqa: E402
-import torch  # noqa: E402  (before any rawgraph GPU work)
+import torch  # before _common, which loads rawgraph and the driver
+
+# isort: split
+import _common as C
 
 
 def time_mm(a: torch.Tensor, b: torch.Tensor, reps: int = 200) -> float:

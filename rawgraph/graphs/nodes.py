@@ -304,7 +304,7 @@ def _memtype(params: Any, attr: str) -> str:
 
 def read_layout(function: Any) -> tuple[list[ParamInfo] | None, str]:
     """The parameter layout of a function found in a graph
-    (:func:`~rawgraph.runtime.rawkernel.read_param_layout`: ``cuFuncGetParamCount`` where the driver
+    (:func:`~rawgraph.runtime.module.read_param_layout`: ``cuFuncGetParamCount`` where the driver
     has it, then ``cuFuncGetParamInfo``), the answers meaning "this function has no layout" given as
     a reason.
 
@@ -324,8 +324,8 @@ def read_layout(function: Any) -> tuple[list[ParamInfo] | None, str]:
     fn = driver.CUfunction(_int(function)) if not isinstance(function, driver.CUfunction) else function
     try:
         read = read_param_layout(fn)
-    except RuntimeError as exc:  # "Function ... not found": the installed driver lacks the call
-        return None, f"cuFuncGetParamInfo missing: {exc}"
+    except RuntimeError as exc:  # "Function ... not found": the installed driver lacks a call
+        return None, f"layout calls missing: {exc}"
     if read.err in _NO_LAYOUT:
         return None, f"{read.call}({len(read.layout)}): {driver.CUresult(read.err).name}"
     if read.err != _SUCCESS:

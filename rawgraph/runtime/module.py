@@ -238,8 +238,9 @@ def read_param_layout(function: Any) -> LayoutRead:
     cuFuncGetParamInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
     """
     count = None
-    if driver_cuda_version() >= PARAM_COUNT_DRIVER:
-        err, n = driver.cuFuncGetParamCount(function)
+    get_count = getattr(driver, "cuFuncGetParamCount", None)  # bindings older than 13.2 lack it
+    if get_count is not None and driver_cuda_version() >= PARAM_COUNT_DRIVER:
+        err, n = get_count(function)
         if err != _SUCCESS:
             return LayoutRead([], err, "cuFuncGetParamCount")
         count = int(n)
@@ -252,7 +253,7 @@ def read_param_layout(function: Any) -> LayoutRead:
             return LayoutRead(layout, err, "cuFuncGetParamInfo")
         layout.append((int(offset), int(size)))
     if count is None:  # no end in sight: not a layout
-        return LayoutRead(layout, driver.CUresult.CUDA_ERROR_INVALID_VALUE, f"cuFuncGetParamInfo (> {MAX_PARAMS})")
+        return LayoutRead(layout, driver.CUresult.CUDA_ERROR_NOT_SUPPORTED, f"cuFuncGetParamInfo (> {MAX_PARAMS})")
     return LayoutRead(layout, _SUCCESS, "cuFuncGetParamInfo")
 
 
