@@ -22,7 +22,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh near    # named cuts near the best where cuBLAS leads by a little
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh floors  # slots' worst buckets by kernel; w4096 b1 against copy bandwidth
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh memcheck # every GPU test file under memcheck
-#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh suite   # GPU tests, the plugin's, then memcheck (8 chunks at once)
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh suite   # GPU tests, the plugin's, then memcheck (8 chunks at once; CHUNKS=0: a process a file)
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT CUTLASS_PROBE=<binary> bash benchmarks/device_session.sh cutlass  # cuBLAS's kernels, its design built publicly; GPU tests
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
@@ -273,7 +273,7 @@ case "${1:-tests}" in
     gpu_tests "${TESTS_LIMIT:-270}" -q --durations=20 tests
     timeout 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_testing_plugin_cpu.py >"$OUT/plugin_tests.txt" 2>&1
     echo "plugin rc=$? at $(el)s"; tail -1 "$OUT/plugin_tests.txt"
-    MEMCHECK_PARALLEL=1 MEMCHECK_LIMIT=$(( $(left) - 25 )) OUT="$OUT/mc" bash benchmarks/memcheck_gpu_tests.sh 8 >"$OUT/mc.log" 2>&1
+    MEMCHECK_PARALLEL=1 MEMCHECK_LIMIT=$(( $(left) - 25 )) OUT="$OUT/mc" bash benchmarks/memcheck_gpu_tests.sh ${CHUNKS:-8} >"$OUT/mc.log" 2>&1
     echo "memcheck rc=$? at $(el)s"; grep "^chunk [0-9]*: rc" "$OUT/mc/sanitize_memcheck_files.txt" | cut -c1-220 ;;
   memcheck)  # every GPU test file under memcheck, each log naming the files and tests it covered
     MEMCHECK_LIMIT=${MEMCHECK_LIMIT:-$(( (BUDGET - 20) / ${CHUNKS:-4} ))} bash benchmarks/memcheck_gpu_tests.sh ${CHUNKS:-4} ${RUN_CHUNKS:-}

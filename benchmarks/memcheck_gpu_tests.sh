@@ -19,6 +19,8 @@
 # MEMCHECK_SKIP names test files (basenames) left out, each listed as "skipped:" in the summary;
 # MEMCHECK_PARALLEL=1 runs the chunks at once (tests that measure free device memory skip there:
 # they would see the other chunks' allocations; memcheck's findings are per process).
+# CHUNKS 0: one chunk a file (each in its own process, MEMCHECK_JOBS at once, default 16), so a
+# context one test leaves dead fails only the rest of that file.
 set -u
 OUT=${OUT:?set OUT to the folder for the logs}
 chunks=${1:-4}
@@ -29,6 +31,7 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 mapfile -t files < <(ls -S tests/*_gpu.py | grep -vxF -f <(for f in ${MEMCHECK_SKIP:-}; do echo "tests/$f"; done; echo /))
 [ ${#files[@]} -gt 0 ] || { echo "memcheck: no tests/*_gpu.py found" >&2; exit 2; }
+[ "$chunks" -gt 0 ] || { chunks=${#files[@]}; run=${*:-$(seq 1 "$chunks")}; }
 declare -a chunk
 for i in "${!files[@]}"; do
   c=$(( i % chunks + 1 ))
@@ -58,6 +61,7 @@ for c in $run; do
   if [ -n "${MEMCHECK_PARALLEL:-}" ]; then
     # one process per chunk at once (memcheck's cost is mostly host time); tests that measure the
     # device's free memory skip (RAWGRAPH_SHARED_GPU, tests/helpers.py)
+    while [ "$(jobs -rp | wc -l)" -ge "${MEMCHECK_JOBS:-16}" ]; do wait -n; done
     RAWGRAPH_SHARED_GPU=1 run_chunk "$c" &
   else
     run_chunk "$c" || status=$?

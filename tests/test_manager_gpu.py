@@ -254,12 +254,16 @@ def test_manager_close_waits_for_a_queued_replay_before_dropping_what_it_reads(s
     ref = weakref.ref(a)
     mgr.bind("x", a)
     out.poison(stream)
+    # Earlier tests' garbage is released now, not in the collect below: a cuMemFree among it may
+    # synchronize the device and so wait out the spin the assertion needs still running.
+    gc.collect()
     ops.spin(get_device(), SPIN_NS)(stream)
     mgr.launch(stream)
     mgr.bind("x", x)  # a is retired: the queued replay still reads it
     del a
     gc.collect()
-    assert ref() is not None and not stream.query()
+    assert ref() is not None, "the retired array was dropped with a replay that reads it queued"
+    assert not stream.query(), "the spin ended before the check (the test proves nothing then)"
     mgr.close()
     queued = not stream.query()
     gc.collect()
