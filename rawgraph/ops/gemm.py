@@ -683,9 +683,10 @@ def tf32x3_default_cut(
     where even a split of 8 would leave SMs idle at 128. Then the smallest power-of-two cluster
     split reaching 0.9 CTAs per SM with at least 4 stages of K each (one CTA per SM: 256 threads at
     up to 255 registers), BK 32, and as many stages (up to 4) as the K part has plus one, fewer if
-    shared memory is short; tensor-core runs of 2 k8 steps (``flush``: the longest a model of the
-    tensor core's truncating accumulation kept below an FFMA loop's error at K = 1024 .. 4096). A
-    first guess for the sweep to correct, not a measured rule.
+    shared memory is short; tensor-core runs (``flush``) of 2 k8 steps, of 1 up to K = 512: where
+    K is short the split operands' own rounding dominates the error, and runs of 2 leave it within a
+    few percent of an FFMA loop's (cuBLAS fp32's), while runs of 1 stay clearly below at the same
+    speed. A first guess for the sweep to correct, not a measured rule.
     """
     rows = _cdiv(batch, 128)
     bm = 16 if batch <= 16 else min(128, 32 * _cdiv(_cdiv(batch, rows), 32))
@@ -699,7 +700,7 @@ def tf32x3_default_cut(
     stages = max(2, min(4, kc // bk + 1))
     while stages > 2 and smem_limit and tf32x3_smem_bytes(bm, bn, bk, stages, split, 1) > smem_limit:
         stages -= 1
-    return Tf32x3Cut(bm, bn, bk, stages, split, 1, 1, wm, 32, 2)
+    return Tf32x3Cut(bm, bn, bk, stages, split, 1, 1, wm, 32, 1 if k <= 512 else 2)
 
 
 def tf32x3_matmul_shape(
