@@ -253,6 +253,31 @@ def test_check_on_the_fake_driver_finds_dangling_and_missing_edge(fake):
     z.close()
 
 
+@pytest.mark.parametrize("version", [13000, 13020])
+def test_a_conditional_node_reads_back_where_the_driver_has_the_call(fake, version):
+    """``cuGraphNodeGetParams`` (CUDA 13.2 drivers on) gives a conditional node's type, handle and
+    bodies back; on an older driver (the binding raises, libcuda lacks the symbol) the node reads
+    back with an error naming the call, never a failure."""
+    from rawgraph import GraphBuilder
+    from rawgraph.graphs import conditional as cn
+    from rawgraph.graphs.nodes import ConditionalInfo, read_graph
+
+    fake.version = version
+    b = GraphBuilder()
+    cond = cn.make_handle(b, default=1)
+    cn.add_conditional(b, "if", cond)
+    g = b.build()
+    try:
+        (info,) = [i for i in read_graph(g.handle) if isinstance(i, ConditionalInfo)]
+        if version >= 13020:
+            assert (info.cond_type, info.size, info.cond_handle, info.error) == ("IF", 1, int(cond), "")
+            assert len(info.bodies) == 1 and info.bodies[0]
+        else:
+            assert info.cond_type == "" and "cuGraphNodeGetParams" in info.error and "missing" in info.error
+    finally:
+        g.close()
+
+
 def test_check_on_the_fake_driver_host_copy_and_baseline(fake):
     from rawgraph import DeviceBuffer, GraphBuilder, HostBuffer
     from rawgraph.doctor import check

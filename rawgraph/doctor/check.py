@@ -391,7 +391,7 @@ def _finding(
 def _conditional_records(obj: Any) -> dict[int, _Conditional]:
     """What rawgraph recorded of conditional nodes (their handle, default and bodies), by node
     handle: the driver gives a conditional node's parameters back only through
-    ``cuGraphNodeGetParams`` (exported from CUDA 13.1 drivers on), and never says whether a
+    ``cuGraphNodeGetParams`` (exported from CUDA 13.2 drivers on), and never says whether a
     handle has a default."""
     out: dict[int, _Conditional] = {}
     for h, kind, detail in getattr(obj, "other_nodes", ()) or ():

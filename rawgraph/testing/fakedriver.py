@@ -281,7 +281,8 @@ class FakeDriver:
     # real driver (the graph doctor's address checks) looks here first.
     installed: ClassVar[FakeDriver | None] = None
     # The CUDA version cuDriverGetVersion reports. A call newer than it raises as the binding does
-    # on a driver that does not export it (cuFuncGetParamCount: 13.2); set it to be a newer driver.
+    # on a driver that does not export it (cuFuncGetParamCount, cuGraphNodeGetParams: 13.2); set it
+    # to be a newer driver.
     version: int = 13000
 
     def __init__(self) -> None:
@@ -1263,6 +1264,7 @@ class FakeDriver:
         return (S, d.CUgraphNode(h))
 
     def _cuGraphNodeGetParams(self, n: Any) -> tuple:
+        self._newer_than_driver("cuGraphNodeGetParams", 13020)
         node = self._node(n)
         p = d.CUgraphNodeParams()
         p.type = node.kind
