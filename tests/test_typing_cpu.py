@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 STRICT = ("runtime", "graphs", "updates", "doctor")
-# pyright's --verifytypes completeness score the whole package is to reach (see the xfail below).
+# pyright's --verifytypes completeness score the whole package reaches (the public API's types known).
 COMPLETENESS_TARGET = 0.95
 
 
@@ -188,11 +188,6 @@ def test_verifytypes_finds_the_strict_layers_complete(verifytypes):
     assert not bad, bad
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the public classes of rawgraph.serving, models, control, multi, bench, ops, "
-    "testing and cli have instance attributes without annotations (the four strict layers are complete)",
-)
 def test_verifytypes_completeness_reaches_the_target(verifytypes):
     score = verifytypes["completenessScore"]
     assert score >= COMPLETENESS_TARGET, (

@@ -59,6 +59,8 @@ def _estimate_us(fn, stream: Stream) -> float:
 
 
 class Runner:
+    stream: Stream
+
     def __init__(self, budget_s: float, out_dir: Path, torch_ok: bool, cupy_ok: bool):
         self.dev = get_device()
         self.stream = Stream()

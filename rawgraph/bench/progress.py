@@ -95,6 +95,8 @@ class SweepProgress:
         whenever rich imports (drawn as if on a terminal). False: plain lines.
     """
 
+    steps: int
+
     def __init__(
         self, total: int, title: str, *, plots: bool = False, file: TextIO | None = None, use_rich: bool | None = None
     ) -> None:

@@ -107,6 +107,15 @@ class TorchSlots:
     gathers ``state[idx[:b]]``, runs the block and scatters back with ``index_copy_``; per step a
     ``copy_`` of the indices (pinned host -> static device tensor), then ``replay()``."""
 
+    width: int
+    ts: Any
+    ws: list[tuple[Any, Any]]
+    state: Any
+    idx: Any
+    host_idx: Any
+    table: Any
+    free: list[int]
+
     def __init__(self, torch: Any, model: TinyBlock, max_slots: int, sizes: list[int]):
         self.torch = torch
         self.sizes = sizes

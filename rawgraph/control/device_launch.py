@@ -202,6 +202,8 @@ class DeviceGraph(Resource):
     cuGraphExecDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
 
+    flags: int
+
     def __init__(self, graph: Graph, stream: Any, priority: bool = False, flags: int = 0):
         flags = int(flags)
         if flags & AUTO_FREE:
@@ -331,6 +333,8 @@ class LauncherExec(GraphExec):
     :meth:`launch` refuses once a target :class:`DeviceGraph` is closed; its release holds the
     targets' execs until the replays it queued have run (:func:`rawgraph.graphs.builder.hold_for_replays`).
     """
+
+    targets: tuple[DeviceGraph, ...]
 
     def __init__(self, graph: LauncherGraph, flags: int = 0):
         super().__init__(graph, flags)

@@ -102,6 +102,17 @@ class DepthLoop(Resource):
     cuGraphExecDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
 
+    device: Any
+    width: int
+    max_depth: int
+    batch: int
+    cur: DeviceBuffer
+    nxt: DeviceBuffer
+    counter: DeviceBuffer
+    depth: DeviceBuffer
+    body_plan: Any
+    graph: Any | BuiltGraph
+
     def __init__(
         self,
         model: Any,
@@ -277,6 +288,12 @@ class NormGate(Resource):
     x, out : device arrays of the model's shape
     threshold : float
     """
+
+    device: Any
+    threshold: float
+    plan: Any
+    norm: DeviceBuffer
+    graph: BuiltGraph
 
     def __init__(self, model: Any, x: Any, out: Any, threshold: float):
         _check_model(model, "NormGate")

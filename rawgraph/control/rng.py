@@ -162,6 +162,9 @@ class PhiloxGenerator(Resource):
     cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
+    device: Device
+    state: DeviceBuffer
+
     def __init__(self, seed: int, stream: Any, offset: int = 0, device: Device | None = None):
         self.device = (device or get_device()).activate()
         self.state = DeviceBuffer((2,), np.uint64, self.device)

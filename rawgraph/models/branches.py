@@ -71,6 +71,16 @@ class TwoBranchBlock(Resource):
         The branches (owned: closed with this object).
     """
 
+    width: int
+    half: int
+    device: Device
+    a: TinyBlock
+    b: TinyBlock
+    batch: int
+    layers: int
+    form: str
+    seed: int
+
     def __init__(
         self,
         width: int,

@@ -79,6 +79,11 @@ class BlockWeights(Resource):
     cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
+    width: int
+    layers: int
+    seed: int
+    device: Device
+
     def __init__(self, width: int, layers: int = 1, seed: int = 0, device: Device | None = None):
         self.width = _positive_int("width", width)
         self.layers = _positive_int("layers", layers)
@@ -131,6 +136,8 @@ class Workspace(RowScratch):
     cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
+    width: int
+
     def __init__(self, rows: int, width: int, device: Device | None = None):
         self.width = _positive_int("width", width)
         super().__init__(_positive_int("rows", rows), {name: self.width for name in SCRATCH}, device)
@@ -168,6 +175,14 @@ class TinyBlock(Resource):
     block_weights : BlockWeights
     workspace : Workspace
     """
+
+    width: int
+    batch: int
+    layers: int
+    seed: int
+    device: Device
+    pdl: bool
+    weights: list[tuple[DeviceBuffer, DeviceBuffer]]
 
     def __init__(
         self,

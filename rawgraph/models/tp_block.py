@@ -72,6 +72,20 @@ class TPBlock(Resource):
     cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
+    width: int
+    batch: int
+    rank: int
+    world: int
+    comm: Any
+    peer: Any
+    seed: int
+    device: Device
+    w1: DeviceBuffer
+    w2: DeviceBuffer
+    a: DeviceBuffer
+    z: DeviceArray
+    zsum: DeviceArray
+
     def __init__(
         self,
         width: int,

@@ -106,6 +106,13 @@ class PeerAllReduce(Resource):
     safe twice.
     """
 
+    rank: int
+    world: int
+    capacity: int
+    device: Device
+    max_blocks: int
+    timeout_ns: int
+
     def __init__(
         self,
         rank: int,

@@ -128,6 +128,11 @@ class NcclComm(Resource):
     Use :meth:`from_env` in a launched rank, :meth:`single` for a one-rank communicator.
     """
 
+    nccl: Any
+    rank: int
+    world: int
+    device: Device
+
     def __init__(self, rank: int, world: int, unique_id: bytes, device: Device | None = None):
         self.nccl = nccl_module()
         self.rank, self.world = int(rank), int(world)
@@ -233,6 +238,10 @@ class NcclBuffer(Resource):
     Every rank allocates its collective buffers in the same order and sizes, so NCCL's
     registration (and a graph's registered addresses) line up across ranks.
     """
+
+    shape: tuple[int] | tuple[int, ...]
+    nbytes: int
+    registered: bool
 
     def __init__(self, comm: NcclComm, shape: int | tuple[int, ...], register: bool = True):
         comm._check_open()

@@ -110,6 +110,8 @@ class LaunchInterrupted(RawgraphError):
         The ranks that were still running.
     """
 
+    returncode: int
+
     def __init__(self, signum: int, stopped: list[int]):
         super().__init__(f"got {_signal_text(signum)}: sent it to ranks {stopped} and stopped them")
         self.signum = signum
@@ -350,6 +352,11 @@ class Rendezvous:
     LaunchError
         A run id that is not a :data:`_NAME`, a folder that is missing or not private.
     """
+
+    path: Path
+    rank: int
+    world: int
+    timeout: float
 
     def __init__(self, path: str | Path, rank: int, world: int, timeout: float = 120.0, *, run_id: str):
         if not isinstance(run_id, str) or not _NAME.fullmatch(run_id):

@@ -167,6 +167,18 @@ class BucketGraphs:
     cuMemGetInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
+    sizes: list[int]
+    largest: int
+    width: int
+    zero_padding: bool
+    stream: Stream
+    input: DeviceBuffer
+    output: DeviceBuffer
+    arena: Any | None
+    setup: dict[str, float]
+    warm_up: WarmUp
+    memory: dict[str, int]
+
     def __init__(
         self,
         model: RowwiseModel,

@@ -112,6 +112,8 @@ class Adapter:
     (``run(n, stream)`` on a device-shaped graph, ``run(input, n, stream)`` on the others);
     ``sync()`` waits for the stream."""
 
+    stream: Any | None
+
     def __init__(self, obj: Any, stream: Any = None):
         from .device_shaped import DeviceShapedGraph
 
@@ -136,6 +138,9 @@ class SampleTimer:
     """The default timer: one warm-up pass over the sample, then passes until ``seconds`` have
     gone (at least one), the stream synchronized before and after; returns seconds per pass
     (host clock, ``time.perf_counter``)."""
+
+    seconds: float
+    warmup: int
 
     def __init__(self, seconds: float = 0.2, warmup: int = 1):
         self.seconds = float(seconds)

@@ -393,6 +393,19 @@ class DeviceShapedGraph(Resource):
         function no earlier band ran (``warm_up.runs``, ``warm_up.skipped``).
     """
 
+    max_batch: int
+    width: int
+    stream: Any
+    input: DeviceBuffer
+    output: DeviceBuffer
+    arena: Any
+    bands: list[int]
+    model: Any
+    plan: LaunchPlan
+    warm_up: WarmUp
+    replays: int
+    head: Launch
+
     def __init__(
         self,
         model: RowwiseModel,

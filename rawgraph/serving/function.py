@@ -293,6 +293,12 @@ class FunctionModel:
         The function breaks one of its rules (when made: at the probes; later: at a plan).
     """
 
+    width: int
+    device: Device
+    layout: dict[str, int]
+    batch: int
+    workspace: RowScratch | Any | None
+
     def __init__(
         self,
         fn: Callable,

@@ -40,6 +40,9 @@ class WarmUp:
         How many calls ran their launches (and synchronized) and how many did not.
     """
 
+    runs: int
+    skipped: int
+
     def __init__(self, setup: dict[str, float]):
         self.setup = setup
         self.setup.setdefault("warmup", 0.0)

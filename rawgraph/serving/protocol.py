@@ -160,6 +160,10 @@ class RowScratch(Resource):
     batch size up to ``rows``. Models that share one must not run at the same time.
     """
 
+    rows: int
+    layout: dict[str, int]
+    device: Device
+
     def __init__(self, rows: int, layout: dict[str, int], device: Device | None = None):
         if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
             raise ShapeError(f"rows must be a positive int, got {rows!r}")

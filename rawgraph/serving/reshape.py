@@ -145,6 +145,13 @@ class ReshapedGraph:
     cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
 
+    max_batch: int
+    width: int
+    input: DeviceBuffer
+    output: DeviceBuffer
+    arena: Any
+    warm_up: WarmUp
+
     def __init__(self, model: RowwiseModel, max_batch: int = 256, stream: Any = None):
         from ..runtime.stream import Stream, as_stream
 

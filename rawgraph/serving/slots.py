@@ -261,6 +261,18 @@ class SlotPool:
     steps : int
     """
 
+    sizes: list[int]
+    width: int
+    stream: Stream
+    state: DeviceBuffer
+    x: DeviceBuffer | None
+    y: DeviceBuffer | None
+    arena: Any | None
+    table_dev: DeviceBuffer
+    setup: dict[str, float]
+    warm_up: WarmUp
+    steps: int
+
     def __init__(
         self,
         model: RowwiseModel,

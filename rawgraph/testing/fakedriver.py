@@ -275,6 +275,8 @@ class FakeDriver:
     real ones), :meth:`uninstall` restores the originals.
     """
 
+    ctx_refs: int
+
     CC = (9, 0)
     TOTAL = 1 << 37
     # The fake whose functions are on cuda.bindings.driver now, if any: code that must ask the
