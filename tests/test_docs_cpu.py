@@ -185,3 +185,36 @@ def test_the_pages_split_from_the_guide_are_in_the_nav():
         pytest.skip("mkdocs.yml is not in this tree")
     nav = config.read_text(encoding="utf-8")
     assert all(f": {page}" in nav for page in PAGES), nav
+
+
+def _braces(pattern):
+    """``a_{x,y}_b`` as ``a_x_b`` and ``a_y_b`` (the shell's brace expansion, one level)."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [pattern]
+    return [p for alt in m.group(1).split(",") for p in _braces(pattern[: m.start()] + alt + pattern[m.end() :])]
+
+
+def test_every_result_kept_in_the_tree_is_quoted():
+    """benchmarks/results holds the runs the README, the docs, the lab notes, the tests or the code
+    name (a file, a glob over files, or the results document beside a quoted log or table); git keeps
+    the rest."""
+    import fnmatch
+
+    results = ROOT / "benchmarks" / "results"
+    sources = [ROOT / "README.md", ROOT / "benchmarks" / "NOTES.md", ROOT / "mkdocs.yml"]
+    for pattern in ("docs/**/*.md", "tests/**/*.py", "rawgraph/**/*.py", "examples/**/*.py", "benchmarks/**/*.py"):
+        sources += ROOT.glob(pattern)
+    text = "\n".join(p.read_text(errors="replace") for p in sources if p.is_file())
+    quoted = {f.name for f in results.iterdir() if f.name in text}
+    for pattern in set(re.findall(r"[\w{}.,*-]*[*{][\w*.,{}-]*", text)):
+        for one in _braces(pattern):
+            if len(one) > 8:
+                quoted |= {f.name for f in results.iterdir() if fnmatch.fnmatch(f.name, one)}
+    stems = {q.split(".")[0] for q in quoted}
+    unquoted = [
+        f.name
+        for f in sorted(results.iterdir())
+        if f.name not in quoted and not any(f.name.split(".")[0].startswith(s) for s in stems if len(s) > 20)
+    ]
+    assert unquoted == [], unquoted
