@@ -226,7 +226,7 @@ class ExecUpdateManager:
         self._cache: dict[tuple[Any, ...], Binding] = {}
         # resource.release_count when the exec and graph were last seen open
         self._checked_at = -1
-        self._keep_graph: Graph | None = None  # after adopt(): the graph whose plan owns the bound buffers
+        self._keep_graph: Graph | None = None  # after follow_update(): the graph whose plan owns the bound buffers
         # One thread at a time changes the shadow parameters and the exec (see _locked).
         self._lock = threading.RLock()
         self._closed = False
@@ -433,7 +433,7 @@ class ExecUpdateManager:
                     f"the array bound to {moved!r} by this Binding moved since it was prepared "
                     "(the same object at another address): prepare the binding again"
                 )
-        if binding.pin_epoch != self._pin_epoch:  # prepared before adopt() read new foreign nodes
+        if binding.pin_epoch != self._pin_epoch:  # prepared before follow_update() read new foreign nodes
             for name, (ptr, _n) in binding.entries:
                 pinned = self._names[name].pinned
                 if pinned is not None and ptr != pinned[0]:

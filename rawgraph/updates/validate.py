@@ -248,7 +248,7 @@ class Binding(BaseBinding):
         self.complete = complete
         self.values = None  # the arrays, held strongly (prepare: also its ``holds``)
         self.refs = ()  # weak references to them (the bind_many cache)
-        # the manager's pin epoch its entries were checked against (see ExecUpdateManager.adopt)
+        # the manager's pin epoch its entries were checked against (see ExecUpdateManager.follow_update)
         self.pin_epoch = manager._pin_epoch
         self.moves = moves
 
