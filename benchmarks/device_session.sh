@@ -23,6 +23,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh floors  # slots' worst buckets by kernel; w4096 b1 against copy bandwidth
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh memcheck # every GPU test file under memcheck
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh suite   # GPU tests, the plugin's, then memcheck (8 chunks at once; CHUNKS=0: a process a file)
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tf32ncu # ncu on the tf32x3 cut and cuBLAS at w4096 M 128, 256
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT CUTLASS_PROBE=<binary> bash benchmarks/device_session.sh cutlass  # cuBLAS's kernels, its design built publicly; GPU tests
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
@@ -268,6 +269,17 @@ case "${1:-tests}" in
     echo "kernel times rc=$? at $(el)s"; tail -8 "$OUT/kernel_times_w4096_b1.log" ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
+  tf32ncu)  # issue 46: what limits tf32x3 at w4096 (M = 128: 0.58x cuBLAS; M = 256: 1.17x): ncu on
+    # its cut and cuBLAS's kernels side by side, with the stall reasons and local-memory traffic
+    for m in 128 256; do
+      if [ "$(left)" -gt 60 ]; then
+        timeout $(( $(left) - 30 )) ncu --launch-count 6 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+          --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis \
+          --section LaunchStats --metrics "${STALLS}l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum" \
+          python3 benchmarks/probes/sgemm_ncu.py --m $m --k 4096 --precision tf32x3 >"$OUT/ncu_tf32x3_m${m}_k4096.txt" 2>&1
+        echo "ncu tf32x3 m$m rc=$? at $(el)s"; grep -E "CHECK|FACT|Duration|Issue Slots Busy|Registers Per|local" "$OUT/ncu_tf32x3_m${m}_k4096.txt" | head -20
+      fi
+    done ;;
   suite)  # every GPU test; the pytest plugin's tests (its gpu marker runs here); then memcheck over
     # every GPU test file, 8 chunks at once, with what is left of BUDGET
     gpu_tests "${TESTS_LIMIT:-270}" -q --durations=20 tests
@@ -278,7 +290,7 @@ case "${1:-tests}" in
   memcheck)  # every GPU test file under memcheck, each log naming the files and tests it covered
     MEMCHECK_LIMIT=${MEMCHECK_LIMIT:-$(( (BUDGET - 20) / ${CHUNKS:-4} ))} bash benchmarks/memcheck_gpu_tests.sh ${CHUNKS:-4} ${RUN_CHUNKS:-}
     echo "memcheck rc=$? at $(el)s" ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|suite|memcheck" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|suite|tf32ncu|memcheck" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"

@@ -16,7 +16,8 @@ output is checked against float64 and the line ``CHECK`` says so.
 
 ``--cut BM,BN,BK,STAGES,S,KS,MINB[,TM]`` (repeatable) profiles those cuts instead of the table's,
 each as a warm-up and a profiled launch, before the cuBLAS pair: ``--launch-count`` is then
-2 x cuts + 4 (cuBLAS's two kernels, twice).
+2 x cuts + 4 (cuBLAS's two kernels, twice). ``--precision tf32x3`` profiles the cut
+``ops.matmul(precision="tf32x3")`` launches at that shape instead (``--cut`` is then ignored).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main() -> int:
     p.add_argument("--m", type=int, default=256)
     p.add_argument("--k", type=int, default=4096)
     p.add_argument("--cut", action="append", default=[], type=parse_cut, help="BM,BN,BK,STAGES,S,KS,MINB[,TM]")
+    p.add_argument("--precision", choices=("fp32", "tf32x3"), default="fp32", help="the matmul precision profiled")
     a = p.parse_args()
     from rawgraph import DeviceBuffer, Stream, get_device, gpu_available, ops
 
@@ -51,10 +53,10 @@ def main() -> int:
         "y": DeviceBuffer((m, k)),
     }
     views = {key: b.view() for key, b in bufs.items()}
-    shapes = [ops.sgemm_shape(m, k, k, c) for c in a.cut] or [None]
+    shapes = ([ops.sgemm_shape(m, k, k, c) for c in a.cut] if a.precision == "fp32" else []) or [None]
     ref = xh.astype(np.float64) @ wh
     for shape in shapes:  # each cut: a warm-up launch, then the profiled one
-        launch = ops.matmul(dev, views, "x", "W", "y", "none", shape=shape)
+        launch = ops.matmul(dev, views, "x", "W", "y", "none", shape=shape, precision=a.precision)
         print(f"FACT cut {launch.kernel.name} grid {launch.grid} block {launch.block}")
         for _ in range(2):
             bufs["y"].poison(s)

@@ -845,7 +845,8 @@ def matmul(
     ``shape`` overrides the automatic cut (tests and the kernel benchmark sweep it); it is checked
     against the operands like everything else here. ``precision`` (:data:`PRECISIONS`): ``"fp32"``
     (the default) chooses among the fp32 kernels; ``"tf32x3"`` the tensor-core GEMM of
-    ``kernels/tf32x3.cu`` (fp32's error against float64, faster), where its layout rules allow
+    ``kernels/tf32x3.cu`` (an error against float64 no worse than cuBLAS fp32's at K >= 256;
+    ``docs/gemm.md`` says at which shapes it is faster), where its layout rules allow
     (:func:`matmul_shape`). A tf32x3 ``shape`` needs ``precision="tf32x3"``.
     """
     if epilogue not in EPILOGUES:
