@@ -1267,7 +1267,7 @@ def source_hashes() -> dict:
     from rawgraph import kernel_dir
 
     out = {}
-    for f in ("sgemm.cu", "matmul.cu", "rawgraph.cuh"):
+    for f in ("sgemm.cu", "matmul.cu", "rawgraph.cuh", "gemm_tile.cuh"):
         p = kernel_dir() / f
         if p.exists():
             out[f] = hashlib.sha256(p.read_bytes()).hexdigest()[:16]

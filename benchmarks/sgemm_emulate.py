@@ -344,6 +344,12 @@ test<2, 32, 64, 8, 3, 1, 1, 1, 4>(33, 64, 132, 2 | 8 | 1, 46);
 """
 
 
+def write_tile_header(kernels: Path, work: Path) -> None:
+    """gemm_tile.cuh (the GEMMs' shared pieces) beside the emulated source, on the shim too."""
+    text = (kernels / "gemm_tile.cuh").read_text()
+    (work / "gemm_tile.cuh").write_text(text.replace('#include "rawgraph.cuh"', "// rawgraph.cuh: replaced by shim.h"))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--keep", help="write the generated files here and keep them")
@@ -359,6 +365,7 @@ def main() -> int:
         print("sgemm_emulate: the dynamic shared memory declaration was not found", file=sys.stderr)
         return 2
     (work / "shim.h").write_text(SHIM)
+    write_tile_header(Path(a.source).parent, work)
     (work / "runner.cpp").write_text(RUNNER)
     (work / "cases.inc").write_text(CASES)
     (work / "sgemm_emu.cu").write_text(src)

@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sgemm_emulate import SHIM  # noqa: E402  (the shared CUDA shim)
+from sgemm_emulate import SHIM, write_tile_header  # noqa: E402  (the shared CUDA shim)
 
 # Harness-only flag bits (above the kernel's): y and r one float off 16-byte alignment; x rows
 # scaled by 10^u, u uniform in [-4, 4]; one NaN in x; the error no more than an FFMA loop's (fp32,
@@ -541,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="tf32x3_emu_"))
     work.mkdir(parents=True, exist_ok=True)
     (work / "shim.h").write_text(SHIM + TENSOR_SHIM)
+    write_tile_header(Path(a.source).parent, work)
     (work / "runner.cpp").write_text(RUNNER)
     (work / "cases.inc").write_text("\n".join(c.line() for c in cases) + "\n")
     (work / "tf32x3_emu.cu").write_text(prepare_source(Path(a.source).read_text()))

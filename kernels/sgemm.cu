@@ -96,6 +96,7 @@
 // at the wait, or at random in between, under AddressSanitizer.
 
 #include "rawgraph.cuh"
+#include "gemm_tile.cuh"
 
 #ifndef RG_HOST_EMULATION
 // Named barrier `id` (1..15) over `count` threads (a multiple of 32): one K slice's threads.
@@ -139,38 +140,7 @@ __host__ __device__ constexpr int sgemm_smem_floats()
     return SgemmCfg<BM, BN, BK, STAGES, S, KS, TM>::SMEM_FLOATS;  // the same for every TM
 }
 
-__device__ __forceinline__ float sg_get(const float4& v, int i)
-{
-    return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
-}
 
-template <int EPI>
-__device__ __forceinline__ float sg_epi(float s, const float* r, size_t o)
-{
-    if (EPI == 1) return rg_relu(s);
-    if (EPI == 2) return s + r[o];
-    return s;
-}
-
-// Four outputs y[my, n .. n + 3] (n < N, N % 4 == 0 so all four exist), epilogue applied.
-template <int EPI>
-__device__ __forceinline__ void sg_store4(float* y, const float* r, int N, int my, int mr, int n, float4 v, bool vec)
-{
-    const size_t oy = (size_t)my * N + n;
-    const size_t orr = (size_t)mr * N + n;
-    if (EPI == 2 && vec) {
-        const float4 q = *reinterpret_cast<const float4*>(r + orr);
-        v.x += q.x; v.y += q.y; v.z += q.z; v.w += q.w;
-    } else if (EPI != 0) {
-        v.x = sg_epi<EPI>(v.x, r, orr); v.y = sg_epi<EPI>(v.y, r, orr + 1);
-        v.z = sg_epi<EPI>(v.z, r, orr + 2); v.w = sg_epi<EPI>(v.w, r, orr + 3);
-    }
-    if (vec) {
-        *reinterpret_cast<float4*>(y + oy) = v;
-    } else {
-        y[oy] = v.x; y[oy + 1] = v.y; y[oy + 2] = v.z; y[oy + 3] = v.w;
-    }
-}
 
 template <int EPI, int BM, int BN, int BK, int STAGES, int S, int KS, int TM>
 __device__ __forceinline__ void sgemm_body(const float* x, const float* __restrict__ W, float* y, const float* r,
@@ -320,7 +290,7 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
 #pragma unroll
                 for (int q = 0; q < 8; ++q)
 #pragma unroll
-                    for (int j = 0; j < TM; ++j) acc[j][q] = fmaf(sg_get(a[j], kk), bq[q], acc[j][q]);
+                    for (int j = 0; j < TM; ++j) acc[j][q] = fmaf(gt_get(a[j], kk), bq[q], acc[j][q]);
             }
         }
         buf = (buf + 1 == STAGES) ? 0 : buf + 1;
@@ -342,7 +312,7 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
                 for (int h = 0; h < 2; ++h) {
                     const int n = n0 + h * (BN / 2) + 4 * tc;
                     if (n < N)
-                        sg_store4<EPI>(y, r, N, my, mr, n,
+                        gt_store4<EPI>(y, r, N, my, mr, n,
                                        make_float4(acc[j][4 * h], acc[j][4 * h + 1], acc[j][4 * h + 2], acc[j][4 * h + 3]), vec);
                 }
             }
@@ -362,51 +332,7 @@ __device__ __forceinline__ void sgemm_body(const float* x, const float* __restri
 #else
         __syncthreads();
 #endif
-        // CTA `rank` finishes rows [rank * RS, rank * RS + RS) of the tile, 4 columns per item.
-        constexpr int RS = (BM + S - 1) / S;
-        constexpr int Q4 = BN / 4;
-        constexpr int ITEMS = RS * Q4;
-        constexpr int PER = (ITEMS + C::THREADS - 1) / C::THREADS;
-        const int rlo = (int)rank * RS;
-#pragma unroll
-        for (int e = 0; e < PER; ++e) {
-            const int item = (int)threadIdx.x + e * C::THREADS;
-            const int row = rlo + item / Q4, c4 = (item % Q4) * 4;
-            const int m = m0 + row, n = n0 + c4;
-            if ((ITEMS % C::THREADS == 0 || item < ITEMS) && row < BM && m < M && n < N) {
-                const float* src = smem + row * C::PS + c4;
-                float4 s;
-#pragma unroll
-                for (int q = 0; q < S; ++q) {
-#pragma unroll
-                    for (int sl = 0; sl < KS; ++sl) {
-                        float4 v;
-#ifdef RG_HAS_CLUSTERS
-                        if (S > 1) v = rg_dsmem_load4(src + sl * BM * C::PS, (unsigned)q);
-                        else v = *reinterpret_cast<const float4*>(src + sl * BM * C::PS);
-#else
-                        v = *reinterpret_cast<const float4*>(src + sl * BM * C::PS);
-#endif
-                        if (q == 0 && sl == 0) {
-                            s = v;
-                        } else {
-                            s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-                        }
-                    }
-                }
-                const int my = rg_row(rows, flags, RG_FLAG_ROWS_Y, m);
-                const int mr = EPI == 2 ? rg_row(rows, flags, RG_FLAG_ROWS_R, m) : 0;
-                sg_store4<EPI>(y, r, N, my, mr, n, s, vec);
-            }
-        }
-#ifdef RG_HAS_CLUSTERS
-        if (S > 1) {
-            // No CTA leaves (taking its shared memory with it) while another still reads it.
-            __syncwarp();  // barrier.cluster is .aligned: the warp reconverged after the items
-            rg_cluster_arrive();
-            rg_cluster_wait();
-        }
-#endif
+        gt_reduce_partials<EPI, BM, BN, S, KS, C::PS, C::THREADS>(smem, rank, m0, n0, M, N, y, r, rows, flags, vec);
     }
 }
 

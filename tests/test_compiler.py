@@ -107,6 +107,10 @@ def test_headers_are_spliced_into_the_source():
     src = kernel_source("matmul")
     assert not re.search(r'^\s*#\s*include\s+"rawgraph.cuh"', src, re.M) and "griddepcontrol.wait" in src
     assert src.count("#define RAWGRAPH_CUH") == 1
+    for gemm in ("sgemm", "tf32x3"):  # two headers, one including the other: each spliced once
+        src = kernel_source(gemm)
+        assert src.count("#define RAWGRAPH_CUH") == 1 and src.count("void gt_reduce_partials(") == 1
+        assert not re.search(r'^\s*#\s*include\s+"', src, re.M)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
