@@ -268,9 +268,9 @@ def mgr_consistent(st: dict) -> None:
         assert_args_held(mgr._args[i], k["func"], k["blob"], f"node {i}")
         p = mgr._params[i]
         assert k["grid"] == (p.gridDimX, p.gridDimY, p.gridDimZ), f"node {i} grid {k['grid']}"
-        now = mgr._node_now.get(i)
+        now = mgr._slots.now.get(i)
         if now is not None:
-            assert now == tuple(v.value for v in mgr._node_views[i]), f"node {i}: cached slots differ from the slots"
+            assert now == tuple(v.value for v in mgr._slots.views[i]), f"node {i}: cached slots differ from the slots"
     for name, uses in mgr.bindings.items():
         held = set()
         for i, arg, _role in uses:

@@ -217,7 +217,7 @@ def test_every_update_path_runs_on_the_shadow_core(st, monkeypatch):
     assert isinstance(ind._shadow, ExecShadow) and ind._keep is ind._shadow.keep
     old = ind.bound
     ind.apply(ind_st["pair"])
-    assert ind._shadow.retained == [old] and ind.retained == [old]
+    assert ind._shadow.keep.retained == [old] and ind.retained == [old]
     # the counters tests read are the core's
     assert reb.pushes == reb._shadow.pushes > 0 and mgr.update_calls == mgr._shadow.pushes > 0
     assert rg.pushes == sum(sh.pushes for sh in rg._shadows.values()) > 0
@@ -228,7 +228,7 @@ def test_one_binding_family_with_one_liveness_rule(st):
     from rawgraph.runtime.errors import ClosedError
     from rawgraph.updates import rebind
     from rawgraph.updates.rebind import AddressBinding
-    from rawgraph.updates.shadow import BaseBinding
+    from rawgraph.updates.validate import BaseBinding
 
     # the rebinder's module no longer shadows rawgraph.Binding: its old name resolves, with a warning
     assert "Binding" not in vars(rebind)

@@ -81,8 +81,8 @@ CASES = [
         edits=[
             (
                 "rawgraph/updates/manager.py",
-                "        pushed = self._shadow.push(changed, _unapply, (self, changed, olds)) if changed else 0\n",
-                "        pushed = self._shadow.push(changed, _unapply, (self, changed, olds)) if changed else 0\n"
+                "        pushed = self._shadow.push(changed, slots.put_back, (changed, olds)) if changed else 0\n",
+                "        pushed = self._shadow.push(changed, slots.put_back, (changed, olds)) if changed else 0\n"
                 "        if changed:\n"
                 "            from cuda.bindings import driver\n"
                 '            for other, _kind, _detail in getattr(self.graph, "other_nodes", ()):\n'

@@ -346,8 +346,8 @@ def _apply_python_cost(mgr: Any, prepared: list, n: int = 20000) -> dict:
             per.append((time.perf_counter() - t0) / n * 1e6)
     finally:
         driver.cuGraphExecKernelNodeSetParams = real
-    for n_ in mgr._node_now:  # what the exec holds is not what the shadows say: push them all
-        mgr._node_now[n_] = None
+    mgr._slots.forget()  # what the exec holds is not what the shadows say: push them all
+    for n_ in mgr._slots.now:
         real(mgr.exec.handle, mgr._handles[n_], mgr._params[n_])
     return stats(per)
 

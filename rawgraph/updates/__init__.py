@@ -1,7 +1,8 @@
 """New data into an instantiated graph without capturing it again.
 
-``shadow`` (``ExecShadow``: what an exec's nodes hold, the push of changed nodes with rollback,
-the keep-alive over the streams launched on; every update path below runs on it), ``manager``
+``shadow`` (the kernel-parameter rebinding, top to bottom: where a node's parameters live, which
+argument words a bind changes, ``ExecShadow``'s push of changed nodes with rollback and the
+keep-alive over the streams launched on; every update path below runs on it), ``manager``
 (``ExecUpdateManager``: re-bind kernel-node arguments of rawgraph's own graphs, one class; the
 checks it runs before anything changes are functions in ``validate``, those of a scalar or grid
 edit in ``setters``), ``addresses`` (scanning parameters for

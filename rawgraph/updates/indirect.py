@@ -40,7 +40,8 @@ from ..runtime.errors import ClosedError, LayoutError, ReleaseWarning, call
 from ..runtime.launch import LaunchPlan
 from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_array, check_array
 from ..runtime.stream import Event, as_stream
-from .shadow import BaseBinding, ExecShadow
+from .shadow import ExecShadow
+from .validate import BaseBinding
 
 TABLE_PLACES = ("device", "mapped")
 SLOTS = ("x", "out")  # slot i of the table holds the pointer of SLOTS[i]

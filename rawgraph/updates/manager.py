@@ -1,23 +1,14 @@
 """Feeding replays new data without a copy: re-bind kernel-node arguments in the exec.
 
-Read top to bottom, this module is the whole kernel-parameter rebinding of rawgraph's own graphs:
-
-* where a node's parameters live: the capture's node map (``graph.nodes[i]``: launch ``i`` of
-  the plan, its handle and captured argument bytes) gives each node a persistent packed argument
-  buffer and the ``CUDA_KERNEL_NODE_PARAMS`` pointing into it
-  (:class:`~rawgraph.updates.shadow.KernelShadow`), built once;
-* what the shadow holds: exactly what the exec holds (the driver has no getter for exec node
-  parameters), in :class:`~rawgraph.updates.shadow.ExecShadow`;
-* which slots a bind changes: per bindable name (``x``, ``out``, or each array a
-  :class:`~rawgraph.RawKernel` call named) the 8-byte argument words it goes to, grouped by
-  node (:class:`_Name`); a :class:`Binding` precomputes them for a set of arrays;
-* the push: ``cuGraphExecKernelNodeSetParams`` for the nodes whose slots changed, nothing else
-  (:meth:`ExecShadow.push <rawgraph.updates.shadow.ExecShadow.push>`, the one push loop);
-* the rollback: a refused push puts every slot back (:func:`_unbind`, :func:`_unapply`) and the
-  nodes the driver already took are pushed again, so the exec runs exactly its old bindings;
-* the keep-alive: an array bound away from stays alive until the replays queued before the bind
-  have finished (an event per stream used, :class:`~rawgraph.graphs.keepalive.KeepAlive`), so a
-  caching allocator (CuPy's pool, PyTorch's) cannot hand it out while a graph still reads it.
+The mechanism, read top to bottom, is :mod:`rawgraph.updates.shadow` (where a node's parameters
+live, which argument words a bind changes, the push, the rollback, the keep-alive) over the
+capture's node map (``graph.nodes[i]``: launch ``i`` of the plan, its handle and captured argument
+bytes). This module is its front door for rawgraph's own graphs: the bindable names (``x``,
+``out``, or each array a :class:`~rawgraph.RawKernel` call named), the arrays already checked for
+each (so a per-replay bind of a known array costs a lookup), the prepared :class:`Binding`, the
+scalar and grid edits, and following a whole-graph update. An array bound away from stays alive
+until the replays queued before the bind have finished, so a caching allocator (CuPy's pool,
+PyTorch's) cannot hand it out while a graph still reads it.
 
 What a bind refuses (shape, dtype, device, layout, overlap, a foreign node's pin) is checked
 before anything changes, by the functions of :mod:`rawgraph.updates.validate`; the scalar and
@@ -34,7 +25,6 @@ cannot be checked: the manager warns (:class:`~rawgraph.runtime.errors.RawgraphW
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import threading
 import warnings
@@ -51,16 +41,16 @@ from ..runtime.launch import ARG_DTYPES, KernelArgs
 from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array
 from .addresses import foreign_holders
 from .setters import check_grid, restore_scalars, stored_scalar
-from .shadow import ExecShadow, KernelShadow, finalizers, refuse_device_updatable
+from .shadow import ArgumentSlots, ExecShadow, KernelShadow, NameSlots, refuse_device_updatable
 from .validate import (
     Binding,
     Checked,
     Move,
-    NodeWrite,
     address_reader,
     check_new_array,
     check_overlap,
     check_overlap_one,
+    finalizers,
 )
 
 __all__ = ["Binding", "ExecUpdateManager"]
@@ -96,38 +86,18 @@ def captured_object(view: DeviceArray) -> Any:
 
 
 class _Name:
-    """One bindable name: what an array bound to it must be, the argument slots its pointer goes
-    to, and the arrays already checked for it."""
+    """One bindable name: what an array bound to it must be, the argument words its pointer goes
+    to (``at``, the shadow's :class:`~rawgraph.updates.shadow.NameSlots`), and the arrays already
+    checked for it."""
 
-    __slots__ = ("shape", "dtype", "writes", "slots", "positions", "nodes", "checked", "pinned")
+    __slots__ = ("shape", "dtype", "writes", "at", "checked", "pinned")
 
-    def __init__(self, view: DeviceArray, writes: bool, slots: list[tuple[int, list[ctypes.c_uint64]]]):
+    def __init__(self, view: DeviceArray, writes: bool, at: NameSlots):
         self.shape, self.dtype = view.shape, view.dtype
         self.writes = writes  # a kernel writes through it (read-only memory is refused)
-        self.slots = slots  # (node, [slot word]) per node, a ctypes view per word: a .value store is cheap
-        self.positions: list[tuple[int, list[int]]] = []  # (node, where its slots sit in that node's fixed order)
-        self.nodes = [node for node, _views in slots]  # what a bind that moves it pushes
+        self.at = at
         self.checked: dict[int, Checked] = {}  # by id() of the array
         self.pinned: tuple[int, list[str]] | None = None  # (captured ptr, foreign nodes holding an address in it)
-
-
-def _unbind(log: tuple[ExecUpdateManager, str]) -> None:
-    """Undo of a refused bind: the slots of the name get its bound pointer back."""
-    mgr, name = log
-    ptr = mgr._bound_ptr[name][0]
-    for node, views in mgr._names[name].slots:
-        for v in views:
-            v.value = ptr
-        mgr._node_now[node] = None
-
-
-def _unapply(log: tuple[ExecUpdateManager, list[int], list[tuple[int, ...]]]) -> None:
-    """Undo of a refused apply: each changed node's slots get the pointers they held."""
-    mgr, changed, olds = log
-    for node, old in zip(changed, olds):
-        for view, a in zip(mgr._node_views[node], old):
-            view.value = a
-        mgr._node_now[node] = old
 
 
 class ExecUpdateManager:
@@ -197,24 +167,13 @@ class ExecUpdateManager:
         for node in kernels:
             shadow.add_kernel(node)
         self._args: list[KernelArgs] = [node.args for node in kernels if node.args is not None]
-        # Which slots each name's bind changes, and per node every bindable slot in one fixed order
-        # (_node_views); _node_now caches the pointers those slots hold (None: read the slots).
-        self._names: dict[str, _Name] = {}
-        canon: dict[int, list[ctypes.c_uint64]] = {}
-        for name in names:
-            grouped: dict[int, list[ctypes.c_uint64]] = {}
-            for i, arg, _ in self.bindings[name]:
-                word = self._args[i]._storage.ctypes.data + self._args[i].offsets[arg]
-                grouped.setdefault(i, []).append(ctypes.c_uint64.from_address(word))
-            rec = self._names[name] = _Name(
-                plan.buffers[name], any(r == "write" for _, _, r in self.bindings[name]), list(grouped.items())
-            )
-            for i, views in rec.slots:
-                slots = canon.setdefault(i, [])
-                rec.positions.append((i, list(range(len(slots), len(slots) + len(views)))))
-                slots.extend(views)
-        self._node_views: dict[int, tuple[ctypes.c_uint64, ...]] = {node: tuple(views) for node, views in canon.items()}
-        self._node_now: dict[int, tuple[int, ...] | None] = {node: None for node in canon}
+        # Which argument words each name's bind changes (the shadow's slot table), and what an array
+        # bound to each name must be.
+        self._slots = ArgumentSlots(self._args, {n: [(i, arg) for i, arg, _ in self.bindings[n]] for n in names})
+        self._names = {
+            name: _Name(plan.buffers[name], any(r == "write" for _, _, r in uses), self._slots.names[name])
+            for name, uses in self.bindings.items()
+        }
         # What each name is bound to now: (ptr, nbytes), and the object passed (held, for replays).
         self._bound_ptr = {name: (plan.buffers[name].ptr, plan.buffers[name].nbytes) for name in names}
         self._bound_obj = {name: captured_object(plan.buffers[name]) for name in names}
@@ -312,12 +271,12 @@ class ExecUpdateManager:
                 # and the bound ones were checked when they were bound
                 if self._write_names:
                     check_overlap_one(self._write_names, self._bound_ptr, name, ptr, nbytes)
-                node_now = self._node_now
-                for node, views in rec.slots:  # type: ignore[union-attr]  # (a hit implies rec)
+                at, node_now = rec.at, self._slots.now  # type: ignore[union-attr]  # (a hit implies rec)
+                for node, views in at.words:  # ArgumentSlots.point, inline: the per-replay path
                     for v in views:
                         v.value = ptr
                     node_now[node] = None
-                pushed = self._shadow.push(rec.nodes, _unbind, (self, name))  # type: ignore[union-attr]
+                pushed = self._shadow.push(at.nodes, self._slots.undo_point, (name, self._bound_ptr[name][0]))
                 self._bound_ptr[name] = (ptr, nbytes)
             old_obj = self._bound_obj[name]
             if old_obj is not array:
@@ -489,25 +448,12 @@ class ExecUpdateManager:
         entries = tuple((name, self._resolve(name, a)) for name, a in arrays.items())
         if self._write_names:
             check_overlap(self._write_names, {**self._bound_ptr, **dict(entries)})
-        want: dict[int, list[int | None]] = {}
-        for name, (ptr, _nb) in entries:
-            for node, positions in self._names[name].positions:
-                w = want.setdefault(node, [None] * len(self._node_views[node]))
-                for i in positions:
-                    w[i] = ptr
-        nodes = []
-        for node, w in want.items():
-            set_at = tuple(i for i, v in enumerate(w) if v is not None)
-            vals = tuple(cast(int, w[i]) for i in set_at)
-            views = self._node_views[node]
-            full = vals if len(set_at) == len(w) else None
-            nodes.append(NodeWrite(node, full, set_at, vals, views))
         moves = tuple(
             Move(i, read, ptr)
             for i, (a, (_name, (ptr, _nb))) in enumerate(zip(values, entries))
             if (read := address_reader(a)) is not None
         )
-        return Binding(self, entries, tuple(nodes), set(arrays) >= set(self.bindings), moves)
+        return Binding(self, entries, self._slots.plan(entries), set(arrays) >= set(self.bindings), moves)
 
     def _remember(self, key: tuple[Any, ...], binding: Binding, values: tuple[Any, ...]) -> None:
         """Cache a binding for :meth:`bind_many`, weakly (nothing kept alive by the cache)."""
@@ -522,43 +468,13 @@ class ExecUpdateManager:
         self._cache[key] = binding
 
     def _apply(self, binding: Binding, values: tuple[Any, ...]) -> int:
-        """Write a binding's pointers into the nodes whose slots differ and push those nodes.
-
-        Per node, the pointers its slots hold are cached as a tuple (the very tuple of the binding
-        that put them there, so the common check is one identity test); on a refused push every
-        changed node is put back (:func:`_unapply`) and the nodes the driver took are pushed again.
-        """
-        node_now = self._node_now
-        changed: list[int] = []
-        olds: list[tuple[int, ...]] = []
-        for nw in binding.nodes:
-            node, full = nw.node, nw.full
-            now = node_now[node]
-            if now is full and now is not None:
-                continue  # this binding's pointers are there already
-            if now is None:
-                now = tuple(v.value for v in nw.views)
-            if full is not None:
-                if full == now:
-                    node_now[node] = full
-                    continue
-                new = full
-                for view, a in nw.writes:
-                    view.value = a
-            else:
-                merged = list(now)
-                for i, val in zip(nw.idx, nw.vals):
-                    merged[i] = val
-                new = tuple(merged)
-                if new == now:
-                    node_now[node] = new
-                    continue
-                for view, a in zip(nw.views, new):
-                    view.value = a
-            changed.append(node)
-            olds.append(now)
-            node_now[node] = new
-        pushed = self._shadow.push(changed, _unapply, (self, changed, olds)) if changed else 0
+        """Write a binding's pointers into the nodes whose words differ
+        (:meth:`ArgumentSlots.write <rawgraph.updates.shadow.ArgumentSlots.write>`) and push those
+        nodes; on a refused push every changed node is put back and the nodes the driver took are
+        pushed again."""
+        slots = self._slots
+        changed, olds = slots.write(binding.nodes)
+        pushed = self._shadow.push(changed, slots.put_back, (changed, olds)) if changed else 0
         self._bound_ptr.update(binding.entries)
         bound_obj = self._bound_obj
         if self._shadow.streams:  # replayed: a replaced array may still be read by queued replays
@@ -764,7 +680,7 @@ class ExecUpdateManager:
             p.gridDimX, p.gridDimY, p.gridDimZ = launch.grid
             p.blockDimX, p.blockDimY, p.blockDimZ = launch.block
             p.sharedMemBytes = launch.shared_mem
-        self._node_now = {n: None for n in self._node_now}
+        self._slots.forget()
         replaced = []
         for name in self.bindings:
             view = plan.buffers[name]

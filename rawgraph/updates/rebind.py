@@ -59,7 +59,8 @@ from .addresses import UnconfirmedMatchWarning as UnconfirmedMatchWarning
 from .addresses import WordHit as WordHit
 from .addresses import allocation_of as allocation_of
 from .addresses import foreign_holders as foreign_holders
-from .shadow import BaseBinding, ExecShadow, KernelShadow
+from .shadow import ExecShadow, KernelShadow
+from .validate import BaseBinding
 
 _memmove = ctypes.memmove
 
@@ -79,6 +80,38 @@ class _KernelState(KernelShadow):
     original_words: np.ndarray  # as captured (read-only)
     held: bytes  # the same words as bytes
     original_blob: bytes
+
+    @classmethod
+    def of_bytes(cls, blob: bytes, offsets: Sequence[int] | None, fields: dict[str, Any]) -> _KernelState:
+        """A node read from any graph: its parameter bytes, the offset of each parameter
+        (``cuFuncGetParamInfo``; None: no layout, handed back through ``extra``) and the other
+        fields of its ``CUDA_KERNEL_NODE_PARAMS`` (func, kern, ctx, grid, block, shared_mem)."""
+        n = len(blob)
+        storage = np.zeros(max(1, (n + WORD - 1) // WORD), dtype=np.uint64)
+        storage.view(np.uint8)[:n] = np.frombuffer(blob, dtype=np.uint8)
+        base = int(storage.ctypes.data)
+        p = driver.CUDA_KERNEL_NODE_PARAMS()
+        p.func = fields["func"]
+        p.kern = fields["kern"]
+        p.ctx = fields["ctx"]
+        p.gridDimX, p.gridDimY, p.gridDimZ = fields["grid"]
+        p.blockDimX, p.blockDimY, p.blockDimZ = fields["block"]
+        p.sharedMemBytes = fields["shared_mem"]
+        refs: tuple[Any, ...]
+        if offsets is not None:
+            # kernelParams: one pointer per parameter into the persistent copy.
+            table = np.array([base + o for o in offsets] or [0], dtype=np.uintp)
+            p.kernelParams = int(table.ctypes.data)
+            p.extra = 0
+            refs = (table,)
+        else:
+            # No layout (an ``extra``-launched node): hand the whole buffer back the same way.
+            size = ctypes.c_size_t(n)
+            extra = np.array([1, base, 2, ctypes.addressof(size), 0], dtype=np.uintp)
+            p.kernelParams = 0
+            p.extra = int(extra.ctypes.data)
+            refs = (size, extra)
+        return cls(fields["handle"], p, storage, n, None, refs)
 
     @classmethod
     def of_info(cls, info: KernelInfo) -> _KernelState:

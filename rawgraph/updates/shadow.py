@@ -1,42 +1,42 @@
-"""The shadow-parameter core: what one exec's nodes hold, as the library believes it.
+"""The kernel-parameter rebinding of one exec, top to bottom.
 
 The driver has no getter for an exec's node parameters, so every update path keeps its own copy
-of them: the *shadow*. :class:`ExecShadow` is that copy for one exec, and the one place that
-changes the exec:
+of them, the *shadow*, and changes the exec only through it:
 
-* per node, the parameters ``cuGraphExecKernelNodeSetParams`` is given (``params``: a
-  ``CUDA_KERNEL_NODE_PARAMS`` whose ``kernelParams`` point at a persistent, packed argument buffer,
-  :class:`KernelShadow`), edited in place by its owner;
-* :meth:`ExecShadow.push` gives the exec the nodes whose shadow changed, nothing else. If the
-  driver refuses the k-th push, the owner's undo puts the old values back into the shadow and
-  the k-1 nodes the driver already took are pushed again with them: the exec and the shadow stay
-  equal, and the exec runs all of its old values, never a mix;
-* the streams the exec was launched on (``GraphExec.streams``, or its own
-  :class:`~rawgraph.runtime.stream.StreamSet` for a raw handle) and a
-  :class:`~rawgraph.graphs.keepalive.KeepAlive` over them: an object an update moved the exec away
-  from is held until the replays queued before the update have run.
+1. where a node's parameters live (:class:`KernelShadow`): a persistent, packed argument buffer
+   and the ``CUDA_KERNEL_NODE_PARAMS`` whose ``kernelParams`` point into it, built once from the
+   capture's node map and edited in place;
+2. which words a bind changes (:class:`ArgumentSlots`): per bindable name the 8-byte argument
+   words its pointer goes to, per node those words in one fixed order, and what a prepared set of
+   pointers writes into each node (:class:`NodeWrite`);
+3. the push (:meth:`ExecShadow.push`): ``cuGraphExecKernelNodeSetParams`` for the nodes whose
+   shadow changed, nothing else; the one push loop of the package, every update path calls it;
+4. the rollback (:meth:`ExecShadow.roll_back`): when the driver refuses the k-th push, the
+   owner's undo puts the shadow back and the k-1 nodes the driver took are pushed again, so the
+   exec runs all of its old values, never a mix;
+5. the keep-alive (``ExecShadow.keep``, :class:`~rawgraph.graphs.keepalive.KeepAlive` over the
+   streams the exec was launched on): an object the exec was moved away from is held until the
+   replays queued before the move have run.
 
 The core takes no lock: each owner (manager, rebinder, re-shaped graph, slot pool, indirect graph)
-holds its own lock around every call that edits the shadow and pushes, so one lock per owner, as
-before. :class:`BaseBinding` is the one family of prepared bindings, with one liveness rule.
+holds its own lock around every call that edits the shadow and pushes. What a bind refuses before
+anything here changes is in :mod:`rawgraph.updates.validate`; the owner of rawgraph's own graphs is
+:class:`~rawgraph.updates.manager.ExecUpdateManager`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from cuda.bindings import driver
 
 from ..graphs.keepalive import KeepAlive
-from ..runtime import resource as _resource
 from ..runtime.device import Device, _here
 from ..runtime.errors import DeviceUpdatableError, cuda_error
 from ..runtime.launch import KernelArgs
-from ..runtime.memory import DeviceBuffer
 from ..runtime.stream import StreamSet
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
@@ -50,25 +50,12 @@ class KernelShadow:
     Built once; the owner edits the buffer (and the grid) in place before a push. The driver
     copies the values during the SetParams call; the buffer stays for the next edit.
 
-    Attributes
-    ----------
-    handle : CUgraphNode
-    params : CUDA_KERNEL_NODE_PARAMS
-    storage : numpy.ndarray of uint64
-    address, size : int
-        Where the argument bytes lie and how many there are.
-    args : KernelArgs or None
-        The named arguments (:meth:`of_launch`), None for raw bytes (:meth:`of_bytes`).
+    ``handle``: the node; ``address``, ``size``: where the argument bytes lie and how many there
+    are; ``args``: the named arguments (:meth:`of_launch`), None for a node read back from any
+    graph (:mod:`rawgraph.updates.rebind`).
     """
 
     __slots__ = ("handle", "params", "storage", "address", "size", "args", "_refs")
-
-    handle: Any  # driver.CUgraphNode
-    params: Any  # driver.CUDA_KERNEL_NODE_PARAMS
-    storage: np.ndarray
-    address: int
-    size: int
-    args: KernelArgs | None
 
     def __init__(
         self,
@@ -93,38 +80,6 @@ class KernelShadow:
         args = KernelArgs.from_bytes(launch.args.spec, captured)
         return cls(handle, launch.node_params(args), args._storage, len(captured), args)
 
-    @classmethod
-    def of_bytes(cls, blob: bytes, offsets: Sequence[int] | None, fields: dict[str, Any]) -> KernelShadow:
-        """A node read from any graph: its parameter bytes, the offset of each parameter
-        (``cuFuncGetParamInfo``; None: no layout, handed back through ``extra``) and the other
-        fields of its ``CUDA_KERNEL_NODE_PARAMS`` (func, kern, ctx, grid, block, shared_mem)."""
-        n = len(blob)
-        storage = np.zeros(max(1, (n + WORD - 1) // WORD), dtype=np.uint64)
-        storage.view(np.uint8)[:n] = np.frombuffer(blob, dtype=np.uint8)
-        base = int(storage.ctypes.data)
-        p = driver.CUDA_KERNEL_NODE_PARAMS()
-        p.func = fields["func"]
-        p.kern = fields["kern"]
-        p.ctx = fields["ctx"]
-        p.gridDimX, p.gridDimY, p.gridDimZ = fields["grid"]
-        p.blockDimX, p.blockDimY, p.blockDimZ = fields["block"]
-        p.sharedMemBytes = fields["shared_mem"]
-        refs: tuple[Any, ...]
-        if offsets is not None:
-            # kernelParams: one pointer per parameter into the persistent copy.
-            table = np.array([base + o for o in offsets] or [0], dtype=np.uintp)
-            p.kernelParams = int(table.ctypes.data)
-            p.extra = 0
-            refs = (table,)
-        else:
-            # No layout (an ``extra``-launched node): hand the whole buffer back the same way.
-            size = ctypes.c_size_t(n)
-            extra = np.array([1, base, 2, ctypes.addressof(size), 0], dtype=np.uintp)
-            p.kernelParams = 0
-            p.extra = int(extra.ctypes.data)
-            refs = (size, extra)
-        return cls(fields["handle"], p, storage, n, None, refs)
-
     def current(self) -> bytes:
         """The argument bytes as the shadow holds them."""
         return self.storage.view(np.uint8)[: self.size].tobytes()
@@ -132,6 +87,149 @@ class KernelShadow:
 
 # undo(log): put the shadow of every node of a failed push back as it was before it was edited
 Undo = Callable[[Any], None]
+
+
+class NodeWrite:
+    """What one prepared set of pointers writes into one node's bindable words.
+
+    ``full``: the pointer of every bindable word of the node, when the set gives them all (then
+    ``writes`` pairs each word with its pointer); None when it gives some, and ``idx``/``vals`` say
+    which words (positions in ``views``) get which pointer. ``views``: every bindable word of the
+    node, in :class:`ArgumentSlots`' fixed order. (Slotted attributes, not a tuple subclass: an
+    apply reads ``node`` and ``full`` per node per replay, and stops there when the node already
+    holds them.)
+    """
+
+    __slots__ = ("node", "full", "idx", "vals", "views", "writes")
+
+    def __init__(
+        self,
+        node: int,
+        full: tuple[int, ...] | None,
+        idx: tuple[int, ...],
+        vals: tuple[int, ...],
+        views: tuple[ctypes.c_uint64, ...],
+    ):
+        self.node = node
+        self.full = full
+        self.idx = idx
+        self.vals = vals
+        self.views = views
+        self.writes = tuple(zip(views, full)) if full is not None else ()
+
+
+class NameSlots:
+    """Where one bindable name's pointer goes: per node, a ctypes view of each argument word
+    holding it (``words``: a ``.value`` store is cheap), where those words sit in the node's fixed
+    order (``positions``), and the nodes a bind that moves the name pushes (``nodes``)."""
+
+    __slots__ = ("words", "positions", "nodes")
+
+    def __init__(self, words: list[tuple[int, list[ctypes.c_uint64]]]):
+        self.words = words
+        self.positions: list[tuple[int, list[int]]] = []
+        self.nodes = [node for node, _views in words]
+
+
+class ArgumentSlots:
+    """Which argument words a bind changes, over the kernel nodes' shadows.
+
+    ``names[name]``: the :class:`NameSlots` of each bindable name. ``views[node]``: every bindable
+    word of a node, in one fixed order. ``now[node]``: the pointers those words hold, cached as a
+    tuple (the very tuple of the :class:`NodeWrite` that put them there, so the common check is one
+    identity test), None where the words must be read.
+    """
+
+    __slots__ = ("names", "views", "now")
+
+    def __init__(self, args: Sequence[KernelArgs], uses: dict[str, list[tuple[int, str]]]):
+        self.names: dict[str, NameSlots] = {}
+        order: dict[int, list[ctypes.c_uint64]] = {}
+        for name, pairs in uses.items():
+            grouped: dict[int, list[ctypes.c_uint64]] = {}
+            for node, arg in pairs:
+                word = args[node]._storage.ctypes.data + args[node].offsets[arg]
+                grouped.setdefault(node, []).append(ctypes.c_uint64.from_address(word))
+            at = self.names[name] = NameSlots(list(grouped.items()))
+            for node, words in at.words:
+                slots = order.setdefault(node, [])
+                at.positions.append((node, list(range(len(slots), len(slots) + len(words)))))
+                slots.extend(words)
+        self.views = {node: tuple(words) for node, words in order.items()}
+        self.now: dict[int, tuple[int, ...] | None] = dict.fromkeys(order)
+
+    def point(self, name: str, ptr: int) -> None:
+        """Every word of ``name`` gets ``ptr`` (a bind; with the old pointer, its undo)."""
+        now = self.now
+        for node, views in self.names[name].words:
+            for v in views:
+                v.value = ptr
+            now[node] = None
+
+    def undo_point(self, log: tuple[str, int]) -> None:
+        self.point(*log)
+
+    def plan(self, entries: Sequence[tuple[str, tuple[int, int]]]) -> tuple[NodeWrite, ...]:
+        """Per node that ``entries`` (``(name, (ptr, nbytes))``) touch, what they write there."""
+        want: dict[int, list[int | None]] = {}
+        for name, (ptr, _nbytes) in entries:
+            for node, positions in self.names[name].positions:
+                w = want.setdefault(node, [None] * len(self.views[node]))
+                for i in positions:
+                    w[i] = ptr
+        nodes = []
+        for node, w in want.items():
+            idx = tuple(i for i, v in enumerate(w) if v is not None)
+            vals = tuple(cast(int, w[i]) for i in idx)  # (idx holds only the set positions)
+            full = vals if len(idx) == len(w) else None
+            nodes.append(NodeWrite(node, full, idx, vals, self.views[node]))
+        return tuple(nodes)
+
+    def write(self, writes: Sequence[NodeWrite]) -> tuple[list[int], list[tuple[int, ...]]]:
+        """Write each node's pointers where its words hold others; returns the nodes changed (to
+        push) and what their words held (the log :meth:`put_back` takes)."""
+        now_of = self.now
+        changed: list[int] = []
+        olds: list[tuple[int, ...]] = []
+        for nw in writes:
+            node, full = nw.node, nw.full
+            now = now_of[node]
+            if now is full and now is not None:
+                continue  # these pointers are there already
+            if now is None:
+                now = tuple(v.value for v in nw.views)
+            if full is not None:
+                if full == now:
+                    now_of[node] = full
+                    continue
+                new = full
+                for view, a in nw.writes:
+                    view.value = a
+            else:
+                merged = list(now)
+                for i, val in zip(nw.idx, nw.vals):
+                    merged[i] = val
+                new = tuple(merged)
+                if new == now:
+                    now_of[node] = new
+                    continue
+                for view, a in zip(nw.views, new):
+                    view.value = a
+            changed.append(node)
+            olds.append(now)
+            now_of[node] = new
+        return changed, olds
+
+    def put_back(self, log: tuple[list[int], list[tuple[int, ...]]]) -> None:
+        """Undo of a refused :meth:`write`: each changed node's words get what they held."""
+        for node, old in zip(*log):
+            for view, a in zip(self.views[node], old):
+                view.value = a
+            self.now[node] = old
+
+    def forget(self) -> None:
+        """The words were rewritten behind the cache (a whole-graph update): read them again."""
+        self.now = dict.fromkeys(self.now)
 
 
 def refuse_device_updatable(exec: Any) -> None:
@@ -151,36 +249,16 @@ class ExecShadow:
     """The shadow of one exec: its nodes' parameters, the push of changed nodes with rollback,
     the streams it was launched on and the keep-alive over them.
 
-    Parameters
-    ----------
-    exec : GraphExec, CUgraphExec or int
-    device : Device
-        Made current before a push (a SetParams on a thread with no context crashes).
-    batch : int
-        Retired objects collected before a fence is recorded (:class:`KeepAlive`).
-
-    Attributes
-    ----------
-    handles, params : list
-        Per node (in the order :meth:`add` was called): its handle and what a push gives the
-        driver. An owner may edit ``params[i]`` in place or replace it (a re-shaped graph points
-        a node at another size's parameters).
-    pushes : int
-        SetParams calls that took (a rolled-back transaction counts none).
-    streams : StreamSet
-        ``exec.streams`` of a :class:`~rawgraph.graphs.graph.GraphExec`, else the streams
-        :meth:`note` was given.
-    keep : KeepAlive
+    ``exec``: a GraphExec, or a raw ``CUgraphExec``; ``device`` is made current before a push (a
+    SetParams on a thread with no context crashes); ``batch``: retired objects collected before a
+    fence is recorded. ``handles``, ``params``: per node, in the order :meth:`add` was called, its
+    handle and what a push gives the driver (an owner edits ``params[i]`` in place, or replaces it:
+    a re-shaped graph points a node at another size's parameters). ``pushes``: SetParams calls that
+    took (a rolled-back one counts none). ``streams``: ``exec.streams`` of a GraphExec, else those
+    :meth:`note` was given; ``keep``: the :class:`KeepAlive` over them.
     """
 
     __slots__ = ("exec", "handle", "device", "handles", "params", "setters", "labels", "pushes", "streams", "keep")
-
-    exec: Any  # a GraphExec, or a raw CUgraphExec (handle or int)
-    handle: Any  # driver.CUgraphExec
-    device: Device
-    pushes: int
-    streams: StreamSet
-    keep: KeepAlive
 
     def __init__(self, exec: Any, device: Device, batch: int = 32):
         refuse_device_updatable(exec)
@@ -281,70 +359,6 @@ class ExecShadow:
         """Remember a stream the exec was launched on (a raw exec handle has no ``streams``)."""
         self.streams.note(stream)
 
-    def retire(self, obj: Any) -> None:
-        """Hold ``obj`` until the replays queued so far have run (nothing when never launched)."""
-        self.keep.retire(obj)
-
-    def retire_all(self, objs: Any) -> None:
-        self.keep.retire_all(objs)
-
-    def collect(self) -> int:
-        return self.keep.collect()
-
     @property
     def retained(self) -> list[Any]:
         return self.keep.retained
-
-    def close(self) -> None:
-        """Wait for the replays that read a retired object, then drop them (never raises half-way)."""
-        self.keep.close()
-
-
-def finalizers(objs: Sequence[Any]) -> tuple[weakref.finalize[..., Any] | None, ...]:
-    """The finalizer of each DeviceBuffer among ``objs`` (None for other objects)."""
-    return tuple(a._finalizer if isinstance(a, DeviceBuffer) else None for a in objs)
-
-
-class BaseBinding:
-    """A prepared set of new values for one owner (manager, rebinder, indirect graph).
-
-    The one liveness rule: a binding is applied only by the owner that prepared it, and only while
-    every :class:`~rawgraph.runtime.memory.DeviceBuffer` it names is open. The check is one compare
-    (``resource.release_count`` unchanged since it last passed) on the hot path, the finalizers
-    otherwise.
-
-    Attributes
-    ----------
-    owner : object
-        What prepared it (the owner itself, or a token naming it).
-    holds : tuple
-        The objects it keeps alive (its new arrays; empty for a binding cached weakly).
-    alive : tuple
-        Finalizers of the DeviceBuffers among its objects (None for others).
-    checked_at : int
-        ``resource.release_count`` when every object named was last seen open.
-    """
-
-    __slots__ = ("owner", "holds", "alive", "checked_at", "__weakref__")
-
-    owner: Any
-    holds: tuple[Any, ...]
-    alive: tuple[weakref.finalize[..., Any] | None, ...]
-    checked_at: int
-
-    def __init__(self, owner: Any, holds: tuple[Any, ...] = ()):
-        self.owner = owner
-        self.holds = holds
-        self.alive = finalizers(holds)
-        self.checked_at = _resource.release_count
-
-    def _still_open(self) -> bool:
-        for fin in self.alive:
-            if fin is not None and not fin.alive:
-                return False
-        self.checked_at = _resource.release_count
-        return True
-
-    def is_open(self) -> bool:
-        """Every DeviceBuffer it names is open (one compare when nothing was released since)."""
-        return self.checked_at == _resource.release_count or self._still_open()

@@ -5,21 +5,22 @@ Pure functions over explicit arguments (no manager state): the full check of one
 (:func:`check_new_array`: shape, dtype, device, layout, writable, pinned by a foreign node), the
 overlap of a written buffer with any other (:func:`check_overlap`, :func:`check_overlap_one`), how
 to read an array's address again (:func:`address_reader`). The records: :class:`Checked` (an array
-checked once, cached by identity), :class:`NodeWrite` (what one binding writes into one node) and
-:class:`Binding` (a checked set of arrays, ready to push). None of them touches the exec.
+checked once, cached by identity), :class:`BaseBinding` (the one family of prepared bindings, with
+one liveness rule) and :class:`Binding` (a checked set of arrays, ready to push: per node a
+:class:`~rawgraph.updates.shadow.NodeWrite`). None of them touches the exec.
 """
 
 from __future__ import annotations
 
-import ctypes
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ..runtime import resource as _resource
 from ..runtime.errors import ArrayError, ForeignNodeError, LayoutError
 from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
-from .shadow import BaseBinding
+from .shadow import NodeWrite
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,14 +29,15 @@ if TYPE_CHECKING:
     from .manager import ExecUpdateManager
 
 __all__ = [
+    "BaseBinding",
     "Binding",
     "Checked",
     "Move",
-    "NodeWrite",
     "address_reader",
     "check_new_array",
     "check_overlap",
     "check_overlap_one",
+    "finalizers",
 ]
 
 
@@ -155,39 +157,54 @@ def check_overlap_one(
                 raise LayoutError(f"{wname} (written) overlaps {name}")
 
 
-class NodeWrite:
-    """What one :class:`Binding` writes into one node's bindable slots.
+def finalizers(objs: Sequence[Any]) -> tuple[weakref.finalize[..., Any] | None, ...]:
+    """The finalizer of each DeviceBuffer among ``objs`` (None for other objects)."""
+    return tuple(a._finalizer if isinstance(a, DeviceBuffer) else None for a in objs)
 
-    ``full``: the pointer of every bindable slot of the node, when the binding sets them all (then
-    ``writes`` pairs each slot with its pointer); None when it sets some, and ``idx``/``vals`` say
-    which slots (positions in ``views``) get which pointer. ``views``: every bindable slot of the
-    node, in the manager's fixed order. (Slotted attributes, not a tuple subclass: an apply reads
-    ``node`` and ``full`` per node per replay, and stops there when that node already holds them.)
+
+class BaseBinding:
+    """A prepared set of new values for one owner (manager, rebinder, indirect graph).
+
+    The one liveness rule: a binding is applied only by the owner that prepared it, and only while
+    every :class:`~rawgraph.runtime.memory.DeviceBuffer` it names is open. The check is one compare
+    (``resource.release_count`` unchanged since it last passed) on the hot path, the finalizers
+    otherwise.
+
+    Attributes
+    ----------
+    owner : object
+        What prepared it (the owner itself, or a token naming it).
+    holds : tuple
+        The objects it keeps alive (its new arrays; empty for a binding cached weakly).
+    alive : tuple
+        Finalizers of the DeviceBuffers among its objects (None for others).
+    checked_at : int
+        ``resource.release_count`` when every object named was last seen open.
     """
 
-    __slots__ = ("node", "full", "idx", "vals", "views", "writes")
+    __slots__ = ("owner", "holds", "alive", "checked_at", "__weakref__")
 
-    node: int
-    full: tuple[int, ...] | None
-    idx: tuple[int, ...]
-    vals: tuple[int, ...]
-    views: tuple[ctypes.c_uint64, ...]
-    writes: tuple[tuple[ctypes.c_uint64, int], ...]
+    owner: Any
+    holds: tuple[Any, ...]
+    alive: tuple[weakref.finalize[..., Any] | None, ...]
+    checked_at: int
 
-    def __init__(
-        self,
-        node: int,
-        full: tuple[int, ...] | None,
-        idx: tuple[int, ...],
-        vals: tuple[int, ...],
-        views: tuple[ctypes.c_uint64, ...],
-    ):
-        self.node = node
-        self.full = full
-        self.idx = idx
-        self.vals = vals
-        self.views = views
-        self.writes = tuple(zip(views, full)) if full is not None else ()
+    def __init__(self, owner: Any, holds: tuple[Any, ...] = ()):
+        self.owner = owner
+        self.holds = holds
+        self.alive = finalizers(holds)
+        self.checked_at = _resource.release_count
+
+    def _still_open(self) -> bool:
+        for fin in self.alive:
+            if fin is not None and not fin.alive:
+                return False
+        self.checked_at = _resource.release_count
+        return True
+
+    def is_open(self) -> bool:
+        """Every DeviceBuffer it names is open (one compare when nothing was released since)."""
+        return self.checked_at == _resource.release_count or self._still_open()
 
 
 class Move(NamedTuple):
