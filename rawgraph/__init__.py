@@ -27,7 +27,7 @@ The package, in the order to read it (each layer imports only the ones before it
 __version__ = "0.1.0"
 
 # The subpackages (the imports below load them), named so they are bound for type checkers too.
-from . import control, graphs, models, ops, runtime, serving, updates
+from . import control, graphs, models, ops, runtime, serving, trace, updates
 from .graphs.builder import BuiltGraph, GraphBuilder, build_plan
 from .graphs.capture import Capture, CaptureMode, capture_branches, capture_plan
 from .graphs.graph import ForeignNode, Graph, GraphExec
@@ -166,5 +166,6 @@ __all__ = [
     "reference_forward",
     "runtime",
     "serving",
+    "trace",
     "updates",
 ]

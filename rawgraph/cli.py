@@ -1,4 +1,4 @@
-"""``rawgraph`` command line: ``info``, ``demo``, ``seed``, ``dot``, ``doctor --demo``,
+"""``rawgraph`` command line: ``info``, ``demo``, ``seed``, ``dot``, ``doctor --demo``, ``trace``,
 ``bench [SUITE]`` and ``bench report FILE``.
 
 Results go to stdout, progress and status to stderr (``--json`` prints a results document instead
@@ -259,6 +259,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return EX_OK if not missed else EX_FAILED
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    """``rawgraph trace``: the TinyBlock through every launch path under a tracer; writes the Chrome
+    trace and the PNG timeline, prints the latency model (see :mod:`rawgraph.bench.trace`). Exit 0,
+    69 without a GPU (checked before anything touches the driver), 2 for a bad option."""
+    if not _need_gpu():
+        return EX_UNAVAILABLE
+    from .bench.command import run_suite
+    from .bench.trace import render, run
+
+    return run_suite(args, run, render)
+
+
 def bench_epilog() -> str:
     """What every ``rawgraph bench ... --help`` ends with, once: the suites, ``report``, where
     output goes and the exit statuses."""
@@ -379,6 +391,18 @@ def build_parser() -> argparse.ArgumentParser:
         "replay of one model, their results compared. Needs a GPU.",
     )
     s.set_defaults(fn=cmd_seed)
+    from .bench.trace import DESCRIPTION as TRACE_DESCRIPTION
+    from .bench.trace import add_options as add_trace_options
+
+    s = command(
+        "trace",
+        "a timeline of host launches against device work, every launch path (Chrome trace + PNG)",
+        TRACE_DESCRIPTION,
+    )
+    add_model_options(s, width=128, layers=2, form="unfused", batch=1)
+    add_trace_options(s)
+    s.add_argument("--json", action="store_true", help="print the results document as JSON instead of the table")
+    s.set_defaults(fn=cmd_trace)
     s = sub.add_parser(
         "bench",
         add_help=False,

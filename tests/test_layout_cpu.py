@@ -21,7 +21,9 @@ LAYERS = {
     "doctor": 4,
     "multi": 4,
     "testing": 5,
-}  # testing: the pytest plugin and the fake driver, over the doctor
+    "trace": 5,
+}  # testing: the pytest plugin and the fake driver, over the doctor; trace: over the doctor (its
+# findings go into a trace) and the layers it times, below the benchmarks that run it
 TOP = 7  # rawgraph/__init__.py, cli.py, __main__.py
 
 

@@ -59,6 +59,12 @@ def _estimate_us(fn, stream: Stream) -> float:
 
 
 class Runner:
+    """Every launch path of the TinyBlock, set up, checked and measured in one process.
+
+    Two hooks for a runner that does something else with the same paths (``rawgraph trace``):
+    :meth:`clocks` (what is done with a path's checked step function) and :meth:`capture` (how a
+    plan becomes a graph)."""
+
     stream: Stream
 
     def __init__(self, budget_s: float, out_dir: Path, torch_ok: bool, cupy_ok: bool):
@@ -75,6 +81,14 @@ class Runner:
             self.torch.backends.cuda.matmul.allow_tf32 = False
             self.torch.backends.cudnn.allow_tf32 = False
         self.out_dir = out_dir
+
+    def clocks(self, fn, stream: Stream, est_us: float, budget_s: float) -> dict:
+        """The three clocks of one path's step function (handed to :meth:`record`)."""
+        return _clocks(fn, stream, est_us, budget_s)
+
+    def capture(self, plan, stream: Stream, warmup: bool = True):
+        """A plan captured into a graph (:func:`~rawgraph.graphs.capture.capture_plan`)."""
+        return capture_plan(plan, stream, warmup=warmup)
 
     @staticmethod
     def _import(name: str):
@@ -104,13 +118,13 @@ class Runner:
     # -- floors -------------------------------------------------------------------------------
     def floors(self) -> None:
         s = self.stream
-        self.record("floor_sync", None, 0, 0, 0, _clocks(lambda: None, s, 5, self.budget_s))
+        self.record("floor_sync", None, 0, 0, 0, self.clocks(lambda: None, s, 5, self.budget_s))
         empty = ops.empty(self.dev)
-        self.record("floor_empty_kernel", None, 0, 0, 0, _clocks(lambda: empty(s), s, 8, self.budget_s))
+        self.record("floor_empty_kernel", None, 0, 0, 0, self.clocks(lambda: empty(s), s, 8, self.budget_s))
         with Capture(s) as cap:
             cap.launch(empty)
         exe = cap.captured.instantiate()
-        self.record("floor_empty_graph", None, 0, 0, 0, _clocks(lambda: exe.launch(s), s, 8, self.budget_s))
+        self.record("floor_empty_graph", None, 0, 0, 0, self.clocks(lambda: exe.launch(s), s, 8, self.budget_s))
         exe.close()
         cap.captured.close()
 
@@ -123,28 +137,28 @@ class Runner:
         xs = [DeviceBuffer.from_numpy(rng.standard_normal(shape, dtype=np.float32)) for _ in range(2)]
         outs = [DeviceBuffer(shape) for _ in range(9)]
         plan = model.plan(xs[0], outs[0])
-        graph = capture_plan(plan, s, warmup=True)
+        graph = self.capture(plan, s, warmup=True)
         # capture time measured again without the warm-up run inside it
         t0 = time.perf_counter()
-        graph_b = capture_plan(model.plan(xs[1], outs[0]), s, warmup=False)
+        graph_b = self.capture(model.plan(xs[1], outs[0]), s, warmup=False)
         capture_ms = (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
         exe = graph.instantiate()
         instantiate_ms = (time.perf_counter() - t0) * 1e3
         static = StaticGraph(model, s)
         # graph_update: its own exec, the input re-bound between two buffers every step
-        g_upd = capture_plan(model.plan(xs[0], outs[2]), s, warmup=False)
+        g_upd = self.capture(model.plan(xs[0], outs[2]), s, warmup=False)
         mgr = ExecUpdateManager(g_upd, g_upd.instantiate())
         # graph_update2: input and output re-bound together every step, between two pairs
-        g_upd2 = capture_plan(model.plan(xs[0], outs[5]), s, warmup=False)
+        g_upd2 = self.capture(model.plan(xs[0], outs[5]), s, warmup=False)
         mgr2 = ExecUpdateManager(g_upd2, g_upd2.instantiate())
         # graph_exec_update: whole-graph update alternating between graphs captured on xs[0] / xs[1]
-        g_w0 = capture_plan(model.plan(xs[0], outs[3]), s, warmup=False)
-        g_w1 = capture_plan(model.plan(xs[1], outs[3]), s, warmup=False)
+        g_w0 = self.capture(model.plan(xs[0], outs[3]), s, warmup=False)
+        g_w1 = self.capture(model.plan(xs[1], outs[3]), s, warmup=False)
         exe_w = g_w0.instantiate()
         # graph_nopdl: the same form and weights (same seed) in plain stream order
         plain = TinyBlock(width, batch, layers, seed=1234, form=form, pdl=False) if model.pdl else None
-        g_plain = capture_plan(plain.plan(xs[1], outs[4]), s, warmup=True) if plain else None
+        g_plain = self.capture(plain.plan(xs[1], outs[4]), s, warmup=True) if plain else None
         exe_plain = g_plain.instantiate() if g_plain is not None else None
 
         # -- correct before timed: every path on xs[1], equal to the bit
@@ -182,18 +196,18 @@ class Runner:
 
         est = _estimate_us(lambda: plan.run(s), s)
         key = (form, layers, width, batch)
-        self.record("stream", *key, _clocks(lambda: plan.run(s), s, est, self.budget_s))
+        self.record("stream", *key, self.clocks(lambda: plan.run(s), s, est, self.budget_s))
         self.record(
             "graph",
             *key,
-            _clocks(lambda: exe.launch(s), s, est, self.budget_s),
+            self.clocks(lambda: exe.launch(s), s, est, self.budget_s),
             capture_ms=capture_ms,
             instantiate_ms=instantiate_ms,
             pdl=model.pdl,
         )
         if exe_plain is not None:
-            self.record("graph_nopdl", *key, _clocks(lambda: exe_plain.launch(s), s, est, self.budget_s), pdl=False)
-        self.record("graph_copy", *key, _clocks(lambda: static(xs[0], s), s, est, self.budget_s))
+            self.record("graph_nopdl", *key, self.clocks(lambda: exe_plain.launch(s), s, est, self.budget_s), pdl=False)
+        self.record("graph_copy", *key, self.clocks(lambda: static(xs[0], s), s, est, self.budget_s))
         st = {"i": 0}
 
         def upd():
@@ -201,7 +215,7 @@ class Runner:
             mgr.bind("x", xs[st["i"]])
             mgr.launch(s)
 
-        self.record("graph_update", *key, _clocks(upd, s, est, self.budget_s))
+        self.record("graph_update", *key, self.clocks(upd, s, est, self.budget_s))
         pairs = [mgr2.prepare({"x": xs[0], "out": outs[5]}), mgr2.prepare({"x": xs[1], "out": outs[6]})]
 
         def upd2():
@@ -209,7 +223,7 @@ class Runner:
             mgr2.apply(pairs[st["i"]])
             mgr2.launch(s)
 
-        self.record("graph_update2", *key, _clocks(upd2, s, est, self.budget_s))
+        self.record("graph_update2", *key, self.clocks(upd2, s, est, self.budget_s))
         gw = [g_w0, g_w1]
 
         def whole():
@@ -217,7 +231,7 @@ class Runner:
             exe_w.update(gw[st["i"]])
             exe_w.launch(s)
 
-        self.record("graph_exec_update", *key, _clocks(whole, s, est, self.budget_s))
+        self.record("graph_exec_update", *key, self.clocks(whole, s, est, self.budget_s))
         if form in ("fused", "block"):  # the forms whose kernels read x/out through pointer slots
             for place, name in (("device", "graph_indirect"), ("mapped", "graph_indirect_mapped")):
                 ind = IndirectGraph(model, xs[0], outs[7], s, table=place)
@@ -233,7 +247,7 @@ class Runner:
                     ind.apply(ipairs[st["i"]])
                     ind.launch(s)
 
-                self.record(name, *key, _clocks(indirect, s, est, self.budget_s), table=place)
+                self.record(name, *key, self.clocks(indirect, s, est, self.budget_s), table=place)
                 ind.close()
         s.synchronize()
         mgr.close()
@@ -285,7 +299,7 @@ class Runner:
             rs = Stream.from_external(tstream)  # rawgraph's clocks on torch's stream
             est = _estimate_us(lambda: block(x_in), rs)
             self.record(
-                "torch_eager", *key, _clocks(lambda: block(x_in), rs, est, self.budget_s), rel_err_vs_rawgraph=err
+                "torch_eager", *key, self.clocks(lambda: block(x_in), rs, est, self.budget_s), rel_err_vs_rawgraph=err
             )
             static_in = x_in.clone()
             for _ in range(3):
@@ -300,14 +314,14 @@ class Runner:
             tstream.synchronize()
             if not np.allclose(static_out.cpu().numpy(), got, rtol=1e-5, atol=1e-5):
                 raise AssertionError("torch graph replay differs from torch eager")
-            self.record("torch_graph", *key, _clocks(g.replay, rs, est, self.budget_s), capture_ms=cap_ms)
+            self.record("torch_graph", *key, self.clocks(g.replay, rs, est, self.budget_s), capture_ms=cap_ms)
             src = x_in.clone()
 
             def copy_replay():  # timed before the `del g` below (pyflakes reads it as undefining g)
                 static_in.copy_(src)
                 g.replay()  # noqa: F821
 
-            self.record("torch_graph_copy", *key, _clocks(copy_replay, rs, est, self.budget_s))
+            self.record("torch_graph_copy", *key, self.clocks(copy_replay, rs, est, self.budget_s))
             try:
                 self._torch_graph_rebind(torch, block, static_in, static_out, tstream, rs, key, est)
             except Exception as exc:  # torch < 2.8 (no keep_graph), or a refusal: reported, not fatal
@@ -346,7 +360,7 @@ class Runner:
             reb.launch(rs)
 
         form, layers, width, batch = key
-        clocks = _clocks(rebind_launch, rs, est, self.budget_s)
+        clocks = self.clocks(rebind_launch, rs, est, self.budget_s)
         # The apply alone (host clock, no launch): when it is longer than the graph's device time
         # the path is host-bound, and the event clock then counts the host's gaps too.
         applies = []
@@ -396,7 +410,7 @@ class Runner:
                 raise AssertionError(f"cupy differs from rawgraph by {err:.2e}")
             rs = Stream.from_external(cstream)
             est = _estimate_us(block, rs)
-            self.record("cupy_eager", *key, _clocks(block, rs, est, self.budget_s), rel_err_vs_rawgraph=err)
+            self.record("cupy_eager", *key, self.clocks(block, rs, est, self.budget_s), rel_err_vs_rawgraph=err)
             try:
                 cstream.begin_capture()
                 try:
@@ -472,7 +486,7 @@ class Runner:
             key[1],
             key[2],
             key[3],
-            _clocks(lambda: graph.launch(cstream), rs, est, self.budget_s),
+            self.clocks(lambda: graph.launch(cstream), rs, est, self.budget_s),
             note="CuPy RawKernels from kernels/matmul.cu (the fused form's kernels, no PDL)",
             rel_err_vs_cupy_eager=err,
         )
