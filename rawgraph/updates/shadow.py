@@ -57,6 +57,13 @@ class KernelShadow:
 
     __slots__ = ("handle", "params", "storage", "address", "size", "args", "_refs")
 
+    handle: Any  # driver.CUgraphNode
+    params: Any  # driver.CUDA_KERNEL_NODE_PARAMS
+    storage: np.ndarray
+    address: int
+    size: int
+    args: KernelArgs | None
+
     def __init__(
         self,
         handle: Any,
@@ -102,6 +109,13 @@ class NodeWrite:
 
     __slots__ = ("node", "full", "idx", "vals", "views", "writes")
 
+    node: int
+    full: tuple[int, ...] | None
+    idx: tuple[int, ...]
+    vals: tuple[int, ...]
+    views: tuple[ctypes.c_uint64, ...]
+    writes: tuple[tuple[ctypes.c_uint64, int], ...]
+
     def __init__(
         self,
         node: int,
@@ -125,9 +139,13 @@ class NameSlots:
 
     __slots__ = ("words", "positions", "nodes")
 
+    words: list[tuple[int, list[ctypes.c_uint64]]]
+    positions: list[tuple[int, list[int]]]
+    nodes: list[int]
+
     def __init__(self, words: list[tuple[int, list[ctypes.c_uint64]]]):
         self.words = words
-        self.positions: list[tuple[int, list[int]]] = []
+        self.positions = []
         self.nodes = [node for node, _views in words]
 
 
@@ -142,8 +160,12 @@ class ArgumentSlots:
 
     __slots__ = ("names", "views", "now")
 
+    names: dict[str, NameSlots]
+    views: dict[int, tuple[ctypes.c_uint64, ...]]
+    now: dict[int, tuple[int, ...] | None]
+
     def __init__(self, args: Sequence[KernelArgs], uses: dict[str, list[tuple[int, str]]]):
-        self.names: dict[str, NameSlots] = {}
+        self.names = {}
         order: dict[int, list[ctypes.c_uint64]] = {}
         for name, pairs in uses.items():
             grouped: dict[int, list[ctypes.c_uint64]] = {}
@@ -156,7 +178,7 @@ class ArgumentSlots:
                 at.positions.append((node, list(range(len(slots), len(slots) + len(words)))))
                 slots.extend(words)
         self.views = {node: tuple(words) for node, words in order.items()}
-        self.now: dict[int, tuple[int, ...] | None] = dict.fromkeys(order)
+        self.now = dict.fromkeys(order)
 
     def point(self, name: str, ptr: int) -> None:
         """Every word of ``name`` gets ``ptr`` (a bind; with the old pointer, its undo)."""
@@ -260,6 +282,13 @@ class ExecShadow:
 
     __slots__ = ("exec", "handle", "device", "handles", "params", "setters", "labels", "pushes", "streams", "keep")
 
+    exec: Any  # a GraphExec, or a raw CUgraphExec (handle or int)
+    handle: Any  # driver.CUgraphExec
+    device: Device
+    pushes: int
+    streams: StreamSet
+    keep: KeepAlive
+
     def __init__(self, exec: Any, device: Device, batch: int = 32):
         refuse_device_updatable(exec)
         self.exec = exec
@@ -362,3 +391,7 @@ class ExecShadow:
     @property
     def retained(self) -> list[Any]:
         return self.keep.retained
+
+    def close(self) -> None:
+        """Wait for the replays that read a retired object, then drop them (never raises half-way)."""
+        self.keep.close()
