@@ -737,3 +737,137 @@ def test_the_prologue_is_captured_before_the_head(fake, updatable_attrs, select,
             else:  # launched on the capturing stream behind the capture's back: a foreign node
                 assert names[0] == dsg.head.kernel.name and len(dsg.graph.foreign_nodes) == 1, names
             assert dsg._prologue is prologue
+
+
+# -- the parts, each alone -------------------------------------------------------------------------
+def test_bands_are_a_pure_record_of_tops():
+    from rawgraph.runtime.errors import ShapeError
+    from rawgraph.serving.shape_table import Bands
+
+    b = Bands.of([64, 8], 256)
+    assert b.tops == (8, 64, 256) and len(b) == 3
+    assert [b.index(n) for n in (0, 1, 8, 9, 64, 65, 256, 300)] == [0, 0, 0, 1, 1, 2, 2, 2]
+    assert [b.lo(i) for i in range(3)] == [1, 9, 65]
+    assert Bands.of(None, 16).tops == (16,)
+    assert Bands.from_signatures(["a", "a", "b"]).tops == (2, 3)
+    for bad in ((), (0, 4), (4, 4), (8, 4)):
+        with pytest.raises(ShapeError):
+            Bands(bad)
+
+
+def test_a_plan_signature_is_named_and_compares_as_the_tuples_it_replaced():
+    from rawgraph.serving.shape_table import LaunchSignature
+
+    sig = LaunchSignature("k", (128, 1, 1), 0, False, (4, 1, 0))
+    assert sig == ("k", (128, 1, 1), 0, False, (4, 1, 0)) and sig.grid == (4, 1, 0)
+
+
+def _io_and_plans(model, max_batch, bands, select, held):
+    from rawgraph.serving.device_shaped import BandPlans, ShapedIO
+    from rawgraph.serving.shape_table import Bands
+
+    setup = dict.fromkeys(("bands", "plans"), 0.0)
+    io = ShapedIO(model, max_batch, None, select, held)
+    tops = None if bands == "plans" else Bands.of(bands, max_batch)
+    return io, BandPlans.build(model, tops, io, max_batch, select, held, setup)
+
+
+@pytest.mark.parametrize("select", ["updates", "switch"])
+def test_band_plans_alone(fake, select):
+    """BandPlans over ShapedIO, without a head or a capture: one model view and plan per band top
+    over the persistent buffers, the entries' bands (updates only), the plan for each n; the holder
+    closes the views and buffers, newest first."""
+    from rawgraph import TinyBlock
+    from rawgraph.serving.lifecycle import Held
+
+    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model:
+        held = Held("test.close", newest_first=True)
+        io, plans = _io_and_plans(model, 8, [3], select, held)
+        try:
+            assert plans.bands.tops == (3, 8) and len(plans.models) == len(plans.plans) == 2
+            assert (io.n_buf is not None) == (select == "updates") and io.input.shape == (8, 64)
+            assert io.nbytes == 2 * 8 * 64 * 4 + io.arena.nbytes + (4 if select == "updates" else 0)
+            assert [p.launches[0].args["B"] for p in plans.plans] == [3, 8]
+            assert plans.launches == [launch for p in plans.plans for launch in p.launches]
+            assert plans.launches[0].args["x"] == io.input.ptr
+            if select == "updates":
+                per = len(plans.plans[0].launches)
+                assert [(e.lo, e.hi) for e in plans.entries] == [(1, 3)] * per + [(4, 8)] * per
+            else:
+                assert plans.entries == []
+            assert [plans.plan_for(n) is plans.plans[0 if n <= 3 else 1] for n in range(9)] == [True] * 9
+        finally:
+            held.close()
+        assert io.input.closed and io.output.closed and all(m.closed for m in plans.models)
+
+
+def test_the_heads_alone_before_their_capture(fake):
+    """UpdatesHead: a 48-byte table row per entry, a status word per entry plus n, rg_du_shape over
+    them; SwitchHead: the band tops written to device memory, no head launch until the capture."""
+    from rawgraph import TinyBlock
+    from rawgraph.serving.device_shaped import SwitchHead, UpdatesHead
+    from rawgraph.serving.lifecycle import Held
+
+    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model:
+        held = Held("test.close", newest_first=True)
+        try:
+            io, plans = _io_and_plans(model, 8, [3], "updates", held)
+            head = UpdatesHead(plans, io.n_live, 8, model.device, held)
+            count = len(plans.entries)
+            assert head.table.nbytes == count * ENTRY_DTYPE.itemsize and head.rc.shape == (count + 1,)
+            assert head.head.kernel.name == "rg_du_shape" and head.head.args["count"] == count
+            assert head.head.args["n_live"] == io.n_live.ptr and head.switch is None and head.handles == []
+            from rawgraph.runtime.stream import Stream
+
+            s = held.add(Stream())
+            sw = SwitchHead(plans.bands, None, 8, model.device, s, held)
+            assert list(sw.table.to_numpy(s)) == [3, 8] and sw.rc.shape == (1,) and sw.head is None
+        finally:
+            held.close()
+
+
+def test_live_count_alone_copies_n_or_pushes_nothing_when_unchanged(fake):
+    """LiveCount with an n_live buffer: each write is one 4-byte cuMemcpyHtoDAsync of n."""
+    from rawgraph import DeviceBuffer, Stream
+    from rawgraph.serving.device_shaped import LiveCount
+
+    with DeviceBuffer((1,), np.int32) as n_live, Stream() as s:
+        count = LiveCount(n_live.view())
+        copies = []
+        real = driver.cuMemcpyHtoDAsync
+        driver.cuMemcpyHtoDAsync = lambda d, src, n, st: copies.append((int(d), n)) or real(d, src, n, st)
+        try:
+            count.write(5, s)
+            count.write(0, s)
+        finally:
+            driver.cuMemcpyHtoDAsync = real
+        assert copies == [(n_live.ptr, 4)] * 2 and count.arg is None
+        assert list(n_live.to_numpy(s)) == [0]
+
+
+def test_the_runner_alone_refuses_an_overlapping_x_before_it_copies_or_launches(fake):
+    from rawgraph import DeviceBuffer, Stream, TinyBlock
+    from rawgraph.runtime.errors import LayoutError
+    from rawgraph.runtime.memory import DeviceArray
+    from rawgraph.serving.buckets import StreamOrder
+    from rawgraph.serving.device_shaped import LiveCount, ShapedRunner
+    from rawgraph.serving.lifecycle import Held
+
+    launches = []
+    exe = types.SimpleNamespace(launch=lambda s: launches.append(s))
+    with TinyBlock(64, 1, 1, seed=2, form="unfused") as model, Stream() as s:
+        held = Held("test.close", newest_first=True)
+        try:
+            io, _plans = _io_and_plans(model, 8, None, "updates", held)
+            runner = ShapedRunner(exe, LiveCount(io.n_live), held.add(StreamOrder(model.device)), s, io)
+            f32 = np.dtype(np.float32)
+            half = DeviceArray(io.input.ptr + 64 * 4, (4, 64), f32, io.input)  # rows 1..4 of the input
+            with pytest.raises(LayoutError, match="overlaps"):
+                runner.run(4, half)
+            assert launches == [] and runner.replays == 0
+            with DeviceBuffer((8, 64)) as x:
+                runner.run(3, x.view())
+                runner.replay()
+            assert launches == [s, s] and runner.replays == 2
+        finally:
+            held.close()

@@ -61,3 +61,57 @@ def test_a_failing_launch_marks_nothing_as_warmed():
     with pytest.raises(RuntimeError):
         warm([ok, _Boom(0x20, [])], stream)
     assert warm([ok], stream) is True  # 0x10 was not recorded as warmed by the failed run
+
+
+# -- Held: what a serving object must release, with its one finalizer ------------------------------
+class _Closable:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def close(self):
+        self.log.append(self.name)
+
+
+def test_held_closes_each_object_once_newest_first_and_refuses_more_once_closed():
+    from rawgraph.runtime.errors import ClosedError
+    from rawgraph.serving.lifecycle import Held
+
+    log: list = []
+    held = Held("test.close", newest_first=True)
+    for name in ("stream", "input", "graph", "exec"):
+        assert held.add(_Closable(name, log)).name == name
+    held.add(None)  # held as nothing
+    assert not held.closed
+    held.close()
+    held.close()  # twice is safe: one release
+    assert log == ["exec", "graph", "input", "stream"] and held.closed
+    with pytest.raises(ClosedError):
+        held.add(_Closable("late", log))
+    assert log == ["exec", "graph", "input", "stream"]
+
+
+def test_held_groups_close_in_the_order_given_and_read_lists_filled_later():
+    from rawgraph.serving.lifecycle import Held
+
+    log: list = []
+    later: list = []  # a list its owner fills after the holder exists (a pool's pinned rows)
+    held = Held("test.close", [[], later, []])
+    held.add(_Closable("b1", log), 2)
+    held.add(_Closable("a1", log), 0)
+    held.add(_Closable("a2", log), 0)
+    later.extend([None, _Closable("late", log)])
+    held.close()
+    assert log == ["a1", "a2", "late", "b1"]
+
+
+def test_dropping_the_holder_releases_what_it_held():
+    import gc
+
+    from rawgraph.serving.lifecycle import Held
+
+    log: list = []
+    held = Held("test.close")
+    held.add(_Closable("buffer", log))
+    del held
+    gc.collect()
+    assert log == ["buffer"]

@@ -8,7 +8,8 @@ model from a function that launches your kernels, no class to write) -> ``sizes`
 lists, no GPU) -> ``graphmem`` (the driver's graph memory pool) -> ``lifecycle`` (instantiate +
 upload, close in order) -> ``buckets`` (:class:`BucketGraphs`) -> ``reshape`` (row-count
 rebinding, one re-shaped graph) -> ``slots`` (continuous batching over fixed slots and an index
-table) -> ``device_shaped`` (one exec whose grids and row counts a kernel sets on the device) ->
+table) -> ``shape_table`` (a device-shaped graph's bands and its head's table, no GPU) ->
+``device_shaped`` (one exec whose grids and row counts a kernel sets on the device) ->
 ``choose`` (the fastest of these for a sample of a batch-size trace, measured). Nothing here is
 imported by the modules below it in :mod:`rawgraph`."""
 

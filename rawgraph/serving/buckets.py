@@ -127,6 +127,11 @@ class BucketGraphs:
     """One graph per bucket size over a model's weights; ``run(x, n)`` replays the smallest
     bucket that holds ``n`` rows (see the module docstring for the rules).
 
+    Its attributes stay on the one object: they are the documented results of one build (sizes,
+    buffers, graphs, execs, setup seconds, memory) that :class:`~rawgraph.serving.reshape.RowCountBuckets`
+    extends and the benchmarks read, and the run state (stream order, overflow buffer, stats) a
+    ``run`` touches together; nothing in it is released apart from the rest.
+
     Parameters
     ----------
     model : RowwiseModel
@@ -216,33 +221,9 @@ class BucketGraphs:
         self.setup = {"warmup": 0.0, "capture": 0.0, "instantiate": 0.0, "upload": 0.0}
         s = self.stream
         self.input.poison(s)  # never capture or warm up on uninitialised memory
-        clock = time.perf_counter
         self.warm_up = WarmUp(self.setup)
         for b in reversed(self.sizes):  # largest first, as vLLM does
-            m = self._models[b]
-            xv, ov = self._rows(self.input, b), self._rows(self.output, b)
-            if scratch != "graph":
-                plan = m.plan(xv, ov)
-                self.warm_up(plan.launches, s)
-            t0 = clock()
-            with Capture(s) as cap:
-                if scratch == "graph":
-                    ptr, views = graph_scratch(cap, m.scratch_layout(b))
-                    plan = m.plan(xv, ov, scratch=views)
-                cap.run(plan)
-                if scratch == "graph":
-                    cap.mem_free(ptr)
-            graph = cap.graph
-            assert graph is not None
-            graph.plan = plan
-            self.setup["capture"] += clock() - t0
-            exe = instantiate_uploaded(graph, s, self.setup)
-            if scratch == "graph":  # the first replay maps the graph's memory: count it as warm-up
-                t0 = clock()
-                exe.launch(s)
-                s.synchronize()
-                self.setup["warmup"] += clock() - t0
-            self.graphs[b], self.execs[b] = graph, exe
+            self.graphs[b], self.execs[b] = self._capture(b)
         free2 = self.device.memory_info()[0]
         self.memory = {
             "weights": int(getattr(model, "weights_nbytes", 0)),
@@ -260,6 +241,35 @@ class BucketGraphs:
         self._row_bytes = self.width * 4
         self.stats: Counter = Counter()
         self._closed = False
+
+    def _capture(self, b: int) -> tuple[Graph, GraphExec]:
+        """Bucket ``b``'s graph (warmed up first unless its scratch is graph memory) and its
+        uploaded exec."""
+        clock, s, scratch = time.perf_counter, self.stream, self.scratch
+        m = self._models[b]
+        xv, ov = self._rows(self.input, b), self._rows(self.output, b)
+        if scratch != "graph":
+            plan = m.plan(xv, ov)
+            self.warm_up(plan.launches, s)
+        t0 = clock()
+        with Capture(s) as cap:
+            if scratch == "graph":
+                ptr, views = graph_scratch(cap, m.scratch_layout(b))
+                plan = m.plan(xv, ov, scratch=views)
+            cap.run(plan)
+            if scratch == "graph":
+                cap.mem_free(ptr)
+        graph = cap.graph
+        assert graph is not None
+        graph.plan = plan
+        self.setup["capture"] += clock() - t0
+        exe = instantiate_uploaded(graph, s, self.setup)
+        if scratch == "graph":  # the first replay maps the graph's memory: count it as warm-up
+            t0 = clock()
+            exe.launch(s)
+            s.synchronize()
+            self.setup["warmup"] += clock() - t0
+        return graph, exe
 
     @staticmethod
     def _rows(buf: DeviceBuffer, n: int) -> DeviceArray:

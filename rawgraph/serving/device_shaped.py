@@ -48,6 +48,13 @@ host update path of :mod:`rawgraph.updates` over its exec (``ExecUpdateManager``
 would silently override the device's updates) raise :class:`~rawgraph.DeviceUpdatableError`;
 cloning raises :class:`DeviceShapedError` (a subclass). A tool handed only the raw
 ``CUgraphExec`` handle cannot know: do not point one at it.
+
+The parts, each made and testable alone (:class:`DeviceShapedGraph` composes them and keeps their
+names as its attributes): the bands and the head's table, pure (:mod:`rawgraph.serving.shape_table`);
+:class:`ShapedIO`, the persistent buffers; :class:`BandPlans`, the model's plan at each band top;
+the head and its capture, :class:`UpdatesHead` or :class:`SwitchHead`; :class:`LiveCount`, how the
+host hands ``n`` to the head; :class:`ShapedRunner`, the replays. Everything that needs releasing
+sits in one :class:`~rawgraph.serving.lifecycle.Held` with one finalizer, closed newest first.
 """
 
 from __future__ import annotations
@@ -55,49 +62,56 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from cuda.bindings import driver
 
 from ..graphs.capture import Capture
+from ..graphs.graph import Graph, GraphExec
 from ..runtime.errors import ClosedError, DeviceUpdatableError, LayoutError, RawgraphError, ShapeError, call
 from ..runtime.launch import KernelArgs, Launch, LaunchPlan
 from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array, check_array
 from ..runtime.module import get_kernel
 from ..runtime.resource import Resource
+from ..runtime.stream import Stream, as_stream
+from ..updates.shadow import ExecShadow, KernelShadow
 from .buckets import StreamOrder, check_rows
-from .lifecycle import WarmUp
-from .protocol import RowwiseModel, check_model, row_count_arg, row_grid
+from .lifecycle import Held, WarmUp
+from .protocol import RowwiseModel, check_model
+from .shape_table import (
+    ENTRY_DTYPE,
+    Bands,
+    ShapeEntry,
+    check_bands,
+    grid_for,
+    pack_table,
+    plan_bands,
+    plan_signature,
+    shape_entries,
+)
 
 __all__ = [
+    "BandPlans",
     "DeviceShapedError",
     "DeviceShapedGraph",
     "ENTRY_DTYPE",
+    "HeadStatus",
+    "LiveCount",
+    "RowViews",
     "ShapeEntry",
-    "shape_entries",
-    "pack_table",
+    "ShapedIO",
+    "ShapedRunner",
+    "SwitchHead",
+    "UpdatesHead",
+    "check_bands",
     "grid_for",
+    "pack_table",
+    "plan_bands",
+    "plan_signature",
+    "shape_entries",
 ]
 
-# One entry of the head kernel's table: kernels/device_update.cu's rg_du_shape_entry (48 bytes).
-ENTRY_DTYPE = np.dtype(
-    [
-        ("node", "<u8"),
-        ("grid", "<u4", (3,)),
-        ("axis", "<i4"),
-        ("rows_per_block", "<i4"),
-        ("param_offset", "<i4"),
-        ("param_size", "<i4"),
-        ("factor", "<i4"),
-        ("lo", "<i4"),
-        ("hi", "<i4"),
-    ]
-)
-assert ENTRY_DTYPE.itemsize == 48
-
-_INT_KINDS = {"i32": 4, "u32": 4, "i64": 8, "u64": 8}
 _HEAD_THREADS = 256
 _ATTR = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE
 # cuGraphKernelNode{Set,Get}Attribute take a CUkernelNodeAttrID (the launch attribute values under
@@ -107,6 +121,7 @@ _NATTR = getattr(
     "CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE",
     _ATTR,
 )
+_SETUP_KEYS = ("bands", "plans", "warmup", "capture", "attributes", "instantiate", "upload")
 
 
 class DeviceShapedError(DeviceUpdatableError):
@@ -115,173 +130,7 @@ class DeviceShapedError(DeviceUpdatableError):
     nodes), refused before any driver call."""
 
 
-# ----------------------------------------------------------------------- the table (no GPU)
-@dataclass(frozen=True)
-class ShapeEntry:
-    """What the head kernel does to one node of the plan.
-
-    index: the launch's position in the captured plans; grid: its captured grid (at its band's top
-    row count); axis: the grid axis along the rows (-1: grid untouched) and rows_per_block; param:
-    the row-count argument's name, its byte offset and size in the parameter buffer, and the factor
-    rows -> value; lo, hi: the band of row counts ``n`` for which the node runs (``lo <= n <= hi``).
-    """
-
-    index: int
-    label: str
-    kernel: str
-    grid: tuple[int, int, int]
-    axis: int
-    rows_per_block: int
-    param: str
-    param_offset: int
-    param_size: int
-    factor: int
-    lo: int = 1
-    hi: int = 2**31 - 1
-
-    def runs(self, n: int, max_rows: int | None = None) -> bool:
-        """Whether the head enables this node for ``n`` live rows: what ``rg_du_shape`` decides,
-        which first clamps ``n`` to ``0..max_rows`` (the graph's ``max_batch``) when given."""
-        if max_rows is not None:
-            n = max(0, min(int(n), int(max_rows)))
-        return 0 < n and self.lo <= n <= self.hi
-
-
-def grid_for(entry: ShapeEntry, n: int) -> tuple[int, int, int]:
-    """The grid the head gives ``entry``'s node for ``n`` live rows (what ``rg_du_shape``
-    computes; ``n = 0`` keeps one block on the axis, the node being disabled then)."""
-    g = list(entry.grid)
-    if entry.axis >= 0:
-        g[entry.axis] = max(1, min(-(-int(n) // entry.rows_per_block), entry.grid[entry.axis]))
-    return (g[0], g[1], g[2])
-
-
-def shape_entries(
-    model: Any, launches: Sequence[Launch], max_batch: int, lo: int = 1, start: int = 0
-) -> list[ShapeEntry]:
-    """One :class:`ShapeEntry` per launch of ``model``'s ``max_batch``-row plan (a band's top), checked against
-    the launches: a row-grid axis must hold ``ceil(max_batch / rows_per_block)`` blocks and carry
-    no compiled-in cluster dimension above 1, every launch must name an integer row-count
-    argument (4 or 8 bytes) holding ``max_batch * factor``. The entries' band is
-    ``lo..max_batch``; their indices start at ``start`` (the plan's place among the captured ones).
-
-    Raises
-    ------
-    TypeError
-        A launch whose row count the model cannot name, or an answer of the wrong form.
-    ShapeError
-        An answer the launch contradicts.
-    """
-    entries = []
-    for i, launch in enumerate(launches):
-        name, factor = row_count_arg(model, launch)
-        kind = dict(launch.args.spec)[name]
-        if kind not in _INT_KINDS:
-            raise TypeError(f"{launch.kernel.name}: row-count argument {name} is a {kind}, not a 4- or 8-byte int")
-        if factor < 1:
-            raise ShapeError(f"{launch.kernel.name}: row-count factor {factor} must be >= 1")
-        held = launch.args[name]
-        if held != max_batch * factor:
-            raise ShapeError(
-                f"{launch.kernel.name}: row-count argument {name} holds {held}, expected "
-                f"max_batch * factor = {max_batch} * {factor}"
-            )
-        if kind in ("i32", "u32") and max_batch * factor >= 2**31:
-            raise ShapeError(f"{launch.kernel.name}: {max_batch} * {factor} does not fit its int32 {name}")
-        rg = row_grid(model, launch)
-        axis, rpb = (-1, 0) if rg is None else rg
-        if rg is not None:
-            want = -(-max_batch // rpb)
-            if launch.grid[axis] != want:
-                raise ShapeError(
-                    f"{launch.kernel.name}: row_grid says axis {axis} with {rpb} rows per block, so "
-                    f"{want} blocks for {max_batch} rows, but the launch has grid {launch.grid}"
-                )
-            cluster = getattr(launch.kernel, "cluster_dims", (0, 0, 0))
-            if cluster[axis] > 1:
-                raise ShapeError(
-                    f"{launch.kernel.name}: its grid axis {axis} carries cluster dimension "
-                    f"{cluster[axis]}; a row count would not stay a multiple of it"
-                )
-        entries.append(
-            ShapeEntry(
-                start + i,
-                launch.label,
-                launch.kernel.name,
-                tuple(launch.grid),  # type: ignore[arg-type]
-                axis,
-                rpb,  # type: ignore[arg-type]
-                name,
-                int(launch.args.offsets[name]),
-                _INT_KINDS[kind],
-                int(factor),
-                int(lo),
-                int(max_batch),
-            )
-        )
-    return entries
-
-
-def plan_signature(model: Any, launches: Sequence[Launch]) -> tuple:
-    """What must match for one captured plan to serve another row count bit for bit: per launch
-    the kernel, block, dynamic shared memory, PDL, and the grid on every axis but the rows (the
-    whole grid is left out of a kernel with no row grid: the head never changes it, so such a
-    kernel must compute the same at any grid, as grid-stride kernels do)."""
-    sig = []
-    for launch in launches:
-        rg = row_grid(model, launch)
-        grid: tuple | None = None
-        if rg is not None:
-            g = list(launch.grid)
-            g[rg[0]] = 0
-            grid = tuple(g)
-        sig.append((launch.kernel.name, tuple(launch.block), int(launch.shared_mem), bool(launch.pdl), grid))
-    return tuple(sig)
-
-
-def plan_bands(signatures: Sequence[tuple]) -> list[int]:
-    """Band tops from the plan signatures of row counts 1, 2, ... (``signatures[n - 1]``): a new
-    band starts wherever the signature changes; each band is served by the plan of its top."""
-    if not signatures:
-        raise ValueError("no signatures")
-    tops = [n for n in range(1, len(signatures)) if signatures[n] != signatures[n - 1]]
-    return tops + [len(signatures)]
-
-
-def check_bands(bands: Any, max_batch: int) -> list[int]:
-    """``bands`` (None: one band; a sequence of row counts) as sorted band tops ending at
-    ``max_batch``; :class:`ShapeError` / :class:`TypeError` on anything else."""
-    if bands is None:
-        return [max_batch]
-    if isinstance(bands, (str, bytes)) or not hasattr(bands, "__iter__"):
-        raise TypeError(f"bands must be None, 'plans' or a sequence of row counts, got {bands!r}")
-    tops = []
-    for b in bands:
-        if isinstance(b, bool) or not isinstance(b, (int, np.integer)):
-            raise TypeError(f"band tops must be ints, got {b!r}")
-        if not 1 <= b <= max_batch:
-            raise ShapeError(f"band top {b} is outside 1..max_batch = {max_batch}")
-        tops.append(int(b))
-    tops = sorted(set(tops))
-    if not tops or tops[-1] != max_batch:
-        tops.append(max_batch)
-    return tops
-
-
-def pack_table(entries: Sequence[ShapeEntry], handles: Sequence[int]) -> np.ndarray:
-    """The head kernel's table: ``entries`` with each node's device handle."""
-    if len(handles) != len(entries):
-        raise ValueError(f"{len(entries)} entries, {len(handles)} device node handles")
-    table = np.zeros(len(entries), ENTRY_DTYPE)
-    for row, e, h in zip(table, entries, handles):
-        row["node"] = int(h)
-        row["grid"] = e.grid
-        row["axis"], row["rows_per_block"] = e.axis, e.rows_per_block
-        row["param_offset"], row["param_size"], row["factor"] = e.param_offset, e.param_size, e.factor
-        row["lo"], row["hi"] = e.lo, e.hi
-    return table
-
-
+# ------------------------------------------------------------------------- build steps
 def _record_prologue(cap: Capture, prologue: Any) -> None:
     """Record the caller's prologue into ``cap`` before the head: a plan through ``Capture.run``,
     a callable called with the capturing stream."""
@@ -291,11 +140,6 @@ def _record_prologue(cap: Capture, prologue: Any) -> None:
         cap.run(prologue)
     else:
         prologue(cap.stream)
-
-
-def _close_reversed(owned: list) -> None:
-    for obj in reversed(owned):
-        obj.close()
 
 
 def _set_updatable(node: Any) -> int:
@@ -327,6 +171,369 @@ def _check_offsets(entries: Sequence[ShapeEntry], launches: Sequence[Launch]) ->
                 f"({e.param_size} B), the function's layout says "
                 f"{(layout[i].offset, layout[i].size) if i < len(layout) else 'no such parameter'}"
             )
+
+
+# ------------------------------------------------------------------------------- parts
+class RowViews(NamedTuple):
+    """The first ``rows`` rows of the persistent input and output: what a plan is built over."""
+
+    x: DeviceArray
+    out: DeviceArray
+
+
+class ShapedIO:
+    """The persistent buffers every captured plan reads and writes: ``input`` and ``output``
+    (``(max_batch, width)`` float32), the model's scratch ``arena`` for ``max_batch`` rows, and
+    ``n_live``, the int32 the head reads ``n`` from: the caller's (``from_caller``), a buffer of
+    this object (``n_buf``, ``select="updates"``), or None (a SWITCH head taking ``n`` as its
+    argument). What it allocates is added to ``held``, in that order."""
+
+    width: int
+    input: DeviceBuffer
+    output: DeviceBuffer
+    from_caller: bool
+    arena: Any
+
+    def __init__(self, model: Any, max_batch: int, n_live: Any, select: str, held: Held):
+        device = model.device
+        self.width = int(model.width)
+        self.input = held.add(DeviceBuffer((max_batch, self.width), np.float32, device))
+        self.output = held.add(DeviceBuffer((max_batch, self.width), np.float32, device))
+        self.from_caller = n_live is not None
+        self.n_buf: DeviceBuffer | None = None
+        self.n_live: DeviceArray | None = None
+        if self.from_caller:
+            self.n_live = check_array(as_device_array(n_live, "n_live"), (1,), np.int32, "n_live", device)
+        elif select == "updates":
+            self.n_buf = held.add(DeviceBuffer((1,), np.int32, device))
+            self.n_live = self.n_buf.view()
+        self.arena = model.make_workspace(max_batch)
+        if self.arena is not None:
+            held.add(self.arena)
+
+    def views(self, rows: int) -> RowViews:
+        """The first ``rows`` rows of :attr:`input` and :attr:`output`."""
+        f32 = np.dtype(np.float32)
+        return RowViews(
+            DeviceArray(self.input.ptr, (rows, self.width), f32, self.input),
+            DeviceArray(self.output.ptr, (rows, self.width), f32, self.output),
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of input, output, arena and the own ``n`` (4 when there is one)."""
+        arena = getattr(self.arena, "nbytes", 0) if self.arena is not None else 0
+        own_n = 4 if self.n_buf is not None else 0
+        return self.input.nbytes + self.output.nbytes + arena + own_n
+
+
+def _signature_bands(model: Any, io: ShapedIO, max_batch: int, setup: dict[str, float]) -> Bands:
+    """``bands="plans"``: the plan signature of every row count ``1..max_batch`` over ``io``
+    (each model view closed at once), a band wherever it changes."""
+    t0 = time.perf_counter()
+    signatures = []
+    for rows in range(1, max_batch + 1):
+        m = model.with_batch(rows, workspace=io.arena)
+        try:  # the protocol asks for close(), not for a context manager
+            signatures.append(plan_signature(model, m.plan(*io.views(rows)).launches))
+        finally:
+            m.close()
+    bands = Bands.from_signatures(signatures)
+    setup["bands"] = time.perf_counter() - t0
+    return bands
+
+
+class BandPlans:
+    """The model's plan at each band's top row count, over the persistent buffers: one model
+    view per band (``models``, closed by the holder), its plan (``plans``), every plan's launches in
+    capture order (``launches``), and with ``select="updates"`` the head's :class:`ShapeEntry`
+    per launch (``entries``; empty with ``"switch"``, whose bodies run as captured)."""
+
+    bands: Bands
+    models: list[Any]
+    plans: list[LaunchPlan]
+    entries: list[ShapeEntry]
+    launches: list[Launch]
+
+    def __init__(self, bands: Bands, models: list[Any], plans: list[LaunchPlan], entries: list[ShapeEntry]):
+        self.bands = bands
+        self.models = models
+        self.plans = plans
+        self.entries = entries
+        self.launches = [launch for plan in plans for launch in plan.launches]
+
+    @classmethod
+    def build(
+        cls,
+        model: Any,
+        bands: Bands | None,
+        io: ShapedIO,
+        max_batch: int,
+        select: str,
+        held: Held,
+        setup: dict[str, float],
+    ) -> BandPlans:
+        """Plan every band (``bands=None``: the bands from the plans, :func:`_signature_bands`).
+
+        Raises
+        ------
+        DeviceShapedError
+            With more than one band and ``select="updates"``, a plan whose first launch is a PDL
+            launch (it would hang a programmatic edge off the previous band's last node).
+        TypeError, ShapeError
+            From :func:`shape_entries`: a row count the model cannot name or that a launch
+            contradicts.
+        """
+        if bands is None:
+            bands = _signature_bands(model, io, max_batch, setup)
+        models: list[Any] = []
+        plans: list[LaunchPlan] = []
+        entries: list[ShapeEntry] = []
+        for i, top in enumerate(bands.tops):
+            m = held.add(model.with_batch(top, workspace=io.arena))
+            models.append(m)
+            plan = m.plan(*io.views(top))
+            plans.append(plan)
+            if select == "switch":  # each band is a body of its own: nothing to check or cut
+                continue
+            if len(bands) > 1 and plan.launches and plan.launches[0].pdl:
+                raise DeviceShapedError(
+                    f"the {top}-row plan starts with a PDL launch ({plan.launches[0].kernel.name}): "
+                    "with bands, each plan must start on a full edge"
+                )
+            entries += shape_entries(model, plan.launches, top, lo=bands.lo(i), start=len(entries))
+        return cls(bands, models, plans, entries)
+
+    def plan_for(self, n: int) -> LaunchPlan:
+        """The plan of the band holding ``n`` (the first band's for ``n = 0``)."""
+        return self.plans[self.bands.index(n)]
+
+
+class UpdatesHead:
+    """``select="updates"``: ``rg_du_shape`` over a table of every band's entries. Made before
+    the capture (the table and the status words allocated, the head launch built); :meth:`capture`
+    records [prologue] -> head -> every band's plan, marks the graph device-updatable, opts each
+    plan node in and writes the table with their device handles (``handles``)."""
+
+    switch: Any = None  # no SWITCH node: the head updates the plan's nodes instead
+    head_node: Any = None
+    device: Any
+    table: DeviceBuffer
+    rc: DeviceBuffer
+    head: Launch
+
+    def __init__(self, plans: BandPlans, n_live: DeviceArray, max_batch: int, device: Any, held: Held):
+        _check_offsets(plans.entries, plans.launches)
+        count = len(plans.entries)
+        self.device = device
+        self.table = held.add(DeviceBuffer((count * ENTRY_DTYPE.itemsize // 8,), np.uint64, device))
+        self.rc = held.add(DeviceBuffer((count + 1,), np.int32, device))
+        head_args = KernelArgs(
+            [("table", "ptr"), ("count", "i32"), ("n_live", "ptr"), ("max_rows", "i32"), ("rc", "ptr")]
+        )
+        head_args.update(
+            {"table": self.table.ptr, "count": count, "n_live": n_live.ptr, "max_rows": max_batch, "rc": self.rc.ptr}
+        )
+        threads = min(_HEAD_THREADS, max(32, -(-count // 32) * 32))
+        self.head = Launch(
+            get_kernel("device_update", "rg_du_shape", device),
+            (-(-count // threads), 1, 1),
+            (threads, 1, 1),
+            head_args,
+            {},
+            0,
+            "device_shape",
+        )
+        self.graph: Graph | None = None
+        self.nodes: list[Any] = []
+        self.handles: list[int] = []
+
+    def capture(self, stream: Stream, prologue: Any, plans: BandPlans, setup: dict[str, float], held: Held) -> Graph:
+        """[prologue] -> ``rg_du_shape`` -> every band's plan, each node opted in to device updates."""
+        clock = time.perf_counter
+        t0 = clock()
+        cap = Capture(stream)
+        with cap:
+            _record_prologue(cap, prologue)
+            cap.launch(self.head)
+            first = len(cap.nodes)
+            for plan in plans.plans:  # one after another: a disabled node passes its dependency on
+                cap.run(plan)
+        graph = cap.captured
+        graph.mark_device_updatable()  # before anything may instantiate it: the driver's rules, see Graph
+        self.graph = held.add(graph)
+        self.nodes = cap.nodes[first:]
+        setup["capture"] = clock() - t0
+        if len(self.nodes) != len(plans.entries) or not all(n.launch is l for n, l in zip(self.nodes, plans.launches)):
+            raise RawgraphError("the capture's node map does not follow the plan's launch order")
+        t0 = clock()
+        self.device.activate()
+        self.handles = [_set_updatable(node.handle) for node in self.nodes]
+        self.table.copy_from_host(pack_table(plans.entries, self.handles).view(np.uint64), stream)
+        setup["attributes"] = clock() - t0
+        return graph
+
+
+class SwitchHead:
+    """``select="switch"``: ``rg_set_band`` sets a SWITCH node holding one body per band. Made
+    before the capture (the band tops written to device memory, the word for the ``n`` used);
+    :meth:`capture` records [prologue] -> head -> SWITCH, body ``i`` band ``i``'s plan. No node is
+    opted in to device updates (``handles`` stays empty)."""
+
+    n_live: DeviceArray | None
+    max_batch: int
+    device: Any
+    table: DeviceBuffer
+    rc: DeviceBuffer
+
+    def __init__(
+        self, bands: Bands, n_live: DeviceArray | None, max_batch: int, device: Any, stream: Stream, held: Held
+    ):
+        self.n_live = n_live
+        self.max_batch = max_batch
+        self.device = device
+        # the band tops the head searches, and the n it used
+        self.table = held.add(DeviceBuffer((len(bands),), np.int32, self.device))
+        self.table.copy_from_host(np.asarray(bands.tops, np.int32), stream)
+        self.rc = held.add(DeviceBuffer((1,), np.int32, self.device))
+        self.head: Launch | None = None  # made inside the capture, with the condition handle
+        self.head_node: Any = None
+        self.switch: Any = None
+        self.graph: Graph | None = None
+        self.nodes: list[Any] = []
+        self.handles: list[int] = []
+
+    def capture(self, stream: Stream, prologue: Any, plans: BandPlans, setup: dict[str, float], held: Held) -> Graph:
+        """[prologue] -> ``rg_set_band`` -> SWITCH, body ``i`` captured from band ``i``'s plan on a
+        second stream (``cuStreamBeginCaptureToGraph``), its PDL chain kept."""
+        from ..graphs.conditional import capture_conditional, capture_handle, select_band
+
+        t0 = time.perf_counter()
+        body_stream = Stream(device=self.device)
+        try:
+            cap = Capture(stream)
+            with cap:
+                _record_prologue(cap, prologue)
+                cond = capture_handle(cap)
+                self.head = select_band(self.device, cond, self.n_live, self.table, self.rc, n=self.max_batch)
+                cap.launch(self.head)
+                self.head_node = cap.nodes[-1]
+                self.switch = capture_conditional(cap, "switch", cond, size=len(plans.plans))
+                for i, plan in enumerate(plans.plans):
+                    with self.switch.capture_body(i, body_stream) as body:
+                        body.run(plan)
+        finally:
+            body_stream.close()
+        self.graph = held.add(cap.captured)
+        setup["capture"] = time.perf_counter() - t0
+        return self.graph
+
+
+class LiveCount:
+    """How the host hands ``n`` to the head: a 4-byte ``cuMemcpyHtoDAsync`` into ``n_live`` from
+    pageable memory (staged before the call returns, so the next ``n`` may reuse it), or, for a
+    SWITCH head with no ``n_live``, the head's own ``n_arg`` pushed with
+    ``cuGraphExecKernelNodeSetParams`` through the exec's shadow (:meth:`push_through`): a SetParams
+    on one node (0.5 us of host time) instead of a copy queued before every replay.
+
+    See Also
+    --------
+    cuMemcpyHtoDAsync : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+    cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
+
+    n_live: DeviceArray | None
+
+    def __init__(self, n_live: DeviceArray | None):
+        self.n_live = n_live
+        self._host = np.zeros(1, np.int32)  # pageable: cuMemcpyHtoDAsync stages it before returning
+        self.arg: KernelShadow | None = None  # the head's arguments, where n is one of them
+        self._shadow: ExecShadow | None = None
+        self._node = 0  # the head's index in that shadow
+
+    def push_through(self, exe: GraphExec, head: SwitchHead, device: Any, held: Held) -> None:
+        """From now on ``n`` is the SWITCH head's argument in ``exe`` (its shadow added to ``held``)."""
+        self._shadow = held.add(ExecShadow(exe, device))
+        node = head.head_node
+        self.arg = KernelShadow.of_launch(node.handle, head.head, node.captured_args)
+        self._node = self._shadow.add_kernel(self.arg, "rg_set_band")
+
+    def write(self, n: int, stream: Stream) -> None:
+        """Hand ``n`` (checked by the caller) to the head, ordered on ``stream`` before the next
+        replay there (a pushed argument: before every later replay, on any stream)."""
+        if self.arg is not None:
+            args = self.arg.args
+            assert args is not None  # a shadow made from the head's launch names its arguments
+            old = args["n_arg"]
+            if old != n:
+                args["n_arg"] = n
+                # a refused push puts the old n back in the shadow (the exec never took the new one)
+                assert self._shadow is not None
+                self._shadow.push([self._node], lambda prev: args.__setitem__("n_arg", prev), old)
+            return
+        # a pageable source is staged by the time the call returns, so the next n may reuse it
+        self._host[0] = n
+        assert self.n_live is not None  # every mode without an argument has one
+        call(driver.cuMemcpyHtoDAsync, self.n_live.ptr, self._host.ctypes.data, 4, stream.handle)
+
+
+class ShapedRunner:
+    """The replays of the one exec. ``n`` and the launch that reads it go together: two threads
+    may not interleave them (a pushed ``n_arg`` is read by the next launch on any stream; a copied
+    ``n`` by the next on that stream), so each write and its launch run under one lock; a run on
+    another stream than the last waits for it first (:class:`~rawgraph.serving.buckets.StreamOrder`)."""
+
+    exec: GraphExec
+    count: LiveCount
+    order: StreamOrder
+    stream: Stream
+    io: ShapedIO
+    replays: int
+
+    def __init__(self, exe: GraphExec, count: LiveCount, order: StreamOrder, stream: Stream, io: ShapedIO):
+        self.exec = exe
+        self.count = count
+        self.order = order
+        self.stream = stream
+        self.io = io
+        self._lock = threading.Lock()
+        self.replays = 0
+
+    def _enter(self, stream: Any) -> Stream:
+        return self.order.enter(self.stream if stream is None else stream)
+
+    def set_rows(self, n: int, stream: Any = None) -> None:
+        with self._lock:
+            self.count.write(n, self._enter(stream))
+
+    def replay(self, stream: Any = None) -> None:
+        with self._lock:
+            s = self._enter(stream)
+            self.exec.launch(s)
+            self.replays += 1
+
+    def run(self, n: int, xa: DeviceArray | None, stream: Any = None) -> None:
+        """Copy ``n`` rows of ``xa`` into the input (unless it is the input), hand ``n`` over,
+        launch; ``n`` and ``xa`` checked by the caller."""
+        with self._lock:
+            s = self._enter(stream)
+            if xa is not None:
+                src, dst, nbytes = xa.ptr, self.io.input.ptr, n * self.io.width * 4
+                if src != dst and src < dst + self.io.input.nbytes and dst < src + nbytes:
+                    raise LayoutError("x overlaps the persistent input without being it")
+                if src != dst:
+                    call(driver.cuMemcpyDtoDAsync, dst, src, nbytes, s.handle)
+            self.count.write(n, s)
+            self.exec.launch(s)
+            self.replays += 1
+
+
+class HeadStatus(NamedTuple):
+    """What the head did at the last replay: the ``n`` it used (clamped) and, per node, the
+    ``cudaError_t`` of its device-side update (none with ``select="switch"``)."""
+
+    n: int
+    codes: list[int]
 
 
 # ---------------------------------------------------------------------------- the graph
@@ -391,20 +598,22 @@ class DeviceShapedGraph(Resource):
     warm_up : WarmUp
         The eager runs before the capture: a band's plan runs only while it brings a kernel
         function no earlier band ran (``warm_up.runs``, ``warm_up.skipped``).
+
+    Notes
+    -----
+    Built from the parts of this module in this order: the buffers (:class:`ShapedIO`), the band
+    plans (:class:`BandPlans`), the head (:class:`UpdatesHead` or :class:`SwitchHead`), an eager
+    warm-up, the head's capture, one instantiate and upload, the replays (:class:`ShapedRunner`,
+    handing ``n`` over through :class:`LiveCount`). The attributes above are theirs, read through.
     """
 
     max_batch: int
     width: int
+    device: Any
+    select: str
     stream: Any
-    input: DeviceBuffer
-    output: DeviceBuffer
-    arena: Any
-    bands: list[int]
-    model: Any
-    plan: LaunchPlan
+    setup: dict[str, float]
     warm_up: WarmUp
-    replays: int
-    head: Launch
 
     def __init__(
         self,
@@ -416,8 +625,6 @@ class DeviceShapedGraph(Resource):
         bands: str | Sequence[int] | None = None,
         select: str = "updates",
     ):
-        from ..runtime.stream import Stream, as_stream
-
         check_model(model)
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
             raise ShapeError(f"max_batch must be an int >= 1, got {max_batch!r}")
@@ -429,239 +636,157 @@ class DeviceShapedGraph(Resource):
             from ..graphs.conditional import check_kind
 
             check_kind("switch", 1)
-        # checked once, before anything is allocated (an iterator is read once)
-        self._from_plans = isinstance(bands, str) and bands == "plans"
-        if not self._from_plans:
-            bands = check_bands(bands, self.max_batch)
+        # checked once, before anything is allocated (an iterator is read once); None: from the plans
+        tops = None if isinstance(bands, str) and bands == "plans" else Bands.of(bands, self.max_batch)
         self.width = int(model.width)
         self.device = model.device
-        self._closed = False
-        owned: list[Any] = []
-        self._own(_close_reversed, owned, name="DeviceShapedGraph.close")
-        self._owned = owned
+        self._held = Held("DeviceShapedGraph.close", newest_first=True)
         try:
-            self._build(model, stream, n_live, prologue, bands, owned, Stream, as_stream)
+            self._build(model, stream, n_live, prologue, tops)
         except BaseException:
             self.close()
             raise
 
-    def _build(
-        self, model: Any, stream: Any, n_live: Any, prologue: Any, bands: Any, owned: list, Stream: Any, as_stream: Any
-    ) -> None:
+    def _build(self, model: Any, stream: Any, n_live: Any, prologue: Any, bands: Bands | None) -> None:
         clock = time.perf_counter
-        self.setup: dict[str, float] = {
-            k: 0.0 for k in ("bands", "plans", "warmup", "capture", "attributes", "instantiate", "upload")
-        }
-        if stream is None:
-            self.stream = Stream(device=self.device)
-            owned.append(self.stream)
-        else:
-            self.stream = as_stream(stream)
-        s = self.stream
-        self._order = StreamOrder(self.device)
-        owned.append(self._order)
+        held = self._held
+        self.setup = dict.fromkeys(_SETUP_KEYS, 0.0)
+        self.stream = held.add(Stream(device=self.device)) if stream is None else as_stream(stream)
+        order = held.add(StreamOrder(self.device))
         t0 = clock()
-        f32 = np.dtype(np.float32)
-        self.input = DeviceBuffer((self.max_batch, self.width), np.float32, self.device)
-        owned.append(self.input)
-        self.output = DeviceBuffer((self.max_batch, self.width), np.float32, self.device)
-        owned.append(self.output)
-        self._n_host = np.zeros(1, np.int32)  # pageable: cuMemcpyHtoDAsync stages it before returning
-        self._n_from_caller = n_live is not None
-        # A SWITCH head whose n the host knows takes it as a kernel argument: a SetParams on one
-        # node (0.5 us of host time) instead of a 4-byte copy queued before every replay.
-        self._n_arg: Any = None
-        # n and the launch that reads it go together: two threads may not interleave them (a
-        # pushed n_arg is read by the next launch on any stream; a copied n by the next on that stream)
-        self._n_lock = threading.Lock()
-        self._shadow: Any = None  # the head's ExecShadow, where n is its argument
-        self._n_node = 0  # the head's index in that shadow
-        self._n_buf: DeviceBuffer | None = None
-        self.n_live: DeviceArray | None = None
-        if self._n_from_caller:
-            self.n_live = check_array(as_device_array(n_live, "n_live"), (1,), np.int32, "n_live", self.device)
-        elif self.select == "updates":
-            self._n_buf = DeviceBuffer((1,), np.int32, self.device)
-            owned.append(self._n_buf)
-            self.n_live = self._n_buf.view()
-        self.arena = model.make_workspace(self.max_batch)
-        if self.arena is not None:
-            owned.append(self.arena)
-
-        def views(rows: int) -> tuple[DeviceArray, DeviceArray]:
-            return (
-                DeviceArray(self.input.ptr, (rows, self.width), f32, self.input),
-                DeviceArray(self.output.ptr, (rows, self.width), f32, self.output),
-            )
-
-        if self._from_plans:
-            t1 = clock()
-            signatures = []
-            for rows in range(1, self.max_batch + 1):
-                m = model.with_batch(rows, workspace=self.arena)
-                try:  # the protocol asks for close(), not for a context manager
-                    signatures.append(plan_signature(model, m.plan(*views(rows)).launches))
-                finally:
-                    m.close()
-            self.bands = plan_bands(signatures)
-            self.setup["bands"] = clock() - t1
-            t0 = clock()  # "plans" counts what follows, not the signatures
-        else:
-            self.bands = list(bands)
-        self.models: list[Any] = []
-        self.plans: list[LaunchPlan] = []
-        self.entries: list[ShapeEntry] = []
-        lo = 1
-        for top in self.bands:
-            m = model.with_batch(top, workspace=self.arena)
-            owned.append(m)
-            self.models.append(m)
-            plan = m.plan(*views(top))
-            self.plans.append(plan)
-            if self.select == "switch":  # each band is a body of its own: nothing to check or cut
-                continue
-            if len(self.bands) > 1 and plan.launches and plan.launches[0].pdl:
-                raise DeviceShapedError(
-                    f"the {top}-row plan starts with a PDL launch ({plan.launches[0].kernel.name}): "
-                    "with bands, each plan must start on a full edge"
-                )
-            self.entries += shape_entries(model, plan.launches, top, lo=lo, start=len(self.entries))
-            lo = top + 1
-        self.model, self.plan = self.models[-1], self.plans[-1]
-        self._launches = [launch for plan in self.plans for launch in plan.launches]
-        self.switch: Any = None
+        self._io = ShapedIO(model, self.max_batch, n_live, self.select, held)
+        self._plans = BandPlans.build(model, bands, self._io, self.max_batch, self.select, held, self.setup)
+        self._head: UpdatesHead | SwitchHead
         if self.select == "switch":
-            # the band tops the head searches, and the n it used
-            self._table = DeviceBuffer((len(self.bands),), np.int32, self.device)
-            owned.append(self._table)
-            self._table.copy_from_host(np.asarray(self.bands, np.int32), s)
-            self._rc = DeviceBuffer((1,), np.int32, self.device)
-            owned.append(self._rc)
+            self._head = SwitchHead(self._plans.bands, self._io.n_live, self.max_batch, self.device, self.stream, held)
         else:
-            self._head_for_updates(owned)
-        self.setup["plans"] = clock() - t0
-        # Warm-up: each plan once eagerly (module loading and first touch outside the capture)
-        # while it brings a kernel function no earlier plan ran (lifecycle.WarmUp, as the buckets
-        # do); never the head, whose table holds no handles yet.
-        t0 = clock()
-        self.input.poison(s)
-        if self._n_buf is not None:
-            self.set_rows(self.max_batch, s)
-        s.synchronize()
-        self.setup["warmup"] = clock() - t0
-        self.warm_up = WarmUp(self.setup)
-        for plan in self.plans:
-            self.warm_up(plan.launches, s)
+            assert self._io.n_live is not None  # the updates head always reads device memory
+            self._head = UpdatesHead(self._plans, self._io.n_live, self.max_batch, self.device, held)
+        self.setup["plans"] = clock() - t0 - self.setup["bands"]  # the signatures counted apart
+        count = LiveCount(self._io.n_live)
+        self._warm(count, order)
         self._prologue = prologue  # held as long as the exec that replays it
-        if self.select == "switch":
-            self._capture_switch(prologue, owned)
-        else:
-            self._capture_updates(prologue, owned)
-        t0 = clock()
-        self.exec = self.graph.instantiate()
-        owned.append(self.exec)
-        if self.switch is not None and not self._n_from_caller:
-            from ..updates.shadow import ExecShadow, KernelShadow
+        graph = self._head.capture(self.stream, prologue, self._plans, self.setup, held)
+        exe = self._instantiate(graph, count)
+        self._runner = ShapedRunner(exe, count, order, self.stream, self._io)
 
-            self._shadow = ExecShadow(self.exec, self.device)
-            owned.append(self._shadow)
-            self._n_arg = KernelShadow.of_launch(self._head_node.handle, self.head, self._head_node.captured_args)
-            self._n_node = self._shadow.add_kernel(self._n_arg, "rg_set_band")
+    def _warm(self, count: LiveCount, order: StreamOrder) -> None:
+        """Warm-up: each plan once eagerly (module loading and first touch outside the capture)
+        while it brings a kernel function no earlier plan ran (lifecycle.WarmUp, as the buckets
+        do); never the head, whose table holds no handles yet."""
+        t0 = time.perf_counter()
+        s = self.stream
+        self._io.input.poison(s)
+        if self._io.n_buf is not None:
+            count.write(self.max_batch, order.enter(s))
+        s.synchronize()
+        self.setup["warmup"] = time.perf_counter() - t0
+        self.warm_up = WarmUp(self.setup)
+        for plan in self._plans.plans:
+            self.warm_up(plan.launches, s)
+
+    def _instantiate(self, graph: Graph, count: LiveCount) -> GraphExec:
+        """``cuGraphInstantiate`` once (and, for a SWITCH head whose ``n`` the host knows, the
+        exec's shadow of the head), then ``cuGraphUpload``: an exec whose own kernels update its
+        nodes must be uploaded before its first launch."""
+        clock = time.perf_counter
+        t0 = clock()
+        exe = self._held.add(graph.instantiate())
+        if isinstance(self._head, SwitchHead) and not self._io.from_caller:
+            count.push_through(exe, self._head, self.device, self._held)
         self.setup["instantiate"] = clock() - t0
         t0 = clock()
-        # An exec whose own kernels update its nodes must be uploaded before its first launch.
-        self.exec.upload(s)
-        s.synchronize()
+        exe.upload(self.stream)
+        self.stream.synchronize()
         self.setup["upload"] = clock() - t0
-        self._row_bytes = self.width * 4
-        self.replays = 0
+        return exe
 
-    def _head_for_updates(self, owned: list) -> None:
-        """``rg_du_shape`` over a table of every band's entries (``select="updates"``)."""
-        _check_offsets(self.entries, self._launches)
-        count = len(self.entries)
-        self._table = DeviceBuffer((count * ENTRY_DTYPE.itemsize // 8,), np.uint64, self.device)
-        owned.append(self._table)
-        self._rc = DeviceBuffer((count + 1,), np.int32, self.device)
-        owned.append(self._rc)
-        head_args = KernelArgs(
-            [("table", "ptr"), ("count", "i32"), ("n_live", "ptr"), ("max_rows", "i32"), ("rc", "ptr")]
-        )
-        assert self.n_live is not None  # the updates head always reads device memory
-        head_args.update(
-            {
-                "table": self._table.ptr,
-                "count": count,
-                "n_live": self.n_live.ptr,
-                "max_rows": self.max_batch,
-                "rc": self._rc.ptr,
-            }
-        )
-        threads = min(_HEAD_THREADS, max(32, -(-count // 32) * 32))
-        self.head = Launch(
-            get_kernel("device_update", "rg_du_shape", self.device),
-            (-(-count // threads), 1, 1),
-            (threads, 1, 1),
-            head_args,
-            {},
-            0,
-            "device_shape",
-        )
+    # -- the parts' attributes, read through -------------------------------------------------
+    @property
+    def input(self) -> DeviceBuffer:
+        return self._io.input
 
-    def _capture_switch(self, prologue: Any, owned: list) -> None:
-        """[prologue] -> ``rg_set_band`` -> SWITCH, body ``i`` captured from band ``i``'s plan on a
-        second stream (``cuStreamBeginCaptureToGraph``), its PDL chain kept."""
-        from ..graphs.conditional import capture_conditional, capture_handle, select_band
-        from ..runtime.stream import Stream
+    @property
+    def output(self) -> DeviceBuffer:
+        return self._io.output
 
-        clock = time.perf_counter
-        t0 = clock()
-        body_stream = Stream(device=self.device)
-        try:
-            cap = Capture(self.stream)
-            with cap:
-                _record_prologue(cap, prologue)
-                cond = capture_handle(cap)
-                self.head = select_band(self.device, cond, self.n_live, self._table, self._rc, n=self.max_batch)
-                cap.launch(self.head)
-                self._head_node = cap.nodes[-1]
-                self.switch = capture_conditional(cap, "switch", cond, size=len(self.plans))
-                for i, plan in enumerate(self.plans):
-                    with self.switch.capture_body(i, body_stream) as body:
-                        body.run(plan)
-        finally:
-            body_stream.close()
-        self.graph = cap.captured
-        owned.append(self.graph)
-        self.handles: list[int] = []
-        self.setup["capture"] = clock() - t0
+    @property
+    def arena(self) -> Any:
+        return self._io.arena
 
-    def _capture_updates(self, prologue: Any, owned: list) -> None:
-        """[prologue] -> ``rg_du_shape`` -> every band's plan, each node opted in to device updates."""
-        clock = time.perf_counter
-        s = self.stream
-        count = len(self.entries)
-        t0 = clock()
-        cap = Capture(s)
-        with cap:
-            _record_prologue(cap, prologue)
-            cap.launch(self.head)
-            first = len(cap.nodes)
-            for plan in self.plans:  # one after another: a disabled node passes its dependency on
-                cap.run(plan)
-        graph = cap.captured
-        graph.mark_device_updatable()  # before anything may instantiate it: the driver's rules, see Graph
-        self.graph = graph
-        owned.append(graph)
-        self._nodes = cap.nodes[first:]
-        self.setup["capture"] = clock() - t0
-        if len(self._nodes) != count or not all(n.launch is l for n, l in zip(self._nodes, self._launches)):
-            raise RawgraphError("the capture's node map does not follow the plan's launch order")
-        t0 = clock()
-        self.device.activate()
-        self.handles = [_set_updatable(node.handle) for node in self._nodes]
-        self._table.copy_from_host(pack_table(self.entries, self.handles).view(np.uint64), s)
-        self.setup["attributes"] = clock() - t0
+    @property
+    def n_live(self) -> DeviceArray | None:
+        return self._io.n_live
+
+    @property
+    def bands(self) -> list[int]:
+        return list(self._plans.bands.tops)
+
+    @property
+    def models(self) -> list[Any]:
+        return self._plans.models
+
+    @property
+    def plans(self) -> list[LaunchPlan]:
+        return self._plans.plans
+
+    @property
+    def model(self) -> Any:
+        return self._plans.models[-1]
+
+    @property
+    def plan(self) -> LaunchPlan:
+        return self._plans.plans[-1]
+
+    @property
+    def entries(self) -> list[ShapeEntry]:
+        return self._plans.entries
+
+    @property
+    def head(self) -> Launch:
+        assert self._head.head is not None  # made by the time the graph exists
+        return self._head.head
+
+    @property
+    def switch(self) -> Any:
+        return self._head.switch
+
+    @property
+    def handles(self) -> list[int]:
+        return self._head.handles
+
+    @property
+    def graph(self) -> Graph:
+        assert self._head.graph is not None
+        return self._head.graph
+
+    @property
+    def exec(self) -> GraphExec:
+        return self._runner.exec
+
+    @property
+    def replays(self) -> int:
+        return self._runner.replays
+
+    @property
+    def _table(self) -> DeviceBuffer:
+        return self._head.table
+
+    @property
+    def _rc(self) -> DeviceBuffer:
+        return self._head.rc
+
+    @property
+    def _nodes(self) -> list[Any]:
+        return self._head.nodes
+
+    @property
+    def _head_node(self) -> Any:
+        return self._head.head_node
+
+    @property
+    def _n_arg(self) -> KernelShadow | None:
+        return self._runner.count.arg
 
     # -- n ----------------------------------------------------------------------------------
     def set_rows(self, n: int, stream: Any = None) -> None:
@@ -677,22 +802,7 @@ class DeviceShapedGraph(Resource):
         """
         self._check()
         self._check_n(n)
-        with self._n_lock:
-            self._write_n(n, self._order.enter(self.stream if stream is None else stream))
-
-    def _write_n(self, n: int, s: Any) -> None:
-        if self._n_arg is not None:
-            args = self._n_arg.args
-            old = args["n_arg"]
-            if old != n:
-                args["n_arg"] = n
-                # a refused push puts the old n back in the shadow (the exec never took the new one)
-                self._shadow.push([self._n_node], lambda prev: args.__setitem__("n_arg", prev), old)
-            return
-        # a pageable source is staged by the time the call returns, so the next n may reuse it
-        self._n_host[0] = n
-        assert self.n_live is not None  # every mode without an argument has one
-        call(driver.cuMemcpyHtoDAsync, self.n_live.ptr, self._n_host.ctypes.data, 4, s.handle)
+        self._runner.set_rows(n, stream)
 
     def plan_for(self, n: int) -> LaunchPlan:
         """The captured plan that runs for ``n`` live rows (its band's; with ``select="updates"``
@@ -700,10 +810,7 @@ class DeviceShapedGraph(Resource):
         the first band's."""
         self._check()
         self._check_n(n)
-        for top, plan in zip(self.bands, self.plans):
-            if n <= top:
-                return plan
-        return self.plans[-1]
+        return self._plans.plan_for(n)
 
     def replay(self, stream: Any = None) -> None:
         """One ``cuGraphLaunch``: the head reads whatever ``n_live`` holds when it runs (a SWITCH
@@ -714,10 +821,7 @@ class DeviceShapedGraph(Resource):
         cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         self._check()
-        with self._n_lock:
-            s = self._order.enter(self.stream if stream is None else stream)
-            self.exec.launch(s)
-            self.replays += 1
+        self._runner.replay(stream)
 
     def run(self, n: int, stream: Any = None, x: Any = None) -> DeviceArray:
         """Run the model on the first ``n`` rows of :attr:`input` (or of ``x``, copied in first):
@@ -725,30 +829,20 @@ class DeviceShapedGraph(Resource):
         :attr:`output` valid until the next run (``n = 0`` runs nothing and returns a 0-row view)."""
         self._check()
         self._check_n(n)
-        if self._n_from_caller:
+        if self._io.from_caller:
             raise DeviceShapedError("this graph reads n from the caller's n_live: write it there and call replay()")
         xa = check_rows(x, n, self.width) if x is not None and n > 0 else None
-        with self._n_lock:
-            s = self._order.enter(self.stream if stream is None else stream)
-            if xa is not None:
-                src, dst, nbytes = xa.ptr, self.input.ptr, n * self._row_bytes
-                if src != dst and src < dst + self.input.nbytes and dst < src + nbytes:
-                    raise LayoutError("x overlaps the persistent input without being it")
-                if src != dst:
-                    call(driver.cuMemcpyDtoDAsync, dst, src, nbytes, s.handle)
-            self._write_n(n, s)  # n and the stream are checked above
-            self.exec.launch(s)
-            self.replays += 1
+        self._runner.run(int(n), xa, stream)
         return DeviceArray(self.output.ptr, (int(n), self.width), np.dtype(np.float32), self.output)
 
     # -- what the head did ------------------------------------------------------------------
-    def status(self, stream: Any = None) -> tuple[int, list[int]]:
+    def status(self, stream: Any = None) -> HeadStatus:
         """``(n, codes)`` of the last replay that finished on ``stream``: the ``n`` the head used
         (clamped) and each node's ``cudaError_t`` from ``cudaGraphKernelNodeUpdatesApply``
         (none with ``select="switch"``; waits for ``stream``)."""
         self._check()
-        rc = self._rc.to_numpy(self.stream if stream is None else stream)
-        return int(rc[-1]), [int(c) for c in rc[:-1]]
+        rc = self._head.rc.to_numpy(self.stream if stream is None else stream)
+        return HeadStatus(int(rc[-1]), [int(c) for c in rc[:-1]])
 
     def check_status(self, stream: Any = None) -> int:
         """The ``n`` the last replay used; raises :class:`RawgraphError` naming every node whose
@@ -792,9 +886,7 @@ class DeviceShapedGraph(Resource):
     def nbytes(self) -> int:
         """Device bytes this object allocated (input, output, arena, table, status; weights not
         counted)."""
-        arena = getattr(self.arena, "nbytes", 0) if self.arena is not None else 0
-        own_n = 4 if self._n_buf is not None else 0
-        return self.input.nbytes + self.output.nbytes + arena + self._table.nbytes + self._rc.nbytes + own_n
+        return self._io.nbytes + self._head.table.nbytes + self._head.rc.nbytes
 
     def _check_n(self, n: Any) -> None:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
@@ -803,17 +895,26 @@ class DeviceShapedGraph(Resource):
             raise ShapeError(f"n = {n} is outside 0..max_batch = {self.max_batch}")
 
     def _check(self) -> None:
-        if not self._finalizer.alive:
+        if self._held.closed:
             raise ClosedError("DeviceShapedGraph is closed")
+
+    def _check_open(self) -> None:
+        self._check()
+
+    @property
+    def closed(self) -> bool:
+        return self._held.closed
 
     def close(self) -> None:
         """Free the head's shadow (``select="switch"``), the exec, the graph, the model views (one
         per band), the arena and the buffers (in that order); safe twice."""
-        self._finalizer()
+        self._held.close()
 
     def __repr__(self) -> str:
         state = " closed" if self.closed else ""
+        plans = getattr(self, "_plans", None)
+        bands, nodes = (len(plans.bands), len(plans.launches)) if plans is not None else (0, 0)
         return (
             f"<DeviceShapedGraph width={self.width} max_batch={self.max_batch} select={self.select} "
-            f"bands={len(getattr(self, 'bands', []))} nodes={len(getattr(self, '_launches', []))}{state}>"
+            f"bands={bands} nodes={nodes}{state}>"
         )

@@ -4,18 +4,22 @@ Each of them runs a size's launches once eagerly before capturing them (only whi
 launch a kernel function no earlier size did: :class:`WarmUp`), captures one graph per size,
 instantiates and uploads it while timing every phase, and at the end closes its execs, graphs,
 models and buffers in that order (an exec before the graph it came from, both before the memory
-their nodes name).
+their nodes name). What a pool or a device-shaped graph must release sits in one :class:`Held`, whose
+one finalizer closes it in that order whether the owner is closed or dropped.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
 
 from ..graphs.graph import Graph, GraphExec
 from ..runtime.launch import Launch
+from ..runtime.resource import Resource
 from ..runtime.stream import Stream
+
+_T = TypeVar("_T")
 
 
 class WarmUp:
@@ -95,3 +99,40 @@ def close_all(*groups: Iterable[Any]) -> None:
         for obj in group:
             if obj is not None:
                 obj.close()
+
+
+def _close_groups(groups: Sequence[list[Any]], newest_first: bool) -> None:
+    for group in groups:
+        close_all(reversed(group) if newest_first else list(group))
+
+
+class Held(Resource):
+    """What one serving object made that needs releasing, and its one finalizer.
+
+    The objects sit in groups (lists): :meth:`close`, dropping the holder, or interpreter exit
+    closes every group in the order given, each group's objects in the order they were added, or
+    newest first with ``newest_first`` (an exec before its graph, both before the memory their
+    nodes name), skipping ``None``; once. A group may be a list its owner keeps filling (a pool's
+    pinned rows, made at the first use): the finalizer reads it when it runs.
+
+    Parameters
+    ----------
+    name : str
+        What a failed release is reported as (``ReleaseWarning``).
+    groups : int or sequence of list, default 1
+        How many empty groups to make, or the lists themselves.
+    newest_first : bool, default False
+    """
+
+    groups: tuple[list[Any], ...]
+
+    def __init__(self, name: str, groups: int | Sequence[list[Any]] = 1, newest_first: bool = False):
+        self.groups = tuple([] for _ in range(groups)) if isinstance(groups, int) else tuple(groups)
+        self._own(_close_groups, self.groups, bool(newest_first), name=name)
+
+    def add(self, obj: _T, group: int = 0) -> _T:
+        """Hold ``obj`` (``None`` is held as nothing) in ``group``; returns it. Refused with
+        ``ClosedError`` once the holder is closed: nothing would release it."""
+        self._check_open()
+        self.groups[group].append(obj)
+        return obj

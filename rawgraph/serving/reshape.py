@@ -118,6 +118,10 @@ class ReshapedGraph:
     one exec per group (captured at its largest size); within a group any size is a push away.
     For w1024 that is a handful of execs instead of one per size.
 
+    Its attributes stay on the one object: the per-size tables (plans, node parameters, keys,
+    group) and the per-group execs (graph, exec, shadow, current keys) are read together, under
+    the same keys, by every :meth:`reshape`; nothing in them is released apart from the rest.
+
     Parameters
     ----------
     model : RowwiseModel
@@ -205,21 +209,25 @@ class ReshapedGraph:
         self._current: dict[tuple, list] = {}
         self._handles: dict[tuple, list] = {}
         for sig, sizes in self.groups.items():
-            top = self._plans[max(sizes)]
-            self.warm_up(top.launches, s)
-            t0 = clock()
-            graph = capture_plan(top, s, warmup=False)
-            self.setup["capture"] += clock() - t0
-            exe = instantiate_uploaded(graph, s, self.setup)
-            self.graphs[sig], self.execs[sig] = graph, exe
-            shadow = self._shadows[sig] = ExecShadow(exe, self.device)
-            for node, params in zip(graph.nodes, self._params[max(sizes)]):
-                shadow.add(node.handle, params)
-            self._handles[sig] = shadow.handles
-            self._current[sig] = list(self._keys[max(sizes)])
+            self._capture(sig, max(sizes))
         self._order = StreamOrder(self.device)
         self._row_bytes = self.width * 4
         self._closed = False
+
+    def _capture(self, sig: tuple, top: int) -> None:
+        """The exec of one group, captured at its largest size ``top``, and its shadow."""
+        s, plan = self.stream, self._plans[top]
+        self.warm_up(plan.launches, s)
+        t0 = time.perf_counter()
+        graph = capture_plan(plan, s, warmup=False)
+        self.setup["capture"] += time.perf_counter() - t0
+        exe = instantiate_uploaded(graph, s, self.setup)
+        self.graphs[sig], self.execs[sig] = graph, exe
+        shadow = self._shadows[sig] = ExecShadow(exe, self.device)
+        for node, params in zip(graph.nodes, self._params[top]):
+            shadow.add(node.handle, params)
+        self._handles[sig] = shadow.handles
+        self._current[sig] = list(self._keys[top])
 
     def reshape(self, n: int) -> int:
         """Make the exec that serves ``n`` rows run ``n`` rows (``cuGraphExecKernelNodeSetParams``

@@ -32,6 +32,15 @@ node, which may be long after ``cuGraphLaunch`` returned. The table must not be 
 then. Each graph records an event right after its memcpy node; :meth:`SlotPool.join` and
 :meth:`SlotPool.leave` wait for the last step's event before they touch the table (in a loop that
 synchronizes each step, it has always fired).
+
+The parts, each made and testable alone (:class:`SlotPool` composes them and reads their attributes
+through): :class:`SlotOptions`, the choice of table, gather, shape and the device-shaped graph's
+bands and select, checked before anything is allocated (pure); :class:`SlotTable`, the host table
+and who holds which slot (pure); :class:`SlotState`, the state rows and the bucket buffers;
+:class:`TableDelivery`, how the table reaches the device; :class:`RowGather`, where each bucket's
+rows are gathered and scattered; :class:`SlotExecs`, the bucket graphs or the device-shaped graph;
+:class:`LeaveRing`, the pinned rows of ``leave(wait=False)``. What needs releasing sits in one
+:class:`~rawgraph.serving.lifecycle.Held`, closed in the order :meth:`SlotPool.close` names.
 """
 
 from __future__ import annotations
@@ -39,7 +48,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 from cuda.bindings import driver
@@ -53,7 +63,7 @@ from ..runtime.memory import DeviceArray, DeviceBuffer, HostBuffer, as_device_ar
 from ..runtime.stream import Event, Stream, as_stream
 from ..updates.shadow import ExecShadow
 from .device_shaped import DeviceShapedGraph, check_bands
-from .lifecycle import WarmUp, close_all, instantiate_uploaded
+from .lifecycle import Held, WarmUp, instantiate_uploaded
 from .protocol import RowwiseModel, check_model
 from .sizes import check_sizes, pick_bucket, vllm_sizes
 
@@ -97,10 +107,16 @@ def _route_rows(plan: LaunchPlan, table: int, state: int) -> int:
     return len(todo)
 
 
-def _unsend(log: tuple) -> None:
+class _Unsent(NamedTuple):
+    """What a refused table push puts back: each node's by-value table and what it held."""
+
+    tables: list[np.ndarray]
+    olds: list[np.ndarray]
+
+
+def _unsend(log: _Unsent) -> None:
     """Undo of a refused table push: each node's by-value table gets what it held back."""
-    tables, olds = log
-    for t, old in zip(tables, olds):
+    for t, old in zip(log.tables, log.olds):
         t[: len(old)] = old
 
 
@@ -185,7 +201,7 @@ class PendingRow:
         with self._pool._lock:
             if self._row is not None:
                 return True
-            ev = self._pool._ring_events[self._slot]
+            ev = self._pool._ring.events[self._slot]
             return ev is not None and ev.query()
 
     def result(self) -> np.ndarray:
@@ -204,15 +220,484 @@ class PendingRow:
         """Under the pool's lock: wait for the copy, keep the row, give the pinned row back."""
         if self._row is not None:
             return
-        pool, slot = self._pool, self._slot
-        ev, ring = pool._ring_events[slot], pool._ring
-        assert ev is not None and ring is not None
+        ring, slot = self._pool._ring, self._slot
+        ev, host = ring.events[slot], ring.host
+        assert ev is not None and host is not None
         ev.synchronize()
-        self._row = ring.array[slot].copy()
-        if pool._ring_owner[slot] is self:
-            pool._ring_owner[slot] = None
+        self._row = host.array[slot].copy()
+        if ring.owner[slot] is self:
+            ring.owner[slot] = None
 
 
+# ------------------------------------------------------------------------------------ parts
+@dataclass(frozen=True)
+class SlotOptions:
+    """How a pool is built, checked before anything is allocated: ``table`` (how the table
+    reaches the device), ``gather`` (None: the largest bucket's plan decides), ``shape``,
+    ``sizes`` (the bucket sizes, the largest holding ``max_slots``), and the device-shaped
+    graph's ``bands`` and ``select`` (``shape="device"`` only). ``copy_whole_table``: a SWITCH
+    band reads table entries up to its top, past the live count, so every copy is whole.
+
+    Build it with :meth:`check` (the :class:`SlotPool` arguments, same errors).
+    """
+
+    max_slots: int
+    sizes: list[int]
+    table: str
+    gather: str | None
+    shape: str
+    bands: Any
+    select: str | None
+    copy_whole_table: bool
+
+    @classmethod
+    def check(
+        cls,
+        model: Any,
+        max_slots: Any,
+        sizes: Sequence[int] | None = None,
+        table: str | None = None,
+        gather: str | None = None,
+        shape: str = "buckets",
+        bands: Any = None,
+        select: str | None = None,
+    ) -> SlotOptions:
+        """The options of ``SlotPool(model, max_slots, sizes, table, ..., gather, shape, bands,
+        select)``, checked in the pool's order; see :class:`SlotPool` for what each refusal means."""
+        if shape not in ("buckets", "device"):
+            raise ValueError(f"shape must be 'buckets' or 'device', got {shape!r}")
+        if (bands is not None or select is not None) and shape != "device":
+            raise ValueError("bands and select are the device-shaped graph's: they need shape='device'")
+        if select not in (None, "updates", "switch"):
+            raise ValueError(f"select must be 'updates' or 'switch', got {select!r}")
+        if shape == "device":
+            if table not in (None, "copy") or gather not in (None, "kernels"):
+                raise LayoutError(
+                    "shape='device' runs one exec whose gather and scatter kernels read a device "
+                    "table copied before each step: use table='copy', gather='kernels'"
+                )
+            table, gather = "copy", "kernels"
+            sizes = [max_slots] if sizes is None else sizes  # one exec of max_slots rows (checked below)
+        table = "graph" if table is None else table
+        if table not in TABLE_MODES:
+            raise ValueError(f"table must be one of {TABLE_MODES}, got {table!r}")
+        check_model(model)
+        if gather is not None and gather not in GATHER_MODES:
+            raise ValueError(f"gather must be one of {GATHER_MODES}, got {gather!r}")
+        if gather == "fused" and table == "params":
+            raise LayoutError(
+                "table='params' passes the table by value to the gather and scatter kernels: use gather='kernels'"
+            )
+        if isinstance(max_slots, bool) or not isinstance(max_slots, int) or max_slots < 1:
+            raise ShapeError(f"max_slots must be a positive int, got {max_slots!r}")
+        if bands is not None and not (isinstance(bands, str) and bands == "plans"):
+            bands = check_bands(bands, max_slots)  # before anything is allocated
+        checked = check_sizes(vllm_sizes(max_slots) if sizes is None else sizes)
+        if checked[-1] < max_slots:
+            raise ShapeError(f"the largest bucket ({checked[-1]}) must hold max_slots = {max_slots}")
+        if table == "params":
+            ops.row_param_cap(checked[-1])  # refuses buckets over the by-value capacity
+        return cls(max_slots, checked, table, gather, shape, bands, select, select == "switch")
+
+
+class SlotTable:
+    """The host side of the index table: ``table[:n]`` the live slots in batch order, the rest
+    the scratch slot (``scratch_slot = max_slots``, the state's extra row that padding points at,
+    so padding never touches a live row); ``free`` the free slots, highest first (``pop()`` gives
+    the lowest); ``pos`` live slot -> its position; ``version`` bumped by every join and leave.
+    Pure: ``table`` is any int32 array of at least ``max_slots`` entries (the pool's is pinned
+    host memory with ``table="graph"``), filled here."""
+
+    table: np.ndarray
+    scratch_slot: int
+    free: list[int]
+    version: int
+
+    def __init__(self, table: np.ndarray, max_slots: int):
+        self.table = table
+        self.scratch_slot = max_slots
+        self.table[:] = self.scratch_slot
+        self.free = list(range(max_slots - 1, -1, -1))
+        self.pos: dict[int, int] = {}
+        self.version = 0
+
+    def __len__(self) -> int:
+        return len(self.pos)
+
+    @property
+    def live(self) -> list[int]:
+        """Live slots in batch order (``table[:n]``)."""
+        return [int(v) for v in self.table[: len(self.pos)]]
+
+    def choose(self, slot: Any = None) -> int:
+        """The slot a join takes: the lowest free one, or ``slot``; :class:`SlotError` when the
+        pool is full, or ``slot`` is occupied or out of range. Changes nothing."""
+        if slot is None:
+            if not self.free:
+                raise SlotError(f"the pool is full ({self.scratch_slot} slots)")
+            return self.free[-1]
+        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.scratch_slot:
+            raise SlotError(f"slot {slot!r} is not in 0..{self.scratch_slot - 1}")
+        if slot in self.pos:
+            raise SlotError(f"slot {slot} is occupied")
+        chosen = int(slot)
+        return chosen
+
+    def admit(self, chosen: int) -> None:
+        """``chosen`` (from :meth:`choose`) joins at the end of the batch."""
+        self.free.remove(chosen)
+        n = len(self.pos)
+        self.table[n] = chosen
+        self.pos[chosen] = n
+        self.version += 1
+
+    def retire(self, slot: int) -> None:
+        """``slot`` (live) leaves: the last live slot takes its place in the batch (swap-remove)."""
+        pos, last = self.pos.pop(slot), len(self.pos)
+        if pos != last:
+            moved = int(self.table[last])
+            self.table[pos] = moved
+            self.pos[moved] = pos
+        self.table[last] = self.scratch_slot
+        self.version += 1
+        self.free.append(slot)
+        self.free.sort(reverse=True)
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """The device rows: ``state`` (``(max_slots + 1, width)``, slot ``i``'s row then the scratch
+    slot), and for bucket graphs their persistent input ``x``, output ``y`` and scratch ``arena``
+    sized for the largest bucket (None with ``shape="device"``: the device-shaped graph holds its
+    own)."""
+
+    width: int
+    state: DeviceBuffer
+    x: DeviceBuffer | None
+    y: DeviceBuffer | None
+    arena: Any
+
+    @classmethod
+    def allocate(cls, model: Any, opts: SlotOptions, stream: Stream) -> SlotState:
+        width, device, top = model.width, model.device, opts.sizes[-1]
+        state = DeviceBuffer((opts.max_slots + 1, width), np.float32, device)
+        state.poison(stream)
+        bucketed = opts.shape != "device"
+        x = DeviceBuffer((top, width), np.float32, device) if bucketed else None
+        y = DeviceBuffer((top, width), np.float32, device) if bucketed else None
+        arena = model.make_workspace(top) if bucketed else None
+        return cls(width, state, x, y, arena)
+
+    def row_ptr(self, slot: int) -> int:
+        return self.state.ptr + slot * self.width * 4
+
+    def write_row(self, slot: int, row: Any, stream: Stream) -> None:
+        """Copy ``row`` (host ``(width,)`` float32, or a device array of ``width`` float32) into
+        ``slot``'s row, ordered on ``stream``; refused before any copy otherwise."""
+        dst = self.row_ptr(slot)
+        if isinstance(row, np.ndarray):
+            if row.dtype != np.float32:
+                raise DTypeError(f"row has dtype {row.dtype}, the block runs float32")
+            if row.shape != (self.width,):
+                raise ShapeError(f"row has shape {row.shape}, expected ({self.width},)")
+            # The caller may reuse the row once join returns. A copy of it in fresh (pageable)
+            # host memory is staged by cuMemcpyHtoDAsync before the call returns (CUDA's API
+            # synchronization rules for pageable sources), so nothing waits for the stream;
+            # copying the caller's row straight from pinned memory would be a DMA that reads it
+            # later, after join returned.
+            staged = np.array(row, dtype=np.float32, order="C", copy=True)
+            call(driver.cuMemcpyHtoDAsync, dst, staged.ctypes.data, staged.nbytes, stream.handle)
+        else:
+            dev = as_device_array(row, "row")
+            if dev.dtype != np.float32:
+                raise DTypeError(f"row has dtype {dev.dtype}, the block runs float32")
+            if dev.size != self.width:
+                raise ShapeError(f"row has shape {dev.shape}, expected {self.width} values")
+            call(driver.cuMemcpyDtoDAsync, dst, dev.ptr, dev.nbytes, stream.handle)
+
+    def read_row(self, slot: int, stream: Stream) -> np.ndarray:
+        """A host copy of ``slot``'s row after the work queued on ``stream`` (which it waits for)."""
+        out = np.empty(self.width, np.float32)
+        call(driver.cuMemcpyDtoHAsync, out.ctypes.data, self.row_ptr(slot), out.nbytes, stream.handle)
+        stream.synchronize()
+        return out
+
+
+class TablePush(NamedTuple):
+    """``table="params"``, per bucket: the shadow of its exec holding its gather and scatter
+    nodes, and their persistent by-value tables (what the shadow's ``CUDA_KERNEL_NODE_PARAMS``
+    point at)."""
+
+    shadow: ExecShadow
+    tables: list[np.ndarray]
+
+
+class TableDelivery:
+    """How the table reaches the device (``mode``, the module docstring): ``table_dev`` (what
+    the kernels read), the host table ``host`` (pinned, ``pinned``, for the in-graph copy;
+    pageable for a copy before the launch, staged by the time ``cuMemcpyHtoDAsync`` returns), the
+    event ``read`` recorded after each graph's copy node, and which table version each bucket
+    last received (``sent``); ``pushes`` per bucket with ``"params"``."""
+
+    mode: str
+    device: Any
+    max_slots: int
+    copy_whole: bool
+    table_dev: DeviceBuffer
+    pinned: HostBuffer | None
+    read: Event
+
+    def __init__(self, opts: SlotOptions, device: Any):
+        top = opts.sizes[-1]
+        self.mode = opts.table
+        self.device = device
+        self.max_slots = opts.max_slots
+        self.copy_whole = opts.copy_whole_table
+        self.table_dev = DeviceBuffer(top, np.int32, device)
+        self.pinned = HostBuffer(top, np.int32, device) if opts.table == "graph" else None
+        self.host: np.ndarray = self.pinned.array if self.pinned is not None else np.empty(top, np.int32)
+        self.read = Event(timing=False, device=device)  # recorded after each replay read the table
+        self.pushes: dict[int, TablePush] = {}
+        self.sent: dict[int, int] = {}
+
+    def record_read(self, cap: Capture, b: int) -> None:
+        """``table="graph"``: the graph's copy node of the pinned table, and the event after it."""
+        if self.pinned is not None:
+            cap.memcpy_htod(self.table_dev.ptr, self.pinned.ptr, 4 * b)
+            cap.event_record(self.read)
+
+    def track(self, b: int, exe: GraphExec | None = None, nodes: Sequence[Any] = ()) -> None:
+        """Bucket ``b`` (its exec and gather/scatter nodes) holds the initial table; with
+        ``"params"``, a shadow of its by-value tables."""
+        if self.mode == "params" and exe is not None:
+            shadow = ExecShadow(exe, self.device)
+            for node in nodes:
+                shadow.add(node.handle, node.launch.node_params(), node.launch.label)
+            self.pushes[b] = TablePush(shadow, [node.launch.args.array("table") for node in nodes])
+        self.sent[b] = 0
+
+    def table_free(self, steps: int) -> None:
+        """The host-memory rule: wait until the last step's replay has read the pinned table."""
+        if self.pinned is not None and steps and not self.read.query():
+            self.read.synchronize()
+
+    def send(self, b: int, version: int, stream: Stream) -> None:
+        """Before bucket ``b``'s launch: the table of ``version``, unless the graph copies it
+        itself or ``b`` has it already (one device table serves every bucket up to ``b``)."""
+        if self.pinned is not None or self.sent[b] == version:
+            return
+        if self.pushes:
+            push = self.pushes[b]
+            olds = [t[:b].copy() for t in push.tables]
+            for t in push.tables:
+                t[:b] = self.host[:b]
+            # a refused push puts the old tables back in both nodes (_unsend)
+            push.shadow.push(range(len(push.tables)), _unsend, _Unsent(push.tables, olds))
+            self.sent[b] = version
+        else:
+            call(driver.cuMemcpyHtoDAsync, self.table_dev.ptr, self.host.ctypes.data, 4 * b, stream.handle)
+            for k in self.sent:
+                self.sent[k] = version if k <= b else -1
+
+    def send_shaped(self, n: int, version: int, stream: Stream) -> None:
+        """Before a device-shaped step of ``n`` live rows: the table of ``version`` (whole with
+        ``copy_whole``), unless sent already."""
+        if self.sent[self.max_slots] != version:
+            rows = self.max_slots if self.copy_whole else n
+            call(driver.cuMemcpyHtoDAsync, self.table_dev.ptr, self.host.ctypes.data, 4 * rows, stream.handle)
+            self.sent[self.max_slots] = version
+
+
+class RowEdges(NamedTuple):
+    """The launches around a bucket's plan when the rows are not fused into it."""
+
+    gather: Launch
+    scatter: Launch
+
+
+class RowGather:
+    """Where each bucket's rows are gathered from and scattered to the state (``gather``; None
+    until the largest bucket's plan decides: ``"fused"`` where every kernel touching its input or
+    output picks its rows through a table, else ``"kernels"``). :meth:`edges` rewrites a fused plan
+    in place, or makes its gather and scatter kernels (by-value tables with ``table="params"``,
+    each filled with the scratch slot)."""
+
+    gather: str | None
+    mode: str
+    model: Any
+    views: dict[str, DeviceArray]
+    scratch_slot: int
+
+    def __init__(self, gather: str | None, mode: str, model: Any, views: dict[str, DeviceArray], scratch_slot: int):
+        self.gather = gather
+        self.mode = mode
+        self.model = model
+        self.views = views
+        self.scratch_slot = scratch_slot
+
+    def edges(self, b: int, plan: LaunchPlan) -> RowEdges | None:
+        """Route bucket ``b``'s ``plan``; its gather and scatter launches, None when fused."""
+        if self.gather is None:
+            # The largest bucket's plan decides: fused where every kernel touching x and out
+            # picks its rows through a table (rawgraph's matmuls), else gather kernels.
+            routable = self.mode != "params" and self.model.width % 4 == 0 and _routable(plan)
+            self.gather = "fused" if routable else "kernels"
+        if self.gather == "fused" and not _routable(plan):
+            raise LayoutError(
+                f"gather='fused' needs every kernel that reads x or writes out to take the row "
+                f"table (TinyBlock's fused form); {self.model!r} has others: use gather='kernels'"
+            )
+        device, views = self.model.device, self.views
+        if self.gather == "fused":
+            _route_rows(plan, views["table"].ptr, views["state"].ptr)
+            return None
+        if self.mode == "params":
+            edges = RowEdges(
+                ops.gather_rows_param(device, views, "state", "x", b, label=f"gather{b}"),
+                ops.scatter_rows_param(device, views, "y", "state", b, label=f"scatter{b}"),
+            )
+            for launch in edges:
+                launch.args.array("table")[:] = self.scratch_slot
+            return edges
+        return RowEdges(
+            ops.gather_rows(device, views, "state", "table", "x", b, label=f"gather{b}"),
+            ops.scatter_rows(device, views, "y", "table", "state", b, label=f"scatter{b}"),
+        )
+
+
+# The pool's Held groups, closed in this order.
+_SHAPED, _EXECS, _GRAPHS, _MODELS, _BUFFERS, _RING_EVENTS, _RING, _STREAM = range(8)
+
+
+class SlotExecs:
+    """What a step launches: one graph per bucket (``models``, ``graphs``, ``execs`` by bucket
+    size, ``edges`` their gather and scatter launches) or one device-shaped graph (``shaped``),
+    with the set-up seconds (``setup``) and the eager runs before the captures (``warm_up``)."""
+
+    setup: dict[str, float]
+    warm_up: WarmUp
+    gather: str
+
+    def __init__(self) -> None:
+        self.setup = {"warmup": 0.0, "capture": 0.0, "instantiate": 0.0, "upload": 0.0}
+        self.warm_up = WarmUp(self.setup)
+        self.models: dict[int, Any] = {}
+        self.graphs: dict[int, Graph] = {}
+        self.execs: dict[int, GraphExec] = {}
+        self.edges: dict[int, RowEdges | None] = {}
+        self.shaped: DeviceShapedGraph | None = None
+        self.gather = ""
+
+    def build_shaped(
+        self, model: Any, opts: SlotOptions, views: dict[str, DeviceArray], stream: Stream, held: Held
+    ) -> None:
+        """``shape="device"``: one device-shaped graph over the model seen through the table."""
+        t0 = time.perf_counter()
+        self.shaped = held.add(
+            DeviceShapedGraph(
+                _SlotRows(model, views["state"], views["table"]),
+                opts.max_slots,
+                stream,
+                bands=opts.bands,
+                select=opts.select or "updates",
+            ),
+            _SHAPED,
+        )
+        self.setup["capture"] += time.perf_counter() - t0
+        self.gather = "kernels"
+
+    def build_buckets(
+        self, model: Any, opts: SlotOptions, state: SlotState, tables: TableDelivery, stream: Stream, held: Held
+    ) -> None:
+        """One graph per bucket, largest first: [table copy node, event] -> [gather] -> plan -> [scatter]."""
+        views = _views(state, tables)
+        route = RowGather(opts.gather, opts.table, model, views, opts.max_slots)
+        for b in reversed(opts.sizes):
+            self._bucket(b, model, state, route, tables, stream, held)
+        assert route.gather is not None
+        self.gather = route.gather
+
+    def _bucket(
+        self, b: int, model: Any, state: SlotState, route: RowGather, tables: TableDelivery, stream: Stream, held: Held
+    ) -> None:
+        x, y, f32 = state.x, state.y, np.dtype(np.float32)
+        assert x is not None and y is not None  # bucketed
+        m = self.models[b] = held.add(model.with_batch(b, workspace=state.arena), _MODELS)
+        plan = m.plan(DeviceArray(x.ptr, (b, state.width), f32, x), DeviceArray(y.ptr, (b, state.width), f32, y))
+        edges = self.edges[b] = route.edges(b, plan)  # the pool owns their by-value tables
+        self.warm_up(plan.launches if edges is None else (edges.gather, *plan.launches, edges.scatter), stream)
+        t0 = time.perf_counter()
+        with Capture(stream) as cap:
+            tables.record_read(cap, b)
+            nodes = [cap.launch(edges.gather)] if edges is not None else []
+            cap.run(plan)
+            if edges is not None:
+                nodes.append(cap.launch(edges.scatter))
+        graph = cap.captured
+        graph.plan = plan
+        self.setup["capture"] += time.perf_counter() - t0
+        exe = instantiate_uploaded(graph, stream, self.setup)
+        self.graphs[b], self.execs[b] = held.add(graph, _GRAPHS), held.add(exe, _EXECS)
+        tables.track(b, exe, nodes)
+
+
+def _views(state: SlotState, tables: TableDelivery) -> dict[str, DeviceArray]:
+    """The arrays the gather and scatter kernels name: the state and the device table, and the
+    bucket input and output where there are some."""
+    views = {"state": state.state.view(), "table": tables.table_dev.view()}
+    if state.x is not None and state.y is not None:
+        views.update(x=state.x.view(), y=state.y.view())
+    return views
+
+
+class LeaveRing:
+    """The pinned rows of ``leave(wait=False)``, made at the first such leave: one row per slot
+    (``host``), the event after its copy (``events``), and the :class:`PendingRow` still holding
+    it (``owner``). ``events`` and ``buffers`` are filled in place: the pool's holder closes them."""
+
+    max_slots: int
+    width: int
+    device: Any
+
+    def __init__(self, max_slots: int, width: int, device: Any):
+        self.max_slots = max_slots
+        self.width = width
+        self.device = device
+        self.buffers: list[HostBuffer] = []
+        self.events: list[Event | None] = []
+        self.owner: list[PendingRow | None] = []
+
+    @property
+    def host(self) -> HostBuffer | None:
+        return self.buffers[0] if self.buffers else None
+
+    def pending(self, pool: SlotPool, slot: int, src: int, stream: Stream) -> PendingRow:
+        """Copy the row at ``src`` (``cuMemcpyDtoHAsync``) into ``slot``'s pinned row behind the
+        work queued on ``stream``, an event after it."""
+        if not self.buffers:
+            self.buffers.append(HostBuffer((self.max_slots, self.width), np.float32, self.device))
+            self.events.extend([None] * self.max_slots)
+            self.owner.extend([None] * self.max_slots)
+        earlier = self.owner[slot]
+        if earlier is not None:
+            earlier._take()  # its copy is older than anything queued since: only that one is waited for
+        event = self.events[slot]
+        if event is None:
+            event = self.events[slot] = Event(timing=False, device=self.device)
+        host = self.buffers[0]
+        call(driver.cuMemcpyDtoHAsync, host.ptr + slot * self.width * 4, src, self.width * 4, stream.handle)
+        event.record(stream)
+        row = self.owner[slot] = PendingRow(pool, slot)
+        return row
+
+    def take_all(self) -> None:
+        """Take every row still on its way (their ``result()`` keeps working)."""
+        for row in self.owner:
+            if row is not None:
+                row._take()
+
+
+# ------------------------------------------------------------------------------------ the pool
 class SlotPool:
     """``max_slots`` request slots over one model; :meth:`step` advances every live request.
 
@@ -259,18 +744,19 @@ class SlotPool:
         The eager runs before the bucket captures (skipped for a bucket whose kernel functions
         had all run already).
     steps : int
+
+    Notes
+    -----
+    The attributes above (and ``table``, ``table_dev``, ``scratch_slot``, ``x``, ``y``, ``arena``,
+    ``graphs``, ``execs``, ``mode``, ``gather``, ``shape``) are the parts' (module docstring), read
+    through.
     """
 
-    sizes: list[int]
+    max_slots: int
     width: int
+    device: Any
     stream: Stream
-    state: DeviceBuffer
-    x: DeviceBuffer | None
-    y: DeviceBuffer | None
-    arena: Any | None
-    table_dev: DeviceBuffer
-    setup: dict[str, float]
-    warm_up: WarmUp
+    sizes: list[int]
     steps: int
 
     def __init__(
@@ -289,175 +775,138 @@ class SlotPool:
         # the pinned/device tables change together (a lock, not an owning thread: a server may
         # admit requests on one thread and step on another).
         self._lock = threading.Lock()
-        if shape not in ("buckets", "device"):
-            raise ValueError(f"shape must be 'buckets' or 'device', got {shape!r}")
-        if (bands is not None or select is not None) and shape != "device":
-            raise ValueError("bands and select are the device-shaped graph's: they need shape='device'")
-        if select not in (None, "updates", "switch"):
-            raise ValueError(f"select must be 'updates' or 'switch', got {select!r}")
-        # a SWITCH band reads table entries up to its top, past the live count: copy them all
-        self._copy_whole_table = select == "switch"
-        if shape == "device":
-            if table not in (None, "copy") or gather not in (None, "kernels"):
-                raise LayoutError(
-                    "shape='device' runs one exec whose gather and scatter kernels read a device "
-                    "table copied before each step: use table='copy', gather='kernels'"
-                )
-            table, gather = "copy", "kernels"
-            sizes = [max_slots] if sizes is None else sizes  # one exec of max_slots rows (checked below)
-        table = "graph" if table is None else table
-        self.shape = shape
-        self._shaped: Any = None
-        if table not in TABLE_MODES:
-            raise ValueError(f"table must be one of {TABLE_MODES}, got {table!r}")
-        check_model(model)
-        if gather is not None and gather not in GATHER_MODES:
-            raise ValueError(f"gather must be one of {GATHER_MODES}, got {gather!r}")
-        if gather == "fused" and table == "params":
-            raise LayoutError(
-                "table='params' passes the table by value to the gather and scatter kernels: use gather='kernels'"
-            )
-        if isinstance(max_slots, bool) or not isinstance(max_slots, int) or max_slots < 1:
-            raise ShapeError(f"max_slots must be a positive int, got {max_slots!r}")
+        opts = SlotOptions.check(model, max_slots, sizes, table, gather, shape, bands, select)
         self.max_slots = max_slots
-        if bands is not None and not (isinstance(bands, str) and bands == "plans"):
-            bands = check_bands(bands, max_slots)  # before anything is allocated
-        self.sizes = check_sizes(vllm_sizes(max_slots) if sizes is None else sizes)
-        if self.sizes[-1] < max_slots:
-            raise ShapeError(f"the largest bucket ({self.sizes[-1]}) must hold max_slots = {max_slots}")
-        if table == "params":
-            ops.row_param_cap(self.sizes[-1])  # refuses buckets over the by-value capacity
-        self.mode = table
-        self.width = width = model.width
+        self.sizes = opts.sizes
+        self.width = model.width
         self.device = model.device
-        self._own_stream = stream is None
+        own_stream = stream is None
         self.stream = Stream(device=self.device) if stream is None else as_stream(stream)
-        s = self.stream
-        self.scratch_slot = max_slots
-        self.state = DeviceBuffer((max_slots + 1, width), np.float32, self.device)
-        self.state.poison(s)
-        top = self.sizes[-1]
-        # shape="device": the device-shaped graph holds its own input, output and workspace
-        bucketed = shape != "device"
-        self.x = DeviceBuffer((top, width), np.float32, self.device) if bucketed else None
-        self.y = DeviceBuffer((top, width), np.float32, self.device) if bucketed else None
-        self.arena = model.make_workspace(top) if bucketed else None
-        self.table_dev = DeviceBuffer(top, np.int32, self.device)
-        # The host table: pinned for the in-graph copy, pageable for the copy before launch (a
-        # pageable cuMemcpyHtoDAsync has staged the bytes by the time it returns).
-        self._pinned = HostBuffer(top, np.int32, self.device) if table == "graph" else None
-        self.table = self._pinned.array if self._pinned is not None else np.empty(top, np.int32)
-        self.table[:] = self.scratch_slot
-        self._free = list(range(max_slots - 1, -1, -1))  # pop() gives the lowest free slot
-        self._pos: dict[int, int] = {}  # live slot -> its position in table[:n]
-        self._read = Event(timing=False, device=self.device)  # recorded after each replay read the table
-        # leave(wait=False): one pinned row per slot, the event after its copy, the PendingRow
-        # that still needs it (made at the first such leave)
-        self._ring: HostBuffer | None = None
-        self._ring_events: list[Event | None] = []
-        self._ring_owner: list[PendingRow | None] = []
-        self._models: dict[int, Any] = {}
-        self.graphs: dict[int, Graph] = {}
-        self.execs: dict[int, GraphExec] = {}
-        self.setup = {"warmup": 0.0, "capture": 0.0, "instantiate": 0.0, "upload": 0.0}
-        self.warm_up = WarmUp(self.setup)
-        f32 = np.dtype(np.float32)
-        views = {"state": self.state.view(), "table": self.table_dev.view()}
-        if self.x is not None and self.y is not None:
-            views.update(x=self.x.view(), y=self.y.view())
-        clock = time.perf_counter
-        self.table_dev.copy_from_host(self.table, s)
-        # "params": per bucket, the shadow of its exec (rawgraph.updates.shadow) holding its gather
-        # and scatter nodes, and their persistent by-value tables (what the shadow's
-        # CUDA_KERNEL_NODE_PARAMS point at)
-        self._pushes: dict[int, tuple[ExecShadow, list[np.ndarray]]] = {}
-        self._version = 0  # bumped by every join and leave: which table a bucket last received
-        self._sent: dict[int, int] = {}
-        self._edges: dict[int, list[Any]] = {}
-        self._closed = False  # close() may run on a half-built pool (below)
+        self._bufs = SlotState.allocate(model, opts, self.stream)
+        self._tables = TableDelivery(opts, self.device)
+        self._rows = SlotTable(self._tables.host, max_slots)
+        self._ring = LeaveRing(max_slots, self.width, self.device)
+        self._execs = SlotExecs()
+        bufs, tables = self._bufs, self._tables
+        self._held = Held(
+            "SlotPool.close",
+            [[], [], [], [], [], self._ring.events, self._ring.buffers, [self.stream] if own_stream else []],
+        )
+        for buf in (bufs.state, bufs.x, bufs.y, bufs.arena, tables.table_dev, tables.pinned, tables.read):
+            self._held.add(buf, _BUFFERS)
+        tables.table_dev.copy_from_host(self._rows.table, self.stream)
         try:
-            if shape == "device":
-                t0 = clock()
-                self._shaped = DeviceShapedGraph(
-                    _SlotRows(model, views["state"], views["table"]),
-                    max_slots,
-                    s,
-                    bands=bands,
-                    select=select or "updates",
-                )
-                self.setup["capture"] += clock() - t0
-                self._sent[max_slots] = 0
-            for b in reversed(self.sizes) if bucketed else ():
-                x, y = self.x, self.y
-                assert x is not None and y is not None  # bucketed
-                m = self._models[b] = model.with_batch(b, workspace=self.arena)
-                plan = m.plan(DeviceArray(x.ptr, (b, width), f32, x), DeviceArray(y.ptr, (b, width), f32, y))
-                if gather is None:
-                    # The largest bucket's plan decides: fused where every kernel touching x and out
-                    # picks its rows through a table (rawgraph's matmuls), else gather kernels.
-                    gather = "fused" if table != "params" and width % 4 == 0 and _routable(plan) else "kernels"
-                edges: list[Any] = []  # the gather and scatter launches, when not fused
-                if gather == "fused" and not _routable(plan):
-                    raise LayoutError(
-                        f"gather='fused' needs every kernel that reads x or writes out to take the row "
-                        f"table (TinyBlock's fused form); {model!r} has others: use gather='kernels'"
-                    )
-                if gather == "fused":
-                    _route_rows(plan, self.table_dev.ptr, self.state.ptr)
-                elif table == "params":
-                    edges = [
-                        ops.gather_rows_param(self.device, views, "state", "x", b, label=f"gather{b}"),
-                        ops.scatter_rows_param(self.device, views, "y", "state", b, label=f"scatter{b}"),
-                    ]
-                    for launch in edges:
-                        launch.args.array("table")[:] = self.scratch_slot
-                else:
-                    edges = [
-                        ops.gather_rows(self.device, views, "state", "table", "x", b, label=f"gather{b}"),
-                        ops.scatter_rows(self.device, views, "y", "table", "state", b, label=f"scatter{b}"),
-                    ]
-                self._edges[b] = edges  # the pool owns their argument buffers (the by-value tables)
-                self.warm_up((*edges[:1], *plan.launches, *edges[1:]), s)
-                t0 = clock()
-                with Capture(s) as cap:
-                    if self._pinned is not None:
-                        cap.memcpy_htod(self.table_dev.ptr, self._pinned.ptr, 4 * b)
-                        cap.event_record(self._read)
-                    nodes = [cap.launch(edges[0])] if edges else []
-                    cap.run(plan)
-                    if edges:
-                        nodes.append(cap.launch(edges[1]))
-                graph = cap.captured
-                graph.plan = plan
-                self.setup["capture"] += clock() - t0
-                exe = instantiate_uploaded(graph, s, self.setup)
-                self.graphs[b], self.execs[b] = graph, exe
-                if table == "params":
-                    shadow = ExecShadow(exe, self.device)
-                    for node in nodes:
-                        shadow.add(node.handle, node.launch.node_params(), node.launch.label)
-                    self._pushes[b] = (shadow, [node.launch.args.array("table") for node in nodes])
-                self._sent[b] = 0
+            if opts.shape == "device":
+                self._execs.build_shaped(model, opts, _views(bufs, tables), self.stream, self._held)
+                tables.track(max_slots)
+            else:
+                self._execs.build_buckets(model, opts, bufs, tables, self.stream, self._held)
         except BaseException:
             self.close()  # what was made so far: nothing stays allocated after a refusal
             raise
-        self.gather = gather
-        self.state.poison(s)
+        bufs.state.poison(self.stream)
         self.steps = 0
+
+    # -- the parts' attributes, read through -----------------------------------------------------
+    @property
+    def state(self) -> DeviceBuffer:
+        return self._bufs.state
+
+    @property
+    def x(self) -> DeviceBuffer | None:
+        return self._bufs.x
+
+    @property
+    def y(self) -> DeviceBuffer | None:
+        return self._bufs.y
+
+    @property
+    def arena(self) -> Any:
+        return self._bufs.arena
+
+    @property
+    def table(self) -> np.ndarray:
+        """The host table: ``table[:n]`` the live slots, the rest the scratch slot."""
+        return self._rows.table
+
+    @property
+    def scratch_slot(self) -> int:
+        return self._rows.scratch_slot
+
+    @property
+    def table_dev(self) -> DeviceBuffer:
+        return self._tables.table_dev
+
+    @property
+    def mode(self) -> str:
+        """How the table reaches the device: ``"graph"``, ``"copy"`` or ``"params"``."""
+        return self._tables.mode
+
+    @property
+    def gather(self) -> str:
+        """Where rows are gathered and scattered: ``"fused"`` or ``"kernels"``."""
+        return self._execs.gather
+
+    @property
+    def shape(self) -> str:
+        return "buckets" if self._execs.shaped is None else "device"
+
+    @property
+    def graphs(self) -> dict[int, Graph]:
+        return self._execs.graphs
+
+    @property
+    def execs(self) -> dict[int, GraphExec]:
+        return self._execs.execs
+
+    @property
+    def setup(self) -> dict[str, float]:
+        return self._execs.setup
+
+    @property
+    def warm_up(self) -> WarmUp:
+        return self._execs.warm_up
+
+    @property
+    def _shaped(self) -> DeviceShapedGraph | None:
+        return self._execs.shaped
+
+    @property
+    def _edges(self) -> dict[int, RowEdges | None]:
+        return self._execs.edges
+
+    @property
+    def _models(self) -> dict[int, Any]:
+        return self._execs.models
+
+    @property
+    def _pushes(self) -> dict[int, TablePush]:
+        return self._tables.pushes
+
+    @property
+    def _read(self) -> Event:
+        return self._tables.read
+
+    @property
+    def _pos(self) -> dict[int, int]:
+        return self._rows.pos
+
+    @property
+    def _free(self) -> list[int]:
+        return self._rows.free
 
     # -- requests --------------------------------------------------------------------------------
     @property
     def live(self) -> list[int]:
         """Live slots in batch order (``table[:n]``)."""
-        return [int(v) for v in self.table[: len(self._pos)]]
+        return self._rows.live
 
     def __len__(self) -> int:
-        return len(self._pos)
+        return len(self._rows)
 
     def _table_free(self) -> None:
         """The host-memory rule: wait until the last step's replay has read the pinned table."""
-        if self._pinned is not None and self.steps and not self._read.query():
-            self._read.synchronize()
+        self._tables.table_free(self.steps)
 
     def join(self, row: Any, slot: int | None = None) -> int:
         """Admit a request whose state row is ``row`` (a host ``(width,)`` float32 array or a
@@ -472,42 +921,10 @@ class SlotPool:
         """
         with self._lock:
             self._check_open()
-            if slot is None:
-                if not self._free:
-                    raise SlotError(f"the pool is full ({self.max_slots} slots)")
-                chosen = self._free[-1]
-            else:
-                if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.max_slots:
-                    raise SlotError(f"slot {slot!r} is not in 0..{self.max_slots - 1}")
-                if slot in self._pos:
-                    raise SlotError(f"slot {slot} is occupied")
-                chosen = int(slot)
-            dst = self.state.ptr + chosen * self.width * 4
-            if isinstance(row, np.ndarray):
-                if row.dtype != np.float32:
-                    raise DTypeError(f"row has dtype {row.dtype}, the block runs float32")
-                if row.shape != (self.width,):
-                    raise ShapeError(f"row has shape {row.shape}, expected ({self.width},)")
-                # The caller may reuse the row once join returns. A copy of it in fresh (pageable)
-                # host memory is staged by cuMemcpyHtoDAsync before the call returns (CUDA's API
-                # synchronization rules for pageable sources), so nothing waits for the stream;
-                # copying the caller's row straight from pinned memory would be a DMA that reads it
-                # later, after join returned.
-                staged = np.array(row, dtype=np.float32, order="C", copy=True)
-                call(driver.cuMemcpyHtoDAsync, dst, staged.ctypes.data, staged.nbytes, self.stream.handle)
-            else:
-                dev = as_device_array(row, "row")
-                if dev.dtype != np.float32:
-                    raise DTypeError(f"row has dtype {dev.dtype}, the block runs float32")
-                if dev.size != self.width:
-                    raise ShapeError(f"row has shape {dev.shape}, expected {self.width} values")
-                call(driver.cuMemcpyDtoDAsync, dst, dev.ptr, dev.nbytes, self.stream.handle)
+            chosen = self._rows.choose(slot)
+            self._bufs.write_row(chosen, row, self.stream)
             self._table_free()
-            self._free.remove(chosen)
-            n = len(self._pos)
-            self.table[n] = chosen
-            self._pos[chosen] = n
-            self._version += 1
+            self._rows.admit(chosen)
             return chosen
 
     def leave(self, slot: int, wait: bool = True) -> np.ndarray | PendingRow:
@@ -530,28 +947,15 @@ class SlotPool:
         """
         with self._lock:
             self._check_open()
-            if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or slot not in self._pos:
+            if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or slot not in self._rows.pos:
                 raise SlotError(f"slot {slot!r} holds no request")
-            src = self.state.ptr + int(slot) * self.width * 4
             out: np.ndarray | PendingRow
             if wait:
-                host = np.empty(self.width, np.float32)
-                call(driver.cuMemcpyDtoHAsync, host.ctypes.data, src, self.width * 4, self.stream.handle)
-                self.stream.synchronize()
-                out = host
+                out = self._bufs.read_row(int(slot), self.stream)
             else:
-                out = self._leave_pending(int(slot), src)
+                out = self._ring.pending(self, int(slot), self._bufs.row_ptr(int(slot)), self.stream)
             self._table_free()
-            # swap-remove: the last live slot takes the leaver's place in the batch
-            pos, last = self._pos.pop(int(slot)), len(self._pos)
-            if pos != last:
-                moved = int(self.table[last])
-                self.table[pos] = moved
-                self._pos[moved] = pos
-            self.table[last] = self.scratch_slot
-            self._version += 1
-            self._free.append(int(slot))
-            self._free.sort(reverse=True)
+            self._rows.retire(int(slot))
             return out
 
     # -- steps -------------------------------------------------------------------------------------
@@ -560,41 +964,19 @@ class SlotPool:
         the bucket that ran (0 when no request is live). Asynchronous on :attr:`stream`."""
         with self._lock:
             self._check_open()
-            n = len(self._pos)
+            n = len(self._rows)
             if n == 0:
                 return 0
-            if self._shaped is not None:  # one exec shaped to n on the device: no bucket, no padding
-                if self._sent[self.max_slots] != self._version:
-                    rows = self.max_slots if self._copy_whole_table else n
-                    call(
-                        driver.cuMemcpyHtoDAsync,
-                        self.table_dev.ptr,
-                        self.table.ctypes.data,
-                        4 * rows,
-                        self.stream.handle,
-                    )
-                    self._sent[self.max_slots] = self._version
-                self._shaped.run(n, self.stream)
+            shaped = self._execs.shaped
+            if shaped is not None:  # one exec shaped to n on the device: no bucket, no padding
+                self._tables.send_shaped(n, self._rows.version, self.stream)
+                shaped.run(n, self.stream)
                 self.steps += 1
                 return n
             b = pick_bucket(self.sizes, n)
             assert b is not None
-            if self._pinned is None and self._sent[b] != self._version:
-                if self._pushes:
-                    shadow, tables = self._pushes[b]
-                    olds = [t[:b].copy() for t in tables]
-                    for t in tables:
-                        t[:b] = self.table[:b]
-                    # a refused push puts the old tables back in both nodes (_unsend)
-                    shadow.push(range(len(tables)), _unsend, (tables, olds))
-                    self._sent[b] = self._version
-                else:  # one device table serves every bucket
-                    call(
-                        driver.cuMemcpyHtoDAsync, self.table_dev.ptr, self.table.ctypes.data, 4 * b, self.stream.handle
-                    )
-                    for k in self._sent:
-                        self._sent[k] = self._version if k <= b else -1
-            self.execs[b].launch(self.stream)
+            self._tables.send(b, self._rows.version, self.stream)
+            self._execs.execs[b].launch(self.stream)
             self.steps += 1
             return b
 
@@ -602,60 +984,28 @@ class SlotPool:
         """The current state row of a live slot (a host copy after the queued steps)."""
         with self._lock:
             self._check_open()
-            if slot not in self._pos:
+            if slot not in self._rows.pos:
                 raise SlotError(f"slot {slot!r} holds no request")
-            out = np.empty(self.width, np.float32)
-            call(
-                driver.cuMemcpyDtoHAsync,
-                out.ctypes.data,
-                self.state.ptr + int(slot) * self.width * 4,
-                out.nbytes,
-                self.stream.handle,
-            )
-            self.stream.synchronize()
-            return out
+            return self._bufs.read_row(int(slot), self.stream)
 
     def _check_open(self) -> None:
-        if self._closed:
+        if self._held.closed:
             raise ClosedError("SlotPool is closed")
 
-    def _leave_pending(self, slot: int, src: int) -> PendingRow:
-        if self._ring is None:
-            self._ring = HostBuffer((self.max_slots, self.width), np.float32, self.device)
-            self._ring_events = [None] * self.max_slots
-            self._ring_owner = [None] * self.max_slots
-        earlier = self._ring_owner[slot]
-        if earlier is not None:
-            earlier._take()  # its copy is older than anything queued since: only that one is waited for
-        event = self._ring_events[slot]
-        if event is None:
-            event = self._ring_events[slot] = Event(timing=False, device=self.device)
-        call(driver.cuMemcpyDtoHAsync, self._ring.ptr + slot * self.width * 4, src, self.width * 4, self.stream.handle)
-        event.record(self.stream)
-        row = self._ring_owner[slot] = PendingRow(self, slot)
-        return row
+    @property
+    def closed(self) -> bool:
+        return self._held.closed
 
     def close(self) -> None:
-        """Destroy the graphs and free the state, tables and scratch; safe twice. Rows of
-        ``leave(wait=False)`` not yet taken are taken first (their ``result()`` still works)."""
+        """Destroy the device-shaped graph or the bucket execs, graphs and model views, then free
+        the state, the bucket buffers, the tables and the event, the pinned leave rows, and the
+        stream the pool made (in that order); safe twice. Rows of ``leave(wait=False)`` not yet
+        taken are taken first (their ``result()`` still works)."""
         with self._lock:
-            if self._closed:
+            if self._held.closed:
                 return
-            for row in self._ring_owner:
-                if row is not None:
-                    row._take()
-            self._closed = True
-            close_all(
-                (self._shaped,),
-                self.execs.values(),
-                self.graphs.values(),
-                self._models.values(),
-                (self.state, self.x, self.y, self.arena, self.table_dev, self._pinned, self._read),
-                [e for e in self._ring_events if e is not None],
-                (self._ring,) if self._ring is not None else (),
-            )
-            if self._own_stream:
-                self.stream.close()
+            self._ring.take_all()
+            self._held.close()
 
     def __enter__(self) -> SlotPool:
         return self
