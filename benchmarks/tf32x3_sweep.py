@@ -12,7 +12,9 @@ k8 steps and the two-accumulator form, other splits and column tiles) plus any `
 ``fp32`` (the cut ops.matmul launches at precision="fp32": sgemm's table cut or the matmul.cu
 rule); ``cublas-fp32`` (TF32 off), ``cublas-tf32`` (TF32 on: faster, less accurate);
 ``triton-tf32x3`` (the fastest of a few block configurations; skipped with a message when triton
-is missing). For each: device us (median and p10..p90), TFLOP/s, % of the TF32-derived ideal
+is missing); on compute capability 9.0, ``wgmma`` rows: the warpgroup kernel
+(``kernels/tf32x3_wgmma.cu``, not yet routed by ops.matmul) at ``tf32x3_wgmma_default_cut``'s cut,
+up to ``--wgmma-alternates`` other cuts and any ``--wgmma-cut`` (``--no-wgmma`` leaves them out). For each: device us (median and p10..p90), TFLOP/s, % of the TF32-derived ideal
 (165 TFLOP/s: the dense TF32 tensor peak / 3) and of the fp32 peak (66.9), and the relative
 Frobenius error against float64 on normal data and on rows of x scaled by 10^u, u uniform in
 [-3, 3] (the worst row's error is in the JSON).
@@ -50,13 +52,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rawgraph.ops.gemm import (
+from rawgraph.ops.gemm import (  # noqa: E402
     MAX_SPLIT,
     Tf32x3Cut,
+    WgmmaCut,
     matmul_expr,
     tf32x3_cut,
-    tf32x3_shape,  # noqa: E402
+    tf32x3_shape,
     tf32x3_smem_bytes,
+    tf32x3_wgmma_default_cut,
+    tf32x3_wgmma_shape,
+    tf32x3_wgmma_smem_bytes,
 )
 
 REPS = 64
@@ -120,6 +126,55 @@ def alternates(table: Tf32x3Cut, k: int, limit: int) -> list[Tf32x3Cut]:
         if c != table and c not in out:
             out.append(c)
     return out[:limit]
+
+
+def parse_wgmma_cut(text: str) -> WgmmaCut:
+    """``bm=128,bn=128,bk=32,stages=4[,split=..][,minb=..][,flush=..]`` (a :class:`WgmmaCut`)."""
+    fields = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep or key.strip() not in WgmmaCut.__dataclass_fields__:
+            raise argparse.ArgumentTypeError(
+                f"{part!r}: expected name=value with a name of {list(WgmmaCut.__dataclass_fields__)}"
+            )
+        fields[key.strip()] = int(value)
+    try:
+        cut = WgmmaCut(**fields)
+        tf32x3_wgmma_shape(cut.bm, 1024, cut.bn, cut)  # the kernel's rules
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return cut
+
+
+def wgmma_alternates(cut: WgmmaCut, k: int, limit: int) -> list[WgmmaCut]:
+    """Other warpgroup cuts worth timing beside the default rule's: the other row tile, BK 16 / 32,
+    the other column tile, half and twice the split, runs of 1, 3 stages; at most ``limit``, each
+    one the kernel can be."""
+    out: list[WgmmaCut] = []
+    cands = [
+        replace(cut, bm=64 if cut.bm == 128 else 128),
+        replace(cut, bk=16 if cut.bk == 32 else 32),
+        replace(cut, bn=64 if cut.bn == 128 else 128),
+    ]
+    if cut.split > 1:
+        cands.append(replace(cut, split=cut.split // 2))
+    if cut.split < MAX_SPLIT and k // (2 * cut.split) >= 4 * cut.bk:
+        cands.append(replace(cut, split=cut.split * 2))
+    cands += [replace(cut, flush=1), replace(cut, stages=3)]
+    for c in cands:
+        try:
+            tf32x3_wgmma_shape(c.bm, k, c.bn, c)
+        except ValueError:
+            continue
+        if c != cut and c not in out:
+            out.append(c)
+    return out[:limit]
+
+
+def wlabel(cut: WgmmaCut) -> str:
+    return f"wg {cut.bm}x{cut.bn}/k{cut.bk}/st{cut.stages}/s{cut.split}/f{cut.flush}" + (
+        f"/mb{cut.minb}" if cut.minb > 1 else ""
+    )
 
 
 def label(cut: Tf32x3Cut) -> str:
@@ -255,6 +310,9 @@ class Sweep:
             log(f"torch unavailable ({exc}): no cuBLAS or Triton rows")
         self.triton = triton_kernel() if self.torch is not None else None
         self.kernel_info: dict[str, dict] = {}
+        from rawgraph import ops
+
+        self.wgmma = ops.wgmma_available(self.dev) and not a.no_wgmma
 
     def over_budget(self) -> bool:
         return time.perf_counter() - self.t0 > self.a.budget_s
@@ -435,6 +493,17 @@ class Sweep:
             }
             rec.update(self.ours(m, w, d, "tf32x3", tf32x3_shape(m, w, w, cut)))
             row["tf32x3"].append(rec)
+        if self.wgmma:
+            row["wgmma"] = []
+            for i, cut in enumerate(self.wgmma_cuts(m, w)):
+                rec = {
+                    "cut": wlabel(cut),
+                    "values": asdict(cut),
+                    "table": i == 0,
+                    "smem": tf32x3_wgmma_smem_bytes(cut.bm, cut.bn, cut.bk, cut.stages, cut.split),
+                }
+                rec.update(self.ours(m, w, d, "tf32x3", tf32x3_wgmma_shape(m, w, w, cut)))
+                row["wgmma"].append(rec)
         row["fp32"] = self.ours(m, w, d, "fp32")
         if self.torch is not None:
             t = self.torch
@@ -449,6 +518,12 @@ class Sweep:
         judge(row)
         return row
 
+    def wgmma_cuts(self, m: int, w: int) -> list[WgmmaCut]:
+        """The warpgroup cuts timed at (m, w): the default rule's first, then alternates and --wgmma-cut."""
+        first = tf32x3_wgmma_default_cut(m, w, w, self.sms, True, self.dev.info.smem_per_block_optin)
+        rest = wgmma_alternates(first, w, self.a.wgmma_alternates) + list(self.a.wgmma_cut)
+        return [first] + [c for c in dict.fromkeys(rest) if c != first]
+
     def run(self, shapes: list[tuple[int, int]]) -> dict:
         from rawgraph import ops
         from rawgraph.bench.provenance import environment
@@ -461,10 +536,13 @@ class Sweep:
                 jobs.add(("tf32x3", matmul_expr("none", tf32x3_shape(m, w, w, cut))))
             fp = ops.matmul_shape(m, w, w, self.sms, smem_limit=optin)
             jobs.add((ops.matmul_file(fp), matmul_expr("none", fp)))
+            if self.wgmma:
+                for cut in self.wgmma_cuts(m, w):
+                    jobs.add(("tf32x3_wgmma", matmul_expr("none", tf32x3_wgmma_shape(m, w, w, cut))))
         warm_compile(sorted(jobs), self.dev.arch, self.a.jobs)
         log(
             f"{self.dev.info.name}: {self.sms} SMs; seed {self.a.seed}; torch {'yes' if self.torch else 'no'}; "
-            f"triton {'yes' if self.triton else 'no'}; {len(shapes)} shapes"
+            f"triton {'yes' if self.triton else 'no'}; wgmma {'yes' if self.wgmma else 'no'}; {len(shapes)} shapes"
         )
         rows, not_run = [], []
         mmax = max(m for m, _ in shapes)
@@ -520,10 +598,17 @@ def judge(row: dict) -> None:
         rec["accurate"] = _errs_ok(rec, ref) and rec.get("deterministic", False)
     good = [r for r in row["tf32x3"] if r["accurate"] and "us" in r]
     row["best"] = min(good, key=lambda r: r["us"]) if good else None
+    for rec in row.get("wgmma", []):
+        rec["accurate"] = _errs_ok(rec, ref) and rec.get("deterministic", False)
+    wgood = [r for r in row.get("wgmma", []) if r["accurate"] and "us" in r]
+    row["best_wgmma"] = min(wgood, key=lambda r: r["us"]) if wgood else None
     cub = row.get("cublas_fp32", {}).get("us")
     tri = row.get("triton_tf32x3", {}).get("us")
     need = TARGET_VS_CUBLAS_WIDE if (row["K"] == WIDE and row["M"] >= 128) else TARGET_VS_CUBLAS
-    for key, rec in (("table", row["tf32x3"][0]), ("best", row["best"])):
+    verdicts = [("table", row["tf32x3"][0]), ("best", row["best"])]
+    if "wgmma" in row:
+        verdicts.append(("best_wgmma", row["best_wgmma"]))
+    for key, rec in verdicts:
         if not rec or "us" not in rec:
             row[f"verdict_{key}"] = "no result"
             continue
@@ -560,6 +645,9 @@ def line(row: dict) -> str:
     s += f" tf32x3 {t.get('us', float('nan')):8.2f} us"
     if b:
         s += f" best {b['us']:8.2f} ({b['cut']})"
+    bw = row.get("best_wgmma")
+    if bw:
+        s += f" wgmma {bw['us']:8.2f} ({bw['cut']})"
     for key in ("fp32", "cublas_fp32", "cublas_tf32", "triton_tf32x3"):
         if "us" in row.get(key, {}):
             s += f" | {key} {row[key]['us']:.2f}"
@@ -588,10 +676,19 @@ def table(result: dict) -> str:
                 else ""
             )
             out.append(f"  {tag:<14s} {rec['cut']:<40s}{regs:<14s} {_cell(rec)}{mark}")
+        for rec in row.get("wgmma", []):
+            tag = "wgmma default" if rec["table"] else "wgmma alt"
+            mark = "" if rec.get("accurate") else "  (error above cuBLAS fp32's or not deterministic)"
+            regs = (
+                f" r{rec['registers']}" + (f" spill {rec['local_bytes']}B" if rec.get("local_bytes") else "")
+                if "registers" in rec
+                else ""
+            )
+            out.append(f"  {tag:<14s} {rec['cut']:<40s}{regs:<14s} {_cell(rec)}{mark}")
         for key in ("fp32", "cublas_fp32", "cublas_tf32", "triton_tf32x3"):
             if key in row:
                 out.append(f"  {key:<14s} {row[key].get('kernel', '')[:40]:<40s}{'':<14s} {_cell(row[key])}")
-        for key in ("table", "best"):
+        for key in ("table", "best", "best_wgmma"):
             v = row.get(f"verdict_{key}")
             if isinstance(v, dict):
                 sp = v["speedup_vs_cublas_fp32"]
@@ -652,6 +749,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--budget-s", type=float, default=None, help="start no new shape after this (default 440, quick 100)"
     )
+    p.add_argument("--wgmma-cut", type=parse_wgmma_cut, action="append", default=[], help="also time this wgmma cut")
+    p.add_argument("--wgmma-alternates", type=int, default=None, help="other wgmma cuts per shape (default 3, quick 3)")
+    p.add_argument("--no-wgmma", action="store_true", help="leave out the warpgroup kernel's rows")
     p.add_argument("--jobs", type=int, default=8, help="NVRTC compile processes")
     p.add_argument("--seed", type=int, default=20261207)
     return p
@@ -669,6 +769,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     a.alternates = a.alternates if a.alternates is not None else (5 if a.quick else 4)
     a.repeats = a.repeats or (7 if a.quick else 5)
+    a.wgmma_alternates = a.wgmma_alternates if a.wgmma_alternates is not None else 3
     a.budget_s = a.budget_s or (100.0 if a.quick else 440.0)
     from rawgraph.runtime.device import gpu_available
 

@@ -87,8 +87,8 @@ def block_names(arch):
 
 def test_every_source_is_covered():
     assert sorted(kernel_files()) == sorted(
-        list(PLAIN) + ["matmul", "block", "rows", "sgemm", "tf32x3"]
-    )  # tf32x3: tests/test_tf32x3_cpu.py
+        list(PLAIN) + ["matmul", "block", "rows", "sgemm", "tf32x3", "tf32x3_wgmma"]
+    )  # tf32x3: tests/test_tf32x3_cpu.py; tf32x3_wgmma (sm_90a): tests/test_tf32x3_wgmma_cpu.py
 
 
 # Issue 23's fp32 GEMM (benchmarks/gemm_sweep.py times every cut): one cut of each kernel, each

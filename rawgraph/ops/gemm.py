@@ -1,6 +1,8 @@
 """The matmul family (``kernels/matmul.cu`` and the fp32 GEMM ``kernels/sgemm.cu``), the
-fp32-accurate tensor-core GEMM (``kernels/tf32x3.cu``, ``precision="tf32x3"``) and the one-kernel
-block (``kernels/block.cu``): the cut chosen per shape, operands checked, arguments packed once."""
+fp32-accurate tensor-core GEMM (``kernels/tf32x3.cu``, ``precision="tf32x3"``; its warpgroup form
+``kernels/tf32x3_wgmma.cu`` for compute capability 9.0, launched only from an explicit
+:class:`WgmmaCut` shape) and the one-kernel block (``kernels/block.cu``): the cut chosen per shape,
+operands checked, arguments packed once."""
 
 from __future__ import annotations
 
@@ -64,6 +66,13 @@ __all__ = [
     "tf32x3_default_cut",
     "tf32x3_smem_bytes",
     "tf32x3_matmul_shape",
+    "WgmmaCut",
+    "WGMMA_COMPUTE_CAPABILITY",
+    "wgmma_available",
+    "tf32x3_wgmma_shape",
+    "tf32x3_wgmma_cut",
+    "tf32x3_wgmma_default_cut",
+    "tf32x3_wgmma_smem_bytes",
     "gemm_smem_bytes",
     "matmul_file",
     "residency_pad",
@@ -180,6 +189,13 @@ PRECISIONS = ("fp32", "tf32x3")
 TF32X3_WARP_ROWS = (16, 32, 48, 64)  # a warp's rows: 1..4 m16 tiles (tf32x3.cu's WM)
 TF32X3_WARP_COLS = (32, 64)  # a warp's columns: one or two groups of four n8 tiles (WN)
 TF32X3_MAX_WARP_TILES = 4  # (WM / 16) * (WN / 32) at most: 32 accumulators a thread each, 128 in all
+# The warpgroup form (kernels/tf32x3_wgmma.cu): wgmma is an sm_90a instruction, so exactly this
+# compute capability; a warpgroup of 128 threads computes 64 rows x BN.
+WGMMA_COMPUTE_CAPABILITY = (9, 0)
+WGMMA_ROWS_PER_WARPGROUP, WGMMA_WARPGROUP_THREADS = 64, 128
+WGMMA_ROW_TILES = (64, 128)  # one or two warpgroups
+WGMMA_MAX_BN = 128  # acc + run: BN fp32 registers a thread
+WGMMA_MAX_BK = 64
 
 
 def has_clusters(device: Device) -> bool:
@@ -208,6 +224,10 @@ class MatmulShape:
     ``slices``, ``bk``, ``stages`` and ``minb`` as for sgemm; ``wm`` x ``wn`` is a warp's piece of
     the tile (each slice has (BM / WM) x (BN / WN) warps) and ``flush`` the k8 steps per
     tensor-core accumulation run (0: the two-accumulator form); 0 for the other kernels.
+
+    ``"tf32x3_wgmma"`` (``kernels/tf32x3_wgmma.cu``, built by :func:`tf32x3_wgmma_shape`): ``bt``,
+    ``tc``, ``split``, ``bk``, ``stages``, ``minb`` and ``flush`` as for tf32x3; one warpgroup (128
+    threads) per 64 rows of ``bt``; ``slices`` 1, ``wm`` and ``wn`` 0.
     """
 
     kernel: str
@@ -251,6 +271,8 @@ class MatmulShape:
             return self.slices * (self.bt // self.tm) * (self.tc // 8)
         if self.kernel == "tf32x3":
             return self.slices * (self.bt // self.wm) * (self.tc // self.wn) * 32
+        if self.kernel == "tf32x3_wgmma":
+            return WGMMA_WARPGROUP_THREADS * (self.bt // WGMMA_ROWS_PER_WARPGROUP)
         return THREADS * self.slices
 
     @property
@@ -516,6 +538,8 @@ def gemm_smem_bytes(shape: MatmulShape) -> int:
         return sgemm_smem_bytes(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices)
     if shape.kernel == "tf32x3":
         return tf32x3_smem_bytes(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices)
+    if shape.kernel == "tf32x3_wgmma":
+        return tf32x3_wgmma_smem_bytes(shape.bt, shape.tc, shape.bk, shape.stages, shape.split)
     if shape.kernel != "gemm":
         return 0
     return shape.slices * GEMM_STAGES * (GEMM_TILE_M * (GEMM_KC + 4) + GEMM_KC * shape.tc) * 4
@@ -742,6 +766,109 @@ def tf32x3_matmul_shape(
     )
 
 
+# -- the warpgroup form of tf32x3 (kernels/tf32x3_wgmma.cu) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class WgmmaCut(TileCut):
+    """The template arguments of a ``kernels/tf32x3_wgmma.cu`` cut (see its header): :class:`TileCut`'s
+    (``slices`` must stay 1: the K split is the cluster's only) and ``flush``, the k8 steps per
+    tensor-core accumulation run (at least 1: each run is added into fp32 sums with round to
+    nearest, as tf32x3.cu's ``flush > 0``). ``bm`` is 64 or 128 (one or two warpgroups of 64
+    rows), ``bn`` a multiple of 32 up to 128, ``bk`` a multiple of 8 up to 64 that ``flush`` k8
+    steps divide, ``stages`` at least 3. What the kernel cannot be is refused by
+    :func:`tf32x3_wgmma_shape`.
+
+    Compute capability 9.0 only, and only where a caller passes such a shape to :func:`matmul`
+    (with ``precision="tf32x3"``): :func:`matmul_shape` never picks it."""
+
+    flush: int = 1
+
+    @property
+    def threads(self) -> int:
+        return WGMMA_WARPGROUP_THREADS * (self.bm // WGMMA_ROWS_PER_WARPGROUP)
+
+
+def wgmma_available(device: Device) -> bool:
+    """Whether ``device`` can run the warpgroup kernel: compute capability exactly 9.0 (sm_90a)."""
+    return tuple(device.info.compute_capability) == WGMMA_COMPUTE_CAPABILITY
+
+
+def tf32x3_wgmma_smem_bytes(bm: int, bn: int, bk: int, stages: int, split: int) -> int:
+    """tf32x3_wgmma.cu's ``tf32x3_wgmma_smem_floats`` x 4: two split-B buffers (big and small, BN x
+    BK each) and ``stages`` raw stages of a BM x BK x tile (rows padded to BK + 4 floats) and a BK x
+    BN W tile, or, for a cluster split and when larger, the BM x BN partial tile (rows padded to
+    BN + 4) that reuses them."""
+    pipe = 4 * bn * bk + stages * (bm * (bk + 4) + bk * bn)
+    part = bm * (bn + 4) if split > 1 else 0
+    return 4 * max(pipe, part)
+
+
+def tf32x3_wgmma_shape(batch: int, k: int, n: int, cut: WgmmaCut, *, clusters: bool = True) -> MatmulShape:
+    """A cut of ``kernels/tf32x3_wgmma.cu`` for a (batch, K, N) product: grid (ceil(N / BN), S,
+    ceil(M / BM)), ``cut.threads`` threads. What the kernel's static_asserts and the launch forbid
+    raises :class:`ShapeError` naming the field (operand layout and the device are :func:`matmul`'s
+    checks)."""
+    if not isinstance(cut, WgmmaCut):
+        raise TypeError(f"tf32x3_wgmma_shape takes a WgmmaCut, got {cut!r}")
+    c = cut
+    if min(batch, k, n) < 1:
+        raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
+    if c.bm not in WGMMA_ROW_TILES:
+        raise ShapeError(f"tf32x3_wgmma bm must be one of {WGMMA_ROW_TILES} (warpgroups of 64 rows), got {c.bm}")
+    if c.bn < 32 or c.bn % 32 or c.bn > WGMMA_MAX_BN:
+        raise ShapeError(f"tf32x3_wgmma bn must be a multiple of 32 from 32 to {WGMMA_MAX_BN}, got {c.bn}")
+    if c.bk < 8 or c.bk % 8 or c.bk > WGMMA_MAX_BK:
+        raise ShapeError(f"tf32x3_wgmma bk must be a multiple of 8 from 8 to {WGMMA_MAX_BK}, got {c.bk}")
+    if c.flush < 1 or (c.bk // 8) % c.flush:
+        raise ShapeError(
+            f"tf32x3_wgmma flush must be >= 1 and divide the bk / 8 = {c.bk // 8} k8 steps of a stage, got {c.flush}"
+        )
+    if c.stages < 3:
+        raise ShapeError(f"tf32x3_wgmma stages must be at least 3, got {c.stages}")
+    if not 1 <= c.split <= MAX_SPLIT or (c.split > 1 and not clusters):
+        raise ShapeError(f"tf32x3_wgmma split {c.split} must be 1..{MAX_SPLIT}; above 1 it needs clusters (sm_90)")
+    if c.slices != 1:
+        raise ShapeError(f"tf32x3_wgmma slices must be 1 (K is split over the cluster only), got {c.slices}")
+    if c.minb < 1 or c.minb * c.threads > SGEMM_MAX_THREADS_PER_SM:
+        raise ShapeError(
+            f"tf32x3_wgmma minb {c.minb} x {c.threads} threads exceeds {SGEMM_MAX_THREADS_PER_SM} threads per SM"
+        )
+    grid = (_cdiv(n, c.bn), c.split, _cdiv(batch, c.bm))
+    if grid[2] > 65535:
+        raise ShapeError(f"tf32x3_wgmma grid z {grid[2]} (batch {batch} / bm {c.bm}) exceeds 65535")
+    return MatmulShape("tf32x3_wgmma", 4, c.bn, c.bm, c.split, grid, 0, 1, c.bk, c.stages, c.minb, 0, 0, 0, c.flush)
+
+
+def tf32x3_wgmma_cut(shape: MatmulShape) -> WgmmaCut:
+    """The template arguments of a ``"tf32x3_wgmma"`` shape."""
+    if shape.kernel != "tf32x3_wgmma":
+        raise ShapeError(f"not a tf32x3_wgmma shape: {shape}")
+    return WgmmaCut(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, 1, shape.minb, shape.flush)
+
+
+def tf32x3_wgmma_default_cut(
+    batch: int, k: int, n: int, multiprocessors: int, clusters: bool = True, smem_limit: int = 0
+) -> WgmmaCut:
+    """A first guess at a warpgroup cut for a product (not measured; :func:`matmul_shape` never
+    uses it): two warpgroups (128 rows) unless one tile of 64 covers M, 128 columns, or 64 where
+    even a split of 8 would leave SMs idle at 128; the smallest power-of-two cluster split reaching
+    0.9 CTAs per SM with at least 4 stages of K each; 4 stages (3 if shared memory is short) of BK
+    32 for two warpgroups, 16 for one (so that two CTAs fit an SM's shared memory: a warpgroup
+    waits for its wgmma's at the end of every run, and another warpgroup's fill the tensor cores
+    meanwhile); runs of 1 k8 step up to K = 512, else 2 (tf32x3_default_cut's accuracy rule)."""
+    bm = 64 if batch <= 64 else 128
+    bn = 128
+    if n <= 64 or _cdiv(n, 128) * _cdiv(batch, bm) * (MAX_SPLIT if clusters else 1) < 0.9 * multiprocessors:
+        bn = 64
+    bk = 16 if bm == 64 else 32
+    split = _pick_split(_cdiv(n, bn) * _cdiv(batch, bm), k, 4 * bk, 0.9 * multiprocessors, clusters)
+    stages = 4
+    if smem_limit and tf32x3_wgmma_smem_bytes(bm, bn, bk, stages, split) > smem_limit:
+        stages = 3
+    return WgmmaCut(bm, bn, bk, stages, split, 1, 1, 1 if k <= 512 else 2)
+
+
 def matmul_shape(
     batch: int,
     k: int,
@@ -795,8 +922,9 @@ def matmul_shape(
 
 
 def matmul_file(shape: MatmulShape) -> str:
-    """The ``kernels/`` source (``get_kernel``'s file) of a cut: ``"sgemm"``, ``"tf32x3"`` or ``"matmul"``."""
-    return shape.kernel if shape.kernel in ("sgemm", "tf32x3") else "matmul"
+    """The ``kernels/`` source (``get_kernel``'s file) of a cut: ``"sgemm"``, ``"tf32x3"``,
+    ``"tf32x3_wgmma"`` or ``"matmul"``."""
+    return shape.kernel if shape.kernel in ("sgemm", "tf32x3", "tf32x3_wgmma") else "matmul"
 
 
 def matmul_expr(epilogue: str, shape: MatmulShape) -> str:
@@ -819,6 +947,11 @@ def matmul_expr(epilogue: str, shape: MatmulShape) -> str:
             f"tf32x3_{'split_' if c.split > 1 else ''}kernel<{e}, {c.bm}, {c.bn}, {c.bk}, {c.stages}, {split}"
             f"{c.slices}, {c.minb}, {c.wm}, {c.wn}, {c.flush}>"
         )
+    if shape.kernel == "tf32x3_wgmma":
+        w = tf32x3_wgmma_cut(shape)
+        if w.split > 1:
+            return f"tf32x3_wgmma_split_kernel<{e}, {w.bm}, {w.bn}, {w.bk}, {w.stages}, {w.split}, {w.minb}, {w.flush}>"
+        return f"tf32x3_wgmma_kernel<{e}, {w.bm}, {w.bn}, {w.bk}, {w.stages}, {w.minb}, {w.flush}>"
     if shape.kernel == "gemm":
         if shape.split > 1:
             return f"gemm_split_kernel<{e}, {shape.tc}, {shape.split}, {shape.slices}>"
@@ -847,14 +980,16 @@ def matmul(
     (the default) chooses among the fp32 kernels; ``"tf32x3"`` the tensor-core GEMM of
     ``kernels/tf32x3.cu`` (an error against float64 no worse than cuBLAS fp32's at K >= 256;
     ``docs/gemm.md`` says at which shapes it is faster), where its layout rules allow
-    (:func:`matmul_shape`). A tf32x3 ``shape`` needs ``precision="tf32x3"``.
+    (:func:`matmul_shape`). A tf32x3 ``shape`` needs ``precision="tf32x3"``; so does a
+    ``"tf32x3_wgmma"`` shape (:func:`tf32x3_wgmma_shape`, the warpgroup kernel: compute capability
+    9.0 only, never chosen automatically).
     """
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue must be one of {sorted(EPILOGUES)}, got {epilogue!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if shape is not None and shape.kernel == "tf32x3" and precision != "tf32x3":
-        raise ValueError("a tf32x3 shape runs tensor-core products: pass precision='tf32x3'")
+    if shape is not None and shape.kernel in ("tf32x3", "tf32x3_wgmma") and precision != "tf32x3":
+        raise ValueError(f"a {shape.kernel} shape runs tensor-core products: pass precision='tf32x3'")
     if (epilogue == "add") != (r is not None):
         raise ValueError("a residual r is given exactly when epilogue == 'add'")
     xa, wa, ya = buffers[x], buffers[w], buffers[y]
@@ -874,10 +1009,15 @@ def matmul(
             batch, k, n, device.info.multiprocessors, wa.ptr % 16 == 0, xa.ptr % 16 == 0, clusters, optin, precision
         )
     else:
+        if shape.kernel == "tf32x3_wgmma" and not wgmma_available(device):
+            raise ShapeError(
+                f"the tf32x3_wgmma kernel needs compute capability {WGMMA_COMPUTE_CAPABILITY} (sm_90a wgmma); "
+                f"this device is {device.info.compute_capability}"
+            )
         _check_shape(shape, batch, k, n, xa, wa, clusters, optin)
     kernel = get_kernel(matmul_file(shape), matmul_expr(epilogue, shape), device)
     smem = gemm_smem_bytes(shape)
-    if shape.kernel in ("sgemm", "tf32x3") and optin and kernel.static_smem + smem > optin:
+    if shape.kernel in ("sgemm", "tf32x3", "tf32x3_wgmma") and optin and kernel.static_smem + smem > optin:
         raise ShapeError(
             f"{kernel.name} needs {kernel.static_smem + smem} B of shared memory per CTA; this device allows {optin}"
         )
@@ -897,9 +1037,9 @@ def matmul(
             ("rows", "ptr"),
         ]
     )
-    # FLAG_EARLY: matvec, sgemm (as benchmarks/gemm_sweep.py times it) and tf32x3 launch their
+    # FLAG_EARLY: matvec, sgemm (as benchmarks/gemm_sweep.py times it) and tf32x3 (both forms) launch their
     # successor at the start for W up to 8 MB; matmul.cu's gemm after its K loop.
-    early = int(shape.kernel in ("matvec", "sgemm", "tf32x3") and k * n * 4 <= EARLY_MAX_W_BYTES)
+    early = int(shape.kernel in ("matvec", "sgemm", "tf32x3", "tf32x3_wgmma") and k * n * 4 <= EARLY_MAX_W_BYTES)
     args.update(
         {
             "x": xa.ptr,
@@ -922,7 +1062,7 @@ def matmul(
 
 def routes_rows(launch: Launch) -> bool:
     """Whether ``launch`` runs one of rawgraph's own matmul kernels (``kernels/matmul.cu``,
-    ``kernels/sgemm.cu``, ``kernels/tf32x3.cu``), the only ones whose ``rows`` argument is a row
+    ``kernels/sgemm.cu``, ``kernels/tf32x3.cu``, ``kernels/tf32x3_wgmma.cu``), the only ones whose ``rows`` argument is a row
     table (a user's kernel with an argument of that name is not: writing a table pointer into it
     would corrupt the launch)."""
     name = launch.kernel.name
@@ -930,6 +1070,8 @@ def routes_rows(launch: Launch) -> bool:
         file = "sgemm"
     elif name.startswith(("tf32x3_kernel<", "tf32x3_split_kernel<")):
         file = "tf32x3"
+    elif name.startswith(("tf32x3_wgmma_kernel<", "tf32x3_wgmma_split_kernel<")):
+        file = "tf32x3_wgmma"
     elif name.startswith(("matvec_kernel<", "matvec_split_kernel<", "gemm_kernel<", "gemm_split_kernel<")):
         file = "matmul"
     else:
@@ -948,7 +1090,7 @@ def _check_shape(
     smem_limit: int = 0,
 ) -> None:
     """Refuse a hand-picked cut the kernel cannot run correctly on these operands (and, for sgemm
-    and tf32x3, a cut needing more than ``smem_limit`` bytes of shared memory per CTA, when that is
+    and both tf32x3 forms, a cut needing more than ``smem_limit`` bytes of shared memory per CTA, when that is
     given)."""
     if shape.split > 1 and not clusters:
         raise ShapeError(f"split {shape.split} needs thread-block clusters (compute capability 9.0)")
@@ -968,6 +1110,15 @@ def _check_shape(
         if smem_limit and gemm_smem_bytes(shape) > smem_limit:
             raise ShapeError(
                 f"tf32x3 cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
+                f"shared memory per CTA; this device allows {smem_limit}"
+            )
+    elif shape.kernel == "tf32x3_wgmma":
+        if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
+            raise LayoutError("the tf32x3_wgmma kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
+        want = tf32x3_wgmma_shape(batch, k, n, tf32x3_wgmma_cut(shape), clusters=clusters)
+        if smem_limit and gemm_smem_bytes(shape) > smem_limit:
+            raise ShapeError(
+                f"tf32x3_wgmma cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
                 f"shared memory per CTA; this device allows {smem_limit}"
             )
     elif shape.kernel == "gemm":

@@ -310,6 +310,21 @@ def _out_buffer(size: int) -> bytearray:
     return bytearray(max(int(size), 1))
 
 
+# A source that needs an architecture-specific feature (sm_90a's wgmma) says so with a line
+# ``#define RG_ARCH_SPECIFIC_SM 90``: asked for exactly that architecture (``sm_90``), it is compiled
+# for its ``a`` form (``sm_90a``), whose CUBIN loads only on that exact compute capability. Every
+# other source, and that source for any other architecture, compiles for the architecture given.
+_ARCH_SPECIFIC = re.compile(r"^[ \t]*#[ \t]*define[ \t]+RG_ARCH_SPECIFIC_SM[ \t]+(\d+)[ \t]*$", re.M)
+
+
+def arch_for_source(source: str, arch: str) -> str:
+    """The architecture :func:`compile_source` compiles ``source`` for when asked for ``arch``:
+    ``arch`` itself, or its architecture-specific form (``"sm_90"`` -> ``"sm_90a"``) where the
+    source defines ``RG_ARCH_SPECIFIC_SM`` as that compute capability (``90``)."""
+    m = _ARCH_SPECIFIC.search(source)
+    return f"{arch}a" if m is not None and arch == f"sm_{m.group(1)}" else arch
+
+
 def _check_arch(arch: str, fmt: str) -> int:
     if not (arch.startswith("sm_") and arch[3:].rstrip("af").isdigit()):
         raise ValueError(f"arch must look like 'sm_90', got {arch!r}")
@@ -654,7 +669,9 @@ def compile_source(
         (relative to the working directory).
     arch : str
         Real architecture, e.g. ``"sm_90"``. For ``fmt="cubin"`` this is the machine code made;
-        for ``fmt="ptx"`` the matching virtual architecture (``compute_90``) is used.
+        for ``fmt="ptx"`` the matching virtual architecture (``compute_90``) is used. A source
+        that defines ``RG_ARCH_SPECIFIC_SM`` as this architecture's compute capability is compiled
+        for its ``a`` form (:func:`arch_for_source`; ``CompiledImage.arch`` says which).
     names : sequence of str
         Name expressions (template instantiations, ``nvrtcAddNameExpression``) to instantiate and
         look up; their mangled names come back in ``lowered``.
@@ -675,6 +692,7 @@ def compile_source(
     """
     if fmt not in ("cubin", "ptx"):
         raise ValueError(f"fmt must be 'cubin' or 'ptx', got {fmt!r}")
+    arch = arch_for_source(source, arch)
     _check_arch(arch, fmt)
     if cache is True:
         cache = KernelCache()
