@@ -1,26 +1,37 @@
-"""Do the tests bite? Put a known bug back into a copy of the tree and require its test to fail.
+"""Do the tests bite? Put a known bug back and require the tests that guard against it to fail.
 
-    PYTHONPATH=. python3 benchmarks/bite_check.py [--only NAME ...] [--module STEM ...] [--out DIR] [--list]
+    PYTHONPATH=. python3 benchmarks/bite_check.py [--only NAME ...] [--module STEM ...] [--cpu | --gpu]
+                                                  [--baseline] [--out DIR] [--list]
 
-Each module in ``benchmarks/bite_cases/`` defines ``CASES``: a list of dicts with
+A *case* is a bug that was fixed (or a feature that a test claims to check), put back on purpose,
+with the pytest node ids that must fail while it is in. A test that still passes with its feature
+broken cannot fail, so guards nothing. Two forms of case:
 
-``name``
-    short id of the case (unique over all modules);
-``why``
-    one line: which feature the edits break (a fixed hole put back, a feature removed);
-``tests``
-    pytest node ids (``tests/test_x.py::test_y``) that must fail with the edits in place;
-``edits``
-    ``(path, old, new)`` triples applied in order to a fresh copy of the checkout; ``old`` must
-    occur exactly once in the file (a stale case is reported as such, never silently skipped).
+mutations (``benchmarks/mutations/*.py``, the form to write new cases in)
+    :class:`Mutation` records: ``name``, ``why``, ``tests``, a ``target``
+    (``"rawgraph.updates.manager:ExecUpdateManager.close"``) and a ``mutate`` callable that turns
+    the original object into the broken one. The case's tests run in the checkout as
+    ``python -m pytest -q -x -p no:cacheprovider TESTS`` with ``RAWGRAPH_MUTATION=NAME``: the
+    plugin ``tests/mutation_plugin.py`` (registered by ``tests/conftest.py`` only when that
+    variable is set) applies the mutation in the pytest process before the test modules are
+    imported, and in the child interpreters the tests start. Nothing is copied or edited, so a
+    reformat or a move leaves the case valid while the named function exists. The plugin prints
+    ``rawgraph mutation applied: NAME``; a run without that line is an ``error``, and so is a
+    mutation that cannot be applied (the plugin exits 4).
+text edits (``benchmarks/bite_cases/*.py``, the older form, kept only for code being refactored)
+    dicts with ``name``, ``why``, ``tests`` and ``edits``: ``(path, old, new)`` triples applied in
+    order to a copy of the tree (``rawgraph``, ``kernels``, ``tests``, ``benchmarks``,
+    ``pyproject.toml``) in a temporary folder, where the tests then run; ``old`` must occur
+    exactly once (else the case is ``stale``, never silently skipped).
 
-For each case the tree (``rawgraph``, ``kernels``, ``tests``, ``benchmarks``, ``pyproject.toml``)
-is copied to a temporary folder, the edits are applied there, and pytest runs the case's tests
-from that folder. The case *bites* when pytest exits 1 (tests ran and failed); exit 0 means the
-tests pass with the feature broken (a test that cannot fail), any other exit (collection error,
-a crash) is reported as ``error``. The unmodified tree is checked by the ordinary suite; run with
-``--baseline`` to also run every case's tests once on the unmodified copy (they must pass).
-Writes ``bite_check.json`` (with the commit) to ``--out``. The checkout is never modified.
+A case *bites* when pytest exits 1 (tests ran and one failed; ``-x`` stops there). Exit 0 is
+``survived`` (the tests pass with the feature broken); any other exit (a usage error, a collection
+error, a crash, a timeout) is ``error``. ``--baseline`` first runs every case's tests unmodified
+(they must pass, else ``baseline-fails``). ``--cpu`` runs, of every case that has any, only the
+tests in ``*_cpu.py`` files: what a machine without a GPU can check (the JSON records the tests
+run); ``--gpu`` picks the cases with a test outside them (those need the device). Writes
+``bite_check.json`` to ``--out`` with the commit (``$RAWGRAPH_COMMIT``, else git)
+and the GPU, if any. The checkout is never modified.
 """
 
 from __future__ import annotations
@@ -35,21 +46,57 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 COPY = ("rawgraph", "kernels", "tests", "benchmarks", "pyproject.toml")
+ENV = "RAWGRAPH_MUTATION"
+APPLIED_LINE = "rawgraph mutation applied: "
+PYTEST = ("-m", "pytest", "-q", "-x", "-p", "no:cacheprovider")
 
 
-def load_cases() -> list[dict]:
-    cases: list[dict] = []
+# -- the two forms, as one list of records -----------------------------------------------------
+def load_catalogue() -> Any:
+    """``benchmarks/mutations`` as the package ``rawgraph_mutations`` (the name the plugin uses)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from mutation_plugin import load_catalogue as load
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    return load()
+
+
+def load_mutations() -> list[dict[str, Any]]:
+    catalogue = load_catalogue()
+    return [
+        dict(
+            name=m.name,
+            why=m.why,
+            tests=list(m.tests),
+            module=catalogue.module_of(m) + ".py",
+            form="mutation",
+            target=m.target,
+            kind=m.kind,
+        )
+        for m in catalogue.all_mutations()
+    ]
+
+
+def load_text_cases() -> list[dict[str, Any]]:
+    cases: list[dict[str, Any]] = []
     for path in sorted((ROOT / "benchmarks" / "bite_cases").glob("*.py")):
         spec = importlib.util.spec_from_file_location(f"bite_cases_{path.stem}", path)
+        assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
-        assert spec.loader is not None
         spec.loader.exec_module(mod)
         for case in mod.CASES:
-            case = dict(case, module=path.name)
-            cases.append(case)
+            cases.append(dict(case, module=path.name, form="text-edit"))
+    return cases
+
+
+def load_cases() -> list[dict[str, Any]]:
+    """Every case of both forms; names are unique over both."""
+    cases = load_mutations() + load_text_cases()
     names = [c["name"] for c in cases]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -57,6 +104,12 @@ def load_cases() -> list[dict]:
     return cases
 
 
+def cpu_tests(tests: list[str]) -> list[str]:
+    """The node ids in ``*_cpu.py`` files (those run without a GPU)."""
+    return [t for t in tests if t.split("::")[0].endswith("_cpu.py")]
+
+
+# -- the text-edit form --------------------------------------------------------------------------
 def _copy_tree(dst: Path) -> None:
     for item in COPY:
         src = ROOT / item
@@ -66,7 +119,7 @@ def _copy_tree(dst: Path) -> None:
             shutil.copy2(src, dst / item)
 
 
-def edited_texts(tree: Path, edits) -> dict[str, str] | str:
+def edited_texts(tree: Path, edits: Any) -> dict[str, str] | str:
     """The files of ``tree`` the edits touch, as they read after all of them (nothing is
     written); a string saying why not when an edit does not apply (a missing file, a stale case)."""
     texts: dict[str, str] = {}
@@ -83,7 +136,7 @@ def edited_texts(tree: Path, edits) -> dict[str, str] | str:
     return texts
 
 
-def apply_edits(tree: Path, edits) -> str | None:
+def apply_edits(tree: Path, edits: Any) -> str | None:
     """Apply the edits in ``tree``; None when all applied, else why not."""
     texts = edited_texts(tree, edits)
     if isinstance(texts, str):
@@ -93,31 +146,60 @@ def apply_edits(tree: Path, edits) -> str | None:
     return None
 
 
-def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[int, str, float]:
-    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+# -- running ---------------------------------------------------------------------------------
+def run_tests(tree: Path, tests: list[str], timeout: float, mutation: str | None = None) -> tuple[int, str, float]:
+    env = {k: v for k, v in os.environ.items() if k != ENV}  # unmutated unless asked
+    env.update(PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+    if mutation is not None:
+        env[ENV] = mutation
     t0 = time.perf_counter()
     try:
         p = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
-            cwd=tree,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+            [sys.executable, *PYTEST, *tests], cwd=tree, env=env, capture_output=True, text=True, timeout=timeout
         )
         rc, out = p.returncode, p.stdout + p.stderr
     except subprocess.TimeoutExpired as exc:
-        rc, out = -9, f"timed out after {timeout} s\n{exc.stdout or ''}"
+        partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        rc, out = -9, f"timed out after {timeout} s\n{partial}"
     return rc, out, time.perf_counter() - t0
 
 
-def check_case(case: dict, baseline: bool, timeout: float) -> dict:
-    rec = {k: case[k] for k in ("name", "why", "tests", "module")}
+def _outcome(rec: dict[str, Any], rc: int, out: str, secs: float) -> dict[str, Any]:
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    rec.update(
+        rc=rc,
+        seconds=round(secs, 1),
+        summary=lines[-1] if lines else "",
+        outcome="bites" if rc == 1 else ("survived" if rc == 0 else "error"),
+    )
+    if rec["form"] == "mutation" and rc in (0, 1) and not any(ln.startswith(APPLIED_LINE) for ln in lines):
+        rec.update(outcome="error", detail="the plugin's line is missing: was the mutation applied?")
+    if rec["outcome"] == "bites":
+        rec["failed"] = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))][:5]
+    else:
+        rec["tail"] = out[-1500:]
+    return rec
+
+
+def check_case(case: dict[str, Any], baseline: bool, timeout: float, only_cpu: bool = False) -> dict[str, Any]:
+    keep = ("name", "why", "tests", "module", "form", "target", "kind")
+    rec = {k: case[k] for k in keep if k in case}
+    tests = cpu_tests(case["tests"]) if only_cpu else list(case["tests"])
+    if tests != case["tests"]:
+        rec["tests_run"] = tests
+    if case["form"] == "mutation":
+        if baseline:
+            rc, out, _ = run_tests(ROOT, tests, timeout)
+            rec["baseline_rc"] = rc
+            if rc != 0:
+                rec.update(outcome="baseline-fails", tail=out[-1500:])
+                return rec
+        return _outcome(rec, *run_tests(ROOT, tests, timeout, mutation=case["name"]))
     with tempfile.TemporaryDirectory(prefix="bite_") as tmp:
         tree = Path(tmp)
         _copy_tree(tree)
         if baseline:
-            rc, out, _ = run_tests(tree, case["tests"], timeout)
+            rc, out, _ = run_tests(tree, tests, timeout)
             rec["baseline_rc"] = rc
             if rc != 0:
                 rec.update(outcome="baseline-fails", tail=out[-1500:])
@@ -126,25 +208,30 @@ def check_case(case: dict, baseline: bool, timeout: float) -> dict:
         if why_not:
             rec.update(outcome="stale", detail=why_not)
             return rec
-        rc, out, secs = run_tests(tree, case["tests"], timeout)
-    lines = [ln for ln in out.splitlines() if ln.strip()]
-    rec.update(
-        rc=rc,
-        seconds=round(secs, 1),
-        summary=lines[-1] if lines else "",
-        outcome="bites" if rc == 1 else ("passes-broken" if rc == 0 else "error"),
-    )
-    if rc != 1:
-        rec["tail"] = out[-1500:]
-    else:
-        rec["failed"] = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))][:5]
-    return rec
+        return _outcome(rec, *run_tests(tree, tests, timeout))
+
+
+def _environment() -> dict[str, Any]:
+    """Commit, GPU (None without one), driver and date, as every results JSON carries them."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from rawgraph.bench.provenance import environment
+
+        return environment()
+    except Exception as exc:  # no driver library: still say which commit was checked
+        from rawgraph.bench.provenance import commit
+
+        return {"commit": commit(), "gpu": None, "date": time.strftime("%Y-%m-%d"), "environment_error": str(exc)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--only", nargs="*", help="case names to run (default: all)")
-    ap.add_argument("--module", nargs="*", help="only the cases of these bite_cases modules (file stems)")
+    ap.add_argument(
+        "--module", nargs="*", help="only the cases of these modules (file stems of mutations/ or bite_cases/)"
+    )
+    ap.add_argument("--cpu", action="store_true", help="only the tests in *_cpu.py files, of the cases that have any")
+    ap.add_argument("--gpu", action="store_true", help="only the cases with a test outside *_cpu.py files")
     ap.add_argument("--out", default="out")
     ap.add_argument("--baseline", action="store_true", help="first require the tests to pass unmodified")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per pytest run")
@@ -152,30 +239,42 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cases = load_cases()
     if args.only:
+        unknown = set(args.only) - {c["name"] for c in cases}
+        if unknown:
+            raise SystemExit(f"bite_check: no case named {sorted(unknown)}")
         cases = [c for c in cases if c["name"] in set(args.only)]
     if args.module:
         cases = [c for c in cases if c["module"].removesuffix(".py") in set(args.module)]
+    if args.cpu:
+        cases = [c for c in cases if cpu_tests(c["tests"])]
+    if args.gpu:
+        cases = [c for c in cases if len(cpu_tests(c["tests"])) < len(c["tests"])]
     if args.list:
         for c in cases:
-            print(f"{c['name']:40s} {c['module']:22s} {c['why']}")
+            where = c.get("target") or "text edits"
+            print(f"{c['name']:50s} {c['module']:20s} {where}")
         return 0
     results = []
     for c in cases:
-        rec = check_case(c, args.baseline, args.timeout)
+        rec = check_case(c, args.baseline, args.timeout, args.cpu)
         results.append(rec)
-        print(f"{rec['outcome']:14s} {rec['name']:40s} {rec.get('summary', rec.get('detail', ''))}", flush=True)
+        print(f"{rec['outcome']:14s} {rec['name']:50s} {rec.get('summary', rec.get('detail', ''))}", flush=True)
     counts: dict[str, int] = {}
     for r in results:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-    sys.path.insert(0, str(ROOT))
-    from rawgraph.bench.provenance import commit as provenance_commit  # the one every results JSON uses
-
-    commit = provenance_commit()
+    env = _environment()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     name = "bite_check" + ("_" + "_".join(args.module) if args.module else "") + ".json"
-    (Path(args.out) / name).write_text(
-        json.dumps({"commit": commit, "date": time.strftime("%Y-%m-%d"), "counts": counts, "cases": results}, indent=1)
-    )
+    doc = {
+        "commit": env["commit"],
+        "date": env.get("date", time.strftime("%Y-%m-%d")),
+        "gpu": env.get("gpu"),
+        "environment": env,
+        "cpu_tests_only": args.cpu,
+        "counts": counts,
+        "cases": results,
+    }
+    (Path(args.out) / name).write_text(json.dumps(doc, indent=1))
     print("bite_check:", ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), f"of {len(results)}")
     return 0 if counts.get("bites", 0) == len(results) else 1
 

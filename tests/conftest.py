@@ -19,6 +19,10 @@ from singletons import corrupted_singletons
 # rawgraph's own pytest plugin gives the gpu marker's skip, the device and stream fixtures, the
 # fake_driver fixture and the doctor over every instantiated graph (switched on below).
 pytest_plugins = ["rawgraph.testing"]
+# A bite check (benchmarks/bite_check.py): the known bug $RAWGRAPH_MUTATION names is put back in
+# this process before the test modules are imported (tests/mutation_plugin.py). Unset: no effect.
+if os.environ.get("RAWGRAPH_MUTATION"):
+    pytest_plugins.append("mutation_plugin")
 
 SEED_ENV = "RAWGRAPH_TEST_SEED"
 
