@@ -134,6 +134,15 @@ class Tracer:
     nvtx : bool, default True
         NVTX ranges around each path and step, where the ``nvtx`` package is installed.
 
+    Notes
+    -----
+    State: 23 attributes in two groups that live exactly as long as each other: what the trace
+    collected (host and device spans, instants, node labels, notes, the clock origin and end, where
+    device spans came from and why, CUPTI's correlation ids) and the machinery of one active block
+    (the collector, the driver hooks, the id counters, the per-thread span stack, NVTX). Nothing
+    in it needs releasing after the block: ``__exit__`` takes the hooks off and closes the
+    collector, the one thing that holds driver or CUPTI state.
+
     Examples
     --------
     >>> with Tracer() as t:                      # doctest: +SKIP
