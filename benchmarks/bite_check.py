@@ -5,24 +5,17 @@
 
 A *case* is a bug that was fixed (or a feature that a test claims to check), put back on purpose,
 with the pytest node ids that must fail while it is in. A test that still passes with its feature
-broken cannot fail, so guards nothing. Two forms of case:
-
-mutations (``benchmarks/mutations/*.py``, the form to write new cases in)
-    :class:`Mutation` records: ``name``, ``why``, ``tests``, a ``target``
-    (``"rawgraph.updates.manager:ExecUpdateManager.close"``) and a ``mutate`` callable that turns
-    the original object into the broken one. The case's tests run in the checkout as
-    ``python -m pytest -q -x -p no:cacheprovider TESTS`` with ``RAWGRAPH_MUTATION=NAME``: the
-    plugin ``tests/mutation_plugin.py`` (registered by ``tests/conftest.py`` only when that
-    variable is set) applies the mutation in the pytest process before the test modules are
-    imported, and in the child interpreters the tests start. Nothing is copied or edited, so a
-    reformat or a move leaves the case valid while the named function exists. The plugin prints
-    ``rawgraph mutation applied: NAME``; a run without that line is an ``error``, and so is a
-    mutation that cannot be applied (the plugin exits 4).
-text edits (``benchmarks/bite_cases/*.py``, the older form, kept only for code being refactored)
-    dicts with ``name``, ``why``, ``tests`` and ``edits``: ``(path, old, new)`` triples applied in
-    order to a copy of the tree (``rawgraph``, ``kernels``, ``tests``, ``benchmarks``,
-    ``pyproject.toml``) in a temporary folder, where the tests then run; ``old`` must occur
-    exactly once (else the case is ``stale``, never silently skipped).
+broken cannot fail, so guards nothing. Every case is a mutation (``benchmarks/mutations/*.py``):
+a :class:`Mutation` record with ``name``, ``why``, ``tests``, a ``target``
+(``"rawgraph.updates.manager:ExecUpdateManager.close"``) and a ``mutate`` callable that turns the
+original object into the broken one. The case's tests run in the checkout as
+``python -m pytest -q -x -p no:cacheprovider TESTS`` with ``RAWGRAPH_MUTATION=NAME``: the plugin
+``tests/mutation_plugin.py`` (registered by ``tests/conftest.py`` only when that variable is set)
+applies the mutation in the pytest process before the test modules are imported, and in the child
+interpreters the tests start. Nothing is copied or edited, so a reformat or a move leaves the case
+valid while the named function exists. The plugin prints ``rawgraph mutation applied: NAME``; a
+run without that line is an ``error``, and so is a mutation that cannot be applied (the plugin
+exits 4).
 
 A case *bites* when pytest exits 1 (tests ran and one failed; ``-x`` stops there). Exit 0 is
 ``survived`` (the tests pass with the feature broken); any other exit (a usage error, a collection
@@ -37,25 +30,21 @@ and the GPU, if any. The checkout is never modified.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-COPY = ("rawgraph", "kernels", "tests", "benchmarks", "pyproject.toml")
 ENV = "RAWGRAPH_MUTATION"
 APPLIED_LINE = "rawgraph mutation applied: "
 PYTEST = ("-m", "pytest", "-q", "-x", "-p", "no:cacheprovider")
 
 
-# -- the two forms, as one list of records -----------------------------------------------------
+# -- the cases, as records ----------------------------------------------------------------------
 def load_catalogue() -> Any:
     """``benchmarks/mutations`` as the package ``rawgraph_mutations`` (the name the plugin uses)."""
     sys.path.insert(0, str(ROOT / "tests"))
@@ -74,7 +63,6 @@ def load_mutations() -> list[dict[str, Any]]:
             why=m.why,
             tests=list(m.tests),
             module=catalogue.module_of(m) + ".py",
-            form="mutation",
             target=m.target,
             kind=m.kind,
         )
@@ -82,26 +70,9 @@ def load_mutations() -> list[dict[str, Any]]:
     ]
 
 
-def load_text_cases() -> list[dict[str, Any]]:
-    cases: list[dict[str, Any]] = []
-    for path in sorted((ROOT / "benchmarks" / "bite_cases").glob("*.py")):
-        spec = importlib.util.spec_from_file_location(f"bite_cases_{path.stem}", path)
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        for case in mod.CASES:
-            cases.append(dict(case, module=path.name, form="text-edit"))
-    return cases
-
-
 def load_cases() -> list[dict[str, Any]]:
-    """Every case of both forms; names are unique over both."""
-    cases = load_mutations() + load_text_cases()
-    names = [c["name"] for c in cases]
-    dup = {n for n in names if names.count(n) > 1}
-    if dup:
-        raise SystemExit(f"bite_check: duplicate case names {sorted(dup)}")
-    return cases
+    """Every case of the catalogue (its names are checked unique as it loads)."""
+    return load_mutations()
 
 
 def cpu_tests(tests: list[str]) -> list[str]:
@@ -109,53 +80,16 @@ def cpu_tests(tests: list[str]) -> list[str]:
     return [t for t in tests if t.split("::")[0].endswith("_cpu.py")]
 
 
-# -- the text-edit form --------------------------------------------------------------------------
-def _copy_tree(dst: Path) -> None:
-    for item in COPY:
-        src = ROOT / item
-        if src.is_dir():
-            shutil.copytree(src, dst / item, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "results"))
-        elif src.exists():
-            shutil.copy2(src, dst / item)
-
-
-def edited_texts(tree: Path, edits: Any) -> dict[str, str] | str:
-    """The files of ``tree`` the edits touch, as they read after all of them (nothing is
-    written); a string saying why not when an edit does not apply (a missing file, a stale case)."""
-    texts: dict[str, str] = {}
-    for path, old, new in edits:
-        if path not in texts:
-            f = tree / path
-            if not f.exists():
-                return f"{path}: no such file"
-            texts[path] = f.read_text()
-        n = texts[path].count(old)
-        if n != 1:
-            return f"{path}: the text to replace occurs {n} times (stale case?): {old[:60]!r}"
-        texts[path] = texts[path].replace(old, new)
-    return texts
-
-
-def apply_edits(tree: Path, edits: Any) -> str | None:
-    """Apply the edits in ``tree``; None when all applied, else why not."""
-    texts = edited_texts(tree, edits)
-    if isinstance(texts, str):
-        return texts
-    for path, text in texts.items():
-        (tree / path).write_text(text)
-    return None
-
-
 # -- running ---------------------------------------------------------------------------------
-def run_tests(tree: Path, tests: list[str], timeout: float, mutation: str | None = None) -> tuple[int, str, float]:
+def run_tests(tests: list[str], timeout: float, mutation: str | None = None) -> tuple[int, str, float]:
     env = {k: v for k, v in os.environ.items() if k != ENV}  # unmutated unless asked
-    env.update(PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+    env.update(PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
     if mutation is not None:
         env[ENV] = mutation
     t0 = time.perf_counter()
     try:
         p = subprocess.run(
-            [sys.executable, *PYTEST, *tests], cwd=tree, env=env, capture_output=True, text=True, timeout=timeout
+            [sys.executable, *PYTEST, *tests], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
         )
         rc, out = p.returncode, p.stdout + p.stderr
     except subprocess.TimeoutExpired as exc:
@@ -172,7 +106,7 @@ def _outcome(rec: dict[str, Any], rc: int, out: str, secs: float) -> dict[str, A
         summary=lines[-1] if lines else "",
         outcome="bites" if rc == 1 else ("survived" if rc == 0 else "error"),
     )
-    if rec["form"] == "mutation" and rc in (0, 1) and not any(ln.startswith(APPLIED_LINE) for ln in lines):
+    if rc in (0, 1) and not any(ln.startswith(APPLIED_LINE) for ln in lines):
         rec.update(outcome="error", detail="the plugin's line is missing: was the mutation applied?")
     if rec["outcome"] == "bites":
         rec["failed"] = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))][:5]
@@ -182,33 +116,18 @@ def _outcome(rec: dict[str, Any], rc: int, out: str, secs: float) -> dict[str, A
 
 
 def check_case(case: dict[str, Any], baseline: bool, timeout: float, only_cpu: bool = False) -> dict[str, Any]:
-    keep = ("name", "why", "tests", "module", "form", "target", "kind")
+    keep = ("name", "why", "tests", "module", "target", "kind")
     rec = {k: case[k] for k in keep if k in case}
     tests = cpu_tests(case["tests"]) if only_cpu else list(case["tests"])
     if tests != case["tests"]:
         rec["tests_run"] = tests
-    if case["form"] == "mutation":
-        if baseline:
-            rc, out, _ = run_tests(ROOT, tests, timeout)
-            rec["baseline_rc"] = rc
-            if rc != 0:
-                rec.update(outcome="baseline-fails", tail=out[-1500:])
-                return rec
-        return _outcome(rec, *run_tests(ROOT, tests, timeout, mutation=case["name"]))
-    with tempfile.TemporaryDirectory(prefix="bite_") as tmp:
-        tree = Path(tmp)
-        _copy_tree(tree)
-        if baseline:
-            rc, out, _ = run_tests(tree, tests, timeout)
-            rec["baseline_rc"] = rc
-            if rc != 0:
-                rec.update(outcome="baseline-fails", tail=out[-1500:])
-                return rec
-        why_not = apply_edits(tree, case["edits"])
-        if why_not:
-            rec.update(outcome="stale", detail=why_not)
+    if baseline:
+        rc, out, _ = run_tests(tests, timeout)
+        rec["baseline_rc"] = rc
+        if rc != 0:
+            rec.update(outcome="baseline-fails", tail=out[-1500:])
             return rec
-        return _outcome(rec, *run_tests(tree, tests, timeout))
+    return _outcome(rec, *run_tests(tests, timeout, mutation=case["name"]))
 
 
 def _environment() -> dict[str, Any]:
@@ -227,9 +146,7 @@ def _environment() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--only", nargs="*", help="case names to run (default: all)")
-    ap.add_argument(
-        "--module", nargs="*", help="only the cases of these modules (file stems of mutations/ or bite_cases/)"
-    )
+    ap.add_argument("--module", nargs="*", help="only the cases of these modules (file stems of mutations/)")
     ap.add_argument("--cpu", action="store_true", help="only the tests in *_cpu.py files, of the cases that have any")
     ap.add_argument("--gpu", action="store_true", help="only the cases with a test outside *_cpu.py files")
     ap.add_argument("--out", default="out")
@@ -251,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if len(cpu_tests(c["tests"])) < len(c["tests"])]
     if args.list:
         for c in cases:
-            where = c.get("target") or "text edits"
-            print(f"{c['name']:50s} {c['module']:20s} {where}")
+            print(f"{c['name']:50s} {c['module']:20s} {c['target']}")
         return 0
     results = []
     for c in cases:

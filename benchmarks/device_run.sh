@@ -36,7 +36,7 @@ for stage in $stages; do
     debugmalloc)  # the GPU suite with fresh allocations filled with 0xCD: struct fields never set show up
       PYTHONMALLOC=debug PYTHONFAULTHANDLER=1 timeout 400 python3 -m pytest -q -rs -m gpu --timeout=150 -p no:cacheprovider \
         >"$OUT/gpu_tests_debugmalloc.txt" 2>&1 ;;
-    bitecheck)  # the known bugs put back (mutations, and the text edits left): each case's tests must
+    bitecheck)  # the known bugs put back (the mutations of benchmarks/mutations/): each case's tests must
       # fail. BITE_MODULES picks modules; BITE_ARGS passes more (--gpu: only the cases needing the device)
       timeout ${BITE_LIMIT:-500} python3 benchmarks/bite_check.py --out "$OUT" ${BITE_MODULES:+--module $BITE_MODULES} \
         ${BITE_ARGS:-} >"$OUT/bite_check.log" 2>&1 ;;

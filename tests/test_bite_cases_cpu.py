@@ -1,6 +1,6 @@
 """The bite cases stay runnable as the code changes (``benchmarks/bite_check.py`` runs them).
 
-The mutations of ``benchmarks/mutations/``: names unique over both forms; every target resolves
+The mutations of ``benchmarks/mutations/`` (every case is one): names unique; every target resolves
 (its module imports, the attribute exists) and ``mutate`` turns the original into something that
 can stand in its place; every listed test file defines the listed test. Nothing here reads the
 source text of the code a mutation breaks, so a reformat or a move changes none of it: only a
@@ -8,12 +8,9 @@ renamed or deleted target (or test) fails here. The two text kinds (a scoped sou
 kernel-text edit) are only resolved: building them reads source text, and a stale one is
 reported by ``bite_check.py`` as ``error`` (the plugin's usage error), never as a bite.
 
-The text-edit cases left in ``benchmarks/bite_cases/`` (serving code being refactored): each
-edit's text occurs exactly once and the edited Python file still compiles.
-
 End to end, quick ones only: an unknown mutation is a usage error, and two cases whose CPU tests
 take seconds bite (one in the test process, one in the child interpreter its test starts). The
-13 fault-injection cases need about 13 s each: ``bite_check.py --cpu`` runs them.
+14 fault-injection cases need about 13 s each: ``bite_check.py --cpu`` runs them.
 """
 
 import ast
@@ -30,21 +27,19 @@ ROOT = Path(__file__).resolve().parent.parent
 BITE = bench_script("bite_check")
 CATALOGUE = BITE.load_catalogue()
 MUTATIONS = CATALOGUE.all_mutations()
-TEXT_CASES = BITE.load_text_cases()
 
 
 def test_names_are_unique_and_no_case_was_lost():
-    names = [m.name for m in MUTATIONS] + [c["name"] for c in TEXT_CASES]
+    names = [m.name for m in MUTATIONS]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
     assert len(names) >= 51  # the 51 cases of the text-edit form, before the mutations
+    assert not list((ROOT / "benchmarks").glob("bite_cases/*.py"))  # the text-edit form is gone
 
 
 def test_every_catalogue_module_is_listed_and_has_cases():
     on_disk = {p.stem for p in (ROOT / "benchmarks" / "mutations").glob("*.py") if not p.name.startswith("_")}
     assert on_disk == set(CATALOGUE.MODULES)
     assert {CATALOGUE.module_of(m) for m in MUTATIONS} == on_disk
-    text_modules = {c["module"] for c in TEXT_CASES}
-    assert text_modules == {p.name for p in (ROOT / "benchmarks" / "bite_cases").glob("*.py")}
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.name for m in MUTATIONS])
@@ -72,7 +67,7 @@ def _defined(path: str) -> frozenset:
     return frozenset(names)
 
 
-ALL_TESTS = sorted({t for m in MUTATIONS for t in m.tests} | {t for c in TEXT_CASES for t in c["tests"]})
+ALL_TESTS = sorted({t for m in MUTATIONS for t in m.tests})
 
 
 @pytest.mark.parametrize("node_id", ALL_TESTS)
@@ -80,16 +75,6 @@ def test_every_listed_test_exists(node_id):
     path, _, name = node_id.partition("::")
     assert (ROOT / path).is_file(), f"no test file {path}"
     assert name.split("[")[0] in _defined(path), f"{path} defines no {name.split('[')[0]}"
-
-
-@pytest.mark.parametrize("case", TEXT_CASES, ids=[c["name"] for c in TEXT_CASES])
-def test_the_text_edit_case_applies_and_compiles(case):
-    texts = BITE.edited_texts(ROOT, case["edits"])
-    assert not isinstance(texts, str), f"{case['name']}: {texts}"
-    assert all(new != old for _p, old, new in case["edits"])
-    for path, text in texts.items():
-        if path.endswith(".py"):
-            compile(text, path, "exec")  # a SyntaxError names the case's file and line
 
 
 def test_an_unknown_mutation_is_a_usage_error():

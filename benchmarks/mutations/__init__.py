@@ -25,7 +25,7 @@ from ._base import KINDS, TEXT_KINDS, Mutation
 
 __all__ = ["KINDS", "MODULES", "TEXT_KINDS", "Applied", "Mutation", "all_mutations", "apply", "by_name", "resolve"]
 
-MODULES = ("updates", "graphs", "runtime", "control", "models_kernels")
+MODULES = ("updates", "graphs", "runtime", "control", "models_kernels", "serving")
 ENV = "RAWGRAPH_MUTATION"
 
 # Values that may be shared by identity with unrelated names (small ints, interned strings):

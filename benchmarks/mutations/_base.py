@@ -7,6 +7,7 @@ what they need when they run, in the test process.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import textwrap
@@ -34,7 +35,7 @@ class Mutation:
     Attributes
     ----------
     name : str
-        Unique over the catalogue (and over the text-edit cases left in ``benchmarks/bite_cases``).
+        Unique over the catalogue.
     why : str
         Which feature the mutation breaks, in one line.
     tests : tuple of str
@@ -117,6 +118,17 @@ def during_call(attr: str, make: Callable[[Any, Any], Any]) -> Callable[[Any], A
         return wrapper
 
     return mutate
+
+
+def unlocked_after_init(original: Any) -> Any:
+    """A mutate of ``__init__``: the original runs, then the object's ``_lock`` is replaced by a
+    context that locks nothing (two threads then run inside the object at once)."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self._lock = contextlib.nullcontext()
+
+    return __init__
 
 
 def edit_source(old: str, new: str, after: str = "") -> Callable[[Any], Any]:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
-from ._base import Mutation, does_nothing, during_call
+from ._base import Mutation, does_nothing, during_call, unlocked_after_init
 
 REBIND = "tests/test_rebind_gpu.py"
 THREADS = "tests/test_threads_gpu.py"
@@ -27,16 +26,6 @@ class _KeepsNothing:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
-
-
-def _unlocked_after_init(original: Any) -> Any:
-    """``__init__`` as it was, then the object's lock replaced by a context that locks nothing."""
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        self._lock = contextlib.nullcontext()
-
-    return __init__
 
 
 def _rebound_buffer_not_held(original: Any) -> Any:
@@ -186,7 +175,7 @@ MUTATIONS = [
         why="two threads' binds push into one manager's exec at once (its lock locks nothing)",
         tests=(f"{THREADS}::test_two_threads_binding_one_manager_leave_shadow_and_exec_agreeing",),
         target="rawgraph.updates.manager:ExecUpdateManager.__init__",
-        mutate=_unlocked_after_init,
+        mutate=unlocked_after_init,
         kind="wrap",
     ),
     Mutation(
@@ -194,7 +183,7 @@ MUTATIONS = [
         why="two threads' applies push into one rebinder's exec at once (its lock locks nothing)",
         tests=(f"{THREADS}::test_two_threads_applying_one_rebinder_leave_held_and_exec_agreeing",),
         target="rawgraph.updates.rebind:AddressRebinder.__init__",
-        mutate=_unlocked_after_init,
+        mutate=unlocked_after_init,
         kind="wrap",
     ),
     Mutation(
@@ -202,7 +191,7 @@ MUTATIONS = [
         why="two threads' applies run inside one IndirectGraph at once (its lock locks nothing)",
         tests=(f"{THREADS}::test_two_threads_applying_one_indirect_graph_leave_table_and_bound_agreeing",),
         target="rawgraph.updates.indirect:IndirectGraph.__init__",
-        mutate=_unlocked_after_init,
+        mutate=unlocked_after_init,
         kind="wrap",
     ),
     Mutation(
