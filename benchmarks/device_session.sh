@@ -280,6 +280,23 @@ case "${1:-tests}" in
         echo "ncu tf32x3 m$m rc=$? at $(el)s"; grep -E "CHECK|FACT|Duration|Issue Slots Busy|Registers Per|local" "$OUT/ncu_tf32x3_m${m}_k4096.txt" | head -20
       fi
     done ;;
+  wave)  # one call for a whole session's GPU checks: the wgmma smoke probe, every GPU test but the
+    # wgmma file (its own process after, so a fault there cannot take the suite's context), the
+    # trace command at w128 b1, then the no-regression launch paths against $OLD_TREE with what is left
+    timeout 60 python3 benchmarks/probes/wgmma_smoke.py >"$OUT/wgmma_smoke.txt" 2>&1; smoke=$?
+    echo "wgmma smoke rc=$smoke at $(el)s"; grep -E "CHECK|TIME" "$OUT/wgmma_smoke.txt" | head -8
+    gpu_tests "${TESTS_LIMIT:-300}" -q --durations=10 --ignore=tests/test_tf32x3_wgmma_gpu.py tests
+    if [ $smoke = 0 ]; then
+      timeout 70 python3 -m pytest -q -p no:cacheprovider tests/test_tf32x3_wgmma_gpu.py >"$OUT/wgmma_tests.txt" 2>&1
+      echo "wgmma tests rc=$? at $(el)s"; grep -E "^(FAILED|ERROR)" "$OUT/wgmma_tests.txt" | head -5; tail -1 "$OUT/wgmma_tests.txt"
+    fi
+    timeout 60 python3 -m rawgraph trace --width 128 --batch 1 --layers 1 --form fused --steps 5 --out "$OUT/trace" \
+      --name trace_w128_b1 >"$OUT/trace.log" 2>&1
+    echo "trace rc=$? at $(el)s"; tail -12 "$OUT/trace.log"
+    if [ "$(left)" -gt 100 ] && [ -n "${OLD_TREE:-}" ]; then
+      REGRESS_LIMIT=$(( ($(left) - 20) / 4 )) bash benchmarks/device_run.sh regress >/dev/null 2>&1
+      echo "regress at $(el)s"; cat "$OUT/compare_paths.txt" 2>/dev/null | tail -14
+    fi ;;
   suite)  # every GPU test; the pytest plugin's tests (its gpu marker runs here); then memcheck over
     # every GPU test file, 8 chunks at once, with what is left of BUDGET
     gpu_tests "${TESTS_LIMIT:-270}" -q --durations=20 tests
@@ -290,7 +307,7 @@ case "${1:-tests}" in
   memcheck)  # every GPU test file under memcheck, each log naming the files and tests it covered
     MEMCHECK_LIMIT=${MEMCHECK_LIMIT:-$(( (BUDGET - 20) / ${CHUNKS:-4} ))} bash benchmarks/memcheck_gpu_tests.sh ${CHUNKS:-4} ${RUN_CHUNKS:-}
     echo "memcheck rc=$? at $(el)s" ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|suite|tf32ncu|memcheck" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|suite|tf32ncu|memcheck|wave" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"
