@@ -1094,31 +1094,18 @@ def _check_shape(
     given)."""
     if shape.split > 1 and not clusters:
         raise ShapeError(f"split {shape.split} needs thread-block clusters (compute capability 9.0)")
-    if shape.kernel == "sgemm":
+    tiled = {
+        "sgemm": lambda: sgemm_shape(batch, k, n, sgemm_cut(shape), clusters=clusters),
+        "tf32x3": lambda: tf32x3_shape(batch, k, n, tf32x3_cut(shape), clusters=clusters),
+        "tf32x3_wgmma": lambda: tf32x3_wgmma_shape(batch, k, n, tf32x3_wgmma_cut(shape), clusters=clusters),
+    }
+    if shape.kernel in tiled:  # the cp.async tile kernels: 16-byte rows of x and W
         if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
-            raise LayoutError("the sgemm kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
-        want = sgemm_shape(batch, k, n, sgemm_cut(shape), clusters=clusters)
+            raise LayoutError(f"the {shape.kernel} kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
+        want = tiled[shape.kernel]()
         if smem_limit and gemm_smem_bytes(shape) > smem_limit:
             raise ShapeError(
-                f"sgemm cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
-                f"shared memory per CTA; this device allows {smem_limit}"
-            )
-    elif shape.kernel == "tf32x3":
-        if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
-            raise LayoutError("the tf32x3 kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
-        want = tf32x3_shape(batch, k, n, tf32x3_cut(shape), clusters=clusters)
-        if smem_limit and gemm_smem_bytes(shape) > smem_limit:
-            raise ShapeError(
-                f"tf32x3 cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
-                f"shared memory per CTA; this device allows {smem_limit}"
-            )
-    elif shape.kernel == "tf32x3_wgmma":
-        if k % 4 or n % 4 or xa.ptr % 16 or wa.ptr % 16:
-            raise LayoutError("the tf32x3_wgmma kernel needs K % 4 == 0, N % 4 == 0 and 16-byte aligned x and W")
-        want = tf32x3_wgmma_shape(batch, k, n, tf32x3_wgmma_cut(shape), clusters=clusters)
-        if smem_limit and gemm_smem_bytes(shape) > smem_limit:
-            raise ShapeError(
-                f"tf32x3_wgmma cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
+                f"{shape.kernel} cut {matmul_expr('none', shape)} needs {gemm_smem_bytes(shape)} B of dynamic "
                 f"shared memory per CTA; this device allows {smem_limit}"
             )
     elif shape.kernel == "gemm":
