@@ -280,22 +280,25 @@ case "${1:-tests}" in
         echo "ncu tf32x3 m$m rc=$? at $(el)s"; grep -E "CHECK|FACT|Duration|Issue Slots Busy|Registers Per|local" "$OUT/ncu_tf32x3_m${m}_k4096.txt" | head -20
       fi
     done ;;
-  wave)  # one call for a whole session's GPU checks: the wgmma smoke probe, every GPU test but the
-    # wgmma file (its own process after, so a fault there cannot take the suite's context), the
-    # trace command at w128 b1, then the no-regression launch paths against $OLD_TREE with what is left
-    timeout 60 python3 benchmarks/probes/wgmma_smoke.py >"$OUT/wgmma_smoke.txt" 2>&1; smoke=$?
-    echo "wgmma smoke rc=$smoke at $(el)s"; grep -E "CHECK|TIME" "$OUT/wgmma_smoke.txt" | head -8
+  wave)  # one call for a whole session's GPU checks, most needed first: every GPU test but the wgmma
+    # file, the trace at w128 b1, the no-regression launch paths against $OLD_TREE, then the wgmma
+    # smoke probe and (if it passed) the wgmma tests in their own process, so a fault there cannot
+    # take the suite's context
     gpu_tests "${TESTS_LIMIT:-300}" -q --durations=10 --ignore=tests/test_tf32x3_wgmma_gpu.py tests
-    if [ $smoke = 0 ]; then
-      timeout 70 python3 -m pytest -q -p no:cacheprovider tests/test_tf32x3_wgmma_gpu.py >"$OUT/wgmma_tests.txt" 2>&1
-      echo "wgmma tests rc=$? at $(el)s"; grep -E "^(FAILED|ERROR)" "$OUT/wgmma_tests.txt" | head -5; tail -1 "$OUT/wgmma_tests.txt"
-    fi
     timeout 60 python3 -m rawgraph trace --width 128 --batch 1 --layers 1 --form fused --steps 5 --out "$OUT/trace" \
       --name trace_w128_b1 >"$OUT/trace.log" 2>&1
     echo "trace rc=$? at $(el)s"; tail -12 "$OUT/trace.log"
-    if [ "$(left)" -gt 100 ] && [ -n "${OLD_TREE:-}" ]; then
-      REGRESS_LIMIT=$(( ($(left) - 20) / 4 )) bash benchmarks/device_run.sh regress >/dev/null 2>&1
-      echo "regress at $(el)s"; cat "$OUT/compare_paths.txt" 2>/dev/null | tail -14
+    if [ "$(left)" -gt 120 ] && [ -n "${OLD_TREE:-}" ]; then
+      REGRESS_LIMIT=$(( ($(left) - 90) / 4 )) bash benchmarks/device_run.sh regress >/dev/null 2>&1
+      echo "regress at $(el)s"; tail -14 "$OUT/compare_paths.txt" 2>/dev/null
+    fi
+    if [ "$(left)" -gt 40 ]; then
+      timeout $(( $(left) - 15 )) python3 benchmarks/probes/wgmma_smoke.py >"$OUT/wgmma_smoke.txt" 2>&1; smoke=$?
+      echo "wgmma smoke rc=$smoke at $(el)s"; grep -E "CHECK|TIME" "$OUT/wgmma_smoke.txt" | head -8
+      if [ $smoke = 0 ] && [ "$(left)" -gt 30 ]; then
+        timeout $(( $(left) - 10 )) python3 -m pytest -q -p no:cacheprovider tests/test_tf32x3_wgmma_gpu.py >"$OUT/wgmma_tests.txt" 2>&1
+        echo "wgmma tests rc=$? at $(el)s"; grep -E "^(FAILED|ERROR)" "$OUT/wgmma_tests.txt" | head -5; tail -1 "$OUT/wgmma_tests.txt"
+      fi
     fi ;;
   suite)  # every GPU test; the pytest plugin's tests (its gpu marker runs here); then memcheck over
     # every GPU test file, 8 chunks at once, with what is left of BUDGET
