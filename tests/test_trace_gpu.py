@@ -227,3 +227,37 @@ def test_rawgraph_trace_writes_a_valid_trace_and_the_model(tmp_path):
     if result["png"] is not None:
         assert open(result["png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert driver.cuLaunchKernel.__module__ != "rawgraph.trace.hooks"
+
+
+def test_a_while_body_runs_its_kernels_once_per_iteration_in_the_trace(stream):
+    """What CUPTI reports for a conditional node's body: the kernels of a WHILE body that ran d
+    times appear d times, under the correlation id of the one ``cuGraphLaunch`` (the body has no
+    host call of its own). Counted at several depths of one exec: kernels(d) = kernels(0) + d * k,
+    k >= 1 the body's kernels per iteration."""
+    from rawgraph.control import DepthLoop
+
+    _cupti()
+    model = TinyBlock(128, 1, 4, seed=5, form="fused")
+    x = DeviceBuffer.from_numpy(np.random.default_rng(5).standard_normal((1, 128), dtype=np.float32))
+    out = DeviceBuffer((1, 128))
+    loop = DepthLoop(model, x, out, stream=stream)
+    depths = [0, 1, 2, 4]
+    with Tracer(device="cupti") as t:
+        for d in depths:
+            loop.set_depth(d, stream)
+            stream.synchronize()
+            loop.launch(stream)
+            stream.synchronize()
+    assert t.device_source == "cupti", t.device_source_reason
+    launches = [h for h in t.host if h.name == "cuGraphLaunch"]
+    assert len(launches) == len(depths), [h.name for h in t.host]
+    counts = []
+    for h in launches:
+        c = t.correlations.get(h.id)
+        counts.append(sum(1 for d in t.device_spans if d.kind == "kernel" and d.correlation == c))
+    per = counts[1] - counts[0]
+    assert per >= 1, f"kernels per replay at depths {depths}: {counts} (no body kernel reported)"
+    assert counts == [counts[0] + d * per for d in depths], f"kernels per replay at depths {depths}: {counts}"
+    loop.close()
+    for obj in (model, x, out):
+        obj.close()
