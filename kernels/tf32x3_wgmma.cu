@@ -50,6 +50,20 @@
 // CTA: WG = BM / 64 warpgroups (BM 64 or 128), each computing 64 rows x BN; all share one split B.
 // Registers a thread: acc and run, BN / 2 each (128 at BN = 128), 8 for a k8 step's split A.
 //
+// RUNS = 2, two accumulation runs in flight (the pipeline below is RUNS = 1's): runs alternate
+// between two run accumulators, and run q + 1's first k8 step is issued (into the other one)
+// before run q is waited for: after that step's commit and its split work, wgmma.wait_group 1
+// completes every group but the newest (all of run q) and run q is added into acc while run
+// q + 1's wgmma's run. The last run is waited for (wait_group 0) and added after the loop; the
+// first addition adds the zeroed second accumulator (0 + 0), so acc receives the same runs in the
+// same order as RUNS = 1: the same bits. A run is in flight across a stage's end, so a stage's
+// split B may still be read by the other warpgroup's wgmma's during the next iteration: three
+// split-B buffers, stage st in SB[st % 3]; at iteration st's barrier every warpgroup has waited
+// (wait_group 1 at stage st - 1's first step) for all of stage st - 2, so SB[(st + 1) % 3], the one
+// iteration st splits into, is free. Which accumulator a run uses must be known at compile time:
+// with an odd number of runs a stage the stage loop is unrolled by two. Registers: a third BN / 2
+// set (the host allows RUNS = 2 only where it fits without spills).
+//
 // Pipeline, one __syncthreads a stage (`st` runs over this CTA's stages of BK k):
 // * cp.async ring of STAGES >= 3 raw stages (x tile [m][k] at row stride BK + 4, W tile [k][n] at
 //   row stride BN). Two split-B buffers SB[0], SB[1] (big and small each).
@@ -70,14 +84,15 @@
 // partial tiles in shared memory and gt_reduce_partials, as tf32x3.cu with KS = 1. PDL, flags,
 // row tables, EPI (0 none, 1 relu, 2 add): as tf32x3.cu.
 //
-// Shared memory (dynamic, floats): tf32x3_wgmma_smem_floats<BM, BN, BK, STAGES, S>()
-//   = max(4 BN BK + STAGES (BM (BK + 4) + BK BN), S > 1 ? BM (BN + 4) : 0)
-// (SB[0] big, SB[0] small, SB[1] big, SB[1] small at the start, then the raw stages);
-// rawgraph.ops.tf32x3_wgmma_smem_bytes computes the same (x 4).
+// Shared memory (dynamic, floats): tf32x3_wgmma_smem_floats<BM, BN, BK, STAGES, S, RUNS>()
+//   = max(2 (RUNS + 1) BN BK + STAGES (BM (BK + 4) + BK BN), S > 1 ? BM (BN + 4) : 0)
+// (SB[0] big, SB[0] small, SB[1] big, SB[1] small (, SB[2] big, SB[2] small) at the start, then
+// the raw stages); rawgraph.ops.tf32x3_wgmma_smem_bytes computes the same (x 4).
 //
-// Launch: grid (ceil(N / BN), S, ceil(M / BM)), block 128 * BM / 64 threads. Name expressions:
-//   tf32x3_wgmma_kernel<EPI, BM, BN, BK, STAGES, MINB, FLUSH>           (S == 1, no cluster)
-//   tf32x3_wgmma_split_kernel<EPI, BM, BN, BK, STAGES, S, MINB, FLUSH>  (2 <= S <= 8, clusters of (1, S, 1))
+// Launch: grid (ceil(N / BN), S, ceil(M / BM)), block 128 * BM / 64 threads. Name expressions
+// (RUNS, default 1, is left out when 1):
+//   tf32x3_wgmma_kernel<EPI, BM, BN, BK, STAGES, MINB, FLUSH[, RUNS]>           (S == 1, no cluster)
+//   tf32x3_wgmma_split_kernel<EPI, BM, BN, BK, STAGES, S, MINB, FLUSH[, RUNS]>  (2 <= S <= 8, clusters of (1, S, 1))
 //
 // RG_HOST_EMULATION (never set by NVRTC) swaps the inline-asm helpers for host versions
 // (benchmarks/probes/wgmma_emulate.py: wgmma as a warpgroup-wide exchange that decodes the
@@ -118,6 +133,8 @@ __device__ __forceinline__ unsigned wx_smem_addr(const void* p) { return (unsign
 __device__ __forceinline__ void wx_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wx_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wx_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Every committed group but the newest complete (RUNS = 2: the previous run).
+__device__ __forceinline__ void wx_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 // Generic-proxy writes to shared memory (the split pass) before async-proxy reads (wgmma).
 __device__ __forceinline__ void wx_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // Pin a register's value at this point: the compiler may not move reads of an accumulator above
@@ -230,7 +247,21 @@ __device__ __forceinline__ unsigned long long wx_desc(unsigned addr, unsigned lb
 // (an involution; see the header).
 __host__ __device__ constexpr int wx_perm(int c) { return (c & ~31) | ((c & 6) << 2) | ((c >> 2) & 6) | (c & 1); }
 
-template <int BM, int BN, int BK, int STAGES, int S, int FLUSH>
+// Compile-time indices (a run's accumulator is chosen at compile time: registers, not memory).
+template <int V>
+struct WxInt {
+    static constexpr int value = V;
+};
+template <int I, int N, class F>
+__device__ __forceinline__ void wx_static_for(F&& f)
+{
+    if constexpr (I < N) {
+        f(WxInt<I>{});
+        wx_static_for<I + 1, N>(f);
+    }
+}
+
+template <int BM, int BN, int BK, int STAGES, int S, int FLUSH, int RUNS = 1>
 struct WgCfg {
     static constexpr int WG = BM / 64;                 // warpgroups, 64 rows each
     static constexpr int THREADS = 128 * WG;
@@ -239,7 +270,9 @@ struct WgCfg {
     static constexpr int XTILE = BM * XS;
     static constexpr int STAGE = XTILE + BK * WS;      // floats per raw stage
     static constexpr int SPLIT = BN * BK;              // one split B tile (big or small)
-    static constexpr int SBUF = 4 * SPLIT;             // SB[0] big, SB[0] small, SB[1] big, SB[1] small
+    static constexpr int NSB = RUNS + 1;               // split-B buffers (big and small each)
+    static constexpr int SBUF = 2 * NSB * SPLIT;       // SB[0] big, SB[0] small, SB[1] big, ...
+    static constexpr int RPS = BK / 8 / FLUSH;         // accumulation runs a stage
     static constexpr int PS = BN + 4;                  // partial tile row stride
     static constexpr int PIPE = SBUF + STAGES * STAGE;
     static constexpr int PART = S > 1 ? BM * PS : 0;
@@ -258,21 +291,23 @@ struct WgCfg {
     static_assert(FLUSH >= 1 && (BK / 8) % FLUSH == 0, "every stage ends an accumulation run");
     static_assert(STAGES >= 3, "a stage computes while the next is split and a third loads");
     static_assert(S >= 1 && S <= 8, "portable cluster size");
+    static_assert(RUNS == 1 || RUNS == 2, "one or two accumulation runs in flight");
+    static_assert(RUNS == 1 || BN <= 96, "RUNS = 2: acc and two run sets, 3 BN / 2 registers (the host's rule)");
 };
 
-template <int BM, int BN, int BK, int STAGES, int S>
+template <int BM, int BN, int BK, int STAGES, int S, int RUNS = 1>
 __host__ __device__ constexpr int tf32x3_wgmma_smem_floats()
 {
-    return WgCfg<BM, BN, BK, STAGES, S, 1>::SMEM_FLOATS;
+    return WgCfg<BM, BN, BK, STAGES, S, 1, RUNS>::SMEM_FLOATS;
 }
 
 #ifdef RG_WGMMA
-template <int EPI, int BM, int BN, int BK, int STAGES, int S, int FLUSH>
+template <int EPI, int BM, int BN, int BK, int STAGES, int S, int FLUSH, int RUNS>
 __device__ __forceinline__ void tf32x3_wgmma_body(const float* x, const float* __restrict__ W, float* y,
                                                   const float* r, int M, int K, int N, int early, const int* rows,
                                                   int flags)
 {
-    typedef WgCfg<BM, BN, BK, STAGES, S, FLUSH> C;
+    typedef WgCfg<BM, BN, BK, STAGES, S, FLUSH, RUNS> C;
     constexpr int T = C::THREADS, XS = C::XS, WS = C::WS, NR = BN / 2;
     extern __shared__ __align__(16) float smem[];
 
