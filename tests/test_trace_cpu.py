@@ -416,3 +416,248 @@ def test_spans_carry_their_thread_and_nothing_is_recorded_after_the_block(fake_d
     assert [h.thread == threading.get_native_id() for h in t.host] == [False, True]
     assert trace_problems(t.to_chrome()) == []
     s.close()
+
+
+# -- the CUPTI path on the CPU: tests/fake_cupti.py (the cupti-python API as confirmed) over the fake driver
+@pytest.fixture
+def cupti_block(block, monkeypatch):
+    """``block`` with the fake ``cupti`` watching the fake driver and handed to the tracer as
+    cupti-python's module (the tracer otherwise refuses CUPTI over the fake driver)."""
+    import fake_cupti
+
+    from rawgraph.trace import activity, tracer
+
+    monkeypatch.setattr(tracer, "_fake_driver_installed", lambda: False)
+    monkeypatch.setattr(tracer, "load_cupti", lambda: (fake_cupti, ""))
+    monkeypatch.setattr(activity, "_registered", False)
+    monkeypatch.setattr(activity, "_BUFFER_BYTES", 16 * fake_cupti.RECORD_BYTES)  # buffers fill: worker deliveries
+    fake_cupti.attach()
+    try:
+        yield (*block, fake_cupti)
+    finally:
+        fake_cupti.detach()
+        activity._sink.clear()
+
+
+def _cupti_traced(cupti_block, steps=3, **options):
+    fake, s, plan, graph, exe, fc = cupti_block
+    with Tracer(**options) as t:
+        exe2 = graph.instantiate()  # inside: the clones are announced
+        t.label_graph(graph, "tinyblock")
+        with t.path("stream"):
+            for _ in range(steps):
+                with t.step(s):
+                    plan.run(s)
+        with t.path("graph"):
+            for _ in range(steps):
+                with t.step(s):
+                    exe2.launch(s)
+        s.synchronize()
+    exe2.close()
+    return t
+
+
+def test_the_cupti_path_joins_calls_kernels_and_graph_nodes_on_the_fake(cupti_block):
+    fake, s, plan, graph, exe, fc = cupti_block
+    t = _cupti_traced(cupti_block, device="cupti")
+    assert t.device_source == "cupti" and t.notes == []
+    st = fc.STATE
+    # the calls, in order: registered once; DRIVER on (else no external correlation records); a
+    # forced flush before the kinds go off; the subscriber released
+    assert st.calls[0] == "activity_register_callbacks"
+    enabled = [c.split()[1] for c in st.calls if c.startswith("activity_enable")]
+    assert enabled == ["CONCURRENT_KERNEL", "MEMCPY", "MEMSET", "DRIVER", "EXTERNAL_CORRELATION"]
+    flush = st.calls.index(f"activity_flush_all {int(fc.ActivityFlag.FLUSH_FORCED)}")
+    assert flush < min(i for i, c in enumerate(st.calls) if c.startswith("activity_disable"))
+    assert st.enabled == set() and st.subscriber is None and "unsubscribe" in st.calls
+    assert {name for name, _ in st.deliveries} == {"cupti-worker", "MainThread"}  # full buffers, then the flush
+    # every launch call is joined to its device work through the external correlation records
+    corr = t.correlations
+    launches = [h for h in t.host if h.cat in ("launch", "graph") and h.name != "cuGraphInstantiateWithFlags"]
+    launches = [h for h in launches if h.name in ("cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch")]
+    assert len(launches) == 3 * len(plan.launches) + 3 and all(h.id in corr for h in launches)
+    spans = t.joined_device_spans()
+    labels = {lab.node_id: lab for lab in t.labels["tinyblock"]}
+    assert all(lab.node_id for lab in labels.values())
+    for h in launches:
+        mine = [d for d in spans if d.correlation == corr[h.id]]
+        assert all(d.start_ns >= h.start_ns for d in mine)  # on the host clock, after the call began
+        if h.name == "cuGraphLaunch":
+            assert len(mine) == len(graph.nodes)
+            assert {d.node_id for d in mine} == set(labels)  # clones mapped back to the graph's nodes
+            assert all(d.graph_node_id not in labels for d in mine)
+            assert sorted(d.args["node"] for d in mine) == [n.index for n in graph.nodes]
+            assert all(d.args["launch"] == labels[d.node_id].launch for d in mine)
+        else:
+            (d,) = mine
+            assert d.kind == "kernel" and d.args["launch"] == h.args["kernel"]  # d.name: the driver's (mangled)
+            assert d.args["host_call"] == h.name and d.args["grid"][0] >= 1
+    meta = t.metadata()
+    assert meta["device_clock"]["clone_map_entries"] == len(graph.nodes)
+    model = t.latency_model()
+    assert [p.path for p in model.paths] == ["stream", "graph"]
+    assert all(p.gap_us is not None and p.kernels for p in model.paths)
+    doc = t.to_chrome()
+    assert trace_problems(doc) == []
+    assert len([e for e in doc["traceEvents"] if e["ph"] == "s"]) == len(launches)  # a flow per launch
+
+
+def test_the_fake_cupti_writes_external_correlation_only_with_api_records(cupti_block):
+    """What the fake mimics of CUPTI (the header: an external correlation record precedes an *API*
+    record): without the DRIVER kind the pushed ids are never reported."""
+    fake, s, plan, graph, exe, fc = cupti_block
+    got = []
+    fc.activity_register_callbacks(lambda: (1 << 20, 0), got.extend)
+    for kind in (fc.ActivityKind.CONCURRENT_KERNEL, fc.ActivityKind.EXTERNAL_CORRELATION):
+        fc.activity_enable(kind)
+    fc.activity_push_external_correlation_id(fc.ExternalCorrelationKind.CUSTOM0, 99)
+    plan.run(s)
+    assert fc.activity_pop_external_correlation_id(fc.ExternalCorrelationKind.CUSTOM0) == 99
+    fc.activity_flush_all(0)
+    assert got == []  # not full, not forced
+    fc.activity_flush_all(int(fc.ActivityFlag.FLUSH_FORCED))
+    assert {type(a).__name__ for a in got} == {"ActivityKernel10"}
+    assert all(isinstance(a.kind, int) and not isinstance(a.kind, fc.ActivityKind) for a in got)
+    fc.activity_disable(fc.ActivityKind.CONCURRENT_KERNEL)
+    fc.activity_disable(fc.ActivityKind.EXTERNAL_CORRELATION)
+    with pytest.raises(fc.cuptiError):
+        fc.activity_pop_external_correlation_id(fc.ExternalCorrelationKind.CUSTOM0)
+
+
+def test_cupti_under_another_subscriber_keeps_the_exec_node_ids_and_says_so(cupti_block):
+    fake, s, plan, graph, exe, fc = cupti_block
+    other = fc.subscribe(lambda *a: None, None)  # a profiler holds the one slot
+    try:
+        t = _cupti_traced(cupti_block, steps=1)
+    finally:
+        fc.unsubscribe(other)
+    assert t.device_source == "cupti"
+    assert any("cupti.subscribe" in n and "MULTIPLE_SUBSCRIBERS" in n for n in t.notes)
+    graph_spans = [d for d in t.device_spans if d.graph_node_id]
+    assert graph_spans and all(d.node_id == d.graph_node_id for d in graph_spans)
+    assert t.metadata()["device_clock"]["clone_map_entries"] == 0
+    assert not any("node" in d.args for d in t.joined_device_spans())
+
+
+def test_cupti_records_without_an_end_are_dropped_and_counted(cupti_block):
+    fake, s, plan, graph, exe, fc = cupti_block
+    fc.STATE.unended = 2
+    t = _cupti_traced(cupti_block, steps=1)
+    launched = len(plan.launches) + len(graph.nodes)
+    assert len([d for d in t.device_spans if d.kind == "kernel"]) == launched - 2
+    assert any("2 device record(s) without an end time" in n for n in t.notes)
+
+
+def test_cupti_copies_memsets_and_odd_records(cupti_block):
+    """Copies and memsets on the fake driver become device spans; records the tracer does not use
+    (another kind, another external-correlation kind) and a broken buffer never raise into CUPTI's
+    thread."""
+    import numpy as np
+
+    from rawgraph import DeviceBuffer
+
+    fake, s, plan, graph, exe, fc = cupti_block
+    buf = DeviceBuffer((1, 64))
+    host = np.zeros(64, np.float32)
+    with Tracer(device="cupti") as t:
+        with t.path("copy"), t.step(s):
+            driver.cuMemsetD32Async(buf.ptr, 7, 64, s.handle)
+            driver.cuMemcpyHtoDAsync(buf.ptr, host.ctypes.data, 256, s.handle)
+        c = t._collector
+        c._completed([fc.ActivityExternalCorrelation(int(fc.ActivityKind.EXTERNAL_CORRELATION), 4, 10**9, 6)])
+        c._completed([fc.ActivityAPI(int(fc.ActivityKind.RUNTIME), 0, 1, 2, 3)])
+        odd = fc.ActivityMemcpy6(int(fc.ActivityKind.MEMCPY), 10, 20, 0, 1, 0, copy_kind=12345, bytes=8)
+        c._completed([odd])
+        c._completed([object()])  # no kind: noted, not raised
+        s.synchronize()
+    buf.close()
+    kinds = {d.kind: d for d in t.device_spans}
+    assert kinds["memset"].args == {"bytes": 64, "value": 7} and kinds["memset"].name == "memset"
+    assert kinds["memcpy"].name == "memcpy HTOD" and kinds["memcpy"].args == {"bytes": 256}
+    assert any(d.name == "memcpy 12345" for d in t.device_spans)
+    assert 10**9 not in t.correlations  # CUSTOM1 is not ours
+    assert any(n.startswith("activity buffer: AttributeError") for n in t.notes)
+    assert all(d.correlation in t.correlations.values() for d in t.device_spans if d.name != "memcpy 12345")
+
+
+def test_cupti_that_fails_to_start_is_undone_and_auto_falls_back(cupti_block, monkeypatch):
+    fake, s, plan, graph, exe, fc = cupti_block
+    real_enable = fc.activity_enable
+
+    def enable(kind):
+        if int(kind) == int(fc.ActivityKind.DRIVER):
+            raise fc.cuptiError("ERROR_NOT_COMPATIBLE")
+        real_enable(kind)
+
+    monkeypatch.setattr(fc, "activity_enable", enable)
+    with Tracer() as t:
+        pass
+    assert t.device_source == "events" and "CUPTI did not start" in t.device_source_reason
+    assert fc.STATE.enabled == set() and fc.STATE.subscriber is None
+    with pytest.raises(TraceError, match="ERROR_NOT_COMPATIBLE"):
+        with Tracer(device="cupti"):
+            pass
+    assert fc.STATE.enabled == set()
+
+
+def test_the_graph_node_cloned_callback_takes_a_bare_pointer_and_never_raises(cupti_block):
+    from rawgraph.trace.activity import CuptiCollector
+
+    fake, s, plan, graph, exe, fc = cupti_block
+    c = CuptiCollector(fc)
+    res, cloned = int(fc.CallbackDomain.RESOURCE), int(fc.CallbackIdResource.GRAPHNODE_CLONED)
+    fc.STATE.pointers[0x100] = fc.ResourceData(0, 0x200)
+    fc.STATE.pointers[0x200] = fc.GraphData(1, 2, 0xAA, 0xBB, 1, 0, 3)
+    c._resource(None, res, cloned, 0x100)  # a CUpti_ResourceData address, not its wrapper
+    assert c.clones == {fc.get_graph_node_id(0xAA): fc.get_graph_node_id(0xBB)}
+    c._resource(None, res, int(fc.CallbackIdResource.GRAPHNODE_CREATED), 0x100)
+    c._resource(None, int(fc.CallbackDomain.DRIVER_API), cloned, 0x100)
+    assert len(c.clones) == 1
+    c._resource(None, res, cloned, 0xDEAD)  # unknown pointer: noted
+    assert c.notes and c.notes[0].startswith("GRAPHNODE_CLONED callback: KeyError")
+
+
+def test_the_clock_interpolates_between_its_readings(cupti_block):
+    """The fake CUPTI clock runs 50 ppm fast from an offset of its own: interpolated between a
+    reading at the start and one at the end, a device time lands within the brackets of the host
+    time it was taken at; the mean offset alone would be off by the drift."""
+    import time
+
+    from rawgraph.trace.activity import Clock
+
+    fake, s, plan, graph, exe, fc = cupti_block
+    fc.RATE, rate = 1.01, fc.RATE  # exaggerated, so the drift shows over a short test
+    try:
+        clock = Clock()
+        clock.start, clock.start_at, b0 = Clock.sample(fc.get_timestamp)
+        h0 = time.perf_counter_ns()
+        d = fc.get_timestamp()
+        h1 = time.perf_counter_ns()
+        time.sleep(0.1)
+        clock.end, clock.end_at, b1 = Clock.sample(fc.get_timestamp)
+    finally:
+        fc.RATE = rate
+    slack = max(b0, b1) + 50_000
+    assert h0 - slack <= clock.to_host(d) <= h1 + slack
+    assert abs((d - clock.offset) - (h0 + h1) / 2) > 200_000  # the mean offset misses by about half the drift (0.5 ms)
+    assert clock.to_host(clock.start_at - 10) == clock.start_at - 10 - clock.start  # held outside
+    assert clock.to_host(clock.end_at + 10) == clock.end_at + 10 - clock.end
+    assert Clock(start=5).to_host(100) == 95  # one reading: a plain offset
+
+
+def test_cupti_enable_callback_and_disable_failures_are_undone_and_noted(cupti_block, monkeypatch):
+    fake, s, plan, graph, exe, fc = cupti_block
+
+    def no_callback(*args):
+        raise fc.cuptiError("ERROR_INVALID_PARAMETER")
+
+    def no_disable(kind):
+        raise fc.cuptiError("ERROR_UNKNOWN")
+
+    monkeypatch.setattr(fc, "enable_callback", no_callback)
+    with Tracer(device="cupti") as t:
+        assert fc.STATE.subscriber is None  # subscribed, then released when enable_callback failed
+        monkeypatch.setattr(fc, "activity_disable", no_disable)
+    assert "unsubscribe" in fc.STATE.calls
+    assert any("cupti.subscribe: ERROR_INVALID_PARAMETER" in n for n in t.notes)
+    assert sum("cupti.activity_disable" in n for n in t.notes) == 5
