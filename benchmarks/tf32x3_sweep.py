@@ -14,7 +14,8 @@ rule); ``cublas-fp32`` (TF32 off), ``cublas-tf32`` (TF32 on: faster, less accura
 ``triton-tf32x3`` (the fastest of a few block configurations; skipped with a message when triton
 is missing); on compute capability 9.0, ``wgmma`` rows: the warpgroup kernel
 (``kernels/tf32x3_wgmma.cu``, not yet routed by ops.matmul) at ``tf32x3_wgmma_default_cut``'s cut,
-up to ``--wgmma-alternates`` other cuts and any ``--wgmma-cut`` (``--no-wgmma`` leaves them out). For each: device us (median and p10..p90), TFLOP/s, % of the TF32-derived ideal
+up to ``--wgmma-alternates`` other cuts, the two-run form's first guess (``runs=2``; left out by
+``--no-wgmma-runs2``) and any ``--wgmma-cut`` (``--no-wgmma`` leaves them out). For each: device us (median and p10..p90), TFLOP/s, % of the TF32-derived ideal
 (165 TFLOP/s: the dense TF32 tensor peak / 3) and of the fp32 peak (66.9), and the relative
 Frobenius error against float64 on normal data and on rows of x scaled by 10^u, u uniform in
 [-3, 3] (the worst row's error is in the JSON).
@@ -172,8 +173,10 @@ def wgmma_alternates(cut: WgmmaCut, k: int, limit: int) -> list[WgmmaCut]:
 
 
 def wlabel(cut: WgmmaCut) -> str:
-    return f"wg {cut.bm}x{cut.bn}/k{cut.bk}/st{cut.stages}/s{cut.split}/f{cut.flush}" + (
-        f"/mb{cut.minb}" if cut.minb > 1 else ""
+    return (
+        f"wg {cut.bm}x{cut.bn}/k{cut.bk}/st{cut.stages}/s{cut.split}/f{cut.flush}"
+        + (f"/mb{cut.minb}" if cut.minb > 1 else "")
+        + (f"/r{cut.runs}" if cut.runs > 1 else "")
     )
 
 
@@ -500,7 +503,7 @@ class Sweep:
                     "cut": wlabel(cut),
                     "values": asdict(cut),
                     "table": i == 0,
-                    "smem": tf32x3_wgmma_smem_bytes(cut.bm, cut.bn, cut.bk, cut.stages, cut.split),
+                    "smem": tf32x3_wgmma_smem_bytes(cut.bm, cut.bn, cut.bk, cut.stages, cut.split, cut.runs),
                 }
                 rec.update(self.ours(m, w, d, "tf32x3", tf32x3_wgmma_shape(m, w, w, cut)))
                 row["wgmma"].append(rec)
@@ -519,9 +522,14 @@ class Sweep:
         return row
 
     def wgmma_cuts(self, m: int, w: int) -> list[WgmmaCut]:
-        """The warpgroup cuts timed at (m, w): the default rule's first, then alternates and --wgmma-cut."""
-        first = tf32x3_wgmma_default_cut(m, w, w, self.sms, True, self.dev.info.smem_per_block_optin)
-        rest = wgmma_alternates(first, w, self.a.wgmma_alternates) + list(self.a.wgmma_cut)
+        """The warpgroup cuts timed at (m, w): the default rule's first, then alternates, the two-run
+        form's first guess (``runs=2``, unless --no-wgmma-runs2) and --wgmma-cut."""
+        optin = self.dev.info.smem_per_block_optin
+        first = tf32x3_wgmma_default_cut(m, w, w, self.sms, True, optin)
+        rest = wgmma_alternates(first, w, self.a.wgmma_alternates)
+        if not self.a.no_wgmma_runs2:
+            rest.append(tf32x3_wgmma_default_cut(m, w, w, self.sms, True, optin, runs=2))
+        rest += list(self.a.wgmma_cut)
         return [first] + [c for c in dict.fromkeys(rest) if c != first]
 
     def run(self, shapes: list[tuple[int, int]]) -> dict:
@@ -752,6 +760,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wgmma-cut", type=parse_wgmma_cut, action="append", default=[], help="also time this wgmma cut")
     p.add_argument("--wgmma-alternates", type=int, default=None, help="other wgmma cuts per shape (default 3, quick 3)")
     p.add_argument("--no-wgmma", action="store_true", help="leave out the warpgroup kernel's rows")
+    p.add_argument("--no-wgmma-runs2", action="store_true", help="leave out the two-runs-in-flight wgmma row (runs=2)")
     p.add_argument("--jobs", type=int, default=8, help="NVRTC compile processes")
     p.add_argument("--seed", type=int, default=20261207)
     return p

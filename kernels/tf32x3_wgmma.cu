@@ -60,9 +60,13 @@
 // split B may still be read by the other warpgroup's wgmma's during the next iteration: three
 // split-B buffers, stage st in SB[st % 3]; at iteration st's barrier every warpgroup has waited
 // (wait_group 1 at stage st - 1's first step) for all of stage st - 2, so SB[(st + 1) % 3], the one
-// iteration st splits into, is free. Which accumulator a run uses must be known at compile time:
-// with an odd number of runs a stage the stage loop is unrolled by two. Registers: a third BN / 2
-// set (the host allows RUNS = 2 only where it fits without spills).
+// iteration st splits into, is free. Which accumulator a run uses is known at compile time (a
+// stage has an even number of runs: run2 holds each stage's last). ptxas keeps these wgmma's
+// asynchronous only for runs of FLUSH >= 2 k8 steps (with FLUSH = 1, or an odd number of runs a
+// stage, it reports C7514 and serializes them), so RUNS = 2 requires FLUSH >= 2 and (BK / 8) /
+// FLUSH even, and S == 1 (in the cluster-split kernels ptxas reports C7514 / C7517, serialized
+// wgmma's or injected waits). Registers: a third BN / 2 set; the host allows RUNS = 2 only where it
+// compiles without spills.
 //
 // Pipeline, one __syncthreads a stage (`st` runs over this CTA's stages of BK k):
 // * cp.async ring of STAGES >= 3 raw stages (x tile [m][k] at row stride BK + 4, W tile [k][n] at
@@ -293,12 +297,18 @@ struct WgCfg {
     static_assert(S >= 1 && S <= 8, "portable cluster size");
     static_assert(RUNS == 1 || RUNS == 2, "one or two accumulation runs in flight");
     static_assert(RUNS == 1 || BN <= 96, "RUNS = 2: acc and two run sets, 3 BN / 2 registers (the host's rule)");
+    static_assert(RUNS == 1 || (FLUSH >= 2 && RPS % 2 == 0),
+                  "RUNS = 2: runs of 2 or more k8 steps, an even number a stage (else ptxas serializes the wgmma's)");
+    static_assert(RUNS == 1 || S == 1, "RUNS = 2: no cluster split (ptxas serializes the split kernels' wgmma's)");
 };
 
 template <int BM, int BN, int BK, int STAGES, int S, int RUNS = 1>
 __host__ __device__ constexpr int tf32x3_wgmma_smem_floats()
 {
-    return WgCfg<BM, BN, BK, STAGES, S, 1, RUNS>::SMEM_FLOATS;
+    // WgCfg's SMEM_FLOATS, written out (WgCfg also checks FLUSH, which the size does not depend on)
+    constexpr int pipe = 2 * (RUNS + 1) * BN * BK + STAGES * (BM * (BK + 4) + BK * BN);
+    constexpr int part = S > 1 ? BM * (BN + 4) : 0;
+    return pipe > part ? pipe : part;
 }
 
 #ifdef RG_WGMMA
@@ -451,49 +461,118 @@ __device__ __forceinline__ void tf32x3_wgmma_body(const float* x, const float* _
     }
     int buf = 0;            // raw buffer of stage st
     int nbuf = STAGES - 1;  // raw buffer of stage st + STAGES - 1 (the one stage st - 1 left)
-    for (int st = 0; st < nst; ++st) {
-        rg_cp_async_wait<STAGES - 3>();  // stage st + 1 landed (this thread's pieces)
-        wx_fence_proxy_async();           // this thread's split writes, visible to wgmma
-        __syncthreads();                  // the invariants of the header hold from here
-        if (st + STAGES - 1 < nst) {
-            load_w(nbuf);
-            load_x(nbuf);
-        }
-        rg_cp_async_commit();
-        const int sb = st & 1;
-        const int buf1 = (buf + 1 == STAGES) ? 0 : buf + 1;  // raw buffer of stage st + 1
-        const bool next = st + 1 < nst;                      // uniform over the CTA
-        const float* const xs = xlane + buf * C::STAGE;
-        const unsigned big_addr = sb_addr + (unsigned)(sb * 2 * C::SPLIT) * 4u;
-        const unsigned small_addr = big_addr + (unsigned)C::SPLIT * 4u;
-#pragma unroll
-        for (int j = 0; j < BK / 8; ++j) {
-            unsigned a[4], ab[4], as[4];
-            wx_ldmatrix4(a, xs + 8 * j);
-#pragma unroll
-            for (int q = 0; q < 4; ++q) wx_split(__uint_as_float(a[q]), ab[q], as[q]);
-            const unsigned off = 2u * (unsigned)j * C::LBO;
-            const unsigned long long dbig = wx_desc(big_addr + off, C::LBO, C::SBO);
-            const unsigned long long dsmall = wx_desc(small_addr + off, C::LBO, C::SBO);
-#pragma unroll
-            for (int i = 0; i < NR; ++i) wx_pin(run[i]);
-            wx_fence();
-            WgMma<BN>::run(run, as, dbig, j % FLUSH != 0);  // a run's first wgmma starts from zero
-            WgMma<BN>::run(run, ab, dsmall, 1);
-            WgMma<BN>::run(run, ab, dbig, 1);
-            wx_commit();
-            if (next) split_b(buf1, sb ^ 1, j);  // while the wgmma's run
-            if (j % FLUSH == FLUSH - 1) {        // end of a run: into the fp32 sums
-                wx_wait0();
-#pragma unroll
-                for (int i = 0; i < NR; ++i) {
-                    wx_pin(run[i]);
-                    acc[i] += run[i];
+    if constexpr (RUNS == 1) {
+        for (int st = 0; st < nst; ++st) {
+            rg_cp_async_wait<STAGES - 3>();  // stage st + 1 landed (this thread's pieces)
+            wx_fence_proxy_async();           // this thread's split writes, visible to wgmma
+            __syncthreads();                  // the invariants of the header hold from here
+            if (st + STAGES - 1 < nst) {
+                load_w(nbuf);
+                load_x(nbuf);
+            }
+            rg_cp_async_commit();
+            const int sb = st & 1;
+            const int buf1 = (buf + 1 == STAGES) ? 0 : buf + 1;  // raw buffer of stage st + 1
+            const bool next = st + 1 < nst;                      // uniform over the CTA
+            const float* const xs = xlane + buf * C::STAGE;
+            const unsigned big_addr = sb_addr + (unsigned)(sb * 2 * C::SPLIT) * 4u;
+            const unsigned small_addr = big_addr + (unsigned)C::SPLIT * 4u;
+    #pragma unroll
+            for (int j = 0; j < BK / 8; ++j) {
+                unsigned a[4], ab[4], as[4];
+                wx_ldmatrix4(a, xs + 8 * j);
+    #pragma unroll
+                for (int q = 0; q < 4; ++q) wx_split(__uint_as_float(a[q]), ab[q], as[q]);
+                const unsigned off = 2u * (unsigned)j * C::LBO;
+                const unsigned long long dbig = wx_desc(big_addr + off, C::LBO, C::SBO);
+                const unsigned long long dsmall = wx_desc(small_addr + off, C::LBO, C::SBO);
+    #pragma unroll
+                for (int i = 0; i < NR; ++i) wx_pin(run[i]);
+                wx_fence();
+                WgMma<BN>::run(run, as, dbig, j % FLUSH != 0);  // a run's first wgmma starts from zero
+                WgMma<BN>::run(run, ab, dsmall, 1);
+                WgMma<BN>::run(run, ab, dbig, 1);
+                wx_commit();
+                if (next) split_b(buf1, sb ^ 1, j);  // while the wgmma's run
+                if (j % FLUSH == FLUSH - 1) {        // end of a run: into the fp32 sums
+                    wx_wait0();
+    #pragma unroll
+                    for (int i = 0; i < NR; ++i) {
+                        wx_pin(run[i]);
+                        acc[i] += run[i];
+                    }
                 }
             }
+            buf = buf1;
+            nbuf = (nbuf + 1 == STAGES) ? 0 : nbuf + 1;
         }
-        buf = buf1;
-        nbuf = (nbuf + 1 == STAGES) ? 0 : nbuf + 1;
+    } else {
+        // RUNS = 2 (see the header): run q in run when q is even, in run2 when odd; stage st's
+        // split B in SB[sbc], sbc = st % 3.
+        float run2[NR];
+#pragma unroll
+        for (int i = 0; i < NR; ++i) run2[i] = 0.0f;
+        int sbc = 0;
+        // Stage st; P: the parity of its first run (0: a stage has an even number of runs).
+        auto stage = [&](int st, auto par) {
+            constexpr int P = decltype(par)::value;
+            rg_cp_async_wait<STAGES - 3>();  // stage st + 1 landed (this thread's pieces)
+            wx_fence_proxy_async();           // this thread's split writes, visible to wgmma
+            __syncthreads();                  // from here every wgmma of stage st - 2 has completed
+            if (st + STAGES - 1 < nst) {
+                load_w(nbuf);
+                load_x(nbuf);
+            }
+            rg_cp_async_commit();
+            const int sbn = (sbc + 1 == C::NSB) ? 0 : sbc + 1;   // split buffer of stage st + 1
+            const int buf1 = (buf + 1 == STAGES) ? 0 : buf + 1;  // raw buffer of stage st + 1
+            const bool next = st + 1 < nst;                      // uniform over the CTA
+            const float* const xs = xlane + buf * C::STAGE;
+            const unsigned big_addr = sb_addr + (unsigned)(sbc * 2 * C::SPLIT) * 4u;
+            const unsigned small_addr = big_addr + (unsigned)C::SPLIT * 4u;
+            wx_static_for<0, BK / 8>([&](auto jc) {
+                constexpr int j = decltype(jc)::value;
+                // cur: this step's run; prev: the run before it (complete after wait_group 1)
+                auto k8 = [&](float (&cur)[NR], float (&prev)[NR]) {
+                    unsigned a[4], ab[4], as[4];
+                    wx_ldmatrix4(a, xs + 8 * j);
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) wx_split(__uint_as_float(a[q]), ab[q], as[q]);
+                    const unsigned off = 2u * (unsigned)j * C::LBO;
+                    const unsigned long long dbig = wx_desc(big_addr + off, C::LBO, C::SBO);
+                    const unsigned long long dsmall = wx_desc(small_addr + off, C::LBO, C::SBO);
+#pragma unroll
+                    for (int i = 0; i < NR; ++i) wx_pin(cur[i]);
+                    wx_fence();
+                    WgMma<BN>::run(cur, as, dbig, j % FLUSH != 0);  // a run's first wgmma starts from zero
+                    WgMma<BN>::run(cur, ab, dsmall, 1);
+                    WgMma<BN>::run(cur, ab, dbig, 1);
+                    wx_commit();
+                    if (next) split_b(buf1, sbn, j);  // while the wgmma's run
+                    if constexpr (j % FLUSH == 0) {   // a run's first step: the previous run into the sums
+                        wx_wait1();
+#pragma unroll
+                        for (int i = 0; i < NR; ++i) {
+                            wx_pin(prev[i]);
+                            acc[i] += prev[i];
+                        }
+                    }
+                };
+                if constexpr (((P + j / FLUSH) & 1) == 0) k8(run, run2);
+                else k8(run2, run);
+            });
+            buf = buf1;
+            nbuf = (nbuf + 1 == STAGES) ? 0 : nbuf + 1;
+            sbc = sbn;
+        };
+        for (int st = 0; st < nst; ++st) stage(st, WxInt<0>{});
+        // The last run (a stage's last run is odd: run2; none when nst == 0, and run2 is still zero).
+        wx_wait0();
+#pragma unroll
+        for (int i = 0; i < NR; ++i) {
+            wx_pin(run2[i]);
+            acc[i] += run2[i];
+        }
     }
     rg_cp_async_wait<0>();
     if (!early) rg_allow_dependents();  // the successor's prologue overlaps only our epilogue
@@ -523,7 +602,8 @@ __device__ __forceinline__ void tf32x3_wgmma_body(const float* x, const float* _
             }
         }
     } else {
-        // Every wgmma has completed (a stage ends a run); the stages become the partial tile.
+        // Every wgmma has completed (each warpgroup's last wait was wait_group 0); the stages become
+        // the partial tile.
         wx_fence_proxy_async();
         __syncthreads();
 #pragma unroll
@@ -542,13 +622,13 @@ __device__ __forceinline__ void tf32x3_wgmma_body(const float* x, const float* _
 #endif  // RG_WGMMA
 
 // grid (ceil(N / BN), 1, ceil(M / BM)), 128 * BM / 64 threads
-template <int EPI, int BM, int BN, int BK, int STAGES, int MINB, int FLUSH>
-__global__ void __launch_bounds__(WgCfg<BM, BN, BK, STAGES, 1, FLUSH>::THREADS, MINB)
+template <int EPI, int BM, int BN, int BK, int STAGES, int MINB, int FLUSH, int RUNS = 1>
+__global__ void __launch_bounds__(WgCfg<BM, BN, BK, STAGES, 1, FLUSH, RUNS>::THREADS, MINB)
 tf32x3_wgmma_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N,
                     int flags, const int* rows)
 {
 #ifdef RG_WGMMA
-    tf32x3_wgmma_body<EPI, BM, BN, BK, STAGES, 1, FLUSH>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
+    tf32x3_wgmma_body<EPI, BM, BN, BK, STAGES, 1, FLUSH, RUNS>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
         rg_arg_ptr(y, flags, RG_FLAG_IND_Y), rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows,
         flags);
 #else
@@ -558,13 +638,13 @@ tf32x3_wgmma_kernel(const float* x, const float* __restrict__ W, float* y, const
 
 #ifdef RG_HAS_CLUSTERS
 // grid (ceil(N / BN), S, ceil(M / BM)), clusters of (1, S, 1): cluster rank == blockIdx.y
-template <int EPI, int BM, int BN, int BK, int STAGES, int S, int MINB, int FLUSH>
-__global__ void __cluster_dims__(1, S, 1) __launch_bounds__(WgCfg<BM, BN, BK, STAGES, S, FLUSH>::THREADS, MINB)
+template <int EPI, int BM, int BN, int BK, int STAGES, int S, int MINB, int FLUSH, int RUNS = 1>
+__global__ void __cluster_dims__(1, S, 1) __launch_bounds__(WgCfg<BM, BN, BK, STAGES, S, FLUSH, RUNS>::THREADS, MINB)
 tf32x3_wgmma_split_kernel(const float* x, const float* __restrict__ W, float* y, const float* r, int B, int K, int N,
                           int flags, const int* rows)
 {
 #ifdef RG_WGMMA
-    tf32x3_wgmma_body<EPI, BM, BN, BK, STAGES, S, FLUSH>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
+    tf32x3_wgmma_body<EPI, BM, BN, BK, STAGES, S, FLUSH, RUNS>(rg_arg_ptr(x, flags, RG_FLAG_IND_X), W,
         rg_arg_ptr(y, flags, RG_FLAG_IND_Y), rg_arg_ptr(r, flags, RG_FLAG_IND_R), B, K, N, flags & RG_FLAG_EARLY, rows,
         flags);
 #else

@@ -30,11 +30,21 @@ CUTS = [
     (130, 1000, 260, WgmmaCut(128, 64, 64, 3, flush=2)),  # BK 64
     (5, 36, 68, WgmmaCut(64, 32, 8, 3, split=8, flush=1)),  # empty K parts
     (1, 4, 4, WgmmaCut(64, 32, 8, 3, flush=1)),  # the smallest product
+    # the two-run form (runs=2: wait_group 1, a second run accumulator, three split buffers)
+    (33, 1000, 996, WgmmaCut(64, 64, 32, 3, flush=2, runs=2)),
+    (70, 1004, 260, WgmmaCut(128, 96, 32, 3, flush=2, runs=2)),
+    (256, 512, 512, WgmmaCut(128, 64, 64, 3, flush=4, runs=2)),
+    (37, 1000, 996, WgmmaCut(64, 96, 32, 4, flush=2, runs=2)),
+    (100, 1000, 132, WgmmaCut(128, 32, 32, 3, flush=2, runs=2)),
+    (130, 1000, 260, WgmmaCut(128, 64, 64, 3, flush=2, runs=2)),
+    (5, 36, 68, WgmmaCut(64, 32, 32, 3, flush=2, runs=2)),
+    (1, 4, 4, WgmmaCut(64, 32, 32, 3, flush=2, runs=2)),
 ]
 _IDS = [f"m{m}-k{k}-n{n}-" + "-".join(map(str, vars(c).values())) for m, k, n, c in CUTS]
 GRID = [(m, w) for w in (1024, 2048, 4096) for m in range(64, 257, 8)]
 SERVED = sorted(
-    {tf32x3_wgmma_default_cut(m, w, w, 132, True, 232448) for m, w in GRID}, key=lambda c: tuple(vars(c).values())
+    {tf32x3_wgmma_default_cut(m, w, w, 132, True, 232448, runs) for m, w in GRID for runs in (1, 2)},
+    key=lambda c: tuple(vars(c).values()),
 )
 
 
@@ -125,6 +135,19 @@ def test_wgmma_row_tables(device, stream, rng, m, k, cut):
         b.close()
 
 
+@pytest.mark.parametrize(
+    "m,k,n,cut", [c for c in CUTS if c[3].runs == 2], ids=[i for i, c in zip(_IDS, CUTS) if c[3].runs == 2]
+)
+def test_two_runs_give_the_bits_of_one_run(device, stream, rng, m, k, n, cut):
+    """runs=2 adds the same runs into the fp32 sums in the same order as runs=1: the same bits."""
+    from dataclasses import replace
+
+    xh, wh, rh = random_input(rng, (m, k)), random_input(rng, (k, n)), random_input(rng, (m, n))
+    two, _ = _case(device, stream, xh, wh, rh, "add", tf32x3_wgmma_shape(m, k, n, cut))
+    one, _ = _case(device, stream, xh, wh, rh, "add", tf32x3_wgmma_shape(m, k, n, replace(cut, runs=1)))
+    assert np.array_equal(two[0].view(np.uint32), one[0].view(np.uint32)), f"seed {rng.seed_used}"
+
+
 def _err(device, stream, xh, wh, shape):
     """Relative Frobenius error against float64 of the product with the cut ``shape``."""
     m, k = xh.shape
@@ -142,10 +165,11 @@ def _err(device, stream, xh, wh, shape):
     return err, launch.kernel.name
 
 
+@pytest.mark.parametrize("runs", [1, 2])
 @pytest.mark.parametrize("data", ["normal", "scaled-rows"])
 @pytest.mark.parametrize("m", [64, 128, 256])
 @pytest.mark.parametrize("width", [1024, 4096])
-def test_error_no_worse_than_the_mma_sync_kernel(device, stream, rng, data, m, width):
+def test_error_no_worse_than_the_mma_sync_kernel(device, stream, rng, data, m, width, runs):
     """On the same inputs, the wgmma kernel's error (its default-rule cut) against float64 is no
     worse than the mma.sync kernel's (what ops.matmul runs at precision="tf32x3"), with 5 % for the
     two kernels' different K parts, and no worse than cuBLAS fp32's where torch is installed."""
@@ -156,7 +180,7 @@ def test_error_no_worse_than_the_mma_sync_kernel(device, stream, rng, data, m, w
     wh = rng.uniform(-lim, lim, size=(width, width)).astype(np.float32)
     sms = device.info.multiprocessors
     optin = device.info.smem_per_block_optin
-    wg_cut = tf32x3_wgmma_default_cut(m, width, width, sms, True, optin)
+    wg_cut = tf32x3_wgmma_default_cut(m, width, width, sms, True, optin, runs)
     err_wg, name_wg = _err(device, stream, xh, wh, tf32x3_wgmma_shape(m, width, width, wg_cut))
     mma = ops.matmul_shape(m, width, width, sms, clusters=True, smem_limit=optin, precision="tf32x3")
     err_mma, name_mma = _err(device, stream, xh, wh, mma)

@@ -84,7 +84,7 @@ extern thread_local EmuCta* emu_wg_cta;
 extern thread_local int emu_wslot;
 extern thread_local long emu_wseq;
 extern thread_local std::vector<EmuPending> emu_issued;   // wgmma's issued, not yet committed
-extern thread_local std::vector<EmuPending> emu_committed;
+extern thread_local std::vector<std::vector<EmuPending>> emu_committed;  // commit groups, oldest first
 
 inline EmuWg* emu_my_wg() {
     if (emu_wg == nullptr || emu_wg_cta != emu_cta) {
@@ -159,18 +159,23 @@ inline void wx_commit() {
     EmuWg::Lane mine{};
     mine.op = 5;
     emu_wg_exchange(mine);
-    for (auto& p : emu_issued) emu_committed.push_back(p);
+    emu_committed.push_back(emu_issued);
     emu_issued.clear();
 }
 
-inline void wx_wait0() {
+// wgmma.wait_group N: every commit group but the newest N complete (executed now, oldest first).
+inline void emu_wait(int n) {
     EmuWg::Lane mine{};
-    mine.op = 6;
+    mine.op = 6 + n;
     emu_wg_exchange(mine);
-    if (!emu_issued.empty()) emu_fail("wgmma.wait_group 0 with an uncommitted wgmma (it would not be waited for)");
-    for (auto& p : emu_committed) emu_wgmma_exec(p);
-    emu_committed.clear();
+    if (!emu_issued.empty()) emu_fail("wgmma.wait_group with an uncommitted wgmma (it would not be waited for)");
+    const size_t done = emu_committed.size() > (size_t)n ? emu_committed.size() - n : 0;
+    for (size_t g = 0; g < done; ++g)
+        for (auto& p : emu_committed[g]) emu_wgmma_exec(p);
+    emu_committed.erase(emu_committed.begin(), emu_committed.begin() + done);
 }
+inline void wx_wait0() { emu_wait(0); }
+inline void wx_wait1() { emu_wait(1); }
 
 template <int N>
 struct WgMma {
@@ -199,16 +204,16 @@ thread_local EmuCta* emu_wg_cta;
 thread_local int emu_wslot;
 thread_local long emu_wseq;
 thread_local std::vector<EmuPending> emu_issued;
-thread_local std::vector<EmuPending> emu_committed;
+thread_local std::vector<std::vector<EmuPending>> emu_committed;
 """
 
 TEST = r"""
 static int failures = 0;
 
-template <int EPI, int BM, int BN, int BK, int ST, int S, int FLUSH>
+template <int EPI, int BM, int BN, int BK, int ST, int S, int FLUSH, int RUNS>
 static void test(int M, int K, int N, int flags, unsigned seed, long py_smem_floats) {
-    typedef WgCfg<BM, BN, BK, ST, S, FLUSH> C;
-    const long smem = tf32x3_wgmma_smem_floats<BM, BN, BK, ST, S>();
+    typedef WgCfg<BM, BN, BK, ST, S, FLUSH, RUNS> C;
+    const long smem = tf32x3_wgmma_smem_floats<BM, BN, BK, ST, S, RUNS>();
     bool ok = smem == py_smem_floats;
     if (!ok) printf("SMEM MISMATCH: kernel %ld floats, rawgraph.ops %ld\n", smem, py_smem_floats);
     std::mt19937 g(seed);
@@ -238,17 +243,32 @@ static void test(int M, int K, int N, int flags, unsigned seed, long py_smem_flo
     float* yp = y.data() + ((flags & 256) ? 1 : 0);
     const float* rp = r.data() + ((flags & 256) ? 1 : 0);
     const int kflags = flags & 0xff;
-    KernelFn fn;
-    if constexpr (S == 1) fn = &tf32x3_wgmma_kernel<EPI, BM, BN, BK, ST, 1, FLUSH>;
-    else fn = &tf32x3_wgmma_split_kernel<EPI, BM, BN, BK, ST, S, 1, FLUSH>;
+    KernelFn fn, fn1;
+    if constexpr (S == 1) fn = &tf32x3_wgmma_kernel<EPI, BM, BN, BK, ST, 1, FLUSH, RUNS>;
+    else fn = &tf32x3_wgmma_split_kernel<EPI, BM, BN, BK, ST, S, 1, FLUSH, RUNS>;
+    if constexpr (S == 1) fn1 = &tf32x3_wgmma_kernel<EPI, BM, BN, BK, ST, 1, FLUSH, 1>;
+    else fn1 = &tf32x3_wgmma_split_kernel<EPI, BM, BN, BK, ST, S, 1, FLUSH, 1>;
     const float* xarg = x.data(); float* yarg = yp; const float* rarg = EPI == 2 ? rp : nullptr;
     static unsigned long long slots[3];
     slots[0] = (unsigned long long)xarg; slots[1] = (unsigned long long)yarg; slots[2] = (unsigned long long)rarg;
     if (kflags & RG_FLAG_IND_X) xarg = reinterpret_cast<const float*>(&slots[0]);
     if (kflags & RG_FLAG_IND_Y) yarg = reinterpret_cast<float*>(&slots[1]);
     if (kflags & RG_FLAG_IND_R) rarg = reinterpret_cast<const float*>(&slots[2]);
-    launch(fn, S, C::THREADS, smem, (N + BN - 1) / BN, (M + BM - 1) / BM, xarg, W.data(), yarg, rarg,
-           M, K, N, kflags, rows.data());
+    long differ = 0;  // RUNS = 2: outputs whose bits differ from the one-run form's on the same inputs
+    if constexpr (RUNS == 2) {
+        const long smem1 = tf32x3_wgmma_smem_floats<BM, BN, BK, ST, S, 1>();
+        launch(fn1, S, C::THREADS, smem1, (N + BN - 1) / BN, (M + BM - 1) / BM, xarg, W.data(), yarg, rarg,
+               M, K, N, kflags, rows.data());
+        std::vector<float> y1 = y;
+        std::fill(y.begin(), y.end(), NAN);
+        launch(fn, S, C::THREADS, smem, (N + BN - 1) / BN, (M + BM - 1) / BM, xarg, W.data(), yarg, rarg,
+               M, K, N, kflags, rows.data());
+        for (size_t i = 0; i < y.size(); ++i)
+            if (std::memcmp(&y[i], &y1[i], 4) != 0) differ++;
+    } else {
+        launch(fn, S, C::THREADS, smem, (N + BN - 1) / BN, (M + BM - 1) / BM, xarg, W.data(), yarg, rarg,
+               M, K, N, kflags, rows.data());
+    }
     const int P = S;
     const double u = std::ldexp(1.0, -24);
     long bad = 0, nan_left = 0, nan_lost = 0, overwritten = 0;
@@ -285,13 +305,13 @@ static void test(int M, int K, int N, int flags, unsigned seed, long py_smem_flo
         if (!written[m])
             for (int n = 0; n < N; ++n) if (!std::isnan(yp[(size_t)m * N + n])) overwritten++;
     const double fro = std::sqrt(e2 / (r2 + 1e-300)), ffma_fro = std::sqrt(f2 / (r2 + 1e-300));
-    ok = ok && bad == 0 && nan_left == 0 && nan_lost == 0 && overwritten == 0 && fro < 1e-6
+    ok = ok && differ == 0 && bad == 0 && nan_left == 0 && nan_lost == 0 && overwritten == 0 && fro < 1e-6
          && (!(flags & 2048) || fro <= ffma_fro) && emu_errors == 0;
     if (!ok) failures++;
-    printf("%s EPI%d BM%d BN%d BK%d ST%d S%d FL%d  M=%d K=%d N=%d flags=%d mode=%d: bad=%ld nan=%ld "
-           "nan_lost=%ld overwritten=%ld maxrel=%.2e fro=%.2e (ffma loop %.2e)\n",
-           ok ? "ok  " : "FAIL", EPI, BM, BN, BK, ST, S, FLUSH, M, K, N, flags, emu_mode, bad, nan_left, nan_lost,
-           overwritten, maxrel, fro, ffma_fro);
+    printf("%s EPI%d BM%d BN%d BK%d ST%d S%d FL%d RUNS%d  M=%d K=%d N=%d flags=%d mode=%d: bad=%ld nan=%ld "
+           "nan_lost=%ld overwritten=%ld maxrel=%.2e fro=%.2e (ffma loop %.2e) bits_vs_runs1=%ld\n",
+           ok ? "ok  " : "FAIL", EPI, BM, BN, BK, ST, S, FLUSH, RUNS, M, K, N, flags, emu_mode, bad, nan_left, nan_lost,
+           overwritten, maxrel, fro, ffma_fro, differ);
     fflush(stdout);
 }
 
@@ -333,12 +353,13 @@ class Case:
     seed: int = 1
     quick: bool = False
     why: str = ""
+    runs: int = 1
 
     def line(self) -> str:
         from rawgraph.ops.gemm import tf32x3_wgmma_smem_bytes
 
-        smem = tf32x3_wgmma_smem_bytes(self.bm, self.bn, self.bk, self.stages, self.split) // 4
-        args = (self.epi, self.bm, self.bn, self.bk, self.stages, self.split, self.flush)
+        smem = tf32x3_wgmma_smem_bytes(self.bm, self.bn, self.bk, self.stages, self.split, self.runs) // 4
+        args = (self.epi, self.bm, self.bn, self.bk, self.stages, self.split, self.flush, self.runs)
         return (
             f"emu_mode = {self.mode}; test<{', '.join(map(str, args))}>({self.m}, {self.k}, {self.n}, {self.flags}, "
             f"{self.seed}, {smem});  // {self.why}"
@@ -364,6 +385,27 @@ CASES = [
     Case(0, 64, 64, 16, 3, 1, 2, 40, 128, 64, SCALED_ROWS, mode=1, seed=34, why="rows scaled over 8 decades"),
     Case(1, 64, 32, 16, 3, 2, 1, 24, 64, 32, NAN_IN_X, mode=1, seed=35, quick=True, why="NaN in x reaches its row"),
     Case(0, 64, 32, 8, 3, 1, 1, 3, 8, 32, mode=1, seed=36, why="K = 8: one stage"),
+]
+# The two-run form (runs=2) on the same products where its rules allow the cut (flush >= 2 with an
+# even number of runs a stage, bn <= 64 or 96 with bk 32, no cluster split), else the nearest cut
+# they allow; each
+# also checked bit for bit against the one-run form of the same cut on the same inputs.
+CASES += [
+    Case(0, 64, 32, 32, 3, 1, 2, 50, 96, 68, mode=1, seed=11, quick=True, runs=2, why="runs2: tails in M, N, K"),
+    Case(1, 128, 64, 32, 3, 1, 2, 130, 160, 100, mode=2, seed=12, quick=True, runs=2, why="runs2: two warpgroups"),
+    Case(2, 128, 96, 32, 4, 1, 2, 70, 200, 132, mode=1, seed=13, runs=2, why="runs2: BN 96, add, K tail"),
+    Case(0, 64, 96, 32, 3, 1, 2, 64, 40, 96, mode=0, seed=14, runs=2, why="runs2: executed at issue"),
+    Case(2, 64, 64, 64, 3, 1, 2, 33, 256, 64, mode=1, seed=15, runs=2, why="runs2: BK 64, four runs a stage"),
+    Case(2, 64, 64, 64, 3, 1, 4, 33, 256, 64, mode=2, seed=16, runs=2, why="runs2: BK 64, runs of 4"),
+    Case(2, 64, 64, 32, 3, 1, 2, 72, 200, 132, mode=1, seed=21, quick=True, runs=2, why="runs2: K tail"),
+    Case(0, 128, 32, 32, 4, 1, 2, 40, 264, 64, mode=2, seed=22, runs=2, why="runs2: 2 warpgroups, 4 stages"),
+    Case(1, 64, 32, 32, 3, 1, 2, 9, 160, 36, mode=1, seed=23, runs=2, why="runs2: tiny M, N tail"),
+    Case(2, 64, 64, 32, 3, 1, 2, 50, 96, 64, ROWS, mode=1, seed=31, runs=2, why="runs2: row tables"),
+    Case(2, 128, 64, 32, 3, 1, 2, 100, 64, 128, ROWS | IND, mode=2, seed=32, runs=2, why="runs2: tables, slots"),
+    Case(2, 64, 32, 32, 3, 1, 2, 20, 48, 36, MISALIGNED, mode=1, seed=33, runs=2, why="runs2: misaligned y, r"),
+    Case(0, 64, 64, 32, 3, 1, 2, 40, 128, 64, SCALED_ROWS, mode=1, seed=34, runs=2, why="runs2: scaled rows"),
+    Case(1, 64, 32, 32, 3, 1, 2, 24, 64, 32, NAN_IN_X, mode=1, seed=35, runs=2, why="runs2: NaN in x"),
+    Case(0, 64, 32, 32, 3, 1, 2, 3, 8, 32, mode=1, seed=36, runs=2, why="runs2: K = 8, one partial stage"),
 ]
 
 

@@ -4,6 +4,11 @@ float64 NumPy, then timed beside the mma.sync kernel (``kernels/tf32x3.cu``) on 
     PYTHONPATH=. python3 benchmarks/probes/wgmma_smoke.py                      # M = 128, K = N = 4096
     PYTHONPATH=. python3 benchmarks/probes/wgmma_smoke.py --m 64 --width 1024
     PYTHONPATH=. python3 benchmarks/probes/wgmma_smoke.py --cut bm=128,bn=128,bk=32,stages=4,split=2,flush=2
+    PYTHONPATH=. python3 benchmarks/probes/wgmma_smoke.py --runs2   # also the two-run form (runs=2)
+
+``--runs2`` adds the two-runs-in-flight form (``tf32x3_wgmma_default_cut(..., runs=2)``, or
+``--cut2``): its own CHECK lines (float64, deterministic, and bit for bit equal to the one-run
+form of the same cut) and TIME line.
 
 Prints one fact per line (benchmarks/probes/README.md's format): ``FACT`` the device, cut,
 registers and shared memory; ``CHECK wgmma vs float64: PASS|MISMATCH rel=..`` (relative Frobenius
@@ -54,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=4096, help="K = N")
     p.add_argument("--cut", type=parse_wgmma_cut, default=None, help="a WgmmaCut (default: the default rule's)")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--runs2", action="store_true", help="also the two-run form (runs=2)")
+    p.add_argument("--cut2", type=parse_wgmma_cut, default=None, help="the runs=2 cut (default: the rule's)")
     a = p.parse_args(argv)
 
     from rawgraph import DeviceBuffer, Stream, ops
@@ -77,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     cut = a.cut or ops.tf32x3_wgmma_default_cut(m, k, n, sms, True, optin)
     wshape = ops.tf32x3_wgmma_shape(m, k, n, cut)
     mshape = ops.matmul_shape(m, k, n, sms, clusters=True, smem_limit=optin, precision="tf32x3")
+    forms = [("wgmma", wshape), ("mma.sync", mshape)]
+    if a.runs2:
+        from dataclasses import replace
+
+        cut2 = a.cut2 or ops.tf32x3_wgmma_default_cut(m, k, n, sms, True, optin, runs=2)
+        forms.insert(1, ("wgmma runs2", ops.tf32x3_wgmma_shape(m, k, n, cut2)))
+        forms.insert(2, ("wgmma runs2-as-1", ops.tf32x3_wgmma_shape(m, k, n, replace(cut2, runs=1))))
     print(f"FACT device = {dev.info.name} cc {dev.info.compute_capability} {sms} SMs")
     print(f"FACT shape = M {m} K {k} N {n}; seed {seed}")
     stream = Stream()
@@ -85,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     try:
         results = {}
-        for tag, shape in (("wgmma", wshape), ("mma.sync", mshape)):
+        for tag, shape in forms:
             launch = ops.matmul(dev, views, "x", "W", "y", shape=shape, precision="tf32x3")
             kern = launch.kernel
             print(
@@ -102,14 +116,23 @@ def main(argv: list[str] | None = None) -> int:
             same = np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
             us = _time_us(launch, stream)
             results[tag] = (err, same, us)
+            if tag.startswith("wgmma runs2"):
+                results[tag + " bits"] = outs[0].view(np.uint32).copy()
         err, same, us = results["wgmma"]
         merr = results["mma.sync"][0]
         good = err < TOL
         ok = good and same
         print(f"CHECK wgmma vs float64: {'PASS' if good else 'MISMATCH'} rel={err:.3e} (mma.sync rel={merr:.3e})")
         print(f"CHECK deterministic: {'PASS' if same else 'MISMATCH'} (two runs, bit for bit)")
+        if a.runs2:
+            e2, s2, _ = results["wgmma runs2"]
+            b2 = np.array_equal(results.pop("wgmma runs2 bits"), results.pop("wgmma runs2-as-1 bits"))
+            print(f"CHECK wgmma runs2 vs float64: {'PASS' if e2 < TOL else 'MISMATCH'} rel={e2:.3e}")
+            print(f"CHECK wgmma runs2 deterministic: {'PASS' if s2 else 'MISMATCH'}")
+            print(f"CHECK wgmma runs2 bits == runs1 of its cut: {'PASS' if b2 else 'MISMATCH'}")
+            ok = ok and e2 < TOL and s2 and b2
         flop = 2.0 * m * k * n
-        for tag, (_e, _s, t) in results.items():
+        for tag, (_e, _s, t) in results.items():  # noqa: B007
             print(f"TIME {tag}: median={t:.2f} us {flop / t / 1e6:.1f} TFLOP/s")
         print(f"FACT speedup wgmma vs mma.sync = {results['mma.sync'][2] / us:.2f}x")
     finally:

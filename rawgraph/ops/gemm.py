@@ -196,6 +196,11 @@ WGMMA_ROWS_PER_WARPGROUP, WGMMA_WARPGROUP_THREADS = 64, 128
 WGMMA_ROW_TILES = (64, 128)  # one or two warpgroups
 WGMMA_MAX_BN = 128  # acc + run: BN fp32 registers a thread
 WGMMA_MAX_BK = 64
+# runs=2 (two accumulation runs in flight): a third BN / 2 register set. Measured with ptxas (sm_90a):
+# no spills for bn <= 64 at any bk, and bn 96 at bk 32, within 255 registers (minb x threads <= 256);
+# runs of flush >= 2 k8 steps, an even number a stage (else ptxas serializes the wgmma's).
+WGMMA_RUNS = (1, 2)
+WGMMA_RUNS2_MAX_THREADS_PER_SM = 256
 
 
 def has_clusters(device: Device) -> bool:
@@ -227,7 +232,8 @@ class MatmulShape:
 
     ``"tf32x3_wgmma"`` (``kernels/tf32x3_wgmma.cu``, built by :func:`tf32x3_wgmma_shape`): ``bt``,
     ``tc``, ``split``, ``bk``, ``stages``, ``minb`` and ``flush`` as for tf32x3; one warpgroup (128
-    threads) per 64 rows of ``bt``; ``slices`` 1, ``wm`` and ``wn`` 0.
+    threads) per 64 rows of ``bt``; ``slices`` 1, ``wm`` and ``wn`` 0; ``runs`` the accumulation runs in
+    flight (1 or 2; 1 for every other kernel).
     """
 
     kernel: str
@@ -245,6 +251,7 @@ class MatmulShape:
     wm: int = 0
     wn: int = 0
     flush: int = 0
+    runs: int = 1
 
     def __post_init__(self) -> None:
         if self.kernel == "sgemm" and self.tm not in (4, 8):
@@ -539,7 +546,7 @@ def gemm_smem_bytes(shape: MatmulShape) -> int:
     if shape.kernel == "tf32x3":
         return tf32x3_smem_bytes(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.slices)
     if shape.kernel == "tf32x3_wgmma":
-        return tf32x3_wgmma_smem_bytes(shape.bt, shape.tc, shape.bk, shape.stages, shape.split)
+        return tf32x3_wgmma_smem_bytes(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, shape.runs)
     if shape.kernel != "gemm":
         return 0
     return shape.slices * GEMM_STAGES * (GEMM_TILE_M * (GEMM_KC + 4) + GEMM_KC * shape.tc) * 4
@@ -776,13 +783,18 @@ class WgmmaCut(TileCut):
     tensor-core accumulation run (at least 1: each run is added into fp32 sums with round to
     nearest, as tf32x3.cu's ``flush > 0``). ``bm`` is 64 or 128 (one or two warpgroups of 64
     rows), ``bn`` a multiple of 32 up to 128, ``bk`` a multiple of 8 up to 64 that ``flush`` k8
-    steps divide, ``stages`` at least 3. What the kernel cannot be is refused by
+    steps divide, ``stages`` at least 3. ``runs``: accumulation runs in flight, 1 (a warpgroup
+    waits for each run before adding it) or 2 (the next run is issued into a second accumulator
+    before the previous one is waited for and added: a third BN / 2 register set and a third split
+    buffer; ``bn`` at most 64, or 96 with ``bk`` 32, ``flush`` >= 2 with an even number of runs a
+    stage, ``minb`` x threads <= 256, ``split`` 1). What the kernel cannot be is refused by
     :func:`tf32x3_wgmma_shape`.
 
     Compute capability 9.0 only, and only where a caller passes such a shape to :func:`matmul`
     (with ``precision="tf32x3"``): :func:`matmul_shape` never picks it."""
 
     flush: int = 1
+    runs: int = 1
 
     @property
     def threads(self) -> int:
@@ -794,12 +806,12 @@ def wgmma_available(device: Device) -> bool:
     return tuple(device.info.compute_capability) == WGMMA_COMPUTE_CAPABILITY
 
 
-def tf32x3_wgmma_smem_bytes(bm: int, bn: int, bk: int, stages: int, split: int) -> int:
-    """tf32x3_wgmma.cu's ``tf32x3_wgmma_smem_floats`` x 4: two split-B buffers (big and small, BN x
-    BK each) and ``stages`` raw stages of a BM x BK x tile (rows padded to BK + 4 floats) and a BK x
-    BN W tile, or, for a cluster split and when larger, the BM x BN partial tile (rows padded to
-    BN + 4) that reuses them."""
-    pipe = 4 * bn * bk + stages * (bm * (bk + 4) + bk * bn)
+def tf32x3_wgmma_smem_bytes(bm: int, bn: int, bk: int, stages: int, split: int, runs: int = 1) -> int:
+    """tf32x3_wgmma.cu's ``tf32x3_wgmma_smem_floats`` x 4: ``runs + 1`` split-B buffers (big and
+    small, BN x BK each) and ``stages`` raw stages of a BM x BK x tile (rows padded to BK + 4 floats)
+    and a BK x BN W tile, or, for a cluster split and when larger, the BM x BN partial tile (rows
+    padded to BN + 4) that reuses them."""
+    pipe = 2 * (runs + 1) * bn * bk + stages * (bm * (bk + 4) + bk * bn)
     part = bm * (bn + 4) if split > 1 else 0
     return 4 * max(pipe, part)
 
@@ -834,21 +846,46 @@ def tf32x3_wgmma_shape(batch: int, k: int, n: int, cut: WgmmaCut, *, clusters: b
         raise ShapeError(
             f"tf32x3_wgmma minb {c.minb} x {c.threads} threads exceeds {SGEMM_MAX_THREADS_PER_SM} threads per SM"
         )
+    if c.runs not in WGMMA_RUNS:
+        raise ShapeError(f"tf32x3_wgmma runs must be one of {WGMMA_RUNS}, got {c.runs}")
+    if c.runs == 2:
+        if not (c.bn <= 64 or (c.bn == 96 and c.bk <= 32)):
+            raise ShapeError(
+                f"tf32x3_wgmma runs 2 needs bn <= 64, or bn 96 with bk 32 (a third bn / 2 register set "
+                f"spills beyond), got bn {c.bn} bk {c.bk}"
+            )
+        if c.flush < 2 or (c.bk // 8 // c.flush) % 2:
+            raise ShapeError(
+                f"tf32x3_wgmma runs 2 needs flush >= 2 and an even number of runs a stage (bk / 8 / flush), "
+                f"got flush {c.flush} with bk {c.bk} (ptxas serializes the wgmma's otherwise)"
+            )
+        if c.split != 1:
+            raise ShapeError(
+                f"tf32x3_wgmma runs 2 needs split 1 (ptxas serializes the cluster-split kernels' wgmma's), "
+                f"got split {c.split}"
+            )
+        if c.minb * c.threads > WGMMA_RUNS2_MAX_THREADS_PER_SM:
+            raise ShapeError(
+                f"tf32x3_wgmma runs 2 needs minb x threads <= {WGMMA_RUNS2_MAX_THREADS_PER_SM} (255 registers a "
+                f"thread), got minb {c.minb} x {c.threads}"
+            )
     grid = (_cdiv(n, c.bn), c.split, _cdiv(batch, c.bm))
     if grid[2] > 65535:
         raise ShapeError(f"tf32x3_wgmma grid z {grid[2]} (batch {batch} / bm {c.bm}) exceeds 65535")
-    return MatmulShape("tf32x3_wgmma", 4, c.bn, c.bm, c.split, grid, 0, 1, c.bk, c.stages, c.minb, 0, 0, 0, c.flush)
+    return MatmulShape(
+        "tf32x3_wgmma", 4, c.bn, c.bm, c.split, grid, 0, 1, c.bk, c.stages, c.minb, 0, 0, 0, c.flush, c.runs
+    )
 
 
 def tf32x3_wgmma_cut(shape: MatmulShape) -> WgmmaCut:
     """The template arguments of a ``"tf32x3_wgmma"`` shape."""
     if shape.kernel != "tf32x3_wgmma":
         raise ShapeError(f"not a tf32x3_wgmma shape: {shape}")
-    return WgmmaCut(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, 1, shape.minb, shape.flush)
+    return WgmmaCut(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, 1, shape.minb, shape.flush, shape.runs)
 
 
 def tf32x3_wgmma_default_cut(
-    batch: int, k: int, n: int, multiprocessors: int, clusters: bool = True, smem_limit: int = 0
+    batch: int, k: int, n: int, multiprocessors: int, clusters: bool = True, smem_limit: int = 0, runs: int = 1
 ) -> WgmmaCut:
     """A first guess at a warpgroup cut for a product (not measured; :func:`matmul_shape` never
     uses it): two warpgroups (128 rows) unless one tile of 64 covers M, 128 columns, or 64 where
@@ -856,12 +893,21 @@ def tf32x3_wgmma_default_cut(
     0.9 CTAs per SM with at least 4 stages of K each; 4 stages (3 if shared memory is short) of BK
     32 for two warpgroups, 16 for one (so that two CTAs fit an SM's shared memory: a warpgroup
     waits for its wgmma's at the end of every run, and another warpgroup's fill the tensor cores
-    meanwhile); runs of 1 k8 step up to K = 512, else 2 (tf32x3_default_cut's accuracy rule)."""
+    meanwhile); runs of 1 k8 step up to K = 512, else 2 (tf32x3_default_cut's accuracy rule).
+
+    ``runs=2`` (two accumulation runs in flight) where K > 512: 64 columns (the third register
+    set), BK 32 and 3 stages for either row tile (runs of 2, two a stage; two 64-row CTAs still fit
+    an SM), no cluster split (that form has none); at K <= 512 (runs of 1, which that form does not allow) the ``runs=1`` cut."""
+    if runs not in WGMMA_RUNS:
+        raise ValueError(f"runs must be one of {WGMMA_RUNS}, got {runs}")
     bm = 64 if batch <= 64 else 128
+    two = runs == 2 and k > 512
     bn = 128
-    if n <= 64 or _cdiv(n, 128) * _cdiv(batch, bm) * (MAX_SPLIT if clusters else 1) < 0.9 * multiprocessors:
+    if two or n <= 64 or _cdiv(n, 128) * _cdiv(batch, bm) * (MAX_SPLIT if clusters else 1) < 0.9 * multiprocessors:
         bn = 64
-    bk = 16 if bm == 64 else 32
+    bk = 32 if two or bm == 128 else 16
+    if two:
+        return WgmmaCut(bm, bn, bk, 3, 1, 1, 1, 2, 2)
     split = _pick_split(_cdiv(n, bn) * _cdiv(batch, bm), k, 4 * bk, 0.9 * multiprocessors, clusters)
     stages = 4
     if smem_limit and tf32x3_wgmma_smem_bytes(bm, bn, bk, stages, split) > smem_limit:
@@ -949,9 +995,13 @@ def matmul_expr(epilogue: str, shape: MatmulShape) -> str:
         )
     if shape.kernel == "tf32x3_wgmma":
         w = tf32x3_wgmma_cut(shape)
+        runs = "" if w.runs == 1 else f", {w.runs}"  # RUNS = 1 is the template's default
         if w.split > 1:
-            return f"tf32x3_wgmma_split_kernel<{e}, {w.bm}, {w.bn}, {w.bk}, {w.stages}, {w.split}, {w.minb}, {w.flush}>"
-        return f"tf32x3_wgmma_kernel<{e}, {w.bm}, {w.bn}, {w.bk}, {w.stages}, {w.minb}, {w.flush}>"
+            return (
+                f"tf32x3_wgmma_split_kernel<{e}, {w.bm}, {w.bn}, {w.bk}, {w.stages}, {w.split}, {w.minb}, "
+                f"{w.flush}{runs}>"
+            )
+        return f"tf32x3_wgmma_kernel<{e}, {w.bm}, {w.bn}, {w.bk}, {w.stages}, {w.minb}, {w.flush}{runs}>"
     if shape.kernel == "gemm":
         if shape.split > 1:
             return f"gemm_split_kernel<{e}, {shape.tc}, {shape.split}, {shape.slices}>"
