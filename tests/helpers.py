@@ -1,5 +1,6 @@
 """Shared test helpers (imported by GPU tests)."""
 
+import dataclasses
 import gc
 import os
 import threading
@@ -251,3 +252,49 @@ def two_threads(work_a, work_b):
         t.join(60)
     assert not any(t.is_alive() for t in threads), "a thread hung"
     return errors
+
+
+@dataclasses.dataclass
+class RowTableRun:
+    """Two runs of one GEMM launch whose x, r and y rows go through a row table (the slot pool's
+    fused gather and scatter): y[table[i]] = x[table[i]] @ W + r[table[i]] for the m live rows."""
+
+    routes: bool  # ops.routes_rows(launch): the launch reads its rows through the table
+    outs: list  # y as a whole after each run (poisoned before each)
+    table: np.ndarray  # live row i -> state row
+    ref: np.ndarray  # float64 reference of y's live rows
+    rest: np.ndarray  # the state rows outside the table: never written
+
+
+def row_table_run(device, stream, rng, m, k, shape, **matmul_kw):
+    """:class:`RowTableRun` of ``ops.matmul`` at ``shape`` over a state of 3 m + 1 rows."""
+    from rawgraph import DeviceBuffer, ops
+    from rawgraph.runtime.memory import DeviceArray
+
+    states = 3 * m + 1
+    table = rng.permutation(states)[:m].astype(np.int32)
+    xh, wh, rh = random_input(rng, (states, k)), random_input(rng, (k, k)), random_input(rng, (states, k))
+    bufs = {
+        "x": DeviceBuffer.from_numpy(xh),
+        "W": DeviceBuffer.from_numpy(wh),
+        "r": DeviceBuffer.from_numpy(rh),
+        "y": DeviceBuffer((states, k)),
+        "t": DeviceBuffer.from_numpy(table),
+    }
+    views = {"W": bufs["W"].view()}
+    views.update({key: DeviceArray(bufs[key].ptr, (m, k), np.float32, bufs[key]) for key in ("x", "r", "y")})
+    launch = ops.matmul(device, views, "x", "W", "y", "add", r="r", shape=shape, **matmul_kw)
+    routes = ops.routes_rows(launch)
+    for arg in ("x", "r", "y"):
+        launch.args["flags"] = int(launch.args["flags"]) | ops.ROW_FLAGS[arg]
+    launch.args["rows"] = bufs["t"].ptr
+    outs = []
+    for _ in range(2):
+        bufs["y"].poison(stream)
+        launch(stream)
+        stream.synchronize()
+        outs.append(bufs["y"].to_numpy())
+    for b in bufs.values():
+        b.close()
+    ref = xh[table].astype(np.float64) @ wh + rh[table]
+    return RowTableRun(routes, outs, table, ref, np.setdiff1d(np.arange(states), table))

@@ -7,7 +7,7 @@ from dataclasses import astuple
 
 import numpy as np
 import pytest
-from helpers import random_input, rel_err
+from helpers import random_input, rel_err, row_table_run
 
 from rawgraph import DeviceBuffer, LaunchPlan, TinyBlock, capture_plan, ops
 from rawgraph.ops import SgemmCut, gemm, sgemm_shape
@@ -139,35 +139,10 @@ def test_sgemm_misaligned_y_r_and_pointer_slots(device, stream, rng, compiled_cu
 def test_sgemm_row_tables(device, stream, rng, m, k, cut):
     """Row m of x, r and y is row table[m] of a larger state (the slot pool's fused gather and
     scatter); every other row of y keeps its poison; two runs agree bit for bit."""
-    states = 3 * m + 1
-    table = rng.permutation(states)[:m].astype(np.int32)
-    xh, wh, rh = random_input(rng, (states, k)), random_input(rng, (k, k)), random_input(rng, (states, k))
-    bufs = {
-        "x": DeviceBuffer.from_numpy(xh),
-        "W": DeviceBuffer.from_numpy(wh),
-        "r": DeviceBuffer.from_numpy(rh),
-        "y": DeviceBuffer((states, k)),
-        "t": DeviceBuffer.from_numpy(table),
-    }
-    views = {"W": bufs["W"].view()}
-    views.update({key: DeviceArray(bufs[key].ptr, (m, k), F32, bufs[key]) for key in ("x", "r", "y")})
-    launch = ops.matmul(device, views, "x", "W", "y", "add", r="r", shape=sgemm_shape(m, k, k, cut))
-    assert ops.routes_rows(launch)
-    for arg in ("x", "r", "y"):
-        launch.args["flags"] = int(launch.args["flags"]) | ops.ROW_FLAGS[arg]
-    launch.args["rows"] = bufs["t"].ptr
-    outs = []
-    for _ in range(2):
-        bufs["y"].poison(stream)
-        launch(stream)
-        stream.synchronize()
-        outs.append(bufs["y"].to_numpy())
-    ref = xh[table].astype(np.float64) @ wh + rh[table]
-    _check([o[table] for o in outs], ref, rng)
-    rest = np.setdiff1d(np.arange(states), table)
-    assert np.all(outs[0][rest].view(np.uint32) == POISON_BITS), "rows outside the table were written"
-    for b in bufs.values():
-        b.close()
+    run = row_table_run(device, stream, rng, m, k, shape=sgemm_shape(m, k, k, cut))
+    assert run.routes
+    _check([o[run.table] for o in run.outs], run.ref, rng)
+    assert np.all(run.outs[0][run.rest].view(np.uint32) == POISON_BITS), "rows outside the table were written"
 
 
 @pytest.mark.parametrize("m,k,n,cut", [CUTS[i] for i in (0, 4, 7, 10)], ids=[_IDS[i] for i in (0, 4, 7, 10)])

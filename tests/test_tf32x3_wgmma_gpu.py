@@ -9,12 +9,12 @@ A failure names the rng seed (``RAWGRAPH_TEST_SEED`` replays it)."""
 
 import numpy as np
 import pytest
-from helpers import random_input, rel_err
+from helpers import random_input, rel_err, row_table_run
 from test_tf32x3_gpu import TOL, _case, _check, _cublas_fp32_err, _reference
 
 from rawgraph import DeviceBuffer, LaunchPlan, ops
 from rawgraph.ops import WgmmaCut, tf32x3_wgmma_default_cut, tf32x3_wgmma_shape
-from rawgraph.runtime.memory import POISON_BITS, DeviceArray
+from rawgraph.runtime.memory import POISON_BITS
 
 pytestmark = pytest.mark.gpu
 F32 = np.dtype(np.float32)
@@ -103,36 +103,10 @@ def test_wgmma_misaligned_y_r_and_pointer_slots(device, stream, rng, indirect, m
 )
 def test_wgmma_row_tables(device, stream, rng, m, k, cut):
     """Row m of x, r and y is row table[m] of a larger state; every other row of y keeps its poison."""
-    states = 3 * m + 1
-    table = rng.permutation(states)[:m].astype(np.int32)
-    xh, wh, rh = random_input(rng, (states, k)), random_input(rng, (k, k)), random_input(rng, (states, k))
-    bufs = {
-        "x": DeviceBuffer.from_numpy(xh),
-        "W": DeviceBuffer.from_numpy(wh),
-        "r": DeviceBuffer.from_numpy(rh),
-        "y": DeviceBuffer((states, k)),
-        "t": DeviceBuffer.from_numpy(table),
-    }
-    views = {"W": bufs["W"].view()}
-    views.update({key: DeviceArray(bufs[key].ptr, (m, k), F32, bufs[key]) for key in ("x", "r", "y")})
-    launch = ops.matmul(
-        device, views, "x", "W", "y", "add", r="r", shape=tf32x3_wgmma_shape(m, k, k, cut), precision="tf32x3"
-    )
-    assert ops.routes_rows(launch)
-    for arg in ("x", "r", "y"):
-        launch.args["flags"] = int(launch.args["flags"]) | ops.ROW_FLAGS[arg]
-    launch.args["rows"] = bufs["t"].ptr
-    outs = []
-    for _ in range(2):
-        bufs["y"].poison(stream)
-        launch(stream)
-        stream.synchronize()
-        outs.append(bufs["y"].to_numpy())
-    _check([o[table] for o in outs], xh[table].astype(np.float64) @ wh + rh[table], rng)
-    rest = np.setdiff1d(np.arange(states), table)
-    assert np.all(outs[0][rest].view(np.uint32) == POISON_BITS), "rows outside the table were written"
-    for b in bufs.values():
-        b.close()
+    run = row_table_run(device, stream, rng, m, k, shape=tf32x3_wgmma_shape(m, k, k, cut), precision="tf32x3")
+    assert run.routes
+    _check([o[run.table] for o in run.outs], run.ref, rng)
+    assert np.all(run.outs[0][run.rest].view(np.uint32) == POISON_BITS), "rows outside the table were written"
 
 
 @pytest.mark.parametrize(
