@@ -88,22 +88,27 @@ def log(msg: str) -> None:
 # -- cuts ---------------------------------------------------------------------------------------
 
 
-def parse_cut(text: str) -> Tf32x3Cut:
-    """``bm=128,bn=128,bk=32,stages=4[,split=..][,slices=..][,minb=..][,wm=..][,wn=..][,flush=..]``."""
+def _parse(text: str, record, rules):
+    """``name=value,...`` as a ``record`` (a cut dataclass), checked by ``rules(bm, k, bn, cut)``."""
     fields = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
-        if not sep or key.strip() not in Tf32x3Cut.__dataclass_fields__:
+        if not sep or key.strip() not in record.__dataclass_fields__:
             raise argparse.ArgumentTypeError(
-                f"{part!r}: expected name=value with a name of {list(Tf32x3Cut.__dataclass_fields__)}"
+                f"{part!r}: expected name=value with a name of {list(record.__dataclass_fields__)}"
             )
         fields[key.strip()] = int(value)
     try:
-        cut = Tf32x3Cut(**fields)
-        tf32x3_shape(cut.bm, 1024, cut.bn, cut)  # the kernel's rules
+        cut = record(**fields)
+        rules(cut.bm, 1024, cut.bn, cut)  # the kernel's rules
     except (TypeError, ValueError) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
     return cut
+
+
+def parse_cut(text: str) -> Tf32x3Cut:
+    """``bm=128,bn=128,bk=32,stages=4[,split=..][,slices=..][,minb=..][,wm=..][,wn=..][,flush=..]``."""
+    return _parse(text, Tf32x3Cut, tf32x3_shape)
 
 
 def alternates(table: Tf32x3Cut, k: int, limit: int) -> list[Tf32x3Cut]:
@@ -131,20 +136,7 @@ def alternates(table: Tf32x3Cut, k: int, limit: int) -> list[Tf32x3Cut]:
 
 def parse_wgmma_cut(text: str) -> WgmmaCut:
     """``bm=128,bn=128,bk=32,stages=4[,split=..][,minb=..][,flush=..]`` (a :class:`WgmmaCut`)."""
-    fields = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        if not sep or key.strip() not in WgmmaCut.__dataclass_fields__:
-            raise argparse.ArgumentTypeError(
-                f"{part!r}: expected name=value with a name of {list(WgmmaCut.__dataclass_fields__)}"
-            )
-        fields[key.strip()] = int(value)
-    try:
-        cut = WgmmaCut(**fields)
-        tf32x3_wgmma_shape(cut.bm, 1024, cut.bn, cut)  # the kernel's rules
-    except (TypeError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-    return cut
+    return _parse(text, WgmmaCut, tf32x3_wgmma_shape)
 
 
 def wgmma_alternates(cut: WgmmaCut, k: int, limit: int) -> list[WgmmaCut]:
