@@ -7,7 +7,8 @@
 # Each stage has its own time limit, so a hang in one still brings back the others' logs.
 # RAWGRAPH_COMMIT names the commit measured in every results JSON (the device copy has no .git).
 set -u
-export PYTHONPATH=$(pwd) PYTHONUNBUFFERED=1  # absolute: tests start interpreters in other folders
+# absolute: tests start interpreters in other folders; the caller's path (carried wheels) after it
+export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export RAWGRAPH_COMMIT=${RAWGRAPH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -61,18 +62,20 @@ for stage in $stages; do
       PYTHONFAULTHANDLER=1 timeout 200 python3 -m pytest -q -rs --timeout=60 -p no:cacheprovider $NEW_TESTS \
         >"$OUT/gpu_new_tests.txt" 2>&1 ;;
     regress)  # no-regression check of a redesign: w128 b1, one layer, the tree at $OLD_TREE (an older
-      # checkout, e.g. git archive of the base commit, carried) and this one, alternating, then the table
-      for t in ${REGRESS_RUNS:-old new old new}; do
+      # checkout, e.g. git archive of the base commit, carried) and this one, in the order
+      # old new new old ... (pairs side by side, a steady drift cancels), then the paired table
+      order=()
+      for t in ${REGRESS_RUNS:-old new new old old new new old old new new old}; do
         if [ $t = old ]; then d=${OLD_TREE:?set OLD_TREE}; c=${OLD_COMMIT:-old}; else d=$(pwd); c=$RAWGRAPH_COMMIT; fi
         n=$(ls -d /tmp/paths_$t* 2>/dev/null | wc -l)
         (cd "$d" && RAWGRAPH_COMMIT=$c PYTHONPATH=$(pwd) timeout ${REGRESS_LIMIT:-90} python3 -m rawgraph.bench.launch_paths \
           --quick --layers 1 --width 128 --batch 1 --no-cupy --out /tmp/paths_$t$n --name paths) >"$OUT/paths_$t$n.log" 2>&1
-        echo "  regress $t$n: rc=$?" | tee -a "$OUT/env.txt"
+        rc=$?; echo "  regress $t$n: rc=$rc" | tee -a "$OUT/env.txt"
+        [ $rc = 0 ] && order+=("$t=/tmp/paths_$t$n/paths.json")
       done
       cp /tmp/paths_new0/paths.json "$OUT/launch_paths_w128_new.json" 2>/dev/null
       cp /tmp/paths_old0/paths.json "$OUT/launch_paths_w128_old.json" 2>/dev/null
-      python3 benchmarks/compare_paths.py $(for f in /tmp/paths_*/paths.json; do t=$(basename $(dirname $f)); echo ${t:6:3}=$f; done) \
-        --json "$OUT/compare_paths.json" >"$OUT/compare_paths.txt" 2>&1 ;;
+      python3 benchmarks/compare_paths.py "${order[@]}" --json "$OUT/compare_paths.json" >"$OUT/compare_paths.txt" 2>&1 ;;
     gemmquick)  # issue 23's fp32 GEMM candidates at six shapes against the current cut and cuBLAS
       timeout ${GEMM_LIMIT:-120} python3 benchmarks/gemm_sweep.py --quick --out /tmp/gemm >"$OUT/gemm.log" 2>&1
       cp /tmp/gemm/gemm_sweep.json "$OUT/" 2>/dev/null ;;

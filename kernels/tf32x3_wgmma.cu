@@ -251,20 +251,6 @@ __device__ __forceinline__ unsigned long long wx_desc(unsigned addr, unsigned lb
 // (an involution; see the header).
 __host__ __device__ constexpr int wx_perm(int c) { return (c & ~31) | ((c & 6) << 2) | ((c >> 2) & 6) | (c & 1); }
 
-// Compile-time indices (a run's accumulator is chosen at compile time: registers, not memory).
-template <int V>
-struct WxInt {
-    static constexpr int value = V;
-};
-template <int I, int N, class F>
-__device__ __forceinline__ void wx_static_for(F&& f)
-{
-    if constexpr (I < N) {
-        f(WxInt<I>{});
-        wx_static_for<I + 1, N>(f);
-    }
-}
-
 template <int BM, int BN, int BK, int STAGES, int S, int FLUSH, int RUNS = 1>
 struct WgCfg {
     static constexpr int WG = BM / 64;                 // warpgroups, 64 rows each
@@ -513,9 +499,7 @@ __device__ __forceinline__ void tf32x3_wgmma_body(const float* x, const float* _
 #pragma unroll
         for (int i = 0; i < NR; ++i) run2[i] = 0.0f;
         int sbc = 0;
-        // Stage st; P: the parity of its first run (0: a stage has an even number of runs).
-        auto stage = [&](int st, auto par) {
-            constexpr int P = decltype(par)::value;
+        for (int st = 0; st < nst; ++st) {
             rg_cp_async_wait<STAGES - 3>();  // stage st + 1 landed (this thread's pieces)
             wx_fence_proxy_async();           // this thread's split writes, visible to wgmma
             __syncthreads();                  // from here every wgmma of stage st - 2 has completed
@@ -530,42 +514,45 @@ __device__ __forceinline__ void tf32x3_wgmma_body(const float* x, const float* _
             const float* const xs = xlane + buf * C::STAGE;
             const unsigned big_addr = sb_addr + (unsigned)(sbc * 2 * C::SPLIT) * 4u;
             const unsigned small_addr = big_addr + (unsigned)C::SPLIT * 4u;
-            wx_static_for<0, BK / 8>([&](auto jc) {
-                constexpr int j = decltype(jc)::value;
-                // cur: this step's run; prev: the run before it (complete after wait_group 1)
-                auto k8 = [&](float (&cur)[NR], float (&prev)[NR]) {
-                    unsigned a[4], ab[4], as[4];
-                    wx_ldmatrix4(a, xs + 8 * j);
+            // k8 step j of the stage: cur is this step's run, prev the run before it (complete
+            // after wait_group 1). Each call names run and run2 directly, and the loop is unrolled,
+            // so j is a constant and each array stays in registers (no generic lambda: NVRTC 13.0
+            // takes one for a host function).
+            auto k8 = [&](int j, float (&cur)[NR], float (&prev)[NR]) {
+                unsigned a[4], ab[4], as[4];
+                wx_ldmatrix4(a, xs + 8 * j);
 #pragma unroll
-                    for (int q = 0; q < 4; ++q) wx_split(__uint_as_float(a[q]), ab[q], as[q]);
-                    const unsigned off = 2u * (unsigned)j * C::LBO;
-                    const unsigned long long dbig = wx_desc(big_addr + off, C::LBO, C::SBO);
-                    const unsigned long long dsmall = wx_desc(small_addr + off, C::LBO, C::SBO);
+                for (int q = 0; q < 4; ++q) wx_split(__uint_as_float(a[q]), ab[q], as[q]);
+                const unsigned off = 2u * (unsigned)j * C::LBO;
+                const unsigned long long dbig = wx_desc(big_addr + off, C::LBO, C::SBO);
+                const unsigned long long dsmall = wx_desc(small_addr + off, C::LBO, C::SBO);
 #pragma unroll
-                    for (int i = 0; i < NR; ++i) wx_pin(cur[i]);
-                    wx_fence();
-                    WgMma<BN>::run(cur, as, dbig, j % FLUSH != 0);  // a run's first wgmma starts from zero
-                    WgMma<BN>::run(cur, ab, dsmall, 1);
-                    WgMma<BN>::run(cur, ab, dbig, 1);
-                    wx_commit();
-                    if (next) split_b(buf1, sbn, j);  // while the wgmma's run
-                    if constexpr (j % FLUSH == 0) {   // a run's first step: the previous run into the sums
-                        wx_wait1();
+                for (int i = 0; i < NR; ++i) wx_pin(cur[i]);
+                wx_fence();
+                WgMma<BN>::run(cur, as, dbig, j % FLUSH != 0);  // a run's first wgmma starts from zero
+                WgMma<BN>::run(cur, ab, dsmall, 1);
+                WgMma<BN>::run(cur, ab, dbig, 1);
+                wx_commit();
+                if (next) split_b(buf1, sbn, j);  // while the wgmma's run
+                if (j % FLUSH == 0) {             // a run's first step: the previous run into the sums
+                    wx_wait1();
 #pragma unroll
-                        for (int i = 0; i < NR; ++i) {
-                            wx_pin(prev[i]);
-                            acc[i] += prev[i];
-                        }
+                    for (int i = 0; i < NR; ++i) {
+                        wx_pin(prev[i]);
+                        acc[i] += prev[i];
                     }
-                };
-                if constexpr (((P + j / FLUSH) & 1) == 0) k8(run, run2);
-                else k8(run2, run);
-            });
+                }
+            };
+            // A stage holds an even number of runs, so its first run is always in run.
+#pragma unroll
+            for (int j = 0; j < BK / 8; ++j) {
+                if (((j / FLUSH) & 1) == 0) k8(j, run, run2);
+                else k8(j, run2, run);
+            }
             buf = buf1;
             nbuf = (nbuf + 1 == STAGES) ? 0 : nbuf + 1;
             sbc = sbn;
-        };
-        for (int st = 0; st < nst; ++st) stage(st, WxInt<0>{});
+        }
         // The last run (a stage's last run is odd: run2; none when nst == 0, and run2 is still zero).
         wx_wait0();
 #pragma unroll
