@@ -230,7 +230,10 @@ def test_foreign_work_inside_a_capture_is_mapped_and_replays(stream, rng, foreig
         arrays = {"x": cp.asarray(xh), **{n: cp.full(shape, cp.nan, dtype=cp.float32) for n in ("h", "f", "out")}}
         cp.cuda.Device().synchronize()
         bufs = {n: DeviceArray(int(a.data.ptr), shape, np.dtype(np.float32), a) for n, a in arrays.items()}
-        theirs = cp.cuda.ExternalStream(stream.ptr)
+        # CuPy 14 takes rawgraph's stream through the CUDA stream protocol (ExternalStream is
+        # deprecated there); older CuPy only by address
+        from_external = getattr(cp.cuda.Stream, "from_external", None)
+        theirs = from_external(stream) if from_external else cp.cuda.ExternalStream(stream.ptr)
 
         def submit():  # f = 2 h, by a CuPy kernel on rawgraph's stream
             with theirs:
