@@ -661,3 +661,14 @@ def test_cupti_enable_callback_and_disable_failures_are_undone_and_noted(cupti_b
     assert "unsubscribe" in fc.STATE.calls
     assert any("cupti.subscribe: ERROR_INVALID_PARAMETER" in n for n in t.notes)
     assert sum("cupti.activity_disable" in n for n in t.notes) == 5
+
+
+def test_the_trace_workload_makes_no_host_time_loops():
+    """The launch-path runner's host-time loops (the adopted graph's apply alone) are not steps:
+    under the tracer they would put thousands of spans outside every path, so the tracing runner
+    makes none."""
+    from rawgraph.bench import trace as bench_trace
+
+    called = []
+    assert bench_trace.TracingRunner.host_loop_us(None, [lambda: called.append(1)]) is None
+    assert called == []

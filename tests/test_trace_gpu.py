@@ -227,6 +227,12 @@ def test_rawgraph_trace_writes_a_valid_trace_and_the_model(tmp_path):
     if result["png"] is not None:
         assert open(result["png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert driver.cuLaunchKernel.__module__ != "rawgraph.trace.hooks"
+    # exec updates happen in the steps of the update paths, and in set-up: never by the thousand
+    # outside every path (a host-time loop of the benchmark run under the tracer)
+    loose = [
+        e for e in doc["traceEvents"] if e["ph"] == "X" and e.get("cat") == "update" and "path" not in e.get("args", {})
+    ]
+    assert len(loose) < 100, len(loose)
 
 
 def test_a_while_body_runs_its_kernels_once_per_iteration_in_the_trace(stream):

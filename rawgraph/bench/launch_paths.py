@@ -12,6 +12,7 @@ host time per step (N steps, one sync), ``device_us`` CUDA events around each st
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -89,6 +90,17 @@ class Runner:
     def capture(self, plan, stream: Stream, warmup: bool = True):
         """A plan captured into a graph (:func:`~rawgraph.graphs.capture.capture_plan`)."""
         return capture_plan(plan, stream, warmup=warmup)
+
+    def host_loop_us(self, calls: list, loops: int = 200) -> dict | None:
+        """Host time per call of ``calls`` (functions of no argument) made in order, alone, no
+        launch: ``loops`` samples of the whole list, as :func:`~rawgraph.runtime.timing.stats`."""
+        samples = []
+        for _ in range(loops):
+            t0 = time.perf_counter()
+            for call in calls:
+                call()
+            samples.append((time.perf_counter() - t0) * 1e6 / len(calls))
+        return stats(samples)
 
     @staticmethod
     def _import(name: str):
@@ -363,12 +375,7 @@ class Runner:
         clocks = self.clocks(rebind_launch, rs, est, self.budget_s)
         # The apply alone (host clock, no launch): when it is longer than the graph's device time
         # the path is host-bound, and the event clock then counts the host's gaps too.
-        applies = []
-        for _ in range(200):
-            t0 = time.perf_counter()
-            for i in (0, 1, 0, 1, 0, 1, 0, 1, 0, 1):
-                reb.apply(pairs[i])
-            applies.append((time.perf_counter() - t0) * 1e5)
+        applies = self.host_loop_us([functools.partial(reb.apply, pairs[i]) for i in (0, 1) * 5])
         self.record(
             "torch_graph_rebind",
             form,
@@ -376,7 +383,7 @@ class Runner:
             width,
             batch,
             clocks,
-            apply_us=stats(applies),
+            apply_us=applies,
             nodes=len(reb.nodes),
             nodes_rebound=len(pairs[0].kernels) + len(pairs[0].memory),
         )

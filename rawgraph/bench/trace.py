@@ -61,6 +61,9 @@ class TracingRunner(Runner):
     def clocks(self, fn, stream, est_us, budget_s) -> dict:
         return {_DEFERRED: (fn, stream)}  # run by record(), under the tracer
 
+    def host_loop_us(self, calls, loops=200):
+        return None  # a host-time loop is not a step: it would fill the trace with its calls
+
     def capture(self, plan, stream, warmup=True):
         graph = super().capture(plan, stream, warmup)
         self.tracer.label_graph(graph, f"capture_plan {self.captured}")
