@@ -86,6 +86,9 @@ def test_mkdocs_build_strict(tmp_path):
     assert ":class:<code>" not in graphs and ":meth:<code>" not in graphs
     # :class:`~rawgraph.RawKernel` (a re-export) links to where the class is defined
     assert 'href="../runtime/#rawgraph.runtime.rawkernel.RawKernel"><code>RawKernel</code></a>' in graphs
+    # the README's images are in the site at the path the README links (docs/hooks/readme_images.py)
+    images = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", (ROOT / "README.md").read_text(encoding="utf-8"))
+    assert all((site / rel).is_file() for rel in images), images
     example = (site / "examples" / "own_kernel" / "index.html").read_text(encoding="utf-8")
     assert "--8&lt;--" not in example and "axpb" in example  # the file itself, not the include line
     assert "Set up on a fresh machine" in (site / "readme" / "index.html").read_text(encoding="utf-8")
