@@ -9,7 +9,9 @@ would only choose for large products, and issue 23's fp32 GEMM (``kernels/sgemm.
 its four paths: no split, a cluster split, in-CTA K slices (with and without a split), row tables
 and pointer slots; the tensor-core GEMM (``kernels/tf32x3.cu``, ``precision="tf32x3"``) through
 the same paths, every warp tile and both accumulation forms, and every cut the dispatcher serves
-at the serving grid. Exit status 1 if any result is wrong.
+at the serving grid; on compute capability 9.0 its warpgroup form (``kernels/tf32x3_wgmma.cu``)
+through the same paths, one and two warpgroups, cluster splits and both run forms. Exit status 1
+if any result is wrong.
 
     PYTHONPATH=. python3 benchmarks/sanitize_kernels.py
 """
@@ -22,7 +24,16 @@ import numpy as np
 
 from rawgraph import DeviceBuffer, LaunchPlan, Stream, TinyBlock, capture_plan, get_device, ops
 from rawgraph.control.rng import PhiloxGenerator, dropout_constants, reference_keep, reference_numbers, uniform24
-from rawgraph.ops import SgemmCut, Tf32x3Cut, gemm_shape, matvec_shape, sgemm_shape, tf32x3_shape
+from rawgraph.ops import (
+    SgemmCut,
+    Tf32x3Cut,
+    WgmmaCut,
+    gemm_shape,
+    matvec_shape,
+    sgemm_shape,
+    tf32x3_shape,
+    tf32x3_wgmma_shape,
+)
 from rawgraph.runtime.memory import POISON_BITS, DeviceArray
 
 
@@ -203,6 +214,25 @@ def main() -> int:
     for cut in sorted(served, key=lambda c: tuple(vars(c).values())):
         matmul_case("tf32x3 served", 70, 1000, 996, "add", tf32x3_shape(70, 1000, 996, cut), "tf32x3")
 
+    # the warpgroup form of tf32x3 (kernels/tf32x3_wgmma.cu, compute capability 9.0 only): one and
+    # two warpgroups, cluster splits of 3 and 8, BK 8 (one k8 step a stage), empty K parts, both
+    # run forms; tails in M, K and N; every epilogue
+    wgmma = ops.wgmma_available(dev)
+    wgmma_cuts = (
+        (33, 1000, 996, "add", WgmmaCut(64, 64, 16, 3, flush=2)),
+        (70, 1004, 260, "relu", WgmmaCut(128, 128, 32, 4, flush=2)),
+        (37, 1000, 996, "none", WgmmaCut(64, 96, 32, 4, split=3, flush=2)),
+        (100, 1000, 132, "add", WgmmaCut(128, 32, 16, 3, split=8, flush=1)),
+        (65, 520, 260, "relu", WgmmaCut(64, 64, 8, 3, flush=1)),
+        (5, 36, 68, "add", WgmmaCut(64, 32, 8, 3, split=8, flush=1)),
+        (33, 1000, 996, "add", WgmmaCut(64, 64, 32, 3, flush=2, runs=2)),
+        (70, 1004, 260, "relu", WgmmaCut(128, 96, 32, 3, flush=2, runs=2)),
+    )
+    for batch, k, n, epilogue, cut in wgmma_cuts if wgmma else ():
+        matmul_case("tf32x3 wgmma", batch, k, n, epilogue, tf32x3_wgmma_shape(batch, k, n, cut), "tf32x3")
+    if not wgmma:
+        print(f"skip tf32x3 wgmma: compute capability {dev.info.compute_capability}, not 9.0", flush=True)
+
     # sgemm through pointer slots (the indirect launch path): x, y and r read from 8-byte slots,
     # y and r 4 bytes off 16-byte alignment (scalar epilogue stores); a split with slices
     def sgemm_indirect_case(batch, k, n, cut, precision="fp32"):
@@ -216,7 +246,12 @@ def main() -> int:
         r_off = DeviceArray(bufs["r"].ptr + 4, (batch, n), np.dtype(np.float32), bufs["r"])
         y_off = DeviceArray(bufs["y"].ptr + 4, (batch, n), np.dtype(np.float32), bufs["y"])
         views = {"x": bufs["x"].view(), "W": bufs["W"].view(), "r": r_off, "y": y_off}
-        shape = tf32x3_shape(batch, k, n, cut) if precision == "tf32x3" else sgemm_shape(batch, k, n, cut)
+        if isinstance(cut, WgmmaCut):
+            shape = tf32x3_wgmma_shape(batch, k, n, cut)
+        elif isinstance(cut, Tf32x3Cut):
+            shape = tf32x3_shape(batch, k, n, cut)
+        else:
+            shape = sgemm_shape(batch, k, n, cut)
         launch = ops.matmul(dev, views, "x", "W", "y", "add", r="r", shape=shape, precision=precision)
         slots = DeviceBuffer.from_numpy(np.array([views[a].ptr for a in ("x", "y", "r")], np.uint64), stream=s)
         for i, arg in enumerate(("x", "y", "r")):
@@ -237,6 +272,9 @@ def main() -> int:
     sgemm_indirect_case(5, 36, 68, SgemmCut(32, 64, 8, 2))
     sgemm_indirect_case(37, 1000, 260, Tf32x3Cut(64, 64, 16, 3, split=2, slices=2, wm=32, wn=32), "tf32x3")
     sgemm_indirect_case(5, 36, 68, Tf32x3Cut(16, 64, 8, 2, wm=16, wn=32, flush=1), "tf32x3")
+    if wgmma:
+        sgemm_indirect_case(37, 1000, 260, WgmmaCut(64, 64, 16, 3, split=2, flush=2), "tf32x3")
+        sgemm_indirect_case(5, 36, 68, WgmmaCut(64, 32, 32, 3, flush=2, runs=2), "tf32x3")
     # the single-kernel block: clusters of 4 and 8, batch tails
     for batch, width, cluster in ((5, 132, 8), (1, 200, 4), (3, 36, 8)):
         xh = rng.standard_normal((batch, width), dtype=np.float32)
@@ -313,6 +351,11 @@ def main() -> int:
         lambda b, k: tf32x3_shape(b, k, k, Tf32x3Cut(32, 128, 8, 3, split=3, slices=2, wm=32, wn=32, flush=1)),
         "tf32x3",
     )
+    if wgmma:
+        wg = WgmmaCut(128, 64, 32, 3, split=3, flush=2)
+        routed_case("tf32x3 wgmma", 70, 264, lambda b, k: tf32x3_wgmma_shape(b, k, k, wg), "tf32x3")
+        wg2 = WgmmaCut(64, 64, 32, 3, flush=2, runs=2)
+        routed_case("tf32x3 wgmma", 37, 264, lambda b, k: tf32x3_wgmma_shape(b, k, k, wg2), "tf32x3")
     # row gathers and scatters: through a device table and by value (two capacities), odd sizes
     for rows, width, states in ((13, 33, 40), (50, 17, 61)):
         table = rng.permutation(states)[:rows].astype(np.int32)
