@@ -77,6 +77,13 @@ class PointerFacts:
         None otherwise (registered memory, pageable memory, device memory).
     error : str
         Why some attribute could not be read ("" when all were).
+
+    See Also
+    --------
+    cuPointerGetAttributes : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__UNIFIED.html
+    cuMemGetAddressRange, cuMemHostGetFlags : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+    cuMemHostAlloc, cuMemAllocHost : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+    cuMemAllocAsync : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MALLOC_ASYNC.html
     """
 
     address: int
@@ -99,7 +106,12 @@ class PointerFacts:
     @property
     def host_kind(self) -> str:
         """``"pinned"`` (``cuMemHostAlloc``), ``"registered"`` (``cuMemHostRegister``) or
-        ``"pageable"`` (unknown to the driver: pageable, or pinned memory already freed)."""
+        ``"pageable"`` (unknown to the driver: pageable, or pinned memory already freed).
+
+        See Also
+        --------
+        cuMemHostAlloc, cuMemHostRegister : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+        """
         if self.memory_type == "host":
             return "pinned" if self.host_flags is not None else "registered"
         return "pageable" if not self.memory_type else self.memory_type
@@ -157,6 +169,11 @@ def pointer_facts(address: int) -> PointerFacts:
     Calls ``cuPointerGetAttributes`` (memory type, buffer id, managed, ordinal, range, mapped,
     pool), ``cuMemGetAddressRange`` for device memory and ``cuMemHostGetFlags`` for host memory.
     Needs the graph's context current.
+
+    See Also
+    --------
+    cuPointerGetAttributes : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__UNIFIED.html
+    cuMemGetAddressRange, cuMemHostGetFlags : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
     values, error = _attributes(address)
     facts = PointerFacts(int(address), error=error)

@@ -98,7 +98,12 @@ def _grid() -> int:
 
 
 def dangling() -> Fault:
-    """Class 1: a kernel node built over a buffer, then the buffer freed (``cuMemFree``)."""
+    """Class 1: a kernel node built over a buffer, then the buffer freed (``cuMemFree``).
+
+    See Also
+    --------
+    cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+    """
     k = kernels()
     x, y = DeviceBuffer(N), DeviceBuffer(N)
     b = GraphBuilder()
@@ -128,6 +133,11 @@ def stream_ordered_pool(stream: Stream) -> Fault:
     The driver forgets the address once it is freed (``cuPointerGetAttributes`` answers as for
     freed memory, measured with driver 580), so the check is given a baseline taken
     while the buffer was live: it names the pool there.
+
+    See Also
+    --------
+    cuMemAllocAsync, cuMemFreeAsync : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MALLOC_ASYNC.html
+    cuPointerGetAttributes : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__UNIFIED.html
     """
     k = kernels()
     dev = get_device()
@@ -163,7 +173,12 @@ def stream_ordered_pool(stream: Stream) -> Fault:
 
 def host_memory() -> Fault:
     """Class 3: a memcpy node from a pinned staging buffer (rawgraph ``HostBuffer``), the buffer
-    freed (``cuMemFreeHost``) and pinned memory of the same size allocated again."""
+    freed (``cuMemFreeHost``) and pinned memory of the same size allocated again.
+
+    See Also
+    --------
+    cuMemFreeHost : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+    """
     h = HostBuffer(N, np.float32)
     y = DeviceBuffer(N)
     b = GraphBuilder()
@@ -362,7 +377,12 @@ def _first_holder(adopted: Any, ptr: int) -> str:
 class WrongArgument:
     """A three-kernel rawgraph plan (``h1 = 2 x``, ``h2 = h1 + 1``, ``out = 3 h2``), captured,
     instantiated, and its middle node given another constant through
-    ``cuGraphExecKernelNodeSetParams``: :func:`~rawgraph.doctor.verify.verify` must name node 1."""
+    ``cuGraphExecKernelNodeSetParams``: :func:`~rawgraph.doctor.verify.verify` must name node 1.
+
+    See Also
+    --------
+    cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
 
     graph: Any
     exec: GraphExec

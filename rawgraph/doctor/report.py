@@ -66,6 +66,11 @@ class Finding:
         Which part of the node holds the address (``"param 2 +0"``, ``"memcpy.src"``, ...).
     related : tuple of str
         Paths of the other nodes involved (the other side of an overlap, the setters of a handle).
+
+    See Also
+    --------
+    cuGraphGetNodes : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    cuFuncGetName : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
     """
 
     cls: int

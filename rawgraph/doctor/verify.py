@@ -202,6 +202,10 @@ def verify(
         unknown.
     VerifyError
         With ``action="raise"``, on a mismatch.
+
+    See Also
+    --------
+    cuGraphNodeSetEnabled : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     if action not in ("return", "raise", "warn"):
         raise DoctorError(f"action is 'return', 'raise' or 'warn', got {action!r}")
@@ -308,7 +312,12 @@ def _locate(
 
 class VerifiedExec:
     """An exec whose every ``every``-th :meth:`launch` is verified (:func:`verify`); the other
-    launches are one ``cuGraphLaunch``. Made by :func:`watch`."""
+    launches are one ``cuGraphLaunch``. Made by :func:`watch`.
+
+    See Also
+    --------
+    cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
 
     exec: GraphExec
     every: int
@@ -360,6 +369,10 @@ class Verifier:
     action : ``"raise"`` or ``"warn"``
     sync : callable, optional
         Waits for the work (default ``cuCtxSynchronize``).
+
+    See Also
+    --------
+    cuCtxSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__CTX.html
     """
 
     replay: Callable[[], Any]

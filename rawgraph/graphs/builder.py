@@ -185,7 +185,12 @@ def _ptr(obj: Any, what: str) -> int:
 
 
 def node_types(graph_handle: Any) -> list[Any]:
-    """The ``CUgraphNodeType`` of every node of a graph (``cuGraphGetNodes`` + ``cuGraphNodeGetType``)."""
+    """The ``CUgraphNodeType`` of every node of a graph (``cuGraphGetNodes`` + ``cuGraphNodeGetType``).
+
+    See Also
+    --------
+    cuGraphGetNodes, cuGraphNodeGetType : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
     _n, count = call(driver.cuGraphGetNodes, graph_handle, 0)
     if not count:
         return []
@@ -197,6 +202,10 @@ def clone_refusal(graph_handle: Any) -> str | None:
     """Why ``cuGraphClone`` / ``cuGraphAddChildGraphNode`` would refuse this graph, or None.
 
     Looks into child graphs too (a clone copies them recursively).
+
+    See Also
+    --------
+    cuGraphClone, cuGraphAddChildGraphNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     _n, count = call(driver.cuGraphGetNodes, graph_handle, 0)
     if not count:
@@ -240,7 +249,12 @@ class BuiltGraph(Graph):
 
     def instantiate(self, flags: int = 0) -> GraphExec:
         """``cuGraphInstantiate``, the exec holding :meth:`held_by_replays` past its own
-        destruction until the replays it queued have run (see :func:`hold_for_replays`)."""
+        destruction until the replays it queued have run (see :func:`hold_for_replays`).
+
+        See Also
+        --------
+        cuGraphInstantiate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         exe = super().instantiate(flags)
         held = self.held_by_replays()
         if held:
@@ -255,6 +269,10 @@ class BuiltGraph(Graph):
         RawgraphError
             The graph holds a memory allocation/free or a conditional node (the driver refuses
             those; checked before calling it).
+
+        See Also
+        --------
+        cuGraphClone : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         self._check_open()
         why = clone_refusal(self.handle)
@@ -410,6 +428,10 @@ class GraphBuilder:
         The driver copies the argument values now; the node map records those bytes. Clusters
         compiled in (``__cluster_dims__``) apply as they do to a launch. ``launch.pdl`` is not
         read here: say ``(prev, "programmatic")`` in ``deps`` for a PDL edge (:meth:`plan` does).
+
+        See Also
+        --------
+        cuGraphAddKernelNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         self._check("kernel")
         if not isinstance(launch, Launch):
@@ -460,6 +482,10 @@ class GraphBuilder:
         """A 1D copy of ``nbytes`` (``cuGraphAddMemcpyNode``); each side a DeviceBuffer /
         DeviceArray (device memory) or a HostBuffer (pinned host memory, read or written when a
         replay reaches the node). Raw integer addresses count as device memory.
+
+        See Also
+        --------
+        cuGraphAddMemcpyNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         self._check("memcpy")
         nbytes = int(nbytes)
@@ -481,7 +507,12 @@ class GraphBuilder:
 
     def memset(self, dst: Any, value: int, count: int, element_size: int = 4, deps: DepSpec = ()) -> Node:
         """Fill ``count`` elements of ``element_size`` (1, 2 or 4) bytes with ``value``
-        (``cuGraphAddMemsetNode``; device memory only)."""
+        (``cuGraphAddMemsetNode``; device memory only).
+
+        See Also
+        --------
+        cuGraphAddMemsetNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check("memset")
         if element_size not in (1, 2, 4):
             raise ValueError(f"memset element size must be 1, 2 or 4 bytes, got {element_size}")
@@ -513,6 +544,10 @@ class GraphBuilder:
         destroyed with replays queued keeps it until they have run (:func:`hold_for_replays`).
         Exceptions are kept in the returned node's callback (``graph.keep``), see
         :class:`HostCallback`.
+
+        See Also
+        --------
+        cuGraphAddHostNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         self._check("host")
         self._no_body("host")
@@ -525,7 +560,12 @@ class GraphBuilder:
         )
 
     def event_record(self, event: Event, deps: DepSpec = ()) -> Node:
-        """Record ``event`` when a replay reaches this node (``cuGraphAddEventRecordNode``)."""
+        """Record ``event`` when a replay reaches this node (``cuGraphAddEventRecordNode``).
+
+        See Also
+        --------
+        cuGraphAddEventRecordNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check("event_record")
         self._no_body("event record")
         event._check_open()
@@ -538,7 +578,12 @@ class GraphBuilder:
         )
 
     def event_wait(self, event: Event, deps: DepSpec = ()) -> Node:
-        """Wait for ``event``'s latest record before later nodes run (``cuGraphAddEventWaitNode``)."""
+        """Wait for ``event``'s latest record before later nodes run (``cuGraphAddEventWaitNode``).
+
+        See Also
+        --------
+        cuGraphAddEventWaitNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check("event_wait")
         self._no_body("event wait")
         event._check_open()
@@ -551,7 +596,12 @@ class GraphBuilder:
         )
 
     def empty(self, deps: DepSpec = ()) -> Node:
-        """A node that does nothing: a join point for many edges (``cuGraphAddEmptyNode``)."""
+        """A node that does nothing: a join point for many edges (``cuGraphAddEmptyNode``).
+
+        See Also
+        --------
+        cuGraphAddEmptyNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check("empty")
         _h, edges = self._deps(deps)
         return self._add_with_edges(
@@ -564,6 +614,10 @@ class GraphBuilder:
         Refused first when ``graph`` holds memory allocation/free or conditional nodes (the
         driver refuses those child graphs). Later edits to ``graph`` do not reach the node; the
         built graph keeps ``graph`` alive for the buffers its nodes point at.
+
+        See Also
+        --------
+        cuGraphAddChildGraphNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         self._check("child")
         handle = graph.handle if isinstance(graph, Graph) else graph
@@ -583,6 +637,10 @@ class GraphBuilder:
 
         Returns the node and the address, fixed for the graph's lifetime. The graph can then not
         be cloned and only one exec of it may exist at a time (driver rules).
+
+        See Also
+        --------
+        cuGraphAddMemAllocNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         self._check("mem_alloc")
         self._no_body("memory allocation")
@@ -597,7 +655,12 @@ class GraphBuilder:
         return node, allocation_address(node.handle)
 
     def mem_free(self, ptr: int, deps: DepSpec = ()) -> Node:
-        """Free graph memory allocated by :meth:`mem_alloc` (``cuGraphAddMemFreeNode``)."""
+        """Free graph memory allocated by :meth:`mem_alloc` (``cuGraphAddMemFreeNode``).
+
+        See Also
+        --------
+        cuGraphAddMemFreeNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check("mem_free")
         self._no_body("memory free")
         _h, edges = self._deps(deps)
@@ -609,7 +672,12 @@ class GraphBuilder:
 
     def node(self, params: Any, kind: str, deps: DepSpec = ()) -> tuple[Node, Any]:
         """Any node from a filled ``CUgraphNodeParams`` (``cuGraphAddNode``); returns the node and
-        the params, which the driver may have written outputs into (a conditional node's bodies)."""
+        the params, which the driver may have written outputs into (a conditional node's bodies).
+
+        See Also
+        --------
+        cuGraphAddNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check("node")
         plain, edges = self._deps(deps)
         data = [self._edge_data(k) for _h, k in edges]
@@ -624,7 +692,12 @@ class GraphBuilder:
     # -- edges ------------------------------------------------------------------------------
     def depend(self, before: Dep, after: Dep, kind: str = "default") -> None:
         """Add one edge ``before -> after`` (``cuGraphAddDependencies`` with edge data); a kernel
-        node ``after`` records it among its dependencies."""
+        node ``after`` records it among its dependencies.
+
+        See Also
+        --------
+        cuGraphAddDependencies : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check("depend")
         if kind not in EDGE_KINDS:
             raise ValueError(f"edge kind must be one of {EDGE_KINDS}, got {kind!r}")
@@ -654,11 +727,21 @@ class GraphBuilder:
         return g
 
     def instantiate(self, flags: int = 0) -> GraphExec:
-        """``build()`` then ``cuGraphInstantiate`` (the exec keeps the graph alive)."""
+        """``build()`` then ``cuGraphInstantiate`` (the exec keeps the graph alive).
+
+        See Also
+        --------
+        cuGraphInstantiate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         return self.build().instantiate(flags)
 
     def close(self) -> None:
-        """Destroy the graph if it was never built (``cuGraphDestroy``); safe twice."""
+        """Destroy the graph if it was never built (``cuGraphDestroy``); safe twice.
+
+        See Also
+        --------
+        cuGraphDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         if not self._built and self._graph is not None:
             self._graph.close()
 
@@ -701,7 +784,12 @@ def build_plan(plan: LaunchPlan, device: Device | None = None) -> BuiltGraph:
 
 
 def edge_list(graph_handle: Any) -> list[tuple[Any, Any, tuple[int, int, int]]]:
-    """``(from, to, (type, from_port, to_port))`` of every edge (``cuGraphGetEdges``)."""
+    """``(from, to, (type, from_port, to_port))`` of every edge (``cuGraphGetEdges``).
+
+    See Also
+    --------
+    cuGraphGetEdges : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
     _f, _t, _d, n = call(driver.cuGraphGetEdges, graph_handle, 0)
     if not n:
         return []

@@ -113,6 +113,12 @@ class Capture:
     end_result : str or None
         The ``CUresult`` name ``cuStreamEndCapture`` returned (e.g.
         ``CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`` after a forbidden call).
+
+    See Also
+    --------
+    cuStreamSynchronize, cuStreamCreate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+    cuStreamEndCapture : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+    cuMemAlloc : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
     def __init__(
@@ -245,6 +251,11 @@ class Capture:
         CaptureRefusedError
             A default stream, the stream forked from, a stream of another capture, or more
             streams than were made in advance (all refused before the driver is called).
+
+        See Also
+        --------
+        cuEventRecord : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        cuStreamWaitEvent : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
         """
         if not self._open:
             raise RawgraphError("Capture.fork outside the with-block")
@@ -287,7 +298,13 @@ class Capture:
         """Join side streams back: ``cuEventRecord`` on each, ``cuStreamWaitEvent`` on ``into``
         (default the origin), so the next work there (and the end of the capture) depends on
         everything they captured. No node is added. ``streams`` defaults to every side stream
-        known to this capture."""
+        known to this capture.
+
+        See Also
+        --------
+        cuEventRecord : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        cuStreamWaitEvent : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+        """
         if not self._open:
             raise RawgraphError("Capture.join outside the with-block")
         target = self._in_capture(self.stream if into is None else into, "join into")
@@ -312,7 +329,12 @@ class Capture:
         ``buffers`` names the arrays ``launch.uses`` points at (a plan's buffers, or what a
         :class:`~rawgraph.RawKernel` call was given): when every recorded launch's arrays are
         named, and no name stands for two arrays, the graph gets a plan of its own
-        (``graph.plan``), so :class:`~rawgraph.ExecUpdateManager` binds it with no plan given."""
+        (``graph.plan``), so :class:`~rawgraph.ExecUpdateManager` binds it with no plan given.
+
+        See Also
+        --------
+        cuStreamGetCaptureInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+        """
         if not self._open:
             raise RawgraphError("Capture.launch outside the with-block")
         if buffers:
@@ -363,6 +385,10 @@ class Capture:
         Graph memory is physical only while a replay runs between this node and its free; the
         driver reuses it across graphs launched into the same stream (see
         :mod:`rawgraph.serving.graphmem`).
+
+        See Also
+        --------
+        cuMemAllocAsync : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MALLOC_ASYNC.html
         """
         if not self._open:
             raise RawgraphError("Capture.mem_alloc outside the with-block")
@@ -373,7 +399,12 @@ class Capture:
         return ptr
 
     def mem_free(self, ptr: int) -> None:
-        """Free graph memory inside the graph (``cuMemFreeAsync`` becomes a memory free node)."""
+        """Free graph memory inside the graph (``cuMemFreeAsync`` becomes a memory free node).
+
+        See Also
+        --------
+        cuMemFreeAsync : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MALLOC_ASYNC.html
+        """
         if not self._open:
             raise RawgraphError("Capture.mem_free outside the with-block")
         call(driver.cuMemFreeAsync, int(ptr), self.stream.handle)
@@ -382,7 +413,12 @@ class Capture:
     def memcpy_htod(self, dst: int, src: int, nbytes: int) -> None:
         """Record a host-to-device copy (``cuMemcpyHtoDAsync`` becomes a memcpy node). From pinned
         host memory (:class:`~rawgraph.runtime.memory.HostBuffer`) the node reads the host bytes when each
-        replay reaches it, not at capture."""
+        replay reaches it, not at capture.
+
+        See Also
+        --------
+        cuMemcpyHtoDAsync : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+        """
         if not self._open:
             raise RawgraphError("Capture.memcpy_htod outside the with-block")
         call(driver.cuMemcpyHtoDAsync, int(dst), int(src), int(nbytes), self.stream.handle)
@@ -391,7 +427,12 @@ class Capture:
     def event_record(self, event: Any) -> None:
         """Record ``event`` inside the graph (``cuEventRecordWithFlags`` with
         ``CU_EVENT_RECORD_EXTERNAL`` becomes an event record node): each replay records it when it
-        reaches this point, so the host can tell how far a queued replay has got."""
+        reaches this point, so the host can tell how far a queued replay has got.
+
+        See Also
+        --------
+        cuEventRecordWithFlags : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        """
         if not self._open:
             raise RawgraphError("Capture.event_record outside the with-block")
         event._check_open()

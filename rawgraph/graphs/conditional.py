@@ -131,6 +131,10 @@ class ConditionalHandle:
         The graph handle it was made for (as an integer).
     default : int or None
         Value assigned at the start of every launch, or None (not reset).
+
+    See Also
+    --------
+    cuGraphConditionalHandleCreate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
 
     value: int
@@ -148,6 +152,10 @@ def make_handle(graph: Any, device: Device | None = None, default: int | None = 
 
     ``default``: reset the condition to this value at the start of every launch
     (``CU_GRAPH_COND_ASSIGN_DEFAULT``); None leaves it unset until a kernel sets it.
+
+    See Also
+    --------
+    cuGraphConditionalHandleCreate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     dev = (device or getattr(graph, "device", None) or get_device()).activate()
     handle = getattr(graph, "handle", graph)
@@ -192,7 +200,12 @@ class ConditionalNode:
     def capture_body(self, i: int, stream: Any, mode: CaptureMode = DEFAULT_CAPTURE_MODE) -> BodyCapture:
         """Capture body ``i`` on ``stream`` (``cuStreamBeginCaptureToGraph``): a context manager
         with ``launch(Launch)`` and ``run(LaunchPlan)``. ``stream`` must be a stream that is not
-        capturing (not the one whose capture holds this node)."""
+        capturing (not the one whose capture holds this node).
+
+        See Also
+        --------
+        cuStreamBeginCaptureToGraph : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+        """
         if not 0 <= i < len(self.bodies):
             raise IndexError(f"body {i} of a {self.kind.upper()} node with {len(self.bodies)} bodies")
         return BodyCapture(self, self.bodies[i], stream, mode)
@@ -236,6 +249,10 @@ def add_conditional(
 
     ``cond`` must come from :func:`make_handle` on this graph or one it is a body of, and drive
     no other node.
+
+    See Also
+    --------
+    cuGraphAddNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     size = check_kind(kind, size)
     _take_handle(cond, _ancestry(builder))
@@ -305,6 +322,12 @@ def capture_conditional(cap: Capture, kind: str, cond: ConditionalHandle, size: 
     ``cap.other_nodes`` as ``(node, "conditional", ConditionalNode)``, so the capture's node
     count check holds. Fill the bodies with :meth:`ConditionalNode.capture_body` (on another
     stream) or the body builders.
+
+    See Also
+    --------
+    cuStreamGetCaptureInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+    cuStreamUpdateCaptureDependencies : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+    cuGraphAddNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     _check_capturing(cap, "capture_conditional")
     size = check_kind(kind, size)
@@ -343,6 +366,12 @@ class BodyCapture:
     the releases held back while it was open (``cuMemFree`` and friends that garbage collection
     ran inside it, see :mod:`rawgraph.runtime.resource`) run then, unless another capture still forbids
     them (that capture runs them at its own end).
+
+    See Also
+    --------
+    cuStreamBeginCaptureToGraph : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+    cuStreamGetCaptureInfo, cuStreamEndCapture : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+    cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
     def __init__(self, node: ConditionalNode, body: GraphBuilder, stream: Any, mode: CaptureMode):
@@ -399,7 +428,13 @@ class BodyCapture:
     ) -> KernelNode:
         """Launch into the body and record the node it became (``cuStreamGetCaptureInfo``).
         ``buffers`` (what a RawKernel call was given) are held by the body's builder. ``pdl=False``
-        launches a PDL launch plainly (``cuLaunchKernel``: a default edge, not a programmatic one)."""
+        launches a PDL launch plainly (``cuLaunchKernel``: a default edge, not a programmatic one).
+
+        See Also
+        --------
+        cuStreamGetCaptureInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+        cuLaunchKernel : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
+        """
         if not self._open:
             raise RawgraphError("BodyCapture.launch outside the with-block")
         if stream is not None and int(stream_handle(stream)) != self.stream.ptr:
@@ -504,7 +539,12 @@ def select_band(device: Device, cond: ConditionalHandle, value: Any, tops: Any, 
     ``0..tops[-1]``; condition = the index of the first of the ascending ``int32`` band ``tops``
     (device memory) ``>= n``, or ``len(tops)`` (no body) when ``n`` is 0; ``used[0] = n``. The
     SWITCH it sets should have ``len(tops)`` bodies (an index past its last body runs none), and
-    ``tops`` must be ascending (the head searches it by bisection)."""
+    ``tops`` must be ascending (the head searches it by bisection).
+
+    See Also
+    --------
+    cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
     t = _words(tops, "tops", np.int32)
     ptr = 0 if value is None else _words(value, "value", np.int32).ptr
     return _launch(

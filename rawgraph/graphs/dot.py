@@ -177,6 +177,10 @@ def export(graph: Any, path: str | Path, picture: bool = True, findings: Any = N
     for :func:`to_dot`.
 
     Returns the paths written.
+
+    See Also
+    --------
+    cuGraphDebugDotPrint : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     base = Path(path)
     base.parent.mkdir(parents=True, exist_ok=True)

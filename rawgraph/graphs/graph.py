@@ -41,6 +41,11 @@ class KernelNode:
         The node handles (as integers) this node depends on: the capturing stream's dependency
         set read with ``cuStreamGetCaptureInfo`` just before the launch (of any size in a
         fork/join capture). ``Graph.verify_edges`` checks them against ``cuGraphGetEdges``.
+
+    See Also
+    --------
+    cuStreamGetCaptureInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+    cuGraphGetEdges : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
 
     handle: Any
@@ -62,6 +67,11 @@ class ForeignNode:
         The ``cuGraphNodeGetType`` name without its prefix (``"KERNEL"``, ``"MEMSET"``, ...).
     deps : tuple of int
         The handles (as integers) of the nodes it depends on (``cuGraphGetEdges``).
+
+    See Also
+    --------
+    cuMemsetD32Async : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+    cuGraphNodeGetType, cuGraphGetEdges : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
 
     handle: Any
@@ -74,6 +84,10 @@ def read_node_args(handle: Any, launch: Launch) -> dict[str, Any]:
 
     Decoded with the launch's argument layout; used to check the node map points at the right
     buffers.
+
+    See Also
+    --------
+    cuGraphKernelNodeGetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     params = call(driver.cuGraphKernelNodeGetParams, handle)
     table = int(params.kernelParams)
@@ -91,7 +105,12 @@ def read_node_args(handle: Any, launch: Launch) -> dict[str, Any]:
 
 
 class Graph(Resource):
-    """A ``CUgraph`` with the node map from capture. Destroyed on ``close()`` (``cuGraphDestroy``)."""
+    """A ``CUgraph`` with the node map from capture. Destroyed on ``close()`` (``cuGraphDestroy``).
+
+    See Also
+    --------
+    cuGraphDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
 
     def __init__(self, handle: Any, nodes: list[KernelNode], device: Device):
         self.handle: Any = handle  # driver.CUgraph
@@ -118,6 +137,10 @@ class Graph(Resource):
         (``cuGraphInstantiate`` answers ``CUDA_ERROR_NOT_SUPPORTED`` while one lives), no
         ``cuGraphExecUpdate`` of its exec, and no host parameter pushes through the update paths
         of :mod:`rawgraph.updates` (they would override what the device wrote).
+
+        See Also
+        --------
+        cuGraphInstantiate, cuGraphExecUpdate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         self._check_open()
         if self._exec_alive():
@@ -130,19 +153,34 @@ class Graph(Resource):
         return live is not None and not live.closed
 
     def node_count(self) -> int:
-        """Number of nodes the driver holds (``cuGraphGetNodes``)."""
+        """Number of nodes the driver holds (``cuGraphGetNodes``).
+
+        See Also
+        --------
+        cuGraphGetNodes : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check_open()
         _nodes, count = call(driver.cuGraphGetNodes, self.handle, 0)
         return int(count)
 
     def edges(self) -> list[tuple[int, int]]:
-        """``(from, to)`` node handles as integers (``cuGraphGetEdges``)."""
+        """``(from, to)`` node handles as integers (``cuGraphGetEdges``).
+
+        See Also
+        --------
+        cuGraphGetEdges : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         return [(a, b) for a, b, _ in self.edge_types()]
 
     def edge_types(self) -> list[tuple[int, int, str]]:
         """``(from, to, type)`` for every edge: type ``"default"`` (the consumer starts after the
         producer finished) or ``"programmatic"`` (a PDL edge: it may start earlier and waits
-        inside the kernel), from the edge data of ``cuGraphGetEdges``."""
+        inside the kernel), from the edge data of ``cuGraphGetEdges``.
+
+        See Also
+        --------
+        cuGraphGetEdges : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check_open()
         _f, _t, _d, n = call(driver.cuGraphGetEdges, self.handle, 0)
         if not n:
@@ -163,7 +201,13 @@ class Graph(Resource):
     def read_nodes(self) -> list[Any]:
         """Every node decoded by type, child graphs and conditional bodies included
         (:func:`rawgraph.graphs.nodes.read_graph`: ``cuGraphGetNodes``, ``cuGraphNodeGetType``, the
-        per-type getters, ``cuFuncGetParamInfo`` for kernel parameter layouts)."""
+        per-type getters, ``cuFuncGetParamInfo`` for kernel parameter layouts).
+
+        See Also
+        --------
+        cuGraphGetNodes, cuGraphNodeGetType : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        cuFuncGetParamInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
+        """
         from .nodes import read_graph  # nodes.py sits below graph.py and never imports it
 
         self._check_open()
@@ -213,6 +257,10 @@ class Graph(Resource):
         ------
         RawgraphError
             Naming the first node whose incoming edges differ from its recorded dependencies.
+
+        See Also
+        --------
+        cuGraphGetEdges : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         self._check_open()
         into: dict[int, set[int]] = {}
@@ -227,12 +275,22 @@ class Graph(Resource):
                 )
 
     def instantiate(self, flags: int = 0) -> GraphExec:
-        """``cuGraphInstantiate`` with ``flags`` (``CUgraphInstantiate_flags``, e.g. ``CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD``)."""
+        """``cuGraphInstantiate`` with ``flags`` (``CUgraphInstantiate_flags``, e.g. ``CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD``).
+
+        See Also
+        --------
+        cuGraphInstantiate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check_open()
         return GraphExec(self, flags)
 
     def debug_dot_print(self, path: str, flags: int = 1) -> None:
-        """The driver's own DOT dump (``cuGraphDebugDotPrint``; flags default VERBOSE)."""
+        """The driver's own DOT dump (``cuGraphDebugDotPrint``; flags default VERBOSE).
+
+        See Also
+        --------
+        cuGraphDebugDotPrint : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check_open()
         call(driver.cuGraphDebugDotPrint, self.handle, str(path).encode(), flags)
 
@@ -282,7 +340,12 @@ def _update_result_info(exec_handle: Any, graph_handle: Any) -> tuple[int, int, 
 
 
 class GraphExec(Resource):
-    """An executable graph (``cuGraphInstantiate``); keeps its :class:`Graph` alive."""
+    """An executable graph (``cuGraphInstantiate``); keeps its :class:`Graph` alive.
+
+    See Also
+    --------
+    cuGraphInstantiate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
 
     def __init__(self, graph: Graph, flags: int = 0):
         self.graph: Graph = graph
@@ -317,6 +380,10 @@ class GraphExec(Resource):
         ------
         ClosedError
             The exec or the stream is closed (checked before the driver is called).
+
+        See Also
+        --------
+        cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         if not self._finalizer.alive:
             raise ClosedError("GraphExec is closed")
@@ -329,12 +396,22 @@ class GraphExec(Resource):
         self.streams.note(s)
 
     def upload(self, stream: Any) -> None:
-        """``cuGraphUpload``: move the exec's launch setup to the device ahead of the first launch."""
+        """``cuGraphUpload``: move the exec's launch setup to the device ahead of the first launch.
+
+        See Also
+        --------
+        cuGraphUpload : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check_open()
         call(driver.cuGraphUpload, self.handle, stream_handle(stream))
 
     def driver_flags(self) -> int:
-        """The flags the driver holds for this exec (``cuGraphExecGetFlags``)."""
+        """The flags the driver holds for this exec (``cuGraphExecGetFlags``).
+
+        See Also
+        --------
+        cuGraphExecGetFlags : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check_open()
         return int(call(driver.cuGraphExecGetFlags, self.handle))
 
@@ -348,6 +425,10 @@ class GraphExec(Resource):
         GraphUpdateError
             The update was refused (e.g. ``CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED``); the exec
             is unchanged and still runs its old parameters. Re-instantiate to fall back.
+
+        See Also
+        --------
+        cuGraphExecUpdate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         self._check_open()
         graph._check_open()

@@ -78,7 +78,12 @@ class KeepAlive:
         """Cover pending objects with a fence (``cuEventRecord`` per stream), release those whose
         fences have fired (``cuEventQuery``); returns how many objects are still held.
 
-        A failed record raises with the pending objects still pending (nothing released early)."""
+        A failed record raises with the pending objects still pending (nothing released early).
+
+        See Also
+        --------
+        cuEventRecord, cuEventQuery : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        """
         if self._pending:
             fence = self.streams.fence(self._events, self.device)
             self._retired.append((fence, self._pending))
@@ -160,6 +165,12 @@ def hold_for_replays(exe: GraphExec, objs: Iterable[Any]) -> None:
     ------
     ClosedError
         ``exe`` is closed (checked before anything changes).
+
+    See Also
+    --------
+    cuGraphExecDestroy, cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    cuEventRecord : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+    cuStreamSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
     """
     objs = tuple(objs)
     info = exe._finalizer.peek()
@@ -228,6 +239,10 @@ def collect_held() -> int:
 
     Does nothing while a capture forbids driver calls on this thread (the next call after it does
     the work). Safe from any thread.
+
+    See Also
+    --------
+    cuEventQuery, cuEventDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
     """
     if _capturing.forbids_unsafe_calls():
         with _held_lock:

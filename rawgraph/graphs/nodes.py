@@ -65,7 +65,12 @@ KIND_NAMES: dict[int, str] = {
 
 @dataclass(frozen=True)
 class ParamInfo:
-    """One kernel parameter in the device-side layout (``cuFuncGetParamInfo``)."""
+    """One kernel parameter in the device-side layout (``cuFuncGetParamInfo``).
+
+    See Also
+    --------
+    cuFuncGetParamInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
+    """
 
     index: int
     offset: int
@@ -93,6 +98,10 @@ class NodeInfo:
         Handles of the nodes this one waits for (same graph).
     edge_types : list of str
         ``"default"`` or ``"programmatic"`` per dependency.
+
+    See Also
+    --------
+    cuGraphGetNodes : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
 
     handle: Any
@@ -134,6 +143,11 @@ class KernelInfo(NodeInfo):
     via : str
         ``"kernelParams"``, ``"extra"``, or ``"none"`` (not read).
     layout_error : str
+
+    See Also
+    --------
+    cuKernelGetFunction : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__LIBRARY.html
+    cuFuncGetName, cuFuncGetParamInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
     """
 
     function: int = 0
@@ -172,6 +186,10 @@ class MemcpyInfo(NodeInfo):
     addresses when the memory type is ``device``/``unified``, host pointers for ``host``, 0 for
     arrays (``src_array`` / ``dst_array``). ``nbytes`` = width x height x planes (the copy's
     ``WidthInBytes``, ``Height``, ``Depth``; ``depth`` is the node's nesting depth, as for every node).
+
+    See Also
+    --------
+    cuGraphMemcpyNodeGetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
 
     src: int = 0
@@ -216,7 +234,12 @@ class MemsetInfo(NodeInfo):
 
 @dataclass
 class HostInfo(NodeInfo):
-    """A host node: the function pointer and its user data (``cuGraphHostNodeGetParams``)."""
+    """A host node: the function pointer and its user data (``cuGraphHostNodeGetParams``).
+
+    See Also
+    --------
+    cuGraphHostNodeGetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
 
     fn: int = 0
     user_data: int = 0
@@ -224,7 +247,12 @@ class HostInfo(NodeInfo):
 
 @dataclass
 class EventInfo(NodeInfo):
-    """An event record or wait node (``cuGraphEventRecordNodeGetEvent`` / ``...WaitNodeGetEvent``)."""
+    """An event record or wait node (``cuGraphEventRecordNodeGetEvent`` / ``...WaitNodeGetEvent``).
+
+    See Also
+    --------
+    cuGraphEventRecordNodeGetEvent : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
 
     event: int = 0
 
@@ -255,7 +283,12 @@ class MemFreeInfo(NodeInfo):
 @dataclass
 class ConditionalInfo(NodeInfo):
     """A conditional node (``cuGraphNodeGetParams``): IF / WHILE / SWITCH, its handle, and the body
-    graphs (one per branch), read recursively. ``error`` is set when the driver gave no params."""
+    graphs (one per branch), read recursively. ``error`` is set when the driver gave no params.
+
+    See Also
+    --------
+    cuGraphNodeGetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
 
     cond_type: str = ""
     cond_handle: int = 0
@@ -320,6 +353,10 @@ def read_layout(function: Any) -> tuple[list[ParamInfo] | None, str]:
     CudaError
         Any other failure (out of memory, no context, a dead context): a layout read then is
         not "unavailable", and a rebinder built on it would be blind to the node's pointers.
+
+    See Also
+    --------
+    cuFuncGetParamCount, cuFuncGetParamInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
     """
     fn = driver.CUfunction(_int(function)) if not isinstance(function, driver.CUfunction) else function
     try:
@@ -337,7 +374,12 @@ def function_name(function: Any) -> str:
     """``cuFuncGetName`` as text ("" when the driver has none: the call is missing, or answers
     ``CUDA_ERROR_INVALID_VALUE`` or one of :func:`read_layout`'s "unavailable" codes). Any other
     failure raises :class:`~rawgraph.runtime.errors.CudaError` (a kernel without its name would escape
-    name-based checks such as ``AddressRebinder(expect_layouts=...)``)."""
+    name-based checks such as ``AddressRebinder(expect_layouts=...)``).
+
+    See Also
+    --------
+    cuFuncGetName : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
+    """
     err, vals = _raw(driver.cuFuncGetName, driver.CUfunction(_int(function)))
     if isinstance(err, str) or err == _INVALID_VALUE or err in _NO_LAYOUT:
         return ""
@@ -545,7 +587,12 @@ def _node(node: Any, index: int, graph: int, depth: int, seen: set[int]) -> Node
 
 
 def graph_edges(graph: Any) -> list[tuple[int, int, str]]:
-    """``(from, to, type)`` for every edge of a graph (``cuGraphGetEdges`` with edge data)."""
+    """``(from, to, type)`` for every edge of a graph (``cuGraphGetEdges`` with edge data).
+
+    See Also
+    --------
+    cuGraphGetEdges : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
     _f, _t, _d, n = call(driver.cuGraphGetEdges, graph, 0)
     if not n:
         return []
@@ -592,6 +639,11 @@ def read_graph(graph: Any) -> list[NodeInfo]:
     -------
     list of NodeInfo
         In ``cuGraphGetNodes`` order, each its type's dataclass.
+
+    See Also
+    --------
+    cuKernelGetFunction : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__LIBRARY.html
+    cuGraphGetNodes : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     handle = getattr(graph, "handle", graph)
     return _read(handle, 0, set())

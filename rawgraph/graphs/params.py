@@ -34,6 +34,10 @@ def memcpy_params(dst: int, dst_is_host: bool, src: int, src_is_host: bool, nbyt
 
     Every field is set: the unused pointer of each side (host or device), the array, the offsets
     (``XInBytes``, ``Y``, ``Z``, ``LOD``) zero; pitch ``nbytes`` and heights 1.
+
+    See Also
+    --------
+    cuGraphAddMemcpyNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     p = driver.CUDA_MEMCPY3D()
     for side, ptr, host in (("src", src, src_is_host), ("dst", dst, dst_is_host)):
@@ -52,7 +56,12 @@ def memcpy_params(dst: int, dst_is_host: bool, src: int, src_is_host: bool, nbyt
 
 
 def memset_params(dst: int, value: int, element_size: int, count: int) -> Any:
-    """A ``CUDA_MEMSET_NODE_PARAMS`` filling ``count`` elements in one row (``cuGraphAddMemsetNode``)."""
+    """A ``CUDA_MEMSET_NODE_PARAMS`` filling ``count`` elements in one row (``cuGraphAddMemsetNode``).
+
+    See Also
+    --------
+    cuGraphAddMemsetNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
     p = driver.CUDA_MEMSET_NODE_PARAMS()
     p.dst = int(dst)
     p.value = int(value)
@@ -79,6 +88,10 @@ def mem_alloc_params(nbytes: int, ordinal: int) -> Any:
     attributes, default maximum size, no usage flags, no RDMA hint); no access descriptors (the
     allocating device has access); ``dptr`` zero until the driver writes the address. The
     location's ``localized`` member shares a union with ``id`` and is therefore not written.
+
+    See Also
+    --------
+    cuGraphAddMemAllocNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     p = driver.CUDA_MEM_ALLOC_NODE_PARAMS()
     pp = p.poolProps
@@ -131,6 +144,11 @@ def allocation_address(node: Any) -> int:
     memory. With the default allocator that memory happens to still hold the address; under
     ``PYTHONMALLOC=debug`` it reads 0xDDDDDDDDDDDDDDDD, which the next ``cuGraphAddMemcpyNode`` or
     ``cuGraphAddMemFreeNode`` refused with ``CUDA_ERROR_INVALID_VALUE``.
+
+    See Also
+    --------
+    cuGraphMemAllocNodeGetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    cuGraphAddMemcpyNode, cuGraphAddMemFreeNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     params = call(driver.cuGraphMemAllocNodeGetParams, node)
     ptr = int(params.dptr)

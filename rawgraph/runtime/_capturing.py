@@ -103,7 +103,13 @@ def record_of(capture_id: int) -> CaptureRecord | None:
 def forbids_unsafe_calls() -> bool:
     """Whether an unsafe call (``cuMemFree``, ``cuGraphExecDestroy``, ...) made on this thread now
     would fail and invalidate a rawgraph capture: one is open in global mode anywhere, or in any
-    mode on this thread. Cheap when nothing captures (no lock)."""
+    mode on this thread. Cheap when nothing captures (no lock).
+
+    See Also
+    --------
+    cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+    cuGraphExecDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
     if not _active:
         return False
     me = threading.get_ident()

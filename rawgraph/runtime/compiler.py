@@ -51,7 +51,12 @@ class CacheWarning(RawgraphWarning, RuntimeWarning):
 
 
 def nvrtc_version() -> tuple[int, int]:
-    """NVRTC's ``(major, minor)`` (``nvrtcVersion``)."""
+    """NVRTC's ``(major, minor)`` (``nvrtcVersion``).
+
+    See Also
+    --------
+    nvrtcVersion : https://docs.nvidia.com/cuda/nvrtc/index.html
+    """
     return tuple(nvrtc_check(nvrtc.nvrtcVersion(), "nvrtcVersion"))
 
 
@@ -689,6 +694,10 @@ def compile_source(
         :class:`NvrtcError`; the message names the package to install).
     NvrtcError
         Compilation failed; ``.log`` holds NVRTC's complete log.
+
+    See Also
+    --------
+    nvrtcAddNameExpression : https://docs.nvidia.com/cuda/nvrtc/index.html
     """
     if fmt not in ("cubin", "ptx"):
         raise ValueError(f"fmt must be 'cubin' or 'ptx', got {fmt!r}")

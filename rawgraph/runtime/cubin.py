@@ -39,6 +39,10 @@ class CubinKernel:
         parameters.
     cluster_dims : (x, y, z)
         The cluster shape compiled in with ``__cluster_dims__``, ``(0, 0, 0)`` without one.
+
+    See Also
+    --------
+    cuFuncGetParamInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
     """
 
     params: list[tuple[int, int]]

@@ -29,6 +29,10 @@ def driver_status() -> tuple[bool, str]:
 
     Without a driver library ``cuda.bindings`` raises (rather than returning an error code); both
     cases come back as ``(False, reason)``.
+
+    See Also
+    --------
+    cuInit : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__INITIALIZE.html
     """
     global _init_state
     with _lock:
@@ -54,7 +58,12 @@ def gpu_available() -> bool:
 
 
 def driver_version() -> str | None:
-    """The driver's CUDA version as ``"13.0"`` (``cuDriverGetVersion``), or None without one."""
+    """The driver's CUDA version as ``"13.0"`` (``cuDriverGetVersion``), or None without one.
+
+    See Also
+    --------
+    cuDriverGetVersion : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__VERSION.html
+    """
     if not gpu_available():
         return None
     v = driver_cuda_version()
@@ -145,7 +154,12 @@ class Device:
         return self.info.arch
 
     def activate(self) -> Device:
-        """Make the primary context current on the calling thread (``cuCtxSetCurrent``)."""
+        """Make the primary context current on the calling thread (``cuCtxSetCurrent``).
+
+        See Also
+        --------
+        cuCtxSetCurrent : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__CTX.html
+        """
         # Always set it: another library on this thread may have made a different context current.
         call(driver.cuCtxSetCurrent, self.context)
         _here.context = self.context
@@ -161,6 +175,11 @@ class Device:
         work and allocations return ``CUDA_ERROR_INVALID_CONTEXT``. A context another library
         makes current on the thread afterwards is not seen; the exec names its own context, so
         the update still goes to the right one.
+
+        See Also
+        --------
+        cuCtxSetCurrent : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__CTX.html
+        cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         if getattr(_here, "context", None) is not self.context:
             self.activate()
@@ -176,13 +195,22 @@ class Device:
         ------
         CaptureRefusedError
             While a capture is open (nothing reaches the driver).
+
+        See Also
+        --------
+        cuCtxSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__CTX.html
         """
         context_fence_allowed("Device.synchronize (cuCtxSynchronize)")
         self.activate()
         call(driver.cuCtxSynchronize)
 
     def memory_info(self) -> tuple[int, int]:
-        """``(free, total)`` bytes (``cuMemGetInfo``)."""
+        """``(free, total)`` bytes (``cuMemGetInfo``).
+
+        See Also
+        --------
+        cuMemGetInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+        """
         self.activate()
         free_total: tuple[int, int] = call(driver.cuMemGetInfo)
         return free_total
@@ -246,6 +274,10 @@ def pointer_device(ptr: int) -> int | None:
     ------
     CudaError
         The driver failed otherwise than by not knowing the pointer.
+
+    See Also
+    --------
+    cuPointerGetAttribute : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__UNIFIED.html
     """
     value = _pointer_attribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
     return None if value is None else int(value)

@@ -62,7 +62,12 @@ class ForeignNodeError(RawgraphError, ValueError):
 class DeviceUpdatableError(RawgraphError, ValueError):
     """An operation the driver forbids on a graph or exec holding device-updatable kernel nodes
     (a second instantiate, ``cuGraphExecUpdate``, host parameter pushes), refused before any
-    driver call."""
+    driver call.
+
+    See Also
+    --------
+    cuGraphExecUpdate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
 
 
 class SignatureError(RawgraphError, ValueError):
@@ -86,6 +91,11 @@ class ReleaseWarning(RawgraphWarning, RuntimeWarning):
     The resource counts as released either way (it is never released twice); the warning names
     the call and the driver's error. Silent only at interpreter exit, where the driver may already
     be gone.
+
+    See Also
+    --------
+    cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+    cuGraphDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
 
 
@@ -150,6 +160,10 @@ class CudaError(RawgraphError):
         The driver function that returned the error.
     hint : str or None
         What usually causes this code, for capture and launch errors.
+
+    See Also
+    --------
+    cuGetErrorString : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__ERROR.html
     """
 
     def __init__(self, code: int, name: str, message: str, call: str = "", hint: str | None = None):
@@ -191,6 +205,10 @@ class GraphUpdateError(RawgraphError):
     error_node, error_from_node : int
         Handles (as integers, 0 when the driver names none) of the node that failed and of the
         node in the original graph it was paired with.
+
+    See Also
+    --------
+    cuGraphExecUpdate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
 
     def __init__(self, result: str, error_node: int, error_from_node: int, detail: str = ""):

@@ -88,7 +88,12 @@ MAX_BLOCK = (1024, 1024, 64)
 def launch_dims(v: Any, what: str, largest: tuple[int, int, int]) -> tuple[int, int, int]:
     """``v`` (an int or 1 to 3 ints, as ``cuLaunchKernel`` takes a grid or a block) as three
     positive ints within ``largest`` (:data:`MAX_GRID`, :data:`MAX_BLOCK`); else
-    :class:`ArgumentError` naming ``what``, before anything reaches the driver."""
+    :class:`ArgumentError` naming ``what``, before anything reaches the driver.
+
+    See Also
+    --------
+    cuLaunchKernel : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
+    """
     if isinstance(v, (int, np.integer)):
         t: tuple[Any, ...] = (v,)
     elif isinstance(v, (tuple, list)):
@@ -333,6 +338,10 @@ class Launch:
     (``griddepcontrol.wait``) before touching anything that kernel wrote. Only for kernels written
     that way (every kernel in ``kernels/``) and a previous kernel that writes no weights: a
     :class:`LaunchPlan` sets it on all its launches but the first.
+
+    See Also
+    --------
+    cuLaunchKernelEx : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
     """
 
     kernel: Kernel
@@ -374,7 +383,13 @@ class Launch:
     def node_params(self, args: KernelArgs | None = None) -> Any:
         """This launch as ``CUDA_KERNEL_NODE_PARAMS`` (for ``cuGraphAddKernelNode`` and
         ``cuGraphExecKernelNodeSetParams``), its ``kernelParams`` pointing at ``args`` (default
-        the launch's own persistent arguments), which must outlive every call that reads it."""
+        the launch's own persistent arguments), which must outlive every call that reads it.
+
+        See Also
+        --------
+        cuGraphAddKernelNode : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         p = driver.CUDA_KERNEL_NODE_PARAMS()
         p.func = self.kernel.handle
         p.gridDimX, p.gridDimY, p.gridDimZ = self.grid
@@ -389,7 +404,12 @@ class Launch:
         return p
 
     def packed(self) -> tuple[Any, ...]:
-        """``cuLaunchKernel``'s arguments except the stream, precomputed for the hot path."""
+        """``cuLaunchKernel``'s arguments except the stream, precomputed for the hot path.
+
+        See Also
+        --------
+        cuLaunchKernel : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
+        """
         return (self.kernel.handle, *self.grid, *self.block, self.shared_mem, self.args.address)
 
     def __call__(self, stream: Any) -> None:
@@ -479,7 +499,12 @@ class LaunchPlan:
 
     def run(self, stream: Any) -> None:
         """Launch every kernel in order on ``stream`` (any stream-like object): one
-        ``cuLaunchKernel`` (``cuLaunchKernelEx`` for PDL launches) each, nothing else."""
+        ``cuLaunchKernel`` (``cuLaunchKernelEx`` for PDL launches) each, nothing else.
+
+        See Also
+        --------
+        cuLaunchKernel, cuLaunchKernelEx : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
+        """
         for g in self._guards:
             if not g.alive:
                 raise ClosedError("a buffer or model this plan uses has been closed")

@@ -76,6 +76,12 @@ class DeviceArray:
         queued on it then ``cuStreamSynchronize``; without, ``cuCtxSynchronize`` +
         ``cuMemcpyDtoH``, refused while a capture is open. A view whose owner is closed raises
         :class:`ClosedError` before any driver call.
+
+        See Also
+        --------
+        cuMemcpyDtoHAsync, cuMemcpyDtoH : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+        cuStreamSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+        cuCtxSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__CTX.html
         """
         if isinstance(self.owner, Resource):
             self.owner._check_open()
@@ -143,6 +149,10 @@ class DeviceBuffer(Resource):
     dtype : numpy dtype, default float32
     device : Device, optional
         Defaults to device 0.
+
+    See Also
+    --------
+    cuMemAlloc, cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
     shape: tuple[int, ...]
@@ -210,6 +220,12 @@ class DeviceBuffer(Resource):
         With ``stream``: ``cuMemcpyHtoDAsync`` on it after its queued work, then
         ``cuStreamSynchronize``. Without: ``cuCtxSynchronize`` + ``cuMemcpyHtoD`` (refused while
         a capture is open; see the class notes).
+
+        See Also
+        --------
+        cuMemcpyHtoDAsync, cuMemcpyHtoD : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+        cuStreamSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+        cuCtxSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__CTX.html
         """
         self._check_open()
         host = _check_host(array, self.shape, self.dtype)
@@ -227,13 +243,24 @@ class DeviceBuffer(Resource):
         With ``stream``: ``cuMemcpyDtoHAsync`` queued on it, then ``cuStreamSynchronize``
         (waits for that stream's work only). Without: ``cuCtxSynchronize`` + ``cuMemcpyDtoH``,
         refused while a capture is open.
+
+        See Also
+        --------
+        cuMemcpyDtoHAsync, cuMemcpyDtoH : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+        cuStreamSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+        cuCtxSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__CTX.html
         """
         self._check_open()
         return _to_host(self.ptr, self.shape, self.dtype, self.device, stream, "DeviceBuffer.to_numpy")
 
     def poison(self, stream: Any = None) -> None:
         """Fill with a NaN bit pattern (``cuMemsetD32Async`` queued on ``stream``, not waited for;
-        without a stream a fenced ``cuMemsetD32``, refused while a capture is open)."""
+        without a stream a fenced ``cuMemsetD32``, refused while a capture is open).
+
+        See Also
+        --------
+        cuMemsetD32Async, cuMemsetD32 : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+        """
         self._check_open()
         if self.dtype.itemsize != 4:
             raise DTypeError("poison() fills 32-bit elements")
@@ -262,6 +289,10 @@ class HostBuffer(Resource):
     shape : int or sequence of int
     dtype : numpy dtype, default int32
     device : Device, optional
+
+    See Also
+    --------
+    cuMemHostAlloc, cuMemFreeHost : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     """
 
     shape: tuple[int, ...]

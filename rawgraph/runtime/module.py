@@ -74,7 +74,12 @@ def kernel_source(name: str) -> str:
 
 
 class Module(Resource):
-    """A loaded module (``cuModuleLoadData`` / ``cuModuleUnload``)."""
+    """A loaded module (``cuModuleLoadData`` / ``cuModuleUnload``).
+
+    See Also
+    --------
+    cuModuleLoadData, cuModuleUnload : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MODULE.html
+    """
 
     device: Device
     compiled: CompiledImage
@@ -90,7 +95,12 @@ class Module(Resource):
 
     def function(self, symbol: str) -> driver.CUfunction:
         """``cuModuleGetFunction``; with lazy loading this is also where the kernel gets loaded.
-        Raises :class:`~rawgraph.runtime.errors.ClosedError` (before the driver is called) after ``close()``."""
+        Raises :class:`~rawgraph.runtime.errors.ClosedError` (before the driver is called) after ``close()``.
+
+        See Also
+        --------
+        cuModuleGetFunction : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MODULE.html
+        """
         self._check_open()
         return call(driver.cuModuleGetFunction, self.handle, symbol.encode())
 
@@ -105,6 +115,10 @@ class Kernel:
     handle : CUfunction
     registers, static_smem : int
         From ``cuFuncGetAttribute``, for reports.
+
+    See Also
+    --------
+    cuFuncGetAttribute : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
     """
 
     module: Module
@@ -151,7 +165,12 @@ class Kernel:
     def allow_dynamic_smem(self, nbytes: int) -> None:
         """Let launches ask for up to ``nbytes`` of dynamic shared memory
         (``cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)``; needed above 48 KB).
-        Only ever raised, so a plan built earlier with a smaller request stays valid."""
+        Only ever raised, so a plan built earlier with a smaller request stays valid.
+
+        See Also
+        --------
+        cuFuncSetAttribute : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
+        """
         if nbytes > self.max_dynamic_smem:
             attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             call(driver.cuFuncSetAttribute, self.handle, attr, int(nbytes))

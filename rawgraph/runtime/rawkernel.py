@@ -145,6 +145,10 @@ class RawKernel:
     SignatureError
         The declaration cannot be read and no ``types`` were given, or the types disagree with
         the sizes the kernel takes.
+
+    See Also
+    --------
+    cuFuncGetParamInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
     """
 
     device: Device | None

@@ -59,6 +59,11 @@ def discard_capture(handle: Any, abandoning: str | None = None, accept: Collecti
     -------
     CUresult
         The result of ``cuStreamEndCapture``.
+
+    See Also
+    --------
+    cuStreamEndCapture : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+    cuGraphDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     err, graph = driver.cuStreamEndCapture(handle)
     if graph is not None and int(graph):
@@ -139,6 +144,10 @@ class Stream(Resource):
         The handle as an integer.
     owned : bool
         False for borrowed streams (legacy, external).
+
+    See Also
+    --------
+    cuStreamCreate, cuStreamDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
     """
 
     handle: Any  # driver.CUstream
@@ -199,6 +208,10 @@ class Stream(Resource):
             The stream belongs to another context than ``device``'s primary context.
         ClosedError
             ``obj`` is a closed rawgraph stream.
+
+        See Also
+        --------
+        cuStreamGetCtx : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
         """
         if isinstance(obj, Stream):
             obj._check_open()
@@ -248,12 +261,22 @@ class Stream(Resource):
 
     # -- operations -----------------------------------------------------------------------
     def synchronize(self) -> None:
-        """Block until all work on the stream is done (``cuStreamSynchronize``)."""
+        """Block until all work on the stream is done (``cuStreamSynchronize``).
+
+        See Also
+        --------
+        cuStreamSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+        """
         self._check_open()
         call(driver.cuStreamSynchronize, self.handle)
 
     def query(self) -> bool:
-        """True when all work on the stream is done (``cuStreamQuery``)."""
+        """True when all work on the stream is done (``cuStreamQuery``).
+
+        See Also
+        --------
+        cuStreamQuery : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+        """
         self._check_open()
         (err,) = driver.cuStreamQuery(self.handle)
         if err == _NOT_READY:
@@ -263,18 +286,33 @@ class Stream(Resource):
         return True
 
     def wait(self, event: Event) -> None:
-        """Make later work on this stream wait for ``event`` (``cuStreamWaitEvent``)."""
+        """Make later work on this stream wait for ``event`` (``cuStreamWaitEvent``).
+
+        See Also
+        --------
+        cuStreamWaitEvent : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+        """
         self._check_open()
         event._check_open()
         call(driver.cuStreamWaitEvent, self.handle, event.handle, 0)
 
     def capture_status(self) -> Any:
-        """``cuStreamIsCapturing``: a ``CUstreamCaptureStatus`` (NONE, ACTIVE or INVALIDATED)."""
+        """``cuStreamIsCapturing``: a ``CUstreamCaptureStatus`` (NONE, ACTIVE or INVALIDATED).
+
+        See Also
+        --------
+        cuStreamIsCapturing : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+        """
         self._check_open()
         return call(driver.cuStreamIsCapturing, self.handle)
 
     def is_capturing(self) -> bool:
-        """``cuStreamIsCapturing`` != NONE (an invalidated capture still counts until it ends)."""
+        """``cuStreamIsCapturing`` != NONE (an invalidated capture still counts until it ends).
+
+        See Also
+        --------
+        cuStreamIsCapturing : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+        """
         return bool(self.capture_status() != _NONE)
 
     def close(self) -> None:
@@ -286,6 +324,11 @@ class Stream(Resource):
         If that record fails the stream is synchronized instead (``cuStreamSynchronize``), and if
         that fails too the failure is reported as a :class:`~rawgraph.runtime.errors.ReleaseWarning`:
         closing never stops half-way.
+
+        See Also
+        --------
+        cuStreamDestroy, cuStreamSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+        cuEventRecord : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
         """
         if self._finalizer.alive and self.tail is None and not _capturing.forbids_unsafe_calls():
             self.tail = _tail_event(self)
@@ -372,6 +415,10 @@ class StreamSet:
         one; a closed stream contributes its tail event until that has fired, then is forgotten.
         A failed record raises (:class:`~rawgraph.runtime.errors.CudaError`) after returning the events
         already taken to ``pool``: nothing is left half-covered.
+
+        See Also
+        --------
+        cuEventRecord : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
         """
         owned: list[Event] = []
         borrowed: list[Event] = []
@@ -410,7 +457,13 @@ class StreamSet:
 
     def synchronize(self) -> None:
         """Block until everything queued on these streams has run (``cuStreamSynchronize`` on the
-        open ones, ``cuEventSynchronize`` on the tails of closed ones)."""
+        open ones, ``cuEventSynchronize`` on the tails of closed ones).
+
+        See Also
+        --------
+        cuStreamSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
+        cuEventSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        """
         for ptr, s in list(self.streams.items()):
             if s.closed:
                 if s.tail is not None:
@@ -444,11 +497,21 @@ class Fence:
         self.owned, self.borrowed = owned, borrowed
 
     def done(self) -> bool:
-        """True once every event has fired (``cuEventQuery``)."""
+        """True once every event has fired (``cuEventQuery``).
+
+        See Also
+        --------
+        cuEventQuery : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        """
         return all(e.query() for e in self.owned) and all(e.closed or e.query() for e in self.borrowed)
 
     def synchronize(self) -> None:
-        """``cuEventSynchronize`` on every event."""
+        """``cuEventSynchronize`` on every event.
+
+        See Also
+        --------
+        cuEventSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        """
         for e in self.owned:
             e.synchronize()
         for e in self.borrowed:
@@ -475,7 +538,12 @@ def stream_handle(obj: Any) -> Any:
 
 
 class Event(Resource):
-    """A CUDA event (``cuEventCreate`` / ``cuEventDestroy``); timing on unless ``timing=False``."""
+    """A CUDA event (``cuEventCreate`` / ``cuEventDestroy``); timing on unless ``timing=False``.
+
+    See Also
+    --------
+    cuEventCreate, cuEventDestroy : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+    """
 
     handle: Any  # driver.CUevent
 
@@ -486,18 +554,33 @@ class Event(Resource):
         self._own(driver.cuEventDestroy, self.handle)
 
     def record(self, stream: Any) -> Event:
-        """``cuEventRecord`` on ``stream`` (any stream-like object)."""
+        """``cuEventRecord`` on ``stream`` (any stream-like object).
+
+        See Also
+        --------
+        cuEventRecord : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        """
         self._check_open()
         call(driver.cuEventRecord, self.handle, stream_handle(stream))
         return self
 
     def synchronize(self) -> None:
-        """``cuEventSynchronize``: block until the work before the record has finished."""
+        """``cuEventSynchronize``: block until the work before the record has finished.
+
+        See Also
+        --------
+        cuEventSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        """
         self._check_open()
         call(driver.cuEventSynchronize, self.handle)
 
     def query(self) -> bool:
-        """True once the work before the record has finished (``cuEventQuery``)."""
+        """True once the work before the record has finished (``cuEventQuery``).
+
+        See Also
+        --------
+        cuEventQuery : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        """
         self._check_open()
         (err,) = driver.cuEventQuery(self.handle)
         if err == _NOT_READY:
@@ -507,7 +590,12 @@ class Event(Resource):
         return True
 
     def elapsed_ms(self, end: Event) -> float:
-        """Milliseconds from this event to ``end`` (``cuEventElapsedTime``; both recorded, ~0.5 us resolution)."""
+        """Milliseconds from this event to ``end`` (``cuEventElapsedTime``; both recorded, ~0.5 us resolution).
+
+        See Also
+        --------
+        cuEventElapsedTime : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        """
         self._check_open()
         end._check_open()
         return float(call(driver.cuEventElapsedTime, self.handle, end.handle))
@@ -518,6 +606,10 @@ def capture_info(handle: Any) -> tuple[Any, int, Any, tuple[int, ...]]:
 
     The dependencies are the node handles (as integers) the next node captured on the stream will
     depend on; the id and graph are meaningful only while the status is ACTIVE.
+
+    See Also
+    --------
+    cuStreamGetCaptureInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
     """
     status, cid, graph, deps, _edges, ndeps = check(driver.cuStreamGetCaptureInfo(handle), "cuStreamGetCaptureInfo")
     if status != _CAPTURE_ACTIVE:

@@ -118,7 +118,12 @@ def allocation_of(ptr: int) -> tuple[int, int] | None:
     """``(base, size)`` of the allocation holding ``ptr`` (``cuMemGetAddressRange``), or None
     where the driver knows none (host memory, or an address in no allocation: the driver's
     ``CUDA_ERROR_NOT_FOUND`` / ``..._INVALID_VALUE``). Any other failure raises
-    :class:`~rawgraph.runtime.errors.CudaError`: taken for "no allocation", it would skip the bounds check."""
+    :class:`~rawgraph.runtime.errors.CudaError`: taken for "no allocation", it would skip the bounds check.
+
+    See Also
+    --------
+    cuMemGetAddressRange : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+    """
     err, base, size = driver.cuMemGetAddressRange(driver.CUdeviceptr(int(ptr)))
     if err in (driver.CUresult.CUDA_ERROR_NOT_FOUND, driver.CUresult.CUDA_ERROR_INVALID_VALUE):
         return None
@@ -179,6 +184,10 @@ def foreign_holders(graph: Any, spans: dict[str, tuple[int, int]]) -> tuple[dict
     holders : dict of name -> list of str
         Only names some such node points into; each entry describes the node.
     unreadable : list of str
+
+    See Also
+    --------
+    cuGraphKernelNodeGetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
     kinds = {int(f.handle): "foreign" for f in graph.foreign_nodes}
     kinds.update({int(h): "recorded" for h, _kind, _detail in getattr(graph, "other_nodes", ())})
@@ -247,6 +256,11 @@ class Match:
     reachable : bool
         False for nodes inside child graphs or conditional bodies: exec updates reach only the
         top-level nodes, so such a match makes a rebind refuse.
+
+    See Also
+    --------
+    cuGraphGetNodes : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    cuFuncGetName : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
     """
 
     node: int

@@ -62,7 +62,12 @@ class AdoptedGraph(Graph):
     def rebinder(self, flags: int = 0) -> AddressRebinder:
         """Instantiate rawgraph's own exec (``cuGraphInstantiate``) and return an
         :class:`AddressRebinder` over it (it owns the exec, ``rebinder.exec``: closing the
-        rebinder closes it)."""
+        rebinder closes it).
+
+        See Also
+        --------
+        cuGraphInstantiate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         exe = self.instantiate(flags)
         try:
             return AddressRebinder(self, exe, device=self.device, own_exec=True)

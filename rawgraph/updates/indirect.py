@@ -199,7 +199,12 @@ class IndirectGraph:
 
     def apply(self, binding: IndirectBinding) -> None:
         """Point the next replays at a prepared pair: two stores into the pinned table, once the
-        last replay has read it (``cuEventQuery``, ``cuEventSynchronize`` if it has not)."""
+        last replay has read it (``cuEventQuery``, ``cuEventSynchronize`` if it has not).
+
+        See Also
+        --------
+        cuEventQuery, cuEventSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        """
         if binding.owner is not self:
             raise ValueError("this binding was prepared by another IndirectGraph")
         if self._closed or binding.checked_at != _resource.release_count:
@@ -230,7 +235,12 @@ class IndirectGraph:
 
     # -- replay ----------------------------------------------------------------------------------
     def launch(self, stream: Any) -> None:
-        """Replay (``cuGraphLaunch``) with the pair applied last."""
+        """Replay (``cuGraphLaunch``) with the pair applied last.
+
+        See Also
+        --------
+        cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         if self._closed or self._checked_at != _resource.release_count:
             self._check_usable()
             self._checked_at = _resource.release_count

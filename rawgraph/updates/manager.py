@@ -121,6 +121,10 @@ class ExecUpdateManager:
     update_calls : int
         How many ``cuGraphExecKernelNodeSetParams`` calls were made.
 
+    See Also
+    --------
+    cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+
     Notes
     -----
     Threads: every call that changes the bindings (``bind``, ``bind_many``, ``prepare``,
@@ -217,7 +221,12 @@ class ExecUpdateManager:
 
     @property
     def update_calls(self) -> int:
-        """How many ``cuGraphExecKernelNodeSetParams`` calls took (the shadow's count)."""
+        """How many ``cuGraphExecKernelNodeSetParams`` calls took (the shadow's count).
+
+        See Also
+        --------
+        cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         return self._shadow.pushes
 
     def _check_usable(self) -> None:
@@ -662,6 +671,10 @@ class ExecUpdateManager:
 
         The exec's nodes now hold ``graph``'s arguments; the shadows and bindings follow, and the
         original graph's node handles stay the ones ``cuGraphExecKernelNodeSetParams`` names.
+
+        See Also
+        --------
+        cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         if len(graph.nodes) != len(self.graph.nodes):
             raise ValueError("graph has a different number of nodes")

@@ -293,6 +293,10 @@ class AddressRebinder:
     own_exec : bool, default False
         Close ``exec`` in :meth:`close` (what :meth:`AdoptedGraph.rebinder` asks for).
 
+    See Also
+    --------
+    cuFuncGetParamInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html
+
     Notes
     -----
     Ownership rules, the manager's:
@@ -419,7 +423,12 @@ class AddressRebinder:
 
     def collect(self) -> int:
         """Release moved-away objects whose replays have finished (``cuEventRecord`` /
-        ``cuEventQuery`` per stream); returns how many are still held."""
+        ``cuEventQuery`` per stream); returns how many are still held.
+
+        See Also
+        --------
+        cuEventRecord, cuEventQuery : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        """
         with self._lock:
             return self._keep.collect()
 
@@ -427,7 +436,12 @@ class AddressRebinder:
         """Wait for the queued replays that may read a moved-away buffer, then let go of every
         held object (``cuEventRecord`` + ``cuEventSynchronize`` per stream); the exec too when the
         rebinder owns it. Later operations raise :class:`ClosedError`. Safe twice; a failed wait
-        keeps the objects and warns (:class:`~rawgraph.runtime.errors.ReleaseWarning`)."""
+        keeps the objects and warns (:class:`~rawgraph.runtime.errors.ReleaseWarning`).
+
+        See Also
+        --------
+        cuEventRecord, cuEventSynchronize : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html
+        """
         with self._lock:
             if self._closed:
                 return
@@ -541,7 +555,12 @@ class AddressRebinder:
     def scan_device_buffers(buffers: Iterable[Any], buffer: Any) -> list[tuple[int, int, int]]:
         """Pointers into ``buffer``'s range stored in device memory: ``(buffer index, byte offset,
         value)`` for every 8-byte-aligned word of each of ``buffers`` (copied to the host with
-        ``cuMemcpyDtoH``; synchronous). Parameter edits cannot move these."""
+        ``cuMemcpyDtoH``; synchronous). Parameter edits cannot move these.
+
+        See Also
+        --------
+        cuMemcpyDtoH : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+        """
         lo, size = as_range(buffer)
         hits = []
         for i, b in enumerate(buffers):
@@ -611,6 +630,12 @@ class AddressRebinder:
         RebindError
             Nothing matches, the new buffer is smaller, a range crosses its allocation's end, a match
             is inside a child graph / conditional body, or a device buffer holds a pointer into it.
+
+        See Also
+        --------
+        cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        cuGraphExecMemcpyNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        cuGraphExecMemsetNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
         """
         with self._lock:
             return self._move(old, new, device_buffers)
@@ -805,7 +830,12 @@ class AddressRebinder:
 
     def launch(self, stream: Any) -> None:
         """``cuGraphLaunch`` of the exec on ``stream`` (noted, so buffers moved away later stay
-        alive until this replay has run)."""
+        alive until this replay has run).
+
+        See Also
+        --------
+        cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self._check_usable()
         if hasattr(self.exec, "launch"):
             self.exec.launch(stream)  # notes the stream in exec.streams (our StreamSet)

@@ -257,7 +257,12 @@ class ArgumentSlots:
 def refuse_device_updatable(exec: Any) -> None:
     """Raise :class:`~rawgraph.DeviceUpdatableError` for an exec whose graph holds device-updatable
     kernel nodes (:meth:`~rawgraph.graphs.graph.Graph.mark_device_updatable`): a host push
-    (``cuGraphExecKernelNodeSetParams``) would override what the device wrote."""
+    (``cuGraphExecKernelNodeSetParams``) would override what the device wrote.
+
+    See Also
+    --------
+    cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+    """
     graph = getattr(exec, "graph", None)
     if graph is not None and getattr(graph, "device_updatable", False):
         raise DeviceUpdatableError(

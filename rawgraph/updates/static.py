@@ -43,6 +43,10 @@ class StaticGraph:
         stay valid after the graph is destroyed); it is freed with its last reference.
     graph : Graph
     exec : GraphExec
+
+    See Also
+    --------
+    cuGraphInstantiate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
     """
 
     model: Any  # a row-wise model (rawgraph.serving.protocol)
@@ -70,6 +74,10 @@ class StaticGraph:
         ------
         ShapeError, DTypeError, LayoutError, NotOnDeviceError
             When ``src`` is not a contiguous float32 device array of the captured shape.
+
+        See Also
+        --------
+        cuMemcpyDtoDAsync : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
         """
         view = as_device_array(src, "src")
         if view.dtype != np.float32:
@@ -82,7 +90,12 @@ class StaticGraph:
         call(driver.cuMemcpyDtoDAsync, self.static_input.ptr, view.ptr, self._nbytes, stream_handle(stream))
 
     def replay(self, stream: Any) -> None:
-        """``cuGraphLaunch`` of the captured exec."""
+        """``cuGraphLaunch`` of the captured exec.
+
+        See Also
+        --------
+        cuGraphLaunch : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         self.exec.launch(stream)
 
     def __call__(self, src: Any, stream: Any) -> DeviceBuffer:
@@ -101,6 +114,10 @@ class StaticGraph:
         ``static_output`` is left to its holders (see the class notes). Replays still queued
         finish first: the driver defers the exec's destruction, and the input is freed with
         ``cuMemFree``, which waits for them.
+
+        See Also
+        --------
+        cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
         """
         self.exec.close()
         self.graph.close()
