@@ -389,15 +389,22 @@ def test_bands_with_the_same_kernels_are_warmed_up_once(fake, updatable_attrs):
 
 
 def test_bands_from_the_plans_follow_every_change_of_kernel_or_cut(fake, updatable_attrs):
-    """bands="plans" over TinyBlock w1024 (fused, max 256) puts a band wherever the matmul cut
-    changes (ops.matmul_shape, computed here apart from the plans), and every n runs a plan with
+    """bands="plans" over TinyBlock w1024 (fused, max 256, precision "auto") puts a band wherever
+    the matmul kernel or cut changes (ops.matmul_shape, computed here apart from the plans), and every n runs a plan with
     the exact-size plan's signature."""
     from rawgraph import DeviceBuffer, DeviceShapedGraph, TinyBlock, ops
     from rawgraph.runtime.device import get_device
 
-    sms = get_device().info.multiprocessors
-    cuts = [ops.matmul_expr("relu", ops.matmul_shape(b, 1024, 1024, sms)) for b in range(1, 257)]
-    grids = [ops.matmul_shape(b, 1024, 1024, sms).grid[:2] for b in range(1, 257)]
+    dev = get_device()
+    sms = dev.info.multiprocessors
+    # the model's default precision, "auto", picks per row count (tf32x3 at some, fp32 at others)
+    shapes = [
+        ops.matmul_shape(b, 1024, 1024, sms, precision=ops.resolve_precision("auto", b, 1024, 1024, dev))
+        for b in range(1, 257)
+    ]
+    assert {s.kernel for s in shapes} > {"tf32x3"}
+    cuts = [ops.matmul_expr("relu", s) for s in shapes]
+    grids = [s.grid[:2] for s in shapes]
     want = [b for b in range(1, 256) if (cuts[b], grids[b]) != (cuts[b - 1], grids[b - 1])] + [256]
     with (
         TinyBlock(1024, 1, 1, seed=2, form="fused") as model,

@@ -184,7 +184,8 @@ def test_sgemm_after_a_writer_with_pdl(device, stream, rng, compiled_cuts, m, k,
 )
 def test_tinyblock_with_a_table_cut_matches_float64(monkeypatch, stream, rng, form, width, batch, cut):
     monkeypatch.setattr(gemm, "SGEMM_CUTS", {(batch, width, width): cut})
-    model = TinyBlock(width, batch, 2, seed=int(rng.integers(1 << 30)), form=form)
+    # fp32: the table's cut is what this is about ("auto" runs tf32x3 at some of these shapes)
+    model = TinyBlock(width, batch, 2, seed=int(rng.integers(1 << 30)), form=form, precision="fp32")
     xh = random_input(rng, (batch, width))
     x, out = DeviceBuffer.from_numpy(xh), DeviceBuffer((batch, width))
     plan = model.plan(x, out)

@@ -233,9 +233,12 @@ def test_bad_slot_operations_are_refused_and_change_nothing(model, stream, rng):
     pool.close()
 
 
-@pytest.mark.parametrize("width,sizes", [(WIDTH, None), (2048, [32, 64])])  # matvec, then GEMM cuts
-def test_fused_gather_equals_gather_kernels_to_the_bit(stream, rng, width, sizes):
-    m = TinyBlock(width, 1, 2, seed=9, form="fused")
+@pytest.mark.parametrize(
+    "width,sizes,precision",
+    [(WIDTH, None, "auto"), (2048, [32, 64], "fp32"), (2048, [32, 64], "tf32x3")],  # matvec, then GEMM cuts
+)
+def test_fused_gather_equals_gather_kernels_to_the_bit(stream, rng, width, sizes, precision):
+    m = TinyBlock(width, 1, 2, seed=9, form="fused", precision=precision)
     steps, slots = (300, 64) if width == WIDTH else (12, 64)
     reqs = _trace(rng, steps, slots, rate=3.0 if width == WIDTH else 12.0, max_len=8)
     rows = [random_input(rng, (width,)) for _ in reqs]
@@ -243,7 +246,8 @@ def test_fused_gather_equals_gather_kernels_to_the_bit(stream, rng, width, sizes
     for gather, table in (("fused", "graph"), ("kernels", "graph"), ("kernels", "params")):
         pool = SlotPool(m, max_slots=slots, sizes=sizes, table=table, gather=gather, stream=stream)
         if width != WIDTH:  # the GEMM cut is what this case is about
-            assert pool.graphs[64].plan.launches[0].kernel.name.startswith("gemm")
+            kernel = "gemm" if precision == "fp32" else "tf32x3"
+            assert pool.graphs[64].plan.launches[0].kernel.name.startswith(kernel)
         finals[gather, table] = _drive(pool, reqs, rows, steps)
         pool.close()
     a = finals["fused", "graph"]

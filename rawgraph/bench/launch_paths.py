@@ -433,10 +433,20 @@ class Runner:
 
     def _cupy_rawkernel_graph(self, cp, cstream, rs, key, model, x, ref_cupy, est) -> None:
         """The same block from rawgraph's own .cu sources as CuPy RawKernels, captured by CuPy."""
-        from ..ops import matmul_expr, matmul_file, matmul_shape
+        from ..ops import matmul_expr, matmul_file, matmul_shape, resolve_precision
         from ..runtime.module import kernel_source
 
-        shape = matmul_shape(model.batch, model.width, model.width, self.dev.info.multiprocessors)
+        # the model's own kernels: its precision, resolved for this product on this device
+        precision = resolve_precision(model.precision, model.batch, model.width, model.width, self.dev)
+        shape = matmul_shape(
+            model.batch,
+            model.width,
+            model.width,
+            self.dev.info.multiprocessors,
+            clusters=ops.has_clusters(self.dev),
+            smem_limit=self.dev.info.smem_per_block_optin,
+            precision=precision,
+        )
         exprs = [matmul_expr("relu", shape), matmul_expr("add", shape)]
         # CuPy's own NVRTC builds it for this GPU; launched plainly (no PDL), clusters come from
         # the kernels' __cluster_dims__.
@@ -453,7 +463,7 @@ class Runner:
             n: DeviceArray(int(arr.data.ptr), arr.shape, np.dtype(np.float32), arr)
             for n, arr in (("x", x), ("W", ws[0][0]), ("y", a))
         }
-        spec_launch = ops.matmul(self.dev, views, "x", "W", "y", "relu", shape=shape)
+        spec_launch = ops.matmul(self.dev, views, "x", "W", "y", "relu", shape=shape, precision=precision)
         spec = [
             (n, k, None if k == "ptr" else ARG_DTYPES[k].type(spec_launch.args[n])) for n, k in spec_launch.args.spec
         ]

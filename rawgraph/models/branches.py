@@ -64,6 +64,8 @@ class TwoBranchBlock(Resource):
     device : Device, optional
     pdl : bool, optional
         Programmatic dependent launch inside each branch (default: where the device has it).
+    precision : {"auto", "fp32", "tf32x3"}, default "auto"
+        The branches' matmul arithmetic (:class:`TinyBlock`'s ``precision``).
 
     Attributes
     ----------
@@ -90,6 +92,7 @@ class TwoBranchBlock(Resource):
         form: str = "fused",
         device: Device | None = None,
         pdl: bool | None = None,
+        precision: str = "auto",
     ):
         if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 2 or width % 2:
             raise ShapeError(f"width must be an even int >= 2 (two halves), got {width!r}")
@@ -98,9 +101,13 @@ class TwoBranchBlock(Resource):
         self.device = (device or get_device()).activate()
         owned: list[TinyBlock] = []
         self._own(_close_all, owned, name="cuMemFree (two-branch block)")
-        self.a = TinyBlock(self.half, batch, layers, seed=int(seed), form=form, device=self.device, pdl=pdl)
+        self.a = TinyBlock(
+            self.half, batch, layers, seed=int(seed), form=form, device=self.device, pdl=pdl, precision=precision
+        )
         owned.append(self.a)
-        self.b = TinyBlock(self.half, batch, layers, seed=int(seed) + 1, form=form, device=self.device, pdl=pdl)
+        self.b = TinyBlock(
+            self.half, batch, layers, seed=int(seed) + 1, form=form, device=self.device, pdl=pdl, precision=precision
+        )
         owned.append(self.b)
         self.batch, self.layers, self.form, self.seed = self.a.batch, self.a.layers, form, int(seed)
 

@@ -160,6 +160,11 @@ class TinyBlock(Resource):
     device : Device, optional
     pdl : bool, optional
         Chain launches with programmatic dependent launch; default: where the device has it (9.0+).
+    precision : {"auto", "fp32", "tf32x3"}, default "auto"
+        The matmuls' arithmetic (:data:`rawgraph.ops.PRECISION_CHOICES`): the fp32 kernels, the
+        fp32-accurate tensor-core GEMM, or per product whichever :func:`rawgraph.ops.auto_precision`
+        picks (tf32x3 only where it was measured faster at an error no worse than cuBLAS fp32's).
+        Form ``"block"`` is one fp32 kernel: it takes ``"auto"`` or ``"fp32"``.
     weights : BlockWeights, optional
         Share these weights (``width``, ``layers`` and ``seed`` then come from them) instead of
         making new ones; they stay owned by whoever made them.
@@ -182,6 +187,7 @@ class TinyBlock(Resource):
     seed: int
     device: Device
     pdl: bool
+    precision: str
     weights: list[tuple[DeviceBuffer, DeviceBuffer]]
 
     def __init__(
@@ -195,7 +201,12 @@ class TinyBlock(Resource):
         pdl: bool | None = None,
         weights: BlockWeights | None = None,
         workspace: Workspace | None | bool = None,
+        precision: str = "auto",
     ):
+        if precision not in ops.PRECISION_CHOICES:
+            raise ValueError(f"precision must be one of {ops.PRECISION_CHOICES}, got {precision!r}")
+        if form == "block" and precision == "tf32x3":
+            raise ValueError("form 'block' is one fp32 kernel: precision must be 'auto' or 'fp32'")
         if weights is not None:
             weights._check_open()
             if weights.width != width:
@@ -209,6 +220,7 @@ class TinyBlock(Resource):
         if form == "block" and not ops.block_fits(self.width):
             raise ShapeError(f"form 'block' needs width <= {ops.BLOCK_MAX_WIDTH} and a multiple of 4, got {self.width}")
         self.form = form
+        self.precision = precision
         self.seed = int(seed)
         self.device = (device or get_device()).activate()
         if form == "block" and not ops.has_clusters(self.device):
@@ -239,8 +251,8 @@ class TinyBlock(Resource):
         self._plans: dict[tuple[int, int], LaunchPlan] = {}
 
     def with_batch(self, batch: int, workspace: Workspace | None | bool = None) -> TinyBlock:
-        """The same block (same weights, form and PDL choice) for another batch size; its scratch
-        is ``workspace`` if given, else its own."""
+        """The same block (same weights, form, PDL choice and precision) for another batch size;
+        its scratch is ``workspace`` if given, else its own."""
         return TinyBlock(
             self.width,
             batch,
@@ -249,6 +261,7 @@ class TinyBlock(Resource):
             pdl=self.pdl,
             weights=self.block_weights,
             workspace=workspace,
+            precision=self.precision,
         )
 
     # -- the row-wise model protocol (rawgraph.serving.protocol) ---------------------------
@@ -279,8 +292,8 @@ class TinyBlock(Resource):
         """The grid axis along the rows and the rows per block (``rawgraph.serving.protocol``):
         the matmul kernels tile batch rows on axis 2 (``bt`` rows for ``matvec_kernel`` /
         ``matvec_split_kernel``, ``GEMM_TILE_M`` for the GEMMs, BM -- the second template
-        argument -- for ``sgemm_kernel`` / ``sgemm_split_kernel``), the block kernel on axis 1 (its
-        ``bt``); relu and add are grid-stride (None)."""
+        argument -- for the sgemm and tf32x3 kernels and their split forms), the block kernel on
+        axis 1 (its ``bt``); relu and add are grid-stride (None)."""
         name = launch.kernel.name
         m = re.fullmatch(r"\s*(\w+)\s*<([^>]*)>\s*", name)
         if m is None:
@@ -290,7 +303,8 @@ class TinyBlock(Resource):
             return 2, int(targs[3])
         if base in ("gemm_kernel", "gemm_split_kernel"):
             return 2, ops.GEMM_TILE_M
-        if base in ("sgemm_kernel", "sgemm_split_kernel") and len(targs) >= 2:
+        bm_second = ("sgemm", "tf32x3", "tf32x3_wgmma")
+        if base in {f"{k}{form}" for k in bm_second for form in ("_kernel", "_split_kernel")} and len(targs) >= 2:
             return 2, int(targs[1])
         if base == "block_kernel" and len(targs) == 2:
             return 1, int(targs[0])
@@ -329,23 +343,23 @@ class TinyBlock(Resource):
         for i, (w1, w2) in enumerate(self.weights):
             bufs[f"W1[{i}]"], bufs[f"W2[{i}]"] = w1.view(), w2.view()
         launches = []
-        dev = self.device
+        dev, p = self.device, self.precision
         for i in range(self.layers):
             src = "x" if i == 0 else f"act{(i - 1) % 2}"
             dst = "out" if i == self.layers - 1 else f"act{i % 2}"
             if self.form == "unfused":
                 launches += [
-                    ops.matmul(dev, bufs, src, f"W1[{i}]", "h", label=f"L{i}.matmul1"),
+                    ops.matmul(dev, bufs, src, f"W1[{i}]", "h", label=f"L{i}.matmul1", precision=p),
                     ops.relu(dev, bufs, "h", "a", label=f"L{i}.relu"),
-                    ops.matmul(dev, bufs, "a", f"W2[{i}]", "z", label=f"L{i}.matmul2"),
+                    ops.matmul(dev, bufs, "a", f"W2[{i}]", "z", label=f"L{i}.matmul2", precision=p),
                     ops.add(dev, bufs, "z", src, dst, label=f"L{i}.add"),
                 ]
             elif self.form == "block":
                 launches.append(ops.block(dev, bufs, src, f"W1[{i}]", f"W2[{i}]", dst, label=f"L{i}.block"))
             else:
                 launches += [
-                    ops.matmul(dev, bufs, src, f"W1[{i}]", "a", "relu", label=f"L{i}.matmul_relu"),
-                    ops.matmul(dev, bufs, "a", f"W2[{i}]", dst, "add", r=src, label=f"L{i}.matmul_add"),
+                    ops.matmul(dev, bufs, src, f"W1[{i}]", "a", "relu", label=f"L{i}.matmul_relu", precision=p),
+                    ops.matmul(dev, bufs, "a", f"W2[{i}]", dst, "add", r=src, label=f"L{i}.matmul_add", precision=p),
                 ]
         guards = (
             [self._finalizer, self.block_weights._finalizer]
@@ -369,7 +383,15 @@ class TinyBlock(Resource):
         la = check_array(as_device_array(layer, "layer"), (1,), np.uint32, "layer", self.device)
         fixed = BlockWeights(self.width, 1, seed=0, device=self.device)
         self._owned.append(fixed)
-        one = TinyBlock(self.width, self.batch, form=self.form, device=self.device, pdl=False, weights=fixed)
+        one = TinyBlock(
+            self.width,
+            self.batch,
+            form=self.form,
+            device=self.device,
+            pdl=False,
+            weights=fixed,
+            precision=self.precision,
+        )
         self._owned.insert(0, one)
         tables = [
             DeviceBuffer.from_numpy(np.array([pair[i].ptr for pair in self.weights], np.uint64), self.device)
@@ -438,4 +460,5 @@ class TinyBlock(Resource):
 
     def __repr__(self) -> str:
         pdl = " pdl" if self.pdl else ""
-        return f"<TinyBlock width={self.width} batch={self.batch} layers={self.layers} {self.form}{pdl}>"
+        precision = "" if self.precision == "auto" else f" {self.precision}"
+        return f"<TinyBlock width={self.width} batch={self.batch} layers={self.layers} {self.form}{pdl}{precision}>"

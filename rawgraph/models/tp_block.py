@@ -64,6 +64,9 @@ class TPBlock(Resource):
     device : Device, optional
     policy : {"even", "uneven"}
         How the hidden width splits (:func:`rawgraph.multi.split.shards`, units of 4 floats).
+    precision : {"auto", "fp32", "tf32x3"}, default "auto"
+        The shard matmuls' arithmetic (:class:`~rawgraph.TinyBlock`'s ``precision``; ``"auto"``
+        runs fp32 on a shard narrower than the width, a product it was not measured on).
 
     ``close()`` frees the shards and scratch (``cuMemFree`` / ``ncclMemFree``); safe twice.
 
@@ -85,6 +88,7 @@ class TPBlock(Resource):
     a: DeviceBuffer
     z: DeviceArray
     zsum: DeviceArray
+    precision: str
 
     def __init__(
         self,
@@ -98,7 +102,10 @@ class TPBlock(Resource):
         seed: int = 0,
         device: Device | None = None,
         policy: str = "even",
+        precision: str = "auto",
     ):
+        if precision not in ops.PRECISION_CHOICES:
+            raise ValueError(f"precision must be one of {ops.PRECISION_CHOICES}, got {precision!r}")
         if allreduce not in ALLREDUCE_KINDS:
             raise ValueError(f"allreduce must be one of {ALLREDUCE_KINDS}, got {allreduce!r}")
         if allreduce == "nccl" and comm is None:
@@ -110,6 +117,7 @@ class TPBlock(Resource):
                 raise ShapeError(f"{name} must be an int >= 1, got {v!r}")
         self.width, self.batch, self.rank, self.world = int(width), int(batch), int(rank), int(world)
         self.allreduce, self.comm, self.peer, self.seed = allreduce, comm, peer, int(seed)
+        self.precision = precision
         self.device = (device or get_device()).activate()
         self.shard: Shard = shards(self.width, self.world, policy, multiple=4)[self.rank]
         owned: list[Any] = []
@@ -156,8 +164,8 @@ class TPBlock(Resource):
         dev = self.device
         first = LaunchPlan(
             [
-                ops.matmul(dev, bufs, "x", "W1r", "a", "relu", label="tp.matmul_relu"),
-                ops.matmul(dev, bufs, "a", "W2r", "z", label="tp.matmul2"),
+                ops.matmul(dev, bufs, "x", "W1r", "a", "relu", label="tp.matmul_relu", precision=self.precision),
+                ops.matmul(dev, bufs, "a", "W2r", "z", label="tp.matmul2", precision=self.precision),
             ],
             {k: bufs[k] for k in ("x", "W1r", "a", "W2r", "z")},
             ("x",),

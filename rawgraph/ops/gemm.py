@@ -7,6 +7,7 @@ operands checked, arguments packed once."""
 from __future__ import annotations
 
 from dataclasses import astuple, dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -58,6 +59,12 @@ __all__ = [
     "table_sgemm_shape",
     "sgemm_smem_bytes",
     "PRECISIONS",
+    "PRECISION_CHOICES",
+    "Tf32x3Rows",
+    "TF32X3_AUTO_ROWS",
+    "TF32X3_AUTO_COMPUTE_CAPABILITY",
+    "auto_precision",
+    "resolve_precision",
     "Tf32x3Cut",
     "TF32X3_CUTS",
     "TF32X3_ROW_STEP",
@@ -186,6 +193,8 @@ SGEMM_MAX_THREADS_PER_SM = 2048  # sm_80 .. sm_90: __launch_bounds__' MINB * thr
 # fp32 GEMM (each operand split into two tf32 values, three products), falling back to the fp32
 # kernels where its layout rules exclude it.
 PRECISIONS = ("fp32", "tf32x3")
+# What a precision argument accepts: one of PRECISIONS, or "auto" (auto_precision's choice per product).
+PRECISION_CHOICES = ("auto", *PRECISIONS)
 TF32X3_WARP_ROWS = (16, 32, 48, 64)  # a warp's rows: 1..4 m16 tiles (tf32x3.cu's WM)
 TF32X3_WARP_COLS = (32, 64)  # a warp's columns: one or two groups of four n8 tiles (WN)
 TF32X3_MAX_WARP_TILES = 4  # (WM / 16) * (WN / 32) at most: 32 accumulators a thread each, 128 in all
@@ -633,6 +642,51 @@ TF32X3_ROW_STEP = 8
 TF32X3_CUTS: dict[tuple[int, int, int], Tf32x3Cut] = {}
 
 
+class Tf32x3Rows(NamedTuple):
+    """Products of ``first`` .. ``last`` rows (multiples of :data:`TF32X3_ROW_STEP`) with
+    K = N = ``width`` where ``precision="auto"`` runs tf32x3."""
+
+    width: int
+    first: int
+    last: int
+
+
+# precision="auto" runs tf32x3 exactly where benchmarks/tf32x3_sweep.py measured the cut
+# matmul_shape launches at precision="tf32x3" faster than the one it launches at "fp32", with an
+# error against float64 no worse than cuBLAS fp32's on the same inputs, over its grid (M = 64 ..
+# 256 by 8, K = N = 1024, 2048, 4096) on a device of this compute capability; every other shape
+# and device runs fp32, the kernels bit-exact to themselves. The run and its figures are in
+# benchmarks/NOTES.md; tests/test_precision_cpu.py derives these rows from the committed run
+# and fails when either kernel's cut at a grid shape is no longer the one measured.
+TF32X3_AUTO_COMPUTE_CAPABILITY = (9, 0)
+TF32X3_AUTO_ROWS = (
+    Tf32x3Rows(1024, 64, 64),
+    Tf32x3Rows(2048, 64, 96),
+    Tf32x3Rows(2048, 136, 192),
+    Tf32x3Rows(4096, 136, 256),
+)
+
+
+def auto_precision(batch: int, k: int, n: int, compute_capability: tuple[int, int]) -> str:
+    """``"tf32x3"`` where :data:`TF32X3_AUTO_ROWS` lists the product (rows rounded up to the next
+    multiple of :data:`TF32X3_ROW_STEP`) on a device of :data:`TF32X3_AUTO_COMPUTE_CAPABILITY`,
+    else ``"fp32"``."""
+    if tuple(compute_capability) != TF32X3_AUTO_COMPUTE_CAPABILITY or k != n:
+        return "fp32"
+    rows = _cdiv(batch, TF32X3_ROW_STEP) * TF32X3_ROW_STEP
+    return "tf32x3" if any(r.width == k and r.first <= rows <= r.last for r in TF32X3_AUTO_ROWS) else "fp32"
+
+
+def resolve_precision(precision: str, batch: int, k: int, n: int, device: Device) -> str:
+    """``precision`` itself when it is one of :data:`PRECISIONS`, :func:`auto_precision`'s choice
+    for ``"auto"``; a ``ValueError`` for anything else."""
+    if precision == "auto":
+        return auto_precision(batch, k, n, device.info.compute_capability)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {precision!r}")
+    return precision
+
+
 def tf32x3_shape(batch: int, k: int, n: int, cut: Tf32x3Cut, *, clusters: bool = True) -> MatmulShape:
     """A cut of ``kernels/tf32x3.cu`` for a (batch, K, N) product: grid (ceil(N / BN), S,
     ceil(M / BM)), ``cut.threads`` threads. What the kernel's static_asserts and the launch forbid
@@ -1026,18 +1080,19 @@ def matmul(
     """``y = epilogue(x @ w)`` (``epilogue`` none, relu, or add with residual ``r``); names index ``buffers``.
 
     ``shape`` overrides the automatic cut (tests and the kernel benchmark sweep it); it is checked
-    against the operands like everything else here. ``precision`` (:data:`PRECISIONS`): ``"fp32"``
-    (the default) chooses among the fp32 kernels; ``"tf32x3"`` the tensor-core GEMM of
+    against the operands like everything else here. ``precision`` (:data:`PRECISION_CHOICES`):
+    ``"fp32"`` (the default) chooses among the fp32 kernels; ``"tf32x3"`` the tensor-core GEMM of
     ``kernels/tf32x3.cu`` (an error against float64 no worse than cuBLAS fp32's at K >= 256;
     ``docs/gemm.md`` says at which shapes it is faster), where its layout rules allow
-    (:func:`matmul_shape`). A tf32x3 ``shape`` needs ``precision="tf32x3"``; so does a
+    (:func:`matmul_shape`); ``"auto"`` whichever of the two :func:`auto_precision` picks for this
+    product on this device (the models' default). A tf32x3 ``shape`` needs ``precision="tf32x3"``; so does a
     ``"tf32x3_wgmma"`` shape (:func:`tf32x3_wgmma_shape`, the warpgroup kernel: compute capability
     9.0 only, never chosen automatically).
     """
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue must be one of {sorted(EPILOGUES)}, got {epilogue!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision not in PRECISION_CHOICES:
+        raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {precision!r}")
     if shape is not None and shape.kernel in ("tf32x3", "tf32x3_wgmma") and precision != "tf32x3":
         raise ValueError(f"a {shape.kernel} shape runs tensor-core products: pass precision='tf32x3'")
     if (epilogue == "add") != (r is not None):
@@ -1055,6 +1110,7 @@ def matmul(
     clusters = has_clusters(device)
     optin = device.info.smem_per_block_optin
     if shape is None:
+        precision = resolve_precision(precision, batch, k, n, device)
         shape = matmul_shape(
             batch, k, n, device.info.multiprocessors, wa.ptr % 16 == 0, xa.ptr % 16 == 0, clusters, optin, precision
         )

@@ -1,0 +1,142 @@
+"""``precision="auto"`` (no GPU): the rows where it runs tf32x3 are the ones the committed tf32x3
+sweep measured faster than the fp32 path with an error no worse than cuBLAS fp32's, the cuts it
+measured are still the ones launched, and the models take the choice, refusing a bad one before
+anything is allocated."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rawgraph import ops
+
+ROOT = Path(__file__).resolve().parent.parent
+# The sweep TF32X3_AUTO_ROWS comes from (benchmarks/tf32x3_sweep.py; docs/gemm.md quotes it).
+SWEEP = ROOT / "benchmarks" / "results" / "tf32x3_sweep_2026-12-07_39e1c3f_h100.json"
+SMS, OPTIN = 132, 232448  # the device of the sweep (H100 SXM: 132 SMs, 227 KiB opt-in shared memory)
+
+
+def _rows():
+    return json.loads(SWEEP.read_text())["rows"]
+
+
+def test_the_auto_rows_are_where_the_sweep_measured_tf32x3_faster_and_accurate():
+    rows = _rows()
+    assert len(rows) == 75
+    for r in rows:
+        m, k, n = r["M"], r["K"], r["N"]
+        launched = next(c for c in r["tf32x3"] if c["table"])  # the cut matmul_shape launched
+        faster = launched["accurate"] and launched["us"] < r["fp32"]["us"]
+        want = "tf32x3" if faster else "fp32"
+        assert ops.auto_precision(m, k, n, (9, 0)) == want, (m, k, n, launched["us"], r["fp32"]["us"])
+
+
+def test_the_measured_cuts_are_still_the_launched_ones():
+    """A changed cut rule makes the sweep a measurement of other kernels: re-run it and re-derive
+    TF32X3_AUTO_ROWS."""
+    for r in _rows():
+        m, k, n = r["M"], r["K"], r["N"]
+        tx = ops.matmul_shape(m, k, n, SMS, smem_limit=OPTIN, precision="tf32x3")
+        launched = next(c for c in r["tf32x3"] if c["table"])
+        assert vars(ops.tf32x3_cut(tx)) == launched["values"], (m, k, n)
+        fp = ops.matmul_shape(m, k, n, SMS, smem_limit=OPTIN, precision="fp32")
+        assert ops.matmul_expr("none", fp) == r["fp32"]["kernel"], (m, k, n)
+
+
+@pytest.mark.parametrize(
+    "batch,width,cc,want",
+    [
+        (64, 1024, (9, 0), "tf32x3"),
+        (57, 1024, (9, 0), "tf32x3"),  # rounds up to 64
+        (65, 1024, (9, 0), "fp32"),  # rounds up to 72: fp32 measured faster
+        (100, 2048, (9, 0), "fp32"),  # between the two 2048 ranges
+        (129, 2048, (9, 0), "tf32x3"),  # rounds up to 136
+        (256, 4096, (9, 0), "tf32x3"),
+        (257, 4096, (9, 0), "fp32"),  # beyond the grid
+        (8, 4096, (9, 0), "fp32"),  # below the grid
+        (256, 3072, (9, 0), "fp32"),  # a width not measured
+        (256, 4096, (8, 0), "fp32"),  # another device
+        (256, 4096, (10, 0), "fp32"),
+    ],
+)
+def test_auto_precision_off_the_measured_rows_is_fp32(batch, width, cc, want):
+    assert ops.auto_precision(batch, width, width, cc) == want
+
+
+def test_auto_precision_needs_a_square_product():
+    assert ops.auto_precision(256, 4096, 4096, (9, 0)) == "tf32x3"
+    assert ops.auto_precision(256, 4096, 2048, (9, 0)) == "fp32"
+
+
+def test_resolve_precision_refuses_an_unknown_name(fake_driver, device):
+    assert device.info.compute_capability == (9, 0)
+    assert ops.resolve_precision("auto", 256, 4096, 4096, device) == "tf32x3"
+    assert ops.resolve_precision("fp32", 256, 4096, 4096, device) == "fp32"
+    assert ops.resolve_precision("tf32x3", 8, 8, 8, device) == "tf32x3"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        ops.resolve_precision("tf32", 8, 8, 8, device)
+
+
+def _matmul_kernels(plan):
+    return [launch.kernel.name for launch in plan.launches if "matmul" in launch.label]
+
+
+@pytest.mark.parametrize("form", ["fused", "unfused"])
+def test_tinyblock_runs_what_auto_picks_per_batch(fake_driver, device, form):
+    """w1024: 64 rows are a tf32x3 product, 72 rows an fp32 one (TF32X3_AUTO_ROWS); an explicit
+    precision holds at both, and with_batch keeps it."""
+    from rawgraph import DeviceBuffer, TinyBlock
+
+    with TinyBlock(1024, 64, form=form) as model:
+        assert model.precision == "auto"
+        with DeviceBuffer((64, 1024)) as x, DeviceBuffer((64, 1024)) as y:
+            assert all(k.startswith("tf32x3_") for k in _matmul_kernels(model.plan(x, y)))
+        with model.with_batch(72) as m72, DeviceBuffer((72, 1024)) as x, DeviceBuffer((72, 1024)) as y:
+            assert m72.precision == "auto"
+            kernels = _matmul_kernels(m72.plan(x, y))
+            assert kernels and not any(k.startswith("tf32x3_") for k in kernels), kernels
+    for precision, batch in (("fp32", 64), ("tf32x3", 72)):
+        with TinyBlock(1024, batch, form=form, precision=precision) as model:
+            with model.with_batch(batch) as again, DeviceBuffer((batch, 1024)) as x, DeviceBuffer((batch, 1024)) as y:
+                assert again.precision == precision
+                kernels = _matmul_kernels(again.plan(x, y))
+                assert kernels and all(k.startswith("tf32x3_") == (precision == "tf32x3") for k in kernels), kernels
+
+
+def test_tinyblock_row_grid_follows_the_tf32x3_row_tiles(fake_driver, device):
+    """The serving layer shrinks a tf32x3 launch's grid by its BM-row tiles (axis 2), as an sgemm's."""
+    from rawgraph import DeviceBuffer, TinyBlock
+
+    with TinyBlock(1024, 64, form="fused", precision="tf32x3") as model:
+        with DeviceBuffer((64, 1024)) as x, DeviceBuffer((64, 1024)) as y:
+            for launch in model.plan(x, y).launches:
+                cut = ops.tf32x3_cut(ops.matmul_shape(64, 1024, 1024, 132, smem_limit=OPTIN, precision="tf32x3"))
+                assert model.row_grid(launch) == (2, cut.bm)
+                assert launch.grid[2] == -(-64 // cut.bm)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"precision": "tf32"}, "precision must be one of"),
+        ({"precision": None}, "precision must be one of"),
+        ({"precision": "tf32x3", "form": "block"}, "form 'block' is one fp32 kernel"),
+    ],
+)
+def test_a_bad_precision_is_refused_before_anything_is_allocated(fake_driver, device, kwargs, match):
+    from rawgraph import TinyBlock, TwoBranchBlock
+
+    before = fake_driver.live()
+    for cls, width in ((TinyBlock, 128), (TwoBranchBlock, 256)):
+        with pytest.raises(ValueError, match=match):
+            cls(width, 4, **kwargs)
+        assert fake_driver.live() == before
+
+
+def test_two_branch_block_passes_its_precision_to_both_branches(fake_driver, device):
+    from rawgraph import TwoBranchBlock
+
+    with TwoBranchBlock(256, 4, precision="tf32x3") as model:
+        assert model.a.precision == model.b.precision == "tf32x3"
