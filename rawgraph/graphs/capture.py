@@ -577,6 +577,12 @@ class Capture:
             raise self._unjoined_error(int(err), unjoined)
         if err != _SUCCESS:
             check((err,), "cuStreamEndCapture")
+        self.graph = self._graph(handle)
+        return False
+
+    def _graph(self, handle: Any) -> Graph:
+        """The :class:`Graph` of a capture that ended cleanly: the handle with the node map, the
+        plan and the arrays the nodes point at; closed again if reading its foreign nodes fails."""
         graph = Graph(handle, self.nodes, self.stream.device)
         graph.plan = self._own_plan()
         # The arrays the nodes point at live as long as the graph, plan or not: a replay reads them.
@@ -591,10 +597,9 @@ class Capture:
             warnings.warn(
                 f"the capture on {self.stream!r} recorded no work: the graph is empty",
                 EmptyCaptureWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
-        self.graph = graph
-        return False
+        return graph
 
     def _unjoined(self) -> list[Stream]:
         """The side streams whose last captured work the origin does not depend on (yet).

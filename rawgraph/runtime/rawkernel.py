@@ -276,32 +276,7 @@ class RawKernel:
         for (pname, kind), value in zip(self.spec, args):
             what = f"{self.name} argument {pname!r}"
             if kind == "ptr":
-                if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-                    raise ArgumentError(
-                        f"{what} is a pointer: pass a device array (a raw address can be "
-                        "wrapped as rawgraph.DeviceArray(ptr, shape, dtype, owner))"
-                    )
-                try:
-                    view = as_device_array(value, what)
-                except (RawgraphError, ValueError, TypeError) as exc:  # host, strided, closed, bad DLPack
-                    raise ArgumentError(str(exc)) from None
-                if view.readonly and self._roles[pname] != "read":
-                    raise ArgumentError(
-                        f"{what} is read-only memory, but the kernel may write through it "
-                        f"({self._ctype(pname)} {pname}): pass writable memory, or make the "
-                        "parameter a const pointer"
-                    )
-                want = self._pointees.get(pname)
-                # Bytes are raw memory on either side (a byte array for any pointer, any array
-                # for a char pointer); another element type is one the kernel would misread.
-                if (
-                    want is not None
-                    and 1 not in (view.dtype.itemsize, want.itemsize)
-                    and not (want.kind == view.dtype.kind and want.itemsize == view.dtype.itemsize)
-                ):
-                    raise ArgumentError(
-                        f"{what} points at {want.name} ({self._ctype(pname)}), got an array of {view.dtype.name}"
-                    )
+                view = self._pointer_arg(pname, value, what)
                 into[pname] = view.ptr
                 arrays.append((pname, view))
             elif kind.startswith("u8["):
@@ -327,6 +302,38 @@ class RawKernel:
                 check_scalar(kind, value, what)
                 into[pname] = value
         return arrays
+
+    def _pointer_arg(self, pname: str, value: Any, what: str) -> DeviceArray:
+        """The device array ``value`` passed for pointer parameter ``pname``, checked: a device
+        array (not a raw address), writable where the kernel may write through it, of the element
+        type the parameter points at (bytes match anything)."""
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            raise ArgumentError(
+                f"{what} is a pointer: pass a device array (a raw address can be "
+                "wrapped as rawgraph.DeviceArray(ptr, shape, dtype, owner))"
+            )
+        try:
+            view = as_device_array(value, what)
+        except (RawgraphError, ValueError, TypeError) as exc:  # host, strided, closed, bad DLPack
+            raise ArgumentError(str(exc)) from None
+        if view.readonly and self._roles[pname] != "read":
+            raise ArgumentError(
+                f"{what} is read-only memory, but the kernel may write through it "
+                f"({self._ctype(pname)} {pname}): pass writable memory, or make the "
+                "parameter a const pointer"
+            )
+        want = self._pointees.get(pname)
+        # Bytes are raw memory on either side (a byte array for any pointer, any array
+        # for a char pointer); another element type is one the kernel would misread.
+        if (
+            want is not None
+            and 1 not in (view.dtype.itemsize, want.itemsize)
+            and not (want.kind == view.dtype.kind and want.itemsize == view.dtype.itemsize)
+        ):
+            raise ArgumentError(
+                f"{what} points at {want.name} ({self._ctype(pname)}), got an array of {view.dtype.name}"
+            )
+        return view
 
     def _ctype(self, pname: str) -> str:
         return next(p.ctype for p in self.params if p.name == pname)

@@ -246,6 +246,9 @@ def _builtin(words: list[str]) -> str:
 
 def _param(toks: list[str], tparams: set[str]) -> Param:
     """Read one parameter declaration (the tokens between two commas)."""
+    # One declaration, kept whole (about 60 lines): read in one pass (what is
+    # refused, an array suffix, the name, the pointer levels, the base type), each step on the
+    # tokens and nesting depths the one before it left.
     text = _render(toks)
     toks = [t for t in toks if t not in _DROPPED]
     # Only the outer level counts: ``Foo<const int&>`` is one struct type, not a reference.

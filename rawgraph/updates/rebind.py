@@ -362,6 +362,31 @@ class AddressRebinder:
         self._token = object()  # names this rebinder in its Bindings (an id() can be reused)
         self._dirty: set[int] = set()  # nodes whose exec values differ from the captured ones
         self._last_alloc: tuple[int, int] | None = None  # allocation of the last range checked
+        self._shadow_nodes(shadow)
+        self._nested = [n for n in walk(self.nodes) if n.depth > 0]
+        if self.unreadable:
+            names = ", ".join(
+                f"{i.index}:{i.name or '?'} ({i.layout_error or 'no parameter bytes'})" for i in self.unreadable[:4]
+            )
+            warnings.warn(
+                f"rawgraph: the parameters of {len(self.unreadable)} kernel node(s) could not be read "
+                f"({names}): addresses there can be neither found nor moved",
+                UnconfirmedMatchWarning,
+                stacklevel=2,
+            )
+        if expect_layouts:
+            self.check_layouts(expect_layouts)
+
+    def _shadow_nodes(self, shadow: ExecShadow) -> None:
+        """Read every kernel, memcpy and memset node's parameters (``cuGraphMemcpyNodeGetParams``,
+        ``cuGraphMemsetNodeGetParams``; a kernel's come with the node map) into :attr:`kernels`
+        and :attr:`memory`, each with its slot in the exec's shadow; a kernel whose parameters
+        could not be read goes to :attr:`unreadable` instead.
+
+        See Also
+        --------
+        cuGraphMemcpyNodeGetParams, cuGraphMemsetNodeGetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+        """
         for info in self.nodes:
             if isinstance(info, KernelInfo):
                 if info.params is None:
@@ -379,19 +404,6 @@ class AddressRebinder:
                 ms.slot = shadow.add(
                     info.handle, ms.params, setter=(self._set_memset, "cuGraphExecMemsetNodeSetParams")
                 )
-        self._nested = [n for n in walk(self.nodes) if n.depth > 0]
-        if self.unreadable:
-            names = ", ".join(
-                f"{i.index}:{i.name or '?'} ({i.layout_error or 'no parameter bytes'})" for i in self.unreadable[:4]
-            )
-            warnings.warn(
-                f"rawgraph: the parameters of {len(self.unreadable)} kernel node(s) could not be read "
-                f"({names}): addresses there can be neither found nor moved",
-                UnconfirmedMatchWarning,
-                stacklevel=2,
-            )
-        if expect_layouts:
-            self.check_layouts(expect_layouts)
 
     # -- ownership ----------------------------------------------------------------------------
     def _check_usable(self) -> None:
