@@ -298,3 +298,106 @@ def row_table_run(device, stream, rng, m, k, shape, **matmul_kw):
         b.close()
     ref = xh[table].astype(np.float64) @ wh + rh[table]
     return RowTableRun(routes, outs, table, ref, np.setdiff1d(np.arange(states), table))
+
+
+def usable_afterwards(stream, rng):
+    """The stream is not capturing, no rawgraph capture is open, eager work runs, it captures again."""
+    from rawgraph import DeviceBuffer, TinyBlock, capture_plan
+    from rawgraph.runtime import _capturing
+
+    assert not stream.is_capturing()
+    assert _capturing.active() == []
+    model = TinyBlock(64, 2, 1, form="fused")
+    xh = random_input(rng, (2, 64))
+    x, out = DeviceBuffer.from_numpy(xh, stream=stream), DeviceBuffer((2, 64))
+    ref = model.reference(xh, stream)
+    out.poison(stream)
+    model.forward(x, out, stream)
+    assert rel_err(out.to_numpy(stream), ref) < 1e-5, f"seed {rng.seed_used}"
+    graph = capture_plan(model.plan(x, out), stream)
+    out.poison(stream)
+    graph.instantiate().launch(stream)
+    assert rel_err(out.to_numpy(stream), ref) < 1e-5, f"seed {rng.seed_used}"
+
+
+def model_io(rng, stream, width=64, batch=2, layers=1, form="fused"):
+    """A TinyBlock with a seed drawn from ``rng``, a random input (host and device) and an output buffer."""
+    from rawgraph import DeviceBuffer, TinyBlock
+
+    model = TinyBlock(width, batch, layers, seed=int(rng.integers(1 << 30)), form=form)
+    xh = random_input(rng, (batch, width))
+    x, out = DeviceBuffer.from_numpy(xh, stream=stream), DeviceBuffer((batch, width))
+    return model, xh, x, out
+
+
+def child_report(code, *args, debug_malloc=False):
+    """Run ``code`` in a fresh interpreter on this checkout; its last stdout line is a JSON report.
+
+    For hazards that may crash the process or fault its context (the driver calling freed memory, a
+    kernel device-launching a destroyed exec): they must not take the test session down with them."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    import pytest
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root))
+    if debug_malloc:
+        env["PYTHONMALLOC"] = "debug"
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the child process hung (a replay calling into freed memory?): {exc}")
+    assert r.returncode == 0, f"child exited {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def collect_at(edge, begin_name, doomed, monkeypatch):
+    """Patch the driver so that garbage collection frees ``doomed`` (a self-referencing list holding a
+    buffer, so only the cycle collector frees it) right after the capture begins (``edge`` "begin",
+    the driver's ``begin_name``) or right before it ends ("end"): the two moments a finalizer runs
+    inside the capture unless rawgraph counts the capture open from its first to its last driver call."""
+    from cuda.bindings import driver
+
+    name = begin_name if edge == "begin" else "cuStreamEndCapture"
+    real = getattr(driver, name)
+
+    def at_the_edge(*args):
+        if edge == "end":
+            doomed.clear()
+            gc.collect()
+        result = real(*args)
+        if edge == "begin":
+            doomed.clear()
+            gc.collect()
+        return result
+
+    monkeypatch.setattr(driver, name, at_the_edge)
+
+
+def cyclic_buffer():
+    """A 4 KiB buffer in a self-referencing list (freed only by the cycle collector), and its address."""
+    from rawgraph import DeviceBuffer
+
+    buf = DeviceBuffer(4096)
+    cycle: list = [buf]
+    cycle.append(cycle)
+    return cycle, int(buf.ptr)
+
+
+def is_freed(ptr):
+    """The driver no longer knows ``ptr`` as device memory."""
+    from cuda.bindings import driver
+
+    err, _kind = driver.cuPointerGetAttribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr)
+    return err != driver.CUresult.CUDA_SUCCESS

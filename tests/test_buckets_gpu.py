@@ -1,9 +1,12 @@
-"""Bucket graphs, padding, the fallback, one arena, graph memory, and the re-shaping strategies."""
+"""Bucket graphs, padding, the fallback, one arena, graph memory, and the re-shaping strategies
+(BucketGraphs, RowCountBuckets, ReshapedGraph); their error and lifetime cases: bad batches and
+sizes refused before the GPU, runs on two streams serialised, and a run on a new stream ordered
+after one still queued on a stream closed since."""
 
 import numpy as np
 import pytest
 from cuda.bindings import driver
-from helpers import GPU_TO_ITSELF, eager_output, random_input, rel_err, tiny_model
+from helpers import GPU_TO_ITSELF, device_inputs, eager_output, random_input, rel_err, spin_ns, tiny_model
 
 from rawgraph import (
     BucketGraphs,
@@ -21,11 +24,13 @@ from rawgraph import (
     get_device,
     ops,
 )
+from rawgraph.runtime.errors import call
 from rawgraph.runtime.memory import POISON_BITS
 from rawgraph.serving import graph_memory, trim_graph_memory, vllm_sizes
 
 pytestmark = pytest.mark.gpu
 WIDTH, LAYERS, MAX = 128, 2, 64
+SPIN_NS = spin_ns(200_000_000)  # 200 ms queued in front: long against the Python that follows a launch
 
 
 @pytest.fixture(scope="module")
@@ -315,3 +320,30 @@ def test_reshaped_graph_refuses_bad_sizes_and_a_partly_overlapping_x(stream, rng
     rg.close()
     with pytest.raises(ClosedError):
         rg.reshape(2)
+
+
+# -- a run on a closed stream -----------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["buckets", "row_count", "reshaped"])
+def test_a_run_on_a_new_stream_waits_for_one_queued_on_a_closed_stream(device, stream, rng, kind):
+    model = tiny_model(rng, batch=4)
+    _, (x1, x2) = device_inputs(rng, model, 2, stream)
+    want = eager_output(model, x2, stream)
+    served = {
+        "buckets": lambda: BucketGraphs(model, sizes=[4], stream=stream),
+        "row_count": lambda: RowCountBuckets(model, sizes=[4], stream=stream),
+        "reshaped": lambda: ReshapedGraph(model, max_batch=4, stream=stream),
+    }[kind]()
+    stream.synchronize()
+    t = Stream()
+    ops.spin(device, SPIN_NS)(t)
+    served.run(x1, 4, stream=t)
+    t.close()  # cuStreamDestroy returns with the spin and the run still queued
+    u = Stream()
+    served.run(x2, 4, stream=u)
+    got = served.output.to_numpy(u)[:4]
+    call(driver.cuCtxSynchronize)  # everything, the closed stream's run included
+    after = served.output.to_numpy(stream)[:4]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(after, got, err_msg="the run on the closed stream ran after the later one")
+    served.close()
+    u.close()

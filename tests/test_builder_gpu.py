@@ -1,9 +1,15 @@
-"""Explicit graph construction (rawgraph.graphs.builder): the same graph as capture, every node kind, clone rules."""
+"""Explicit graph construction (rawgraph.graphs.builder): the same graph as capture, every node kind, clone rules;
+and the builder's error, lifetime and edge cases: bad input and clones refused before the driver, host
+callbacks' exceptions kept, a host callback held past its builder, graph and exec while a replay that
+calls it is queued, built kernel nodes recording their dependencies (``verify_edges`` passes on
+built graphs and plans and catches an edge added behind the builder's back), and graph memory nodes
+built under ``PYTHONMALLOC=debug``. The hazards that may crash the process (the driver calling freed
+memory) run in a child process (``helpers.child_report``)."""
 
 import numpy as np
 import pytest
 from cuda.bindings import driver
-from helpers import random_input, rel_err
+from helpers import child_report, random_input, rel_err, spin_ns
 
 from rawgraph import (
     DeviceArray,
@@ -16,10 +22,12 @@ from rawgraph import (
     capture_plan,
 )
 from rawgraph.graphs import conditional as cn
-from rawgraph.graphs.builder import GraphBuilder, HostCallback, build_plan, edge_list
+from rawgraph.graphs.builder import GraphBuilder, HostCallback, build_plan, edge_data, edge_list
 from rawgraph.graphs.graph import read_node_args
+from rawgraph.runtime.errors import call
 
 pytestmark = pytest.mark.gpu
+SPIN_NS = spin_ns(300_000_000)  # what the replays wait behind: long against the Python between launch and collection
 
 
 def _kernel_params(node):
@@ -242,3 +250,132 @@ def test_builder_refuses_bad_input_before_the_driver(device):
     with pytest.raises(RawgraphError, match="after build"):
         g.empty()
     assert graph.node_count() == 1
+
+
+# -- a host callback outlives its exec while a replay is queued -------------------------------------
+HOST_NODE_CHILD = """
+import gc, json, sys, weakref
+from rawgraph import Stream, get_device, ops
+from rawgraph.graphs import builder
+from rawgraph.graphs.builder import GraphBuilder, HostCallback
+
+token, spin_ns = int(sys.argv[1]), int(sys.argv[2])
+dev = get_device()
+s = Stream()
+ops.spin(dev, 0)(s)
+s.synchronize()  # the spin kernel is loaded now, not behind the timing below
+hits = []
+g = GraphBuilder(dev)
+k = g.kernel(ops.spin(dev, spin_ns))
+g.host(lambda: hits.append(token), deps=k)  # the host node runs behind the slow kernel
+graph = g.build()
+exe = graph.instantiate()
+ref = weakref.ref([o for o in graph.keep if isinstance(o, HostCallback)][0])
+exe.launch(s)
+queued = not s.query()
+exe.close()
+graph.close()
+g.close()
+del exe, graph, g, k
+gc.collect()
+held = ref() is not None
+# Fresh thunks of the same type: a freed thunk's memory would be reused by one of them, and a
+# replay calling it would record -1 (or crash) instead of the token.
+decoys = [HostCallback(lambda: hits.append(-1)) for _ in range(64)]
+s.synchronize()
+builder.collect_held()
+print(json.dumps({"queued": queued, "held": held, "hits": hits, "released": ref() is None}))
+"""
+
+
+def test_a_host_callback_outlives_builder_graph_and_exec_destroyed_with_a_replay_queued(rng):
+    token = int(rng.integers(1, 1 << 40))
+    got = child_report(HOST_NODE_CHILD, token, SPIN_NS)
+    assert got["queued"], "the replay was meant to be still queued behind the spin kernel"
+    assert got["held"], "the callback was released while a queued replay could still call it"
+    assert got["hits"] == [token], f"the queued replay called {got['hits']}, not the callback"
+    assert got["released"], "the callback was not let go once the replay had run"
+
+
+# -- built kernel nodes record their dependencies ----------------------------------------------------
+def test_verify_edges_passes_on_a_built_graph_and_catches_an_edge_behind_its_back(device, stream, rng):
+    n = 3000
+    xh = random_input(rng, (n,))
+    x = DeviceBuffer.from_numpy(xh, stream=stream)
+    y1, y2, y3 = DeviceBuffer((n,)), DeviceBuffer((n,)), DeviceBuffer((n,))
+    c = [(float(rng.uniform(0.5, 1.5)), float(rng.uniform(-1, 1))) for _ in range(5)]
+    g = GraphBuilder(device)
+    root = g.empty()
+    k1 = g.kernel(cn.axpb(device, x, y1, *c[0]), deps=root)
+    k2 = g.kernel(cn.axpb(device, x, y2, *c[1]), deps=root)
+    k3 = g.kernel(cn.axpb(device, y1, y1, *c[2]), deps=k1)
+    k4 = g.kernel(cn.axpb(device, y2, y3, *c[3]))  # a root for now: its edge is added below
+    g.depend(k2, k4)
+    k5 = g.kernel(cn.axpb(device, y3, y3, *c[4]), deps=g.empty(deps=[k3, k4]))
+    graph = g.build()
+    assert [kn.deps for kn in graph.nodes] == [
+        (int(root.handle),),
+        (int(root.handle),),
+        (int(k1.handle),),
+        (int(k2.handle),),
+        (int(graph.built_nodes[-2].handle),),
+    ]
+    graph.verify_edges()
+    graph.clone().verify_edges()  # the copy's node map names the copy's nodes
+    for b in (y1, y2, y3):
+        b.poison(stream)
+    graph.instantiate().launch(stream)
+    ref1 = (xh.astype(np.float64) * c[0][0] + c[0][1]) * c[2][0] + c[2][1]
+    ref3 = ((xh.astype(np.float64) * c[1][0] + c[1][1]) * c[3][0] + c[3][1]) * c[4][0] + c[4][1]
+    assert rel_err(y1.to_numpy(stream), ref1) < 1e-6 and rel_err(y3.to_numpy(stream), ref3) < 1e-6
+    # An edge the builder did not add is caught, naming the node.
+    call(driver.cuGraphAddDependencies, graph.handle, [k1.handle], [k5.handle], [edge_data("default")], 1)
+    with pytest.raises(RawgraphError, match=r"node 4 "):
+        graph.verify_edges()
+
+
+@pytest.mark.parametrize("form", ["unfused", "fused"])
+def test_verify_edges_passes_on_a_built_plan_with_programmatic_edges(stream, rng, form):
+    model = TinyBlock(128, 2, 3, seed=int(rng.integers(1 << 30)), form=form)
+    x, out = DeviceBuffer.from_numpy(random_input(rng, (2, 128)), stream=stream), DeviceBuffer((2, 128))
+    plan = model.plan(x, out)
+    built = build_plan(plan)
+    built.verify_edges()
+    assert [kn.deps for kn in built.nodes[1:]] == [(int(prev.handle),) for prev in built.nodes[:-1]]
+    assert built.nodes[0].deps == ()
+    kinds = {k for _a, _b, k in built.edge_types()}
+    assert kinds == ({"programmatic"} if model.pdl else {"default"})
+    capture_plan(plan, stream).verify_edges()  # the same check a captured graph passes
+
+
+# -- graph memory nodes under PYTHONMALLOC=debug -----------------------------------------------------
+DEBUG_MALLOC_CHILD = """
+import json, sys
+import numpy as np
+from rawgraph import DeviceArray, DeviceBuffer, Stream, get_device
+from rawgraph.graphs.builder import GraphBuilder
+from rawgraph.graphs import conditional as cn
+
+dev = get_device()
+s = Stream()
+n = 4096
+src_h = np.random.default_rng(int(sys.argv[1])).standard_normal(n, dtype=np.float32)
+src, back = DeviceBuffer.from_numpy(src_h, stream=s), DeviceBuffer((n,))
+g = GraphBuilder(dev)
+alloc, tmp = g.mem_alloc(n * 4)
+cp = g.memcpy(tmp, src, n * 4, deps=alloc)  # cuGraphAddMemcpyNode on the graph memory's address
+view = DeviceArray(tmp, (n,), np.dtype(np.float32), None)
+k = g.kernel(cn.axpb(dev, view, back, 2.0, 0.0), deps=cp)
+g.mem_free(tmp, deps=k)  # cuGraphAddMemFreeNode on the same address
+exe = g.build().instantiate()
+back.poison(s)
+exe.launch(s)
+got = back.to_numpy(s)
+print(json.dumps({"address": tmp, "exact": bool(np.array_equal(got, src_h * np.float32(2)))}))
+"""
+
+
+def test_graph_memory_nodes_build_and_run_under_the_debug_allocator(rng):
+    got = child_report(DEBUG_MALLOC_CHILD, int(rng.integers(1 << 30)), debug_malloc=True)
+    assert got["address"] != 0xDDDDDDDDDDDDDDDD and got["address"] > 0
+    assert got["exact"], "2 * src through graph memory differs from NumPy"

@@ -1,12 +1,15 @@
 """Conditional nodes (rawgraph.graphs.conditional): each branch as the device decides, the WHILE depth loop,
-the norm early exit, and the refusals made before the driver is called."""
+the norm early exit, exec updates of conditional graphs; and their error and lifetime cases: the
+refusals made before the driver is called, and body captures that run the releases they deferred
+(also those collected at the capture's edges) after the body capture, never inside it."""
 
+import gc
 import warnings
 
 import numpy as np
 import pytest
 from cuda.bindings import driver
-from helpers import random_input, rel_err
+from helpers import collect_at, cyclic_buffer, is_freed, random_input, rel_err
 
 from rawgraph import (
     BlockWeights,
@@ -23,7 +26,8 @@ from rawgraph.graphs import conditional as cn
 from rawgraph.graphs.builder import GraphBuilder
 from rawgraph.graphs.nodes import ConditionalInfo, read_graph
 from rawgraph.models.tinyblock import reference_forward
-from rawgraph.runtime.errors import RawgraphWarning
+from rawgraph.runtime import resource
+from rawgraph.runtime.errors import RawgraphWarning, ReleaseWarning
 from rawgraph.runtime.memory import POISON_BITS
 
 gpu = pytest.mark.gpu
@@ -286,6 +290,58 @@ def test_exec_update_leaves_conditional_graphs_alone_but_body_kernels_rebind(
     model.forward(bufs[2], eager, stream)
     np.testing.assert_array_equal(out.to_numpy(stream), eager.to_numpy(stream))
     mgr.close()
+
+
+# -- body captures: the releases they defer run after them ------------------------------------------
+@gpu
+def test_a_body_capture_runs_the_releases_it_deferred(device, stream):
+    g = GraphBuilder(device)
+    node = cn.add_conditional(g, "if", cn.make_handle(g, default=1))
+    doomed = DeviceBuffer(1024)
+    ptr = int(doomed.ptr)
+    noops = [cn.noop(device), cn.noop(device)]  # kernels loaded before the capture, not inside it
+    before = {id(e) for e in resource._deferred}
+    with Stream() as body_stream:
+        with node.capture_body(0, body_stream) as body:
+            first = body.launch(noops[0])
+            del doomed  # garbage in the capture body: cuMemFree here would invalidate the capture
+            gc.collect()
+            held = [e for e in resource._deferred if id(e) not in before]
+            assert any(name == "cuMemFree" and int(args[0]) == ptr for name, _fn, args in held)
+            second = body.launch(noops[1])
+        left = [e for e in resource._deferred if any(e is h for h in held)]
+        assert left == [], f"the body capture left {len(left)} deferred release(s) behind"
+    err, _kind = driver.cuPointerGetAttribute(driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr)
+    assert err != driver.CUresult.CUDA_SUCCESS, "the buffer was never freed"
+    # Each kernel captured into a body records what it depends on.
+    assert first.deps == () and second.deps == (int(first.handle),)
+    exe = g.build().instantiate()  # the capture was not invalidated
+    exe.launch(stream)
+    stream.synchronize()
+
+
+@gpu
+@pytest.mark.parametrize("edge", ["begin", "end"])
+def test_a_buffer_collected_at_the_edge_of_a_body_capture_is_freed_after_it_not_into_it(
+    device, stream, monkeypatch, recwarn, edge
+):
+    g = GraphBuilder(device)
+    node = cn.add_conditional(g, "if", cn.make_handle(g, default=1))
+    noop = cn.noop(device)
+    wrapper = cyclic_buffer()
+    ptr = wrapper[1]
+    doomed = [wrapper[0]]
+    del wrapper
+    with Stream() as body_stream:
+        collect_at(edge, "cuStreamBeginCaptureToGraph", doomed, monkeypatch)
+        with node.capture_body(0, body_stream) as body:
+            body.launch(noop)
+        monkeypatch.undo()
+    assert is_freed(ptr), "the collected buffer was never freed once the body capture ended"
+    assert not [w for w in recwarn if issubclass(w.category, ReleaseWarning)], [str(w.message) for w in recwarn]
+    exe = g.build().instantiate()  # the body capture was not invalidated
+    exe.launch(stream)
+    stream.synchronize()
 
 
 # ----------------------------------------------------------------------------- no GPU needed

@@ -1,21 +1,26 @@
 """Device graph launch on the GPU: a kernel in a host graph launches a DeviceGraph (tail,
-fire-and-forget, sibling); the graphs the driver refuses for device launch are refused first;
-the latency benchmark runs and checks itself."""
+fire-and-forget, sibling); the latency benchmark runs and checks itself; and the error and
+lifetime cases: the graphs the driver refuses for device launch are refused first, a launcher of
+a closed DeviceGraph is refused before the driver, and closing a DeviceGraph with a launcher
+replay still queued keeps its exec until that replay has run (in a child process: a kernel
+device-launching a destroyed exec may fault the context)."""
 
 import json
 
 import numpy as np
 import pytest
 from cuda.bindings import driver
+from helpers import CHECK_DESTRUCTION, child_report, spin_ns
 
-from rawgraph import Capture, DeviceBuffer, Graph, LaunchPlan, capture_plan, get_kernel, ops
+from rawgraph import Capture, ClosedError, DeviceBuffer, Graph, LaunchPlan, capture_plan, get_kernel, ops
 from rawgraph.bench import device_launch as bench
-from rawgraph.control import DeviceGraph, DeviceLaunchError, device_launch_problems, launcher_graph
+from rawgraph.control import DeviceGraph, DeviceLaunchError, LauncherExec, device_launch_problems, launcher_graph
 from rawgraph.control.device_launch import _launcher  # a second launcher node inside the launching graph
 from rawgraph.runtime.errors import call
 from rawgraph.runtime.launch import ArgUse, KernelArgs, Launch
 
 pytestmark = pytest.mark.gpu
+SPIN_NS = spin_ns(300_000_000)  # what the replays wait behind: long against the Python between launch and collection
 
 
 @pytest.fixture
@@ -234,3 +239,102 @@ def test_latency_benchmark_runs_and_checks_every_launch(tmp_path):
     rng = result["rng"]
     assert rng["dropout"]["nodes"] == rng["plain"]["nodes"] + rng["config"]["layers"] + 1
     assert rng["dropout"]["device_us"]["median"] > 0 and rng["draw_2^20_uniforms"]["nodes"] == 2
+
+
+# -- a launcher of a closed DeviceGraph --------------------------------------------------------------
+def test_a_launcher_of_a_closed_device_graph_is_refused_before_the_driver(stream, rng, monkeypatch):
+    counter, rc = DeviceBuffer((1,), np.uint32), DeviceBuffer((1,), np.int32)
+    target = DeviceGraph(capture_plan(bench.bump_chain(counter, 2), stream), stream)
+    outer = launcher_graph(target, stream, "tail", rc=rc)
+    exe = outer.instantiate()
+    assert isinstance(exe, LauncherExec)
+    c0 = int(rng.integers(1, 1 << 20))
+    _set(counter, c0, stream)
+    _set(rc, -2, stream)
+    exe.launch(stream)
+    assert _get(rc, stream) == 0 and _get(counter, stream) == c0 + 2  # it runs while the target is open
+    target.close()
+    calls = []
+    monkeypatch.setattr(
+        driver, "cuGraphLaunch", lambda *a: calls.append(("cuGraphLaunch", a)) or (driver.CUresult.CUDA_SUCCESS,)
+    )
+    monkeypatch.setattr(
+        driver,
+        "cuGraphInstantiate",
+        lambda *a: calls.append(("cuGraphInstantiate", a)) or (driver.CUresult.CUDA_ERROR_UNKNOWN, None),
+    )
+    with pytest.raises(ClosedError, match="DeviceGraph"):
+        exe.launch(stream)
+    with pytest.raises(ClosedError, match="DeviceGraph"):
+        outer.instantiate()
+    for use in (lambda: target.launch(stream), lambda: target.handle, lambda: target.exec):
+        with pytest.raises(ClosedError):
+            use()
+    assert calls == []
+    monkeypatch.undo()
+    assert _get(counter, stream) == c0 + 2
+    target.close()  # safe twice
+    exe.close()
+    outer.close()
+
+
+LAUNCHER_CHILD = """
+import gc, json, sys, weakref
+import numpy as np
+sys.path.insert(0, "tests")  # cwd is the checkout
+from helpers import describe_holders
+from rawgraph import DeviceBuffer, Stream, capture_plan, get_device, ops
+from rawgraph.graphs import builder
+from rawgraph.bench import device_launch as bench
+from rawgraph.control import DeviceGraph, launcher_graph
+
+c0, spin_ns = int(sys.argv[1]), int(sys.argv[2])
+dev = get_device()
+s, s2 = Stream(), Stream()
+ops.spin(dev, 0)(s)
+counter, other, rc = DeviceBuffer((1,), np.uint32), DeviceBuffer((1,), np.uint32), DeviceBuffer((1,), np.int32)
+target = DeviceGraph(capture_plan(bench.bump_chain(counter, 3), s), s)  # (its warm-up bumps counter)
+outer = launcher_graph(target, s, "tail", rc=rc)
+exe = outer.instantiate()
+texec = weakref.ref(target.exec)
+counter.copy_from_host(np.array([c0], np.uint32), s)
+other.copy_from_host(np.array([0], np.uint32), s)
+rc.copy_from_host(np.array([-2], np.int32), s)
+s.synchronize()
+ops.spin(dev, spin_ns)(s)
+exe.launch(s)  # queued behind the spin: it device-launches the target when it runs
+queued = not s.query()
+target.close()
+exe.close()
+outer.close()
+del target, exe, outer
+gc.collect()
+t = texec()
+held = t is not None and not t.closed
+del t
+# A device graph made now may take over a destroyed exec's handle or memory: launched by the queued
+# replay instead of the target, it would bump `other`, not `counter`.
+decoy = DeviceGraph(capture_plan(bench.bump_chain(other, 1), s2, warmup=False), s2)
+s.synchronize()
+still = builder.collect_held()
+destroyed = texec() is None
+gc.collect()
+holders = "" if texec() is None else describe_holders(texec(), depth=6)
+report = {"queued": queued, "held": held, "destroyed": destroyed, "destroyed_after_gc": texec() is None,
+          "still_held": still, "holders": holders, "counter": int(counter.to_numpy(s)[0]),
+          "rc": int(rc.to_numpy(s)[0]), "other": int(other.to_numpy(s)[0])}
+decoy.close()
+s.synchronize()
+print(json.dumps(report))
+"""
+
+
+def test_closing_a_device_graph_with_a_launcher_replay_queued_is_safe(rng):
+    c0 = int(rng.integers(1, 1 << 20))
+    got = child_report(LAUNCHER_CHILD, c0, SPIN_NS)
+    assert got["queued"], "the launcher replay was meant to be still queued behind the spin kernel"
+    assert got["held"], "the target's exec was destroyed while a queued launcher replay could still launch it"
+    assert got["rc"] == 0, "the device-side cudaGraphLaunch failed"
+    assert got["counter"] == c0 + 3 and got["other"] == 0, got
+    if CHECK_DESTRUCTION:  # see helpers.CHECK_DESTRUCTION
+        assert got["destroyed"], f"the target's exec was not destroyed once the launcher replay had run: {got}"

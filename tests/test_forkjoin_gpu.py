@@ -1,11 +1,12 @@
 """Fork/join capture: the node map and its dependencies equal the driver's edges, replays equal
-eager and the linear capture to the bit, unjoined streams give the typed error, and foreign work
-inside a rawgraph capture is mapped."""
+eager and the linear capture to the bit; and its error cases: unjoined streams give the typed
+error (every stream stays usable), fork refusals come before the driver, and foreign work inside a
+rawgraph capture (launched straight on the stream, not recorded) is mapped, or refused on request."""
 
 import numpy as np
 import pytest
 from cuda.bindings import driver
-from helpers import random_input, rel_err
+from helpers import random_input, rel_err, usable_afterwards
 
 from rawgraph import Capture, CaptureError, CaptureRefusedError, DeviceBuffer, Stream, get_device, ops
 from rawgraph.models.branches import TwoBranchBlock, concat, split
@@ -291,3 +292,27 @@ def test_foreign_work_inside_a_capture_is_mapped_and_replays(stream, rng, foreig
         submit()
         add(stream)
         np.testing.assert_array_equal(got, read("out"))
+
+
+def test_work_on_the_stream_outside_the_recorder_is_detected(stream, rng):
+    from rawgraph import RawgraphError
+
+    dev = get_device()
+    # Refused on request: the node count names the unrecorded work.
+    with pytest.raises(RawgraphError, match="outside Capture.launch.*KERNEL"):
+        with Capture(stream, foreign="refuse") as cap:
+            cap.launch(ops.empty(dev))
+            ops.empty(dev)(stream)  # launched straight on the stream, not recorded
+    assert cap.graph is None
+    usable_afterwards(stream, rng)
+    # By default mapped: a foreign node with its type and its dependency on the recorded node.
+    with Capture(stream) as cap:
+        first = cap.launch(ops.empty(dev))
+        ops.empty(dev)(stream)
+        last = cap.launch(ops.empty(dev))
+    graph = cap.graph
+    assert [f.type for f in graph.foreign_nodes] == ["KERNEL"] and graph.node_count() == 3
+    foreign = graph.foreign_nodes[0]
+    assert foreign.deps == (int(first.handle),) and last.deps == (int(foreign.handle),)
+    graph.verify_edges()
+    usable_afterwards(stream, rng)

@@ -6,7 +6,7 @@ from typing import Any
 
 from ._base import Mutation
 
-OWN = "tests/test_ownership_gpu.py"
+DEVICE_LAUNCH_GPU = "tests/test_device_launch_gpu.py"
 DEVICE_LAUNCH = "tests/test_device_launch_gpu.py::test_a_kernel_launches_the_device_graph"
 
 
@@ -75,7 +75,7 @@ MUTATIONS = [
     Mutation(
         name="launcher_of_closed_target_launches",
         why="a launcher exec goes to cuGraphLaunch although its target DeviceGraph is closed",
-        tests=(f"{OWN}::test_a_launcher_of_a_closed_device_graph_is_refused_before_the_driver",),
+        tests=(f"{DEVICE_LAUNCH_GPU}::test_a_launcher_of_a_closed_device_graph_is_refused_before_the_driver",),
         target="rawgraph.control.device_launch:LauncherExec.launch",
         mutate=_launch_without_target_check,
         kind="replace",
@@ -83,7 +83,7 @@ MUTATIONS = [
     Mutation(
         name="closed_target_destroyed_under_a_queued_launcher",
         why="closing a DeviceGraph destroys its exec at once, with a launcher replay still queued",
-        tests=(f"{OWN}::test_closing_a_device_graph_with_a_launcher_replay_queued_is_safe",),
+        tests=(f"{DEVICE_LAUNCH_GPU}::test_closing_a_device_graph_with_a_launcher_replay_queued_is_safe",),
         target="rawgraph.control.device_launch:_release_target",
         mutate=_target_always_destroyed,
         kind="replace",

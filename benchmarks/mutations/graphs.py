@@ -6,7 +6,7 @@ from typing import Any
 
 from ._base import Mutation, does_nothing, edit_source
 
-OWN = "tests/test_ownership_gpu.py"
+BUILDER_GPU = "tests/test_builder_gpu.py"
 BUILDER_CPU = "tests/test_builder_cpu.py"
 FAULTS = "tests/test_fault_injection_cpu.py::test_every_injected_failure_is_typed_recovered_and_leaks_nothing"
 
@@ -101,7 +101,7 @@ MUTATIONS = [
         name="host_callback_not_held_past_the_exec",
         why="an exec of a built graph no longer holds its host callbacks past its destruction "
         "(BuiltGraph.instantiate is Graph.instantiate)",
-        tests=(f"{OWN}::test_a_host_callback_outlives_builder_graph_and_exec_destroyed_with_a_replay_queued",),
+        tests=(f"{BUILDER_GPU}::test_a_host_callback_outlives_builder_graph_and_exec_destroyed_with_a_replay_queued",),
         target="rawgraph.graphs.builder:BuiltGraph.instantiate",
         mutate=_instantiate_without_hold,
         kind="replace",
@@ -112,7 +112,7 @@ MUTATIONS = [
         tests=(
             f"{BUILDER_CPU}::test_a_destroyed_exec_holds_what_its_replays_call_until_their_fence_fires",
             f"{BUILDER_CPU}::test_garbage_collection_of_the_exec_holds_too_and_a_never_launched_exec_holds_nothing",
-            f"{OWN}::test_a_host_callback_outlives_builder_graph_and_exec_destroyed_with_a_replay_queued",
+            f"{BUILDER_GPU}::test_a_host_callback_outlives_builder_graph_and_exec_destroyed_with_a_replay_queued",
         ),
         target="rawgraph.graphs.keepalive:_hold",
         mutate=does_nothing(),
@@ -122,7 +122,7 @@ MUTATIONS = [
         name="body_capture_keeps_deferred_releases",
         why="a conditional body capture ends without running the releases it deferred (conditional.py's "
         "flush_deferred does nothing; Capture's own is untouched)",
-        tests=(f"{OWN}::test_a_body_capture_runs_the_releases_it_deferred",),
+        tests=("tests/test_conditional_gpu.py::test_a_body_capture_runs_the_releases_it_deferred",),
         target="rawgraph.graphs.conditional:flush_deferred",
         mutate=does_nothing(returning=0),
         kind="replace",
@@ -132,8 +132,8 @@ MUTATIONS = [
         name="built_kernel_nodes_without_deps",
         why="built kernel nodes record no dependencies, so verify_edges raises on a correct graph",
         tests=(
-            f"{OWN}::test_verify_edges_passes_on_a_built_graph_and_catches_an_edge_behind_its_back",
-            f"{OWN}::test_verify_edges_passes_on_a_built_plan_with_programmatic_edges",
+            f"{BUILDER_GPU}::test_verify_edges_passes_on_a_built_graph_and_catches_an_edge_behind_its_back",
+            f"{BUILDER_GPU}::test_verify_edges_passes_on_a_built_plan_with_programmatic_edges",
         ),
         target="rawgraph.graphs.builder:GraphBuilder.kernel",
         mutate=_kernel_nodes_without_deps,
@@ -145,7 +145,7 @@ MUTATIONS = [
         "PYTHONMALLOC=debug; both tests run it in a child interpreter, which the plugin's hook mutates too)",
         tests=(
             f"{BUILDER_CPU}::test_allocation_address_reads_dptr_while_the_struct_is_alive",
-            f"{OWN}::test_graph_memory_nodes_build_and_run_under_the_debug_allocator",
+            f"{BUILDER_GPU}::test_graph_memory_nodes_build_and_run_under_the_debug_allocator",
         ),
         target="rawgraph.graphs.params:allocation_address",
         mutate=_address_read_after_free,

@@ -80,7 +80,7 @@ MUTATIONS = [
         name="fence_records_on_a_closed_stream",
         why="StreamSet.fence records an event on a stream launched on and closed later (ClosedError on "
         "bind); source edit: the closed-stream branch sits inside fence's loop, no helper of its own",
-        tests=("tests/test_lifetimes_gpu.py::test_a_stream_closed_after_a_launch_breaks_no_later_bind_or_close",),
+        tests=("tests/test_manager_gpu.py::test_a_stream_closed_after_a_launch_breaks_no_later_bind_or_close",),
         target="rawgraph.runtime.stream:StreamSet.fence",
         mutate=edit_source("s.closed", "False", after="for ptr, s in list(self.streams.items()):"),
         kind="source-edit",

@@ -116,7 +116,7 @@ MUTATIONS = [
     Mutation(
         name="stream_order_skips_a_closed_stream",
         why="item 5: StreamOrder orders nothing after a closed stream (cuStreamDestroy returns with work queued)",
-        tests=("tests/test_lifetimes_gpu.py::test_a_run_on_a_new_stream_waits_for_one_queued_on_a_closed_stream",),
+        tests=("tests/test_buckets_gpu.py::test_a_run_on_a_new_stream_waits_for_one_queued_on_a_closed_stream",),
         target="rawgraph.serving.buckets:StreamOrder.enter",
         mutate=_closed_stream_forgotten,
         kind="wrap",
