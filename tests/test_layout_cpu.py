@@ -1,6 +1,7 @@
 """The package's layout: one import direction between subpackages, and the module sizes."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,37 @@ def test_no_long_function_in_the_core_without_a_comment_saying_why():
                     if "kept whole" not in src:
                         long.append(f"{path.relative_to(PKG)}:{fn.name} ({_code_lines(fn)} lines)")
     assert long == [], long
+
+
+def _instance_attributes(cls: ast.ClassDef) -> set[str]:
+    """Names assigned as ``self.<name>`` in the class's own methods."""
+    names = set()
+    for fn in cls.body:
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                for t in targets:
+                    for e in t.elts if isinstance(t, ast.Tuple) else [t]:
+                        if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self":
+                            names.add(e.attr)
+    return names
+
+
+def test_no_class_over_15_attributes_without_a_reason():
+    """A class holding more than about 15 instance attributes says why in a ``State:`` paragraph
+    of its docstring (cuda.core's habit: what needs releasing in one small holder), and a count it
+    states is the count."""
+    missing = []
+    for path in sorted(PKG.rglob("*.py")):
+        for cls in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            n = len(_instance_attributes(cls))
+            doc = ast.get_docstring(cls) or ""
+            state = re.search(r"^State: (?:(\d+) instance attributes)?", doc, re.M)
+            where = f"{path.relative_to(PKG)}:{cls.name} ({n} attributes)"
+            if n > 15 and state is None:
+                missing.append(where)
+            elif state is not None and state.group(1) and int(state.group(1)) != n:
+                missing.append(f"{where}: its docstring says {state.group(1)}")
+    assert missing == [], missing

@@ -119,6 +119,14 @@ class Capture:
     cuStreamSynchronize, cuStreamCreate : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
     cuStreamEndCapture : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html
     cuMemAlloc : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+
+    Notes
+    -----
+    State: 20 instance attributes, the record of one capture while it is open (the stream and its
+    mode, the side streams joined and the events that joined them, the node map, the plans and
+    arrays it keeps alive, the foreign and other nodes it saw) and what it hands over at the end (the
+    graph, the end result). A capture object is single-use, so they live for one capture; what needs
+    releasing (the side streams' events) goes back in one place, ``__exit__``'s ``finally``.
     """
 
     def __init__(

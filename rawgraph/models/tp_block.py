@@ -73,6 +73,13 @@ class TPBlock(Resource):
     See Also
     --------
     cuMemFree : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+
+    Notes
+    -----
+    State: 18 instance attributes: the configuration (width, batch, rank, world, seed, shard,
+    precision), the collective it was given (allreduce, comm, peer), the device buffers of its plan
+    (w1, w2, a, z, zsum) and the full weights on the host for :meth:`reference`. Everything that
+    needs releasing is in one holder (the owned list its finalizer frees).
     """
 
     width: int

@@ -170,6 +170,14 @@ class BucketGraphs:
     --------
     cuMemsetD32Async : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
     cuMemGetInfo : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html
+
+    Notes
+    -----
+    State: 23 instance attributes, most of them read-only results a caller inspects (the graphs
+    and execs per size, the sizes, the set-up times, the memory figures, the warm-up record, the
+    run statistics) beside the buffers every bucket shares (arena, input, output, overflow) and the
+    stream order of the run path; what needs releasing (execs, graphs, models, buffers, the order's
+    event and an owned stream) is freed in one place, :meth:`close`.
     """
 
     sizes: list[int]

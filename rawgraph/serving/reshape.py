@@ -147,6 +147,13 @@ class ReshapedGraph:
     See Also
     --------
     cuGraphExecKernelNodeSetParams : https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html
+
+    Notes
+    -----
+    State: 24 instance attributes: per group of sizes its one exec, graph, plan, shadow and the
+    parameter slots a size rewrites (kept apart so a switch of size is one SetParams loop over
+    ready values), the group of each size and the one bound now, and the buffers every size shares;
+    what needs releasing is freed in one place, :meth:`close`.
     """
 
     max_batch: int

@@ -273,6 +273,14 @@ class FakeDriver:
 
     :meth:`install` puts the functions on ``cuda.bindings.driver`` (the binding's types stay the
     real ones), :meth:`uninstall` restores the originals.
+
+    Notes
+    -----
+    State: 18 instance attributes, one table per kind of driver object the fake hands out
+    (allocations, modules, functions, streams, events, graphs, nodes, execs, conditional handles,
+    the context and its references) plus the logs a test reads (``api``, ``launch_log``) and the
+    counters that number handles; a driver's state is that many tables, and the tests read them
+    directly.
     """
 
     ctx_refs: int

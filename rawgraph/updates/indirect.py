@@ -121,6 +121,13 @@ class IndirectGraph:
     ----------
     graph : Graph
     exec : GraphExec
+
+    Notes
+    -----
+    State: 19 instance attributes: the model, plan, graph and exec it built; the pointer table on
+    the device and its host copy, the views and shapes it checks a bind against, the arrays bound now
+    and the keep-alive over replays that read them, the lock and the launch record. What needs
+    releasing is released in one place, :meth:`close`, after the queued replays.
     """
 
     model: Any  # a row-wise model (rawgraph.serving.protocol)

@@ -133,7 +133,7 @@ class ExecUpdateManager:
     holds. ``launch`` takes no lock: which bindings a replay sees when another thread binds at the
     same moment is the caller's ordering to choose.
 
-    State: 17 instance attributes, each read on a hot path where one more indirection would cost
+    State: 16 instance attributes, each read on a hot path where one more indirection would cost
     per replay; what needs releasing (the arrays held for queued replays, the pooled events) is in
     one holder, the shadow's keep-alive, which :meth:`close` drains.
     """

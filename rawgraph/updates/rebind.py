@@ -316,6 +316,12 @@ class AddressRebinder:
     Raises
     ------
     LayoutMismatchError
+
+    State: 21 instance attributes: the graph, exec and device it rebinds, the node map read back
+    (kernels, memory nodes, unreadable and nested ones), the exec's shadow with its streams and
+    keep-alive, the buffers moved in and the binding applied last (what the exec may point into now),
+    the nodes whose values differ from the captured ones, and the lock. What needs releasing is in
+    one holder, the shadow's keep-alive, which :meth:`close` drains.
     """
 
     device: Device
