@@ -145,3 +145,26 @@ def test_no_class_over_15_attributes_without_a_reason():
             elif state is not None and state.group(1) and int(state.group(1)) != n:
                 missing.append(f"{where}: its docstring says {state.group(1)}")
     assert missing == [], missing
+
+
+# What belongs in git and benchmarks/NOTES.md, not in the product's code and comments.
+_HISTORY = [
+    (re.compile(r"\b[Ii]ssues? #?\d+"), "an issue number"),
+    (re.compile(r"\b[Ss]ession \d+|\bthis session\b"), "session history"),
+    (re.compile(r"(?<![\w-])20\d\d-\d\d-\d\d(?![\w-])"), "a date"),
+    (re.compile(r"\bour (?:H100|H200|GPU|device)s?\b", re.I), "'our' device"),
+    (re.compile(r"\bcommit [0-9a-f]{7,40}\b|`[0-9a-f]{7,40}`"), "a commit hash"),
+]
+
+
+@pytest.mark.parametrize("folder", ["rawgraph", "kernels"])
+def test_no_history_in_the_product(folder):
+    """Comments state invariants and say why; issue numbers, sessions, dates, commit hashes and
+    which GPU someone measured on are history, kept in git and benchmarks/NOTES.md."""
+    found = []
+    for path in sorted((ROOT / folder).rglob("*")):
+        if path.suffix not in (".py", ".cu", ".cuh"):
+            continue
+        for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            found += [f"{path.relative_to(ROOT)}:{no}: {what}" for rx, what in _HISTORY if rx.search(line)]
+    assert found == [], found
