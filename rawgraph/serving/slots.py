@@ -678,13 +678,14 @@ class LeaveRing:
             self.buffers.append(HostBuffer((self.max_slots, self.width), np.float32, self.device))
             self.events.extend([None] * self.max_slots)
             self.owner.extend([None] * self.max_slots)
+        host = self.buffers[0]
+        host._check_open()  # released by the pool's holder: refuse before any driver call
         earlier = self.owner[slot]
         if earlier is not None:
             earlier._take()  # its copy is older than anything queued since: only that one is waited for
         event = self.events[slot]
         if event is None:
             event = self.events[slot] = Event(timing=False, device=self.device)
-        host = self.buffers[0]
         call(driver.cuMemcpyDtoHAsync, host.ptr + slot * self.width * 4, src, self.width * 4, stream.handle)
         event.record(stream)
         row = self.owner[slot] = PendingRow(pool, slot)
