@@ -70,8 +70,17 @@ REPS = 64
 WIDTHS = (1024, 2048, 4096)
 ROWS = tuple(range(64, 257, 8))
 QUICK = [(64, 1024), (128, 1024), (256, 1024), (64, 2048), (256, 2048), (64, 4096), (128, 4096), (256, 4096)]
-TF32X3_IDEAL_TFLOPS = 165.0  # dense TF32 tensor peak / 3 (H100 SXM)
-FP32_PEAK_TFLOPS = 66.9
+# (fp32 FMA peak, dense TF32 tensor peak) in TFLOP/s by the device's name: the H100 SXM's, which
+# the H200 shares (the same 132 SMs at the same clocks). Another GPU gets no percentages.
+PEAKS_TFLOPS = {"NVIDIA H100 80GB HBM3": (66.9, 494.7), "NVIDIA H200": (66.9, 494.7)}
+
+
+def peaks(gpu_name: str) -> tuple[float, float] | None:
+    """(fp32 peak, tf32x3 ideal = dense TF32 peak / 3) for ``gpu_name``, or None where unknown."""
+    found = PEAKS_TFLOPS.get(gpu_name)
+    return None if found is None else (found[0], round(found[1] / 3, 1))
+
+
 TARGET_VS_CUBLAS, TARGET_VS_CUBLAS_WIDE, WIDE = 1.3, 1.5, 4096  # the second from M >= 128 at K = N = WIDE
 TRITON_CONFIGS = (
     (64, 64, 32, 4, 4),
@@ -292,6 +301,7 @@ class Sweep:
         self.dev = get_device()
         self.stream = Stream()
         self.sms = self.dev.info.multiprocessors
+        self.peaks = peaks(self.dev.info.name)
         self.graph_time_us = _graph_time_us
         self.cublas_graph_samples = cublas_graph_samples
         self.t0 = time.perf_counter()
@@ -356,8 +366,8 @@ class Sweep:
             "p10": st["p10"],
             "p90": st["p90"],
             "tflops": tflops,
-            "pct_tf32x3_ideal": 100 * tflops / TF32X3_IDEAL_TFLOPS,
-            "pct_fp32_peak": 100 * tflops / FP32_PEAK_TFLOPS,
+            "pct_tf32x3_ideal": None if self.peaks is None else 100 * tflops / self.peaks[1],
+            "pct_fp32_peak": None if self.peaks is None else 100 * tflops / self.peaks[0],
         }
 
     def ours(self, m: int, w: int, d: dict, precision: str, shape=None) -> dict:
@@ -571,8 +581,8 @@ class Sweep:
             "seed": self.a.seed,
             "reps_per_graph": REPS,
             "repeats": self.a.repeats,
-            "tf32x3_ideal_tflops": TF32X3_IDEAL_TFLOPS,
-            "fp32_peak_tflops": FP32_PEAK_TFLOPS,
+            "tf32x3_ideal_tflops": None if self.peaks is None else self.peaks[1],
+            "fp32_peak_tflops": None if self.peaks is None else self.peaks[0],
             "kernels": self.kernel_info,
             "rows": rows,
             "not_run": [list(s) for s in not_run],
@@ -635,7 +645,7 @@ def _cell(rec: dict | None) -> str:
     en, es = rec.get("err_normal", {}).get("fro", float("nan")), rec.get("err_scaled", {}).get("fro", float("nan"))
     return (
         f"{rec['us']:8.2f} us [{rec['p10']:7.2f}..{rec['p90']:7.2f}] {rec['tflops']:6.1f} TF/s "
-        f"{rec['pct_tf32x3_ideal']:5.1f}% {rec['pct_fp32_peak']:5.1f}%  err {en:.2e} {es:.2e}"
+        f"{_pct(rec['pct_tf32x3_ideal'])} {_pct(rec['pct_fp32_peak'])}  err {en:.2e} {es:.2e}"
     )
 
 
@@ -657,11 +667,15 @@ def line(row: dict) -> str:
     return s
 
 
+def _pct(v: float | None) -> str:
+    return "    --" if v is None else f"{v:5.1f}%"
+
+
 def table(result: dict) -> str:
     out = [
         f"tf32x3 sweep, {result['gpu']}, commit {result['commit']}; us median [p10..p90], TFLOP/s, % of "
-        f"{TF32X3_IDEAL_TFLOPS:.0f} (TF32 peak / 3), % of fp32 peak {FP32_PEAK_TFLOPS}, relative Frobenius error "
-        f"vs float64 (normal, scaled rows)",
+        f"{result.get('tf32x3_ideal_tflops') or '(unknown)'} (TF32 peak / 3), % of fp32 peak "
+        f"{result.get('fp32_peak_tflops') or '(unknown)'}, relative Frobenius error vs float64 (normal, scaled rows)",
         "",
     ]
     missed = []

@@ -431,3 +431,22 @@ def test_the_default_cut_runs_single_k8_steps_where_k_is_short(k, flush):
     from rawgraph.ops.gemm import tf32x3_default_cut
 
     assert tf32x3_default_cut(64, k, 1024, 132).flush == flush
+
+
+def test_the_sweep_takes_its_peaks_from_the_device_it_ran_on():
+    """The percentages of peak are the named GPU's (the H100 SXM's, which the H200 shares);
+    another GPU gets none, and its table prints dashes rather than another device's figures."""
+    import json
+
+    sweep = _module("tf32x3_sweep")
+    assert sweep.peaks("NVIDIA H100 80GB HBM3") == sweep.peaks("NVIDIA H200") == (66.9, 164.9)
+    assert sweep.peaks("NVIDIA A100-SXM4-80GB") is None
+    committed = ROOT / "benchmarks" / "results" / "tf32x3_sweep_2026-12-07_39e1c3f_h100.json"
+    result = json.loads(committed.read_text())
+    assert "% of 165.0 (TF32 peak / 3)" in sweep.table(result)
+    for row in result["rows"]:
+        for rec in [*row["tf32x3"], row["fp32"]]:
+            rec["pct_tf32x3_ideal"] = rec["pct_fp32_peak"] = None
+    result.update(gpu="NVIDIA A100-SXM4-80GB", tf32x3_ideal_tflops=None, fp32_peak_tflops=None)
+    text = sweep.table(result)
+    assert "% of (unknown) (TF32 peak / 3)" in text and "    --     --  err" in text
