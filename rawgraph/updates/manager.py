@@ -40,7 +40,7 @@ from ..runtime.errors import ArrayError, ClosedError, ForeignNodeError, Rawgraph
 from ..runtime.launch import ARG_DTYPES, KernelArgs
 from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array
 from .addresses import foreign_holders
-from .setters import check_grid, restore_scalars, stored_scalar
+from .setters import ScalarUndo, check_grid, restore_scalars, stored_scalar
 from .shadow import ArgumentSlots, ExecShadow, KernelShadow, NameSlots, refuse_device_updatable
 from .validate import (
     Binding,
@@ -590,7 +590,7 @@ class ExecUpdateManager:
         args.update(values)
         if new_grid is not None:
             params.gridDimX, params.gridDimY, params.gridDimZ = new_grid
-        return self._shadow.push((node,), restore_scalars, (args, params, old_values, old_grid))
+        return self._shadow.push((node,), restore_scalars, ScalarUndo(args, params, old_values, old_grid))
 
     def scalar_setter(self, node: int, arg: str) -> Any:
         """A fast setter for one scalar argument of one node: the node and argument are checked

@@ -4,12 +4,12 @@ launch would refuse is refused here too, before the shadow changes."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..runtime.errors import ArgumentError, ShapeError
 from ..runtime.launch import ARG_DTYPES, MAX_GRID, KernelArgs, check_scalar, launch_dims
 
-__all__ = ["check_grid", "restore_scalars", "stored_scalar"]
+__all__ = ["ScalarUndo", "check_grid", "restore_scalars", "stored_scalar"]
 
 
 def check_grid(grid: Any, cluster: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -33,8 +33,16 @@ def stored_scalar(kind: str, value: Any, what: str) -> Any:
     return ARG_DTYPES[kind].type(value)
 
 
-def restore_scalars(log: tuple[KernelArgs, Any, dict[str, Any], tuple[int, int, int]]) -> None:
+class ScalarUndo(NamedTuple):
+    """What a scalar or grid edit of one kernel node changed, to put back if its push is refused."""
+
+    args: KernelArgs  # the node's argument buffer, edited in place
+    params: Any  # its CUDA_KERNEL_NODE_PARAMS, whose grid was edited in place
+    values: dict[str, Any]  # the arguments' values before the edit
+    grid: tuple[int, int, int]  # the grid before the edit
+
+
+def restore_scalars(log: ScalarUndo) -> None:
     """Undo of a refused scalar or grid push: the node's old argument values and grid."""
-    args, params, old_values, old_grid = log
-    args.update(old_values)
-    params.gridDimX, params.gridDimY, params.gridDimZ = old_grid
+    log.args.update(log.values)
+    log.params.gridDimX, log.params.gridDimY, log.params.gridDimZ = log.grid
