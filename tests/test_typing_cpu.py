@@ -120,6 +120,89 @@ def test_all_is_static_and_names_every_public_name():
     assert all(hasattr(rawgraph, n) for n in names)
 
 
+SUBPACKAGES = sorted(p.parent.name for p in (ROOT / "rawgraph").glob("*/__init__.py"))
+
+
+def _bound_names(body):
+    """Names a module's top-level statements bind (imports, defs, classes, assignments), looking
+    into top-level ``try`` and ``if`` blocks (an optional import)."""
+    names = set()
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update(a.asname or a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.Try):
+            names |= _bound_names(node.body + node.orelse + node.finalbody)
+            for handler in node.handlers:
+                names |= _bound_names(handler.body)
+        elif isinstance(node, ast.If):
+            names |= _bound_names(node.body + node.orelse)
+    return names
+
+
+def test_subpackages_are_found():
+    assert {"runtime", "graphs", "updates", "doctor", "ops", "serving", "models"} <= set(SUBPACKAGES)
+
+
+@pytest.mark.parametrize("sub", SUBPACKAGES)
+def test_every_subpackage_has_a_static_all_and_no_star_import(sub):
+    """Each subpackage's ``__init__`` says what it re-exports the way ``mypy --strict`` and pyright
+    read it: a literal ``__all__`` of names the ``__init__`` binds itself (imported by name, no
+    ``import *``), each found on the imported package; private names (``ops._cdiv``, reached by
+    other modules) may be re-exported with ``as`` but stay out of ``__all__``."""
+    import importlib
+
+    path = ROOT / "rawgraph" / sub / "__init__.py"
+    tree = ast.parse(path.read_text())
+    stars = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)]
+    assert not stars, f"{path.relative_to(ROOT)}: star import on line(s) {stars}; name what is re-exported"
+    found = [
+        n
+        for n in tree.body
+        if (isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets))
+        or (isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == "__all__")
+    ]
+    assert len(found) == 1, f"{path.relative_to(ROOT)} assigns __all__ once, at the top level"
+    value = found[0].value
+    assert isinstance(value, (ast.List, ast.Tuple)) and all(
+        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts
+    ), f"{path.relative_to(ROOT)}: __all__ is a literal list of strings, so type checkers read it"
+    names = [e.value for e in value.elts]
+    assert len(names) == len(set(names)), "no name twice"
+    assert not [n for n in names if n.startswith("_")], "private names stay out of __all__"
+    unbound = sorted(set(names) - _bound_names(tree.body))
+    assert not unbound, f"{path.relative_to(ROOT)}: __all__ names what the __init__ does not bind: {unbound}"
+    module = importlib.import_module(f"rawgraph.{sub}")
+    assert list(module.__all__) == names
+    missing = [n for n in names if not hasattr(module, n)]
+    assert not missing, missing
+
+
+def test_mypy_strict_sees_every_name_taken_from_a_subpackage():
+    """No module of rawgraph takes a name from a package that does not export it (``Module
+    "rawgraph.ops" does not explicitly export attribute "relu"``), under ``mypy --strict`` over the
+    whole package (other errors outside the strict layers are not this test's business)."""
+    _needs_mypy()
+    r = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", ".mypy_cache/strict-all", "rawgraph"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode in (0, 1) and ("Found" in r.stdout or "Success" in r.stdout), (
+        r.stdout[-3000:] + r.stderr[-2000:]
+    )
+    hidden = [
+        line for line in r.stdout.splitlines() if 'Module "rawgraph' in line and "does not explicitly export" in line
+    ]
+    assert not hidden, "\n".join(hidden[:50])
+
+
 def test_mypy_sees_the_installed_rawgraph_from_outside_the_checkout(tmp_path):
     """A user's script type-checks against the installed package: an editable install is a .pth
     file naming the checkout (hatchling's), not an import hook mypy cannot follow (setuptools' with a

@@ -5,3 +5,6 @@
 ``dot`` (DOT/PNG), ``keepalive`` (what queued replays read stays alive until they ran),
 ``conditional`` (IF, IF/ELSE, WHILE and SWITCH nodes whose condition a kernel sets).
 """
+
+# Nothing is re-exported here: the public API is the submodules, imported by name.
+__all__: list[str] = []

@@ -4,3 +4,6 @@
 row-wise model protocol of :mod:`rawgraph.serving.protocol`), ``branches`` (``TwoBranchBlock``:
 two blocks captured on forked streams).
 """
+
+# Nothing is re-exported here: the public API is the submodules, imported by name.
+__all__: list[str] = []

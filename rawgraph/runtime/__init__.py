@@ -8,3 +8,6 @@ and their kernels), ``signature`` (C types from a ``__global__``
 declaration), ``launch`` (packed arguments, ``Launch``, ``LaunchPlan``), ``rawkernel`` (a user's
 kernel from source in one call), ``timing``.
 """
+
+# Nothing is re-exported here: the public API is the submodules, imported by name.
+__all__: list[str] = []

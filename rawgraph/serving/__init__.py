@@ -13,11 +13,33 @@ table) -> ``shape_table`` (a device-shaped graph's bands and its head's table, n
 ``choose`` (the fastest of these for a sample of a batch-size trace, measured). Nothing here is
 imported by the modules below it in :mod:`rawgraph`."""
 
-from .buckets import BucketGraphs  # noqa: F401
-from .choose import Choice, ChooseError, choose_strategy, regret  # noqa: F401
-from .device_shaped import DeviceShapedError, DeviceShapedGraph  # noqa: F401
-from .function import FunctionModel, FunctionModelError  # noqa: F401
-from .graphmem import graph_memory, trim_graph_memory  # noqa: F401
-from .reshape import ReshapedGraph, RowCountBuckets  # noqa: F401
-from .sizes import pick_bucket, powers_of_two, vllm_sizes  # noqa: F401
-from .slots import PendingRow, SlotError, SlotPool  # noqa: F401
+from .buckets import BucketGraphs
+from .choose import Choice, ChooseError, choose_strategy, regret
+from .device_shaped import DeviceShapedError, DeviceShapedGraph
+from .function import FunctionModel, FunctionModelError
+from .graphmem import graph_memory, trim_graph_memory
+from .reshape import ReshapedGraph, RowCountBuckets
+from .sizes import pick_bucket, powers_of_two, vllm_sizes
+from .slots import PendingRow, SlotError, SlotPool
+
+__all__ = [
+    "BucketGraphs",
+    "Choice",
+    "ChooseError",
+    "choose_strategy",
+    "regret",
+    "DeviceShapedError",
+    "DeviceShapedGraph",
+    "FunctionModel",
+    "FunctionModelError",
+    "graph_memory",
+    "trim_graph_memory",
+    "ReshapedGraph",
+    "RowCountBuckets",
+    "pick_bucket",
+    "powers_of_two",
+    "vllm_sizes",
+    "PendingRow",
+    "SlotError",
+    "SlotPool",
+]

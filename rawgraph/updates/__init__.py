@@ -11,3 +11,6 @@ addresses in a range) and ``rebind`` (``AddressRebinder``: re-bind by address in
 pointers from a table in the graph), ``static`` (``StaticGraph``: copy into the captured input,
 PyTorch's way).
 """
+
+# Nothing is re-exported here: the public API is the submodules, imported by name.
+__all__: list[str] = []
