@@ -260,15 +260,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    """``rawgraph trace``: the TinyBlock through every launch path under a tracer; writes the Chrome
-    trace and the PNG timeline, prints the latency model (see :mod:`rawgraph.bench.trace`). Exit 0,
-    69 without a GPU (checked before anything touches the driver), 2 for a bad option."""
+    """``rawgraph trace``: the TinyBlock, or the model ``--callable`` names, through every launch
+    path under a tracer; writes the Chrome trace and the PNG timeline, prints the latency model
+    (see :mod:`rawgraph.bench.trace`). Exit 0; 2 for a bad option, or a ``--callable`` that names
+    no row-wise model or factory of one (one line on stderr, checked before the GPU); 69 without
+    a GPU (checked before anything touches the driver)."""
+    from .bench.trace import check_callable, run_checked
+
+    why = check_callable(args)
+    if why is not None:
+        print(why, file=sys.stderr)
+        return EX_USAGE
     if not _need_gpu():
         return EX_UNAVAILABLE
-    from .bench.command import run_suite
-    from .bench.trace import render, run
-
-    return run_suite(args, run, render)
+    return run_checked(args)
 
 
 def bench_epilog() -> str:
@@ -396,7 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = command(
         "trace",
-        "a timeline of host launches against device work, every launch path (Chrome trace + PNG)",
+        "a timeline of host launches against device work, every launch path (Chrome trace + PNG); "
+        "the TinyBlock or, with --callable MODULE:NAME, your own model",
         TRACE_DESCRIPTION,
     )
     add_model_options(s, width=128, layers=2, form="unfused", batch=1)

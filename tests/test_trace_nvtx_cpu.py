@@ -281,12 +281,6 @@ def test_the_installed_nvtx_package_takes_the_tracers_calls(block, monkeypatch):
     assert depth == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="Tracer.step pushes its NVTX range and sets the thread's step before the CUDA-event "
-    "collector's step_begin, outside the try that undoes them (rawgraph/trace/tracer.py, step())",
-)
 def test_a_step_that_fails_to_start_leaves_no_range_open_and_no_step_set(fake_driver, fake_nvtx):
     """A step whose start event cannot be made (here cuEventCreate fails) is refused with
     TraceError; the range it pushed must be popped and the thread must be back outside any step,

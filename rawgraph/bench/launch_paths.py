@@ -17,6 +17,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from .. import ops
 from ..graphs.capture import Capture, capture_plan
 from ..models.tinyblock import TinyBlock
 from ..runtime.device import get_device
+from ..runtime.errors import LayoutError
 from ..runtime.launch import ARG_DTYPES
 from ..runtime.memory import DeviceArray, DeviceBuffer
 from ..runtime.stream import Stream
@@ -62,9 +64,10 @@ def _estimate_us(fn, stream: Stream) -> float:
 class Runner:
     """Every launch path of the TinyBlock, set up, checked and measured in one process.
 
-    Two hooks for a runner that does something else with the same paths (``rawgraph trace``):
-    :meth:`clocks` (what is done with a path's checked step function) and :meth:`capture` (how a
-    plan becomes a graph)."""
+    Hooks for a runner that does something else with the same paths (``rawgraph trace``):
+    :meth:`clocks` (what is done with a path's checked step function), :meth:`capture` (how a
+    plan becomes a graph), :meth:`wants` (which of the optional paths are set up at all) and
+    :meth:`host_loop_us` (the host-time loops)."""
 
     stream: Stream
 
@@ -142,10 +145,47 @@ class Runner:
 
     # -- rawgraph paths -----------------------------------------------------------------------
     def rawgraph_paths(self, form: str, layers: int, width: int, batch: int) -> np.ndarray:
-        s = self.stream
-        shape = (batch, width)
-        rng = np.random.default_rng()
+        """The TinyBlock's paths (:meth:`model_paths`, every output equal to the stream path's to
+        the bit), with ``graph_nopdl`` where the block chains with PDL and the indirect paths for
+        the forms whose kernels read x and out through pointer slots; returns the reference output.
+        """
         model = TinyBlock(width, batch, layers, seed=1234, form=form)
+        # graph_nopdl: the same form and weights (same seed) in plain stream order
+        plain = TinyBlock(width, batch, layers, seed=1234, form=form, pdl=False) if model.pdl else None
+        try:
+            ref, xs = self.model_paths(
+                model, (form, layers, width, batch), plain=plain, indirect=form in ("fused", "block"), exact=True
+            )
+        finally:
+            if plain is not None:
+                plain.close()
+        self._last = (model, [(w1, w2) for w1, w2 in model.weights], xs, ref)
+        return ref
+
+    def model_paths(
+        self,
+        model: Any,
+        key: tuple[Any, int, int, int],
+        plain: Any = None,
+        indirect: bool | None = None,
+        exact: bool = True,
+    ) -> tuple[np.ndarray, list[DeviceBuffer]]:
+        """Every rawgraph launch path of a row-wise ``model`` (its ``plan``, ``batch``, ``width``
+        only), set up, checked on one input against the stream path's output, then handed to
+        :meth:`clocks` and :meth:`record` under ``key`` (form, layers, width, batch).
+
+        ``plain``: the same model without programmatic dependent launch (``graph_nopdl``), if any.
+        ``indirect``: run the indirect paths (True), leave them out (False), or try them and leave
+        them out with a finding where the model's kernels cannot read x and out through pointer
+        slots (None). ``exact``: an output that differs from the stream path's raises; else it is a
+        finding (a user's kernels may differ run to run). Returns the reference output and the two
+        inputs.
+        """
+        s = self.stream
+        form, layers, width, batch = key
+        where = f"({form} L{layers} w{width} b{batch})"
+        shape = (model.batch, model.width)
+        rng = np.random.default_rng()
         xs = [DeviceBuffer.from_numpy(rng.standard_normal(shape, dtype=np.float32)) for _ in range(2)]
         outs = [DeviceBuffer(shape) for _ in range(9)]
         plan = model.plan(xs[0], outs[0])
@@ -168,13 +208,11 @@ class Runner:
         g_w0 = self.capture(model.plan(xs[0], outs[3]), s, warmup=False)
         g_w1 = self.capture(model.plan(xs[1], outs[3]), s, warmup=False)
         exe_w = g_w0.instantiate()
-        # graph_nopdl: the same form and weights (same seed) in plain stream order
-        plain = TinyBlock(width, batch, layers, seed=1234, form=form, pdl=False) if model.pdl else None
-        g_plain = self.capture(plain.plan(xs[1], outs[4]), s, warmup=True) if plain else None
+        g_plain = self.capture(plain.plan(xs[1], outs[4]), s, warmup=True) if plain is not None else None
         exe_plain = g_plain.instantiate() if g_plain is not None else None
 
-        # -- correct before timed: every path on xs[1], equal to the bit
-        for o in outs:
+        # -- correct before timed: every path on xs[1], equal to the stream path's output
+        for o in (*outs, static.static_output):
             o.poison(s)
         plan_b = model.plan(xs[1], outs[1])
         plan_b.run(s)
@@ -201,13 +239,10 @@ class Runner:
         if exe_plain is not None:
             checks.append(("graph_nopdl", outs[4]))
         for name, buf in checks:
-            got = buf.to_numpy()
-            if not np.array_equal(got, ref):
-                raise AssertionError(f"{name} differs from stream output ({form} L{layers} w{width} b{batch})")
+            self._agree(name, buf.to_numpy(), ref, exact, where)
         exe_b.close()
 
         est = _estimate_us(lambda: plan.run(s), s)
-        key = (form, layers, width, batch)
         self.record("stream", *key, self.clocks(lambda: plan.run(s), s, est, self.budget_s))
         self.record(
             "graph",
@@ -215,7 +250,7 @@ class Runner:
             self.clocks(lambda: exe.launch(s), s, est, self.budget_s),
             capture_ms=capture_ms,
             instantiate_ms=instantiate_ms,
-            pdl=model.pdl,
+            pdl=getattr(model, "pdl", None),
         )
         if exe_plain is not None:
             self.record("graph_nopdl", *key, self.clocks(lambda: exe_plain.launch(s), s, est, self.budget_s), pdl=False)
@@ -244,23 +279,31 @@ class Runner:
             exe_w.launch(s)
 
         self.record("graph_exec_update", *key, self.clocks(whole, s, est, self.budget_s))
-        if form in ("fused", "block"):  # the forms whose kernels read x/out through pointer slots
-            for place, name in (("device", "graph_indirect"), ("mapped", "graph_indirect_mapped")):
+        tables = (("device", "graph_indirect"), ("mapped", "graph_indirect_mapped"))
+        for place, name in [(p, n) for p, n in tables if self.wants(n) and indirect is not False]:
+            try:
                 ind = IndirectGraph(model, xs[0], outs[7], s, table=place)
-                ipairs = [ind.prepare(xs[0], outs[7]), ind.prepare(xs[1], outs[8])]
-                outs[8].poison(s)
-                ind.apply(ipairs[1])
+            except LayoutError as exc:
+                if indirect:
+                    raise
+                self.findings.append(
+                    f"graph_indirect and graph_indirect_mapped left out {where}: the indirect graph needs kernels "
+                    f"that read x and out through a pointer slot (rawgraph's matmul and block kernels): {exc}"
+                )
+                break
+            ipairs = [ind.prepare(xs[0], outs[7]), ind.prepare(xs[1], outs[8])]
+            outs[8].poison(s)
+            ind.apply(ipairs[1])
+            ind.launch(s)
+            self._agree(name, outs[8].to_numpy(s), ref, exact, where)
+
+            def indirect_step(ind=ind, ipairs=ipairs):
+                st["i"] ^= 1
+                ind.apply(ipairs[st["i"]])
                 ind.launch(s)
-                if not np.array_equal(outs[8].to_numpy(s), ref):
-                    raise AssertionError(f"{name} differs from stream output ({form} L{layers} w{width} b{batch})")
 
-                def indirect(ind=ind, ipairs=ipairs):
-                    st["i"] ^= 1
-                    ind.apply(ipairs[st["i"]])
-                    ind.launch(s)
-
-                self.record(name, *key, self.clocks(indirect, s, est, self.budget_s), table=place)
-                ind.close()
+            self.record(name, *key, self.clocks(indirect_step, s, est, self.budget_s), table=place)
+            ind.close()
         s.synchronize()
         mgr.close()
         mgr2.close()
@@ -278,13 +321,34 @@ class Runner:
             g_w1,
             exe_plain,
             g_plain,
-            plain,
         ):
             if obj is not None:
                 obj.close()
-        weights = [(w1, w2) for w1, w2 in model.weights]
-        self._last = (model, weights, xs, ref)
-        return ref
+        for o in outs:
+            o.close()
+        return ref, xs
+
+    def wants(self, path: str) -> bool:
+        """Whether ``path`` is to be set up at all (every path, here)."""
+        return True
+
+    def _agree(self, path: str, got: np.ndarray, ref: np.ndarray, exact: bool, where: str) -> None:
+        """``path``'s output against the stream path's. ``exact``: equal to the bit, a NaN
+        anywhere included (the poison left where nothing wrote), else an ``AssertionError``.
+        Otherwise a finding where they differ (NaN where both left the poison is no difference)."""
+        if exact:
+            if not np.array_equal(got, ref):
+                raise AssertionError(f"{path} differs from stream output {where}")
+            return
+        differ = ~((got == ref) | (np.isnan(got) & np.isnan(ref)))
+        if not differ.any():
+            return
+        both = differ & np.isfinite(got) & np.isfinite(ref)
+        worst = float(np.abs(got[both].astype(np.float64) - ref[both]).max()) if both.any() else float("nan")
+        self.findings.append(
+            f"{path}: {int(differ.sum())} of {ref.size} output values differ from the stream path's {where} "
+            f"(max |difference| {worst:.3g} where both are finite); measured all the same"
+        )
 
     # -- torch --------------------------------------------------------------------------------
     def torch_paths(

@@ -15,8 +15,9 @@
   model fitted from it (:mod:`~rawgraph.trace.model`) and a PNG timeline
   (:mod:`~rawgraph.trace.timeline`).
 
-``rawgraph trace`` runs the TinyBlock through every launch path under a tracer
-(:mod:`rawgraph.bench.trace`). How to read a trace: ``docs/trace.md``.
+``rawgraph trace`` runs the TinyBlock, or a row-wise model of the user's (``--callable
+MODULE:NAME``), through every launch path under a tracer (:mod:`rawgraph.bench.trace`). How to
+trace code of your own and how to read a trace: ``docs/trace.md``.
 """
 
 from .activity import TraceError

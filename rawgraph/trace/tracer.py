@@ -133,13 +133,18 @@ class Tracer:
         The driver calls timed (:func:`rawgraph.trace.hooks.selection`).
     nvtx : bool, default True
         NVTX ranges around each path and step, where the ``nvtx`` package is installed.
+    workload : dict, optional
+        What was traced, in your words (``{"name": "my step", "batch": 8}``): the JSON's
+        ``metadata.workload``, a copy. The attribute ``workload`` may still be filled in before
+        the trace is written (``rawgraph trace`` adds the model it made).
 
     Notes
     -----
-    State: 23 attributes in two groups that live exactly as long as each other: what the trace
-    collected (host and device spans, instants, node labels, notes, the clock origin and end, where
-    device spans came from and why, CUPTI's correlation ids) and the machinery of one active block
-    (the collector, the driver hooks, the id counters, the per-thread span stack, NVTX). Nothing
+    State: 24 instance attributes in two groups that live exactly as long as each other: what the
+    trace collected (host and device spans, instants, node labels, notes, the clock origin and end,
+    where device spans came from and why, CUPTI's correlation ids, the workload's description) and
+    the machinery of one active block (the collector, the driver hooks, the id counters, the
+    per-thread span stack, NVTX). Nothing
     in it needs releasing after the block: ``__exit__`` takes the hooks off and closes the
     collector, the one thing that holds driver or CUPTI state.
 
@@ -154,12 +159,19 @@ class Tracer:
     >>> print(t.latency_model().table())         # doctest: +SKIP
     """
 
-    def __init__(self, device: str = "auto", calls: str | Iterable[str] = "default", nvtx: bool = True) -> None:
+    def __init__(
+        self,
+        device: str = "auto",
+        calls: str | Iterable[str] = "default",
+        nvtx: bool = True,
+        workload: dict[str, Any] | None = None,
+    ) -> None:
         if device not in DEVICE_SOURCES:
             raise ValueError(f"device must be one of {DEVICE_SOURCES}, got {device!r}")
         self.device = device
         self.calls = selection(calls)  # checked now, before anything is installed
         self.nvtx = nvtx
+        self.workload: dict[str, Any] = dict(workload or {})
         self.host: list[HostSpan] = []
         self.device_spans: list[DeviceSpan] = []
         self.instants: list[Instant] = []
@@ -340,7 +352,12 @@ class Tracer:
         outer, st.step = st.step, index
         events = self._collector if isinstance(self._collector, EventCollector) and handle is not None else None
         t0 = time.perf_counter_ns()
-        token = events.step_begin(handle, label, index) if events is not None else None
+        try:
+            token = events.step_begin(handle, label, index) if events is not None else None
+        except BaseException:  # the step is refused: nothing of it stays open
+            st.step = outer
+            self._nv.pop()
+            raise
         try:
             yield index
         finally:
@@ -480,6 +497,7 @@ class Tracer:
 
         return {
             "rawgraph": __version__,
+            "workload": dict(self.workload),
             "device_source": self.device_source,
             "device_source_reason": self.device_source_reason,
             "host_clock": "time.perf_counter_ns; ts are microseconds since the tracer started",
