@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 GUIDE = "semantics.md"
 # The guide and the pages that describe rawgraph rather than the driver (sections 18, 19 and 23).
-PAGES = [GUIDE, "rawgraph.md", "gemm.md"]
+PAGES = [GUIDE, "rawgraph.md", "gemm.md", "trace.md"]
 MOVED = {"18": "rawgraph.md", "19": "rawgraph.md", "23": "gemm.md"}
 CITE = re.compile(r"`(tests/[A-Za-z0-9_]+\.py)::([A-Za-z0-9_]+)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
