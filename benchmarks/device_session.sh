@@ -301,6 +301,13 @@ case "${1:-tests}" in
         echo "wgmma tests rc=$? at $(el)s"; grep -E "^(FAILED|ERROR)" "$OUT/wgmma_tests.txt" | head -5; tail -1 "$OUT/wgmma_tests.txt"
       fi
     fi ;;
+  section3)  # the tf32x3 GEMM's sweep with its wgmma rows, then what it buys with precision="auto"
+    # (the models' default): launch paths at serving sizes, bench buckets and slots
+    timeout 170 python3 benchmarks/tf32x3_sweep.py --quick --wgmma-alternates 2 --out "$OUT/tf32x3" >"$OUT/tf32x3.log" 2>&1
+    echo "tf32x3 sweep rc=$? at $(el)s"; grep -E "verdict|MISSED|met" "$OUT/tf32x3.log" | tail -16
+    [ "$(left)" -gt 200 ] && launch_serving 150
+    [ "$(left)" -gt 130 ] && bench_buckets 100
+    [ "$(left)" -gt 80 ] && bench_slots $(( $(left) - 15 )) ;;
   suite)  # every GPU test; the pytest plugin's tests (its gpu marker runs here); then memcheck over
     # every GPU test file, 8 chunks at once, with what is left of BUDGET
     gpu_tests "${TESTS_LIMIT:-270}" -q --durations=20 tests
@@ -311,7 +318,7 @@ case "${1:-tests}" in
   memcheck)  # every GPU test file under memcheck, each log naming the files and tests it covered
     MEMCHECK_LIMIT=${MEMCHECK_LIMIT:-$(( (BUDGET - 20) / ${CHUNKS:-4} ))} bash benchmarks/memcheck_gpu_tests.sh ${CHUNKS:-4} ${RUN_CHUNKS:-}
     echo "memcheck rc=$? at $(el)s" ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|suite|tf32ncu|memcheck|wave" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|suite|tf32ncu|memcheck|wave|section3" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"
