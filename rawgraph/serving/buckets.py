@@ -31,6 +31,7 @@ from cuda.bindings import driver
 
 from ..graphs.capture import Capture
 from ..graphs.graph import Graph, GraphExec
+from ..runtime.device import Device
 from ..runtime.errors import ClosedError, DTypeError, LayoutError, ShapeError, call
 from ..runtime.memory import DeviceArray, DeviceBuffer, as_device_array
 from ..runtime.stream import Event, Stream, as_stream
@@ -207,7 +208,7 @@ class BucketGraphs:
         self.sizes = check_sizes(vllm_sizes(max_batch) if sizes is None else sizes)
         self.largest = self.sizes[-1]
         self.width = model.width
-        self.device = model.device
+        self.device: Device = model.device
         self.scratch = scratch
         self.zero_padding = bool(zero_padding)
         self.model = model
@@ -247,7 +248,7 @@ class BucketGraphs:
         self._order = StreamOrder(self.device)
         self._overflow: DeviceBuffer | None = None
         self._row_bytes = self.width * 4
-        self.stats: Counter = Counter()
+        self.stats: Counter[str] = Counter()
         self._closed = False
 
     def _capture(self, b: int) -> tuple[Graph, GraphExec]:

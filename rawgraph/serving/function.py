@@ -293,6 +293,7 @@ class FunctionModel:
         The function breaks one of its rules (when made: at the probes; later: at a plan).
     """
 
+    fn: Callable[..., Any]
     width: int
     device: Device
     layout: dict[str, int]

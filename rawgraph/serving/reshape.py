@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from cuda.bindings import driver
@@ -35,6 +35,10 @@ from .buckets import BucketGraphs, StreamOrder, check_rows
 from .lifecycle import WarmUp, close_all, instantiate_uploaded
 from .protocol import RowwiseModel, check_model, row_count_arg
 from .sizes import pick_bucket
+
+if TYPE_CHECKING:
+    from ..runtime.device import Device
+    from ..runtime.stream import Stream
 
 
 class RowCountBuckets(BucketGraphs):
@@ -171,9 +175,9 @@ class ReshapedGraph:
             raise ShapeError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = int(max_batch)
         self.width = model.width
-        self.device = model.device
+        self.device: Device = model.device
         self._own_stream = stream is None
-        self.stream = Stream(device=self.device) if stream is None else as_stream(stream)
+        self.stream: Stream = Stream(device=self.device) if stream is None else as_stream(stream)
         s = self.stream
         self.input = DeviceBuffer((self.max_batch, self.width), np.float32, self.device)
         self.output = DeviceBuffer((self.max_batch, self.width), np.float32, self.device)
@@ -202,13 +206,15 @@ class ReshapedGraph:
             b: [(l.kernel.handle, l.grid, l.block, l.shared_mem, l.args.snapshot()) for l in p.launches]
             for b, p in self._plans.items()
         }
-        self.groups: dict[tuple, list[int]] = {}
+        self.groups: dict[tuple[tuple[int, int, int], ...], list[int]] = {}
         for b, p in self._plans.items():
             self.groups.setdefault(tuple(l.kernel.cluster_dims for l in p.launches), []).append(b)
         self.setup["plans"] = clock() - t0
-        self._group_of: dict[int, tuple] = {b: sig for sig, sizes in self.groups.items() for b in sizes}
-        self.graphs: dict[tuple, Any] = {}
-        self.execs: dict[tuple, Any] = {}
+        self._group_of: dict[int, tuple[tuple[int, int, int], ...]] = {
+            b: sig for sig, sizes in self.groups.items() for b in sizes
+        }
+        self.graphs: dict[tuple[tuple[int, int, int], ...], Any] = {}
+        self.execs: dict[tuple[tuple[int, int, int], ...], Any] = {}
         # Per exec, its shadow (rawgraph.updates.shadow): node i's parameters are those of the
         # size it was re-shaped to last, whose key (function, grid, block, shared memory,
         # arguments) _current holds.
