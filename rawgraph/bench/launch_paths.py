@@ -151,7 +151,11 @@ class Runner:
         """
         model = TinyBlock(width, batch, layers, seed=1234, form=form)
         # graph_nopdl: the same form and weights (same seed) in plain stream order
-        plain = TinyBlock(width, batch, layers, seed=1234, form=form, pdl=False) if model.pdl else None
+        plain = (
+            TinyBlock(width, batch, layers, seed=1234, form=form, pdl=False)
+            if model.pdl and self.wants("graph_nopdl")
+            else None
+        )
         try:
             ref, xs = self.model_paths(
                 model, (form, layers, width, batch), plain=plain, indirect=form in ("fused", "block"), exact=True
@@ -205,9 +209,10 @@ class Runner:
         g_upd2 = self.capture(model.plan(xs[0], outs[5]), s, warmup=False)
         mgr2 = ExecUpdateManager(g_upd2, g_upd2.instantiate())
         # graph_exec_update: whole-graph update alternating between graphs captured on xs[0] / xs[1]
-        g_w0 = self.capture(model.plan(xs[0], outs[3]), s, warmup=False)
-        g_w1 = self.capture(model.plan(xs[1], outs[3]), s, warmup=False)
-        exe_w = g_w0.instantiate()
+        whole_update = self.wants("graph_exec_update")
+        g_w0 = self.capture(model.plan(xs[0], outs[3]), s, warmup=False) if whole_update else None
+        g_w1 = self.capture(model.plan(xs[1], outs[3]), s, warmup=False) if whole_update else None
+        exe_w = g_w0.instantiate() if g_w0 is not None else None
         g_plain = self.capture(plain.plan(xs[1], outs[4]), s, warmup=True) if plain is not None else None
         exe_plain = g_plain.instantiate() if g_plain is not None else None
 
@@ -224,8 +229,9 @@ class Runner:
         mgr.launch(s)
         mgr2.apply(mgr2.prepare({"x": xs[1], "out": outs[6]}))
         mgr2.launch(s)
-        exe_w.update(g_w1)
-        exe_w.launch(s)
+        if exe_w is not None:
+            exe_w.update(g_w1)
+            exe_w.launch(s)
         if exe_plain is not None:
             exe_plain.launch(s)
         s.synchronize()
@@ -234,8 +240,9 @@ class Runner:
             ("graph_copy", static.static_output),
             ("graph_update", outs[2]),
             ("graph_update2", outs[6]),
-            ("graph_exec_update", outs[3]),
         ]
+        if exe_w is not None:
+            checks.append(("graph_exec_update", outs[3]))
         if exe_plain is not None:
             checks.append(("graph_nopdl", outs[4]))
         for name, buf in checks:
@@ -271,14 +278,15 @@ class Runner:
             mgr2.launch(s)
 
         self.record("graph_update2", *key, self.clocks(upd2, s, est, self.budget_s))
-        gw = [g_w0, g_w1]
+        if exe_w is not None:
+            gw = [g_w0, g_w1]
 
-        def whole():
-            st["i"] ^= 1
-            exe_w.update(gw[st["i"]])
-            exe_w.launch(s)
+            def whole():
+                st["i"] ^= 1
+                exe_w.update(gw[st["i"]])
+                exe_w.launch(s)
 
-        self.record("graph_exec_update", *key, self.clocks(whole, s, est, self.budget_s))
+            self.record("graph_exec_update", *key, self.clocks(whole, s, est, self.budget_s))
         tables = (("device", "graph_indirect"), ("mapped", "graph_indirect_mapped"))
         for place, name in [(p, n) for p, n in tables if self.wants(n) and indirect is not False]:
             try:

@@ -89,7 +89,11 @@ class TracingRunner(Runner):
         return {_DEFERRED: (fn, stream)}  # run by record(), under the tracer
 
     def wants(self, path: str) -> bool:
-        return path in self.paths  # a path not traced is not set up either: no driver calls of its own
+        # a path not traced is not set up either: no driver calls of its own in the trace
+        if path in self.paths:
+            return True
+        self.skipped.append(path)
+        return False
 
     def host_loop_us(self, calls, loops=200):
         return None  # a host-time loop is not a step: it would fill the trace with its calls
