@@ -203,8 +203,7 @@ class TinyBlock(Resource):
         workspace: Workspace | None | bool = None,
         precision: str = "auto",
     ):
-        if precision not in ops.PRECISION_CHOICES:
-            raise ValueError(f"precision must be one of {ops.PRECISION_CHOICES}, got {precision!r}")
+        ops.check_precision(precision)
         if form == "block" and precision == "tf32x3":
             raise ValueError("form 'block' is one fp32 kernel: precision must be 'auto' or 'fp32'")
         if weights is not None:

@@ -111,8 +111,7 @@ class TPBlock(Resource):
         policy: str = "even",
         precision: str = "auto",
     ):
-        if precision not in ops.PRECISION_CHOICES:
-            raise ValueError(f"precision must be one of {ops.PRECISION_CHOICES}, got {precision!r}")
+        ops.check_precision(precision)
         if allreduce not in ALLREDUCE_KINDS:
             raise ValueError(f"allreduce must be one of {ALLREDUCE_KINDS}, got {allreduce!r}")
         if allreduce == "nccl" and comm is None:

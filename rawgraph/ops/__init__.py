@@ -52,6 +52,7 @@ from .gemm import (
     auto_precision,
     block,
     block_fits,
+    check_precision,
     format_sgemm_table,
     gemm_shape,
     gemm_smem_bytes,
@@ -89,7 +90,7 @@ from .gemm import _pick_split as _pick_split
 from .pointwise import add, count_mismatch, empty, fill_uniform, relu, spin
 from .rows import ROW_PARAM_CAPS, gather_rows, gather_rows_param, row_param_cap, scatter_rows, scatter_rows_param
 
-# gemm's own ``__all__`` in its order, then the pointwise kernels and the row gathers/scatters.
+# The matmul family (gemm), then the pointwise kernels and the row gathers/scatters.
 __all__ = [
     "THREADS",
     "EPILOGUES",
@@ -137,6 +138,7 @@ __all__ = [
     "TF32X3_AUTO_ROWS",
     "TF32X3_AUTO_COMPUTE_CAPABILITY",
     "auto_precision",
+    "check_precision",
     "resolve_precision",
     "Tf32x3Cut",
     "TF32X3_CUTS",

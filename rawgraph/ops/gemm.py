@@ -601,13 +601,19 @@ def auto_precision(batch: int, k: int, n: int, compute_capability: tuple[int, in
     return "tf32x3" if any(r.width == k and r.first <= rows <= r.last for r in TF32X3_AUTO_ROWS) else "fp32"
 
 
+def check_precision(precision: str) -> str:
+    """``precision`` if it is one of :data:`PRECISION_CHOICES`, else a ``ValueError`` naming them
+    (what the matmul ops and the models refuse before anything is allocated)."""
+    if precision not in PRECISION_CHOICES:
+        raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {precision!r}")
+    return precision
+
+
 def resolve_precision(precision: str, batch: int, k: int, n: int, device: Device) -> str:
     """``precision`` itself when it is one of :data:`PRECISIONS`, :func:`auto_precision`'s choice
     for ``"auto"``; a ``ValueError`` for anything else."""
-    if precision == "auto":
+    if check_precision(precision) == "auto":
         return auto_precision(batch, k, n, device.info.compute_capability)
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {precision!r}")
     return precision
 
 
@@ -1015,8 +1021,7 @@ def matmul(
     """
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue must be one of {sorted(EPILOGUES)}, got {epilogue!r}")
-    if precision not in PRECISION_CHOICES:
-        raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {precision!r}")
+    check_precision(precision)
     if shape is not None and shape.kernel in ("tf32x3", "tf32x3_wgmma") and precision != "tf32x3":
         raise ValueError(f"a {shape.kernel} shape runs tensor-core products: pass precision='tf32x3'")
     if (epilogue == "add") != (r is not None):
