@@ -76,7 +76,7 @@ def make_indirect(plan: LaunchPlan, slots: dict[str, int]) -> int:
 class IndirectBinding(BaseBinding):
     """An (x, out) pair validated once by :meth:`IndirectGraph.prepare`; it holds both arrays
     (``arrays``, its ``holds``) and is applied while both are open (the binding family's one
-    liveness rule, :class:`~rawgraph.updates.shadow.BaseBinding`)."""
+    liveness rule, :class:`~rawgraph.updates.validate.BaseBinding`)."""
 
     __slots__ = ("ptrs",)
 
