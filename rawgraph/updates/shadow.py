@@ -57,13 +57,6 @@ class KernelShadow:
 
     __slots__ = ("handle", "params", "storage", "address", "size", "args", "_refs")
 
-    handle: Any  # driver.CUgraphNode
-    params: Any  # driver.CUDA_KERNEL_NODE_PARAMS
-    storage: np.ndarray
-    address: int
-    size: int
-    args: KernelArgs | None
-
     def __init__(
         self,
         handle: Any,
@@ -73,12 +66,12 @@ class KernelShadow:
         args: KernelArgs | None = None,
         refs: tuple[Any, ...] = (),
     ):
-        self.handle = handle
-        self.params = params
-        self.storage = storage
-        self.address = int(storage.ctypes.data)
-        self.size = size
-        self.args = args
+        self.handle: Any = handle  # driver.CUgraphNode
+        self.params: Any = params  # driver.CUDA_KERNEL_NODE_PARAMS
+        self.storage: np.ndarray = storage
+        self.address: int = int(storage.ctypes.data)
+        self.size: int = size
+        self.args: KernelArgs | None = args
         self._refs = refs  # what params point at besides storage (the kernelParams table)
 
     @classmethod
@@ -109,13 +102,6 @@ class NodeWrite:
 
     __slots__ = ("node", "full", "idx", "vals", "views", "writes")
 
-    node: int
-    full: tuple[int, ...] | None
-    idx: tuple[int, ...]
-    vals: tuple[int, ...]
-    views: tuple[ctypes.c_uint64, ...]
-    writes: tuple[tuple[ctypes.c_uint64, int], ...]
-
     def __init__(
         self,
         node: int,
@@ -124,12 +110,12 @@ class NodeWrite:
         vals: tuple[int, ...],
         views: tuple[ctypes.c_uint64, ...],
     ):
-        self.node = node
-        self.full = full
-        self.idx = idx
-        self.vals = vals
-        self.views = views
-        self.writes = tuple(zip(views, full)) if full is not None else ()
+        self.node: int = node
+        self.full: tuple[int, ...] | None = full
+        self.idx: tuple[int, ...] = idx
+        self.vals: tuple[int, ...] = vals
+        self.views: tuple[ctypes.c_uint64, ...] = views
+        self.writes: tuple[tuple[ctypes.c_uint64, int], ...] = tuple(zip(views, full)) if full is not None else ()
 
 
 class NameSlots:
@@ -139,14 +125,10 @@ class NameSlots:
 
     __slots__ = ("words", "positions", "nodes")
 
-    words: list[tuple[int, list[ctypes.c_uint64]]]
-    positions: list[tuple[int, list[int]]]
-    nodes: list[int]
-
     def __init__(self, words: list[tuple[int, list[ctypes.c_uint64]]]):
-        self.words = words
-        self.positions = []
-        self.nodes = [node for node, _views in words]
+        self.words: list[tuple[int, list[ctypes.c_uint64]]] = words
+        self.positions: list[tuple[int, list[int]]] = []
+        self.nodes: list[int] = [node for node, _views in words]
 
 
 class ArgumentSlots:
@@ -160,12 +142,8 @@ class ArgumentSlots:
 
     __slots__ = ("names", "views", "now")
 
-    names: dict[str, NameSlots]
-    views: dict[int, tuple[ctypes.c_uint64, ...]]
-    now: dict[int, tuple[int, ...] | None]
-
     def __init__(self, args: Sequence[KernelArgs], uses: dict[str, list[tuple[int, str]]]):
-        self.names = {}
+        self.names: dict[str, NameSlots] = {}
         order: dict[int, list[ctypes.c_uint64]] = {}
         for name, pairs in uses.items():
             grouped: dict[int, list[ctypes.c_uint64]] = {}
@@ -177,8 +155,8 @@ class ArgumentSlots:
                 slots = order.setdefault(node, [])
                 at.positions.append((node, list(range(len(slots), len(slots) + len(words)))))
                 slots.extend(words)
-        self.views = {node: tuple(words) for node, words in order.items()}
-        self.now = dict.fromkeys(order)
+        self.views: dict[int, tuple[ctypes.c_uint64, ...]] = {node: tuple(words) for node, words in order.items()}
+        self.now: dict[int, tuple[int, ...] | None] = dict.fromkeys(order)
 
     def point(self, name: str, ptr: int) -> None:
         """Every word of ``name`` gets ``ptr`` (a bind; with the old pointer, its undo)."""
@@ -287,27 +265,20 @@ class ExecShadow:
 
     __slots__ = ("exec", "handle", "device", "handles", "params", "setters", "labels", "pushes", "streams", "keep")
 
-    exec: Any  # a GraphExec, or a raw CUgraphExec (handle or int)
-    handle: Any  # driver.CUgraphExec
-    device: Device
-    pushes: int
-    streams: StreamSet
-    keep: KeepAlive
-
     def __init__(self, exec: Any, device: Device, batch: int = 32):
         refuse_device_updatable(exec)
-        self.exec = exec
-        self.handle = getattr(exec, "handle", exec)
-        self.device = device
+        self.exec: Any = exec  # a GraphExec, or a raw CUgraphExec (handle or int)
+        self.handle: Any = getattr(exec, "handle", exec)
+        self.device: Device = device
         self.handles: list[Any] = []
         self.params: list[Any] = []
         # per node (call, name) for nodes that are not kernel nodes; None while every node is one
         self.setters: list[tuple[Callable[..., Any], str] | None] | None = None
         self.labels: list[str] = []
-        self.pushes = 0
+        self.pushes: int = 0
         streams = getattr(exec, "streams", None)
-        self.streams = streams if isinstance(streams, StreamSet) else StreamSet()
-        self.keep = KeepAlive(self.streams, device, batch)
+        self.streams: StreamSet = streams if isinstance(streams, StreamSet) else StreamSet()
+        self.keep: KeepAlive = KeepAlive(self.streams, device, batch)
 
     def add(
         self, handle: Any, params: Any, label: str = "", setter: tuple[Callable[..., Any], str] | None = None
