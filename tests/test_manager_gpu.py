@@ -498,6 +498,9 @@ def test_a_freed_cupy_input_is_not_reused_while_a_replay_is_queued(stream, rng):
     expected = eager_output(model, DeviceBuffer.from_numpy(ah, stream=stream), stream)
     cp.empty((8, 512), cp.float32).fill(cp.nan)  # CuPy compiles its fill kernel now, not behind the spin
     cp.cuda.Device().synchronize()
+    # Earlier tests' garbage collected now, not inside the window below: a cuMemFree a finalizer
+    # makes there waits for the whole device, the spin included, and the window closes early.
+    gc.collect()
     out.poison(stream)
     ops.spin(get_device(), 3 * SHORT_SPIN_NS)(stream)
     mgr.bind("x", a)
