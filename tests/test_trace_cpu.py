@@ -365,6 +365,8 @@ def test_the_trace_workload_runs_every_path_on_the_fake_driver(fake_driver, monk
     doc = json.loads((tmp_path / "trace_w64_b1_L2_fused.json").read_text())
     assert trace_problems(doc) == []
     assert doc["metadata"]["device_source"] == "events"
+    env = doc["metadata"]["environment"]  # a results JSON names its commit and GPU
+    assert env["commit"] and env["commit"] == result["env"]["commit"] and "gpu" in env
     assert [p["path"] for p in doc["metadata"]["latency_model"]["paths"]] == result["paths_traced"]
     assert all(p["steps"] == 2 for p in doc["metadata"]["latency_model"]["paths"])
     assert doc["metadata"]["graphs"]  # the graphs capture_plan made, labelled

@@ -364,14 +364,17 @@ def _finish(
     t_start: float,
 ) -> dict[str, Any]:
     """Write the JSON (and the PNG) of a finished trace; the results document."""
-    json_path = tracer.write(stem.with_name(stem.name + ".json"))
+    doc = tracer.to_chrome()
+    env = env_info(runner)
+    doc["metadata"]["environment"] = env  # commit, GPU, versions, date: what every results JSON records
+    json_path = stem.with_name(stem.name + ".json")
+    json_path.write_text(json.dumps(doc))
     print(f"json: {json_path}")
     png_path = None
     if not args.no_png:
         if command.optional("matplotlib", "trace", "the PNG timeline") is not None:
             from ..trace.timeline import draw
 
-            doc = json.loads(json_path.read_text())
             title = f"{title}: host launches against device work"
             png_path = draw(doc, stem.with_name(stem.name + ".png"), steps=args.png_steps, title=title)
             print(f"png: {png_path}")
@@ -388,7 +391,7 @@ def _finish(
         "table": model_fit.table(),
         "findings": findings,
         "notes": tracer.notes,
-        "env": env_info(runner),
+        "env": env,
         "wall_s": time.perf_counter() - t_start,
     }
 
