@@ -60,6 +60,15 @@ def _served_cuts() -> set[WgmmaCut]:
 # -- cuts and shapes --------------------------------------------------------------------------------
 
 
+def test_every_cut_the_gpu_tests_launch_fits_hopper_shared_memory():
+    """The GPU tests' hand-picked cuts each fit one CTA's shared memory on an H100 / H200, so they
+    test the kernel rather than meet the launch's refusal (two of them once did not)."""
+    from test_tf32x3_wgmma_gpu import CUTS as GPU_CUTS
+
+    over = [(c, gemm.tf32x3_wgmma_smem_bytes(c.bm, c.bn, c.bk, c.stages, c.split, c.runs)) for *_, c in GPU_CUTS]
+    assert [(c, b) for c, b in over if b > OPTIN] == []
+
+
 @pytest.mark.parametrize("m,k,n,cut", CUTS)
 def test_wgmma_shape_numbers(m, k, n, cut):
     """Expression, grid, threads and shared memory, worked out from the kernel's header."""
