@@ -241,7 +241,7 @@ def test_rawgraph_trace_writes_a_valid_trace_and_the_model(tmp_path):
 
 def test_a_while_body_s_iterations_are_not_traced_per_iteration(stream):
     """What CUPTI reports for a conditional node's body, at several depths of one exec, each
-    replay in a tracer of its own: the kernel outside the WHILE node (``rg_depth_init``) once per
+    replay alone on the device: the kernel outside the WHILE node (``rg_depth_init``) once per
     replay under the correlation id of its ``cuGraphLaunch``; none of the body's kernels under that
     id; and fewer body kernels in all than ran (d iterations of k kernels): a trace cannot count a
     WHILE body's iterations. The counts are in the failure message."""
@@ -253,17 +253,22 @@ def test_a_while_body_s_iterations_are_not_traced_per_iteration(stream):
     out = DeviceBuffer((1, 128))
     loop = DepthLoop(model, x, out, stream=stream)
     k = len(loop.body_plan.launches) + 1  # the layer's kernels and rg_layer_advance
-    rows = []
-    for d in [0, 1, 2, 4]:
-        loop.set_depth(d, stream)
-        stream.synchronize()
-        with Tracer(device="cupti") as t:
+    depths = [0, 1, 2, 4]
+    with Tracer(device="cupti") as t:  # one CUPTI session: the launches' correlation ids held in it
+        for d in depths:
+            loop.set_depth(d, stream)
+            stream.synchronize()
             loop.launch(stream)
             stream.synchronize()
-        assert t.device_source == "cupti", t.device_source_reason
-        (launch,) = [h for h in t.host if h.name == "cuGraphLaunch"]
-        c = t.correlations.get(launch.id)
-        kernels = [s for s in t.device_spans if s.kind == "kernel"]
+    assert t.device_source == "cupti", t.device_source_reason
+    launches = sorted((h for h in t.host if h.name == "cuGraphLaunch"), key=lambda h: h.start_ns)
+    assert len(launches) == len(depths), [h.name for h in t.host]
+    # each replay's kernels by time: it ran alone between its launch and the next one
+    bounds = [h.start_ns for h in launches[1:]] + [float("inf")]
+    rows = []
+    for d, h, end in zip(depths, launches, bounds):
+        c = t.correlations.get(h.id)
+        kernels = [s for s in t.device_spans if s.kind == "kernel" and h.start_ns <= s.start_ns < end]
         mine = [s.name for s in kernels if s.correlation == c]
         rows.append((d, mine, [(s.name, s.correlation) for s in kernels if s.correlation != c]))
     msg = f"k={k}; (depth, kernels under the launch's id, other kernels (name, id)): {rows}"
