@@ -27,8 +27,11 @@ from __future__ import annotations
 
 import enum
 import itertools
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -452,3 +455,23 @@ def detach() -> None:
     for name, fn in STATE.wrapped.items():
         setattr(driver, name, fn)
     STATE.wrapped.clear()
+
+
+@contextmanager
+def as_cupti_python(monkeypatch: Any, buffer_records: int | None = None) -> Iterator[None]:
+    """This module watching the fake driver and handed to rawgraph's tracer as cupti-python's
+    (the tracer otherwise refuses CUPTI over the fake driver); ``buffer_records``: activity
+    buffers that small, so that they fill and are delivered by the worker. Undone on exit."""
+    from rawgraph.trace import activity, tracer
+
+    monkeypatch.setattr(tracer, "_fake_driver_installed", lambda: False)
+    monkeypatch.setattr(tracer, "load_cupti", lambda: (sys.modules[__name__], ""))
+    monkeypatch.setattr(activity, "_registered", False)
+    if buffer_records is not None:
+        monkeypatch.setattr(activity, "_BUFFER_BYTES", buffer_records * RECORD_BYTES)
+    attach()
+    try:
+        yield
+    finally:
+        detach()
+        activity._sink.clear()

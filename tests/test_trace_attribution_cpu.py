@@ -76,17 +76,8 @@ def cupti_tiny(tiny, monkeypatch):
     cupti-python's module (the tracer otherwise refuses CUPTI over the fake driver)."""
     import fake_cupti
 
-    from rawgraph.trace import activity, tracer
-
-    monkeypatch.setattr(tracer, "_fake_driver_installed", lambda: False)
-    monkeypatch.setattr(tracer, "load_cupti", lambda: (fake_cupti, ""))
-    monkeypatch.setattr(activity, "_registered", False)
-    fake_cupti.attach()
-    try:
+    with fake_cupti.as_cupti_python(monkeypatch):
         yield (*tiny, fake_cupti)
-    finally:
-        fake_cupti.detach()
-        activity._sink.clear()
 
 
 @pytest.fixture

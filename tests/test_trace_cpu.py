@@ -427,18 +427,8 @@ def cupti_block(block, monkeypatch):
     cupti-python's module (the tracer otherwise refuses CUPTI over the fake driver)."""
     import fake_cupti
 
-    from rawgraph.trace import activity, tracer
-
-    monkeypatch.setattr(tracer, "_fake_driver_installed", lambda: False)
-    monkeypatch.setattr(tracer, "load_cupti", lambda: (fake_cupti, ""))
-    monkeypatch.setattr(activity, "_registered", False)
-    monkeypatch.setattr(activity, "_BUFFER_BYTES", 16 * fake_cupti.RECORD_BYTES)  # buffers fill: worker deliveries
-    fake_cupti.attach()
-    try:
+    with fake_cupti.as_cupti_python(monkeypatch, buffer_records=16):  # buffers fill: worker deliveries
         yield (*block, fake_cupti)
-    finally:
-        fake_cupti.detach()
-        activity._sink.clear()
 
 
 def _cupti_traced(cupti_block, steps=3, **options):
