@@ -144,9 +144,8 @@ class Tracer:
     trace collected (host and device spans, instants, node labels, notes, the clock origin and end,
     where device spans came from and why, CUPTI's correlation ids, the workload's description) and
     the machinery of one active block (the collector, the driver hooks, the id counters, the
-    per-thread span stack, NVTX). Nothing
-    in it needs releasing after the block: ``__exit__`` takes the hooks off and closes the
-    collector, the one thing that holds driver or CUPTI state.
+    per-thread span stack, NVTX). Nothing in it needs releasing after the block: ``__exit__`` takes
+    the hooks off and closes the collector, the one thing that holds driver or CUPTI state.
 
     Examples
     --------
