@@ -13,8 +13,9 @@ k8 steps and the two-accumulator form, other splits and column tiles) plus any `
 rule); ``cublas-fp32`` (TF32 off), ``cublas-tf32`` (TF32 on: faster, less accurate);
 ``triton-tf32x3`` (the fastest of a few block configurations; skipped with a message when triton
 is missing); on compute capability 9.0, ``wgmma`` rows: the warpgroup kernel
-(``kernels/tf32x3_wgmma.cu``, not yet routed by ops.matmul) at ``tf32x3_wgmma_default_cut``'s cut,
-up to ``--wgmma-alternates`` other cuts, the two-run form's first guess (``runs=2``; left out by
+(``kernels/tf32x3_wgmma.cu``) at the cut ops.matmul launches (its ``TF32X3_WGMMA_CUTS`` entry,
+``launched`` in the JSON) where there is one, ``tf32x3_wgmma_default_cut``'s cut,
+up to ``--wgmma-alternates`` other cuts of it, the two-run form's first guess (``runs=2``; left out by
 ``--no-wgmma-runs2``) and any ``--wgmma-cut`` (``--no-wgmma`` leaves them out). For each: device us (median and p10..p90), TFLOP/s, % of the TF32-derived ideal
 (165 TFLOP/s: the dense TF32 tensor peak / 3) and of the fp32 peak (66.9), and the relative
 Frobenius error against float64 on normal data and on rows of x scaled by 10^u, u uniform in
@@ -29,8 +30,10 @@ twice into a NaN-poisoned y and must agree bit for bit.
 
 Verdicts per shape (the targets): tf32x3 at least 1.3x faster than cuBLAS fp32 (1.5x at K = N =
 4096, M >= 128), faster than Triton tf32x3, with relative errors no worse than cuBLAS fp32's on
-both data sets. ``best`` is the fastest tf32x3 cut whose errors pass; its table is printed as a
-``rawgraph.ops.TF32X3_CUTS`` literal.
+both data sets. ``best`` is the fastest mma.sync cut whose errors pass (the table ends with them as a
+``rawgraph.ops.TF32X3_CUTS`` literal), ``best_wgmma`` the fastest such wgmma cut (the table then
+prints ``rawgraph.ops.TF32X3_WGMMA_TABLE``: ``best_wgmma`` wherever it beat the mma.sync cut
+launched there; ``--table JSON`` prints it from a run's results).
 
 Output in ``--out``: ``tf32x3_sweep.json`` (``rawgraph.bench.provenance.environment()``: commit,
 GPU; every figure) and ``tf32x3_sweep.txt`` (the table). ``--budget-s`` stops starting new shapes
@@ -61,6 +64,7 @@ from rawgraph.ops.gemm import (  # noqa: E402
     tf32x3_cut,
     tf32x3_shape,
     tf32x3_smem_bytes,
+    tf32x3_wgmma_cut,
     tf32x3_wgmma_default_cut,
     tf32x3_wgmma_shape,
     tf32x3_wgmma_smem_bytes,
@@ -500,11 +504,13 @@ class Sweep:
             row["tf32x3"].append(rec)
         if self.wgmma:
             row["wgmma"] = []
+            launched = self.wgmma_launched(m, w)
             for i, cut in enumerate(self.wgmma_cuts(m, w)):
                 rec = {
                     "cut": wlabel(cut),
                     "values": asdict(cut),
                     "table": i == 0,
+                    "launched": cut == launched,
                     "smem": tf32x3_wgmma_smem_bytes(cut.bm, cut.bn, cut.bk, cut.stages, cut.split, cut.runs),
                 }
                 rec.update(self.ours(m, w, d, "tf32x3", tf32x3_wgmma_shape(m, w, w, cut)))
@@ -524,15 +530,26 @@ class Sweep:
         return row
 
     def wgmma_cuts(self, m: int, w: int) -> list[WgmmaCut]:
-        """The warpgroup cuts timed at (m, w): the default rule's first, then alternates, the two-run
-        form's first guess (``runs=2``, unless --no-wgmma-runs2) and --wgmma-cut."""
+        """The warpgroup cuts timed at (m, w): the one ops.matmul launches there (its
+        TF32X3_WGMMA_CUTS entry) or, without one, the default rule's; then the default rule's cut
+        and its alternates, the two-run form's first guess (``runs=2``, unless --no-wgmma-runs2)
+        and --wgmma-cut."""
         optin = self.dev.info.smem_per_block_optin
         first = tf32x3_wgmma_default_cut(m, w, w, self.sms, True, optin)
-        rest = wgmma_alternates(first, w, self.a.wgmma_alternates)
+        rest = [first, *wgmma_alternates(first, w, self.a.wgmma_alternates)]
         if not self.a.no_wgmma_runs2:
             rest.append(tf32x3_wgmma_default_cut(m, w, w, self.sms, True, optin, runs=2))
         rest += list(self.a.wgmma_cut)
-        return [first] + [c for c in dict.fromkeys(rest) if c != first]
+        lead = self.wgmma_launched(m, w) or first
+        return [lead] + [c for c in dict.fromkeys(rest) if c != lead]
+
+    def wgmma_launched(self, m: int, w: int) -> WgmmaCut | None:
+        """The warpgroup cut ops.matmul launches at (m, w) with precision="tf32x3", if any."""
+        from rawgraph import ops
+
+        optin = self.dev.info.smem_per_block_optin
+        shape = ops.matmul_shape(m, w, w, self.sms, precision="tf32x3", smem_limit=optin, wgmma=True)
+        return tf32x3_wgmma_cut(shape) if shape.kernel == "tf32x3_wgmma" else None
 
     def run(self, shapes: list[tuple[int, int]]) -> dict:
         from rawgraph import ops
@@ -691,7 +708,7 @@ def table(result: dict) -> str:
             )
             out.append(f"  {tag:<14s} {rec['cut']:<40s}{regs:<14s} {_cell(rec)}{mark}")
         for rec in row.get("wgmma", []):
-            tag = "wgmma default" if rec["table"] else "wgmma alt"
+            tag = "wgmma table" if rec.get("launched") else "wgmma default" if rec["table"] else "wgmma alt"
             mark = "" if rec.get("accurate") else "  (error above cuBLAS fp32's or not deterministic)"
             regs = (
                 f" r{rec['registers']}" + (f" spill {rec['local_bytes']}B" if rec.get("local_bytes") else "")
@@ -722,6 +739,8 @@ def table(result: dict) -> str:
         out.append(f"not run (budget): {result['not_run']}")
     out.append("")
     out.append(cuts_literal(result))
+    if any("wgmma" in row for row in result["rows"]):
+        out.append(wgmma_table(result))
     return "\n".join(out)
 
 
@@ -769,7 +788,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-wgmma-runs2", action="store_true", help="leave out the two-runs-in-flight wgmma row (runs=2)")
     p.add_argument("--jobs", type=int, default=8, help="NVRTC compile processes")
     p.add_argument("--seed", type=int, default=20261207)
+    p.add_argument(
+        "--table", metavar="JSON", default=None, help="print TF32X3_WGMMA_TABLE from a sweep's results and stop"
+    )
     return p
+
+
+def wgmma_table(result: dict) -> str:
+    """``rawgraph.ops.TF32X3_WGMMA_TABLE`` from a sweep's results: at each shape, the fastest wgmma
+    cut that passed the accuracy gate, where it beat the mma.sync cut launched there."""
+    from rawgraph import ops
+
+    cuts = {}
+    for row in result["rows"]:
+        best = row.get("best_wgmma")
+        mma = next((c for c in row["tf32x3"] if c["table"]), None)
+        if best and best.get("accurate") and mma and "us" in mma and best["us"] < mma["us"]:
+            cuts[(row["M"], row["K"], row["N"])] = WgmmaCut(**best["values"])
+    return 'TF32X3_WGMMA_TABLE = """\n' + ops.format_cut_table(cuts, WgmmaCut) + '\n"""'
 
 
 def grid_shapes(a) -> list[tuple[int, int]]:
@@ -782,6 +818,9 @@ def grid_shapes(a) -> list[tuple[int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    if a.table:
+        print(wgmma_table(json.loads(Path(a.table).read_text())))
+        return 0
     a.alternates = a.alternates if a.alternates is not None else (5 if a.quick else 4)
     a.repeats = a.repeats or (7 if a.quick else 5)
     a.wgmma_alternates = a.wgmma_alternates if a.wgmma_alternates is not None else 3

@@ -13,31 +13,66 @@ import pytest
 from rawgraph import ops
 
 ROOT = Path(__file__).resolve().parent.parent
-# The sweep TF32X3_AUTO_ROWS comes from (benchmarks/tf32x3_sweep.py; docs/gemm.md quotes it).
-SWEEP = ROOT / "benchmarks" / "results" / "tf32x3_sweep_2026-12-07_39e1c3f_h100.json"
-SMS, OPTIN = 132, 232448  # the device of the sweep (H100 SXM: 132 SMs, 227 KiB opt-in shared memory)
+RESULTS = ROOT / "benchmarks" / "results"
+# The sweeps TF32X3_AUTO_ROWS and TF32X3_WGMMA_CUTS come from (benchmarks/tf32x3_sweep.py;
+# docs/gemm.md quotes them), oldest first: the whole grid with the mma.sync cuts, then the shapes of
+# the warpgroup table with their wgmma cuts. Per shape the newest run that measured it decides.
+SWEEPS = (
+    RESULTS / "tf32x3_sweep_2026-12-07_39e1c3f_h100.json",
+    RESULTS / "tf32x3_sweep_quick_2026-12-07_cf8187d_h100.json",
+)
+SMS, OPTIN = 132, 232448  # the device of the sweeps (H100 SXM: 132 SMs, 227 KiB opt-in shared memory)
 
 
 def _rows():
-    return json.loads(SWEEP.read_text())["rows"]
+    """Per (M, K, N), the newest sweep's row."""
+    out = {}
+    for path in SWEEPS:
+        for r in json.loads(path.read_text())["rows"]:
+            out[(r["M"], r["K"], r["N"])] = r
+    return out
+
+
+def _launched(row):
+    """The record of the cut matmul_shape launches at precision="tf32x3" on the sweep's device
+    (compute capability 9.0: the warpgroup table's cut where it has one), found among the row's
+    measured cuts; None where the row did not measure it."""
+    m, k, n = row["M"], row["K"], row["N"]
+    shape = ops.matmul_shape(m, k, n, SMS, smem_limit=OPTIN, precision="tf32x3", wgmma=True)
+    if shape.kernel == "tf32x3_wgmma":
+        values, recs = vars(ops.tf32x3_wgmma_cut(shape)), row.get("wgmma", [])
+    else:
+        values, recs = vars(ops.tf32x3_cut(shape)), row["tf32x3"]
+    return next((rec for rec in recs if rec["values"] == values), None)
 
 
 def test_the_auto_rows_are_where_the_sweep_measured_tf32x3_faster_and_accurate():
     rows = _rows()
     assert len(rows) == 75
-    for r in rows:
-        m, k, n = r["M"], r["K"], r["N"]
-        launched = next(c for c in r["tf32x3"] if c["table"])  # the cut matmul_shape launched
+    for (m, k, n), r in rows.items():
+        launched = _launched(r)
+        assert launched is not None, (m, k, n, "the launched cut was not measured")
         faster = launched["accurate"] and launched["us"] < r["fp32"]["us"]
         want = "tf32x3" if faster else "fp32"
-        assert ops.auto_precision(m, k, n, (9, 0)) == want, (m, k, n, launched["us"], r["fp32"]["us"])
+        assert ops.auto_precision(m, k, n, (9, 0)) == want, (m, k, n, launched["cut"], launched["us"], r["fp32"]["us"])
+
+
+def test_the_wgmma_table_holds_the_fastest_accurate_wgmma_cut_where_it_beat_the_mma_sync_one():
+    """TF32X3_WGMMA_CUTS: at each shape of the sweep with wgmma rows, the fastest wgmma cut that
+    passed the gate, where it was faster than the mma.sync cut launched there; nothing else."""
+    want = {}
+    for r in json.loads(SWEEPS[-1].read_text())["rows"]:
+        best = r["best_wgmma"]
+        mma = next(c for c in r["tf32x3"] if c["table"])
+        if best is not None and best["accurate"] and best["us"] < mma["us"]:
+            want[(r["M"], r["K"], r["N"])] = ops.WgmmaCut(**best["values"])
+    assert ops.TF32X3_WGMMA_CUTS == want
 
 
 def test_the_measured_cuts_are_still_the_launched_ones():
-    """A changed cut rule makes the sweep a measurement of other kernels: re-run it and re-derive
+    """A changed cut rule makes a sweep a measurement of other kernels: re-run it and re-derive
     TF32X3_AUTO_ROWS."""
-    for r in _rows():
-        m, k, n = r["M"], r["K"], r["N"]
+    for (m, k, n), r in _rows().items():
         tx = ops.matmul_shape(m, k, n, SMS, smem_limit=OPTIN, precision="tf32x3")
         launched = next(c for c in r["tf32x3"] if c["table"])
         assert vars(ops.tf32x3_cut(tx)) == launched["values"], (m, k, n)
@@ -106,15 +141,20 @@ def test_tinyblock_runs_what_auto_picks_per_batch(fake_driver, device, form):
 
 
 def test_tinyblock_row_grid_follows_the_tf32x3_row_tiles(fake_driver, device):
-    """The serving layer shrinks a tf32x3 launch's grid by its BM-row tiles (axis 2), as an sgemm's."""
+    """The serving layer shrinks a tf32x3 launch's grid by its BM-row tiles (axis 2), as an
+    sgemm's: the mma.sync kernel's (72 rows) and the warpgroup kernel's (64 and 128 rows, cuts of
+    TF32X3_WGMMA_CUTS on the fake driver's 9.0 device)."""
     from rawgraph import DeviceBuffer, TinyBlock
 
-    with TinyBlock(1024, 64, form="fused", precision="tf32x3") as model:
-        with DeviceBuffer((64, 1024)) as x, DeviceBuffer((64, 1024)) as y:
-            for launch in model.plan(x, y).launches:
-                cut = ops.tf32x3_cut(ops.matmul_shape(64, 1024, 1024, 132, smem_limit=OPTIN, precision="tf32x3"))
-                assert model.row_grid(launch) == (2, cut.bm)
-                assert launch.grid[2] == -(-64 // cut.bm)
+    for batch, kernel in ((72, "tf32x3_split_kernel"), (64, "tf32x3_wgmma"), (128, "tf32x3_wgmma")):
+        shape = ops.matmul_shape(batch, 1024, 1024, SMS, smem_limit=OPTIN, precision="tf32x3", wgmma=True)
+        with TinyBlock(1024, batch, form="fused", precision="tf32x3") as model:
+            with DeviceBuffer((batch, 1024)) as x, DeviceBuffer((batch, 1024)) as y:
+                for launch in model.plan(x, y).launches:
+                    assert launch.kernel.name.startswith(kernel), (batch, launch.kernel.name)
+                    assert launch.grid == shape.grid
+                    assert model.row_grid(launch) == (2, shape.bt)
+                    assert launch.grid[2] == -(-batch // shape.bt)
 
 
 @pytest.mark.parametrize(

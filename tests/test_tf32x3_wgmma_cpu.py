@@ -150,12 +150,43 @@ def test_wgmma_shape_refuses_other_records_an_empty_product_and_a_huge_grid():
         tf32x3_wgmma_cut(ops.tf32x3_shape(64, 1024, 1024, ops.Tf32x3Cut(64, 64, 16, 3, wm=32, wn=32)))
 
 
-def test_default_routing_never_picks_the_wgmma_kernel():
-    """Until it is measured, the warpgroup kernel runs only from an explicit shape."""
-    for m, w in SERVING + [(8, 1024), (1, 4096), (512, 4096)]:
+def test_routing_picks_the_wgmma_kernel_from_its_table_only_where_the_device_runs_it():
+    """``matmul_shape`` launches the warpgroup kernel at ``precision="tf32x3"`` on a device that
+    runs it (``wgmma=True``) exactly where ``TF32X3_WGMMA_CUTS`` has the product (its rows rounded
+    up to the table's row step), and that entry's cut; never at ``"fp32"`` or without ``wgmma``."""
+    step = ops.TF32X3_ROW_STEP
+    picked = 0
+    for m, w in SERVING + [(8, 1024), (1, 4096), (512, 4096), (57, 1024), (121, 4096), (250, 4096), (249, 2048)]:
         for precision in ops.PRECISIONS:
-            shape = matmul_shape(m, w, w, SMS, clusters=True, smem_limit=OPTIN, precision=precision)
-            assert shape.kernel != "tf32x3_wgmma"
+            for wgmma in (False, True):
+                shape = matmul_shape(m, w, w, SMS, clusters=True, smem_limit=OPTIN, precision=precision, wgmma=wgmma)
+                entry = ops.TF32X3_WGMMA_CUTS.get((-(-m // step) * step, w, w))
+                if precision == "tf32x3" and wgmma and entry is not None:
+                    assert shape.kernel == "tf32x3_wgmma" and tf32x3_wgmma_cut(shape) == entry, (m, w)
+                    picked += 1
+                else:
+                    assert shape.kernel != "tf32x3_wgmma", (m, w, precision, wgmma)
+    assert picked >= 8
+
+
+def test_a_malformed_wgmma_table_entry_is_refused(monkeypatch):
+    monkeypatch.setitem(ops.TF32X3_WGMMA_CUTS, (64, 1024, 1024), ops.Tf32x3Cut(64, 64, 32, 4))
+    with pytest.raises(ShapeError, match=r"TF32X3_WGMMA_CUTS\[\(64, 1024, 1024\)\].*expected a WgmmaCut"):
+        matmul_shape(64, 1024, 1024, SMS, smem_limit=OPTIN, precision="tf32x3", wgmma=True)
+
+
+def test_the_wgmma_table_text_is_one_row_per_product_in_named_columns():
+    """TF32X3_WGMMA_TABLE: the header names WgmmaCut's fields, rows on the row grid sorted by
+    (K, N, M), each a cut the kernel can be that fits an H100's shared memory; the formatter prints
+    the same text back."""
+    cuts = ops.TF32X3_WGMMA_CUTS
+    assert cuts == ops.parse_cut_table(ops.TF32X3_WGMMA_TABLE, WgmmaCut)
+    assert ops.format_cut_table(cuts, WgmmaCut) == ops.TF32X3_WGMMA_TABLE.strip("\n")
+    for key, cut in cuts.items():
+        assert key[0] % ops.TF32X3_ROW_STEP == 0, key
+        assert gemm_smem_bytes(tf32x3_wgmma_shape(*key, cut)) <= OPTIN, (key, cut)
+    with pytest.raises(ValueError, match="header"):
+        ops.parse_cut_table(ops.SGEMM_TABLE, WgmmaCut)
 
 
 def test_the_default_cut_is_a_valid_cut_that_fits():
@@ -217,12 +248,13 @@ def _ptxas(log: str) -> dict[str, dict[str, int]]:
 
 def test_every_wgmma_cut_compiles_for_sm90a_without_spills():
     """Every cut the default rule gives on the serving grid (M = 64..256, K = N = 1024, 2048,
-    4096), with each epilogue, and every hand-picked form compiles to an sm_90a CUBIN (asked for
+    4096) and every cut of the table matmul launches, with each epilogue, and every hand-picked form compiles to an sm_90a CUBIN (asked for
     sm_90: the source asks for the arch-specific target) with no spills and no stack at most 255
     registers, and no wgmma serialization warning from ptxas (its sign that it could not keep the
     accumulators in place across the asynchronous instructions)."""
     served = [tf32x3_wgmma_shape(cut.bm, 1024, 1024, cut) for cut in _served_cuts()]
     forms = [tf32x3_wgmma_shape(m, k, n, c) for m, k, n, c in CUTS]
+    forms += [tf32x3_wgmma_shape(*key, c) for key, c in ops.TF32X3_WGMMA_CUTS.items()]  # what matmul launches
     names = sorted({matmul_expr(e, s) for s in served + forms for e in ops.EPILOGUES})
     assert any(n.startswith("tf32x3_wgmma_split_kernel<") for n in names)
     assert any(n.startswith("tf32x3_wgmma_kernel<") for n in names)
@@ -399,10 +431,31 @@ def test_wgmma_launch_is_built_from_its_cut(fake, monkeypatch):
         with pytest.raises(ShapeError, match="does not fit"):
             wrong = tf32x3_wgmma_shape(m + 64, k, n, WgmmaCut(64, 64, 16, 3))
             ops.matmul(dev, views, "x", "W", "y", shape=wrong, precision="tf32x3")
+        assert (m, k, n) not in ops.TF32X3_WGMMA_CUTS
         assert not ops.matmul(dev, views, "x", "W", "y", precision="tf32x3").kernel.name.startswith("tf32x3_wgmma")
         monkeypatch.setattr(gemm, "WGMMA_COMPUTE_CAPABILITY", (10, 0))
         with pytest.raises(ShapeError, match="compute capability"):
             ops.matmul(dev, views, "x", "W", "y", shape=shape, precision="tf32x3")
+
+
+def test_matmul_launches_the_wgmma_table_cut_on_9_0_only(fake, monkeypatch):
+    """At a product of TF32X3_WGMMA_CUTS, ``ops.matmul(precision="tf32x3")`` (and so a model at
+    ``"tf32x3"``, or at ``"auto"`` where that picks tf32x3) launches the entry's cut on the fake
+    driver's 9.0 device, and the mma.sync kernel on a device of another compute capability."""
+    from rawgraph import DeviceBuffer, get_device
+
+    dev = get_device()
+    m, k = 64, 1024
+    cut = ops.TF32X3_WGMMA_CUTS[(m, k, k)]
+    with DeviceBuffer((m, k)) as x, DeviceBuffer((k, k)) as w, DeviceBuffer((m, k)) as y:
+        views = {"x": x.view(), "W": w.view(), "y": y.view()}
+        launch = ops.matmul(dev, views, "x", "W", "y", "relu", precision="tf32x3")
+        assert launch.kernel.name == matmul_expr("relu", tf32x3_wgmma_shape(m, k, k, cut))
+        assert launch.grid == tf32x3_wgmma_shape(m, k, k, cut).grid
+        assert ops.matmul(dev, views, "x", "W", "y", precision="fp32").kernel.name.startswith("sgemm")
+        monkeypatch.setattr(gemm, "WGMMA_COMPUTE_CAPABILITY", (10, 0))
+        other = ops.matmul(dev, views, "x", "W", "y", "relu", precision="tf32x3")
+        assert other.kernel.name.startswith("tf32x3_") and not other.kernel.name.startswith("tf32x3_wgmma")
 
 
 # -- the host emulation ------------------------------------------------------------------------------

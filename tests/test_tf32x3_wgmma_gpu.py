@@ -1,10 +1,11 @@
 """The warpgroup form of tf32x3 (``kernels/tf32x3_wgmma.cu``, compute capability 9.0 only) on the GPU,
-through ``ops.matmul`` with an explicit :class:`WgmmaCut` shape: every form (one and two
+through ``ops.matmul``, mostly with an explicit :class:`WgmmaCut` shape: every form (one and two
 warpgroups, column tiles 32..128, cluster splits, runs of 1..4 k8 steps) and every cut the default
 rule gives on the serving grid, with every epilogue, against a float64 NumPy reference on fresh
 random inputs into NaN-poisoned outputs, bit-identical run to run; pointer slots, misaligned y / r
 and row tables; its error no worse than the mma.sync kernel's (and cuBLAS fp32's, where torch is
-installed) on the same inputs at M = 64, 128, 256 x K = N = 1024, 4096; a PDL chain of two.
+installed) on the same inputs at M = 64, 128, 256 x K = N = 1024, 4096; the table cut
+``ops.matmul`` launches at precision="tf32x3"; a PDL chain of two.
 A failure names the rng seed (``RAWGRAPH_TEST_SEED`` replays it)."""
 
 import numpy as np
@@ -189,6 +190,27 @@ def test_the_two_run_form_without_a_split_is_less_accurate_than_the_split_one(de
     err_two, _ = _err(device, stream, xh, wh, tf32x3_wgmma_shape(m, width, width, two))
     msg = f"one run {one}: {err_one:.3e}, two runs {two}: {err_two:.3e}, seed {rng.seed_used}"
     assert err_one < err_two < TOL, msg
+
+
+@pytest.mark.parametrize("m,width", [(64, 1024), (57, 1024), (128, 1024), (250, 2048), (256, 4096)])
+def test_precision_tf32x3_launches_the_table_cut_and_matches_float64(device, stream, rng, m, width):
+    """On compute capability 9.0, ``ops.matmul(precision="tf32x3")`` with no shape launches the
+    ``TF32X3_WGMMA_CUTS`` entry of the product (rows rounded up to the table's row step); its
+    output with the residual epilogue matches float64, the same bits run to run."""
+    step = ops.TF32X3_ROW_STEP
+    cut = ops.TF32X3_WGMMA_CUTS[(-(-m // step) * step, width, width)]
+    shape = tf32x3_wgmma_shape(m, width, width, cut)
+    xh, wh, rh = random_input(rng, (m, width)), random_input(rng, (width, width)), random_input(rng, (m, width))
+    bufs = {"x": DeviceBuffer.from_numpy(xh), "W": DeviceBuffer.from_numpy(wh), "r": DeviceBuffer.from_numpy(rh)}
+    bufs["y"] = DeviceBuffer((m, width))
+    launch = ops.matmul(
+        device, {key: b.view() for key, b in bufs.items()}, "x", "W", "y", "add", r="r", precision="tf32x3"
+    )
+    assert launch.kernel.name == ops.matmul_expr("add", shape) and launch.grid == shape.grid
+    for b in bufs.values():
+        b.close()
+    outs, _ = _case(device, stream, xh, wh, rh, "add", shape, runs=2)
+    _check(outs, _reference(xh, wh, rh, "add"), rng)
 
 
 def test_wgmma_pdl_chain_of_two(device, stream, rng):

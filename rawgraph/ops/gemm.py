@@ -1,13 +1,13 @@
 """The matmul family (``kernels/matmul.cu`` and the fp32 GEMM ``kernels/sgemm.cu``), the
 fp32-accurate tensor-core GEMM (``kernels/tf32x3.cu``, ``precision="tf32x3"``; its warpgroup form
-``kernels/tf32x3_wgmma.cu`` for compute capability 9.0, launched only from an explicit
-:class:`WgmmaCut` shape) and the one-kernel block (``kernels/block.cu``): the cut chosen per shape,
+``kernels/tf32x3_wgmma.cu`` for compute capability 9.0, launched from its measured table
+:data:`TF32X3_WGMMA_CUTS` or an explicit :class:`WgmmaCut` shape) and the one-kernel block (``kernels/block.cu``): the cut chosen per shape,
 operands checked, arguments packed once."""
 
 from __future__ import annotations
 
 from dataclasses import astuple, dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
@@ -348,6 +348,9 @@ class TileCut:
     minb: int = 1
 
 
+_Cut = TypeVar("_Cut", bound=TileCut)  # a cut table's record type
+
+
 @dataclass(frozen=True, order=True)
 class SgemmCut(TileCut):
     """The template arguments of a ``kernels/sgemm.cu`` cut (see its header): one row of
@@ -367,49 +370,65 @@ class SgemmCut(TileCut):
 SGEMM_TABLE_COLUMNS = ("m", "k", "n", *SgemmCut.__dataclass_fields__)
 
 
-def parse_sgemm_table(text: str) -> dict[tuple[int, int, int], SgemmCut]:
-    """The ``(M, K, N) -> SgemmCut`` map of a table in :data:`SGEMM_TABLE`'s form: a header row of
-    :data:`SGEMM_TABLE_COLUMNS`, then one row of integers per product, blank lines ignored.
+def table_columns(cut_type: type[TileCut]) -> tuple[str, ...]:
+    """The header of a cut table of ``cut_type`` records: ``m k n``, then the record's fields."""
+    return ("m", "k", "n", *cut_type.__dataclass_fields__)
+
+
+def parse_cut_table(text: str, cut_type: type[_Cut]) -> dict[tuple[int, int, int], _Cut]:
+    """The ``(M, K, N) -> cut`` map of a table in :data:`SGEMM_TABLE`'s form: a header row of
+    :func:`table_columns`, then one row of integers per product, blank lines ignored.
 
     Raises
     ------
     ValueError
-        A header other than :data:`SGEMM_TABLE_COLUMNS`, a row that is not one integer per
-        column, or a second row for the same ``(M, K, N)``.
+        A header other than ``table_columns(cut_type)``, a row that is not one integer per column,
+        or a second row for the same ``(M, K, N)``.
     """
+    columns = table_columns(cut_type)
+    what = cut_type.__name__
     lines = [ln.split() for ln in text.splitlines() if ln.strip()]
-    if not lines or tuple(lines[0]) != SGEMM_TABLE_COLUMNS:
+    if not lines or tuple(lines[0]) != columns:
         raise ValueError(
-            f"an sgemm table starts with the header {' '.join(SGEMM_TABLE_COLUMNS)!r}, "
-            f"got {' '.join(lines[0]) if lines else ''!r}"
+            f"a {what} table starts with the header {' '.join(columns)!r}, got {' '.join(lines[0]) if lines else ''!r}"
         )
-    out: dict[tuple[int, int, int], SgemmCut] = {}
+    out: dict[tuple[int, int, int], _Cut] = {}
     for row in lines[1:]:
         try:
             values = [int(v) for v in row]
         except ValueError:
             values = []
-        if len(values) != len(SGEMM_TABLE_COLUMNS):
+        if len(values) != len(columns):
             raise ValueError(
-                f"sgemm table row {' '.join(row)!r}: expected {len(SGEMM_TABLE_COLUMNS)} integers "
-                f"({' '.join(SGEMM_TABLE_COLUMNS)})"
+                f"{what} table row {' '.join(row)!r}: expected {len(columns)} integers ({' '.join(columns)})"
             )
         key = (values[0], values[1], values[2])
         if key in out:
-            raise ValueError(f"sgemm table: a second row for (M, K, N) = {key}")
-        out[key] = SgemmCut(*values[3:])
+            raise ValueError(f"{what} table: a second row for (M, K, N) = {key}")
+        out[key] = cut_type(*values[3:])
     return out
 
 
-def format_sgemm_table(cuts: dict[tuple[int, int, int], SgemmCut]) -> str:
-    """``cuts`` as :data:`SGEMM_TABLE` holds them (what :func:`parse_sgemm_table` reads back): the
+def format_cut_table(cuts: dict[tuple[int, int, int], _Cut], cut_type: type[_Cut]) -> str:
+    """``cuts`` as :data:`SGEMM_TABLE` holds them (what :func:`parse_cut_table` reads back): the
     header, then one row per ``(M, K, N)`` sorted by (K, N, M), right-aligned columns."""
-    rows = [SGEMM_TABLE_COLUMNS] + [
+    columns = table_columns(cut_type)
+    rows = [columns] + [
         tuple(str(v) for v in (*key, *astuple(cuts[key])))
         for key in sorted(cuts, key=lambda key: (key[1], key[2], key[0]))
     ]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(SGEMM_TABLE_COLUMNS))]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
     return "\n".join("    " + "  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows)
+
+
+def parse_sgemm_table(text: str) -> dict[tuple[int, int, int], SgemmCut]:
+    """:func:`parse_cut_table` of :class:`SgemmCut` rows (:data:`SGEMM_TABLE`'s form)."""
+    return parse_cut_table(text, SgemmCut)
+
+
+def format_sgemm_table(cuts: dict[tuple[int, int, int], SgemmCut]) -> str:
+    """:func:`format_cut_table` of :class:`SgemmCut` rows."""
+    return format_cut_table(cuts, SgemmCut)
 
 
 # The table as matmul_shape reads it, parsed once.
@@ -576,17 +595,21 @@ class Tf32x3Rows(NamedTuple):
 
 
 # precision="auto" runs tf32x3 exactly where benchmarks/tf32x3_sweep.py measured the cut
-# matmul_shape launches at precision="tf32x3" faster than the one it launches at "fp32", with an
-# error against float64 no worse than cuBLAS fp32's on the same inputs, over its grid (M = 64 ..
-# 256 by 8, K = N = 1024, 2048, 4096) on a device of this compute capability; every other shape
-# and device runs fp32, the kernels bit-exact to themselves. The run and its figures are in
-# benchmarks/NOTES.md; tests/test_precision_cpu.py derives these rows from the committed run
-# and fails when either kernel's cut at a grid shape is no longer the one measured.
+# matmul_shape launches at precision="tf32x3" on a device of this compute capability (the
+# TF32X3_WGMMA_CUTS entry, else the mma.sync cut) faster than the one it launches at "fp32", with an
+# error against float64 no worse than cuBLAS fp32's on the same inputs; every other shape and device
+# runs fp32, the kernels bit-exact to themselves. Per shape the decision is the newest run's that
+# measured it: the whole grid (M = 64 .. 256 by 8, K = N = 1024, 2048, 4096) with the mma.sync cuts,
+# then the shapes of the warpgroup table with their wgmma cuts. The runs and their figures are in
+# benchmarks/NOTES.md; tests/test_precision_cpu.py derives these rows from the committed runs and
+# fails when a kernel's cut at a measured shape is no longer the one measured.
 TF32X3_AUTO_COMPUTE_CAPABILITY = (9, 0)
 TF32X3_AUTO_ROWS = (
     Tf32x3Rows(1024, 64, 64),
+    Tf32x3Rows(1024, 128, 128),
     Tf32x3Rows(2048, 64, 96),
     Tf32x3Rows(2048, 136, 192),
+    Tf32x3Rows(2048, 256, 256),
     Tf32x3Rows(4096, 136, 256),
 )
 
@@ -718,45 +741,6 @@ def tf32x3_default_cut(
     return Tf32x3Cut(bm, bn, bk, stages, split, 1, 1, wm, 32, 1 if k <= 512 else 2)
 
 
-def tf32x3_matmul_shape(
-    batch: int,
-    k: int,
-    n: int,
-    multiprocessors: int,
-    w_aligned16: bool = True,
-    x_aligned16: bool = True,
-    clusters: bool = True,
-    smem_limit: int = 0,
-) -> MatmulShape | None:
-    """The tf32x3 cut :func:`matmul_shape` launches at ``precision="tf32x3"``: the exact
-    :data:`TF32X3_CUTS` entry, else that of the next multiple of :data:`TF32X3_ROW_STEP` rows,
-    where this device can run it (clusters if it splits, at most ``smem_limit`` bytes of dynamic
-    shared memory when that is given), else :func:`tf32x3_default_cut`'s. None where the kernel's
-    layout rules exclude the operands (K or N not a multiple of 4, x or W not 16-byte aligned).
-
-    Raises
-    ------
-    ShapeError
-        A table entry that is not a :class:`Tf32x3Cut`, or a cut the kernel cannot be.
-    """
-    if k % 4 or n % 4 or not (w_aligned16 and x_aligned16):
-        return None
-    key = (batch, k, n)
-    cut = TF32X3_CUTS.get(key)
-    if cut is None and batch % TF32X3_ROW_STEP:
-        key = (_cdiv(batch, TF32X3_ROW_STEP) * TF32X3_ROW_STEP, k, n)
-        cut = TF32X3_CUTS.get(key)
-    if cut is not None:
-        if not isinstance(cut, Tf32x3Cut):
-            raise ShapeError(f"TF32X3_CUTS[{key}] = {cut!r}: expected a Tf32x3Cut")
-        shape = tf32x3_shape(batch, k, n, cut, clusters=True)
-        if sgemm_fits(shape, clusters, smem_limit):
-            return shape
-    return tf32x3_shape(
-        batch, k, n, tf32x3_default_cut(batch, k, n, multiprocessors, clusters, smem_limit), clusters=clusters
-    )
-
-
 # -- the warpgroup form of tf32x3 (kernels/tf32x3_wgmma.cu) -----------------------------------------
 
 
@@ -774,8 +758,9 @@ class WgmmaCut(TileCut):
     stage, ``minb`` x threads <= 256, ``split`` 1). What the kernel cannot be is refused by
     :func:`tf32x3_wgmma_shape`.
 
-    Compute capability 9.0 only, and only where a caller passes such a shape to :func:`matmul`
-    (with ``precision="tf32x3"``): :func:`matmul_shape` never picks it."""
+    Compute capability 9.0 only: :func:`matmul_shape` launches the :data:`TF32X3_WGMMA_CUTS` entry
+    of a product at ``precision="tf32x3"`` on such a device, and a caller may pass any such shape to
+    :func:`matmul` (with ``precision="tf32x3"``)."""
 
     flush: int = 1
     runs: int = 1
@@ -783,6 +768,25 @@ class WgmmaCut(TileCut):
     @property
     def threads(self) -> int:
         return WGMMA_WARPGROUP_THREADS * (self.bm // WGMMA_ROWS_PER_WARPGROUP)
+
+
+# The warpgroup cut per (M, K, N) that matmul_shape launches at precision="tf32x3" on a device of
+# WGMMA_COMPUTE_CAPABILITY, before TF32X3_CUTS and the mma.sync rule: what benchmarks/tf32x3_sweep.py
+# --table prints, the fastest wgmma cut of its run at each shape where that cut passed the accuracy
+# gate and beat the mma.sync cut launched there (the run is in benchmarks/NOTES.md). Rows sorted by
+# (K, N, M); M between two entries takes the next multiple of TF32X3_ROW_STEP rows' entry.
+TF32X3_WGMMA_TABLE = """
+      m     k     n   bm   bn  bk  stages  split  slices  minb  flush  runs
+     64  1024  1024   64   64  32       4      8       1     1      2     1
+    128  1024  1024  128   64  16       4      8       1     1      2     1
+    256  1024  1024  128  128  32       4      8       1     1      2     1
+     64  2048  2048   64  128  16       4      8       1     1      2     1
+    256  2048  2048  128  128  32       4      4       1     1      2     1
+     64  4096  4096   64  128  16       4      4       1     1      2     1
+    128  4096  4096  128  128  32       4      4       1     1      2     1
+    256  4096  4096  128  128  32       4      2       1     1      2     1
+"""
+TF32X3_WGMMA_CUTS: dict[tuple[int, int, int], WgmmaCut] = parse_cut_table(TF32X3_WGMMA_TABLE, WgmmaCut)
 
 
 def wgmma_available(device: Device) -> bool:
@@ -899,6 +903,65 @@ def tf32x3_wgmma_default_cut(
     return WgmmaCut(bm, bn, bk, stages, split, 1, 1, 1 if k <= 512 else 2)
 
 
+def tf32x3_matmul_shape(
+    batch: int,
+    k: int,
+    n: int,
+    multiprocessors: int,
+    w_aligned16: bool = True,
+    x_aligned16: bool = True,
+    clusters: bool = True,
+    smem_limit: int = 0,
+    wgmma: bool = False,
+) -> MatmulShape | None:
+    """The tf32x3 cut :func:`matmul_shape` launches at ``precision="tf32x3"``. With ``wgmma`` (a
+    device that runs the warpgroup kernel, :func:`wgmma_available`): the :data:`TF32X3_WGMMA_CUTS`
+    entry of the product. Else, or where there is none: the exact :data:`TF32X3_CUTS` entry. Either
+    table's entry is that of the next multiple of :data:`TF32X3_ROW_STEP` rows when the row count
+    has none, and is taken where this device can run it (clusters if it splits, at most
+    ``smem_limit`` bytes of dynamic shared memory when that is given). Else
+    :func:`tf32x3_default_cut`'s. None where the kernels' layout rules exclude the operands (K or N
+    not a multiple of 4, x or W not 16-byte aligned).
+
+    Raises
+    ------
+    ShapeError
+        A table entry that is not of its table's cut type, or a cut the kernel cannot be.
+    """
+    if k % 4 or n % 4 or not (w_aligned16 and x_aligned16):
+        return None
+    if wgmma:
+        wcut = _table_entry(TF32X3_WGMMA_CUTS, WgmmaCut, "TF32X3_WGMMA_CUTS", batch, k, n)
+        if wcut is not None:
+            shape = tf32x3_wgmma_shape(batch, k, n, wcut, clusters=True)
+            if sgemm_fits(shape, clusters, smem_limit):
+                return shape
+    cut = _table_entry(TF32X3_CUTS, Tf32x3Cut, "TF32X3_CUTS", batch, k, n)
+    if cut is not None:
+        shape = tf32x3_shape(batch, k, n, cut, clusters=True)
+        if sgemm_fits(shape, clusters, smem_limit):
+            return shape
+    return tf32x3_shape(
+        batch, k, n, tf32x3_default_cut(batch, k, n, multiprocessors, clusters, smem_limit), clusters=clusters
+    )
+
+
+def _table_entry(
+    table: dict[tuple[int, int, int], _Cut], cut_type: type[_Cut], name: str, batch: int, k: int, n: int
+) -> _Cut | None:
+    """A tf32x3 table's entry for (batch, K, N): the exact one, else that of the next multiple of
+    :data:`TF32X3_ROW_STEP` rows (the same row tiles); None without one. A ``ShapeError`` for an
+    entry of another type."""
+    key = (batch, k, n)
+    cut = table.get(key)
+    if cut is None and batch % TF32X3_ROW_STEP:
+        key = (_cdiv(batch, TF32X3_ROW_STEP) * TF32X3_ROW_STEP, k, n)
+        cut = table.get(key)
+    if cut is not None and not isinstance(cut, cut_type):
+        raise ShapeError(f"{name}[{key}] = {cut!r}: expected a {cut_type.__name__}")
+    return cut
+
+
 def matmul_shape(
     batch: int,
     k: int,
@@ -909,6 +972,7 @@ def matmul_shape(
     clusters: bool = True,
     smem_limit: int = 0,
     precision: str = "fp32",
+    wgmma: bool = False,
 ) -> MatmulShape:
     """Choose the kernel and its cut for a (batch, K, N) product on ``multiprocessors`` SMs.
 
@@ -919,15 +983,16 @@ def matmul_shape(
     (aligned operands, clusters if it splits, at most ``smem_limit`` bytes of dynamic shared
     memory per CTA when that is given); a malformed entry raises :class:`ShapeError`.
 
-    ``precision="tf32x3"``: :func:`tf32x3_matmul_shape`'s cut, or where the tf32x3 kernel's layout
-    rules exclude the operands, the fp32 cut above (at least as accurate).
+    ``precision="tf32x3"``: :func:`tf32x3_matmul_shape`'s cut (``wgmma``: the device runs the
+    warpgroup kernel, :func:`wgmma_available`), or where the tf32x3 kernels' layout rules exclude
+    the operands, the fp32 cut above (at least as accurate).
     """
     if min(batch, k, n) < 1:
         raise ShapeError(f"matmul needs batch, K, N >= 1, got {(batch, k, n)}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if precision == "tf32x3":
-        tx = tf32x3_matmul_shape(batch, k, n, multiprocessors, w_aligned16, x_aligned16, clusters, smem_limit)
+        tx = tf32x3_matmul_shape(batch, k, n, multiprocessors, w_aligned16, x_aligned16, clusters, smem_limit, wgmma)
         if tx is not None:
             return tx
     gemm_ok = k % 4 == 0 and n % 4 == 0 and w_aligned16 and x_aligned16
@@ -1014,10 +1079,11 @@ def matmul(
     ``"fp32"`` (the default) chooses among the fp32 kernels; ``"tf32x3"`` the tensor-core GEMM of
     ``kernels/tf32x3.cu`` (an error against float64 no worse than cuBLAS fp32's at K >= 256;
     ``docs/gemm.md`` says at which shapes it is faster), where its layout rules allow
-    (:func:`matmul_shape`); ``"auto"`` whichever of the two :func:`auto_precision` picks for this
-    product on this device (the models' default). A tf32x3 ``shape`` needs ``precision="tf32x3"``; so does a
-    ``"tf32x3_wgmma"`` shape (:func:`tf32x3_wgmma_shape`, the warpgroup kernel: compute capability
-    9.0 only, never chosen automatically).
+    (:func:`matmul_shape`; on compute capability 9.0 the warpgroup kernel ``kernels/tf32x3_wgmma.cu``
+    where :data:`TF32X3_WGMMA_CUTS` has the product); ``"auto"`` whichever of the two
+    :func:`auto_precision` picks for this product on this device (the models' default). A tf32x3
+    ``shape`` needs ``precision="tf32x3"``; so does a ``"tf32x3_wgmma"`` shape
+    (:func:`tf32x3_wgmma_shape`: compute capability 9.0 only).
     """
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue must be one of {sorted(EPILOGUES)}, got {epilogue!r}")
@@ -1041,7 +1107,16 @@ def matmul(
     if shape is None:
         precision = resolve_precision(precision, batch, k, n, device)
         shape = matmul_shape(
-            batch, k, n, device.info.multiprocessors, wa.ptr % 16 == 0, xa.ptr % 16 == 0, clusters, optin, precision
+            batch,
+            k,
+            n,
+            device.info.multiprocessors,
+            wa.ptr % 16 == 0,
+            xa.ptr % 16 == 0,
+            clusters,
+            optin,
+            precision,
+            wgmma_available(device),
         )
     else:
         if shape.kernel == "tf32x3_wgmma" and not wgmma_available(device):
