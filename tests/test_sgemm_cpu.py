@@ -311,7 +311,7 @@ def test_a_malformed_table_entry_is_loud(monkeypatch):
     with pytest.raises(ShapeError, match="BN % 64"):
         matmul_shape(64, 4096, 4096, 132)
     monkeypatch.setattr(gemm, "SGEMM_CUTS", {(64, 4096, 4096): (64, 128, 16, 4, 2, 1, 1)})  # not a record
-    with pytest.raises(ShapeError, match="expected an SgemmCut"):
+    with pytest.raises(ShapeError, match="expected SgemmCut, got"):
         matmul_shape(64, 4096, 4096, 132)
 
 

@@ -171,7 +171,7 @@ def test_routing_picks_the_wgmma_kernel_from_its_table_only_where_the_device_run
 
 def test_a_malformed_wgmma_table_entry_is_refused(monkeypatch):
     monkeypatch.setitem(ops.TF32X3_WGMMA_CUTS, (64, 1024, 1024), ops.Tf32x3Cut(64, 64, 32, 4))
-    with pytest.raises(ShapeError, match=r"TF32X3_WGMMA_CUTS\[\(64, 1024, 1024\)\].*expected a WgmmaCut"):
+    with pytest.raises(ShapeError, match=r"TF32X3_WGMMA_CUTS\[\(64, 1024, 1024\)\].*expected WgmmaCut, got Tf32x3Cut"):
         matmul_shape(64, 1024, 1024, SMS, smem_limit=OPTIN, precision="tf32x3", wgmma=True)
 
 

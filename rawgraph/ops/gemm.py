@@ -1,8 +1,8 @@
 """The matmul family (``kernels/matmul.cu`` and the fp32 GEMM ``kernels/sgemm.cu``), the
 fp32-accurate tensor-core GEMM (``kernels/tf32x3.cu``, ``precision="tf32x3"``; its warpgroup form
 ``kernels/tf32x3_wgmma.cu`` for compute capability 9.0, launched from its measured table
-:data:`TF32X3_WGMMA_CUTS` or an explicit :class:`WgmmaCut` shape) and the one-kernel block (``kernels/block.cu``): the cut chosen per shape,
-operands checked, arguments packed once."""
+:data:`TF32X3_WGMMA_CUTS` or an explicit :class:`WgmmaCut` shape) and the one-kernel block
+(``kernels/block.cu``): the cut chosen per shape, operands checked, arguments packed once."""
 
 from __future__ import annotations
 
@@ -367,12 +367,12 @@ class SgemmCut(TileCut):
         return self.slices * (self.bm // self.tm) * (self.bn // 8)
 
 
-SGEMM_TABLE_COLUMNS = ("m", "k", "n", *SgemmCut.__dataclass_fields__)
-
-
 def table_columns(cut_type: type[TileCut]) -> tuple[str, ...]:
     """The header of a cut table of ``cut_type`` records: ``m k n``, then the record's fields."""
     return ("m", "k", "n", *cut_type.__dataclass_fields__)
+
+
+SGEMM_TABLE_COLUMNS = table_columns(SgemmCut)
 
 
 def parse_cut_table(text: str, cut_type: type[_Cut]) -> dict[tuple[int, int, int], _Cut]:
@@ -429,6 +429,27 @@ def parse_sgemm_table(text: str) -> dict[tuple[int, int, int], SgemmCut]:
 def format_sgemm_table(cuts: dict[tuple[int, int, int], SgemmCut]) -> str:
     """:func:`format_cut_table` of :class:`SgemmCut` rows."""
     return format_cut_table(cuts, SgemmCut)
+
+
+def table_entry(
+    table: dict[tuple[int, int, int], _Cut], cut_type: type[_Cut], name: str, batch: int, k: int, n: int, step: int
+) -> _Cut | None:
+    """A cut table's entry for (batch, K, N): the exact one, else that of the next multiple of
+    ``step`` rows (the table's row grid: the same row tiles); None without one.
+
+    Raises
+    ------
+    ShapeError
+        The entry is not a ``cut_type`` (a table edited by hand).
+    """
+    key = (batch, k, n)
+    cut = table.get(key)
+    if cut is None and batch % step:
+        key = (_cdiv(batch, step) * step, k, n)
+        cut = table.get(key)
+    if cut is not None and not isinstance(cut, cut_type):
+        raise ShapeError(f"{name}[{key}] = {cut!r}: expected {cut_type.__name__}, got {type(cut).__name__}")
+    return cut
 
 
 # The table as matmul_shape reads it, parsed once.
@@ -541,18 +562,12 @@ def table_sgemm_shape(batch: int, k: int, n: int, clusters: bool = True, smem_li
     ShapeError
         A malformed entry (not an :class:`SgemmCut`, or a cut the kernel cannot be).
     """
-    key = (batch, k, n)
-    cut = SGEMM_CUTS.get(key)
-    if cut is None and batch % SGEMM_ROW_STEP:
-        # The table steps SGEMM_ROW_STEP rows; a count in between takes the next step's cut, which
-        # runs the same row tiles: the matmul.cu rule is far slower at such counts (measured: see
-        # benchmarks/NOTES.md, "The SGEMM_CUTS table").
-        key = (_cdiv(batch, SGEMM_ROW_STEP) * SGEMM_ROW_STEP, k, n)
-        cut = SGEMM_CUTS.get(key)
+    # The table steps SGEMM_ROW_STEP rows; a count in between takes the next step's cut, which runs
+    # the same row tiles: the matmul.cu rule is far slower at such counts (measured: see
+    # benchmarks/NOTES.md, "The SGEMM_CUTS table").
+    cut = table_entry(SGEMM_CUTS, SgemmCut, "SGEMM_CUTS", batch, k, n, SGEMM_ROW_STEP)
     if cut is None:
         return None
-    if not isinstance(cut, SgemmCut):
-        raise ShapeError(f"SGEMM_CUTS[{key}] = {cut!r}: expected an SgemmCut")
     sg = sgemm_shape(batch, k, n, cut, clusters=True)
     return sg if sgemm_fits(sg, clusters, smem_limit) else None
 
@@ -931,12 +946,12 @@ def tf32x3_matmul_shape(
     if k % 4 or n % 4 or not (w_aligned16 and x_aligned16):
         return None
     if wgmma:
-        wcut = _table_entry(TF32X3_WGMMA_CUTS, WgmmaCut, "TF32X3_WGMMA_CUTS", batch, k, n)
+        wcut = table_entry(TF32X3_WGMMA_CUTS, WgmmaCut, "TF32X3_WGMMA_CUTS", batch, k, n, TF32X3_ROW_STEP)
         if wcut is not None:
             shape = tf32x3_wgmma_shape(batch, k, n, wcut, clusters=True)
             if sgemm_fits(shape, clusters, smem_limit):
                 return shape
-    cut = _table_entry(TF32X3_CUTS, Tf32x3Cut, "TF32X3_CUTS", batch, k, n)
+    cut = table_entry(TF32X3_CUTS, Tf32x3Cut, "TF32X3_CUTS", batch, k, n, TF32X3_ROW_STEP)
     if cut is not None:
         shape = tf32x3_shape(batch, k, n, cut, clusters=True)
         if sgemm_fits(shape, clusters, smem_limit):
@@ -944,22 +959,6 @@ def tf32x3_matmul_shape(
     return tf32x3_shape(
         batch, k, n, tf32x3_default_cut(batch, k, n, multiprocessors, clusters, smem_limit), clusters=clusters
     )
-
-
-def _table_entry(
-    table: dict[tuple[int, int, int], _Cut], cut_type: type[_Cut], name: str, batch: int, k: int, n: int
-) -> _Cut | None:
-    """A tf32x3 table's entry for (batch, K, N): the exact one, else that of the next multiple of
-    :data:`TF32X3_ROW_STEP` rows (the same row tiles); None without one. A ``ShapeError`` for an
-    entry of another type."""
-    key = (batch, k, n)
-    cut = table.get(key)
-    if cut is None and batch % TF32X3_ROW_STEP:
-        key = (_cdiv(batch, TF32X3_ROW_STEP) * TF32X3_ROW_STEP, k, n)
-        cut = table.get(key)
-    if cut is not None and not isinstance(cut, cut_type):
-        raise ShapeError(f"{name}[{key}] = {cut!r}: expected a {cut_type.__name__}")
-    return cut
 
 
 def matmul_shape(
