@@ -409,6 +409,7 @@ class Sweep:
                     "local_bytes": int(call(driver.cuFuncGetAttribute, attr, k.handle)),
                 }
             rec.update(self.kernel_info[k.name])
+            rec.update(waves(launch, self.sms))
             views["x"] = DeviceArray(d["x"]["normal"].ptr, (m, w), f32, d["x"]["normal"])
             launches = [
                 ops.matmul(self.dev, views, "x", f"W{i % d['count']}", "y", shape=shape, precision=precision)
@@ -610,6 +611,39 @@ class Sweep:
 # -- verdicts and the table ---------------------------------------------------------------------
 
 
+def waves(launch, sms: int) -> dict:
+    """How many waves the launch's grid takes: its CTAs (or, for a K split over a cluster along
+    grid y, its clusters) over how many run at once on the whole device
+    (``cuOccupancyMaxActiveClusters``, or ``cuOccupancyMaxActiveBlocksPerMultiprocessor`` x SMs).
+    A cluster must fit one GPC, so a grid of clusters may need two waves where its CTAs alone
+    would fit one. A figure beside the timing: a failed query is recorded, not raised."""
+    from cuda.bindings import driver
+
+    from rawgraph.runtime.errors import call
+
+    gx, gy, gz = launch.grid
+    split = launch.kernel.cluster_dims[1]
+    try:
+        if split > 1:
+            cfg = driver.CUlaunchConfig()
+            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = launch.grid
+            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = launch.block
+            cfg.sharedMemBytes = launch.shared_mem
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = 1, split, 1
+            cfg.attrs, cfg.numAttrs = [attr], 1
+            at_once = int(call(driver.cuOccupancyMaxActiveClusters, launch.kernel.handle, cfg))
+            units = gx * (gy // split) * gz
+            return {"max_active_clusters": at_once, "waves": -(-units // max(at_once, 1))}
+        threads = launch.block[0] * launch.block[1] * launch.block[2]
+        fn = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor
+        per_sm = int(call(fn, launch.kernel.handle, threads, launch.shared_mem))
+        return {"ctas_per_sm": per_sm, "waves": -(-(gx * gy * gz) // max(per_sm * sms, 1))}
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        return {"waves_error": f"{type(exc).__name__}: {exc}"}
+
+
 def _errs_ok(rec: dict, ref: dict | None) -> bool:
     """Both errors no worse than ``ref``'s (cuBLAS fp32, else rawgraph's fp32 kernel)."""
     if "err_normal" not in rec or ref is None or "err_normal" not in ref:
@@ -666,6 +700,10 @@ def _cell(rec: dict | None) -> str:
     )
 
 
+def _waves(rec: dict) -> str:
+    return f"  {rec['waves']} waves" if rec.get("waves", 1) > 1 else ""
+
+
 def line(row: dict) -> str:
     s = f"M={row['M']:<4d} K=N={row['K']:<5d}"
     b, t = row.get("best"), row["tf32x3"][0]
@@ -706,7 +744,7 @@ def table(result: dict) -> str:
                 if "registers" in rec
                 else ""
             )
-            out.append(f"  {tag:<14s} {rec['cut']:<40s}{regs:<14s} {_cell(rec)}{mark}")
+            out.append(f"  {tag:<14s} {rec['cut']:<40s}{regs:<14s} {_cell(rec)}{_waves(rec)}{mark}")
         for rec in row.get("wgmma", []):
             tag = "wgmma table" if rec.get("launched") else "wgmma default" if rec["table"] else "wgmma alt"
             mark = "" if rec.get("accurate") else "  (error above cuBLAS fp32's or not deterministic)"
@@ -715,7 +753,7 @@ def table(result: dict) -> str:
                 if "registers" in rec
                 else ""
             )
-            out.append(f"  {tag:<14s} {rec['cut']:<40s}{regs:<14s} {_cell(rec)}{mark}")
+            out.append(f"  {tag:<14s} {rec['cut']:<40s}{regs:<14s} {_cell(rec)}{_waves(rec)}{mark}")
         for key in ("fp32", "cublas_fp32", "cublas_tf32", "triton_tf32x3"):
             if key in row:
                 out.append(f"  {key:<14s} {row[key].get('kernel', '')[:40]:<40s}{'':<14s} {_cell(row[key])}")
