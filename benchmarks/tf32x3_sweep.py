@@ -6,8 +6,8 @@ kernels, cuBLAS fp32 and TF32 (``torch.mm``) and Triton's tf32x3 (``tl.dot(input
     PYTHONPATH=. python3 benchmarks/tf32x3_sweep.py --out $OUT            # M = 64..256 step 8 x K = N 1024, 2048, 4096
     PYTHONPATH=. python3 benchmarks/tf32x3_sweep.py --rows 64:256:8 --widths 4096 --cut bm=128,bn=128,bk=32,stages=4,split=2
 
-Rows per shape: ``tf32x3`` (the cut ops.matmul launches at precision="tf32x3": the TF32X3_CUTS
-entry or the default rule) and up to ``--alternates`` other cuts (accumulation runs of 1 and 4
+Rows per shape: ``tf32x3`` (the mma.sync cut ops.matmul launches at precision="tf32x3" where the
+warpgroup table has no entry: the TF32X3_CUTS entry or the default rule) and up to ``--alternates`` other cuts (accumulation runs of 1 and 4
 k8 steps and the two-accumulator form, other splits and column tiles) plus any ``--cut``;
 ``fp32`` (the cut ops.matmul launches at precision="fp32": sgemm's table cut or the matmul.cu
 rule); ``cublas-fp32`` (TF32 off), ``cublas-tf32`` (TF32 on: faster, less accurate);
