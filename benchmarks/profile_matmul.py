@@ -19,25 +19,11 @@ import numpy as np
 from cuda.bindings import driver
 
 from rawgraph import ops
-from rawgraph.bench.kernel_times import _label, candidate_shapes
+from rawgraph.bench.kernel_times import _label, candidate_shapes, max_active_clusters
 from rawgraph.runtime.device import get_device
 from rawgraph.runtime.errors import call
 from rawgraph.runtime.memory import DeviceBuffer
 from rawgraph.runtime.stream import Event, Stream
-
-
-def max_active_clusters(launch, cluster: int) -> int:
-    """``cuOccupancyMaxActiveClusters`` for this launch's grid, block and cluster size."""
-    cfg = driver.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = launch.grid
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = launch.block
-    cfg.sharedMemBytes = launch.shared_mem
-    attr = driver.CUlaunchAttribute()
-    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = 1, cluster, 1
-    cfg.attrs = [attr]
-    cfg.numAttrs = 1
-    return int(call(driver.cuOccupancyMaxActiveClusters, launch.kernel.handle, cfg))
 
 
 def main() -> None:

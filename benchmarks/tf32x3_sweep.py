@@ -299,7 +299,7 @@ def rel_errs(y: np.ndarray, ref: np.ndarray) -> dict:
 class Sweep:
     def __init__(self, a):
         from rawgraph import Stream, get_device
-        from rawgraph.bench.kernel_times import _graph_time_us, cublas_graph_samples
+        from rawgraph.bench.kernel_times import _graph_time_us, cublas_graph_samples, launch_waves
 
         self.a = a
         self.dev = get_device()
@@ -307,6 +307,7 @@ class Sweep:
         self.sms = self.dev.info.multiprocessors
         self.peaks = peaks(self.dev.info.name)
         self.graph_time_us = _graph_time_us
+        self.launch_waves = launch_waves
         self.cublas_graph_samples = cublas_graph_samples
         self.t0 = time.perf_counter()
         self.torch = None
@@ -409,7 +410,7 @@ class Sweep:
                     "local_bytes": int(call(driver.cuFuncGetAttribute, attr, k.handle)),
                 }
             rec.update(self.kernel_info[k.name])
-            rec.update(waves(launch, self.sms))
+            rec.update(self.launch_waves(launch, self.sms))
             views["x"] = DeviceArray(d["x"]["normal"].ptr, (m, w), f32, d["x"]["normal"])
             launches = [
                 ops.matmul(self.dev, views, "x", f"W{i % d['count']}", "y", shape=shape, precision=precision)
@@ -609,39 +610,6 @@ class Sweep:
 
 
 # -- verdicts and the table ---------------------------------------------------------------------
-
-
-def waves(launch, sms: int) -> dict:
-    """How many waves the launch's grid takes: its CTAs (or, for a K split over a cluster along
-    grid y, its clusters) over how many run at once on the whole device
-    (``cuOccupancyMaxActiveClusters``, or ``cuOccupancyMaxActiveBlocksPerMultiprocessor`` x SMs).
-    A cluster must fit one GPC, so a grid of clusters may need two waves where its CTAs alone
-    would fit one. A figure beside the timing: a failed query is recorded, not raised."""
-    from cuda.bindings import driver
-
-    from rawgraph.runtime.errors import call
-
-    gx, gy, gz = launch.grid
-    split = launch.kernel.cluster_dims[1]
-    try:
-        if split > 1:
-            cfg = driver.CUlaunchConfig()
-            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = launch.grid
-            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = launch.block
-            cfg.sharedMemBytes = launch.shared_mem
-            attr = driver.CUlaunchAttribute()
-            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = 1, split, 1
-            cfg.attrs, cfg.numAttrs = [attr], 1
-            at_once = int(call(driver.cuOccupancyMaxActiveClusters, launch.kernel.handle, cfg))
-            units = gx * (gy // split) * gz
-            return {"max_active_clusters": at_once, "waves": -(-units // max(at_once, 1))}
-        threads = launch.block[0] * launch.block[1] * launch.block[2]
-        fn = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor
-        per_sm = int(call(fn, launch.kernel.handle, threads, launch.shared_mem))
-        return {"ctas_per_sm": per_sm, "waves": -(-(gx * gy * gz) // max(per_sm * sms, 1))}
-    except Exception as exc:  # noqa: BLE001 - see the docstring
-        return {"waves_error": f"{type(exc).__name__}: {exc}"}
 
 
 def _errs_ok(rec: dict, ref: dict | None) -> bool:

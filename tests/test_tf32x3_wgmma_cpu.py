@@ -527,21 +527,17 @@ def test_the_sweep_parses_wgmma_cuts_and_judges_their_rows():
     assert "wgmma" in sweep.line(row)
 
 
-def test_the_sweep_counts_waves_of_clusters_and_of_ctas(monkeypatch):
-    """``tf32x3_sweep.waves``: a K split over a cluster counts clusters against
-    ``cuOccupancyMaxActiveClusters`` (32 clusters of 4 where 24 fit at once: 2 waves); no split
-    counts CTAs against blocks per SM x SMs; a refused query is a recorded figure, not an error."""
-    import importlib.util
+def test_launch_waves_counts_clusters_and_ctas(monkeypatch):
+    """``rawgraph.bench.kernel_times.launch_waves`` (the tf32x3 sweep records it per cut): a K split
+    over a cluster counts clusters against ``cuOccupancyMaxActiveClusters`` (32 clusters of 4 where
+    24 fit at once: 2 waves); no split counts CTAs against blocks per SM x SMs; a refused query is
+    a recorded figure, not an error."""
     from types import SimpleNamespace
 
     from cuda.bindings import driver
 
-    spec = importlib.util.spec_from_file_location(
-        "rawgraph_bench_tf32x3_sweep_waves", ROOT / "benchmarks" / "tf32x3_sweep.py"
-    )
-    sweep = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = sweep
-    spec.loader.exec_module(sweep)
+    from rawgraph.bench.kernel_times import launch_waves
+
     ok = driver.CUresult.CUDA_SUCCESS
     monkeypatch.setattr(driver, "cuOccupancyMaxActiveClusters", lambda fn, cfg: (ok, 24), raising=False)
     monkeypatch.setattr(driver, "cuOccupancyMaxActiveBlocksPerMultiprocessor", lambda fn, t, s: (ok, 2), raising=False)
@@ -550,13 +546,13 @@ def test_the_sweep_counts_waves_of_clusters_and_of_ctas(monkeypatch):
         kernel = SimpleNamespace(handle=0, cluster_dims=(1, cluster, 1) if cluster > 1 else (0, 0, 0))
         return SimpleNamespace(grid=grid, block=(256, 1, 1), shared_mem=1024, kernel=kernel)
 
-    assert sweep.waves(launch((32, 4, 1), 4), 132) == {"max_active_clusters": 24, "waves": 2}
-    assert sweep.waves(launch((16, 2, 2), 2), 132) == {"max_active_clusters": 24, "waves": 2}
-    assert sweep.waves(launch((32, 1, 8), 1), 132) == {"ctas_per_sm": 2, "waves": 1}
-    assert sweep.waves(launch((33, 1, 9), 1), 132) == {"ctas_per_sm": 2, "waves": 2}
+    assert launch_waves(launch((32, 4, 1), 4), 132) == {"max_active_clusters": 24, "waves": 2}
+    assert launch_waves(launch((16, 2, 2), 2), 132) == {"max_active_clusters": 24, "waves": 2}
+    assert launch_waves(launch((32, 1, 8), 1), 132) == {"ctas_per_sm": 2, "waves": 1}
+    assert launch_waves(launch((33, 1, 9), 1), 132) == {"ctas_per_sm": 2, "waves": 2}
 
     def refuse(fn, cfg):
         return (driver.CUresult.CUDA_ERROR_INVALID_VALUE, 0)
 
     monkeypatch.setattr(driver, "cuOccupancyMaxActiveClusters", refuse)
-    assert "CUDA_ERROR_INVALID_VALUE" in sweep.waves(launch((32, 4, 1), 4), 132)["waves_error"]
+    assert "CUDA_ERROR_INVALID_VALUE" in launch_waves(launch((32, 4, 1), 4), 132)["waves_error"]

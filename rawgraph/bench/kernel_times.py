@@ -32,7 +32,7 @@ from ..graphs.capture import Capture
 from ..ops import FLAG_EARLY
 from ..runtime.device import get_device
 from ..runtime.errors import call
-from ..runtime.launch import LaunchPlan
+from ..runtime.launch import Launch, LaunchPlan
 from ..runtime.memory import DeviceBuffer
 from ..runtime.module import get_kernels
 from ..runtime.stream import Event, Stream
@@ -68,6 +68,41 @@ def _graph_time_us(launches, bufs: dict, stream: Stream, pdl: bool, repeats: int
     exe.close()
     cap.captured.close()
     return stats(samples)
+
+
+def max_active_clusters(launch: Launch, cluster: int) -> int:
+    """``cuOccupancyMaxActiveClusters`` for this launch's grid, block, shared memory and a cluster
+    of ``cluster`` CTAs along grid y (how rawgraph's kernels split K)."""
+    cfg = driver.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = launch.grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = launch.block
+    cfg.sharedMemBytes = launch.shared_mem
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = 1, cluster, 1
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    return int(call(driver.cuOccupancyMaxActiveClusters, launch.kernel.handle, cfg))
+
+
+def launch_waves(launch: Launch, multiprocessors: int) -> dict[str, int | str]:
+    """How many waves a launch's grid takes: its CTAs, or for a K split over a cluster along grid y
+    its clusters, over how many run at once on the whole device (:func:`max_active_clusters`, or
+    ``cuOccupancyMaxActiveBlocksPerMultiprocessor`` x SMs). A cluster must fit one GPC, so a grid
+    of clusters may need two waves where its CTAs alone would fit one. A figure beside a timing: a
+    refused query is recorded (``waves_error``), not raised."""
+    gx, gy, gz = launch.grid
+    split = launch.kernel.cluster_dims[1]
+    try:
+        if split > 1:
+            at_once = max_active_clusters(launch, split)
+            return {"max_active_clusters": at_once, "waves": -(-(gx * (gy // split) * gz) // max(at_once, 1))}
+        threads = launch.block[0] * launch.block[1] * launch.block[2]
+        fn = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor
+        per_sm = int(call(fn, launch.kernel.handle, threads, launch.shared_mem))
+        return {"ctas_per_sm": per_sm, "waves": -(-(gx * gy * gz) // max(per_sm * multiprocessors, 1))}
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        return {"waves_error": f"{type(exc).__name__}: {exc}"}
 
 
 def copy_bandwidth(stream: Stream, nbytes: int = 1 << 30) -> float:
