@@ -307,7 +307,7 @@ case "${1:-tests}" in
     gpu_tests "${TESTS_LIMIT:-280}" -q --durations=10 tests
     timeout $(( $(left) - 20 )) python3 benchmarks/tf32x3_sweep.py --alternates 2 --wgmma-alternates 4 --no-wgmma-runs2 \
       --budget-s $(( $(left) - 45 )) --out "$OUT/tf32x3" >"$OUT/tf32x3.log" 2>&1
-    echo "tf32x3 sweep rc=$? at $(el)s"; grep -c "^M=" "$OUT/tf32x3.log"; grep -A12 "TF32X3_WGMMA_TABLE" "$OUT/tf32x3.log" | head -80 ;;
+    echo "tf32x3 sweep rc=$? at $(el)s"; grep -c "^M=" "$OUT/tf32x3.log"; sed -n '/^TF32X3_WGMMA_TABLE/,/^"""$/p' "$OUT/tf32x3.log" ;;
   section3)  # the tf32x3 GEMM's sweep with its wgmma rows, then what it buys with precision="auto"
     # (the models' default): launch paths at serving sizes, bench buckets and slots
     timeout 170 python3 benchmarks/tf32x3_sweep.py --quick --wgmma-alternates 2 --out "$OUT/tf32x3" >"$OUT/tf32x3.log" 2>&1

@@ -551,6 +551,12 @@ def test_launch_waves_counts_clusters_and_ctas(monkeypatch):
     assert launch_waves(launch((32, 1, 8), 1), 132) == {"ctas_per_sm": 2, "waves": 1}
     assert launch_waves(launch((33, 1, 9), 1), 132) == {"ctas_per_sm": 2, "waves": 2}
 
+    monkeypatch.setattr(driver, "cuOccupancyMaxActiveClusters", lambda fn, cfg: (ok, 0))
+    assert launch_waves(launch((32, 4, 1), 4), 132) == {
+        "max_active_clusters": 0,
+        "waves_error": "no cluster of this launch fits the device",
+    }
+
     def refuse(fn, cfg):
         return (driver.CUresult.CUDA_ERROR_INVALID_VALUE, 0)
 

@@ -96,7 +96,9 @@ def launch_waves(launch: Launch, multiprocessors: int) -> dict[str, int | str]:
     try:
         if split > 1:
             at_once = max_active_clusters(launch, split)
-            return {"max_active_clusters": at_once, "waves": -(-(gx * (gy // split) * gz) // max(at_once, 1))}
+            if at_once == 0:
+                return {"max_active_clusters": 0, "waves_error": "no cluster of this launch fits the device"}
+            return {"max_active_clusters": at_once, "waves": -(-(gx * (gy // split) * gz) // at_once)}
         threads = launch.block[0] * launch.block[1] * launch.block[2]
         fn = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor
         per_sm = int(call(fn, launch.kernel.handle, threads, launch.shared_mem))

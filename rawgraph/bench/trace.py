@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
-import json
 import os
 import re
 import sys
@@ -367,8 +366,7 @@ def _finish(
     doc = tracer.to_chrome()
     env = env_info(runner)
     doc["metadata"]["environment"] = env  # commit, GPU, versions, date: what every results JSON records
-    json_path = stem.with_name(stem.name + ".json")
-    json_path.write_text(json.dumps(doc))
+    json_path = tracer.write(stem.with_name(stem.name + ".json"), doc)
     print(f"json: {json_path}")
     png_path = None
     if not args.no_png:

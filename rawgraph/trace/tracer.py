@@ -516,10 +516,11 @@ class Tracer:
         host = [replace(s, args={**s.args, "correlation": corr[s.id]}) if s.id in corr else s for s in self.host]
         return chrome_trace(host, self.joined_device_spans(), self.instants, self.origin_ns, self.metadata(), corr)
 
-    def write(self, path: str | Path) -> Path:
-        """Write :meth:`to_chrome` as JSON to ``path``; open it in Perfetto (ui.perfetto.dev, "Open
-        trace file") or ``chrome://tracing``."""
+    def write(self, path: str | Path, doc: dict[str, Any] | None = None) -> Path:
+        """Write :meth:`to_chrome` as JSON to ``path`` (or ``doc``, such a document a caller added
+        to, e.g. its ``metadata``); open it in Perfetto (ui.perfetto.dev, "Open trace file") or
+        ``chrome://tracing``."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(self.to_chrome()))
+        p.write_text(json.dumps(self.to_chrome() if doc is None else doc))
         return p
