@@ -49,6 +49,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
+from itertools import product
 from pathlib import Path
 
 import numpy as np
@@ -175,6 +176,29 @@ def wgmma_alternates(cut: WgmmaCut, k: int, limit: int) -> list[WgmmaCut]:
         if c != cut and c not in out:
             out.append(c)
     return out[:limit]
+
+
+def wgmma_search(m: int, k: int, multiprocessors: int, smem_limit: int) -> list[WgmmaCut]:
+    """Every one-run warpgroup cut of the usual tiles (``bm``, ``bn`` 64 or 128, ``bk`` 16 or 32, a
+    cluster split of 1-8; 4 stages, 3 where shared memory is short; ``flush`` as the default
+    rule's) whose grid has between half and twice as many CTAs as SMs, each one the kernel can be
+    (N = K, as in the grid). The sweep times those of them that take one wave: a grid of clusters
+    of 4 CTAs of one an SM runs 30 at once on an H100 (each must fit one GPC), so 32 of them take
+    two, and a cut's rank depends on that as much as on its tile."""
+    out: list[WgmmaCut] = []
+    flush = 1 if k <= 512 else 2
+    for bm, bn, bk, split in product((64, 128), (64, 128), (16, 32), (1, 2, 4, 8)):
+        ctas = -(-m // bm) * -(-k // bn) * split
+        if not multiprocessors / 2 <= ctas <= 2 * multiprocessors:
+            continue
+        stages = 4 if tf32x3_wgmma_smem_bytes(bm, bn, bk, 4, split) <= smem_limit else 3
+        cut = WgmmaCut(bm=bm, bn=bn, bk=bk, stages=stages, split=split, slices=1, minb=1, flush=flush)
+        try:
+            tf32x3_wgmma_shape(m, k, k, cut)
+        except ValueError:
+            continue
+        out.append(cut)
+    return out
 
 
 def wlabel(cut: WgmmaCut) -> str:
@@ -375,9 +399,10 @@ class Sweep:
             "pct_fp32_peak": None if self.peaks is None else 100 * tflops / self.peaks[0],
         }
 
-    def ours(self, m: int, w: int, d: dict, precision: str, shape=None) -> dict:
+    def ours(self, m: int, w: int, d: dict, precision: str, shape=None, max_waves: int | None = None) -> dict:
         """A rawgraph cut (``shape``, or ops.matmul's own at ``precision``): errors on both data
-        sets, two runs bit for bit (tf32x3), then the timed PDL chain."""
+        sets, two runs bit for bit (tf32x3), then the timed PDL chain. With ``max_waves``, a cut
+        whose grid takes more waves is not run: its record has ``skipped`` and the waves."""
         from cuda.bindings import driver
 
         from rawgraph import ops
@@ -392,6 +417,11 @@ class Sweep:
             for kind in ("normal", "scaled"):
                 views["x"] = DeviceArray(d["x"][kind].ptr, (m, w), f32, d["x"][kind])
                 launch = ops.matmul(self.dev, views, "x", "W0", "y", shape=shape, precision=precision)
+                if max_waves is not None and kind == "normal":
+                    rec.update(self.launch_waves(launch, self.sms))
+                    if rec.get("waves", max_waves + 1) > max_waves:
+                        rec["skipped"] = f"{rec.get('waves', rec.get('waves_error'))} waves"
+                        return rec
                 outs = []
                 for _ in range(2 if precision == "tf32x3" else 1):
                     d["y"].poison(self.stream)
@@ -507,7 +537,13 @@ class Sweep:
         if self.wgmma:
             row["wgmma"] = []
             launched = self.wgmma_launched(m, w)
-            for i, cut in enumerate(self.wgmma_cuts(m, w)):
+            listed = self.wgmma_cuts(m, w)
+            searched = (
+                set(wgmma_search(m, w, self.sms, self.dev.info.smem_per_block_optin)) if self.a.wgmma_search else set()
+            )
+            searched -= {listed[0], *self.a.wgmma_cut}
+            row["wgmma_skipped"] = []
+            for i, cut in enumerate(listed):
                 rec = {
                     "cut": wlabel(cut),
                     "values": asdict(cut),
@@ -515,8 +551,12 @@ class Sweep:
                     "launched": cut == launched,
                     "smem": tf32x3_wgmma_smem_bytes(cut.bm, cut.bn, cut.bk, cut.stages, cut.split, cut.runs),
                 }
-                rec.update(self.ours(m, w, d, "tf32x3", tf32x3_wgmma_shape(m, w, w, cut)))
-                row["wgmma"].append(rec)
+                max_waves = 1 if cut in searched else None
+                rec.update(self.ours(m, w, d, "tf32x3", tf32x3_wgmma_shape(m, w, w, cut), max_waves))
+                if "skipped" in rec:
+                    row["wgmma_skipped"].append(f"{rec['cut']}: {rec['skipped']}")
+                else:
+                    row["wgmma"].append(rec)
         row["fp32"] = self.ours(m, w, d, "fp32")
         if self.torch is not None:
             t = self.torch
@@ -534,14 +574,17 @@ class Sweep:
     def wgmma_cuts(self, m: int, w: int) -> list[WgmmaCut]:
         """The warpgroup cuts timed at (m, w): the one ops.matmul launches there (its
         TF32X3_WGMMA_CUTS entry) or, without one, the default rule's; then the default rule's cut
-        and its alternates, the two-run form's first guess (``runs=2``, unless --no-wgmma-runs2)
-        and --wgmma-cut."""
+        and its alternates, the two-run form's first guess (``runs=2``, unless --no-wgmma-runs2),
+        --wgmma-cut, and with --wgmma-search the :func:`wgmma_search` cuts (those not already
+        listed are timed only where they take one wave)."""
         optin = self.dev.info.smem_per_block_optin
         first = tf32x3_wgmma_default_cut(m, w, w, self.sms, True, optin)
         rest = [first, *wgmma_alternates(first, w, self.a.wgmma_alternates)]
         if not self.a.no_wgmma_runs2:
             rest.append(tf32x3_wgmma_default_cut(m, w, w, self.sms, True, optin, runs=2))
         rest += list(self.a.wgmma_cut)
+        if self.a.wgmma_search:
+            rest += wgmma_search(m, w, self.sms, optin)
         lead = self.wgmma_launched(m, w) or first
         return [lead] + [c for c in dict.fromkeys(rest) if c != lead]
 
@@ -790,6 +833,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--wgmma-cut", type=parse_wgmma_cut, action="append", default=[], help="also time this wgmma cut")
     p.add_argument("--wgmma-alternates", type=int, default=None, help="other wgmma cuts per shape (default 3, quick 3)")
+    p.add_argument("--wgmma-search", action="store_true", help="also time every wgmma_search cut that takes one wave")
     p.add_argument("--no-wgmma", action="store_true", help="leave out the warpgroup kernel's rows")
     p.add_argument("--no-wgmma-runs2", action="store_true", help="leave out the two-runs-in-flight wgmma row (runs=2)")
     p.add_argument("--jobs", type=int, default=8, help="NVRTC compile processes")

@@ -504,6 +504,12 @@ def test_the_sweep_parses_wgmma_cuts_and_judges_their_rows():
     assert alts and first not in alts and len(set(alts)) == len(alts)
     for c in alts:
         tf32x3_wgmma_shape(128, 4096, 4096, c)
+    search = sweep.wgmma_search(128, 4096, SMS, OPTIN)
+    assert WgmmaCut(128, 64, 32, 4, 2, flush=2) in search  # 128 CTAs in 64 clusters of 2
+    assert WgmmaCut(128, 128, 32, 4, 2, flush=2) not in search  # 64 CTAs: half the SMs idle
+    for c in search:
+        tf32x3_wgmma_shape(128, 4096, 4096, c)
+        assert SMS / 2 <= (128 // c.bm) * (4096 // c.bn) * c.split <= 2 * SMS
 
     def rec(us, err, **kw):
         e = {"fro": err, "worst_row": err}
