@@ -15,11 +15,12 @@ from rawgraph import ops
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 # The sweeps TF32X3_AUTO_ROWS and TF32X3_WGMMA_CUTS come from (benchmarks/tf32x3_sweep.py;
-# docs/gemm.md quotes them), oldest first: the whole grid with the mma.sync cuts, then the shapes of
-# the warpgroup table with their wgmma cuts. Per shape the newest run that measured it decides.
+# docs/gemm.md quotes them), oldest first: the whole grid with the mma.sync cuts, eight shapes with
+# wgmma cuts, then the whole grid with wgmma cuts. Per shape the newest run that measured it decides.
 SWEEPS = (
     RESULTS / "tf32x3_sweep_2026-12-07_39e1c3f_h100.json",
     RESULTS / "tf32x3_sweep_quick_2026-12-07_cf8187d_h100.json",
+    RESULTS / "tf32x3_sweep_wgmma_2026-12-07_f7f5129_h100.json",
 )
 SMS, OPTIN = 132, 232448  # the device of the sweeps (H100 SXM: 132 SMs, 227 KiB opt-in shared memory)
 
@@ -85,9 +86,9 @@ def test_the_measured_cuts_are_still_the_launched_ones():
     [
         (64, 1024, (9, 0), "tf32x3"),
         (57, 1024, (9, 0), "tf32x3"),  # rounds up to 64
-        (65, 1024, (9, 0), "fp32"),  # rounds up to 72: fp32 measured faster
-        (100, 2048, (9, 0), "fp32"),  # between the two 2048 ranges
-        (129, 2048, (9, 0), "tf32x3"),  # rounds up to 136
+        (129, 1024, (9, 0), "fp32"),  # rounds up to 136: fp32 measured faster
+        (100, 4096, (9, 0), "tf32x3"),  # rounds up to 104
+        (95, 4096, (9, 0), "fp32"),  # rounds up to 96: fp32 measured faster
         (256, 4096, (9, 0), "tf32x3"),
         (257, 4096, (9, 0), "fp32"),  # beyond the grid
         (8, 4096, (9, 0), "fp32"),  # below the grid
@@ -118,23 +119,33 @@ def _matmul_kernels(plan):
     return [launch.kernel.name for launch in plan.launches if "matmul" in launch.label]
 
 
+def _auto_pair():
+    """A width of the grid and two of its row counts where precision="auto" runs tf32x3 and fp32."""
+    for width in (1024, 2048, 4096):
+        picks = {ops.auto_precision(b, width, width, (9, 0)): b for b in range(256, 63, -8)}
+        if len(picks) == 2:
+            return width, picks["tf32x3"], picks["fp32"]
+    raise AssertionError("TF32X3_AUTO_ROWS covers the whole grid or none of it")
+
+
 @pytest.mark.parametrize("form", ["fused", "unfused"])
 def test_tinyblock_runs_what_auto_picks_per_batch(fake_driver, device, form):
-    """w1024: 64 rows are a tf32x3 product, 72 rows an fp32 one (TF32X3_AUTO_ROWS); an explicit
+    """A tf32x3 product and an fp32 one of the same width (TF32X3_AUTO_ROWS); an explicit
     precision holds at both, and with_batch keeps it."""
     from rawgraph import DeviceBuffer, TinyBlock
 
-    with TinyBlock(1024, 64, form=form) as model:
+    width, tb, fb = _auto_pair()
+    with TinyBlock(width, tb, form=form) as model:
         assert model.precision == "auto"
-        with DeviceBuffer((64, 1024)) as x, DeviceBuffer((64, 1024)) as y:
+        with DeviceBuffer((tb, width)) as x, DeviceBuffer((tb, width)) as y:
             assert all(k.startswith("tf32x3_") for k in _matmul_kernels(model.plan(x, y)))
-        with model.with_batch(72) as m72, DeviceBuffer((72, 1024)) as x, DeviceBuffer((72, 1024)) as y:
-            assert m72.precision == "auto"
-            kernels = _matmul_kernels(m72.plan(x, y))
+        with model.with_batch(fb) as mf, DeviceBuffer((fb, width)) as x, DeviceBuffer((fb, width)) as y:
+            assert mf.precision == "auto"
+            kernels = _matmul_kernels(mf.plan(x, y))
             assert kernels and not any(k.startswith("tf32x3_") for k in kernels), kernels
-    for precision, batch in (("fp32", 64), ("tf32x3", 72)):
-        with TinyBlock(1024, batch, form=form, precision=precision) as model:
-            with model.with_batch(batch) as again, DeviceBuffer((batch, 1024)) as x, DeviceBuffer((batch, 1024)) as y:
+    for precision, batch in (("fp32", tb), ("tf32x3", fb)):
+        with TinyBlock(width, batch, form=form, precision=precision) as model:
+            with model.with_batch(batch) as again, DeviceBuffer((batch, width)) as x, DeviceBuffer((batch, width)) as y:
                 assert again.precision == precision
                 kernels = _matmul_kernels(again.plan(x, y))
                 assert kernels and all(k.startswith("tf32x3_") == (precision == "tf32x3") for k in kernels), kernels
@@ -142,14 +153,19 @@ def test_tinyblock_runs_what_auto_picks_per_batch(fake_driver, device, form):
 
 def test_tinyblock_row_grid_follows_the_tf32x3_row_tiles(fake_driver, device):
     """The serving layer shrinks a tf32x3 launch's grid by its BM-row tiles (axis 2), as an
-    sgemm's: the mma.sync kernel's (72 rows) and the warpgroup kernel's (64 and 128 rows, cuts of
-    TF32X3_WGMMA_CUTS on the fake driver's 9.0 device)."""
+    sgemm's: the mma.sync kernel's (72 rows at w512, a width the warpgroup table has no entry for)
+    and the warpgroup kernel's (64 and 128 rows at w1024, cuts of TF32X3_WGMMA_CUTS on the fake
+    driver's 9.0 device)."""
     from rawgraph import DeviceBuffer, TinyBlock
 
-    for batch, kernel in ((72, "tf32x3_split_kernel"), (64, "tf32x3_wgmma"), (128, "tf32x3_wgmma")):
-        shape = ops.matmul_shape(batch, 1024, 1024, SMS, smem_limit=OPTIN, precision="tf32x3", wgmma=True)
-        with TinyBlock(1024, batch, form="fused", precision="tf32x3") as model:
-            with DeviceBuffer((batch, 1024)) as x, DeviceBuffer((batch, 1024)) as y:
+    for batch, width, kernel in (
+        (72, 512, "tf32x3_split_kernel"),
+        (64, 1024, "tf32x3_wgmma"),
+        (128, 1024, "tf32x3_wgmma"),
+    ):
+        shape = ops.matmul_shape(batch, width, width, SMS, smem_limit=OPTIN, precision="tf32x3", wgmma=True)
+        with TinyBlock(width, batch, form="fused", precision="tf32x3") as model:
+            with DeviceBuffer((batch, width)) as x, DeviceBuffer((batch, width)) as y:
                 for launch in model.plan(x, y).launches:
                     assert launch.kernel.name.startswith(kernel), (batch, launch.kernel.name)
                     assert launch.grid == shape.grid
