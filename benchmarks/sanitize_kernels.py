@@ -10,7 +10,8 @@ its four paths: no split, a cluster split, in-CTA K slices (with and without a s
 and pointer slots; the tensor-core GEMM (``kernels/tf32x3.cu``, ``precision="tf32x3"``) through
 the same paths, every warp tile and both accumulation forms, and every cut the dispatcher serves
 at the serving grid; on compute capability 9.0 its warpgroup form (``kernels/tf32x3_wgmma.cu``)
-through the same paths, one and two warpgroups, cluster splits and both run forms. Exit status 1
+through the same paths, one and two warpgroups, cluster splits, both run forms and every cut of its
+table. Exit status 1
 if any result is wrong.
 
     PYTHONPATH=. python3 benchmarks/sanitize_kernels.py
@@ -19,6 +20,7 @@ if any result is wrong.
 from __future__ import annotations
 
 import sys
+from dataclasses import astuple
 
 import numpy as np
 
@@ -230,6 +232,9 @@ def main() -> int:
     )
     for batch, k, n, epilogue, cut in wgmma_cuts if wgmma else ():
         matmul_case("tf32x3 wgmma", batch, k, n, epilogue, tf32x3_wgmma_shape(batch, k, n, cut), "tf32x3")
+    # every cut the warpgroup table (ops.TF32X3_WGMMA_CUTS) serves, on a shape with tails in M, K and N
+    for cut in sorted(set(ops.TF32X3_WGMMA_CUTS.values()), key=astuple) if wgmma else ():
+        matmul_case("tf32x3 wgmma table", 70, 1000, 996, "add", tf32x3_wgmma_shape(70, 1000, 996, cut), "tf32x3")
     if not wgmma:
         print(f"skip tf32x3 wgmma: compute capability {dev.info.compute_capability}, not 9.0", flush=True)
 
