@@ -11,8 +11,7 @@ and pointer slots; the tensor-core GEMM (``kernels/tf32x3.cu``, ``precision="tf3
 the same paths, every warp tile and both accumulation forms, and every cut the dispatcher serves
 at the serving grid; on compute capability 9.0 its warpgroup form (``kernels/tf32x3_wgmma.cu``)
 through the same paths, one and two warpgroups, cluster splits, both run forms and every cut of its
-table. Exit status 1
-if any result is wrong.
+table. Exit status 1 if any result is wrong.
 
     PYTHONPATH=. python3 benchmarks/sanitize_kernels.py
 """
