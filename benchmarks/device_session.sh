@@ -26,6 +26,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tf32ncu # ncu on the tf32x3 cut and cuBLAS at w4096 M 128, 256
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh wgmmagrid # GPU tests; the tf32x3 grid with wgmma rows
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh wgmmasearch # the grid with every one-wave wgmma cut; ncu at w4096 M 256
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh suitesearch # GPU tests, then that grid with what is left
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT CUTLASS_PROBE=<binary> bash benchmarks/device_session.sh cutlass  # cuBLAS's kernels, its design built publicly; GPU tests
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
@@ -319,6 +320,11 @@ case "${1:-tests}" in
       --section LaunchStats --metrics "${STALLS}l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum" \
       python3 benchmarks/probes/sgemm_ncu.py --m 256 --k 4096 --precision tf32x3 >"$OUT/ncu_tf32x3_m256_k4096.txt" 2>&1
     echo "ncu rc=$? at $(el)s"; grep -E "CHECK|Duration|Issue Slots Busy|Registers Per|Compute \(SM\)|Memory Throughput" "$OUT/ncu_tf32x3_m256_k4096.txt" | head -24 ;;
+  suitesearch)  # every GPU test at HEAD, then wgmmasearch's sweep (widest first) with what is left
+    gpu_tests "${TESTS_LIMIT:-330}" -q --durations=10 tests
+    timeout $(( $(left) - 15 )) python3 benchmarks/tf32x3_sweep.py --alternates 0 --wgmma-alternates 0 --no-wgmma-runs2 \
+      --wgmma-search --widths 4096 2048 1024 --budget-s $(( $(left) - 45 )) --out "$OUT/tf32x3" >"$OUT/tf32x3.log" 2>&1
+    echo "tf32x3 sweep rc=$? at $(el)s"; grep -c "^M=" "$OUT/tf32x3.log"; grep -E "not run|budget" "$OUT/tf32x3.log" | tail -2 ;;
   section3)  # the tf32x3 GEMM's sweep with its wgmma rows, then what it buys with precision="auto"
     # (the models' default): launch paths at serving sizes, bench buckets and slots
     timeout 170 python3 benchmarks/tf32x3_sweep.py --quick --wgmma-alternates 2 --out "$OUT/tf32x3" >"$OUT/tf32x3.log" 2>&1
@@ -336,7 +342,7 @@ case "${1:-tests}" in
   memcheck)  # every GPU test file under memcheck, each log naming the files and tests it covered
     MEMCHECK_LIMIT=${MEMCHECK_LIMIT:-$(( (BUDGET - 20) / ${CHUNKS:-4} ))} bash benchmarks/memcheck_gpu_tests.sh ${CHUNKS:-4} ${RUN_CHUNKS:-}
     echo "memcheck rc=$? at $(el)s" ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|suite|tf32ncu|memcheck|wave|section3|wgmmagrid|wgmmasearch" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|suite|tf32ncu|memcheck|wave|section3|wgmmagrid|wgmmasearch|suitesearch" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"
