@@ -33,7 +33,7 @@ Verdicts per shape (the targets): tf32x3 at least 1.3x faster than cuBLAS fp32 (
 both data sets. ``best`` is the fastest mma.sync cut whose errors pass (the table ends with them as a
 ``rawgraph.ops.TF32X3_CUTS`` literal), ``best_wgmma`` the fastest such wgmma cut (the table then
 prints ``rawgraph.ops.TF32X3_WGMMA_TABLE``: ``best_wgmma`` wherever it beat the mma.sync cut
-launched there; ``--table JSON`` prints it from a run's results).
+launched there; ``--table JSON [JSON ...]`` prints it from runs' results, per shape the newest).
 
 Output in ``--out``: ``tf32x3_sweep.json`` (``rawgraph.bench.provenance.environment()``: commit,
 GPU; every figure) and ``tf32x3_sweep.txt`` (the table). ``--budget-s`` stops starting new shapes
@@ -839,7 +839,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=8, help="NVRTC compile processes")
     p.add_argument("--seed", type=int, default=20261207)
     p.add_argument(
-        "--table", metavar="JSON", default=None, help="print TF32X3_WGMMA_TABLE from a sweep's results and stop"
+        "--table",
+        metavar="JSON",
+        nargs="+",
+        default=None,
+        help="print TF32X3_WGMMA_TABLE from sweeps' results (oldest first: per shape the newest row) and stop",
     )
     return p
 
@@ -869,7 +873,10 @@ def grid_shapes(a) -> list[tuple[int, int]]:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if a.table:
-        print(wgmma_table(json.loads(Path(a.table).read_text())))
+        rows: dict = {}
+        for path in a.table:
+            rows.update({(r["M"], r["K"], r["N"]): r for r in json.loads(Path(path).read_text())["rows"]})
+        print(wgmma_table({"rows": list(rows.values())}))
         return 0
     a.alternates = a.alternates if a.alternates is not None else (5 if a.quick else 4)
     a.repeats = a.repeats or (7 if a.quick else 5)

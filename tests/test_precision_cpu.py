@@ -59,10 +59,12 @@ def test_the_auto_rows_are_where_the_sweep_measured_tf32x3_faster_and_accurate()
 
 
 def test_the_wgmma_table_holds_the_fastest_accurate_wgmma_cut_where_it_beat_the_mma_sync_one():
-    """TF32X3_WGMMA_CUTS: at each shape of the sweep with wgmma rows, the fastest wgmma cut that
-    passed the gate, where it was faster than the mma.sync cut launched there; nothing else."""
+    """TF32X3_WGMMA_CUTS: at each shape whose newest sweep has wgmma rows, the fastest wgmma cut
+    that passed the gate, where it was faster than the mma.sync cut launched there; nothing else."""
     want = {}
-    for r in json.loads(SWEEPS[-1].read_text())["rows"]:
+    for r in _rows().values():
+        if "wgmma" not in r:
+            continue
         best = r["best_wgmma"]
         mma = next(c for c in r["tf32x3"] if c["table"])
         if best is not None and best["accurate"] and best["us"] < mma["us"]:
