@@ -6,6 +6,7 @@ and its model with a replay still in flight.
 
 Capture itself is in ``tests/test_capture_gpu.py``, whole-graph update in ``tests/test_update_gpu.py``."""
 
+import gc
 import time
 
 import numpy as np
@@ -131,6 +132,9 @@ def test_destroying_exec_graph_and_model_with_a_replay_in_flight(stream, rng):
     graph = capture_plan(model.plan(x, out), stream)
     exe = graph.instantiate()
     out.poison(stream)
+    # Earlier tests' garbage is released now, not by a collection during the host calls below: a
+    # cuMemFree among it may synchronize the device and so wait out the spin they must be queued behind.
+    gc.collect()
     ops.spin(get_device(), SPIN_NS)(stream)
     exe.launch(stream)
     assert not stream.query()
