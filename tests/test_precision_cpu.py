@@ -16,11 +16,13 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 # The sweeps TF32X3_AUTO_ROWS and TF32X3_WGMMA_CUTS come from (benchmarks/tf32x3_sweep.py;
 # docs/gemm.md quotes them), oldest first: the whole grid with the mma.sync cuts, eight shapes with
-# wgmma cuts, then the whole grid with wgmma cuts. Per shape the newest run that measured it decides.
+# wgmma cuts, the whole grid with wgmma cuts, then with every one-wave wgmma cut. Per shape the
+# newest run that measured it decides.
 SWEEPS = (
     RESULTS / "tf32x3_sweep_2026-12-07_39e1c3f_h100.json",
     RESULTS / "tf32x3_sweep_quick_2026-12-07_cf8187d_h100.json",
     RESULTS / "tf32x3_sweep_wgmma_2026-12-07_f7f5129_h100.json",
+    RESULTS / "tf32x3_sweep_search_2026-12-07_2697335_h100.json",
 )
 SMS, OPTIN = 132, 232448  # the device of the sweeps (H100 SXM: 132 SMs, 227 KiB opt-in shared memory)
 
@@ -88,9 +90,9 @@ def test_the_measured_cuts_are_still_the_launched_ones():
     [
         (64, 1024, (9, 0), "tf32x3"),
         (57, 1024, (9, 0), "tf32x3"),  # rounds up to 64
-        (129, 1024, (9, 0), "fp32"),  # rounds up to 136: fp32 measured faster
-        (100, 4096, (9, 0), "tf32x3"),  # rounds up to 104
-        (95, 4096, (9, 0), "fp32"),  # rounds up to 96: fp32 measured faster
+        (129, 1024, (9, 0), "tf32x3"),  # rounds up to 136
+        (56, 1024, (9, 0), "fp32"),  # below the grid
+        (100, 2048, (9, 0), "tf32x3"),  # rounds up to 104
         (256, 4096, (9, 0), "tf32x3"),
         (257, 4096, (9, 0), "fp32"),  # beyond the grid
         (8, 4096, (9, 0), "fp32"),  # below the grid
@@ -122,9 +124,10 @@ def _matmul_kernels(plan):
 
 
 def _auto_pair():
-    """A width of the grid and two of its row counts where precision="auto" runs tf32x3 and fp32."""
+    """A width of the grid and two row counts where precision="auto" runs tf32x3 and fp32 (the
+    largest of each, at most 256 rows)."""
     for width in (1024, 2048, 4096):
-        picks = {ops.auto_precision(b, width, width, (9, 0)): b for b in range(256, 63, -8)}
+        picks = {ops.auto_precision(b, width, width, (9, 0)): b for b in range(256, 7, -8)}
         if len(picks) == 2:
             return width, picks["tf32x3"], picks["fp32"]
     raise AssertionError("TF32X3_AUTO_ROWS covers the whole grid or none of it")
