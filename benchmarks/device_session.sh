@@ -27,6 +27,8 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh wgmmagrid # GPU tests; the tf32x3 grid with wgmma rows
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh wgmmasearch # the grid with every one-wave wgmma cut; ncu at w4096 M 256
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh suitesearch # GPU tests, then that grid with what is left
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tf32suite   # GPU tests, w4096 b1, memcheck, racecheck
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tf32bench   # section 3's benches, synccheck, initcheck
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT CUTLASS_PROBE=<binary> bash benchmarks/device_session.sh cutlass  # cuBLAS's kernels, its design built publicly; GPU tests
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
@@ -273,7 +275,7 @@ case "${1:-tests}" in
     echo "kernel times rc=$? at $(el)s"; tail -8 "$OUT/kernel_times_w4096_b1.log" ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
-  tf32ncu)  # issue 46: what limits tf32x3 at w4096 (M = 128: 0.58x cuBLAS; M = 256: 1.17x): ncu on
+  tf32ncu)  # issue 46: what limits tf32x3 at w4096 (M = 128: 1.24x cuBLAS; M = 256: 1.78x): ncu on
     # its cut and cuBLAS's kernels side by side, with the stall reasons and local-memory traffic
     for m in 128 256; do
       if [ "$(left)" -gt 60 ]; then
@@ -325,6 +327,16 @@ case "${1:-tests}" in
     timeout $(( $(left) - 15 )) python3 benchmarks/tf32x3_sweep.py --alternates 0 --wgmma-alternates 0 --no-wgmma-runs2 \
       --wgmma-search --widths 4096 2048 1024 --budget-s $(( $(left) - 45 )) --out "$OUT/tf32x3" >"$OUT/tf32x3.log" 2>&1
     echo "tf32x3 sweep rc=$? at $(el)s"; grep -c "^M=" "$OUT/tf32x3.log"; grep -E "not run|budget" "$OUT/tf32x3.log" | tail -2 ;;
+  tf32suite)  # issue 46's closing checks, first call: every GPU test (the table's routing), w4096 b1
+    # against copy bandwidth, then memcheck and racecheck over every kernel form and table cut
+    gpu_tests "${TESTS_LIMIT:-330}" -q --durations=10 tests
+    timeout 60 python3 -m rawgraph.bench.kernel_times --width 4096 --batch 1 --out "$OUT" >"$OUT/kernel_times_w4096_b1.log" 2>&1
+    echo "kernel times rc=$? at $(el)s"; tail -6 "$OUT/kernel_times_w4096_b1.log"
+    sanitize 10 110 memcheck racecheck ;;
+  tf32bench)  # issue 46's closing checks, second call: section 3 with precision="auto" (launch paths
+    # at serving sizes, bench buckets, slots), then synccheck and initcheck with what is left
+    launch_serving 150; bench_buckets 100; bench_slots 100
+    sanitize 10 110 synccheck initcheck ;;
   section3)  # the tf32x3 GEMM's sweep with its wgmma rows, then what it buys with precision="auto"
     # (the models' default): launch paths at serving sizes, bench buckets and slots
     timeout 170 python3 benchmarks/tf32x3_sweep.py --quick --wgmma-alternates 2 --out "$OUT/tf32x3" >"$OUT/tf32x3.log" 2>&1
@@ -342,7 +354,7 @@ case "${1:-tests}" in
   memcheck)  # every GPU test file under memcheck, each log naming the files and tests it covered
     MEMCHECK_LIMIT=${MEMCHECK_LIMIT:-$(( (BUDGET - 20) / ${CHUNKS:-4} ))} bash benchmarks/memcheck_gpu_tests.sh ${CHUNKS:-4} ${RUN_CHUNKS:-}
     echo "memcheck rc=$? at $(el)s" ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|suite|tf32ncu|memcheck|wave|section3|wgmmagrid|wgmmasearch|suitesearch" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|suite|tf32ncu|memcheck|wave|section3|wgmmagrid|wgmmasearch|suitesearch|tf32suite|tf32bench" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"
