@@ -63,12 +63,14 @@ from rawgraph.ops.gemm import (  # noqa: E402
     WgmmaCut,
     matmul_expr,
     tf32x3_cut,
+    tf32x3_first_flush,
     tf32x3_shape,
     tf32x3_smem_bytes,
     tf32x3_wgmma_cut,
     tf32x3_wgmma_default_cut,
     tf32x3_wgmma_shape,
     tf32x3_wgmma_smem_bytes,
+    wgmma_first_stages,
 )
 
 REPS = 64
@@ -180,19 +182,17 @@ def wgmma_alternates(cut: WgmmaCut, k: int, limit: int) -> list[WgmmaCut]:
 
 def wgmma_search(m: int, k: int, multiprocessors: int, smem_limit: int) -> list[WgmmaCut]:
     """Every one-run warpgroup cut of the usual tiles (``bm``, ``bn`` 64 or 128, ``bk`` 16 or 32, a
-    cluster split of 1-8; 4 stages, 3 where shared memory is short; ``flush`` as the default
-    rule's) whose grid has between half and twice as many CTAs as SMs, each one the kernel can be
+    cluster split of 1-8; stages and ``flush`` as the first-guess rule takes them) whose grid has between half and twice as many CTAs as SMs, each one the kernel can be
     (N = K, as in the grid). The sweep times those of them that take one wave: a grid of clusters
     of 4 CTAs of one an SM runs 30 at once on an H100 (each must fit one GPC), so 32 of them take
     two, and a cut's rank depends on that as much as on its tile."""
     out: list[WgmmaCut] = []
-    flush = 1 if k <= 512 else 2
     for bm, bn, bk, split in product((64, 128), (64, 128), (16, 32), (1, 2, 4, 8)):
         ctas = -(-m // bm) * -(-k // bn) * split
         if not multiprocessors / 2 <= ctas <= 2 * multiprocessors:
             continue
-        stages = 4 if tf32x3_wgmma_smem_bytes(bm, bn, bk, 4, split) <= smem_limit else 3
-        cut = WgmmaCut(bm=bm, bn=bn, bk=bk, stages=stages, split=split, slices=1, minb=1, flush=flush)
+        stages = wgmma_first_stages(bm, bn, bk, split, smem_limit)
+        cut = WgmmaCut(bm=bm, bn=bn, bk=bk, stages=stages, split=split, slices=1, minb=1, flush=tf32x3_first_flush(k))
         try:
             tf32x3_wgmma_shape(m, k, k, cut)
         except ValueError:
@@ -420,7 +420,7 @@ class Sweep:
                 if max_waves is not None and kind == "normal":
                     rec.update(self.launch_waves(launch, self.sms))
                     if rec.get("waves", max_waves + 1) > max_waves:
-                        rec["skipped"] = f"{rec.get('waves', rec.get('waves_error'))} waves"
+                        rec["skipped"] = f"{rec['waves']} waves" if "waves" in rec else rec["waves_error"]
                         return rec
                 outs = []
                 for _ in range(2 if precision == "tf32x3" else 1):
@@ -538,12 +538,9 @@ class Sweep:
             row["wgmma"] = []
             launched = self.wgmma_launched(m, w)
             listed = self.wgmma_cuts(m, w)
-            searched = (
-                set(wgmma_search(m, w, self.sms, self.dev.info.smem_per_block_optin)) if self.a.wgmma_search else set()
-            )
-            searched -= {listed[0], *self.a.wgmma_cut}
+            extras = self.wgmma_extras(m, w, listed)
             row["wgmma_skipped"] = []
-            for i, cut in enumerate(listed):
+            for i, cut in enumerate(listed + extras):
                 rec = {
                     "cut": wlabel(cut),
                     "values": asdict(cut),
@@ -551,12 +548,9 @@ class Sweep:
                     "launched": cut == launched,
                     "smem": tf32x3_wgmma_smem_bytes(cut.bm, cut.bn, cut.bk, cut.stages, cut.split, cut.runs),
                 }
-                max_waves = 1 if cut in searched else None
+                max_waves = 1 if i >= len(listed) else None
                 rec.update(self.ours(m, w, d, "tf32x3", tf32x3_wgmma_shape(m, w, w, cut), max_waves))
-                if "skipped" in rec:
-                    row["wgmma_skipped"].append(f"{rec['cut']}: {rec['skipped']}")
-                else:
-                    row["wgmma"].append(rec)
+                (row["wgmma_skipped"] if "skipped" in rec else row["wgmma"]).append(rec)
         row["fp32"] = self.ours(m, w, d, "fp32")
         if self.torch is not None:
             t = self.torch
@@ -574,19 +568,23 @@ class Sweep:
     def wgmma_cuts(self, m: int, w: int) -> list[WgmmaCut]:
         """The warpgroup cuts timed at (m, w): the one ops.matmul launches there (its
         TF32X3_WGMMA_CUTS entry) or, without one, the default rule's; then the default rule's cut
-        and its alternates, the two-run form's first guess (``runs=2``, unless --no-wgmma-runs2),
-        --wgmma-cut, and with --wgmma-search the :func:`wgmma_search` cuts (those not already
-        listed are timed only where they take one wave)."""
+        and its alternates, the two-run form's first guess (``runs=2``, unless --no-wgmma-runs2)
+        and --wgmma-cut, each timed whatever its waves."""
         optin = self.dev.info.smem_per_block_optin
         first = tf32x3_wgmma_default_cut(m, w, w, self.sms, True, optin)
         rest = [first, *wgmma_alternates(first, w, self.a.wgmma_alternates)]
         if not self.a.no_wgmma_runs2:
             rest.append(tf32x3_wgmma_default_cut(m, w, w, self.sms, True, optin, runs=2))
         rest += list(self.a.wgmma_cut)
-        if self.a.wgmma_search:
-            rest += wgmma_search(m, w, self.sms, optin)
         lead = self.wgmma_launched(m, w) or first
         return [lead] + [c for c in dict.fromkeys(rest) if c != lead]
+
+    def wgmma_extras(self, m: int, w: int, listed: list[WgmmaCut]) -> list[WgmmaCut]:
+        """With --wgmma-search, the :func:`wgmma_search` cuts not in ``listed``: each timed only
+        where its grid takes one wave."""
+        if not self.a.wgmma_search:
+            return []
+        return [c for c in wgmma_search(m, w, self.sms, self.dev.info.smem_per_block_optin) if c not in listed]
 
     def wgmma_launched(self, m: int, w: int) -> WgmmaCut | None:
         """The warpgroup cut ops.matmul launches at (m, w) with precision="tf32x3", if any."""
@@ -609,7 +607,8 @@ class Sweep:
             fp = ops.matmul_shape(m, w, w, self.sms, smem_limit=optin)
             jobs.add((ops.matmul_file(fp), matmul_expr("none", fp)))
             if self.wgmma:
-                for cut in self.wgmma_cuts(m, w):
+                listed = self.wgmma_cuts(m, w)
+                for cut in listed + self.wgmma_extras(m, w, listed):
                     jobs.add(("tf32x3_wgmma", matmul_expr("none", tf32x3_wgmma_shape(m, w, w, cut))))
         warm_compile(sorted(jobs), self.dev.arch, self.a.jobs)
         log(
@@ -784,6 +783,14 @@ def table(result: dict) -> str:
                 missed.append((row["M"], row["K"]))
         out.append("")
     out.append(f"targets missed by the best accurate cut at {missed}" if missed else "every shape met its targets")
+    if any("wgmma" in row for row in result["rows"]):
+        met = [row for row in result["rows"] if (row.get("verdict_best_wgmma") or {}).get("meets_targets")]
+        skipped = sum(len(row.get("wgmma_skipped", [])) for row in result["rows"])
+        timed = sum(len(row.get("wgmma", [])) for row in result["rows"])
+        out.append(
+            f"best accurate wgmma cut: targets met at {len(met)} of {len(result['rows'])} shapes; "
+            f"{timed} wgmma cuts timed, {skipped} skipped for taking more than one wave"
+        )
     if result.get("not_run"):
         out.append(f"not run (budget): {result['not_run']}")
     out.append("")

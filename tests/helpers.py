@@ -33,6 +33,16 @@ def spin_ns(ns):
     return int(ns) * SANITIZER_SLOWDOWN
 
 
+def spin_after_collecting(device, ns, stream):
+    """Queue ``ns`` of device time on ``stream`` in front of work a test must find still queued,
+    after collecting earlier tests' garbage: a collection during the host calls that follow could
+    run a ``cuMemFree``, which the driver documents may synchronize, and so wait out the spin."""
+    from rawgraph import ops
+
+    gc.collect()
+    ops.spin(device, ns)(stream)
+
+
 def rel_err(got, ref):
     got = np.asarray(got, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)

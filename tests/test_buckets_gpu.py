@@ -3,12 +3,19 @@
 sizes refused before the GPU, runs on two streams serialised, and a run on a new stream ordered
 after one still queued on a stream closed since."""
 
-import gc
-
 import numpy as np
 import pytest
 from cuda.bindings import driver
-from helpers import GPU_TO_ITSELF, device_inputs, eager_output, random_input, rel_err, spin_ns, tiny_model
+from helpers import (
+    GPU_TO_ITSELF,
+    device_inputs,
+    eager_output,
+    random_input,
+    rel_err,
+    spin_after_collecting,
+    spin_ns,
+    tiny_model,
+)
 
 from rawgraph import (
     BucketGraphs,
@@ -187,10 +194,7 @@ def test_runs_on_two_streams_are_serialised(model, stream, rng):
     da, db = DeviceBuffer.from_numpy(xa, stream=a), DeviceBuffer.from_numpy(xb, stream=b)
     want_a, want_b = _exact(model, xa, a)[0], _exact(model, xb, b)[0]
     keep = DeviceBuffer((3, WIDTH))
-    # Earlier tests' garbage is released now, not by a collection during the host calls below: a
-    # cuMemFree among it may synchronize the device and so wait out the spin they must be queued behind.
-    gc.collect()
-    ops.spin(get_device(), 100_000_000)(a)  # a's run waits 100 ms behind this
+    spin_after_collecting(get_device(), 100_000_000, a)  # a's run waits 100 ms behind this
     res = bg.run(da, 3, stream=a)
     _copy(keep.ptr, res.ptr, keep.nbytes, a)  # a's result, before b runs
     bg.run(db, 13, stream=b)  # same arena and output: must not start before a's work is done

@@ -6,12 +6,11 @@ and its model with a replay still in flight.
 
 Capture itself is in ``tests/test_capture_gpu.py``, whole-graph update in ``tests/test_update_gpu.py``."""
 
-import gc
 import time
 
 import numpy as np
 import pytest
-from helpers import UNDER_SANITIZER, eager_output, model_io, random_input, rel_err, spin_ns
+from helpers import UNDER_SANITIZER, eager_output, model_io, random_input, rel_err, spin_after_collecting, spin_ns
 
 from rawgraph import (
     Capture,
@@ -132,10 +131,7 @@ def test_destroying_exec_graph_and_model_with_a_replay_in_flight(stream, rng):
     graph = capture_plan(model.plan(x, out), stream)
     exe = graph.instantiate()
     out.poison(stream)
-    # Earlier tests' garbage is released now, not by a collection during the host calls below: a
-    # cuMemFree among it may synchronize the device and so wait out the spin they must be queued behind.
-    gc.collect()
-    ops.spin(get_device(), SPIN_NS)(stream)
+    spin_after_collecting(get_device(), SPIN_NS, stream)
     exe.launch(stream)
     assert not stream.query()
     exe.close()

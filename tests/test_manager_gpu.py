@@ -12,7 +12,16 @@ import weakref
 import numpy as np
 import pytest
 from cuda.bindings import driver
-from helpers import device_inputs, eager_output, model_io, random_input, rel_err, spin_ns, tiny_model
+from helpers import (
+    device_inputs,
+    eager_output,
+    model_io,
+    random_input,
+    rel_err,
+    spin_after_collecting,
+    spin_ns,
+    tiny_model,
+)
 
 from rawgraph import (
     Capture,
@@ -476,10 +485,7 @@ def test_update_affects_only_later_launches(stream, rng):
     expected = [eager_output(model, xi, stream) for xi in xs]
     for o in outs:
         o.poison(stream)
-    # Earlier tests' garbage is released now, not by a collection during the host calls below: a
-    # cuMemFree among it may synchronize the device and so wait out the spin they must be queued behind.
-    gc.collect()
-    ops.spin(get_device(), SHORT_SPIN_NS)(stream)
+    spin_after_collecting(get_device(), SHORT_SPIN_NS, stream)
     for xi, oi in zip(xs, outs):
         mgr.bind_many({"x": xi, "out": oi})
         mgr.launch(stream)

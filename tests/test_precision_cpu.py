@@ -88,12 +88,7 @@ def test_the_measured_cuts_are_still_the_launched_ones():
 @pytest.mark.parametrize(
     "batch,width,cc,want",
     [
-        (64, 1024, (9, 0), "tf32x3"),
-        (57, 1024, (9, 0), "tf32x3"),  # rounds up to 64
-        (129, 1024, (9, 0), "tf32x3"),  # rounds up to 136
         (56, 1024, (9, 0), "fp32"),  # below the grid
-        (100, 2048, (9, 0), "tf32x3"),  # rounds up to 104
-        (256, 4096, (9, 0), "tf32x3"),
         (257, 4096, (9, 0), "fp32"),  # beyond the grid
         (8, 4096, (9, 0), "fp32"),  # below the grid
         (256, 3072, (9, 0), "fp32"),  # a width not measured
@@ -103,6 +98,15 @@ def test_the_measured_cuts_are_still_the_launched_ones():
 )
 def test_auto_precision_off_the_measured_rows_is_fp32(batch, width, cc, want):
     assert ops.auto_precision(batch, width, width, cc) == want
+
+
+def test_auto_precision_takes_the_next_measured_row_count():
+    """A row count between two measured ones (multiples of 8) gets the larger one's choice."""
+    for width in (1024, 2048, 4096):
+        for rows in range(64, 257, 8):
+            want = ops.auto_precision(rows, width, width, (9, 0))
+            got = {ops.auto_precision(b, width, width, (9, 0)) for b in range(rows - 7, rows)}
+            assert got == {want}, (width, rows)
 
 
 def test_auto_precision_needs_a_square_product():
@@ -124,8 +128,8 @@ def _matmul_kernels(plan):
 
 
 def _auto_pair():
-    """A width of the grid and two row counts where precision="auto" runs tf32x3 and fp32 (the
-    largest of each, at most 256 rows)."""
+    """A width of the grid and two row counts from 8 to 256 where precision="auto" runs tf32x3 and
+    fp32 (the smallest of each)."""
     for width in (1024, 2048, 4096):
         picks = {ops.auto_precision(b, width, width, (9, 0)): b for b in range(256, 7, -8)}
         if len(picks) == 2:

@@ -1,13 +1,12 @@
 """Continuous batching: fixed slots, an index table, requests joining and leaving between steps."""
 
-import gc
 import time
 
 import numpy as np
 import pytest
-from helpers import random_input
+from helpers import random_input, spin_after_collecting
 
-from rawgraph import DeviceBuffer, DTypeError, LayoutError, ShapeError, SlotError, SlotPool, TinyBlock, get_device, ops
+from rawgraph import DeviceBuffer, DTypeError, LayoutError, ShapeError, SlotError, SlotPool, TinyBlock, get_device
 from rawgraph.models.tinyblock import reference_forward
 
 pytestmark = pytest.mark.gpu
@@ -178,10 +177,7 @@ def test_the_pinned_table_is_not_rewritten_under_a_queued_step(model, stream, rn
     np.testing.assert_array_equal(pool.leave(sc), c)  # slot sc now holds c's finite row, and is free
     b_dev = DeviceBuffer.from_numpy(b, stream=stream)
     state0 = pool.state.to_numpy(stream)
-    # Earlier tests' garbage is released now, not by a collection during the host calls below: a
-    # cuMemFree among it may synchronize the device and so wait out the spin they must be queued behind.
-    gc.collect()
-    ops.spin(get_device(), 200_000_000)(stream)  # the next step waits 200 ms behind this
+    spin_after_collecting(get_device(), 200_000_000, stream)  # the next step waits 200 ms behind this
     pool.step()  # its table says: sa, then padding (the scratch slot)
     assert not pool._read.query()  # that replay has not read the table yet
     t0 = time.perf_counter()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -505,11 +506,21 @@ def test_the_sweep_parses_wgmma_cuts_and_judges_their_rows():
     for c in alts:
         tf32x3_wgmma_shape(128, 4096, 4096, c)
     search = sweep.wgmma_search(128, 4096, SMS, OPTIN)
-    assert WgmmaCut(128, 64, 32, 4, 2, flush=2) in search  # 128 CTAs in 64 clusters of 2
-    assert WgmmaCut(128, 128, 32, 4, 2, flush=2) not in search  # 64 CTAs: half the SMs idle
+    one_wave = WgmmaCut(bm=128, bn=64, bk=32, stages=4, split=2, flush=2)  # 128 CTAs in 64 clusters of 2
+    assert one_wave in search
+    assert WgmmaCut(bm=128, bn=128, bk=32, stages=4, split=2, flush=2) not in search  # 64 CTAs: SMs idle
     for c in search:
         tf32x3_wgmma_shape(128, 4096, 4096, c)
-        assert SMS / 2 <= (128 // c.bm) * (4096 // c.bn) * c.split <= 2 * SMS
+    # the sweep's extras are the search's cuts it does not list anyway, and none without the flag
+    stub = types.SimpleNamespace(
+        a=types.SimpleNamespace(wgmma_search=True),
+        sms=SMS,
+        dev=types.SimpleNamespace(info=types.SimpleNamespace(smem_per_block_optin=OPTIN)),
+    )
+    extras = sweep.Sweep.wgmma_extras(stub, 128, 4096, [first, one_wave])
+    assert one_wave not in extras and set(extras) == set(search) - {first, one_wave}
+    stub.a.wgmma_search = False
+    assert sweep.Sweep.wgmma_extras(stub, 128, 4096, [first]) == []
 
     def rec(us, err, **kw):
         e = {"fro": err, "worst_row": err}

@@ -615,15 +615,12 @@ class Tf32x3Rows(NamedTuple):
 # error against float64 no worse than cuBLAS fp32's on the same inputs; every other shape and device
 # runs fp32, the kernels bit-exact to themselves. Per shape the decision is the newest run's that
 # measured it: the whole grid (M = 64 .. 256 by 8, K = N = 1024, 2048, 4096) with the mma.sync cuts,
-# then with wgmma cuts, then with every one-wave wgmma cut of the usual tiles. The runs and their figures are in
-# benchmarks/NOTES.md; tests/test_precision_cpu.py derives these rows from the committed runs and
-# fails when a kernel's cut at a measured shape is no longer the one measured.
+# eight of its shapes with wgmma cuts, the whole grid with wgmma cuts, then with every one-wave wgmma
+# cut of the usual tiles. The runs and their figures are in benchmarks/NOTES.md;
+# tests/test_precision_cpu.py derives these rows from the committed runs and fails when a kernel's
+# cut at a measured shape is no longer the one measured.
 TF32X3_AUTO_COMPUTE_CAPABILITY = (9, 0)
-TF32X3_AUTO_ROWS = (
-    Tf32x3Rows(1024, 64, 256),
-    Tf32x3Rows(2048, 64, 256),
-    Tf32x3Rows(4096, 64, 256),
-)
+TF32X3_AUTO_ROWS = (Tf32x3Rows(1024, 64, 256), Tf32x3Rows(2048, 64, 256), Tf32x3Rows(4096, 64, 256))
 
 
 def auto_precision(batch: int, k: int, n: int, compute_capability: tuple[int, int]) -> str:
@@ -722,6 +719,12 @@ def tf32x3_smem_bytes(bm: int, bn: int, bk: int, stages: int, split: int, slices
     return 4 * max(pipe, part)
 
 
+def tf32x3_first_flush(k: int) -> int:
+    """The k8 steps per tensor-core accumulation run the first-guess rules of both tf32x3 kernels
+    take: 1 up to K = 512, else 2 (why: :func:`tf32x3_default_cut`)."""
+    return 1 if k <= 512 else 2
+
+
 def tf32x3_default_cut(
     batch: int, k: int, n: int, multiprocessors: int, clusters: bool = True, smem_limit: int = 0
 ) -> Tf32x3Cut:
@@ -750,7 +753,7 @@ def tf32x3_default_cut(
     stages = max(2, min(4, kc // bk + 1))
     while stages > 2 and smem_limit and tf32x3_smem_bytes(bm, bn, bk, stages, split, 1) > smem_limit:
         stages -= 1
-    return Tf32x3Cut(bm, bn, bk, stages, split, 1, 1, wm, 32, 1 if k <= 512 else 2)
+    return Tf32x3Cut(bm, bn, bk, stages, split, 1, 1, wm, 32, tf32x3_first_flush(k))
 
 
 # -- the warpgroup form of tf32x3 (kernels/tf32x3_wgmma.cu) -----------------------------------------
@@ -784,9 +787,10 @@ class WgmmaCut(TileCut):
 
 # The warpgroup cut per (M, K, N) that matmul_shape launches at precision="tf32x3" on a device of
 # WGMMA_COMPUTE_CAPABILITY, before TF32X3_CUTS and the mma.sync rule: what benchmarks/tf32x3_sweep.py
-# --table prints, the fastest wgmma cut of its run at each shape where that cut passed the accuracy
-# gate and beat the mma.sync cut launched there (the run is in benchmarks/NOTES.md). Rows sorted by
-# (K, N, M); M between two entries takes the next multiple of TF32X3_ROW_STEP rows' entry.
+# --table prints from the runs with wgmma rows, per shape the newest run's fastest wgmma cut where
+# that cut passed the accuracy gate and beat the mma.sync cut launched there (the runs are in
+# benchmarks/NOTES.md). Rows sorted by (K, N, M); M between two entries takes the next multiple of
+# TF32X3_ROW_STEP rows' entry.
 TF32X3_WGMMA_TABLE = """
       m     k     n   bm   bn  bk  stages  split  slices  minb  flush  runs
      64  1024  1024   64   64  32       4      8       1     1      2     1
@@ -951,6 +955,12 @@ def tf32x3_wgmma_cut(shape: MatmulShape) -> WgmmaCut:
     return WgmmaCut(shape.bt, shape.tc, shape.bk, shape.stages, shape.split, 1, shape.minb, shape.flush, shape.runs)
 
 
+def wgmma_first_stages(bm: int, bn: int, bk: int, split: int, smem_limit: int = 0) -> int:
+    """The stages a first-guess one-run warpgroup cut takes: 4, or 3 where 4 would need more than
+    ``smem_limit`` bytes of dynamic shared memory (when that is given)."""
+    return 3 if smem_limit and tf32x3_wgmma_smem_bytes(bm, bn, bk, 4, split) > smem_limit else 4
+
+
 def tf32x3_wgmma_default_cut(
     batch: int, k: int, n: int, multiprocessors: int, clusters: bool = True, smem_limit: int = 0, runs: int = 1
 ) -> WgmmaCut:
@@ -976,10 +986,7 @@ def tf32x3_wgmma_default_cut(
     if two:
         return WgmmaCut(bm, bn, bk, 3, 1, 1, 1, 2, 2)
     split = _pick_split(_cdiv(n, bn) * _cdiv(batch, bm), k, 4 * bk, 0.9 * multiprocessors, clusters)
-    stages = 4
-    if smem_limit and tf32x3_wgmma_smem_bytes(bm, bn, bk, stages, split) > smem_limit:
-        stages = 3
-    return WgmmaCut(bm, bn, bk, stages, split, 1, 1, 1 if k <= 512 else 2)
+    return WgmmaCut(bm, bn, bk, wgmma_first_stages(bm, bn, bk, split, smem_limit), split, 1, 1, tf32x3_first_flush(k))
 
 
 def tf32x3_matmul_shape(
