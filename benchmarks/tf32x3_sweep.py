@@ -181,13 +181,15 @@ def wgmma_alternates(cut: WgmmaCut, k: int, limit: int) -> list[WgmmaCut]:
 
 
 def wgmma_search(m: int, k: int, multiprocessors: int, smem_limit: int) -> list[WgmmaCut]:
-    """Every one-run warpgroup cut of the usual tiles (``bm``, ``bn`` 64 or 128, ``bk`` 16 or 32, a
-    cluster split of 1-8; stages and ``flush`` as the first-guess rule takes them) whose grid has between half and twice as many CTAs as SMs, each one the kernel can be
-    (N = K, as in the grid). The sweep times those of them that take one wave: a grid of clusters
-    of 4 CTAs of one an SM runs 30 at once on an H100 (each must fit one GPC), so 32 of them take
-    two, and a cut's rank depends on that as much as on its tile."""
+    """Every one-run warpgroup cut of ``bm`` 64 or 128, ``bn`` 64, 96 or 128, ``bk`` 16 or 32 and a
+    cluster split of 1, 2, 3, 4, 6 or 8 (stages and ``flush`` as the first-guess rule takes them)
+    whose grid has between half and twice as many CTAs as SMs, each one the kernel can be (N = K, as
+    in the grid). The sweep times those of them that take one wave: a grid of clusters of 4 CTAs of
+    one an SM runs 30 at once on an H100 (each must fit one GPC), so 32 of them take two, and a
+    cut's rank depends on that as much as on its tile. 96 columns and splits of 3 and 6 give grid
+    sizes between the powers of two's (at K = N = 4096, M = 128: 96 CTAs in 32 clusters of 3)."""
     out: list[WgmmaCut] = []
-    for bm, bn, bk, split in product((64, 128), (64, 128), (16, 32), (1, 2, 4, 8)):
+    for bm, bn, bk, split in product((64, 128), (64, 96, 128), (16, 32), (1, 2, 3, 4, 6, 8)):
         ctas = -(-m // bm) * -(-k // bn) * split
         if not multiprocessors / 2 <= ctas <= 2 * multiprocessors:
             continue

@@ -508,6 +508,7 @@ def test_the_sweep_parses_wgmma_cuts_and_judges_their_rows():
     search = sweep.wgmma_search(128, 4096, SMS, OPTIN)
     one_wave = WgmmaCut(bm=128, bn=64, bk=32, stages=4, split=2, flush=2)  # 128 CTAs in 64 clusters of 2
     assert one_wave in search
+    assert WgmmaCut(bm=128, bn=128, bk=32, stages=4, split=3, flush=2) in search  # 96 CTAs, clusters of 3
     assert WgmmaCut(bm=128, bn=128, bk=32, stages=4, split=2, flush=2) not in search  # 64 CTAs: SMs idle
     for c in search:
         tf32x3_wgmma_shape(128, 4096, 4096, c)
