@@ -29,6 +29,7 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh suitesearch # GPU tests, then that grid with what is left
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tf32suite   # GPU tests, w4096 b1, memcheck, racecheck
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tf32bench   # section 3's benches, synccheck, initcheck
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tf32sanitize # the four sanitizer tools
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT CUTLASS_PROBE=<binary> bash benchmarks/device_session.sh cutlass  # cuBLAS's kernels, its design built publicly; GPU tests
 #
 # tests: every GPU test (`-m gpu`), the doctor over every graph they make, then the CPU tests in
@@ -328,13 +329,17 @@ case "${1:-tests}" in
       --wgmma-search --widths 4096 2048 1024 --budget-s $(( $(left) - 45 )) --out "$OUT/tf32x3" >"$OUT/tf32x3.log" 2>&1
     echo "tf32x3 sweep rc=$? at $(el)s"; grep -c "^M=" "$OUT/tf32x3.log"; grep -E "not run|budget" "$OUT/tf32x3.log" | tail -2 ;;
   tf32suite)  # issue 46's closing checks, first call: every GPU test (the table's routing; 285 s warm, ~355 cold), w4096 b1
-    # against copy bandwidth, then memcheck and racecheck over every kernel form and table cut
+    # against copy bandwidth, then memcheck and racecheck over every kernel form and table cut as
+    # time allows (BUDGET=575: memcheck only, after a 285-355 s suite)
     gpu_tests "${TESTS_LIMIT:-400}" -q --durations=10 tests
     timeout 60 python3 -m rawgraph.bench.kernel_times --width 4096 --batch 1 --out "$OUT" >"$OUT/kernel_times_w4096_b1.log" 2>&1
     echo "kernel times rc=$? at $(el)s"; tail -6 "$OUT/kernel_times_w4096_b1.log"
     sanitize 10 110 memcheck racecheck ;;
+  tf32sanitize)  # the four compute-sanitizer tools over every kernel form and table cut (110 s
+    # each at most): what tf32suite and tf32bench had no time left for
+    sanitize 10 110 memcheck racecheck synccheck initcheck ;;
   tf32bench)  # issue 46's closing checks, second call: section 3 with precision="auto" (launch paths
-    # at serving sizes, bench buckets, slots), then synccheck and initcheck with what is left
+    # at serving sizes, bench buckets, slots), then synccheck and initcheck as time allows
     launch_serving 150; bench_buckets 100; bench_slots 100
     sanitize 10 110 synccheck initcheck ;;
   section3)  # the tf32x3 GEMM's sweep with its wgmma rows, then what it buys with precision="auto"
@@ -354,7 +359,7 @@ case "${1:-tests}" in
   memcheck)  # every GPU test file under memcheck, each log naming the files and tests it covered
     MEMCHECK_LIMIT=${MEMCHECK_LIMIT:-$(( (BUDGET - 20) / ${CHUNKS:-4} ))} bash benchmarks/memcheck_gpu_tests.sh ${CHUNKS:-4} ${RUN_CHUNKS:-}
     echo "memcheck rc=$? at $(el)s" ;;
-  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|suite|tf32ncu|memcheck|wave|section3|wgmmagrid|wgmmasearch|suitesearch|tf32suite|tf32bench" >&2; exit 2 ;;
+  *) echo "usage: device_session.sh tests|gemm|bench|serving|race|switch|final|small|check|strategies|stalls|recheck|smallm|closing|tm4|deep|grid|near|cutlass|floors|gpu|suite|tf32ncu|memcheck|wave|section3|wgmmagrid|wgmmasearch|suitesearch|tf32suite|tf32bench|tf32sanitize" >&2; exit 2 ;;
 esac
 tar czf /tmp/results.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/results.tgz "$OUT/"
 echo "packed at $(el)s"
