@@ -419,9 +419,9 @@ class Sweep:
             for kind in ("normal", "scaled"):
                 views["x"] = DeviceArray(d["x"][kind].ptr, (m, w), f32, d["x"][kind])
                 launch = ops.matmul(self.dev, views, "x", "W0", "y", shape=shape, precision=precision)
-                if max_waves is not None and kind == "normal":
+                if kind == "normal":  # one grid for both data sets: its waves, once
                     rec.update(self.launch_waves(launch, self.sms))
-                    if rec.get("waves", max_waves + 1) > max_waves:
+                    if max_waves is not None and rec.get("waves", max_waves + 1) > max_waves:
                         rec["skipped"] = f"{rec['waves']} waves" if "waves" in rec else rec["waves_error"]
                         return rec
                 outs = []
@@ -442,7 +442,6 @@ class Sweep:
                     "local_bytes": int(call(driver.cuFuncGetAttribute, attr, k.handle)),
                 }
             rec.update(self.kernel_info[k.name])
-            rec.update(self.launch_waves(launch, self.sms))
             views["x"] = DeviceArray(d["x"]["normal"].ptr, (m, w), f32, d["x"]["normal"])
             launches = [
                 ops.matmul(self.dev, views, "x", f"W{i % d['count']}", "y", shape=shape, precision=precision)
