@@ -784,7 +784,8 @@ def table(result: dict) -> str:
                 missed.append((row["M"], row["K"]))
         out.append("")
     out.append(f"targets missed by the best accurate cut at {missed}" if missed else "every shape met its targets")
-    if any("wgmma" in row for row in result["rows"]):
+    has_wgmma = any("wgmma" in row for row in result["rows"])
+    if has_wgmma:
         met = [row for row in result["rows"] if (row.get("verdict_best_wgmma") or {}).get("meets_targets")]
         skipped = sum(len(row.get("wgmma_skipped", [])) for row in result["rows"])
         timed = sum(len(row.get("wgmma", [])) for row in result["rows"])
@@ -796,7 +797,7 @@ def table(result: dict) -> str:
         out.append(f"not run (budget): {result['not_run']}")
     out.append("")
     out.append(cuts_literal(result))
-    if any("wgmma" in row for row in result["rows"]):
+    if has_wgmma:
         out.append(wgmma_table(result))
     return "\n".join(out)
 
