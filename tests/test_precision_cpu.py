@@ -23,6 +23,7 @@ SWEEPS = (
     RESULTS / "tf32x3_sweep_quick_2026-12-07_cf8187d_h100.json",
     RESULTS / "tf32x3_sweep_wgmma_2026-12-07_f7f5129_h100.json",
     RESULTS / "tf32x3_sweep_search_2026-12-07_2697335_h100.json",
+    RESULTS / "tf32x3_sweep_search2_2026-12-07_fc951b7_h100.json",
 )
 SMS, OPTIN = 132, 232448  # the device of the sweeps (H100 SXM: 132 SMs, 227 KiB opt-in shared memory)
 
