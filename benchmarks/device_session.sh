@@ -86,6 +86,21 @@ sanitize() {
     fi
   done
 }
+# ncu on ops.matmul(precision="tf32x3") and cuBLAS fp32 at each "M:K" shape (K = N) while more than
+# 40 seconds are left: one log per shape, ncu_tf32x3_m<M>_k<K>.txt
+ncu_tf32x3() {
+  local mk m k
+  for mk in "$@"; do
+    m=${mk%%:*}; k=${mk##*:}
+    if [ "$(left)" -gt 40 ]; then
+      timeout $(( $(left) - 20 )) ncu --launch-count 6 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+        --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis \
+        --section LaunchStats --metrics "${STALLS}l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum" \
+        python3 benchmarks/probes/sgemm_ncu.py --m "$m" --k "$k" --precision tf32x3 >"$OUT/ncu_tf32x3_m${m}_k${k}.txt" 2>&1
+      echo "ncu tf32x3 m$m k$k rc=$? at $(el)s"; grep -E "CHECK|Duration|Issue Slots Busy|Compute \(SM\)|DRAM Throughput" "$OUT/ncu_tf32x3_m${m}_k${k}.txt" | head -12
+    fi
+  done
+}
 # the checkout first; what the caller put on the path after it (wheels carried to /tmp/site)
 export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH}
 # ncu's stall reasons per issued instruction (stages stalls and smallm)
@@ -276,17 +291,9 @@ case "${1:-tests}" in
     echo "kernel times rc=$? at $(el)s"; tail -8 "$OUT/kernel_times_w4096_b1.log" ;;
   gpu)  # every GPU test, nothing else
     gpu_tests "${TESTS_LIMIT:-250}" -q tests ;;
-  tf32ncu)  # issue 46: what limits tf32x3 at w4096 (M = 128: 1.24x cuBLAS; M = 256: 1.78x): ncu on
-    # its cut and cuBLAS's kernels side by side, with the stall reasons and local-memory traffic
-    for m in 128 256; do
-      if [ "$(left)" -gt 60 ]; then
-        timeout $(( $(left) - 30 )) ncu --launch-count 6 --section SpeedOfLight --section ComputeWorkloadAnalysis \
-          --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis \
-          --section LaunchStats --metrics "${STALLS}l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum" \
-          python3 benchmarks/probes/sgemm_ncu.py --m $m --k 4096 --precision tf32x3 >"$OUT/ncu_tf32x3_m${m}_k4096.txt" 2>&1
-        echo "ncu tf32x3 m$m rc=$? at $(el)s"; grep -E "CHECK|FACT|Duration|Issue Slots Busy|Registers Per|local" "$OUT/ncu_tf32x3_m${m}_k4096.txt" | head -20
-      fi
-    done ;;
+  tf32ncu)  # issue 46's misses under ncu: the cut precision="tf32x3" launches and cuBLAS's kernels
+    # side by side, with the stall reasons and local-memory traffic ($NCU_SHAPES: "M:K ...")
+    ncu_tf32x3 ${NCU_SHAPES:-64:4096 128:4096 160:4096 64:2048 64:1024} ;;
   wave)  # one call for a whole session's GPU checks, most needed first: every GPU test but the wgmma
     # file, the trace at w128 b1, the no-regression launch paths against $OLD_TREE, then the wgmma
     # smoke probe and (if it passed) the wgmma tests in their own process, so a fault there cannot
@@ -329,19 +336,20 @@ case "${1:-tests}" in
       --wgmma-search --widths 4096 2048 1024 --budget-s $(( $(left) - 45 )) --out "$OUT/tf32x3" >"$OUT/tf32x3.log" 2>&1
     echo "tf32x3 sweep rc=$? at $(el)s"; grep -c "^M=" "$OUT/tf32x3.log"; grep -E "not run|budget" "$OUT/tf32x3.log" | tail -2 ;;
   tf32suite)  # issue 46's closing checks, first call: every GPU test (the table's routing; 285 s warm, ~355 cold), w4096 b1
-    # against copy bandwidth, then memcheck and racecheck over every kernel form and table cut as
-    # time allows (BUDGET=575: memcheck only, after a 285-355 s suite)
+    # against copy bandwidth, memcheck over every kernel form and table cut, then ncu at the shapes
+    # short of the targets, as time allows
     gpu_tests "${TESTS_LIMIT:-400}" -q --durations=10 tests
     timeout 60 python3 -m rawgraph.bench.kernel_times --width 4096 --batch 1 --out "$OUT" >"$OUT/kernel_times_w4096_b1.log" 2>&1
     echo "kernel times rc=$? at $(el)s"; tail -6 "$OUT/kernel_times_w4096_b1.log"
-    sanitize 10 110 memcheck racecheck ;;
+    sanitize 10 110 memcheck
+    ncu_tf32x3 ${NCU_SHAPES:-64:4096 128:4096 160:4096 64:2048 64:1024} ;;
   tf32sanitize)  # the four compute-sanitizer tools over every kernel form and table cut (110 s
     # each at most): what tf32suite and tf32bench had no time left for
     sanitize 10 110 memcheck racecheck synccheck initcheck ;;
   tf32bench)  # issue 46's closing checks, second call: section 3 with precision="auto" (launch paths
-    # at serving sizes, bench buckets, slots), then synccheck and initcheck as time allows
+    # at serving sizes, bench buckets, slots), then racecheck, synccheck and initcheck as time allows
     launch_serving 150; bench_buckets 100; bench_slots 100
-    sanitize 10 110 synccheck initcheck ;;
+    sanitize 10 110 racecheck synccheck initcheck ;;
   section3)  # the tf32x3 GEMM's sweep with its wgmma rows, then what it buys with precision="auto"
     # (the models' default): launch paths at serving sizes, bench buckets and slots
     timeout 170 python3 benchmarks/tf32x3_sweep.py --quick --wgmma-alternates 2 --out "$OUT/tf32x3" >"$OUT/tf32x3.log" 2>&1
