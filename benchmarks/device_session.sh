@@ -343,13 +343,13 @@ case "${1:-tests}" in
     echo "kernel times rc=$? at $(el)s"; tail -6 "$OUT/kernel_times_w4096_b1.log"
     sanitize 10 110 memcheck
     ncu_tf32x3 ${NCU_SHAPES:-64:4096 128:4096 160:4096 64:2048 64:1024} ;;
-  tf32sanitize)  # the four compute-sanitizer tools over every kernel form and table cut (110 s
+  tf32sanitize)  # the four compute-sanitizer tools over every kernel form and table cut (200 s
     # each at most): what tf32suite and tf32bench had no time left for
-    sanitize 10 110 memcheck racecheck synccheck initcheck ;;
+    sanitize 10 200 memcheck racecheck synccheck initcheck ;;
   tf32bench)  # issue 46's closing checks, second call: section 3 with precision="auto" (launch paths
     # at serving sizes, bench buckets, slots), then racecheck, synccheck and initcheck as time allows
     launch_serving 150; bench_buckets 100; bench_slots 100
-    sanitize 10 110 racecheck synccheck initcheck ;;
+    sanitize 10 200 racecheck synccheck initcheck ;;
   section3)  # the tf32x3 GEMM's sweep with its wgmma rows, then what it buys with precision="auto"
     # (the models' default): launch paths at serving sizes, bench buckets and slots
     timeout 170 python3 benchmarks/tf32x3_sweep.py --quick --wgmma-alternates 2 --out "$OUT/tf32x3" >"$OUT/tf32x3.log" 2>&1
