@@ -23,12 +23,12 @@
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh floors  # slots' worst buckets by kernel; w4096 b1 against copy bandwidth
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh memcheck # every GPU test file under memcheck
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh suite   # GPU tests, the plugin's, then memcheck (8 chunks at once; CHUNKS=0: a process a file)
-#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tf32ncu # ncu on the tf32x3 cut and cuBLAS at w4096 M 128, 256
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tf32ncu # ncu on the tf32x3 cut and cuBLAS at the shapes short of its targets
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh wgmmagrid # GPU tests; the tf32x3 grid with wgmma rows
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh wgmmasearch # the grid with every one-wave wgmma cut; ncu at w4096 M 256
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh suitesearch # GPU tests, then that grid with what is left
-#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tf32suite   # GPU tests, w4096 b1, memcheck, racecheck
-#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tf32bench   # section 3's benches, synccheck, initcheck
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tf32suite   # GPU tests, w4096 b1, memcheck, ncu at the tf32x3 misses
+#   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tf32bench   # section 3's benches, synccheck, initcheck, racecheck
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT bash benchmarks/device_session.sh tf32sanitize # the four sanitizer tools
 #   RAWGRAPH_COMMIT=<hash> OUT=$OUT CUTLASS_PROBE=<binary> bash benchmarks/device_session.sh cutlass  # cuBLAS's kernels, its design built publicly; GPU tests
 #
@@ -335,7 +335,7 @@ case "${1:-tests}" in
     timeout $(( $(left) - 15 )) python3 benchmarks/tf32x3_sweep.py --alternates 0 --wgmma-alternates 0 --no-wgmma-runs2 \
       --wgmma-search --widths 4096 2048 1024 --budget-s $(( $(left) - 45 )) --out "$OUT/tf32x3" >"$OUT/tf32x3.log" 2>&1
     echo "tf32x3 sweep rc=$? at $(el)s"; grep -c "^M=" "$OUT/tf32x3.log"; grep -E "not run|budget" "$OUT/tf32x3.log" | tail -2 ;;
-  tf32suite)  # issue 46's closing checks, first call: every GPU test (the table's routing; 285 s warm, ~355 cold), w4096 b1
+  tf32suite)  # issue 46's closing checks, first call: every GPU test (the table's routing; 285-316 s warm, ~355 cold), w4096 b1
     # against copy bandwidth, memcheck over every kernel form and table cut, then ncu at the shapes
     # short of the targets, as time allows
     gpu_tests "${TESTS_LIMIT:-400}" -q --durations=10 tests
@@ -347,9 +347,10 @@ case "${1:-tests}" in
     # each at most): what tf32suite and tf32bench had no time left for
     sanitize 10 200 memcheck racecheck synccheck initcheck ;;
   tf32bench)  # issue 46's closing checks, second call: section 3 with precision="auto" (launch paths
-    # at serving sizes, bench buckets, slots), then racecheck, synccheck and initcheck as time allows
+    # at serving sizes, bench buckets, slots), then synccheck, initcheck (a few seconds each) and
+    # racecheck (about 125 s) as time allows
     launch_serving 150; bench_buckets 100; bench_slots 100
-    sanitize 10 200 racecheck synccheck initcheck ;;
+    sanitize 10 200 synccheck initcheck racecheck ;;
   section3)  # the tf32x3 GEMM's sweep with its wgmma rows, then what it buys with precision="auto"
     # (the models' default): launch paths at serving sizes, bench buckets and slots
     timeout 170 python3 benchmarks/tf32x3_sweep.py --quick --wgmma-alternates 2 --out "$OUT/tf32x3" >"$OUT/tf32x3.log" 2>&1
