@@ -411,7 +411,7 @@ def test_bands_from_the_plans_follow_every_change_of_kernel_or_cut(fake, updatab
         )
         for b in range(1, 257)
     ]
-    assert len({s.kernel for s in shapes}) > 1
+    assert {"tf32x3_wgmma", "sgemm"} <= {s.kernel for s in shapes}  # tf32x3 at some row counts, fp32 at others
     cuts = [ops.matmul_expr("relu", s) for s in shapes]
     grids = [s.grid[:2] for s in shapes]
     want = [b for b in range(1, 256) if (cuts[b], grids[b]) != (cuts[b - 1], grids[b - 1])] + [256]

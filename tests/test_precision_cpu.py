@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 # The sweeps TF32X3_AUTO_ROWS and TF32X3_WGMMA_CUTS come from (benchmarks/tf32x3_sweep.py;
 # docs/gemm.md quotes them), oldest first: the whole grid with the mma.sync cuts, eight shapes with
-# wgmma cuts, the whole grid with wgmma cuts, then with every one-wave wgmma cut. Per shape the
-# newest run that measured it decides.
+# wgmma cuts, the whole grid with wgmma cuts, then with every one-wave wgmma cut of a searched space,
+# twice (the second space wider). Per shape the newest run that measured it decides.
 SWEEPS = (
     RESULTS / "tf32x3_sweep_2026-12-07_39e1c3f_h100.json",
     RESULTS / "tf32x3_sweep_quick_2026-12-07_cf8187d_h100.json",

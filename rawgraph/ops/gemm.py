@@ -616,7 +616,7 @@ class Tf32x3Rows(NamedTuple):
 # runs fp32, the kernels bit-exact to themselves. Per shape the decision is the newest run's that
 # measured it: the whole grid (M = 64 .. 256 by 8, K = N = 1024, 2048, 4096) with the mma.sync cuts,
 # eight of its shapes with wgmma cuts, the whole grid with wgmma cuts, then with every one-wave wgmma
-# cut of the usual tiles. The runs and their figures are in benchmarks/NOTES.md;
+# cut of a searched space, twice (the second space wider). The runs and their figures are in benchmarks/NOTES.md;
 # tests/test_precision_cpu.py derives these rows from the committed runs and fails when a kernel's
 # cut at a measured shape is no longer the one measured.
 TF32X3_AUTO_COMPUTE_CAPABILITY = (9, 0)
