@@ -325,11 +325,7 @@ case "${1:-tests}" in
     timeout $(( $(left) - 80 )) python3 benchmarks/tf32x3_sweep.py --alternates 0 --wgmma-alternates 0 --no-wgmma-runs2 \
       --wgmma-search --widths 4096 2048 1024 --budget-s $(( $(left) - 110 )) --out "$OUT/tf32x3" >"$OUT/tf32x3.log" 2>&1
     echo "tf32x3 sweep rc=$? at $(el)s"; grep -c "^M=" "$OUT/tf32x3.log"; sed -n '/^TF32X3_WGMMA_TABLE/,/^"""$/p' "$OUT/tf32x3.log"
-    [ "$(left)" -gt 60 ] && timeout $(( $(left) - 10 )) ncu --launch-count 6 --section SpeedOfLight --section ComputeWorkloadAnalysis \
-      --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis \
-      --section LaunchStats --metrics "${STALLS}l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum" \
-      python3 benchmarks/probes/sgemm_ncu.py --m 256 --k 4096 --precision tf32x3 >"$OUT/ncu_tf32x3_m256_k4096.txt" 2>&1
-    echo "ncu rc=$? at $(el)s"; grep -E "CHECK|Duration|Issue Slots Busy|Registers Per|Compute \(SM\)|Memory Throughput" "$OUT/ncu_tf32x3_m256_k4096.txt" | head -24 ;;
+    ncu_tf32x3 256:4096 ;;
   suitesearch)  # every GPU test at HEAD, then wgmmasearch's sweep (widest first) with what is left
     gpu_tests "${TESTS_LIMIT:-330}" -q --durations=10 tests
     timeout $(( $(left) - 15 )) python3 benchmarks/tf32x3_sweep.py --alternates 0 --wgmma-alternates 0 --no-wgmma-runs2 \
